@@ -1,0 +1,61 @@
+"""The `memq` command. Commands live one family per module and load lazily, so `memq analyze`
+never imports sqlalchemy or celery. Errors are mapped to exit codes here, and only here."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from profiler.errors import EXIT_ERROR, MemqError
+
+# command name -> "module:function". One line per command; modules import their heavy deps.
+COMMANDS: dict[str, str] = {
+    "analyze": "profiler.cli.analyze:analyze",
+    "explain": "profiler.cli.analyze:explain",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="memq")
+def cli() -> None:
+    """memq: evidence from the CUDA caching allocator for PyTorch out-of-memory failures."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="memq", standalone_mode=False)
+    except MemqError as exc:
+        click.echo(f"memq: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("memq: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:  # noqa: BLE001 - last resort: one line, not a traceback, for users
+        if "MEMQ_DEBUG" in __import__("os").environ:
+            raise
+        click.echo(f"memq: internal error: {type(exc).__name__}: {exc} (set MEMQ_DEBUG=1 for a traceback)",
+                   err=True)
+        sys.exit(EXIT_ERROR)

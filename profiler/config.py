@@ -1,0 +1,136 @@
+"""Typed settings, read from the environment and an optional TOML file, in one place.
+
+Precedence: environment variable > config file (`MEMQ_CONFIG`, default `<data dir>/memq.toml`)
+> default. Every setting is declared once in `SETTINGS` with its type, default and meaning; the
+configuration reference in deploy/CONFIG.md is written from the same table.
+Secrets (passwords in URLs) are never printed: use `redact_url` for anything shown to people.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from profiler.errors import ConfigError
+
+
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
+    return Path(base) / "memq"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    env: str
+    type: type
+    default: object
+    doc: str
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = ""
+    blob_dir: str = ""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    stream_key: str = "memq:ingest"
+    dead_letter_key: str = "memq:dead"
+    key_prefix: str = "memq:"
+    stream_maxlen: int = 1_000_000
+    blob_ttl_s: int = 7 * 24 * 3600
+    max_deliveries: int = 5
+    max_snapshot_bytes: int = 4 * 1024**3
+    report_dir: str = ""
+    data_dir: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_embedded_db(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def replace(self, **changes) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+
+SETTINGS: tuple[Spec, ...] = (
+    Spec("database_url", "MEMQ_DATABASE_URL", str, "sqlite:///<data dir>/memq.db",
+         "SQL database. postgresql:// URLs use the psycopg 3 driver; the SQLite default migrates itself."),
+    Spec("blob_dir", "MEMQ_BLOB_DIR", str, "<data dir>/blobs", "Content-addressed store of raw snapshots."),
+    Spec("redis_url", "MEMQ_REDIS_URL", str, "redis://127.0.0.1:6379/0",
+         "Redis for the ingest stream, blobs and the Celery broker. rediss:// for TLS."),
+    Spec("stream_key", "MEMQ_STREAM", str, "memq:ingest", "Redis stream the agents append to."),
+    Spec("dead_letter_key", "MEMQ_DEAD_STREAM", str, "memq:dead", "Redis stream of entries that failed."),
+    Spec("key_prefix", "MEMQ_KEY_PREFIX", str, "memq:", "Prefix of every other Redis key memq writes."),
+    Spec("stream_maxlen", "MEMQ_STREAM_MAXLEN", int, 1_000_000, "Approximate cap of the ingest stream."),
+    Spec("blob_ttl_s", "MEMQ_BLOB_TTL_S", int, 7 * 24 * 3600, "TTL of snapshot blobs waiting in Redis."),
+    Spec("max_deliveries", "MEMQ_MAX_DELIVERIES", int, 5, "Deliveries before an entry is dead-lettered."),
+    Spec("max_snapshot_bytes", "MEMQ_MAX_SNAPSHOT_BYTES", int, 4 * 1024**3,
+         "Largest uncompressed snapshot accepted anywhere (bytes)."),
+    Spec("report_dir", "MEMQ_REPORT_DIR", str, "<data dir>/reports", "Where nightly reports are written."),
+    Spec("data_dir", "MEMQ_DATA_DIR", str, "~/.local/share/memq", "Base of the embedded defaults."),
+)
+
+
+def _coerce(spec: Spec, raw: object) -> object:
+    if spec.type is int:
+        try:
+            return int(str(raw).replace("_", ""))
+        except ValueError as exc:
+            raise ConfigError(f"{spec.env} must be an integer, got {raw!r}") from exc
+    return str(raw)
+
+
+def normalize_database_url(url: str) -> str:
+    """Plain postgres URLs go to the psycopg 3 driver so users never need psycopg2."""
+    for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def redact_url(url: str) -> str:
+    """`redis://user:secret@host` -> `redis://user:***@host`."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _read_file(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    return data.get("memq", data)
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if environ is None else environ
+    data_dir = Path(env.get("MEMQ_DATA_DIR") or default_data_dir(env)).expanduser()
+    cfg_path = Path(env.get("MEMQ_CONFIG") or data_dir / "memq.toml").expanduser()
+    file_values = _read_file(cfg_path)
+    values: dict[str, object] = {}
+    for spec in SETTINGS:
+        if spec.env in env and env[spec.env] != "":
+            values[spec.name] = _coerce(spec, env[spec.env])
+        elif spec.name in file_values:
+            values[spec.name] = _coerce(spec, file_values[spec.name])
+    # Credentials may live in files (Kubernetes / Docker secrets) rather than in the environment.
+    for url_key, file_env in (("redis_url", "MEMQ_REDIS_URL_FILE"), ("database_url", "MEMQ_DATABASE_URL_FILE")):
+        if url_key not in values and env.get(file_env):
+            try:
+                values[url_key] = Path(env[file_env]).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read {file_env}={env[file_env]}: {exc}") from exc
+    values["data_dir"] = str(data_dir)
+    values.setdefault("database_url", f"sqlite:///{data_dir / 'memq.db'}")
+    values.setdefault("blob_dir", str(data_dir / "blobs"))
+    values.setdefault("report_dir", str(data_dir / "reports"))
+    values["database_url"] = normalize_database_url(str(values["database_url"]))
+    return Settings(**values)

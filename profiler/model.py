@@ -1,0 +1,191 @@
+"""Plain data types of a parsed allocator snapshot. Units are bytes and microseconds.
+
+Frames stay as the snapshot gives them (dicts with `filename`, `line`, `name`): converting the
+millions of frames of a large trace into objects would cost more than the rest of the analysis.
+Read them through `frame_name` / `frame_file`, which accept the shapes seen in the wild.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ACTIVE_ALLOCATED = "active_allocated"
+ACTIVE_PENDING_FREE = "active_pending_free"  # emitted by torch; docs call it active_awaiting_free
+INACTIVE = "inactive"
+
+SMALL_SIZE = 1024 * 1024  # requests up to 1 MiB come from the small pool
+
+Frames = list  # list of frame dicts; empty when no stack was recorded
+
+
+def frame_name(frame: Any) -> str:
+    if isinstance(frame, dict):
+        return str(frame.get("name", ""))
+    if isinstance(frame, (list, tuple)) and len(frame) >= 3:
+        return str(frame[2])
+    return ""
+
+
+def frame_file(frame: Any) -> str:
+    if isinstance(frame, dict):
+        return str(frame.get("filename", ""))
+    if isinstance(frame, (list, tuple)) and frame:
+        return str(frame[0])
+    return ""
+
+
+def frame_line(frame: Any) -> int:
+    if isinstance(frame, dict):
+        v = frame.get("line", 0)
+    elif isinstance(frame, (list, tuple)) and len(frame) >= 2:
+        v = frame[1]
+    else:
+        v = 0
+    return v if isinstance(v, int) else 0
+
+
+@dataclass(slots=True)
+class Block:
+    address: int
+    size: int
+    requested_size: int
+    state: str
+    frames: Frames
+
+    @property
+    def is_live(self) -> bool:
+        """Live blocks hold memory the allocator cannot hand out (allocated or awaiting free)."""
+        return self.state != INACTIVE
+
+
+@dataclass(slots=True)
+class Segment:
+    device: int
+    address: int
+    total_size: int
+    stream: int
+    segment_type: str  # "small" | "large"
+    pool_id: tuple
+    is_expandable: bool
+    blocks: list[Block]
+    frames: Frames
+
+    @property
+    def is_private_pool(self) -> bool:
+        return tuple(self.pool_id) != (0, 0)
+
+    @property
+    def active_bytes(self) -> int:
+        return sum(b.size for b in self.blocks if b.is_live)
+
+
+@dataclass(slots=True)
+class TraceEvent:
+    action: str
+    addr: int | None
+    size: int
+    stream: int
+    time_us: int | None
+    frames: Frames
+    device_free: int | None = None
+    pool_id: tuple | None = None
+    user_metadata: str = ""
+    compile_context: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSettings:
+    conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF as the process saw it
+    max_split_size: int = -1  # bytes; -1 = unlimited (default)
+    garbage_collection_threshold: float = 0.0
+    expandable_segments: bool = False
+    roundup_power2_divisions: tuple = ()  # ((interval_mib, divisions), ...) with divisions > 0
+    known: bool = False  # False when the snapshot predates allocator_settings (torch < 2.3)
+
+    @property
+    def non_default(self) -> list[str]:
+        out = []
+        if self.max_split_size not in (-1, None) and self.max_split_size < 2**62:
+            out.append(f"max_split_size_mb:{self.max_split_size // (1024 * 1024)}")
+        if self.garbage_collection_threshold:
+            out.append(f"garbage_collection_threshold:{self.garbage_collection_threshold:g}")
+        if self.expandable_segments:
+            out.append("expandable_segments:True")
+        if self.roundup_power2_divisions:
+            out.append("roundup_power2_divisions:" + ",".join(f"{k}:{v}" for k, v in self.roundup_power2_divisions))
+        return out
+
+
+@dataclass(slots=True)
+class Snapshot:
+    segments: list[Segment]
+    traces: list[list[TraceEvent]]  # per device ordinal, oldest first
+    settings: AllocatorSettings
+    torch_format: str  # which layout the parser recognised, e.g. "2.3+", "2.1", "2.0-history"
+    annotations: list[dict] = field(default_factory=list)
+    host_segment_count: int = 0
+    warnings: list[str] = field(default_factory=list)
+    unknown_keys: list[str] = field(default_factory=list)
+    trace_overflowed: bool | None = None  # True when the ring buffer is known to have wrapped
+
+    @property
+    def trace(self) -> list[TraceEvent]:
+        """Events of the device that owns the segments (the first non-empty trace)."""
+        for t in self.traces:
+            if t:
+                return t
+        return []
+
+    @property
+    def expandable_segments(self) -> bool | None:
+        if any(s.is_expandable for s in self.segments):
+            return True
+        if self.settings.known:
+            return self.settings.expandable_segments
+        return None if not self.segments else False
+
+    def oom_event(self) -> TraceEvent | None:
+        for ev in reversed(self.trace):
+            if ev.action == "oom":
+                return ev
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class OomMessage:
+    """What a `CUDA out of memory` message says. Every field may be missing."""
+
+    requested_bytes: int | None = None
+    device_index: int | None = None
+    device_total_bytes: int | None = None
+    device_free_bytes: int | None = None
+    process_in_use_bytes: int | None = None
+    allowed_bytes: int | None = None
+    allocated_bytes: int | None = None
+    private_pool_bytes: int | None = None
+    reserved_unallocated_bytes: int | None = None
+    text: str = ""
+
+    @property
+    def reserved_bytes(self) -> int | None:
+        if self.allocated_bytes is None or self.reserved_unallocated_bytes is None:
+            return None
+        return self.allocated_bytes + self.reserved_unallocated_bytes + (self.private_pool_bytes or 0)
+
+    @property
+    def non_pytorch_bytes(self) -> int | None:
+        if self.process_in_use_bytes is None or self.reserved_bytes is None:
+            return None
+        return max(0, self.process_in_use_bytes - self.reserved_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class OomContext:
+    """Facts about the failure that come from outside the snapshot (CLI flags, message, observer)."""
+
+    requested_bytes: int | None = None
+    limit_bytes: int | None = None  # a per-process cap (set_per_process_memory_fraction) or --limit
+    device_total_bytes: int | None = None
+    device_free_bytes: int | None = None
+    message: OomMessage | None = None

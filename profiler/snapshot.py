@@ -1,0 +1,269 @@
+"""Version-tolerant parsing of allocator snapshots (torch 2.0 .. 2.14 and newer) into `model` types.
+
+All drift between torch versions is absorbed here; analysis never reads raw dict keys.
+Unknown keys are kept in `Snapshot.unknown_keys` and otherwise ignored. Anything that is not a
+snapshot at all raises `SnapshotError` with a message that names the problem.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiler.errors import SnapshotError
+from profiler.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_PENDING_FREE,
+    INACTIVE,
+    SMALL_SIZE,
+    AllocatorSettings,
+    Block,
+    Segment,
+    Snapshot,
+    TraceEvent,
+)
+
+KNOWN_TOP = {"segments", "device_traces", "allocator_settings", "external_annotations", "host_segments",
+             "host_traces"}
+_STATES = {
+    "active_allocated": ACTIVE_ALLOCATED,
+    "active_pending_free": ACTIVE_PENDING_FREE,
+    "active_awaiting_free": ACTIVE_PENDING_FREE,
+    "inactive": INACTIVE,
+}
+_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+            "segment_unmap", "oom", "snapshot", "annotate"}
+
+
+def _int(v: Any, what: str, default: int | None = None) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if v is None and default is not None:
+        return default
+    raise SnapshotError(f"{what} is not an integer ({type(v).__name__})")
+
+
+def _pool(v: Any) -> tuple:
+    if isinstance(v, (list, tuple)):
+        return tuple(v)
+    return (0, 0)
+
+
+def parse_snapshot(raw: Any) -> Snapshot:
+    """Raw decoded data (dict from `_snapshot()`, or the bare list of `memory_snapshot()`) -> Snapshot."""
+    if isinstance(raw, list):
+        raw = {"segments": raw}
+        fmt_hint = "segments-only"
+    elif isinstance(raw, dict):
+        fmt_hint = None
+    else:
+        raise SnapshotError(f"expected a snapshot dict or a segment list, got {type(raw).__name__}")
+    if "segments" not in raw:
+        raise SnapshotError("no 'segments' key: this is not an allocator snapshot")
+    seg_list = raw["segments"]
+    if not isinstance(seg_list, list):
+        raise SnapshotError("'segments' is not a list")
+
+    warnings: list[str] = []
+    legacy_history = False
+    segments = []
+    for i, s in enumerate(seg_list):
+        seg, legacy = _parse_segment(s, i)
+        legacy_history |= legacy
+        segments.append(seg)
+
+    traces_raw = raw.get("device_traces", [])
+    if not isinstance(traces_raw, list):
+        raise SnapshotError("'device_traces' is not a list")
+    traces = [_parse_trace(t, d) for d, t in enumerate(traces_raw)]
+
+    settings_raw = raw.get("allocator_settings")
+    settings = _parse_settings(settings_raw) if isinstance(settings_raw, dict) else AllocatorSettings()
+
+    annotations = raw.get("external_annotations") or []
+    if not isinstance(annotations, list):
+        annotations = []
+    host = raw.get("host_segments") or []
+    overflowed = None
+    if isinstance(settings_raw, dict) and "trace_alloc_overflowed" in settings_raw:
+        overflowed = bool(settings_raw.get("trace_alloc_overflowed"))
+
+    has_time = any(ev.time_us is not None for t in traces for ev in t[:1])
+    if fmt_hint:
+        fmt = fmt_hint
+    elif legacy_history:
+        fmt = "2.0"
+    elif settings.known:
+        fmt = "2.3+"
+    elif traces and any(traces) and not has_time:
+        fmt = "2.1"
+    elif not any(traces):
+        fmt = "2.2+ (no trace)" if segments and _has_v21_segment_keys(seg_list) else "segments-only"
+    else:
+        fmt = "2.2"
+
+    for kind in _frames_missing_reason(segments):
+        warnings.append(kind)
+
+    return Snapshot(
+        segments=segments,
+        traces=traces,
+        settings=settings,
+        torch_format=fmt,
+        annotations=[a for a in annotations if isinstance(a, dict)],
+        host_segment_count=len(host) if isinstance(host, list) else 0,
+        warnings=warnings,
+        unknown_keys=sorted(str(k) for k in raw if k not in KNOWN_TOP),
+        trace_overflowed=overflowed,
+    )
+
+
+def _has_v21_segment_keys(seg_list: list) -> bool:
+    return any(isinstance(s, dict) and "segment_pool_id" in s for s in seg_list[:5])
+
+
+def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
+    if not isinstance(s, dict):
+        raise SnapshotError(f"segment {i} is not a dict")
+    address = _int(s.get("address"), f"segment {i} address", 0)
+    total = _int(s.get("total_size"), f"segment {i} total_size")
+    blocks_raw = s.get("blocks", [])
+    if not isinstance(blocks_raw, list):
+        raise SnapshotError(f"segment {i} blocks is not a list")
+    blocks = []
+    legacy = False
+    cursor = address
+    for j, b in enumerate(blocks_raw):
+        if not isinstance(b, dict):
+            raise SnapshotError(f"segment {i} block {j} is not a dict")
+        size = _int(b.get("size"), f"segment {i} block {j} size")
+        state = _STATES.get(b.get("state"), None)
+        if state is None:
+            raise SnapshotError(f"segment {i} block {j} has unknown state {b.get('state')!r}")
+        frames = b.get("frames")
+        if "history" in b and frames is None:
+            # torch 2.0: the block's allocation context sits in its history list.
+            legacy = True
+            hist = b.get("history") or []
+            frames = hist[-1].get("frames", []) if hist and isinstance(hist[-1], dict) else []
+        blk_addr = b.get("address")
+        blocks.append(Block(
+            address=_int(blk_addr, "block address") if blk_addr is not None else cursor,
+            size=size,
+            requested_size=_int(b.get("requested_size"), f"segment {i} block {j} requested_size", size),
+            state=state,
+            frames=frames if isinstance(frames, list) else [],
+        ))
+        cursor += size
+    seg_type = s.get("segment_type")
+    if seg_type not in ("small", "large"):
+        seg_type = "small" if total <= 2 * SMALL_SIZE and total == 2 * SMALL_SIZE else "large"
+    frames = s.get("frames")
+    return Segment(
+        device=_int(s.get("device"), "segment device", 0),
+        address=address,
+        total_size=total,
+        stream=_int(s.get("stream"), "segment stream", 0),
+        segment_type=seg_type,
+        pool_id=_pool(s.get("segment_pool_id")),
+        is_expandable=bool(s.get("is_expandable", False)),
+        blocks=blocks,
+        frames=frames if isinstance(frames, list) else [],
+    ), legacy
+
+
+def _parse_trace(t: Any, device: int) -> list[TraceEvent]:
+    if not isinstance(t, list):
+        raise SnapshotError(f"device_traces[{device}] is not a list")
+    out = []
+    append = out.append
+    for k, e in enumerate(t):
+        if not isinstance(e, dict):
+            raise SnapshotError(f"trace entry {k} of device {device} is not a dict")
+        action = e.get("action")
+        if action not in _ACTIONS:
+            if isinstance(action, str):
+                continue  # a newer torch may add actions: skip what we cannot interpret
+            raise SnapshotError(f"trace entry {k} of device {device} has no action")
+        frames = e.get("frames")
+        size = e.get("size", 0)
+        addr = e.get("addr")
+        if action == "oom":
+            # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
+            dfree = e.get("device_free", addr)
+            addr = None
+        else:
+            dfree = None
+        pool = e.get("pool_id")
+        append(TraceEvent(
+            action=action,
+            addr=addr if isinstance(addr, int) else None,
+            size=size if isinstance(size, int) else _int(size, f"trace entry {k} size", 0),
+            stream=e.get("stream", 0) if isinstance(e.get("stream", 0), int) else 0,
+            time_us=e.get("time_us") if isinstance(e.get("time_us"), int) else None,
+            frames=frames if isinstance(frames, list) else [],
+            device_free=dfree if isinstance(dfree, int) else None,
+            pool_id=tuple(pool) if isinstance(pool, (list, tuple)) else None,
+            user_metadata=str(e.get("user_metadata") or ""),
+            compile_context=str(e.get("compile_context") or ""),
+        ))
+    return out
+
+
+def _parse_settings(d: dict) -> AllocatorSettings:
+    rp = d.get("roundup_power2_divisions")
+    divisions: list[tuple[int, int]] = []
+    if isinstance(rp, dict):
+        for k, v in rp.items():
+            try:
+                if int(v) > 0:
+                    divisions.append((int(k), int(v)))
+            except (TypeError, ValueError):
+                continue
+    elif isinstance(rp, int) and rp > 0:
+        divisions.append((0, rp))
+    mss = d.get("max_split_size", -1)
+    try:
+        mss = int(mss)
+    except (TypeError, ValueError):
+        mss = -1
+    # torch reports "unlimited" as -1 in recent versions and as SIZE_MAX in older ones.
+    if mss >= 2**62:
+        mss = -1
+    try:
+        gc = float(d.get("garbage_collection_threshold") or 0.0)
+    except (TypeError, ValueError):
+        gc = 0.0
+    conf = d.get("PYTORCH_ALLOC_CONF") or d.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    return AllocatorSettings(
+        conf=str(conf),
+        max_split_size=mss,
+        garbage_collection_threshold=gc,
+        expandable_segments=bool(d.get("expandable_segments", False)),
+        roundup_power2_divisions=tuple(sorted(divisions)),
+        known=True,
+    )
+
+
+def _frames_missing_reason(segments: list[Segment]) -> list[str]:
+    live = [b for s in segments for b in s.blocks if b.is_live]
+    if live and not any(b.frames for b in live):
+        return ["no block carries frames (history was not recorded with stacks): composition is 'unknown'"]
+    return []
+
+
+def check_invariants(snap: Snapshot) -> list[str]:
+    """Conservation checks. Returns human-readable violations (empty when consistent)."""
+    problems = []
+    for i, s in enumerate(snap.segments):
+        total = sum(b.size for b in s.blocks)
+        if s.blocks and total != s.total_size:
+            problems.append(f"segment {i}: blocks sum to {total} bytes, segment is {s.total_size}")
+        for b in s.blocks:
+            if b.requested_size > b.size and b.state == ACTIVE_ALLOCATED:
+                problems.append(f"segment {i}: block at {b.address:#x} requested {b.requested_size} > size {b.size}")
+                break
+    return problems
