@@ -48,6 +48,13 @@ class Settings:
     max_snapshot_bytes: int = 4 * 1024**3
     report_dir: str = ""
     data_dir: str = ""
+    spool_dir: str = ""
+    spool_max_bytes: int = 1024**3
+    stats_interval_s: int = 10
+    snapshot_every_s: int = 1800
+    agent_history: str = "auto"
+    agent_max_entries: int = 50_000
+    agent_signal: str = "SIGUSR2"
     extra: dict = field(default_factory=dict)
 
     @property
@@ -74,6 +81,18 @@ SETTINGS: tuple[Spec, ...] = (
          "Largest uncompressed snapshot accepted anywhere (bytes)."),
     Spec("report_dir", "MEMQ_REPORT_DIR", str, "<data dir>/reports", "Where nightly reports are written."),
     Spec("data_dir", "MEMQ_DATA_DIR", str, "~/.local/share/memq", "Base of the embedded defaults."),
+    # In-job agent (profiler.agent). Options given to agent.start() override these.
+    Spec("spool_dir", "MEMQ_SPOOL_DIR", str, "<data dir>/spool",
+         "Agent: on-disk spool for messages Redis could not take (one subfolder per process)."),
+    Spec("spool_max_bytes", "MEMQ_SPOOL_MAX_BYTES", int, 1024**3,
+         "Agent: spool size cap per process; the oldest messages are dropped (and counted) beyond it."),
+    Spec("stats_interval_s", "MEMQ_STATS_INTERVAL_S", int, 10, "Agent: seconds between memory_stats samples."),
+    Spec("snapshot_every_s", "MEMQ_SNAPSHOT_EVERY_S", int, 1800,
+         "Agent: seconds between periodic snapshots (0 = none)."),
+    Spec("agent_history", "MEMQ_AGENT_HISTORY", str, "auto",
+         "Agent: allocator history recording: auto (warm-up, duty cycle, on near the limit) | on | off."),
+    Spec("agent_max_entries", "MEMQ_AGENT_MAX_ENTRIES", int, 50_000, "Agent: history ring-buffer entries."),
+    Spec("agent_signal", "MEMQ_AGENT_SIGNAL", str, "SIGUSR2", "Agent: signal that takes a snapshot ('' = none)."),
 )
 
 
@@ -132,5 +151,6 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     values.setdefault("database_url", f"sqlite:///{data_dir / 'memq.db'}")
     values.setdefault("blob_dir", str(data_dir / "blobs"))
     values.setdefault("report_dir", str(data_dir / "reports"))
+    values.setdefault("spool_dir", str(data_dir / "spool"))
     values["database_url"] = normalize_database_url(str(values["database_url"]))
     return Settings(**values)
