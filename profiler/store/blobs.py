@@ -1,0 +1,124 @@
+"""Content-addressed store of raw snapshots in a directory (`MEMQ_BLOB_DIR`).
+
+A blob's key is the sha256 of the uncompressed snapshot bytes; it is stored zstd-compressed at
+`<dir>/<sha[:2]>/<sha>.zst` (gzip `.gz` when the bytes arrived gzip-compressed from an agent
+without zstandard; both are read back). Writes go to a temporary file in the same directory and
+are renamed into place, so a reader never sees half a blob and two writers of the same bytes do not
+conflict. Reads check the hash, so a corrupted file is reported, not analysed.
+
+    blobs = BlobStore(settings.blob_dir)
+    ref = blobs.put(sha256, raw_bytes)        # -> "ab/ab12...zst" (idempotent)
+    ref = blobs.put_encoded(sha256, data, "zstd")  # agent bytes as they came; verified first
+    raw = blobs.get(sha256)                   # uncompressed bytes
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from profiler import codec
+from profiler.errors import NotFound, SnapshotError, StorageError
+
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_EXT = {"zstd": ".zst", "gzip": ".gz"}
+
+
+def _check_sha(sha256: str) -> str:
+    sha = sha256.lower()
+    if not _SHA.match(sha):
+        raise SnapshotError(f"not a sha256 hex digest: {sha256[:80]!r}")
+    return sha
+
+
+class BlobStore:
+    def __init__(self, directory: str | os.PathLike, max_bytes: int = codec.DEFAULT_MAX_BYTES):
+        self.directory = Path(directory).expanduser()
+        self.max_bytes = max_bytes
+
+    def _path(self, sha: str, ext: str) -> Path:
+        return self.directory / sha[:2] / f"{sha}{ext}"
+
+    def ref(self, sha256: str) -> str | None:
+        """The relative key of the stored blob, or None when it is not stored."""
+        sha = _check_sha(sha256)
+        for ext in _EXT.values():
+            p = self._path(sha, ext)
+            if p.exists():
+                return f"{sha[:2]}/{p.name}"
+        return None
+
+    def exists(self, sha256: str) -> bool:
+        return self.ref(sha256) is not None
+
+    def put(self, sha256: str, raw: bytes) -> str:
+        """Store uncompressed snapshot bytes under their hash; returns the key. Idempotent."""
+        sha = _check_sha(sha256)
+        existing = self.ref(sha)
+        if existing:
+            return existing
+        if hashlib.sha256(raw).hexdigest() != sha:
+            raise SnapshotError(f"blob {sha[:12]}: bytes do not match their sha256")
+        return self._write(sha, codec.compress(raw, "zstd"), ".zst")
+
+    def put_encoded(self, sha256: str, data: bytes, encoding: str) -> str:
+        """Store bytes already compressed by the agent (`zstd` or `gzip`) after checking that they
+        inflate to `sha256`; other encodings are recompressed."""
+        sha = _check_sha(sha256)
+        existing = self.ref(sha)
+        if existing:
+            return existing
+        raw = codec.decompress(data, self.max_bytes)
+        if hashlib.sha256(raw).hexdigest() != sha:
+            raise SnapshotError(f"blob {sha[:12]}: bytes do not match their sha256")
+        if encoding in _EXT and codec.compression_of(data) == encoding:
+            return self._write(sha, data, _EXT[encoding])
+        return self._write(sha, codec.compress(raw, "zstd"), ".zst")
+
+    def _write(self, sha: str, data: bytes, ext: str) -> str:
+        target = self._path(sha, ext)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{sha[:12]}.", dir=target.parent)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise StorageError(f"cannot write blob to {self.directory}: {exc.strerror or exc}",
+                               hint="check MEMQ_BLOB_DIR exists and is writable") from exc
+        return f"{sha[:2]}/{target.name}"
+
+    def get(self, sha256: str) -> bytes:
+        """Uncompressed bytes of a stored snapshot; NotFound when absent."""
+        sha = _check_sha(sha256)
+        ref = self.ref(sha)
+        if ref is None:
+            raise NotFound(f"snapshot blob {sha[:12]} is not in the blob store {self.directory}",
+                           hint="it was never stored here, or MEMQ_BLOB_DIR points elsewhere")
+        try:
+            data = (self.directory / ref).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read blob {ref} in {self.directory}: {exc.strerror or exc}") from exc
+        raw = codec.decompress(data, self.max_bytes)
+        if hashlib.sha256(raw).hexdigest() != sha:
+            raise SnapshotError(f"blob {ref} is corrupt: its content no longer matches its sha256")
+        return raw
+
+    def check_writable(self) -> None:
+        """Raise StorageError unless a blob could be written now (for `memq doctor`)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".probe.", dir=self.directory)
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as exc:
+            raise StorageError(f"blob store {self.directory} is not writable: {exc.strerror or exc}") from exc

@@ -1,0 +1,251 @@
+"""Tables of the run history (SQLAlchemy 2 typed ORM). Units: bytes, UTC timestamps.
+
+Rows never leave a session: the repository turns them into plain dataclasses/dicts first.
+Constraint and index names come from `NAMING`, so Alembic migrations name them identically on
+PostgreSQL and SQLite. Every change here needs a migration in migrations/versions/ (the test
+suite fails on drift: `alembic check` must find nothing to do).
+
+Tables
+- runs: one training run (all its ranks and hosts), its identity, versions, settings and status,
+  plus the run-level verdict denormalised for fast listings (`memq runs --cause`).
+- snapshots: one allocator snapshot of one rank; unique on (run, rank, sha256). The same bytes
+  under two runs are two rows pointing at one blob and one analysis result.
+  `state`/`lease_until`/`attempts` drive the analysis work queue of the workers.
+- analysis_results: the analysis of one snapshot's bytes by one analyzer version, under one
+  context (limit, device total, OOM message: `context_key`, "" when none). Contract JSON plus the
+  figures listings filter on.
+- run_diagnoses: the diagnosis of a run's snapshots taken together, per rank.
+- stat_samples: light `torch.cuda.memory_stats()` samples for timelines; primary key
+  (run, rank, time) so a redelivered batch inserts nothing twice.
+- reports: one nightly report per (date, scope); a rerun replaces it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Date,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(table_name)s__%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s__%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s__%(constraint_name)s",
+    "fk": "fk_%(table_name)s__%(column_0_name)s__%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+RUN_STATUSES = ("running", "completed", "oom", "crashed")
+TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
+SNAPSHOT_STATES = ("pending", "running", "done", "failed")
+CAUSES = ("fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
+          "external_memory", "allocator_config", "healthy")
+
+# JSONB on PostgreSQL (indexable, compact), JSON text on SQLite.
+JsonDoc = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only auto-increments INTEGER PRIMARY KEY columns.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+UtcDateTime = DateTime(timezone=True)
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN (" + ", ".join(f"'{v}'" for v in values) + ")"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {
+        dict[str, Any]: JsonDoc,
+        dt.datetime: UtcDateTime,
+        dt.date: Date,
+    }
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    #: The run id users and agents give (`--run`); unique across the whole history.
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    job: Mapped[str | None] = mapped_column(String(200))
+    cluster: Mapped[str | None] = mapped_column(String(200))
+    host: Mapped[str | None] = mapped_column(String(255))
+    username: Mapped[str | None] = mapped_column(String(200))
+    project: Mapped[str | None] = mapped_column(String(200))
+    #: Free-form `k=v` labels, as a JSON object of strings.
+    labels: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    cuda_version: Mapped[str | None] = mapped_column(String(64))
+    driver_version: Mapped[str | None] = mapped_column(String(64))
+    gpu_model: Mapped[str | None] = mapped_column(String(128))
+    #: Device total (bytes).
+    gpu_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: What the allocator may reserve (per-process cap), bytes; None = the device.
+    memory_limit_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: PYTORCH_CUDA_ALLOC_CONF as the process saw it.
+    allocator_conf: Mapped[str | None] = mapped_column(String(500))
+    optimizer: Mapped[str | None] = mapped_column(String(100))
+    param_count: Mapped[int | None] = mapped_column(BigInteger)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    #: The rank that reported the run's start (a run spans ranks; snapshots carry their own).
+    rank: Mapped[int | None] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    status: Mapped[str] = mapped_column(String(16), default="running", server_default="running")
+    # Run-level verdict, copied from the run_diagnoses row of the rank that matters most
+    # (the one that hit an OOM, else the highest peak) so listings need no join.
+    primary_cause: Mapped[str | None] = mapped_column(String(32))
+    cause_confidence: Mapped[float | None] = mapped_column(Float)
+    #: Highest reserved bytes seen in any snapshot or stat sample of the run.
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: Fragmentation ratio of the last snapshot (1 - largest free / total free).
+    fragmentation_ratio: Mapped[float | None] = mapped_column(Float)
+    oom_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    snapshot_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+    updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+    snapshots: Mapped[list[Snapshot]] = relationship(back_populates="run", lazy="raise",
+                                                     passive_deletes=True)
+
+    __table_args__ = (
+        CheckConstraint(_in("status", RUN_STATUSES), name="status"),
+        Index(None, "cluster", "started_at"),
+        Index(None, "job", "started_at"),
+        Index(None, "started_at"),
+    )
+
+
+class AnalysisResult(Base):
+    __tablename__ = "analysis_results"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64))
+    analyzer_version: Mapped[str] = mapped_column(String(64))
+    #: Hash of the outside facts the analysis used (limit, device total, OOM message); "" = none.
+    context_key: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    active_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    largest_free_block_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    fragmentation_ratio: Mapped[float | None] = mapped_column(Float)
+    oom_requested_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    primary_cause: Mapped[str | None] = mapped_column(String(32))
+    confidence: Mapped[float | None] = mapped_column(Float)
+    #: The `memq analyze --json` object (schema, snapshots, metrics, oom, composition, diagnosis).
+    result: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+    __table_args__ = (UniqueConstraint("sha256", "analyzer_version", "context_key"),)
+
+
+class Snapshot(Base):
+    __tablename__ = "snapshots"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    #: Of the uncompressed snapshot bytes (the blob key).
+    sha256: Mapped[str] = mapped_column(String(64))
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    trigger: Mapped[str] = mapped_column(String(16), default="manual", server_default="manual")
+    taken_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    #: Uncompressed size, bytes.
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    #: Where the blob store keeps it (relative key, e.g. `ab/ab12....zst`).
+    blob_ref: Mapped[str | None] = mapped_column(String(300))
+    #: File name or stream entry the snapshot came from (for people, not identity).
+    source: Mapped[str | None] = mapped_column(String(500))
+    #: Outside facts for this snapshot: {"limit_bytes", "device_total_bytes", "device_free_bytes",
+    #: "requested_bytes", "message"}; used again by reanalyze.
+    context: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")
+    analyzer_version: Mapped[str | None] = mapped_column(String(64))
+    analysis_id: Mapped[int | None] = mapped_column(ForeignKey("analysis_results.id", ondelete="SET NULL"))
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+    run: Mapped[Run] = relationship(back_populates="snapshots", lazy="raise")
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "rank", "sha256"),
+        CheckConstraint(_in("trigger", TRIGGERS), name="trigger"),
+        CheckConstraint(_in("state", SNAPSHOT_STATES), name="state"),
+        Index(None, "run_id", "rank", "taken_at"),
+        Index(None, "sha256"),
+        Index(None, "state", "lease_until"),
+        Index(None, "analysis_id"),
+    )
+
+
+class RunDiagnosis(Base):
+    __tablename__ = "run_diagnoses"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    analyzer_version: Mapped[str] = mapped_column(String(64))
+    primary_cause: Mapped[str | None] = mapped_column(String(32))
+    confidence: Mapped[float | None] = mapped_column(Float)
+    snapshot_count: Mapped[int] = mapped_column(Integer)
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: Composition of the snapshot with the most allocated bytes (what the peak was made of).
+    peak_composition: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    #: Contract JSON of analyze() over all the rank's snapshots in time order.
+    result: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    computed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+
+class StatSample(Base):
+    __tablename__ = "stat_samples"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sampled_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, primary_key=True)
+    step: Mapped[int | None] = mapped_column(BigInteger)
+    epoch: Mapped[int | None] = mapped_column(Integer)
+    allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    active_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    inactive_split_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: cudaMalloc retries (`num_alloc_retries`, cumulative) and OOMs (`num_ooms`, cumulative).
+    alloc_retries: Mapped[int | None] = mapped_column(Integer)
+    oom_count: Mapped[int | None] = mapped_column(Integer)
+
+
+class Report(Base):
+    __tablename__ = "reports"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    report_date: Mapped[dt.date] = mapped_column(Date)
+    #: What the report covers: "all", "cluster:<name>", "job:<name>".
+    scope: Mapped[str] = mapped_column(String(200))
+    analyzer_version: Mapped[str | None] = mapped_column(String(64))
+    #: The report's figures (JSON form of the report).
+    summary: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    #: Where the rendered HTML was written, if anywhere.
+    path: Mapped[str | None] = mapped_column(String(1000))
+    generated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+    __table_args__ = (UniqueConstraint("report_date", "scope"),)
