@@ -1,0 +1,212 @@
+"""Pure analysis of allocator snapshots: plain data in, the JSON contract of ARCHITECTURE.md out.
+
+No torch, sqlalchemy, celery, redis, click, or file/network access here: the same code runs in the
+CLI on files, in workers on blobs, and in tests on real fixtures.
+
+    analyze(snapshots, ctx) -> {"schema": 1, "snapshots", "metrics", "oom", "composition",
+                                "diagnosis", "details"}
+
+Several snapshots are one run's, in time order; the figures describe the last, the diagnosis uses
+all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from profiler.analysis import frames as fr
+from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
+from profiler.analysis.leak import detect_leak, live_blocks
+from profiler.analysis.limits import resolve_limits
+from profiler.analysis.memory import composition, largest_usable_free_block, memory_metrics
+from profiler.analysis.recommend import recommend
+from profiler.analysis.timeline import replay
+from profiler.model import INACTIVE, SMALL_SIZE, OomContext, Snapshot, frame_file, frame_name
+
+ANALYZER_VERSION = "1.0.0"
+SCHEMA = 1
+CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
+                    "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
+                    "stranded_bytes")
+
+__all__ = ["ANALYZER_VERSION", "CAUSES", "PRECEDENCE", "analyze", "explain_message"]
+
+
+def _has_cpp_frames(frames: list) -> bool:
+    return any("::" in frame_name(f) or frame_file(f).endswith((".cpp", ".h", ".cu")) for f in frames)
+
+
+def _per_snapshot(snap: Snapshot) -> dict:
+    m = memory_metrics(snap)
+    comp, sites = composition(snap)
+    tl = replay(snap, m["active_bytes"], m["reserved_bytes"])
+    return {"metrics": m, "composition": comp, "sites": sites, "timeline": tl}
+
+
+def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,
+            triggers: list[str | None] | None = None, optimizer: str | None = None,
+            whatif: list[dict] | None = None) -> dict:
+    """`items`: Snapshot objects or objects with a `.snapshot` (and optionally `.path`), in time order.
+    `triggers`: per snapshot (epoch_end, periodic, oom, ...) when known, to pick comparable points.
+    `whatif`: results of the allocator model for the last snapshot, cited by the recommendations."""
+    if not items:
+        raise ValueError("analyze() needs at least one snapshot")
+    snaps: list[Snapshot] = [getattr(x, "snapshot", x) for x in items]
+    names = names or [str(getattr(x, "path", f"snapshot{i}")) for i, x in enumerate(items)]
+    per = [_per_snapshot(s) for s in snaps]
+    last, last_snap = per[-1], snaps[-1]
+    m = last["metrics"]
+    lim = resolve_limits(last_snap, ctx, m["reserved_bytes"])
+    S = lim.requested
+    oom_ev = lim.oom_event
+    stream = oom_ev.stream if oom_ev is not None else None
+    pool = oom_ev.pool_id if oom_ev is not None and oom_ev.pool_id else None
+    largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
+    blocked = 0
+    if S and last_snap.settings.max_split_size > 0:
+        want = "large" if S > SMALL_SIZE else "small"
+        blocked = max((b.size for seg in last_snap.segments if seg.segment_type == want
+                       for b in seg.blocks if b.state == INACTIVE and b.size >= last_snap.settings.max_split_size),
+                      default=0)
+
+    leak = detect_leak(_comparable_points(snaps, per, names, triggers), lim.limit)
+    earlier_peak, steps_seen = _earlier_step_peak(per)
+    peak_reserved = max(max(p["metrics"]["reserved_bytes"], p["timeline"].get("peak_reserved_bytes") or 0)
+                        for p in per)
+    tl = last["timeline"]
+    peak_frames = []
+    if tl.get("peak_index", -1) is not None and tl.get("peak_index", -1) >= 0:
+        peak_frames = last_snap.trace[tl["peak_index"]].frames
+    oom_frames = oom_ev.frames if oom_ev is not None else []
+    stacks_all = _has_cpp_frames(oom_frames) or any(
+        _has_cpp_frames(b.frames) for seg in last_snap.segments[:50] for b in seg.blocks[:20])
+    facts = Facts(
+        has_oom=S is not None, S=S, S_source=lim.requested_source,
+        A=m["active_bytes"], A_req=m["requested_bytes"] + m["pending_free_bytes"], R=m["reserved_bytes"],
+        limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=peak_reserved,
+        device_total=lim.device_total, non_pytorch=lim.non_pytorch,
+        largest_usable=largest_usable, largest_blocked_by_max_split=blocked,
+        oom_frames=oom_frames, oom_frames_known=bool(oom_frames),
+        composition=last["composition"], peak_live=tl.get("peak_live_bytes"), peak_phase=tl.get("peak_phase"),
+        peak_frames=peak_frames, earlier_step_peak=earlier_peak, training_steps_seen=steps_seen,
+        settings_non_default=last_snap.settings.non_default, settings_known=last_snap.settings.known,
+        roundup=bool(last_snap.settings.roundup_power2_divisions), max_split=last_snap.settings.max_split_size,
+        peak_reserved=peak_reserved, leak=leak, snapshots=len(snaps), stacks_all=stacks_all,
+    )
+    primary, conf, causes, _findings = diagnose(facts)
+    recs = recommend(primary, facts, optimizer, leak, whatif)
+
+    oom = None
+    if S is not None:
+        oom = {"requested_bytes": S, "limit_bytes": lim.limit,
+               "fits_largest_free_block": S <= largest_usable,
+               "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
+    return {
+        "schema": SCHEMA,
+        "snapshots": [{"file": n, "torch_format": s.torch_format, "segments": len(s.segments),
+                       "trace_entries": len(s.trace), "expandable_segments": s.expandable_segments}
+                      for n, s in zip(names, snaps, strict=True)],
+        "metrics": {k: m[k] for k in CONTRACT_METRICS},
+        "oom": oom,
+        "composition": dict(last["composition"]),
+        "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes,
+                      "recommendations": recs},
+        "details": {
+            "analyzer_version": ANALYZER_VERSION,
+            "metrics": {k: v for k, v in m.items() if k not in CONTRACT_METRICS},
+            "limits": {"requested_bytes": S, "requested_source": lim.requested_source,
+                       "limit_bytes": lim.limit, "limit_source": lim.limit_source,
+                       "device_total_bytes": lim.device_total, "device_free_bytes": lim.device_free,
+                       "non_pytorch_bytes": lim.non_pytorch, "largest_usable_free_block_bytes": largest_usable,
+                       "oom_site": fr.stack_signature(oom_frames) if oom_ev is not None else None},
+            "composition_sites": last["sites"],
+            "timeline": {k: v for k, v in tl.items() if k not in ("step_start_indices",)},
+            "peak_reserved_bytes": peak_reserved,
+            "leak": leak,
+            "allocator_settings": {"known": last_snap.settings.known, "conf": last_snap.settings.conf,
+                                   "non_default": last_snap.settings.non_default},
+            "per_snapshot": [{"file": n, "active_bytes": p["metrics"]["active_bytes"],
+                              "reserved_bytes": p["metrics"]["reserved_bytes"],
+                              "peak_live_bytes": p["timeline"].get("peak_live_bytes"),
+                              "fragmentation_ratio": p["metrics"]["fragmentation_ratio"],
+                              "composition": p["composition"]} for n, p in zip(names, per, strict=True)],
+            "warnings": sorted({w for s in snaps for w in s.warnings}),
+        },
+    }
+
+
+def _comparable_points(snaps, per, names, triggers) -> list[dict]:
+    """Snapshots taken at the same kind of point (not the OOM one): the leak test compares these."""
+    idx = [i for i, s in enumerate(snaps) if s.oom_event() is None]
+    if triggers:
+        kinds = [triggers[i] for i in idx if i < len(triggers) and triggers[i] not in (None, "oom")]
+        if kinds:
+            common = max(set(kinds), key=kinds.count)
+            idx = [i for i in idx if i < len(triggers) and triggers[i] == common]
+    return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
+             "blocks": live_blocks(snaps[i])} for i in idx]
+
+
+def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:
+    """Peak live bytes of completed training steps before the last one, from earlier snapshots and
+    from the last trace up to the start of its last optimizer step."""
+    peaks = []
+    steps = 0
+    for p in per[:-1]:
+        t = p["timeline"]
+        if (t.get("optimizer_steps") or p["composition"].get(fr.OPTIMIZER_STATE)) and t.get("peak_live_bytes"):
+            peaks.append(t["peak_live_bytes"])
+            steps += max(1, t.get("optimizer_steps") or 0)
+    t = per[-1]["timeline"]
+    sp = t.get("step_peaks") or []
+    if t.get("optimizer_steps"):
+        steps += t["optimizer_steps"]
+        if len(sp) >= 2:
+            peaks.extend(sp[:-1])
+    return (max(peaks) if peaks else None), steps
+
+
+def explain_message(ctx: OomContext) -> dict:
+    """The contract from an OOM message alone: what the message carries, null for the rest."""
+    msg = ctx.message
+    A = msg.allocated_bytes if msg else None
+    R = msg.reserved_bytes if msg else None
+    lim = resolve_limits(None, ctx, R)
+    S = lim.requested
+    facts = Facts(
+        has_oom=S is not None, S=S, S_source=lim.requested_source, A=A or 0, A_req=A or 0, R=R or 0,
+        limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=0, device_total=lim.device_total,
+        non_pytorch=lim.non_pytorch, largest_usable=0, largest_blocked_by_max_split=0, oom_frames=[],
+        oom_frames_known=False, composition={}, peak_live=None, peak_phase=None, peak_frames=[],
+        earlier_step_peak=None, training_steps_seen=0, settings_non_default=[], settings_known=False,
+        roundup=False, max_split=-1, peak_reserved=R or 0, leak={"holds": False, "settled": False,
+                                                                 "evidence": ["one message, no snapshots"]},
+        snapshots=0, stacks_all=False,
+    )
+    primary, conf, causes, findings = diagnose(facts)
+    # The largest free block is unknown from a message: fragmentation can only be suspected.
+    if primary == "fragmentation":
+        conf = min(conf, 0.6)
+        causes[0]["confidence"] = conf
+        causes[0]["evidence"].append("the message does not give the largest free block; a snapshot would "
+                                     "confirm that the free cache is in pieces")
+    recs = recommend(primary, facts, None, facts.leak)
+    unalloc = msg.reserved_unallocated_bytes if msg else None
+    return {
+        "schema": SCHEMA,
+        "snapshots": [],
+        "metrics": {"reserved_bytes": R, "allocated_bytes": A, "active_bytes": None, "requested_bytes": None,
+                    "reserved_unallocated_bytes": unalloc, "largest_free_block_bytes": None,
+                    "fragmentation_ratio": None, "stranded_bytes": unalloc},
+        "oom": None if S is None else {"requested_bytes": S, "limit_bytes": lim.limit,
+                                       "fits_largest_free_block": None,
+                                       "fits_if_compacted": (A + S <= lim.limit) if (A is not None and lim.limit)
+                                       else None},
+        "composition": {c: None for c in fr.CATEGORIES},
+        "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes, "recommendations": recs},
+        "details": {"analyzer_version": ANALYZER_VERSION,
+                    "limits": {"requested_bytes": S, "limit_bytes": lim.limit, "limit_source": lim.limit_source,
+                               "device_total_bytes": lim.device_total, "device_free_bytes": lim.device_free,
+                               "non_pytorch_bytes": lim.non_pytorch},
+                    "message": msg.text if msg else ""},
+    }

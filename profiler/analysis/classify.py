@@ -1,0 +1,302 @@
+"""Root cause: the deciding tests of ARCHITECTURE.md ("Causes"), applied in their fixed precedence.
+
+Each test returns a `Finding`: whether it holds, how strongly, the evidence sentences (with the
+numbers), and what is missing when it cannot be settled. The first cause that holds, in
+`PRECEDENCE` order, is primary; the others that hold are listed with lower confidence; unsettled
+ones are listed with low confidence and the input that would settle them. Pure: facts in, findings out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from profiler.analysis import frames as fr
+from profiler.analysis.memory import segment_needed
+
+GiB = 1024**3
+MiB = 1024**2
+
+PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
+              "allocator_config", "fragmentation", "capacity", "healthy")
+CAUSES = frozenset(PRECEDENCE)
+
+
+@dataclass
+class Finding:
+    cause: str
+    holds: bool
+    strength: float = 0.0  # 0..1, how clearly the numbers pass the test
+    evidence: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # inputs that would settle an unsettled test
+
+    @property
+    def settled(self) -> bool:
+        return not self.missing
+
+
+@dataclass
+class Facts:
+    """Everything the tests read. Sizes in bytes; None = unknown."""
+
+    has_oom: bool
+    S: int | None
+    S_source: str | None
+    A: int
+    A_req: int
+    R: int
+    limit: int | None
+    limit_source: str | None
+    limit_lower_bound: int  # the allocator held this much before, so LIMIT is at least this
+    device_total: int | None
+    non_pytorch: int | None
+    largest_usable: int
+    largest_blocked_by_max_split: int  # free block >= S that max_split_size forbids using
+    oom_frames: list
+    oom_frames_known: bool
+    composition: dict
+    peak_live: int | None
+    peak_phase: str | None
+    peak_frames: list
+    earlier_step_peak: int | None  # peak live bytes of earlier training steps of the run
+    training_steps_seen: int
+    settings_non_default: list[str]
+    settings_known: bool
+    roundup: bool
+    max_split: int
+    peak_reserved: int
+    leak: dict
+    snapshots: int
+    stacks_all: bool  # C++ frames present (stacks="all")
+
+
+def g(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB / 10 else f"{n / MiB:.1f} MiB"
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{100.0 * a / b:.1f}%" if b else "n/a"
+
+
+def test_external(f: Facts) -> Finding:
+    out = Finding("external_memory", False)
+    if not f.has_oom:
+        return out
+    if f.device_total is None or f.non_pytorch is None:
+        out.missing.append("device total and free memory at the OOM (--device-total, the OOM message or the "
+                           "agent's observer) would show memory held outside PyTorch")
+        return out
+    floor = max(2 * GiB, f.device_total // 10)
+    fits = f.A + (f.S or 0) <= f.device_total - GiB
+    if f.non_pytorch > floor and fits:
+        out.holds = True
+        out.strength = min(1.0, f.non_pytorch / (2 * floor))
+        out.evidence.append(f"{g(f.non_pytorch)} of the {g(f.device_total)} device is held outside PyTorch's "
+                            f"cache (more than {g(floor)}): another process or library holds the card")
+        out.evidence.append(f"PyTorch's live set plus the request ({g(f.A)} + {g(f.S)}) would fit the device "
+                            f"minus a normal ~1 GiB context")
+    elif f.non_pytorch > GiB:
+        out.evidence.append(f"{g(f.non_pytorch)} is held outside PyTorch's cache (below the {g(floor)} threshold)")
+    return out
+
+
+def test_leak(f: Facts) -> Finding:
+    lk = f.leak
+    out = Finding("leak", bool(lk.get("holds")), evidence=list(lk.get("evidence", [])))
+    if out.holds:
+        grows = [i["growth_bytes"] / max(1, i["threshold_bytes"]) for i in lk.get("intervals", []) if i["grew"]]
+        out.strength = min(1.0, 0.5 + 0.1 * len(grows))
+    elif not lk.get("settled", True):
+        out.missing.append(lk["evidence"][0] if lk.get("evidence") else "several snapshots of one run")
+        out.evidence = []
+    return out
+
+
+def test_optimizer_state(f: Facts) -> Finding:
+    out = Finding("optimizer_state", False)
+    opt = f.composition.get(fr.OPTIMIZER_STATE, 0)
+    in_opt = bool(f.oom_frames) and fr.is_optimizer(f.oom_frames) if f.has_oom else (
+        f.peak_phase == "optimizer_step")
+    if not in_opt:
+        return out
+    if f.limit is None:
+        out.missing.append("a limit (--limit or the OOM message) to tell whether optimizer state pushed "
+                           "memory over it")
+        out.evidence.append(f"the {'OOM' if f.has_oom else 'peak'} happens inside the optimizer step "
+                            f"({g(opt)} of optimizer state live)")
+        return out
+    total = f.A + (f.S or 0) if f.has_oom else (f.peak_live or f.A)
+    over = total - f.limit
+    near = f.limit - total < 0.05 * f.limit
+    created = opt + (f.S or 0) if f.has_oom else opt
+    if (over > 0 or near) and created >= max(over, 0):
+        out.holds = True
+        out.strength = 0.9 if f.training_steps_seen <= 1 else 0.6
+        out.evidence.append(
+            f"the {'request of ' + g(f.S) + ' fails' if f.has_oom else 'peak happens'} inside the optimizer "
+            f"step while its state is created ({g(opt)} of optimizer state live, frames in torch/optim)")
+        out.evidence.append(f"live set + request = {g(total)} against a limit of {g(f.limit)} "
+                            f"({'over by ' + g(over) if over > 0 else 'within the last 5%'})")
+    return out
+
+
+def test_activation_spike(f: Facts) -> Finding:
+    out = Finding("activation_spike", False)
+    if not f.has_oom or f.S is None:
+        return out
+    if f.limit is None:
+        out.missing.append("a limit (--limit, the OOM message or --device-total)")
+        return out
+    total = f.A + f.S
+    if total <= f.limit:
+        return out
+    if f.earlier_step_peak is None:
+        out.missing.append("earlier training steps of the same run (earlier snapshots, or a trace that "
+                           "holds a completed optimizer step) to compare this step with")
+        out.evidence.append("no completed training step precedes the OOM in the data given: setup or the "
+                            "first step cannot be a spike")
+        return out
+    if total > 1.5 * f.earlier_step_peak:
+        out.holds = True
+        out.strength = min(1.0, total / (3 * f.earlier_step_peak))
+        out.evidence.append(f"this step needs {g(total)} (live {g(f.A)} + request {g(f.S)}), "
+                            f"{total / f.earlier_step_peak:.1f}x the {g(f.earlier_step_peak)} peak of the earlier "
+                            "steps: one input needs far more than the others")
+    else:
+        out.evidence.append(f"this step needs {g(total)}, {total / f.earlier_step_peak:.2f}x the earlier steps' "
+                            f"peak of {g(f.earlier_step_peak)} (a spike is > 1.5x)")
+    return out
+
+
+def test_workspace(f: Facts) -> Finding:
+    out = Finding("workspace", False)
+    ws = f.composition.get(fr.WORKSPACE_CAT, 0)
+    if f.has_oom and f.oom_frames and fr.is_workspace(f.oom_frames):
+        out.holds, out.strength = True, 0.9
+        out.evidence.append(f"the failed request of {g(f.S)} is a cuDNN/cuBLAS/NCCL workspace "
+                            f"(frames: {fr.stack_signature(f.oom_frames)})")
+    elif f.peak_frames and fr.is_workspace(f.peak_frames) and (f.has_oom or f.limit):
+        out.holds, out.strength = True, 0.7
+        out.evidence.append(f"the peak of live memory ({g(f.peak_live)}) is reached by a workspace allocation "
+                            f"({fr.stack_signature(f.peak_frames)})")
+    elif ws and f.limit and ws > 0.1 * f.limit:
+        out.holds, out.strength = True, 0.5
+        out.evidence.append(f"{g(ws)} of live memory is cuDNN/cuBLAS/NCCL workspace")
+    elif f.has_oom and not f.stacks_all:
+        out.missing.append('C++ frames (record with stacks="all") would show whether the request is a '
+                           "cuDNN/cuBLAS workspace")
+    return out
+
+
+def test_allocator_config(f: Facts) -> Finding:
+    out = Finding("allocator_config", False)
+    if not f.has_oom or not f.settings_non_default or f.S is None:
+        return out
+    if f.limit is None:
+        out.missing.append("a limit to tell whether the non-default allocator settings turned a fit into an OOM")
+        return out
+    total = f.A + f.S
+    if f.roundup and total > f.limit and f.A_req + f.S <= f.limit:
+        out.holds, out.strength = True, 0.8
+        out.evidence.append(f"roundup_power2_divisions rounds live blocks up by {g(f.A - f.A_req)} "
+                            f"(allocated {g(f.A)} for {g(f.A_req)} requested): without it the live set plus the "
+                            f"request ({g(f.A_req + f.S)}) would fit the limit of {g(f.limit)}")
+    if f.max_split > 0 and f.largest_blocked_by_max_split >= f.S and total <= f.limit:
+        out.holds, out.strength = True, max(out.strength, 0.8)
+        out.evidence.append(f"a free block of {g(f.largest_blocked_by_max_split)} would hold the request but "
+                            f"max_split_size_mb:{f.max_split // MiB} forbids splitting it for a "
+                            f"{g(f.S)} request")
+    return out
+
+
+def test_fragmentation(f: Facts) -> Finding:
+    out = Finding("fragmentation", False)
+    if not f.has_oom or f.S is None:
+        return out
+    need = segment_needed(f.S)
+    limit, src = f.limit, f.limit_source
+    if limit is None and f.limit_lower_bound:
+        limit, src = f.limit_lower_bound, "a lower bound (the allocator held that much earlier)"
+    if limit is None:
+        out.missing.append("a limit (--limit, the OOM message or --device-total)")
+        return out
+    total = f.A + f.S
+    if total <= limit < f.R + need and f.S > f.largest_usable:
+        out.holds = True
+        out.strength = 0.9 if f.limit is not None else 0.6
+        out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
+                            f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
+        out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
+                            f"{g(f.R - f.A)} of cached free memory is in pieces")
+    return out
+
+
+def test_capacity(f: Facts) -> Finding:
+    out = Finding("capacity", False)
+    if not f.has_oom or f.S is None:
+        return out
+    if f.limit is None:
+        out.missing.append("a limit (--limit, the OOM message's 'allowed', or --device-total)")
+        return out
+    total = f.A + f.S
+    if total > f.limit:
+        out.holds = True
+        out.strength = min(1.0, 0.6 + (total - f.limit) / max(1, f.limit) * 4)
+        out.evidence.append(f"the live set alone does not fit: {g(f.A)} live + {g(f.S)} requested = {g(total)} "
+                            f"> the limit of {g(f.limit)} ({f.limit_source}), whatever the allocator does")
+        top = max(((c, v) for c, v in f.composition.items() if c != fr.UNKNOWN), key=lambda kv: kv[1],
+                  default=(None, 0))
+        if top[0] and top[1]:
+            out.evidence.append(f"{top[0]} is the largest part of the live set: {g(top[1])} "
+                                f"({_pct(top[1], f.A)})")
+    return out
+
+
+def test_healthy(f: Facts) -> Finding:
+    out = Finding("healthy", not f.has_oom and not f.leak.get("holds"))
+    if not out.holds:
+        return out
+    out.strength = 1.0
+    if f.limit:
+        head = f.limit - f.peak_reserved
+        out.evidence.append(f"peak reserved {g(f.peak_reserved)} leaves {g(head)} ({_pct(head, f.limit)}) "
+                            f"under the limit of {g(f.limit)}")
+        if head < 0.05 * f.limit:
+            out.strength = 0.7
+            out.evidence.append("headroom is under 5% of the limit: a near miss; a larger input would OOM")
+    else:
+        out.evidence.append(f"no OOM recorded; peak reserved {g(f.peak_reserved)} (no limit given to "
+                            "compute headroom)")
+    return out
+
+
+TESTS = (test_external, test_leak, test_optimizer_state, test_activation_spike, test_workspace,
+         test_allocator_config, test_fragmentation, test_capacity, test_healthy)
+
+
+def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
+    findings = [t(f) for t in TESTS]
+    primary = next((x for x in findings if x.holds), None)
+    if primary is None:
+        # An OOM with nothing settled (no limit): name the best-supported candidate, flagged as weak.
+        primary = next((x for x in findings if x.cause == "capacity"), findings[-1])
+        primary_conf = 0.3
+        primary.evidence.insert(0, "no deciding test could be settled with the inputs given; "
+                                   + "; ".join(primary.missing or ["pass --limit"]))
+    else:
+        primary_conf = round(0.5 + 0.45 * primary.strength, 2)
+        if any(x.missing and x.cause in PRECEDENCE[: PRECEDENCE.index(primary.cause)] for x in findings):
+            primary_conf = round(primary_conf - 0.1, 2)  # an earlier cause could not be ruled out
+    causes = [{"cause": primary.cause, "confidence": primary_conf,
+               "evidence": primary.evidence + [f"unsettled: {m}" for m in primary.missing if primary.holds]}]
+    for x in findings:
+        if x is primary:
+            continue
+        if x.holds:
+            conf = round(min(primary_conf - 0.05, 0.3 + 0.4 * x.strength), 2)
+            causes.append({"cause": x.cause, "confidence": max(conf, 0.05), "evidence": x.evidence})
+        elif x.missing and x.cause != "healthy":
+            causes.append({"cause": x.cause, "confidence": 0.1,
+                           "evidence": x.evidence + [f"not settled: {m}" for m in x.missing]})
+    return primary.cause, primary_conf, causes, findings

@@ -1,0 +1,122 @@
+"""Reading meaning out of stack frames: which phase or category an allocation belongs to.
+
+Rules look at every frame of a block (innermost first) and use file paths and function names that
+PyTorch itself uses, so they hold for any user model. `stacks="python"` frames carry Python files;
+`stacks="all"` adds C++ frames whose `name` is a demangled symbol (e.g. `at::native::cudnn_convolution`).
+"""
+
+from __future__ import annotations
+
+import re
+
+from profiler.model import frame_file, frame_line, frame_name
+
+OPTIM_FILE = re.compile(r"torch/optim/|/optim/|torch/distributed/optim/")
+OPTIM_NAME = re.compile(r"^(_init_group|_multi_tensor_adam|_single_tensor_adam|_fused_adam|"
+                        r"_multi_tensor_adamw|_single_tensor_adamw|_multi_tensor_sgd|_single_tensor_sgd|"
+                        r"__setstate__|load_state_dict|_process_value_according_to_param_policy)$")
+WORKSPACE = re.compile(r"cudnn|cublas|cublaslt|workspace|nccl|cusparse|cufft|cusolver|getCurrentCUDABlasHandle",
+                       re.IGNORECASE)
+GRAD_NAME = re.compile(r"AccumulateGrad|accumulate_grad|AccumulateGrad::apply|_accumulate_grad")
+BACKWARD = re.compile(r"(^|[^a-z])backward|_engine_run_backward|autograd::Engine|autograd/graph\.py|"
+                      r"torch::autograd::(?!AccumulateGrad)")
+PARAM_NAME = re.compile(r"^(_apply|convert|to|cuda|reset_parameters|_load_from_state_dict|load_state_dict|"
+                        r"kaiming_uniform_|xavier_uniform_|normal_|uniform_|trunc_normal_|empty_like)$")
+PARAM_FILE = re.compile(r"torch/nn/parameter\.py|torch/nn/init\.py|torch/serialization\.py|safetensors")
+MODULE_FILE = re.compile(r"torch/nn/modules/")
+FORWARD_NAME = re.compile(r"^forward$|^_call_impl$|^_wrapped_call_impl$|checkpoint|^recompute_fn$")
+FUNCTIONAL_FILE = re.compile(r"torch/nn/functional\.py|torch/functional\.py|torch/_tensor\.py|_ops\.py")
+
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer_state"
+ACTIVATIONS = "activations"
+WORKSPACE_CAT = "workspace"
+OTHER = "other"
+UNKNOWN = "unknown"
+CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, WORKSPACE_CAT, OTHER, UNKNOWN)
+
+
+def is_optimizer(frames: list) -> bool:
+    for f in frames:
+        if OPTIM_FILE.search(frame_file(f)) or (OPTIM_NAME.match(frame_name(f)) and "optim" in frame_file(f)):
+            return True
+        name = frame_name(f)
+        if "torch::optim" in name or "_fused_adam" in name:
+            return True
+    return False
+
+
+def is_workspace(frames: list) -> bool:
+    return any(WORKSPACE.search(frame_name(f)) for f in frames)
+
+
+def is_backward(frames: list) -> bool:
+    return any(BACKWARD.search(frame_name(f)) or BACKWARD.search(frame_file(f)) for f in frames)
+
+
+def categorize(frames: list) -> str:
+    """Category of one live block from its allocation stack (rules documented in docs/analysis.md).
+
+    Order matters: optimizer code calls module code (`load_state_dict`), and workspace requests
+    happen inside forward and backward, so the more specific rules run first."""
+    if not frames:
+        return UNKNOWN
+    if is_optimizer(frames):
+        return OPTIMIZER_STATE
+    if is_workspace(frames):
+        return WORKSPACE_CAT
+    if any(GRAD_NAME.search(frame_name(f)) for f in frames):
+        return GRADIENTS
+    for f in frames:
+        name, path = frame_name(f), frame_file(f)
+        if PARAM_FILE.search(path):
+            return PARAMETERS
+        if MODULE_FILE.search(path) and PARAM_NAME.match(name):
+            return PARAMETERS
+        if name == "__init__" and MODULE_FILE.search(path):
+            return PARAMETERS
+    if is_backward(frames):
+        return ACTIVATIONS
+    for f in frames:
+        name, path = frame_name(f), frame_file(f)
+        if FORWARD_NAME.search(name) or FUNCTIONAL_FILE.search(path) or MODULE_FILE.search(path):
+            return ACTIVATIONS
+    return OTHER
+
+
+def phase_of(frames: list) -> str | None:
+    """forward / backward / optimizer_step, or None when the frames do not tell."""
+    if not frames:
+        return None
+    if is_optimizer(frames):
+        return "optimizer_step"
+    if is_backward(frames):
+        return "backward"
+    for f in frames:
+        if FORWARD_NAME.search(frame_name(f)) or MODULE_FILE.search(frame_file(f)):
+            return "forward"
+    return None
+
+
+_SKIP_FILES = re.compile(r"torch/nn/modules/module\.py|torch/utils/|torch/_|/contextlib\.py|functools\.py|"
+                         r"torch/autograd/function\.py|torch/amp/")
+
+
+def stack_signature(frames: list, depth: int = 3) -> str:
+    """A short, stable name for an allocation site: the innermost frames outside torch plumbing."""
+    if not frames:
+        return "<no frames>"
+    picked = []
+    for f in frames:
+        path = frame_file(f)
+        if _SKIP_FILES.search(path):
+            continue
+        short = path.rsplit("/", 2)
+        short = "/".join(short[-2:]) if len(short) > 1 else path
+        picked.append(f"{frame_name(f)} ({short}:{frame_line(f)})" if path else frame_name(f))
+        if len(picked) >= depth:
+            break
+    if not picked:
+        picked = [frame_name(frames[0])]
+    return " < ".join(picked)

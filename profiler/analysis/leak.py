@@ -1,0 +1,90 @@
+"""Growth of live memory across comparable snapshots of one run.
+
+A leak (ARCHITECTURE.md cause 2): live bytes at comparable points grow in at least two consecutive
+intervals, each by more than max(64 MiB, 1% of LIMIT or of A), after warm-up (points before the
+first optimizer state exists are warm-up), and the growth is blocks that stay live at later points.
+Optimizer state that grows because new parameters start training (progressive unfreezing) stays
+within 2x the parameters' bytes; state beyond that for the same parameters is a leak.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from profiler.analysis import frames as fr
+
+MiB = 1024 * 1024
+
+
+def live_blocks(snap) -> dict[tuple[int, int], str]:
+    """(address, size) -> allocation site of every live block."""
+    return {(b.address, b.size): fr.stack_signature(b.frames) for s in snap.segments for b in s.blocks
+            if b.is_live}
+
+
+def detect_leak(points: list[dict], limit: int | None) -> dict:
+    """`points`: per comparable snapshot, in time order: {"name", "active", "composition", "blocks"}
+    (blocks from `live_blocks`). Returns {"holds", "evidence", "growth_by_site", "intervals", ...}."""
+    result = {"holds": False, "evidence": [], "growth_by_site": [], "intervals": [], "points": len(points),
+              "settled": True}
+    warm = [i for i, p in enumerate(points) if p["composition"].get(fr.OPTIMIZER_STATE, 0) > 0]
+    start = warm[0] if warm else 0
+    pts = points[start:]
+    if len(pts) < 3:
+        result["settled"] = False
+        result["evidence"].append(
+            f"{len(pts)} comparable snapshot(s) after warm-up: leak detection needs at least 3 "
+            "(snapshots at the same point of successive epochs or every N steps)")
+        return result
+    streak = best = 0
+    best_end = None
+    for a, b in zip(pts, pts[1:], strict=False):
+        grow = b["active"] - a["active"]
+        thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
+        # Growth counts only when what appeared is still live at the later point (not churn).
+        appeared = set(b["blocks"]) - set(a["blocks"])
+        persistent = sum(k[1] for k in appeared)
+        ok = grow > thresh and persistent >= grow * 0.5
+        result["intervals"].append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
+                                    "threshold_bytes": thresh, "grew": ok})
+        streak = streak + 1 if ok else 0
+        if streak > best:
+            best, best_end = streak, b
+    if best < 2:
+        return result
+    first, last = pts[0], pts[-1]
+    # Blocks that appeared after the first point and are live at the last: attribute by site.
+    kept = set(last["blocks"]) - set(first["blocks"])
+    sites: Counter = Counter()
+    for key in kept:
+        sites[last["blocks"][key]] += key[1]
+    growth_cat = {c: last["composition"].get(c, 0) - first["composition"].get(c, 0) for c in fr.CATEGORIES}
+    params = last["composition"].get(fr.PARAMETERS, 0)
+    opt = last["composition"].get(fr.OPTIMIZER_STATE, 0)
+    total_growth = last["active"] - first["active"]
+    only_opt = growth_cat[fr.OPTIMIZER_STATE] >= 0.8 * total_growth
+    if only_opt and params and opt <= 2.05 * params:
+        result["evidence"].append(
+            f"optimizer state grew by {_g(growth_cat[fr.OPTIMIZER_STATE])} but stays within 2x the "
+            f"parameters ({_g(opt)} for {_g(params)} of parameters): new parameters started training "
+            "(progressive unfreezing), not a leak")
+        return result
+    result["holds"] = True
+    result["growth_by_site"] = [{"site": s, "bytes": n} for s, n in sites.most_common(5)]
+    per = total_growth / max(1, len(pts) - 1)
+    result["evidence"].append(
+        f"live bytes grew from {_g(first['active'])} at {first['name']} to {_g(last['active'])} at "
+        f"{last['name']} ({_g(per)} per interval, {best} consecutive intervals above threshold)")
+    if result["growth_by_site"]:
+        top = result["growth_by_site"][0]
+        result["evidence"].append(f"{_g(top['bytes'])} of blocks still live at {last['name']} were allocated "
+                                  f"at {top['site']}")
+    if only_opt and params and opt > 2.05 * params:
+        result["evidence"].append(
+            f"optimizer state is {_g(opt)}, more than 2x the {_g(params)} of parameters: an optimizer was "
+            "re-created while the old one is still referenced")
+    return result
+
+
+def _g(n: float) -> str:
+    return f"{n / 1024**3:.2f} GiB" if abs(n) >= 1024**3 / 10 else f"{n / MiB:.1f} MiB"

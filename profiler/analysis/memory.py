@@ -1,0 +1,144 @@
+"""The memory picture of one snapshot: totals, free-space shape, and the OOM fit test."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from profiler.analysis import frames as fr
+from profiler.model import ACTIVE_ALLOCATED, INACTIVE, SMALL_SIZE, Snapshot
+
+MiB = 1024 * 1024
+
+
+def memory_metrics(snap: Snapshot) -> dict:
+    """Contract `metrics` plus details. R = reserved, A = active (allocated + awaiting free)."""
+    reserved = allocated = active = requested = free_total = largest = stranded = 0
+    private_pool = 0
+    pools: dict[tuple, dict] = {}
+    seg_sizes: Counter = Counter()
+    pending_free = 0
+    oversize_free = 0
+    mss = snap.settings.max_split_size
+    for seg in snap.segments:
+        reserved += seg.total_size
+        seg_sizes[seg.total_size] += 1
+        seg_live = False
+        seg_free = 0
+        key = (seg.segment_type, seg.stream, tuple(seg.pool_id))
+        pool = pools.setdefault(key, {"pool": seg.segment_type, "stream": seg.stream,
+                                      "pool_id": list(seg.pool_id), "reserved_bytes": 0, "free_bytes": 0,
+                                      "largest_free_block_bytes": 0, "segments": 0})
+        pool["reserved_bytes"] += seg.total_size
+        pool["segments"] += 1
+        if seg.is_private_pool:
+            private_pool += seg.total_size
+        for b in seg.blocks:
+            if b.state == INACTIVE:
+                seg_free += b.size
+                if b.size > pool["largest_free_block_bytes"]:
+                    pool["largest_free_block_bytes"] = b.size
+                if mss > 0 and b.size >= mss:
+                    oversize_free += b.size
+            else:
+                seg_live = True
+                active += b.size
+                if b.state == ACTIVE_ALLOCATED:
+                    allocated += b.size
+                    requested += b.requested_size
+                else:
+                    pending_free += b.size
+        pool["free_bytes"] += seg_free
+        free_total += seg_free
+        if seg_live:
+            stranded += seg_free
+    for p in pools.values():
+        largest = max(largest, p["largest_free_block_bytes"])
+    frag = 0.0 if free_total == 0 else round(1.0 - largest / free_total, 6)
+    return {
+        "reserved_bytes": reserved,
+        "allocated_bytes": allocated,
+        "active_bytes": active,
+        "requested_bytes": requested,
+        "reserved_unallocated_bytes": reserved - allocated,
+        "largest_free_block_bytes": largest,
+        "fragmentation_ratio": frag,
+        "stranded_bytes": stranded,
+        # details beyond the contract
+        "free_bytes": free_total,
+        "rounding_waste_bytes": allocated - requested,
+        "pending_free_bytes": pending_free,
+        "private_pool_bytes": private_pool,
+        "oversize_free_bytes": oversize_free,
+        "segment_count": len(snap.segments),
+        "segment_sizes": [{"size_bytes": s, "count": n} for s, n in sorted(seg_sizes.items(), reverse=True)[:12]],
+        "pools": sorted(pools.values(), key=lambda p: -p["reserved_bytes"]),
+        "expandable_segments": snap.expandable_segments,
+    }
+
+
+def segment_needed(size: int) -> int:
+    """Bytes of a new segment the allocator would cudaMalloc for a request of `size` bytes
+    (CUDACachingAllocator get_allocation_size: 2 MiB small, 20 MiB up to 10 MiB, else 2 MiB-rounded)."""
+    if size <= SMALL_SIZE:
+        return 2 * MiB
+    if size < 10 * MiB:
+        return 20 * MiB
+    return -(-size // (2 * MiB)) * (2 * MiB)
+
+
+def largest_usable_free_block(snap: Snapshot, size: int, stream: int | None, pool_id: tuple | None) -> int:
+    """Largest inactive block the allocator could hand to a request of `size` on `stream`:
+    same pool kind (large if size > 1 MiB), same stream and private pool; with max_split_size,
+    oversize blocks serve only requests that are themselves oversize."""
+    want_type = "large" if size > SMALL_SIZE else "small"
+    mss = snap.settings.max_split_size
+    best = 0
+    for seg in snap.segments:
+        if seg.segment_type != want_type:
+            continue
+        if stream is not None and seg.stream != stream:
+            continue
+        if pool_id is not None and tuple(seg.pool_id) != tuple(pool_id):
+            continue
+        for b in seg.blocks:
+            if b.state != INACTIVE or b.size <= best:
+                continue
+            if mss > 0 and b.size >= mss and size < mss:
+                continue
+            best = b.size
+    return best
+
+
+def composition(snap: Snapshot) -> tuple[dict, dict]:
+    """Live bytes by category, and the top allocation sites of each category.
+
+    Gradients of CUDA tensors are allocated on autograd's device thread, where `stacks="python"`
+    records no frames; a frameless live block is counted as a gradient when its size equals that of
+    a parameter block that has no gradient yet (one gradient per parameter)."""
+    totals = dict.fromkeys(fr.CATEGORIES, 0)
+    sites: dict[str, Counter] = {c: Counter() for c in fr.CATEGORIES}
+    frameless = []
+    param_sizes: Counter = Counter()
+    for seg in snap.segments:
+        for b in seg.blocks:
+            if not b.is_live:
+                continue
+            cat = fr.categorize(b.frames)
+            if cat == fr.UNKNOWN:
+                frameless.append(b)
+                continue
+            if cat == fr.PARAMETERS:
+                param_sizes[b.size] += 1
+            totals[cat] += b.size
+            sites[cat][fr.stack_signature(b.frames)] += b.size
+    any_frames = any(totals[c] for c in fr.CATEGORIES if c != fr.UNKNOWN)
+    for b in frameless:
+        if any_frames and param_sizes.get(b.size, 0) > 0:
+            param_sizes[b.size] -= 1
+            totals[fr.GRADIENTS] += b.size
+            sites[fr.GRADIENTS]["<autograd thread, matches a parameter's size>"] += b.size
+        else:
+            totals[fr.UNKNOWN] += b.size
+            sites[fr.UNKNOWN]["<no frames>"] += b.size
+    top = {c: [{"site": s, "bytes": n} for s, n in sites[c].most_common(5)] for c in fr.CATEGORIES if sites[c]}
+    return totals, top

@@ -1,0 +1,120 @@
+"""Replay of the trace ring buffer: live bytes over time, the peak, what was live at the peak,
+and the training-step structure (where optimizer steps happened).
+
+Live bytes follow the allocator's `active` accounting: +size at `alloc`, -size at `free_completed`
+(a block awaiting a cross-stream free still holds its memory). The trace may start mid-run (the
+ring buffer keeps only the last entries), so the level at its start is derived backwards from the
+snapshot's active bytes at its end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from profiler.analysis import frames as fr
+from profiler.model import Snapshot
+
+MAX_POINTS = 400  # samples kept for plots; the peak is always kept
+
+
+def replay(snap: Snapshot, active_end: int, reserved_end: int) -> dict:
+    trace = snap.trace
+    if not trace:
+        return {"events": 0, "covers_whole_run": False, "peak_live_bytes": None, "series": [],
+                "steps": [], "start_live_bytes": None}
+    # Pass 1: net change and the running level; keep step boundaries and the peak position.
+    level = 0
+    seg_level = seg_peak = 0
+    peak = 0
+    peak_i = -1
+    allocs = frees = 0
+    step_starts: list[int] = []  # index of the first optimizer-step event of each step
+    in_opt = False
+    levels = []  # level after each event, relative to the start
+    for i, ev in enumerate(trace):
+        a = ev.action
+        if a == "alloc":
+            level += ev.size
+            allocs += 1
+            if level > peak or peak_i < 0:
+                peak, peak_i = level, i
+        elif a == "free_completed":
+            level -= ev.size
+            frees += 1
+        elif a in ("segment_alloc", "segment_map"):
+            seg_level += ev.size
+            seg_peak = max(seg_peak, seg_level)
+        elif a in ("segment_free", "segment_unmap"):
+            seg_level -= ev.size
+        if ev.frames:
+            # Steps are delimited by entering optimizer code (any action: SGD's in-place updates
+            # allocate nothing after the first step, but frees inside step() still show).
+            opt = fr.is_optimizer(ev.frames)
+            if opt and not in_opt:
+                step_starts.append(i)
+            in_opt = opt
+        levels.append(level)
+    start = active_end - level
+    reserved_start = reserved_end - seg_level
+    # The trace saw the whole run when every segment alive at the end was created inside it.
+    created = {ev.addr for ev in trace if ev.action in ("segment_alloc", "segment_map")}
+    covers = bool(snap.segments) and all(s.address in created for s in snap.segments) and reserved_start == 0
+    # Pass 2: what was live at the peak (allocations made inside the trace and not yet freed).
+    live: dict[int, tuple[int, list]] = {}
+    for ev in trace[: peak_i + 1]:
+        if ev.action == "alloc" and ev.addr is not None:
+            live[ev.addr] = (ev.size, ev.frames)
+        elif ev.action == "free_completed" and ev.addr is not None:
+            live.pop(ev.addr, None)
+    by_site: Counter = Counter()
+    by_cat: Counter = Counter()
+    for size, frames in live.values():
+        by_site[fr.stack_signature(frames)] += size
+        by_cat[fr.categorize(frames)] += size
+    before = (start + peak) - sum(by_site.values())
+    peak_ev = trace[peak_i] if peak_i >= 0 else None
+    step = max(1, len(levels) // MAX_POINTS)
+    series = []
+    for i in range(0, len(levels), step):
+        series.append([trace[i].time_us if trace[i].time_us is not None else i, start + levels[i]])
+    if peak_i >= 0 and (peak_i % step):
+        series.append([peak_ev.time_us if peak_ev.time_us is not None else peak_i, start + peak])
+        series.sort(key=lambda p: p[0])
+    # Peak of live bytes inside each completed step (boundaries = starts of optimizer steps).
+    step_peaks = []
+    bounds = [0, *step_starts]
+    for lo, hi in zip(bounds, bounds[1:] + [len(levels)], strict=False):
+        if hi > lo:
+            step_peaks.append(start + max(levels[lo:hi]))
+    return {
+        "events": len(trace),
+        "has_frames": any(ev.frames for ev in trace[-2000:]),
+        "allocs": allocs,
+        "frees": frees,
+        "covers_whole_run": covers,
+        "start_live_bytes": start,
+        "end_live_bytes": start + level,
+        "peak_live_bytes": start + peak,
+        "peak_index": peak_i,
+        "peak_time_us": peak_ev.time_us if peak_ev else None,
+        "peak_phase": _phase(peak_ev),
+        "peak_reserved_bytes": reserved_start + seg_peak,
+        "replayed_end_from_zero": level,
+        "peak_site": fr.stack_signature(peak_ev.frames) if peak_ev else None,
+        "live_at_peak": [{"site": s, "bytes": n} for s, n in by_site.most_common(8)]
+        + ([{"site": "<allocated before the trace began>", "bytes": before}] if before > 0 else []),
+        "live_at_peak_by_category": dict(by_cat),
+        "optimizer_steps": len(step_starts),
+        "step_start_indices": step_starts,
+        "step_peaks": step_peaks,
+        "series": series,
+    }
+
+
+def _phase(ev) -> str | None:
+    if ev is None:
+        return None
+    if not ev.frames:
+        # Allocations on autograd's device thread carry no Python frames.
+        return "backward (no Python frames: autograd's thread)" if ev.action == "alloc" else None
+    return fr.phase_of(ev.frames)
