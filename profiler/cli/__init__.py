@@ -14,6 +14,7 @@ from profiler.errors import EXIT_ERROR, MemqError
 COMMANDS: dict[str, str] = {
     "analyze": "profiler.cli.analyze:analyze",
     "explain": "profiler.cli.analyze:explain",
+    "run": "profiler.cli.run:run",
 }
 
 

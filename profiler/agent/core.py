@@ -1,0 +1,561 @@
+"""The in-job agent: triggers, recording policy, run metadata; delivery is in transport.py.
+
+Threads: the training thread calls the API (cheap: a few comparisons per `mark_step`; a stats sample,
+~0.4 ms, every `stats_interval_s`; a snapshot only on a trigger). A daemon "ticker" thread handles
+what needs no step boundary: signal-requested snapshots, periodic snapshots and stats when the job
+marks no steps, the time-based recording policy, flushing stats batches, and noticing when CUDA
+gets initialised. A daemon transport thread does all serialization and I/O.
+
+Every public method catches every exception: the training loop never sees one from here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import signal as _signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from profiler.agent.policy import RecordingPolicy
+from profiler.agent.source import (
+    ReplaySource,
+    TorchSource,
+    default_job,
+    host_name,
+    rank_and_world,
+    scheduler_ids,
+)
+from profiler.agent.spool import Spool
+from profiler.agent.transport import Counters, Item, Transport
+
+log = logging.getLogger("memq.agent")
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _safe(text: str) -> str:
+    return _SAFE.sub("_", text)[:80] or "_"
+
+
+class Agent:
+    """A handle on one running agent; also a context manager (`with agent.start(...):`)."""
+
+    def __init__(self, run: str, cluster: str, *, job: str | None = None, rank: int | None = None,
+                 world_size: int | None = None, host: str | None = None, redis_url: str | None = None,
+                 stream: str | None = None, key_prefix: str | None = None, stream_maxlen: int | None = None,
+                 blob_ttl_s: int | None = None, spool_dir: str | None = None, spool_max_bytes: int | None = None,
+                 fsync: bool = True, stats_interval_s: float | None = None, stats_flush_s: float = 60.0,
+                 snapshot_every_s: float | None = None, snapshot_on_epoch: bool = True,
+                 history: str | None = None, stacks: str = "python", context: str = "all",
+                 max_entries: int | None = None, warmup_steps: int = 3, warmup_s: float = 120.0,
+                 duty_every: int = 50, duty_on_s: float = 1.0, duty_period_s: float = 120.0,
+                 headroom: float = 0.10, signal: str | int | None = "default", oom: bool = True,
+                 max_oom_snapshots: int = 4, oom_message_wait_s: float = 2.0, codec: str | None = None,
+                 send_timeout_s: float = 2.0, queue_size: int = 256, stop_timeout_s: float = 5.0,
+                 source: Any = None, client_factory: Any = None, backoff_s: tuple[float, float] = (0.5, 30.0),
+                 tick_s: float = 0.5, metadata: dict | None = None, model: Any = None, optimizer: Any = None,
+                 device: int | None = None, announce: str = "eager", settings: Any = None):
+        from profiler.config import load_settings
+
+        st = settings or load_settings()
+        self.run, self.cluster = str(run), str(cluster)
+        env_rank, env_world = rank_and_world()
+        self.rank = env_rank if rank is None else int(rank)
+        self.world_size = env_world if world_size is None else int(world_size)
+        self.identity = {"run": self.run, "cluster": self.cluster, "rank": self.rank,
+                         "job": default_job() if job is None else str(job), "host": host or host_name()}
+        self.source = source if source is not None else TorchSource(device=device)
+        self.stats_interval_s = float(st.stats_interval_s if stats_interval_s is None else stats_interval_s)
+        self.stats_flush_s = float(stats_flush_s)
+        self.snapshot_every_s = float(st.snapshot_every_s if snapshot_every_s is None else snapshot_every_s)
+        self.snapshot_on_epoch = snapshot_on_epoch
+        self.stacks, self.context = stacks, context
+        self.max_entries = int(st.agent_max_entries if max_entries is None else max_entries)
+        self.policy = RecordingPolicy(mode=history or st.agent_history, warmup_steps=warmup_steps, warmup_s=warmup_s,
+                                      duty_every=duty_every, duty_on_s=duty_on_s, duty_period_s=duty_period_s,
+                                      headroom_frac=headroom)
+        self.signal_name = st.agent_signal if signal == "default" else signal
+        self.oom_enabled = oom
+        self.max_oom_snapshots = max_oom_snapshots
+        self.oom_message_wait_s = oom_message_wait_s
+        self.stop_timeout_s = stop_timeout_s
+        self.tick_s = tick_s
+        self.user_metadata = dict(metadata or {})
+        self.announce = announce  # "eager": run_start at start(); "on_ready": once CUDA is initialised
+        self.announced = False
+        self._model, self._optimizer = model, optimizer
+        root = Path(spool_dir or st.spool_dir).expanduser()
+        self.spool_path = root / _safe(self.run) / f"rank{self.rank}-{_safe(self.identity['host'])}-{os.getpid()}"
+        self.counters_obj = Counters()
+        self.transport = Transport(
+            identity=self.identity, spool=Spool(self.spool_path, spool_max_bytes or st.spool_max_bytes, fsync=fsync),
+            redis_url=redis_url or st.redis_url, stream=stream or st.stream_key,
+            key_prefix=key_prefix or st.key_prefix, maxlen=stream_maxlen or st.stream_maxlen,
+            blob_ttl_s=blob_ttl_s or st.blob_ttl_s, codec=codec, send_timeout_s=send_timeout_s,
+            queue_size=queue_size, client_factory=client_factory, backoff_s=backoff_s, counters=self.counters_obj)
+        # state
+        self.step: int | None = None
+        self.epoch: int | None = None
+        self.started = False
+        self.stopped = False
+        self.available = False
+        self.armed = False  # CUDA initialised: observer attached, history applied, device metadata sent
+        self.recording: bool | None = None
+        self.oom_snapshots = 0
+        self.exception_text: str | None = None
+        self.status = "running"
+        self._lock = threading.RLock()
+        self._t0 = time.monotonic()
+        self._last_step_t = 0.0
+        self._next_stats = 0.0
+        self._next_flush = 0.0
+        self._next_periodic = 0.0
+        self._samples: list[dict] = []
+        self._signal_evt = threading.Event()
+        self._wake = threading.Event()
+        self._stop_evt = threading.Event()
+        self._oom_waits: list[threading.Event] = []
+        self._prev_signal: Any = None
+        self._signum: int | None = None
+        self._prev_excepthook: Any = None
+        self._prev_thread_excepthook: Any = None
+        self._ticker = threading.Thread(target=self._tick_loop, name="memq-agent-ticker", daemon=True)
+        self._in_snapshot = threading.local()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> Agent:
+        if self.started:
+            return self
+        self.started = True
+        now = time.monotonic()
+        self._next_stats = now + self.stats_interval_s
+        self._next_flush = now + self.stats_flush_s
+        self._next_periodic = now + self.snapshot_every_s if self.snapshot_every_s > 0 else float("inf")
+        self.transport.start()
+        if self.announce == "eager":
+            self._announce()
+        self._check_source()
+        if not self.available:
+            _after_torch_import(self._check_source)
+        self._install_signal()
+        self._install_excepthooks()
+        atexit.register(self._atexit)
+        self._ticker.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> dict:
+        """Flush and stop, within `timeout` seconds (default stop_timeout_s). Returns the counters."""
+        try:
+            with self._lock:
+                if self.stopped or not self.started:
+                    return self.counters()
+                self.stopped = True
+            timeout = self.stop_timeout_s if timeout is None else float(timeout)
+            deadline = time.monotonic() + timeout
+            self._stop_evt.set()
+            self._wake.set()
+            self._uninstall_signal()
+            self._uninstall_excepthooks()
+            if self.recording and self.available:
+                self._safe_call(lambda: self.source.set_history(False))
+            if self.status == "running":
+                self.status = "completed"
+            self._flush_stats()
+            if not self.announced:  # nothing was sent for this process (no CUDA used): stay silent
+                self.transport.stop(max(0.0, deadline - time.monotonic()))
+                return self.counters()
+            payload = {"status": self.status, "steps": self.policy.steps_seen, "step": self.step,
+                       "epoch": self.epoch, "counters": self.counters()}
+            if self.exception_text:
+                payload["exception"] = self.exception_text[:4000]
+            self.transport.submit(Item("run_end", payload=payload))
+            self.transport.stop(max(0.0, deadline - time.monotonic()))
+            try:
+                atexit.unregister(self._atexit)
+            except Exception:  # noqa: BLE001
+                pass
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+        return self.counters()
+
+    def _atexit(self) -> None:
+        self.stop()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None:
+            self._note_exception(exc)
+        self.stop()
+        return False
+
+    def counters(self) -> dict:
+        c = self.counters_obj.snapshot()
+        c["queued"] = self.transport.pending()
+        c["spool_files"] = len(self.transport.spool) if self.transport.spool._ready else 0
+        return c
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait (bounded) until every message so far was sent or spooled."""
+        try:
+            self._flush_stats()
+            return self.transport.flush(timeout)
+        except Exception:  # noqa: BLE001
+            return False
+
+    # -- training-loop API -------------------------------------------------------------------------
+    def mark_step(self, step: int | None = None, epoch: int | None = None) -> None:
+        try:
+            now = time.monotonic()
+            self.step = (self.step + 1 if self.step is not None else 0) if step is None else int(step)
+            if epoch is not None:
+                self.epoch = int(epoch)
+            self._last_step_t = now
+            if not self.armed:
+                self._check_source()
+                if not self.armed:
+                    return
+            self._apply_history(self.policy.on_step())
+            if now >= self._next_stats:
+                self._sample_stats(now)
+            if now >= self._next_periodic:
+                self._next_periodic = now + self.snapshot_every_s
+                self.take_snapshot("periodic")
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+
+    def mark_epoch(self, epoch: int | None = None) -> None:
+        """Call at the end of an epoch: takes the `epoch_end` snapshot (comparable points for leaks)."""
+        try:
+            if epoch is not None:
+                self.epoch = int(epoch)
+            if not self.armed:
+                self._check_source()
+            if self.armed and self.snapshot_on_epoch:
+                self.take_snapshot("epoch_end")
+            self._flush_stats()
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+
+    def snapshot(self, trigger: str = "manual") -> bool:
+        try:
+            return self.take_snapshot(trigger)
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+            return False
+
+    def note_exception(self, exc: BaseException) -> None:
+        """Integrations pass the exception that ends the run (its text reaches the OOM snapshot)."""
+        self._note_exception(exc)
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _safe_call(self, fn, default=None):
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001
+            self.counters_obj.add("errors")
+            log.debug("memq agent: %s failed: %s", getattr(fn, "__name__", fn), exc)
+            return default
+
+    def _run_metadata(self) -> dict:
+        md: dict[str, Any] = {"world_size": self.world_size, "pid": os.getpid(),
+                              "argv": [str(a)[:200] for a in sys.argv[:20]], "scheduler": scheduler_ids(),
+                              "agent": {"history": self.policy.mode, "stacks": self.stacks,
+                                        "max_entries": self.max_entries, "warmup_steps": self.policy.warmup_steps,
+                                        "duty_every": self.policy.duty_every,
+                                        "stats_interval_s": self.stats_interval_s,
+                                        "snapshot_every_s": self.snapshot_every_s,
+                                        "codec": self.transport.codec}}
+        md.update(self._safe_call(self.source.metadata, default={}) or {})
+        md.update(self._model_metadata())
+        md.update(self.user_metadata)
+        return md
+
+    def _model_metadata(self) -> dict:
+        out: dict[str, Any] = {}
+        try:
+            if self._optimizer is not None:
+                out["optimizer"] = type(self._optimizer).__name__
+                if self._model is None:
+                    out["params"] = sum(p.numel() for g in self._optimizer.param_groups for p in g["params"])
+            if self._model is not None:
+                out["params"] = sum(p.numel() for p in self._model.parameters())
+                out["model"] = type(self._model).__name__
+        except Exception:  # noqa: BLE001
+            pass
+        return out
+
+    def _announce(self) -> None:
+        if not self.announced:
+            self.announced = True
+            self.transport.submit(Item("run_start", payload=self._run_metadata()))
+
+    def _check_source(self) -> None:
+        """Cheap; called at start, after `import torch`, by the ticker and by mark_step until armed."""
+        try:
+            if not self.available and self.source.present():
+                self.available = True
+                # Recording switched on before CUDA initialises catches the parameters' frames; it is
+                # applied again once CUDA is initialised (older torch ignores it before that).
+                self._apply_history(self.policy.initial(), force=True)
+            if self.available and not self.armed:
+                self._maybe_arm()
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+
+    def _maybe_arm(self) -> None:
+        """Once CUDA is initialised: attach the OOM observer, re-apply history, send device metadata."""
+        if self.armed or not self._safe_call(self.source.ready, default=False):
+            return
+        with self._lock:
+            if self.armed:
+                return
+            self.armed = True
+        self._announce()
+        if self.oom_enabled:
+            self._safe_call(lambda: self.source.attach_oom_observer(self._on_oom))
+        want = self.recording if self.recording is not None else self.policy.initial()
+        self._apply_history(want, force=True)
+        md = self._safe_call(self.source.metadata, default={}) or {}
+        with self._lock:
+            self._samples.append({"t": time.time(), "device_metadata": md})
+        self._limit = md.get("limit_bytes")
+
+    def _apply_history(self, want: bool, force: bool = False) -> None:
+        if want == self.recording and not force:
+            return
+        ok = self._safe_call(lambda: self.source.set_history(want, stacks=self.stacks, context=self.context,
+                                                             max_entries=self.max_entries), default=False)
+        self.recording = want if ok else self.recording
+
+    def _sample_stats(self, now: float) -> None:
+        self._next_stats = now + self.stats_interval_s
+        sample = self._safe_call(self.source.stats)
+        if not sample:
+            return
+        sample = dict(sample, t=time.time(), step=self.step, epoch=self.epoch, recording=bool(self.recording))
+        limit = getattr(self, "_limit", None) or self._safe_call(self.source.limit_bytes)
+        self._limit = limit
+        self.policy.on_stats(sample, limit)
+        with self._lock:
+            self._samples.append(sample)
+            if len(self._samples) > 1000:
+                del self._samples[:-1000]
+                self.counters_obj.add("dropped")
+
+    def _flush_stats(self) -> None:
+        with self._lock:
+            samples, self._samples = self._samples, []
+            self._next_flush = time.monotonic() + self.stats_flush_s
+        if samples:
+            self.transport.submit(Item("stats", payload={"samples": samples}))
+
+    def take_snapshot(self, trigger: str, payload: dict | None = None, wait: threading.Event | None = None,
+                      finish=None) -> bool:
+        if not self.armed:
+            return False
+        if getattr(self._in_snapshot, "on", False):
+            return False
+        self._in_snapshot.on = True
+        try:
+            t0 = time.perf_counter()
+            obj = self.source.snapshot()
+            took = time.perf_counter() - t0
+        finally:
+            self._in_snapshot.on = False
+        if obj is None:
+            return False
+        pl = dict(payload or {})
+        pl.setdefault("took_ms", round(took * 1000, 3))
+        pl.setdefault("recording", bool(self.recording))
+        pl.setdefault("policy", self.policy.reason)
+        item = Item("snapshot", payload=pl, obj=obj, trigger=trigger, step=self.step, epoch=self.epoch,
+                    wait=wait, wait_s=self.oom_message_wait_s if wait is not None else 0.0, finish=finish)
+        return self.transport.submit(item)
+
+    def _on_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        """The allocator's OOM observer: runs in the allocating thread just before the OOM is raised.
+        It takes the snapshot while the failing state is still there, then returns: the error then
+        reaches the user unchanged."""
+        try:
+            self.status = "oom"
+            self.policy.on_oom()
+            if self.oom_snapshots >= self.max_oom_snapshots:
+                return
+            self.oom_snapshots += 1
+            total = self._safe_call(lambda: self.source.device_total(device))
+            oom = {"alloc": int(alloc), "device_alloc": int(device_alloc), "device_free": int(device_free),
+                   "device_total": total, "message": None}
+            evt = threading.Event()
+            with self._lock:
+                self._oom_waits.append(evt)
+
+            def finish(item: Item) -> None:
+                item.payload["oom"]["message"] = self.exception_text
+
+            self.take_snapshot("oom", payload={"oom": oom, "device": int(device)}, wait=evt, finish=finish)
+            if not self.recording:
+                self._apply_history(True)
+        except Exception:  # noqa: BLE001 - never replace the user's OOM with ours
+            self.counters_obj.add("errors")
+
+    def _note_exception(self, exc: BaseException) -> None:
+        try:
+            text = f"{type(exc).__name__}: {exc}"
+            is_oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+            if is_oom:
+                self.status = "oom"
+                self.exception_text = str(exc)
+            else:
+                self.status = "error"
+                self.exception_text = self.exception_text or text
+            with self._lock:
+                waits, self._oom_waits = self._oom_waits, []
+            for evt in waits:
+                evt.set()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # signals and exception hooks
+    def _install_signal(self) -> None:
+        name = self.signal_name
+        if not name or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            signum = int(name) if str(name).isdigit() else int(getattr(_signal, str(name)))
+            prev = _signal.getsignal(signum)
+
+            def handler(sig, frame):
+                self._signal_evt.set()
+                self._wake.set()
+                if callable(prev) and prev not in (_signal.SIG_DFL, _signal.SIG_IGN):
+                    prev(sig, frame)
+
+            _signal.signal(signum, handler)
+            self._prev_signal, self._signum, self._handler = prev, signum, handler
+        except Exception:  # noqa: BLE001 - unknown name, Windows, not the main thread
+            self.counters_obj.add("errors")
+
+    def _uninstall_signal(self) -> None:
+        if self._signum is None or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if _signal.getsignal(self._signum) is self._handler:
+                _signal.signal(self._signum, self._prev_signal if self._prev_signal is not None else _signal.SIG_DFL)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _install_excepthooks(self) -> None:
+        prev, prev_t = sys.excepthook, threading.excepthook
+
+        def hook(etype, value, tb):
+            self._note_exception(value)
+            prev(etype, value, tb)
+
+        def thread_hook(args):
+            if args.exc_value is not None:
+                self._note_exception(args.exc_value)
+            prev_t(args)
+
+        self._prev_excepthook, self._prev_thread_excepthook = prev, prev_t
+        self._hook, self._thread_hook = hook, thread_hook
+        sys.excepthook, threading.excepthook = hook, thread_hook
+
+    def _uninstall_excepthooks(self) -> None:
+        if sys.excepthook is getattr(self, "_hook", None):
+            sys.excepthook = self._prev_excepthook
+        if threading.excepthook is getattr(self, "_thread_hook", None):
+            threading.excepthook = self._prev_thread_excepthook
+
+    # ticker
+    def _tick_loop(self) -> None:
+        while not self._stop_evt.is_set():
+            # poll faster until CUDA is initialised, so the observer is attached early
+            self._wake.wait(self.tick_s if self.armed or not self.available else min(self.tick_s, 0.1))
+            self._wake.clear()
+            if self._stop_evt.is_set():
+                return
+            try:
+                self._tick()
+            except Exception:  # noqa: BLE001
+                self.counters_obj.add("errors")
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if not self.armed:
+            self._check_source()
+        if self._signal_evt.is_set():
+            self._signal_evt.clear()
+            self.take_snapshot("signal")
+        stepping = self._last_step_t and now - self._last_step_t < max(5.0, self.stats_interval_s)
+        if self.armed and not stepping:
+            if self.policy.steps_seen == 0:
+                self._apply_history(self.policy.on_time(now - self._t0))
+            if now >= self._next_stats:
+                self._sample_stats(now)
+            if now >= self._next_periodic:
+                self._next_periodic = now + self.snapshot_every_s
+                self.take_snapshot("periodic")
+        if now >= self._next_flush:
+            self._flush_stats()
+
+
+class _TorchImportHook:
+    """A meta-path finder that runs callbacks right after `import torch` finishes (the bootstrap
+    starts the agent before the job imports torch, and must not import it itself)."""
+
+    def __init__(self):
+        self.callbacks: list = []
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch" or not self.callbacks:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec("torch")
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        original, callbacks = spec.loader.exec_module, self.callbacks
+
+        def exec_module(module):
+            original(module)
+            for cb in list(callbacks):
+                try:
+                    cb()
+                except Exception:  # noqa: BLE001
+                    pass
+
+        try:  # the loader instance is this spec's own: patch it, keep every other method
+            spec.loader.exec_module = exec_module
+        except Exception:  # noqa: BLE001
+            pass
+        return spec
+
+
+_hook = _TorchImportHook()
+
+
+def _after_torch_import(cb) -> None:
+    if "torch" in sys.modules:
+        return
+    _hook.callbacks.append(cb)
+    if _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
+
+
+def make_source(spec: str | None):
+    """`MEMQ_AGENT_SOURCE=replay:<folder>` replays a recording; anything else reads torch.cuda."""
+    if spec and spec.startswith("replay:"):
+        return ReplaySource(spec[len("replay:"):])
+    return None

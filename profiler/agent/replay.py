@@ -1,0 +1,41 @@
+"""Send spooled messages to Redis: `python -m profiler.agent.replay SPOOL_DIR [--redis-url URL]`.
+
+For spools written where no Redis was reachable (an air-gapped GPU node, a job that ended while Redis
+was down). Every folder under SPOOL_DIR that holds spool files is sent in name (= send) order; sent
+files are removed unless --keep. Each entry is checked with profiler.envelope.parse first."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from profiler.agent.spool import Spool, iter_spool_dirs
+from profiler.agent.transport import make_client, replay_spool
+from profiler.config import load_settings
+
+
+def replay_dir(root, client, *, stream: str, maxlen: int, blob_ttl_s: int, remove: bool = True) -> int:
+    n = 0
+    for d in sorted(iter_spool_dirs(root)):
+        n += replay_spool(Spool(d, max_bytes=1 << 62), client, stream=stream, maxlen=maxlen,
+                          blob_ttl_s=blob_ttl_s, remove=remove)
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    st = load_settings()
+    ap = argparse.ArgumentParser(prog="python -m profiler.agent.replay")
+    ap.add_argument("spool_dir")
+    ap.add_argument("--redis-url", default=st.redis_url)
+    ap.add_argument("--stream", default=st.stream_key)
+    ap.add_argument("--keep", action="store_true", help="do not delete files once sent")
+    args = ap.parse_args(argv)
+    client = make_client(args.redis_url, 10.0)
+    n = replay_dir(args.spool_dir, client, stream=args.stream, maxlen=st.stream_maxlen, blob_ttl_s=st.blob_ttl_s,
+                   remove=not args.keep)
+    print(f"replayed {n} messages into {args.stream}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

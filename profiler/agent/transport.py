@@ -1,0 +1,355 @@
+"""Background delivery: bounded queue -> serialize -> Redis (blob SET, then XADD) or the disk spool.
+
+The training thread only ever calls `submit()`, which never blocks and never raises: a full queue
+drops the message and counts it. Everything else happens on one daemon thread:
+
+    serialize  snapshot object -> pickle bytes (protocol 4) -> sha256 -> zstd (gzip if zstandard is
+               missing) -> envelope fields (profiler.envelope.build)
+    deliver    while the spool holds messages, new ones are appended to it (order is kept), and the
+               spool is replayed oldest first whenever Redis answers again; otherwise
+               SET memq:blob:<sha256> <blob> EX ttl, then XADD <stream> MAXLEN ~ N <fields>.
+               Any error (connect, timeout, OOM of a full Redis, auth) marks Redis down for a back-off
+               period (0.5 s doubling to 30 s) and the message goes to the spool.
+    spool      bounded; oldest dropped and counted when full; a failing disk drops and counts.
+
+Redis URLs may carry a password and use TLS (`rediss://`); every command has a socket timeout and
+no client-side retries, so one stuck call costs at most `send_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiler import envelope
+from profiler.agent.spool import Message, Spool
+
+try:  # the agent runs without redis-py (spool only) and without zstandard (gzip)
+    import redis as _redis
+except ImportError:  # pragma: no cover - exercised on machines without redis-py
+    _redis = None
+
+try:
+    import zstandard as _zstd
+except ImportError:  # pragma: no cover
+    _zstd = None
+
+
+def default_codec() -> str:
+    return "zstd" if _zstd is not None else "gzip"
+
+
+def compress(data: bytes, codec: str) -> bytes:
+    if codec == "zstd":
+        return _zstd.ZstdCompressor(level=3).compress(data)
+    import gzip
+
+    return gzip.compress(data, compresslevel=6)
+
+
+class Counters:
+    """sent, spooled, dropped, replayed, errors (+ queued, the messages waiting now)."""
+
+    NAMES = ("sent", "spooled", "dropped", "replayed", "errors")
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._v = dict.fromkeys(self.NAMES, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._v[name] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._v)
+
+
+@dataclass
+class Item:
+    """One message before serialization. `obj` is a snapshot (bytes or dict) for kind=snapshot."""
+
+    kind: str
+    payload: dict = field(default_factory=dict)
+    obj: Any = None
+    trigger: str | None = None
+    step: int | None = None
+    epoch: int | None = None
+    ts: int = field(default_factory=envelope.now_ms)
+    wait: threading.Event | None = None  # hold (bounded) until set: an OOM waiting for its message
+    wait_s: float = 0.0
+    finish: Callable[[Item], None] | None = None  # called just before serialization
+
+
+_STOP = object()
+
+
+def make_client(url: str, timeout_s: float):
+    """A redis-py client with hard timeouts and no hidden retries."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return _redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                 retry=Retry(NoBackoff(), 0), health_check_interval=0)
+
+
+class Transport:
+    def __init__(self, *, identity: dict, spool: Spool, redis_url: str | None, stream: str = "memq:ingest",
+                 key_prefix: str = "memq:", maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,
+                 codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
+                 max_pending_snapshots: int = 8, backoff_s: tuple[float, float] = (0.5, 30.0),
+                 client_factory: Callable[[], Any] | None = None, counters: Counters | None = None):
+        self.identity = identity  # run, cluster, job, rank, host
+        self.spool = spool
+        self.redis_url = redis_url
+        self.stream = stream
+        self.key_prefix = key_prefix
+        self.maxlen = maxlen
+        self.blob_ttl_s = blob_ttl_s
+        self.codec = codec or default_codec()
+        self.send_timeout_s = send_timeout_s
+        self.backoff_min, self.backoff_max = backoff_s
+        self.counters = counters or Counters()
+        self._q: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._pending_snapshots = threading.BoundedSemaphore(max_pending_snapshots)
+        if client_factory is None and _redis is not None and redis_url:
+            client_factory = lambda: make_client(redis_url, send_timeout_s)  # noqa: E731
+        self._factory = client_factory
+        self._client = None
+        self._next_try = 0.0
+        self._backoff = self.backoff_min
+        self._stop_deadline: float | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="memq-agent-transport", daemon=True)
+
+    # -- training-thread side (never blocks, never raises) ---------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, item: Item) -> bool:
+        try:
+            if item.kind == "snapshot" and not self._pending_snapshots.acquire(blocking=False):
+                self.counters.add("dropped")
+                return False
+            with self._busy_lock:
+                self._busy += 1
+                self._idle.clear()
+            try:
+                self._q.put_nowait(item)
+            except queue.Full:
+                self._done(item)
+                self.counters.add("dropped")
+                return False
+            return True
+        except Exception:  # noqa: BLE001 - never into the training loop
+            self.counters.add("errors")
+            return False
+
+    def flush(self, timeout: float) -> bool:
+        """Wait (bounded) until every submitted message was sent or spooled."""
+        return self._idle.wait(timeout)
+
+    def stop(self, timeout: float) -> bool:
+        """Deliver what is queued within `timeout` s (spooling what Redis cannot take in time)."""
+        self._stop_deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            self._q.put(_STOP, timeout=max(0.0, timeout / 4))
+        except queue.Full:
+            pass
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, self._stop_deadline - time.monotonic()))
+        return not self._thread.is_alive()
+
+    def pending(self) -> int:
+        return self._busy
+
+    # -- worker thread ---------------------------------------------------------------------------
+    def _done(self, item: Any) -> None:
+        if isinstance(item, Item) and item.kind == "snapshot":
+            try:
+                self._pending_snapshots.release()
+            except ValueError:
+                pass
+        with self._busy_lock:
+            self._busy -= 1
+            if self._busy <= 0:
+                self._busy = 0
+                self._idle.set()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._q.get(timeout=0.5)
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                self._drain_queue_at_stop()
+                return
+            try:
+                if item is None:
+                    if len(self.spool) and self._connected():
+                        self._replay_spool()
+                    continue
+                self._handle(item)
+            except Exception as exc:  # noqa: BLE001 - the thread must survive anything
+                self.counters.add("errors")
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                if item is not None:
+                    self._done(item)
+
+    def _drain_queue_at_stop(self) -> None:
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                continue
+            try:
+                late = self._stop_deadline is not None and time.monotonic() > self._stop_deadline
+                self._handle(item, spool_only=late)
+            except Exception as exc:  # noqa: BLE001
+                self.counters.add("errors")
+                self.last_error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._done(item)
+        if len(self.spool) and not self._late() and self._connected():
+            self._replay_spool()
+
+    def _late(self) -> bool:
+        return self._stop_deadline is not None and time.monotonic() > self._stop_deadline
+
+    def _handle(self, item: Item, spool_only: bool = False) -> None:
+        if item.wait is not None and not item.wait.is_set():
+            limit = item.wait_s
+            if self._stop_deadline is not None:
+                limit = min(limit, max(0.0, self._stop_deadline - time.monotonic()) / 2)
+            item.wait.wait(limit)
+        if item.finish is not None:
+            try:
+                item.finish(item)
+            except Exception:  # noqa: BLE001
+                self.counters.add("errors")
+        try:
+            msg = self.serialize(item)
+        except Exception as exc:  # noqa: BLE001 - an unpicklable snapshot, a bad payload
+            self.counters.add("errors")
+            self.counters.add("dropped")
+            self.last_error = f"serialize: {type(exc).__name__}: {exc}"
+            return
+        item.obj = None  # let the snapshot dict go
+        self.deliver(msg, spool_only=spool_only)
+
+    def serialize(self, item: Item) -> Message:
+        ident = self.identity
+        common = dict(run=ident["run"], cluster=ident["cluster"], rank=ident.get("rank", 0), job=ident.get("job"),
+                      host=ident.get("host"), ts=item.ts, payload=item.payload)
+        if item.kind != "snapshot":
+            return Message(fields=envelope.build(item.kind, **common))
+        obj = item.obj
+        data = bytes(obj) if isinstance(obj, (bytes, bytearray, memoryview)) else pickle.dumps(obj, protocol=4)
+        sha = hashlib.sha256(data).hexdigest()
+        blob = compress(data, self.codec)
+        fields = envelope.build("snapshot", sha256=sha, size=len(data), codec=self.codec, trigger=item.trigger,
+                                step=item.step, epoch=item.epoch, **common)
+        return Message(fields=fields, blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix))
+
+    def deliver(self, msg: Message, spool_only: bool = False) -> None:
+        if not spool_only and self._connected():
+            if len(self.spool):
+                self._replay_spool()
+            if not len(self.spool) and self._client is not None:
+                try:
+                    self._send(msg)
+                    self.counters.add("sent")
+                    return
+                except Exception as exc:  # noqa: BLE001
+                    self._down(exc)
+        self._to_spool(msg)
+
+    def _to_spool(self, msg: Message) -> None:
+        before = self.spool.dropped
+        try:
+            kept = self.spool.put(msg)
+        except Exception as exc:  # noqa: BLE001 - disk full, permissions, a file where the folder is
+            self.counters.add("errors")
+            self.counters.add("dropped")
+            self.last_error = f"spool: {type(exc).__name__}: {exc}"
+            return
+        self.counters.add("dropped", self.spool.dropped - before)
+        if kept:
+            self.counters.add("spooled")
+
+    def _send(self, msg: Message) -> None:
+        c = self._client
+        if msg.blob_key is not None:
+            c.set(msg.blob_key, msg.blob, ex=self.blob_ttl_s)
+        c.xadd(self.stream, msg.fields, maxlen=self.maxlen, approximate=True)
+
+    def _replay_spool(self) -> None:
+        while not self._late():
+            head = self.spool.peek()
+            if head is None:
+                return
+            name, msg = head
+            try:
+                self._send(msg)
+            except Exception as exc:  # noqa: BLE001
+                self._down(exc)
+                return
+            self.spool.remove(name)
+            self.counters.add("replayed")
+
+    def _connected(self) -> bool:
+        if self._client is not None:
+            return True
+        if self._factory is None or time.monotonic() < self._next_try:
+            return False
+        try:
+            client = self._factory()
+            client.ping()
+        except Exception as exc:  # noqa: BLE001
+            self._down(exc)
+            return False
+        self._client = client
+        self._backoff = self.backoff_min
+        return True
+
+    def _down(self, exc: BaseException) -> None:
+        self.counters.add("errors")
+        self.last_error = f"redis: {type(exc).__name__}: {exc}"
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._next_try = time.monotonic() + self._backoff
+        self._backoff = min(self.backoff_max, self._backoff * 2)
+
+
+def replay_spool(spool: Spool, client, *, stream: str = "memq:ingest", maxlen: int = 1_000_000,
+                 blob_ttl_s: int = 7 * 24 * 3600, remove: bool = True) -> int:
+    """Send a spool's messages in order to `client` (a redis-py client); returns how many were sent.
+    Used by `python -m profiler.agent.replay` for spools written where no Redis was reachable."""
+    n = 0
+    for name, msg in list(spool):
+        envelope.parse(msg.fields)  # refuse anything that is not a valid envelope
+        if msg.blob_key is not None:
+            client.set(msg.blob_key, msg.blob, ex=blob_ttl_s)
+        client.xadd(stream, msg.fields, maxlen=maxlen, approximate=True)
+        if remove:
+            spool.remove(name)
+        n += 1
+    return n
