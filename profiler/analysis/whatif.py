@@ -1,0 +1,573 @@
+"""What-if: replay a recorded allocator trace through `allocator_model` under other settings. Pure.
+
+    run_whatif(snapshot, limit_bytes, confs) -> list[WhatIfResult]
+    simulate_whatif(snapshot, limit_bytes, confs=None) -> list[dict]   (JSON-ready; confs=None: the sweep)
+
+`conf` strings are what a user would put in PYTORCH_CUDA_ALLOC_CONF for the rerun (several settings
+joined by commas; keys not named take torch's defaults); `""` is the configuration the snapshot
+recorded (`allocator_settings`).
+
+How a replay is built (`compile_trace`):
+1. The program: the trace's `alloc` (requested bytes, stream), `free_completed` and `oom` entries in
+   order. `free_requested` is ignored (the block returns to the pool at free_completed). A run of
+   `segment_free`/`segment_unmap` entries that no request follows (the next entry is not a
+   `segment_alloc`, `segment_map` or `oom`) is a `torch.cuda.empty_cache()` and becomes one op.
+2. The start state. The ring buffer rarely reaches back to the start of the process, so the state at
+   the first trace entry is rebuilt from the snapshot taken at its end:
+   - segments: those of the snapshot whose `segment_alloc` is not in the trace, plus those the trace
+     frees (`segment_free`) without having allocated them; for expandable segments, the mapped ranges
+     at the end with the trace's `segment_map`/`segment_unmap` undone in reverse order;
+   - live blocks: blocks live in the snapshot that the trace did not allocate (exact addresses and
+     sizes), plus blocks the trace frees without having allocated them (address and requested size
+     from the free entry; size = the rounded request, extended over a following gap too small to
+     have been split off: <= 1 MiB in the large pool, which no block can be);
+   - everything else inside those segments is cached free memory.
+3. The recorded configuration replays from that state, with the recorded segment addresses reused
+   where the model asks for a segment of the size the trace asked for next (best fit breaks ties by
+   address), and is checked against the trace: the share of segment events the model reproduces at
+   the same request, the reserved bytes after every entry, and the share of allocations placed at
+   the recorded address.
+4. Another configuration cannot start from the recorded segments (they were cut under the recorded
+   settings), so it starts "compact": the live blocks of step 2 are allocated afresh, in address
+   order, under that configuration, then the program runs. The recorded configuration is also run
+   that way (`baseline`): when the recorded run's OOM only reproduces from the recorded state, the
+   trace is too short to rebuild the fragmentation that caused it, and alternatives that "succeed"
+   are reported with that caveat (`confidence: low`).
+A configuration OOMs when the model cannot serve a request under the limit; the replay stops at the
+first such request, unless the recorded run failed it too and carried on.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import asdict, dataclass, field
+
+from profiler.analysis.allocator_model import (
+    EV_SEGMENT_ALLOC,
+    EV_SEGMENT_FREE,
+    EV_SEGMENT_MAP,
+    EV_SEGMENT_UNMAP,
+    EVENT_NAMES,
+    K_LARGE_BUFFER,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    N_INTERVALS,
+    OP_ALLOC,
+    OP_EMPTY_CACHE,
+    OP_FREE,
+    OP_OOM,
+    SIZE_MAX,
+    AllocatorConfig,
+    AllocatorModel,
+    Program,
+    SegmentSpec,
+    SimResult,
+    round_size,
+)
+from profiler.conf import parse_alloc_conf
+from profiler.errors import BadInput
+from profiler.model import INACTIVE, AllocatorSettings, Snapshot
+
+SWEEP = (
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:128",
+    "max_split_size_mb:512",
+    "garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:0.8",
+    "roundup_power2_divisions:4",
+    "max_split_size_mb:128,garbage_collection_threshold:0.6",
+)
+TORCH_VERSION_MODELLED = "2.11"
+RESERVED_TOLERANCE = 0.05
+
+
+@dataclass
+class Replay:
+    """A compiled trace: the program and what the recorded run did, for checking the model."""
+
+    program: Program
+    start_segments: list  # SegmentSpec, for the recorded start state
+    start_live: list  # (address, handle id, requested bytes, stream) sorted by address
+    recorded_events: list  # (op index, EV_*, bytes)
+    recorded_reserved_start: int
+    recorded_alloc_addr: list  # per op: recorded address of OP_ALLOC, else None
+    op_event: list  # per op: index of the trace entry it came from
+    addr_hints: list  # (size, address) of recorded segment_alloc entries, in order
+    recorded_config: AllocatorConfig
+    recorded_oom_ops: list  # op indices of the trace's oom entries
+    trace_entries: int
+    streams: dict  # raw stream -> index
+    warnings: list = field(default_factory=list)
+
+    def recorded_reserved_after(self) -> list:
+        """Reserved bytes after every op, from the start state and the recorded segment events."""
+        out = []
+        r = self.recorded_reserved_start
+        ev = self.recorded_events
+        j = 0
+        for i in range(len(self.program.ops)):
+            while j < len(ev) and ev[j][0] <= i:
+                k, s = ev[j][1], ev[j][2]
+                r += s if k in (EV_SEGMENT_ALLOC, EV_SEGMENT_MAP) else -s
+                j += 1
+            out.append(r)
+        return out
+
+
+@dataclass
+class WhatIfResult:
+    conf: str  # as given ("" = recorded)
+    effective: str  # the settings the model ran with (non-default ones), "" = all defaults
+    predicted_oom: bool
+    peak_reserved_bytes: int
+    headroom_bytes: int | None  # limit - peak reserved
+    limit_bytes: int | None
+    fails_recorded_request: bool | None  # None when the recorded run did not OOM
+    first_failure: dict | None  # {"trace_index", "requested_bytes"} of the first request it cannot serve
+    start_state: str  # "recorded" | "compact"
+    start_reserved_bytes: int
+    final_reserved_bytes: int
+    segment_allocs: int
+    segment_frees: int
+    alloc_retries: int
+    confidence: str  # "high" | "medium" | "low"
+    fidelity: dict | None = None  # recorded configuration only
+    notes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----- configuration ---------------------------------------------------------------------------------
+def config_from_settings(settings: AllocatorSettings) -> tuple[AllocatorConfig, list[str]]:
+    """The snapshot's `allocator_settings` -> AllocatorConfig (the raw conf string fills what the
+    structured fields do not carry: max_non_split_rounding_mb, large_segment_size_mb)."""
+    notes: list[str] = []
+    if not settings.known:
+        notes.append("the snapshot has no allocator_settings (torch < 2.3): the recorded run is assumed "
+                     "to use the default settings")
+        return AllocatorConfig(), notes
+    base = AllocatorConfig()
+    if settings.conf:
+        try:
+            base = parse_alloc_conf(settings.conf)
+        except BadInput:
+            notes.append(f"the recorded PYTORCH_CUDA_ALLOC_CONF {settings.conf!r} does not parse; "
+                         "using the structured allocator_settings only")
+    divs = [0] * N_INTERVALS
+    for interval_mib, d in settings.roundup_power2_divisions:
+        idx = max(0, int(interval_mib).bit_length() - 1)
+        if idx < N_INTERVALS:
+            divs[idx] = int(d)
+    mss = settings.max_split_size if settings.max_split_size and settings.max_split_size > 0 else SIZE_MAX
+    cfg = AllocatorConfig(
+        max_split_size=mss,
+        max_non_split_rounding_size=base.max_non_split_rounding_size,
+        garbage_collection_threshold=float(settings.garbage_collection_threshold or 0.0),
+        expandable_segments=bool(settings.expandable_segments),
+        roundup_power2_divisions=tuple(divs),
+        large_segment_size=base.large_segment_size,
+    )
+    return cfg, notes
+
+
+# ----- compiling a trace -----------------------------------------------------------------------------
+def _device_index(snap: Snapshot) -> int:
+    for d, t in enumerate(snap.traces):
+        if t:
+            return d
+    return snap.segments[0].device if snap.segments else 0
+
+
+def compile_trace(snap: Snapshot) -> Replay:
+    warnings: list[str] = []
+    device = _device_index(snap)
+    trace = snap.traces[device] if device < len(snap.traces) else []
+    cfg, notes = config_from_settings(snap.settings)
+    warnings += notes
+    divs = cfg.roundup_power2_divisions
+
+    segments = [s for s in snap.segments if s.device == device]
+    private = [s for s in segments if tuple(s.pool_id) != (0, 0)]
+    if private:
+        warnings.append(f"{len(private)} segments belong to private pools (CUDA graphs / MemPool): left out "
+                        "of the model")
+        segments = [s for s in segments if tuple(s.pool_id) == (0, 0)]
+
+    raw_streams = sorted({s.stream for s in segments} | {e.stream for e in trace} | {0})
+    smap = {s: i for i, s in enumerate(raw_streams)}
+
+    prog = Program()
+    ops, hid, size_l, stream_l = prog.ops, prog.hid, prog.size, prog.stream
+    op_event: list[int] = []
+    rec_alloc_addr: list = []
+    rec_events: list = []
+    pending: list = []  # segment releases not yet tied to a request
+    live: dict[int, int] = {}  # address -> handle of blocks allocated in the trace and not freed
+    pre_freed: list = []  # (address, handle, requested, stream) freed in the trace, allocated before it
+    seg_created: dict[int, int] = {}  # segments allocated in the trace, still alive
+    seg_freed_pre: list = []  # (address, size, stream) segments the trace frees that existed before it
+    exp_changes: list = []  # (kind, address, size, stream) map/unmap entries, in order
+    hints: list = []
+    oom_ops: list = []
+    n = 0
+
+    def flush_as_empty_cache(ev_index: int) -> None:
+        nonlocal pending
+        if pending:
+            i = len(ops)
+            ops.append(OP_EMPTY_CACHE)
+            hid.append(-1)
+            size_l.append(0)
+            stream_l.append(0)
+            op_event.append(ev_index)
+            rec_alloc_addr.append(None)
+            rec_events.extend((i, k, s) for k, s in pending)
+            pending = []
+
+    def attach_pending() -> None:
+        nonlocal pending
+        i = len(ops)
+        rec_events.extend((i, k, s) for k, s in pending)
+        pending = []
+
+    for ei, e in enumerate(trace):
+        a = e.action
+        if a == "segment_alloc" or a == "segment_map":
+            attach_pending()
+            rec_events.append((len(ops), EV_SEGMENT_ALLOC if a == "segment_alloc" else EV_SEGMENT_MAP, e.size))
+            if a == "segment_alloc":
+                seg_created[e.addr] = e.size
+                hints.append((e.size, e.addr))
+            else:
+                exp_changes.append((EV_SEGMENT_MAP, e.addr, e.size, e.stream))
+            continue
+        if a == "segment_free" or a == "segment_unmap":
+            pending.append((EV_SEGMENT_FREE if a == "segment_free" else EV_SEGMENT_UNMAP, e.size))
+            if a == "segment_free":
+                if e.addr in seg_created:
+                    del seg_created[e.addr]
+                else:
+                    seg_freed_pre.append((e.addr, e.size, e.stream))
+            else:
+                exp_changes.append((EV_SEGMENT_UNMAP, e.addr, e.size, e.stream))
+            continue
+        if a == "oom":
+            attach_pending()
+            oom_ops.append(len(ops))
+            ops.append(OP_OOM)
+            hid.append(n)
+            n += 1
+            size_l.append(e.size)
+            stream_l.append(smap.get(e.stream, 0))
+            op_event.append(ei)
+            rec_alloc_addr.append(None)
+            continue
+        flush_as_empty_cache(ei)
+        if a == "alloc":
+            if e.addr is None:
+                continue
+            live[e.addr] = n
+            ops.append(OP_ALLOC)
+            hid.append(n)
+            n += 1
+            size_l.append(e.size)
+            stream_l.append(smap.get(e.stream, 0))
+            op_event.append(ei)
+            rec_alloc_addr.append(e.addr)
+        elif a == "free_completed":
+            if e.addr is None:
+                continue
+            h = live.pop(e.addr, None)
+            if h is None:
+                h = n
+                n += 1
+                pre_freed.append((e.addr, h, e.size, smap.get(e.stream, 0)))
+            ops.append(OP_FREE)
+            hid.append(h)
+            size_l.append(0)
+            stream_l.append(0)
+            op_event.append(ei)
+            rec_alloc_addr.append(None)
+    flush_as_empty_cache(len(trace))
+
+    # --- segments at the start of the trace
+    start_segs: list[SegmentSpec] = []
+    reserved_start = 0
+    plain_end = [s for s in segments if not s.is_expandable]
+    for s in plain_end:
+        if s.address in seg_created:
+            continue
+        start_segs.append(SegmentSpec(s.address, s.total_size, s.segment_type == "small", smap.get(s.stream, 0),
+                                      False, []))
+    for addr, size, stream in seg_freed_pre:
+        start_segs.append(SegmentSpec(addr, size, size == K_SMALL_BUFFER, smap.get(stream, 0), False, []))
+    start_segs += _expandable_start(segments, exp_changes, smap, warnings)
+    start_segs.sort(key=lambda s: s.address)
+    reserved_start = sum(s.size for s in start_segs)
+
+    # --- live blocks at the start
+    starts = [s.address for s in start_segs]
+    start_live: list = []
+
+    def owner(addr: int):
+        j = bisect_right(starts, addr) - 1
+        if j >= 0 and addr < start_segs[j].address + start_segs[j].size:
+            return start_segs[j]
+        return None
+
+    for s in segments:
+        for b in s.blocks:
+            if b.state == INACTIVE or b.address in live:
+                continue
+            seg = owner(b.address)
+            if seg is None:
+                continue
+            h = n
+            n += 1
+            seg.blocks.append((b.address, b.size, h, b.requested_size))
+            start_live.append((b.address, h, b.requested_size, smap.get(s.stream, 0)))
+    lost = 0
+    for addr, h, req, stream in pre_freed:
+        seg = owner(addr)
+        if seg is None:
+            lost += 1
+            continue
+        seg.blocks.append((addr, round_size(req, divs), h, req))
+        start_live.append((addr, h, req, stream))
+    if lost:
+        warnings.append(f"{lost} blocks freed in the trace lie in no segment known at its start: ignored")
+    for seg in start_segs:
+        seg.blocks.sort()
+        if not seg.small and not seg.expandable:
+            _absorb_unsplittable_gaps(seg)
+    start_live.sort()
+    prog.n_handles = n
+    if not trace:
+        warnings.append("the snapshot has no trace (record_memory_history was off): nothing to replay")
+    return Replay(program=prog, start_segments=start_segs, start_live=start_live, recorded_events=rec_events,
+                  recorded_reserved_start=reserved_start, recorded_alloc_addr=rec_alloc_addr, op_event=op_event,
+                  addr_hints=hints, recorded_config=cfg, recorded_oom_ops=oom_ops, trace_entries=len(trace),
+                  streams=smap, warnings=warnings)
+
+
+def _absorb_unsplittable_gaps(seg: SegmentSpec) -> None:
+    """A large-pool block keeps a remainder of <= 1 MiB (R7), and no free large-pool block is that small:
+    a gap of 1 MiB or less after a block whose size we estimated belongs to that block."""
+    out = []
+    blocks = seg.blocks
+    end = seg.address + seg.size
+    for i, (addr, size, h, req) in enumerate(blocks):
+        nxt = blocks[i + 1][0] if i + 1 < len(blocks) else end
+        gap = nxt - (addr + size)
+        if 0 < gap <= K_SMALL_SIZE:
+            size += gap
+        out.append((addr, size, h, req))
+    seg.blocks[:] = out
+
+
+def _expandable_start(segments, changes, smap, warnings) -> list:
+    """Mapped ranges of expandable segments at the first trace entry: the end state with the trace's
+    map/unmap entries undone, newest first."""
+    exp = [s for s in segments if s.is_expandable]
+    if not exp and not changes:
+        return []
+    ranges = sorted((s.address, s.address + s.total_size) for s in exp)
+    pool_of = {s.address: (s.segment_type == "small", smap.get(s.stream, 0)) for s in exp}
+    for kind, addr, size, _stream in reversed(changes):
+        if kind == EV_SEGMENT_MAP:
+            ranges = _subtract(ranges, addr, addr + size)
+        else:
+            ranges = _add(ranges, addr, addr + size)
+    out = []
+    anchors = sorted(pool_of)
+    for lo, hi in ranges:
+        if anchors:
+            nearest = min(anchors, key=lambda a: abs(a - lo))
+            small, stream = pool_of[nearest]
+        else:
+            small, stream = (hi - lo) % K_LARGE_BUFFER != 0, 0
+        out.append(SegmentSpec(lo, hi - lo, small, stream, True, []))
+    return out
+
+
+def _subtract(ranges, lo, hi):
+    out = []
+    for a, b in ranges:
+        if b <= lo or a >= hi:
+            out.append((a, b))
+            continue
+        if a < lo:
+            out.append((a, lo))
+        if b > hi:
+            out.append((hi, b))
+    return out
+
+
+def _add(ranges, lo, hi):
+    out = []
+    for a, b in sorted(ranges + [(lo, hi)]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+# ----- running -----------------------------------------------------------------------------------------
+def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, record: bool = False) -> SimResult:
+    prog = rep.program
+    if start == "recorded":
+        m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, addr_hints=rep.addr_hints)
+        m.load(rep.start_segments)
+        return m.run(prog)
+    m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles)
+    handles = m.handles
+    for _addr, h, req, stream in rep.start_live:
+        b = m.malloc(req, stream)
+        if b is None:
+            r = m.run(Program(n_handles=prog.n_handles))
+            r.oom_op, r.oom_request, r.failed_ops, r.ops_done = -1, req, [-1], 0
+            return r
+        handles[h] = b
+    m.events.clear()
+    m.peak = m.reserved
+    return m.run(prog)
+
+
+def fidelity(rep: Replay, sim: SimResult) -> dict:
+    """How closely the model reproduced the recorded run (recorded configuration, recorded start)."""
+    rec = {}
+    for i, k, s in rep.recorded_events:
+        rec[(i, k, s)] = rec.get((i, k, s), 0) + 1
+    mod = {}
+    for i, k, s in sim.segment_events:
+        mod[(i, k, s)] = mod.get((i, k, s), 0) + 1
+    matched = sum(min(c, mod.get(key, 0)) for key, c in rec.items())
+    n_rec, n_mod = len(rep.recorded_events), len(sim.segment_events)
+    denom = max(n_rec, n_mod)
+    share = 1.0 if denom == 0 else matched / denom
+    rec_res = rep.recorded_reserved_after()
+    worst = 0.0
+    worst_at = None
+    for i, (r, m) in enumerate(zip(rec_res, sim.reserved_after, strict=False)):
+        dev = abs(m - r) / r if r else (0.0 if m == 0 else 1.0)
+        if dev > worst:
+            worst, worst_at = dev, i
+    compared = min(len(rec_res), len(sim.reserved_after))
+    n_alloc = same = 0
+    for ra, ma in zip(rep.recorded_alloc_addr, sim.alloc_addr, strict=False):
+        if ra is not None:
+            n_alloc += 1
+            same += ra == ma
+    by_kind = {}
+    for _i, k, _s in rep.recorded_events:
+        by_kind[EVENT_NAMES[k]] = by_kind.get(EVENT_NAMES[k], 0) + 1
+    return {
+        "segment_events_recorded": n_rec,
+        "segment_events_model": n_mod,
+        "segment_events_matched": matched,
+        "segment_event_share": round(share, 6),
+        "recorded_by_kind": by_kind,
+        "reserved_points_compared": compared,
+        "reserved_points_total": len(rep.program.ops),
+        "max_reserved_deviation": round(worst, 6),
+        "max_reserved_deviation_at_trace_index": rep.op_event[worst_at] if worst_at is not None else None,
+        "reserved_within_5pct": worst <= RESERVED_TOLERANCE and compared == len(rep.program.ops),
+        "alloc_address_share": round(same / n_alloc, 6) if n_alloc else 1.0,
+        "allocations": n_alloc,
+    }
+
+
+def _result(conf: str, cfg: AllocatorConfig, rep: Replay, sim: SimResult, limit: int | None, start: str,
+            confidence: str, notes: list) -> WhatIfResult:
+    rec_oom = rep.recorded_oom_ops
+    fails_rec = None
+    if rec_oom:
+        first_rec = rec_oom[0]
+        fails_rec = first_rec in sim.failed_ops or (sim.oom_op is not None and sim.oom_op < first_rec)
+    first = None
+    if sim.oom_op is not None:
+        idx = rep.op_event[sim.oom_op] if sim.oom_op >= 0 else None
+        first = {"trace_index": idx, "requested_bytes": sim.oom_request,
+                 "at": "trace start (the live set does not fit)" if sim.oom_op < 0 else
+                 ("the recorded OOM request" if sim.oom_op in rec_oom else "an earlier request")}
+    return WhatIfResult(
+        conf=conf, effective=cfg.describe(), predicted_oom=sim.oom_op is not None,
+        peak_reserved_bytes=int(sim.peak_reserved),
+        headroom_bytes=None if limit is None else int(limit - sim.peak_reserved),
+        limit_bytes=limit, fails_recorded_request=fails_rec, first_failure=first, start_state=start,
+        start_reserved_bytes=int(sim.start_reserved), final_reserved_bytes=int(sim.final_reserved),
+        segment_allocs=sim.num_device_alloc, segment_frees=sim.num_device_free,
+        alloc_retries=sim.num_alloc_retries, confidence=confidence, notes=list(notes))
+
+
+def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | tuple[str, ...],
+               replay: Replay | None = None) -> list[WhatIfResult]:
+    """One result per conf, in the order given. `""` is the recorded configuration.
+
+    Raises BadInput for a conf string torch would refuse."""
+    parsed = [(c, None if c == "" else parse_alloc_conf(c)) for c in confs]  # fail before any work
+    rep = replay or compile_trace(snapshot)
+    common = list(rep.warnings)
+    if limit_bytes is None:
+        common.append("no limit given: nothing can run out of memory; peak reserved is still predicted")
+    if not rep.program.ops:
+        common.append("empty trace: the prediction is the start state only")
+    rec_cfg = rep.recorded_config
+    rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True)
+    fid = fidelity(rep, rec_sim)
+    base_sim = None
+    pre_trace_state = bool(rep.start_segments)
+    if pre_trace_state:
+        base_sim = _simulate(rep, rec_cfg, limit_bytes, "compact")
+    recorded_oom = bool(rep.recorded_oom_ops)
+    bias = (base_sim is not None and rec_sim.oom_op is not None and base_sim.oom_op is None)
+    out = []
+    for conf, cfg in parsed:
+        notes = list(common)
+        if cfg is None:
+            sim, start = rec_sim, "recorded"
+            ok = fid["segment_event_share"] >= 0.95 and fid["reserved_within_5pct"]
+            confidence = "high" if ok else "medium"
+            if recorded_oom and rec_sim.oom_op is None:
+                notes.append("the recorded run ran out of memory but the model serves every request: check "
+                             "--limit (it must be the per-process limit the run had)")
+                confidence = "low"
+            r = _result(conf, rec_cfg, rep, sim, limit_bytes, start, confidence, notes)
+            r.fidelity = fid
+            out.append(r)
+            continue
+        start = "compact" if pre_trace_state else "recorded"
+        sim = _simulate(rep, cfg, limit_bytes, start)
+        confidence = "high" if not pre_trace_state else "medium"
+        if pre_trace_state:
+            notes.append("the trace starts mid-run: this configuration starts from the live blocks at the "
+                         "first trace entry, without the cache history before it")
+        if bias and sim.oom_op is None:
+            confidence = "low"
+            notes.append("under the recorded settings the OOM reproduces only from the recorded segments, "
+                         "not from a fresh start: the trace is too short to rebuild the fragmentation, so "
+                         "this success is optimistic")
+        out.append(_result(conf, cfg, rep, sim, limit_bytes, start, confidence, notes))
+    return out
+
+
+def sweep_confs(snapshot: Snapshot) -> list[str]:
+    """The standard list, plus the all-default settings when the recorded run used others."""
+    confs = list(SWEEP)
+    if snapshot.settings.known and snapshot.settings.non_default:
+        confs.insert(1, "expandable_segments:False")
+    return confs
+
+
+def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | None = None) -> list[dict]:
+    """JSON-ready results for the analysis recommendations: [{"conf", "predicted_oom",
+    "peak_reserved_bytes", "headroom_bytes", ...}]. `confs=None` runs the sweep."""
+    return [r.to_dict() for r in run_whatif(snapshot, limit_bytes, confs if confs is not None
+                                             else sweep_confs(snapshot))]
+
+
+__all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "Replay", "WhatIfResult", "compile_trace", "config_from_settings",
+           "fidelity", "run_whatif", "simulate_whatif", "sweep_confs", "K_SMALL_SIZE"]
