@@ -39,7 +39,7 @@ def _has_cpp_frames(frames: list) -> bool:
 def _per_snapshot(snap: Snapshot) -> dict:
     m = memory_metrics(snap)
     comp, sites = composition(snap)
-    tl = replay(snap, m["active_bytes"], m["reserved_bytes"])
+    tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
     return {"metrics": m, "composition": comp, "sites": sites, "timeline": tl}
 
 

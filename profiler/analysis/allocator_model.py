@@ -203,7 +203,7 @@ class AllocatorModel:
 
     def __init__(self, config: AllocatorConfig, limit_bytes: int | None = None, *,
                  record: bool = False, n_handles: int = 0, addr_hints: list | None = None,
-                 base_address: int = 1 << 40):
+                 base_address: int = 1 << 40, per_process_limit: bool = True):
         self.cfg = config
         self.limit = limit_bytes
         self.record = record
@@ -212,7 +212,8 @@ class AllocatorModel:
         self.divs = tuple(config.roundup_power2_divisions)
         self.no_divs = not any(self.divs)
         self.exp = bool(config.expandable_segments)
-        self.gc_on = config.garbage_collection_threshold > 0.0 and limit_bytes is not None
+        # GC runs only under a per-process fraction (set_fraction), never against the device's own size
+        self.gc_on = config.garbage_collection_threshold > 0.0 and limit_bytes is not None and per_process_limit
         self.lss = config.large_segment_size
         self.blocks: dict = {}  # address -> block (free, allocated and unmapped)
         self.free: dict = {}  # (pool, stream) -> sorted keys of cached mapped free blocks

@@ -94,7 +94,8 @@ def phase_of(frames: list) -> str | None:
     if is_backward(frames):
         return "backward"
     for f in frames:
-        if FORWARD_NAME.search(frame_name(f)) or MODULE_FILE.search(frame_file(f)):
+        path = frame_file(f)
+        if FORWARD_NAME.search(frame_name(f)) or MODULE_FILE.search(path) or FUNCTIONAL_FILE.search(path):
             return "forward"
     return None
 

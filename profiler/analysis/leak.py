@@ -37,7 +37,6 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
             "(snapshots at the same point of successive epochs or every N steps)")
         return result
     streak = best = 0
-    best_end = None
     for a, b in zip(pts, pts[1:], strict=False):
         grow = b["active"] - a["active"]
         thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
@@ -48,8 +47,7 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
         result["intervals"].append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
                                     "threshold_bytes": thresh, "grew": ok})
         streak = streak + 1 if ok else 0
-        if streak > best:
-            best, best_end = streak, b
+        best = max(best, streak)
     if best < 2:
         return result
     first, last = pts[0], pts[-1]

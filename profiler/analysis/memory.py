@@ -17,6 +17,7 @@ def memory_metrics(snap: Snapshot) -> dict:
     pools: dict[tuple, dict] = {}
     seg_sizes: Counter = Counter()
     pending_free = 0
+    live_requested = 0
     oversize_free = 0
     mss = snap.settings.max_split_size
     for seg in snap.segments:
@@ -42,6 +43,7 @@ def memory_metrics(snap: Snapshot) -> dict:
             else:
                 seg_live = True
                 active += b.size
+                live_requested += b.requested_size
                 if b.state == ACTIVE_ALLOCATED:
                     allocated += b.size
                     requested += b.requested_size
@@ -67,6 +69,7 @@ def memory_metrics(snap: Snapshot) -> dict:
         "free_bytes": free_total,
         "rounding_waste_bytes": allocated - requested,
         "pending_free_bytes": pending_free,
+        "live_requested_bytes": live_requested,
         "private_pool_bytes": private_pool,
         "oversize_free_bytes": oversize_free,
         "segment_count": len(snap.segments),

@@ -2,9 +2,11 @@
 and the training-step structure (where optimizer steps happened).
 
 Live bytes follow the allocator's `active` accounting: +size at `alloc`, -size at `free_completed`
-(a block awaiting a cross-stream free still holds its memory). The trace may start mid-run (the
-ring buffer keeps only the last entries), so the level at its start is derived backwards from the
-snapshot's active bytes at its end.
+(a block awaiting a cross-stream free still holds its memory). Trace sizes are the sizes the caller
+asked for, before rounding (checked on torch 2.11: an alloc's size equals the block's
+`requested_size`), so the level is in requested bytes and is anchored on the requested bytes of the
+snapshot's live blocks. The trace may start mid-run (the ring buffer keeps only the last entries),
+so the level at its start is derived backwards from that anchor at its end.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from profiler.model import Snapshot
 MAX_POINTS = 400  # samples kept for plots; the peak is always kept
 
 
-def replay(snap: Snapshot, active_end: int, reserved_end: int) -> dict:
+def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     trace = snap.trace
     if not trace:
         return {"events": 0, "covers_whole_run": False, "peak_live_bytes": None, "series": [],
@@ -54,7 +56,7 @@ def replay(snap: Snapshot, active_end: int, reserved_end: int) -> dict:
                 step_starts.append(i)
             in_opt = opt
         levels.append(level)
-    start = active_end - level
+    start = live_requested_end - level
     reserved_start = reserved_end - seg_level
     # The trace saw the whole run when every segment alive at the end was created inside it.
     created = {ev.addr for ev in trace if ev.action in ("segment_alloc", "segment_map")}

@@ -416,13 +416,15 @@ def _add(ranges, lo, hi):
 
 
 # ----- running -----------------------------------------------------------------------------------------
-def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, record: bool = False) -> SimResult:
+def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, record: bool = False,
+              per_process: bool = True) -> SimResult:
     prog = rep.program
     if start == "recorded":
-        m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, addr_hints=rep.addr_hints)
+        m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, addr_hints=rep.addr_hints,
+                           per_process_limit=per_process)
         m.load(rep.start_segments)
         return m.run(prog)
-    m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles)
+    m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, per_process_limit=per_process)
     handles = m.handles
     for _addr, h, req, stream in rep.start_live:
         b = m.malloc(req, stream)
@@ -511,17 +513,25 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
     parsed = [(c, None if c == "" else parse_alloc_conf(c)) for c in confs]  # fail before any work
     rep = replay or compile_trace(snapshot)
     common = list(rep.warnings)
+    per_process = True
     if limit_bytes is None:
-        common.append("no limit given: nothing can run out of memory; peak reserved is still predicted")
+        limit_bytes = device_bound_limit(snapshot, rep)
+        if limit_bytes is not None:
+            per_process = False
+            common.append(f"no limit given: using the device-bound limit {limit_bytes} bytes (reserved bytes at the "
+                          "recorded OOM + the free bytes CUDA reported there); pass --limit for a per-process "
+                          "cap (set_per_process_memory_fraction), which also enables garbage collection")
+        else:
+            common.append("no limit given: nothing can run out of memory; peak reserved is still predicted")
     if not rep.program.ops:
         common.append("empty trace: the prediction is the start state only")
     rec_cfg = rep.recorded_config
-    rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True)
+    rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True, per_process=per_process)
     fid = fidelity(rep, rec_sim)
     base_sim = None
     pre_trace_state = bool(rep.start_segments)
     if pre_trace_state:
-        base_sim = _simulate(rep, rec_cfg, limit_bytes, "compact")
+        base_sim = _simulate(rep, rec_cfg, limit_bytes, "compact", per_process=per_process)
     recorded_oom = bool(rep.recorded_oom_ops)
     bias = (base_sim is not None and rec_sim.oom_op is not None and base_sim.oom_op is None)
     out = []
@@ -540,7 +550,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
             out.append(r)
             continue
         start = "compact" if pre_trace_state else "recorded"
-        sim = _simulate(rep, cfg, limit_bytes, start)
+        sim = _simulate(rep, cfg, limit_bytes, start, per_process=per_process)
         confidence = "high" if not pre_trace_state else "medium"
         if pre_trace_state:
             notes.append("the trace starts mid-run: this configuration starts from the live blocks at the "
@@ -552,6 +562,17 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                          "this success is optimistic")
         out.append(_result(conf, cfg, rep, sim, limit_bytes, start, confidence, notes))
     return out
+
+
+def device_bound_limit(snapshot: Snapshot, rep: Replay) -> int | None:
+    """What the process could reserve at its recorded OOM: reserved bytes there + the device's free bytes."""
+    if not rep.recorded_oom_ops:
+        return None
+    op = rep.recorded_oom_ops[0]
+    ev = snapshot.traces[_device_index(snapshot)][rep.op_event[op]]
+    if ev.device_free is None:
+        return None
+    return rep.recorded_reserved_after()[op] + ev.device_free
 
 
 def sweep_confs(snapshot: Snapshot) -> list[str]:

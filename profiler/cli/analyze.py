@@ -1,0 +1,102 @@
+"""`memq analyze FILE...` and `memq explain MESSAGE`: offline diagnosis, no services at all."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from profiler.config import load_settings
+from profiler.errors import BadInput
+from profiler.model import OomContext
+from profiler.units import parse_size
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except BadInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+SIZE = SizeType()
+
+
+def build_context(limit: int | None, device_total: int | None, oom_message: str | None,
+                  requested: int | None = None) -> OomContext:
+    from profiler.oom_message import parse_oom_message
+
+    msg = parse_oom_message(oom_message) if oom_message else None
+    return OomContext(requested_bytes=requested, limit_bytes=limit, device_total_bytes=device_total, message=msg)
+
+
+def oom_options(f):
+    f = click.option("--oom-message", metavar="TEXT", help="The 'CUDA out of memory...' text from the log.")(f)
+    f = click.option("--device-total", type=SIZE, help="Device memory in bytes or units (e.g. 139.8GiB).")(f)
+    f = click.option("--limit", type=SIZE,
+                     help="What the allocator may reserve (per-process cap), bytes or units (e.g. 16GiB).")(f)
+    return f
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True))
+@oom_options
+@click.option("--optimizer", help="Optimizer class (e.g. AdamW, SGD), sharpens recommendations.")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON contract instead of the report.")
+@click.option("--no-details", is_flag=True, help="With --json: only the contract keys.")
+@click.option("--max-bytes", type=SIZE, default=None, help="Refuse snapshots larger than this (uncompressed).")
+def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_details, max_bytes):
+    """Diagnose snapshots of one run (in time order): .pickle, .pickle.gz, .zst, or a segment list."""
+    from profiler.analysis import analyze as run_analysis
+    from profiler.load import load_snapshot_file
+
+    max_b = max_bytes or load_settings().max_snapshot_bytes
+    ctx = build_context(limit, device_total, oom_message)
+    loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
+    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx))
+    _emit(result, as_json, no_details)
+
+
+def _whatif(loaded, ctx) -> list[dict] | None:
+    """Replay the last trace through the allocator model when both exist, so recommendations can
+    cite a simulated outcome. Best effort: the diagnosis never depends on it."""
+    try:
+        from profiler.analysis import whatif as wi
+    except ImportError:
+        return None
+    run = getattr(wi, "run_whatif_dicts", None)
+    if run is None or not loaded.snapshot.trace:
+        return None
+    limit = ctx.limit_bytes or (ctx.message.allowed_bytes if ctx.message else None)
+    if not limit:
+        return None
+    return run(loaded.snapshot, limit)
+
+
+def _emit(result: dict, as_json: bool, no_details: bool) -> None:
+    if as_json:
+        from profiler.render.jsonout import write_json
+
+        write_json(result, sys.stdout, details=not no_details)
+    else:
+        from profiler.render.terminal import render_analysis
+
+        render_analysis(result, sys.stdout)
+
+
+@click.command()
+@click.argument("message", nargs=-1, required=True)
+@click.option("--limit", type=SIZE, help="Per-process cap, when the message does not say 'allowed'.")
+@click.option("--device-total", type=SIZE)
+@click.option("--json", "as_json", is_flag=True)
+def explain(message, limit, device_total, as_json):
+    """Diagnose from the OOM message alone ("CUDA out of memory. Tried to allocate ...")."""
+    from profiler.analysis import explain_message
+
+    ctx = build_context(limit, device_total, " ".join(message))
+    _emit(explain_message(ctx), as_json, no_details=False)

@@ -1,0 +1,1 @@
+"""Rendering of analysis results to a stream the caller gives (terminal, JSON)."""

@@ -1,0 +1,138 @@
+"""The readable terminal report of `memq analyze` / `memq explain` (rich)."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from profiler.units import fmt_bytes
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    if not values:
+        return ""
+    step = max(1, len(values) // width)
+    pts = [max(values[i:i + step]) for i in range(0, len(values), step)]
+    lo, hi = min(pts), max(pts)
+    span = (hi - lo) or 1
+    return "".join(SPARK[min(7, int((v - lo) / span * 7.999))] for v in pts)
+
+
+def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
+    con = Console(file=out, width=width or 110, highlight=False, soft_wrap=False)
+    d = r["diagnosis"]
+    det = r.get("details", {})
+    m = r["metrics"]
+    head = f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})"
+    files = ", ".join(s["file"] for s in r["snapshots"]) or "OOM message"
+    con.print(Panel(head, title="memq diagnosis", subtitle=files, expand=False))
+    for line in d["causes"][0]["evidence"]:
+        con.print(f"  • {line}")
+
+    t = Table(title="Memory picture (last snapshot)", show_header=True, header_style="bold")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    dm = det.get("metrics", {})
+    rows = [
+        ("reserved", m.get("reserved_bytes")), ("allocated", m.get("allocated_bytes")),
+        ("active (allocated + awaiting free)", m.get("active_bytes")), ("requested", m.get("requested_bytes")),
+        ("reserved but unallocated", m.get("reserved_unallocated_bytes")),
+        ("rounding waste", dm.get("rounding_waste_bytes")),
+        ("largest free block", m.get("largest_free_block_bytes")),
+        ("stranded (free in segments with live blocks)", m.get("stranded_bytes")),
+        ("private pools (CUDA graphs)", dm.get("private_pool_bytes")),
+    ]
+    for name, v in rows:
+        if v is not None:
+            t.add_row(name, fmt_bytes(v))
+    if m.get("fragmentation_ratio") is not None:
+        t.add_row("fragmentation ratio", f"{m['fragmentation_ratio']:.3f}")
+    if dm.get("segment_count") is not None:
+        t.add_row("segments", str(dm["segment_count"]))
+        t.add_row("expandable segments", str(dm.get("expandable_segments")))
+    con.print(t)
+
+    pools = dm.get("pools") or []
+    if pools:
+        pt = Table(title="Free space by pool and stream", header_style="bold")
+        for c in ("pool", "stream", "private pool", "segments", "reserved", "free", "largest free"):
+            pt.add_column(c, justify="right" if c not in ("pool",) else "left")
+        for p in pools[:8]:
+            pt.add_row(p["pool"], str(p["stream"]), str(tuple(p["pool_id"])), str(p["segments"]),
+                       fmt_bytes(p["reserved_bytes"]), fmt_bytes(p["free_bytes"]),
+                       fmt_bytes(p["largest_free_block_bytes"]))
+        con.print(pt)
+
+    oom = r.get("oom")
+    if oom:
+        lim = det.get("limits", {})
+        ot = Table(title="OOM fit test", header_style="bold")
+        ot.add_column("question")
+        ot.add_column("answer")
+        ot.add_row("failed request", f"{fmt_bytes(oom['requested_bytes'])} (from {lim.get('requested_source')})")
+        ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({lim.get('limit_source') or 'unknown'})")
+        ot.add_row("fits the largest usable free block?",
+                   _yn(oom["fits_largest_free_block"], lim.get("largest_usable_free_block_bytes")))
+        ot.add_row("fits if the cache were compacted?", _yn(oom["fits_if_compacted"], None))
+        if lim.get("non_pytorch_bytes") is not None:
+            ot.add_row("memory outside PyTorch", fmt_bytes(lim["non_pytorch_bytes"]))
+        if lim.get("oom_site"):
+            ot.add_row("where", lim["oom_site"])
+        con.print(ot)
+
+    comp = r.get("composition") or {}
+    if any(v for v in comp.values() if v):
+        total = sum(v for v in comp.values() if v) or 1
+        ct = Table(title="Composition of live memory", header_style="bold")
+        ct.add_column("category")
+        ct.add_column("bytes", justify="right")
+        ct.add_column("share", justify="right")
+        ct.add_column("top allocation site")
+        sites = det.get("composition_sites", {})
+        for cat, v in sorted(comp.items(), key=lambda kv: -(kv[1] or 0)):
+            if v:
+                top = (sites.get(cat) or [{}])[0].get("site", "")
+                ct.add_row(cat, fmt_bytes(v), f"{100 * v / total:.1f}%", top)
+        con.print(ct)
+
+    tl = det.get("timeline") or {}
+    if tl.get("series"):
+        con.print(f"[bold]Timeline[/bold] ({tl['events']} trace events, live bytes): "
+                  f"{sparkline([p[1] for p in tl['series']])}")
+        con.print(f"  peak {fmt_bytes(tl['peak_live_bytes'])} in phase {tl.get('peak_phase') or 'unknown'} "
+                  f"at {tl.get('peak_site')}; {tl.get('optimizer_steps', 0)} optimizer step(s) in the trace")
+        for item in tl.get("live_at_peak", [])[:5]:
+            con.print(f"    {fmt_bytes(item['bytes']):>12}  {item['site']}")
+    per = det.get("per_snapshot") or []
+    if len(per) > 1:
+        st = Table(title="Snapshots of the run", header_style="bold")
+        for c in ("file", "active", "reserved", "peak live", "fragmentation"):
+            st.add_column(c, justify="left" if c == "file" else "right")
+        for p in per:
+            st.add_row(p["file"].rsplit("/", 1)[-1], fmt_bytes(p["active_bytes"]), fmt_bytes(p["reserved_bytes"]),
+                       fmt_bytes(p["peak_live_bytes"]), f"{p['fragmentation_ratio']:.3f}")
+        con.print(st)
+
+    others = d["causes"][1:]
+    if others:
+        con.print("[bold]Other causes considered[/bold]")
+        for c in others:
+            ev = "; ".join(c["evidence"]) or "-"
+            con.print(f"  {c['cause']} ({c['confidence']:.2f}): {ev}")
+    con.print("[bold]Recommendations[/bold]")
+    for i, rec in enumerate(d["recommendations"], 1):
+        con.print(f"  {i}. [bold]{rec['action']}[/bold]\n     why: {rec['why']}\n     effect: {rec['expected_effect']}")
+    for w in det.get("warnings", []):
+        con.print(f"[yellow]note:[/yellow] {w}")
+
+
+def _yn(v, figure) -> str:
+    if v is None:
+        return "unknown (no limit)"
+    s = "yes" if v else "no"
+    return f"{s} (largest usable block {fmt_bytes(figure)})" if figure is not None else s

@@ -1,0 +1,394 @@
+"""Analyse and store, with no Redis and no worker: `memq ingest`, `memq reanalyze`, `memq demo`.
+
+- `ingest_files(store, meta, inputs)`: for each snapshot file, in time order: read and hash it,
+  keep the raw bytes in the blob store, insert the snapshot row (idempotent), analyse it unless a
+  result for (sha256, analyzer version, context) exists, then recompute the run-level diagnosis
+  from all the run's snapshots of that rank in time order.
+- `recompute_run(store, run_id, rank)`: the run-level diagnosis alone (workers call it after an
+  analysis completes).
+- `reanalyze(store, run_name=None)`: recompute from blobs every result made by an older analyzer
+  version, then the run-level diagnoses.
+The analysis itself is `profiler.analysis.analyze`, imported when first needed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from profiler.errors import BadInput, MemqError, NotFound
+from profiler.load import LoadedSnapshot, decode_snapshot_bytes, load_snapshot_file
+from profiler.model import OomContext
+from profiler.store import repository as repo
+from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
+from profiler.store.store import Store
+
+#: A run-level diagnosis reads at most this many of a rank's most recent snapshots.
+MAX_RUN_SNAPSHOTS = 200
+
+Progress = Callable[[str], None]
+
+
+def analyzer() -> tuple[Callable[..., dict], str]:
+    from profiler.analysis import ANALYZER_VERSION, analyze
+
+    return analyze, ANALYZER_VERSION
+
+
+@dataclass(frozen=True)
+class SnapshotInput:
+    """One file to ingest and what is known about when it was taken."""
+
+    path: str
+    step: int | None = None
+    epoch: int | None = None
+    trigger: str | None = None
+    taken_at: dt.datetime | None = None
+    oom_message: str | None = None
+    requested_bytes: int | None = None
+    device_free_bytes: int | None = None
+
+
+@dataclass
+class IngestedSnapshot:
+    file: str
+    snapshot_id: int
+    sha256: str
+    created: bool
+    analysed: bool
+    primary_cause: str | None
+    step: int | None
+    epoch: int | None
+    trigger: str
+
+
+@dataclass
+class IngestReport:
+    run: str
+    run_id: int
+    snapshots: list[IngestedSnapshot] = field(default_factory=list)
+    diagnosis: dict | None = None
+    status: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "status": self.status,
+                "snapshots": [vars(s) for s in self.snapshots], "diagnosis": self.diagnosis}
+
+
+_NUM = {"epoch": re.compile(r"epoch[_-]?(\d+)", re.I), "step": re.compile(r"step[_-]?(\d+)", re.I)}
+
+
+def infer_from_name(path: str) -> dict[str, Any]:
+    """Step, epoch and trigger from file names such as `epoch2.pickle.gz`, `step0040.pickle.gz`,
+    `oom.pickle.gz` (the agent and the fixtures name them so). Explicit options win."""
+    name = Path(path).name
+    out: dict[str, Any] = {}
+    for key, rx in _NUM.items():
+        m = rx.search(name)
+        if m:
+            out[key] = int(m.group(1))
+    if re.search(r"(^|[^a-z])oom([^a-z]|$)", name, re.I):
+        out["trigger"] = "oom"
+    elif "epoch" in out:
+        out["trigger"] = "epoch_end"
+    elif "step" in out:
+        out["trigger"] = "periodic"
+    return out
+
+
+def _trace_time(loaded: LoadedSnapshot) -> dt.datetime | None:
+    times = [ev.time_us for ev in loaded.snapshot.trace if ev.time_us]
+    if not times:
+        return None
+    t = max(times) / 1e6
+    if t < 946684800:  # before 2000: a relative clock, not wall time
+        return None
+    return dt.datetime.fromtimestamp(t, dt.UTC)
+
+
+def _fill_times(known: list[dt.datetime | None]) -> list[dt.datetime]:
+    """Times for files given in time order: a file without one sits just after the previous file
+    (or just before the next one), so the stored order is the order the user gave."""
+    out: list[dt.datetime | None] = list(known)
+    step = dt.timedelta(milliseconds=1)
+    for i, t in enumerate(out):
+        if t is None and i > 0 and out[i - 1] is not None:
+            out[i] = out[i - 1] + step
+    for i in range(len(out) - 1, -1, -1):
+        if out[i] is None:
+            out[i] = out[i + 1] - step if i + 1 < len(out) and out[i + 1] is not None else None
+    now = repo.utcnow()
+    return [t or now + i * step for i, t in enumerate(out)]
+
+
+def _facts(limit: int | None, device_total: int | None, message: str | None = None,
+           requested: int | None = None, device_free: int | None = None) -> dict[str, Any]:
+    facts = {"limit_bytes": limit, "device_total_bytes": device_total, "message": message,
+             "requested_bytes": requested, "device_free_bytes": device_free}
+    return {k: v for k, v in facts.items() if v not in (None, "")}
+
+
+def oom_context(facts: Mapping[str, Any]) -> OomContext | None:
+    """The analysis context from stored facts (see Snapshot.context)."""
+    if not facts:
+        return None
+    msg = None
+    if facts.get("message"):
+        from profiler.oom_message import parse_oom_message
+
+        try:
+            msg = parse_oom_message(str(facts["message"]))
+        except BadInput:
+            msg = None
+    return OomContext(requested_bytes=facts.get("requested_bytes"), limit_bytes=facts.get("limit_bytes"),
+                      device_total_bytes=facts.get("device_total_bytes"),
+                      device_free_bytes=facts.get("device_free_bytes"), message=msg)
+
+
+def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | None = None,
+                     optimizer: str | None = None) -> tuple[int, bool]:
+    """Attach the current analyzer's result to one snapshot row, computing it only when no result
+    for (sha256, version, context) exists. Returns (analysis id, whether it was computed now)."""
+    analyze, version = analyzer()
+    with store.session() as s:
+        row = s.execute(select(Snapshot.sha256, Snapshot.context, Snapshot.trigger, Snapshot.source)
+                        .where(Snapshot.id == snapshot_id)).one_or_none()
+        if row is None:
+            raise NotFound(f"no snapshot with id {snapshot_id}")
+        key = repo.context_key(row.context)
+        aid = repo.find_analysis(s, row.sha256, version, key)
+        if aid is not None:
+            repo.complete_snapshot(s, snapshot_id, aid, version)
+            return aid, False
+    if loaded is None:
+        loaded = load_blob(store, row.sha256, row.source)
+    result = analyze([loaded], oom_context(row.context), names=[row.source or row.sha256[:12]],
+                     triggers=[row.trigger], optimizer=optimizer)
+    with store.session() as s:
+        aid = repo.store_analysis(s, row.sha256, version, result, key)
+        repo.complete_snapshot(s, snapshot_id, aid, version)
+    return aid, True
+
+
+def load_blob(store: Store, sha256: str, name: str | None = None) -> LoadedSnapshot:
+    raw = store.blobs.get(sha256)
+    return decode_snapshot_bytes(raw, store.settings.max_snapshot_bytes, name=name or sha256[:12])
+
+
+def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], *, rank: int = 0,
+                 limit_bytes: int | None = None, device_total_bytes: int | None = None,
+                 progress: Progress | None = None,
+                 preloaded: Mapping[str, LoadedSnapshot] | None = None) -> IngestReport:
+    """Store and analyse `inputs` (one rank of run `meta.name`, in time order); see module doc."""
+    if not inputs:
+        raise BadInput("no snapshot files given")
+    loaded: list[LoadedSnapshot] = []
+    for inp in inputs:
+        pre = (preloaded or {}).get(inp.path)
+        loaded.append(pre or load_snapshot_file(inp.path, max_bytes=store.settings.max_snapshot_bytes,
+                                                keep_raw=True))
+        if progress:
+            progress(f"read {inp.path}")
+    times = _fill_times([inp.taken_at or _trace_time(ld) for inp, ld in zip(inputs, loaded, strict=True)])
+    meta = replace(meta, memory_limit_bytes=limit_bytes or meta.memory_limit_bytes,
+                   gpu_memory_bytes=device_total_bytes or meta.gpu_memory_bytes,
+                   started_at=meta.started_at or min(times))
+    with store.session() as s:
+        existed = s.execute(select(Run.id).where(Run.name == meta.name)).scalar_one_or_none() is not None
+        run_id = repo.upsert_run(s, meta)
+        run_row = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
+                            .where(Run.id == run_id)).one()
+    report = IngestReport(run=meta.name, run_id=run_id)
+    cache: dict[str, LoadedSnapshot] = {}
+    for inp, ld, when in zip(inputs, loaded, times, strict=True):
+        guessed = infer_from_name(inp.path)
+        trigger = inp.trigger or guessed.get("trigger") or "manual"
+        step = inp.step if inp.step is not None else guessed.get("step")
+        epoch = inp.epoch if inp.epoch is not None else guessed.get("epoch")
+        if ld.raw is not None:
+            ref = store.blobs.put(ld.sha256, ld.raw)
+        else:
+            ref = store.blobs.ref(ld.sha256)
+        facts = _facts(run_row.memory_limit_bytes, run_row.gpu_memory_bytes, inp.oom_message,
+                       inp.requested_bytes, inp.device_free_bytes)
+        with store.session() as s:
+            sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
+                run_id=run_id, sha256=ld.sha256, size_bytes=ld.raw_size, rank=rank, step=step, epoch=epoch,
+                trigger=trigger, taken_at=when, blob_ref=ref, source=inp.path, context=facts))
+        aid, computed = analyse_snapshot(store, sid, ld, optimizer=run_row.optimizer)
+        with store.session() as s:
+            cause = s.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == aid)).scalar_one()
+        cache[ld.sha256] = ld
+        report.snapshots.append(IngestedSnapshot(file=inp.path, snapshot_id=sid, sha256=ld.sha256, created=created,
+                                                 analysed=computed, primary_cause=cause, step=step, epoch=epoch,
+                                                 trigger=trigger))
+        if progress:
+            progress(f"analysed {inp.path}: {cause}")
+    report.diagnosis = recompute_run(store, run_id, rank, cache=cache)
+    status = meta.status
+    if status is None:
+        oom = bool(report.diagnosis and report.diagnosis.get("oom"))
+        status = "oom" if oom else (None if existed else "completed")
+    with store.session() as s:
+        if status is not None:
+            current = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
+            if not (current == "crashed" and meta.status is None):
+                repo.set_run_status(s, meta.name, status, ended_at=max(times))
+        report.status = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
+    return report
+
+
+def recompute_run(store: Store, run_id: int, rank: int = 0,
+                  cache: Mapping[str, LoadedSnapshot] | None = None) -> dict | None:
+    """analyze() over the rank's snapshots in time order (the most recent MAX_RUN_SNAPSHOTS), stored
+    as its run-level diagnosis; the run row's summary is refreshed. Returns the stored result."""
+    analyze, version = analyzer()
+    with store.session() as s:
+        run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
+                        .where(Run.id == run_id)).one_or_none()
+        if run is None:
+            raise NotFound(f"no run with id {run_id}")
+        rows = s.execute(
+            select(Snapshot.id, Snapshot.sha256, Snapshot.trigger, Snapshot.source, Snapshot.context,
+                   AnalysisResult.allocated_bytes, AnalysisResult.reserved_bytes, AnalysisResult.result)
+            .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+            .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
+            .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(MAX_RUN_SNAPSHOTS)).all()
+    rows = list(reversed(rows))
+    if not rows:
+        return None
+    loaded, used = [], []
+    for r in rows:
+        try:
+            ld = (cache or {}).get(r.sha256) or load_blob(store, r.sha256, r.source)
+        except NotFound:
+            continue  # the blob was never stored here (e.g. expired before a worker saved it)
+        loaded.append(ld)
+        used.append(r)
+    if not loaded:
+        return None
+    last_ctx = dict(used[-1].context or {})
+    facts = _facts(run.memory_limit_bytes or last_ctx.get("limit_bytes"),
+                   run.gpu_memory_bytes or last_ctx.get("device_total_bytes"),
+                   last_ctx.get("message"), last_ctx.get("requested_bytes"), last_ctx.get("device_free_bytes"))
+    result = analyze(loaded, oom_context(facts), names=[r.source or r.sha256[:12] for r in used],
+                     triggers=[r.trigger for r in used], optimizer=run.optimizer)
+    analysed = [r for r in used if r.allocated_bytes is not None]
+    peak_row = max(analysed, key=lambda r: r.allocated_bytes, default=None)
+    peak_comp = (peak_row.result or {}).get("composition") if peak_row is not None else result.get("composition")
+    details = result.get("details") or {}
+    peak_reserved = repo.max_present(details.get("peak_reserved_bytes"), *(r.reserved_bytes for r in analysed),
+                              (result.get("metrics") or {}).get("reserved_bytes"))
+    # Peak live bytes inside the recorded traces (e.g. mid-backward), not only at snapshot time.
+    trace_peaks = [p.get("peak_live_bytes") for p in details.get("per_snapshot") or [] if isinstance(p, dict)]
+    trace_peaks.append((details.get("timeline") or {}).get("peak_live_bytes"))
+    peak_allocated = repo.max_present(*(r.allocated_bytes for r in analysed), *trace_peaks,
+                                      (result.get("metrics") or {}).get("allocated_bytes"))
+    with store.session() as s:
+        repo.store_run_diagnosis(s, run_id, rank, version, result, len(used), peak_reserved, peak_allocated,
+                                 peak_comp or {})
+        repo.refresh_run_summary(s, run_id)
+    return repo.contract_only(result)
+
+
+@dataclass
+class ReanalyzeReport:
+    analyzer_version: str
+    snapshots_considered: int = 0
+    analysed: int = 0
+    reused: int = 0
+    missing_blobs: int = 0
+    failed: int = 0
+    runs_recomputed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
+              progress: Progress | None = None) -> ReanalyzeReport:
+    """Bring every snapshot (of one run, or all) and run-level diagnosis to the current analyzer
+    version, recomputing from the stored blobs. `force` also redoes the run-level diagnoses that
+    are already current."""
+    _, version = analyzer()
+    rep = ReanalyzeReport(analyzer_version=version)
+    with store.session() as s:
+        q = select(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256)
+        if run_name is not None:
+            run_id = repo.run_id_for(s, run_name)
+            q = q.where(Snapshot.run_id == run_id)
+        snaps = s.execute(q.where((Snapshot.analyzer_version.is_(None)) | (Snapshot.analyzer_version != version)
+                                  | (Snapshot.state != "done")).order_by(Snapshot.id)).all()
+        dq = select(Snapshot.run_id, Snapshot.rank).distinct()
+        if run_name is not None:
+            dq = dq.where(Snapshot.run_id == run_id)
+        pairs = set(s.execute(dq).all())
+        current = set(s.execute(select(RunDiagnosis.run_id, RunDiagnosis.rank)
+                                .where(RunDiagnosis.analyzer_version == version)).all())
+    rep.snapshots_considered = len(snaps)
+    touched: set[tuple[int, int]] = set()
+    for sn in snaps:
+        try:
+            _, computed = analyse_snapshot(store, sn.id)
+        except NotFound:
+            rep.missing_blobs += 1
+            continue
+        except MemqError as exc:
+            rep.failed += 1
+            rep.errors.append(f"snapshot {sn.id} ({sn.sha256[:12]}): {exc}")
+            with store.session() as s:
+                repo.fail_snapshot(s, sn.id, str(exc), retry=False)
+            continue
+        rep.analysed += computed
+        rep.reused += not computed
+        touched.add((sn.run_id, sn.rank))
+        if progress:
+            progress(f"snapshot {sn.id}")
+    todo = {p for p in pairs if force or p in touched or tuple(p) not in current}
+    for run_id, rank in sorted(todo):
+        recompute_run(store, run_id, rank)
+        rep.runs_recomputed += 1
+        if progress:
+            progress(f"run {run_id} rank {rank}")
+    return rep
+
+
+def iter_stats_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
+    """Rows of a stats.jsonl file (one `torch.cuda.memory_stats()` subset per line, with `t` in
+    epoch seconds, `step`, `epoch`), as the agent and the fixtures write them."""
+    import gzip
+    import json
+
+    p = Path(path)
+    opener = gzip.open if p.suffix == ".gz" else open
+    try:
+        with opener(p, "rt", encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError as exc:
+                    raise BadInput(f"{p}:{n}: not a JSON line ({exc})") from exc
+                if not isinstance(row, dict) or "t" not in row:
+                    raise BadInput(f"{p}:{n}: a stats line needs an object with `t` (epoch seconds)")
+                yield row
+    except OSError as exc:
+        raise BadInput(f"{p}: cannot read ({exc.strerror or exc})") from exc
+
+
+def ingest_stats(store: Store, run_name: str, rows: Iterable[Mapping[str, Any]], rank: int = 0) -> int:
+    """Store stat samples of an existing run; returns the number of rows offered."""
+    with store.session() as s:
+        run_id = repo.run_id_for(s, run_name)
+        n = repo.insert_stat_samples(s, (repo.stat_row(run_id, rank, r, r["t"]) for r in rows))
+        repo.refresh_run_summary(s, run_id)
+    return n
