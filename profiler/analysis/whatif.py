@@ -590,5 +590,7 @@ def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str
                                              else sweep_confs(snapshot))]
 
 
+run_whatif_dicts = simulate_whatif  # the name profiler.cli.analyze looks up
+
 __all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "Replay", "WhatIfResult", "compile_trace", "config_from_settings",
-           "fidelity", "run_whatif", "simulate_whatif", "sweep_confs", "K_SMALL_SIZE"]
+           "fidelity", "run_whatif", "run_whatif_dicts", "simulate_whatif", "sweep_confs", "K_SMALL_SIZE"]

@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "analyze": "profiler.cli.analyze:analyze",
     "explain": "profiler.cli.analyze:explain",
     "run": "profiler.cli.run:run",
+    "whatif": "profiler.cli.whatif:whatif",
 }
 
 
