@@ -98,10 +98,10 @@ def parse_snapshot(raw: Any) -> Snapshot:
         fmt = "2.0"
     elif settings.known:
         fmt = "2.3+"
-    elif traces and any(traces) and not has_time:
-        fmt = "2.1"
     elif not any(traces):
-        fmt = "2.2+ (no trace)" if segments and _has_v21_segment_keys(seg_list) else "segments-only"
+        fmt = "segments-only"
+    elif not has_time:
+        fmt = "2.1"
     else:
         fmt = "2.2"
 
@@ -119,10 +119,6 @@ def parse_snapshot(raw: Any) -> Snapshot:
         unknown_keys=sorted(str(k) for k in raw if k not in KNOWN_TOP),
         trace_overflowed=overflowed,
     )
-
-
-def _has_v21_segment_keys(seg_list: list) -> bool:
-    return any(isinstance(s, dict) and "segment_pool_id" in s for s in seg_list[:5])
 
 
 def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
