@@ -6,11 +6,13 @@ the older `c10/cuda/CUDAAllocatorConfig.cpp`:
 - The string is cut into tokens at `,` `:` `[` `]`; whitespace is dropped. Items are `key:value` joined by
   commas; list values are bracketed (`roundup_power2_divisions:[64:8,256:4,>:1]`).
 - `max_split_size_mb:N` and `max_non_split_rounding_mb:N`: whole MiB, N >= 20 (kLargeBuffer / 1 MiB);
-  torch refuses smaller values ("max_split_size_mb too small, must be >= 20").
+  torch refuses smaller values ("max_split_size_mb too small, must be >= 20"), and (2.11) a
+  max_split_size_mb below large_segment_size_mb.
 - `garbage_collection_threshold:F`: 0 < F < 1.
 - `roundup_power2_divisions:N` (N a power of two: every interval) or `[S:N,...,>:N]`: S is an interval
   start in MiB and a power of two, N a power of two or 0 (no power-of-two rounding). The first entry also
-  fills every interval below it; `>` fills every interval after the last one named. The 16 intervals
+  fills every interval below it; `>` fills every interval after the last one named (torch 2.11's
+  AllocatorConfig test: `[64:8,...,1024:4,>:1]` leaves 1024 MiB at 4). The 16 intervals
   start at 1 MiB, 2 MiB, ... 32 GiB (sizes below 1 MiB use the first, above 64 GiB the last).
 - `expandable_segments:True|False` (exactly these spellings).
 - `large_segment_size_mb:N` (torch 2.11+): the segment size for large-pool requests under 10 MiB
@@ -19,7 +21,8 @@ the older `c10/cuda/CUDAAllocatorConfig.cpp`:
 - Options that do not change device-memory placement (`release_lock_on_cudamalloc`, `pinned_*`,
   `graph_capture_record_stream_reuse`, `per_process_memory_fraction`, `throw_on_cudamalloc_oom`) are
   checked for a value and otherwise ignored.
-- Any other key is an error, as in torch ("Unrecognized CachingAllocator option").
+- Any other key is an error, as in torch ("Unrecognized CachingAllocator option"). A trailing comma is
+  accepted (`expandable_segments:False,`).
 
 Bad values raise `BadInput` with a one-line message that names the offending item.
 """
@@ -149,10 +152,12 @@ def parse_alloc_conf(text: str):
             raise BadInput(f"--conf {text!r}: unrecognized allocator option {key!r}", hint=_HINT)
         i += 1
         if i < n:
-            expect(i, ",")
+            expect(i, ",")  # a trailing comma is accepted, as torch does
             i += 1
-            if i >= n:
-                raise BadInput(f"--conf {text!r}: trailing comma", hint=_HINT)
+    lss = values.get("large_segment_size", K_LARGE_BUFFER)
+    if values.get("max_split_size", SIZE_MAX) < lss:
+        raise BadInput(f"--conf {text!r}: max_split_size_mb must be >= large_segment_size_mb ({lss // MiB})",
+                       hint=_HINT)
     return AllocatorConfig(**values)
 
 
@@ -178,7 +183,7 @@ def _parse_roundup(tok: list[str], i: int, text: str) -> tuple[tuple[int, ...], 
             raise BadInput(f"--conf {text!r}: roundup_power2_divisions must be a power of 2 or 0, got {d}",
                            hint=_HINT)
         if start == ">":
-            for k in range(last_index, N_ROUNDUP_INTERVALS):
+            for k in range(last_index + 1, N_ROUNDUP_INTERVALS):
                 divs[k] = d
         else:
             mb = _int(start, "roundup_power2_divisions interval", text)
