@@ -15,6 +15,14 @@ COMMANDS: dict[str, str] = {
     "analyze": "profiler.cli.analyze:analyze",
     "explain": "profiler.cli.analyze:explain",
     "run": "profiler.cli.run:run",
+    "db": "profiler.cli.db:db",
+    "ingest": "profiler.cli.ingest:ingest",
+    "reanalyze": "profiler.cli.ingest:reanalyze",
+    "runs": "profiler.cli.history:runs",
+    "history": "profiler.cli.history:history",
+    "compare": "profiler.cli.history:compare",
+    "versions": "profiler.cli.history:versions",
+    "demo": "profiler.cli.demo:demo",
     "whatif": "profiler.cli.whatif:whatif",
 }
 

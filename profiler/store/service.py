@@ -230,7 +230,8 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                                                  trigger=trigger))
         if progress:
             progress(f"analysed {inp.path}: {cause}")
-    report.diagnosis = recompute_run(store, run_id, rank, cache=cache)
+    stored = None if any(x.created for x in report.snapshots) else stored_run_result(store, run_id, rank)
+    report.diagnosis = stored if stored is not None else recompute_run(store, run_id, rank, cache=cache)
     status = meta.status
     if status is None:
         oom = bool(report.diagnosis and report.diagnosis.get("oom"))
@@ -242,6 +243,16 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                 repo.set_run_status(s, meta.name, status, ended_at=max(times))
         report.status = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
     return report
+
+
+def stored_run_result(store: Store, run_id: int, rank: int) -> dict | None:
+    """The stored run-level result when it was made by the current analyzer version, else None."""
+    _, version = analyzer()
+    with store.session() as s:
+        row = s.execute(select(RunDiagnosis.result).where(
+            RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank,
+            RunDiagnosis.analyzer_version == version)).scalar_one_or_none()
+    return dict(row) if row is not None else None
 
 
 def recompute_run(store: Store, run_id: int, rank: int = 0,

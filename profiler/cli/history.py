@@ -1,0 +1,215 @@
+"""`memq runs`, `memq history`, `memq compare`, `memq versions`: questions to the run history."""
+
+from __future__ import annotations
+
+import click
+
+from profiler.cli._listing import (
+    Col,
+    cell,
+    console,
+    emit,
+    open_cli_store,
+    out_format,
+    output_options,
+    parse_labels,
+    parse_since,
+    sparkline,
+    table,
+    write_csv,
+    write_json,
+)
+from profiler.units import fmt_bytes
+
+CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
+          "external_memory", "allocator_config", "healthy"]
+
+RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
+            Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
+            Col("peak_reserved_bytes", "peak reserved", "bytes"), Col("peak_allocated_bytes", "peak allocated", "bytes"),
+            Col("fragmentation_ratio", "frag", "ratio"), Col("snapshot_count", "snaps", "int"),
+            Col("torch_version", "torch"), Col("started_at", "started (UTC)", "time")]
+RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
+           "peak_allocated_bytes", "fragmentation_ratio", "oom_count", "snapshot_count", "torch_version",
+           "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
+
+
+@click.command()
+@click.option("--cluster")
+@click.option("--job")
+@click.option("--torch-version", help="Exact, or a prefix such as 2.11.")
+@click.option("--status", type=click.Choice(["running", "completed", "oom", "crashed"]))
+@click.option("--cause", type=click.Choice(CAUSES), help="Run-level primary cause.")
+@click.option("--since", help="Started within (7d, 24h, 30m) or since a date (2026-11-01).")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Repeatable; all must match.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@output_options()
+def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_json, as_csv):
+    """List runs, newest first."""
+    from profiler.store.queries import RunFilter, list_runs
+
+    fmt = out_format(as_json, as_csv)
+    f = RunFilter(cluster=cluster, job=job, torch_version=torch_version, status=status, cause=cause,
+                  since=parse_since(since), labels=parse_labels(labels), limit=limit)
+    store = open_cli_store()
+    with store.session() as s:
+        rows = list_runs(s, f)
+    emit(fmt, {"runs": rows, "count": len(rows)}, rows, RUN_COLS, title=f"{len(rows)} runs", csv_keys=RUN_CSV,
+         empty="no runs match")
+
+
+SNAP_COLS = [Col("rank", "rank", "int"), Col("step", "step", "int"), Col("epoch", "epoch", "int"),
+             Col("trigger", "trigger"), Col("taken_at", "taken (UTC)", "time"),
+             Col("reserved_bytes", "reserved", "bytes"), Col("allocated_bytes", "allocated", "bytes"),
+             Col("fragmentation_ratio", "frag", "ratio"), Col("largest_free_block_bytes", "largest free", "bytes"),
+             Col("cause", "diagnosis"), Col("confidence", "conf", "conf")]
+SNAP_CSV = ["id", "rank", "step", "epoch", "trigger", "taken_at", "sha256", "size_bytes", "state", "analyzer_version",
+            "reserved_bytes", "allocated_bytes", "active_bytes", "fragmentation_ratio", "largest_free_block_bytes",
+            "cause", "confidence"]
+
+
+def _flat(s: dict) -> dict:
+    d = s.get("diagnosis") or {}
+    return s | {"cause": d.get("primary_cause"), "confidence": d.get("confidence")}
+
+
+@click.command()
+@click.option("--run", "run_name", required=True)
+@click.option("--rank", type=int, help="Only this rank (default: all ranks).")
+@click.option("--points", type=click.IntRange(2, 1000), default=60, show_default=True,
+              help="Buckets of the stat-sample timeline.")
+@output_options()
+def history(run_name, rank, points, as_json, as_csv):
+    """A run's snapshots in time order, its diagnosis, what changed, and a memory timeline."""
+    from profiler.store.queries import run_history
+
+    fmt = out_format(as_json, as_csv)
+    store = open_cli_store()
+    with store.session() as s:
+        doc = run_history(s, run_name, rank, points=points)
+    rows = [_flat(x) for x in doc["snapshots"]]
+    if fmt == "json":
+        write_json(doc)
+        return
+    if fmt == "csv":
+        write_csv(rows, SNAP_CSV)
+        return
+    _print_history(doc, rows)
+
+
+def _print_history(doc: dict, rows: list[dict]) -> None:
+    from rich.panel import Panel
+
+    con = console()
+    run = doc["run"]
+    head = [f"job {run['job'] or '-'}  cluster {run['cluster'] or '-'}  status {run['status']}  "
+            f"torch {run['torch_version'] or '-'}  limit {cell(run['memory_limit_bytes'], 'bytes')}",
+            f"peak reserved {cell(run['peak_reserved_bytes'], 'bytes')}  "
+            f"peak allocated {cell(run['peak_allocated_bytes'], 'bytes')}  snapshots {run['snapshot_count']}"]
+    d = doc.get("diagnosis")
+    if d:
+        head.append(f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})")
+        for c in d.get("causes", [])[:3]:
+            for ev in c.get("evidence", [])[:1]:
+                head.append(f"  {c['cause']}: {ev}")
+        for r in d.get("recommendations", [])[:2]:
+            head.append(f"-> {r['action']}")
+    con.print(Panel("\n".join(head), title=f"run {run['run']}", expand=False))
+    con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
+    if doc["changes"]:
+        con.print("[bold]what changed[/bold]")
+        for ch in doc["changes"]:
+            con.print(f"  rank {ch['rank']} {ch['from']} -> {ch['to']}: {ch['summary']}")
+    st = doc["stats"]
+    if st["count"]:
+        ser = st["series"]
+        top = max((x["reserved_bytes"] or 0 for x in ser), default=0)
+        con.print(f"[bold]memory timeline[/bold] (rank {st['rank']}, {st['count']} samples, "
+                  f"{st['first'][:19]} .. {st['last'][:19]} UTC, scale 0 .. {fmt_bytes(top)})")
+        con.print(f"  reserved  {sparkline([x['reserved_bytes'] for x in ser], top)}  "
+                  f"max {cell(st['peak_reserved_bytes'], 'bytes')}")
+        con.print(f"  allocated {sparkline([x['allocated_bytes'] for x in ser], top)}  "
+                  f"max {cell(st['peak_allocated_bytes'], 'bytes')}")
+        con.print(f"  retries {st['alloc_retries'] or 0}, OOMs {st['oom_count'] or 0}")
+    else:
+        con.print("no stat samples for this run (ingest --stats FILE, or the agent, adds them)")
+
+
+@click.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@output_options()
+def compare(run_a, run_b, as_json, as_csv):
+    """Two runs side by side: peaks, composition deltas, settings that differ, and what explains the gap."""
+    from profiler.store.queries import CATEGORIES, compare_runs
+
+    fmt = out_format(as_json, as_csv)
+    store = open_cli_store()
+    with store.session() as s:
+        doc = compare_runs(s, run_a, run_b)
+    A, B = doc["a"], doc["b"]
+    rows = []
+    for k, label in (("peak_reserved_bytes", "peak reserved"), ("peak_allocated_bytes", "peak allocated")):
+        p = doc["peaks"][k]
+        rows.append({"what": label, "a": p["a"], "b": p["b"], "delta": p["delta"], "kind": "bytes"})
+    for c in CATEGORIES:
+        ca = (A["composition"] or {}).get(c)
+        cb = (B["composition"] or {}).get(c)
+        rows.append({"what": c, "a": ca, "b": cb,
+                     "delta": (doc["composition_delta"] or {}).get(c), "kind": "bytes"})
+    fr = doc["fragmentation"]
+    rows.append({"what": "fragmentation", "a": fr["a"], "b": fr["b"], "delta": fr["delta"], "kind": "ratio"})
+    if fmt == "json":
+        write_json(doc)
+        return
+    if fmt == "csv":
+        write_csv(rows, ["what", "a", "b", "delta"])
+        return
+    from rich.table import Table
+
+    con = console()
+    t = Table(title=f"{run_a} vs {run_b}", header_style="bold")
+    t.add_column("")
+    t.add_column(run_a, justify="right")
+    t.add_column(run_b, justify="right")
+    t.add_column("delta", justify="right")
+    for r in rows:
+        kind = r["kind"]
+        delta = "-" if r["delta"] is None else (("+" if r["delta"] >= 0 else "") + cell(r["delta"], kind)
+                                                if kind == "ratio" else cell(r["delta"], "delta"))
+        t.add_row(r["what"], cell(r["a"], kind), cell(r["b"], kind), delta)
+    con.print(t)
+    if doc["differences"]:
+        con.print(table("settings and versions that differ", [Col("field", "field"), Col("a", run_a), Col("b", run_b)],
+                        doc["differences"]))
+    else:
+        con.print("no recorded setting or version differs")
+    con.print(f"[bold]explanation[/bold]: {doc['explanation']['text']}")
+    for side, name in ((A, run_a), (B, run_b)):
+        d = side.get("diagnosis")
+        if d:
+            con.print(f"  {name}: {d['primary_cause']} ({d['confidence']:.2f})")
+
+
+VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("oom_runs", "OOM runs", "int"),
+                Col("oom_rate", "OOM rate", "ratio"), Col("mean_peak_reserved_bytes", "mean peak reserved", "bytes"),
+                Col("max_peak_reserved_bytes", "max peak reserved", "bytes"),
+                Col("mean_fragmentation_ratio", "mean frag", "ratio"), Col("flag", "regression")]
+
+
+@click.command()
+@click.option("--job", required=True)
+@output_options()
+def versions(job, as_json, as_csv):
+    """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged."""
+    from profiler.store.queries import torch_versions
+
+    fmt = out_format(as_json, as_csv)
+    store = open_cli_store()
+    with store.session() as s:
+        doc = torch_versions(s, job)
+    rows = [v | {"flag": "; ".join(v["regressions"]) or "-"} for v in doc["versions"]]
+    emit(fmt, doc, rows, VERSION_COLS, title=f"job {job} by torch version",
+         csv_keys=["torch_version", "runs", "oom_runs", "oom_rate", "mean_peak_reserved_bytes",
+                   "max_peak_reserved_bytes", "mean_peak_allocated_bytes", "mean_fragmentation_ratio", "regression",
+                   "flag"])
