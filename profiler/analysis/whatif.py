@@ -338,10 +338,13 @@ def compile_trace(snap: Snapshot) -> Replay:
         start_live.append((addr, h, req, stream))
     if lost:
         warnings.append(f"{lost} blocks freed in the trace lie in no segment known at its start: ignored")
+    free_op = {h: i for i, (o, h) in enumerate(zip(ops, hid, strict=True)) if o == OP_FREE}
+    allocs = sorted((a, i) for i, a in enumerate(rec_alloc_addr) if a is not None)
+    estimated = {h for _a, h, _r, _s in pre_freed}
     for seg in start_segs:
         seg.blocks.sort()
         if not seg.small and not seg.expandable:
-            _absorb_unsplittable_gaps(seg)
+            _absorb_unsplittable_gaps(seg, estimated, free_op, allocs)
     start_live.sort()
     prog.n_handles = n
     if not trace:
@@ -352,17 +355,29 @@ def compile_trace(snap: Snapshot) -> Replay:
                   streams=smap, warnings=warnings)
 
 
-def _absorb_unsplittable_gaps(seg: SegmentSpec) -> None:
-    """A large-pool block keeps a remainder of <= 1 MiB (R7), and no free large-pool block is that small:
-    a gap of 1 MiB or less after a block whose size we estimated belongs to that block."""
+def _absorb_unsplittable_gaps(seg: SegmentSpec, estimated: set, free_op: dict, allocs: list) -> None:
+    """Sizes of large-pool blocks known only from their free entry. A large-pool block keeps a remainder
+    of <= 1 MiB instead of splitting it off (R7), and no free large-pool block is that small, so:
+    - a gap of <= 1 MiB between such a block and the next live block belongs to the block;
+    - an allocation the trace places within 1 MiB after the block's estimated end, while the block is
+      still live, starts the free block that follows it: the bytes before it are the block's."""
     out = []
     blocks = seg.blocks
     end = seg.address + seg.size
     for i, (addr, size, h, req) in enumerate(blocks):
-        nxt = blocks[i + 1][0] if i + 1 < len(blocks) else end
-        gap = nxt - (addr + size)
-        if 0 < gap <= K_SMALL_SIZE:
-            size += gap
+        if h in estimated:
+            nxt = blocks[i + 1][0] if i + 1 < len(blocks) else end
+            gap = nxt - (addr + size)
+            if 0 < gap <= K_SMALL_SIZE:
+                size += gap
+            elif gap > K_SMALL_SIZE:
+                j = bisect_right(allocs, (addr + size, 1 << 62))
+                limit_op = free_op.get(h, 1 << 62)
+                while j < len(allocs) and allocs[j][0] <= addr + size + K_SMALL_SIZE:
+                    if allocs[j][1] < limit_op:
+                        size = allocs[j][0] - addr
+                        break
+                    j += 1
         out.append((addr, size, h, req))
     seg.blocks[:] = out
 
