@@ -62,6 +62,7 @@ from profiler.analysis.allocator_model import (
     Program,
     SegmentSpec,
     SimResult,
+    allocation_size,
     round_size,
 )
 from profiler.conf import parse_alloc_conf
@@ -132,6 +133,7 @@ class WhatIfResult:
     segment_frees: int
     alloc_retries: int
     confidence: str  # "high" | "medium" | "low"
+    shortfall_bytes: int | None = None  # OOM: reserved at the failure + the segment it needed - limit
     fidelity: dict | None = None  # recorded configuration only
     notes: list = field(default_factory=list)
 
@@ -510,7 +512,12 @@ def _result(conf: str, cfg: AllocatorConfig, rep: Replay, sim: SimResult, limit:
         first = {"trace_index": idx, "requested_bytes": sim.oom_request,
                  "at": "trace start (the live set does not fit)" if sim.oom_op < 0 else
                  ("the recorded OOM request" if sim.oom_op in rec_oom else "an earlier request")}
+    shortfall = None
+    if sim.oom_op is not None and limit is not None and sim.oom_request is not None:
+        need = allocation_size(round_size(sim.oom_request, cfg.roundup_power2_divisions), cfg.large_segment_size)
+        shortfall = int(sim.final_reserved + need - limit)
     return WhatIfResult(
+        shortfall_bytes=shortfall,
         conf=conf, effective=cfg.describe(), predicted_oom=sim.oom_op is not None,
         peak_reserved_bytes=int(sim.peak_reserved),
         headroom_bytes=None if limit is None else int(limit - sim.peak_reserved),

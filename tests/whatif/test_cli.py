@@ -73,3 +73,16 @@ def test_missing_file_exits_2():
     r = invoke(str(REAL / "nope.pickle.gz"), "--limit", LIMIT)
     assert r.exit_code == 2
     assert len([x for x in r.output.splitlines() if x.strip()]) == 1
+
+
+def test_python_api_for_the_analysis():
+    from profiler.analysis.whatif import run_whatif_dicts, simulate_whatif
+    from profiler.load import load_snapshot_file
+
+    snap = load_snapshot_file(OOM).snapshot
+    out = simulate_whatif(snap, int(LIMIT), ["", "expandable_segments:True"])
+    assert [o["conf"] for o in out] == ["", "expandable_segments:True"]
+    assert out[0]["predicted_oom"] is True and out[0]["shortfall_bytes"] > 0
+    swept = run_whatif_dicts(snap, int(LIMIT))
+    assert swept[0]["conf"] == "" and len(swept) >= 6
+    assert {"conf", "predicted_oom", "peak_reserved_bytes", "headroom_bytes"} <= set(swept[0])
