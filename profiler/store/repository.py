@@ -29,8 +29,9 @@ Analysis results (keyed by sha256, analyzer version and context key: nothing is 
 - `store_run_diagnosis(...)`, `refresh_run_summary(session, run_id)`.
 
 Stat samples
-- `insert_stat_samples(session, rows) -> int`: batched multi-row INSERT ... ON CONFLICT DO NOTHING
-  (primary key run, rank, sampled_at), so a redelivered batch adds nothing.
+- `insert_stat_samples(session, rows) -> int`: batched INSERT ... ON CONFLICT DO NOTHING on the
+  primary key (run, rank, sampled_at), so a redelivered batch adds nothing. PostgreSQL gets one
+  `INSERT ... SELECT unnest(<column arrays>)` per 10,000 rows (no COPY), SQLite an executemany.
   `stat_row(run_id, rank, stats, ...)` maps a `torch.cuda.memory_stats()` dict to a row.
 
 Reports
@@ -52,7 +53,7 @@ from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from profiler.errors import BadInput, NotFound
+from profiler.errors import BadInput, NotFound, StorageError, StorageUnavailable
 from profiler.store.orm import (
     RUN_STATUSES,
     TRIGGERS,
@@ -444,8 +445,16 @@ def max_present(*vals):
 
 STAT_COLUMNS = ("run_id", "rank", "sampled_at", "step", "epoch", "allocated_bytes", "reserved_bytes",
                 "active_bytes", "inactive_split_bytes", "alloc_retries", "oom_count")
-# Rows per INSERT statement: PostgreSQL allows 65,535 bound parameters, SQLite 32,766.
-_ROWS_PER_STATEMENT = {"postgresql": 5000, "sqlite": 2500}
+_STAT_PG_TYPES = ("bigint", "integer", "timestamptz", "bigint", "integer", "bigint", "bigint", "bigint", "bigint",
+                  "integer", "integer")
+# One statement per batch: every column travels as one array parameter (binary), so the statement is
+# prepared once whatever the batch size, and the server expands the arrays with unnest().
+_STAT_PG_SQL = (
+    "INSERT INTO stat_samples (" + ", ".join(STAT_COLUMNS) + ") SELECT * FROM unnest("
+    + ", ".join(f"%s::{t}[]" for t in _STAT_PG_TYPES)
+    + ") ON CONFLICT (run_id, rank, sampled_at) DO NOTHING"
+)
+STAT_BATCH_ROWS = 10_000
 
 
 def stat_row(run_id: int, rank: int, stats: Mapping[str, Any], sampled_at: dt.datetime | float,
@@ -473,28 +482,41 @@ def stat_row(run_id: int, rank: int, stats: Mapping[str, Any], sampled_at: dt.da
 
 def insert_stat_samples(session: Session, rows: Iterable[Mapping[str, Any]]) -> int:
     """Insert stat sample rows (dicts with STAT_COLUMNS keys; `sampled_at` a datetime or epoch
-    seconds) in multi-row statements; duplicates of (run, rank, sampled_at) are skipped.
-    Returns the number of rows offered."""
+    seconds) in batches of STAT_BATCH_ROWS, inside the session's transaction; rows whose
+    (run, rank, sampled_at) is already stored are skipped. PostgreSQL: one INSERT ... SELECT
+    unnest(arrays) per batch; SQLite: executemany. Returns the number of rows offered."""
     dialect = session.get_bind().dialect.name
-    per_stmt = _ROWS_PER_STATEMENT.get(dialect, 1000)
-    naive = dialect == "sqlite"
     total = 0
     batch: list[dict[str, Any]] = []
     for r in rows:
-        ts = to_utc(r["sampled_at"])
-        batch.append({c: r.get(c) for c in STAT_COLUMNS} | {"sampled_at": ts.replace(tzinfo=None) if naive else ts})
-        if len(batch) >= per_stmt:
-            total += _flush_stats(session, batch)
+        batch.append({c: r.get(c) for c in STAT_COLUMNS} | {"sampled_at": to_utc(r["sampled_at"])})
+        if len(batch) >= STAT_BATCH_ROWS:
+            total += _flush_stats(session, batch, dialect)
             batch = []
     if batch:
-        total += _flush_stats(session, batch)
+        total += _flush_stats(session, batch, dialect)
     return total
 
 
-def _flush_stats(session: Session, batch: list[dict[str, Any]]) -> int:
-    stmt = _insert(session, StatSample).values(batch).on_conflict_do_nothing(
+def _flush_stats(session: Session, batch: list[dict[str, Any]], dialect: str) -> int:
+    if dialect == "postgresql":
+        import psycopg
+
+        dbapi = session.connection().connection.dbapi_connection  # the session's own transaction
+        try:
+            with dbapi.cursor(binary=True) as cur:
+                cur.execute(_STAT_PG_SQL, [[r[c] for r in batch] for c in STAT_COLUMNS])
+        except psycopg.OperationalError as exc:
+            raise StorageUnavailable(f"database unavailable while inserting stat samples: {exc}") from exc
+        except psycopg.Error as exc:
+            raise StorageError(f"database refused stat samples: {str(exc).splitlines()[0][:300]}") from exc
+        return len(batch)
+    if dialect == "sqlite":
+        for r in batch:
+            r["sampled_at"] = r["sampled_at"].replace(tzinfo=None)
+    stmt = _insert(session, StatSample.__table__).on_conflict_do_nothing(
         index_elements=["run_id", "rank", "sampled_at"])
-    session.execute(stmt)
+    session.execute(stmt, batch)
     return len(batch)
 
 
