@@ -8,6 +8,8 @@ with a hard cap on the output size, so a small gzip or zstd bomb cannot exhaust 
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import gzip
 import io
 import json
@@ -31,10 +33,24 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise RefusedPickle("pickle uses persistent ids; snapshots hold only plain data")
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector while building millions of acyclic containers: its
+    generational passes otherwise make decoding superlinear in the number of trace entries."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def loads_restricted(data: bytes) -> Any:
     """Unpickle `data` with every global refused. Raises SnapshotError subclasses only."""
     try:
-        return _RestrictedUnpickler(io.BytesIO(data)).load()
+        with gc_paused():
+            return _RestrictedUnpickler(io.BytesIO(data)).load()
     except RefusedPickle:
         raise
     except RecursionError as exc:

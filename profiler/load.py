@@ -45,9 +45,10 @@ def decode_snapshot_bytes(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES,
     if not data:
         raise SnapshotError("empty input")
     raw = codec.decompress(data, max_bytes)
-    snap = parse_snapshot(codec.decode_plain(raw)) if raw else None
-    if snap is None:
+    if not raw:
         raise SnapshotError("empty input after decompression")
+    with codec.gc_paused():
+        snap = parse_snapshot(codec.decode_plain(raw))
     return LoadedSnapshot(path=name, snapshot=snap, sha256=hashlib.sha256(raw).hexdigest(),
                           raw_size=len(raw), raw=raw if keep_raw else None)
 

@@ -176,35 +176,46 @@ def _parse_trace(t: Any, device: int) -> list[TraceEvent]:
         raise SnapshotError(f"device_traces[{device}] is not a list")
     out = []
     append = out.append
+    actions = _ACTIONS
     for k, e in enumerate(t):
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             raise SnapshotError(f"trace entry {k} of device {device} is not a dict")
-        action = e.get("action")
-        if action not in _ACTIONS:
+        get = e.get
+        action = get("action")
+        if action not in actions:
             if isinstance(action, str):
                 continue  # a newer torch may add actions: skip what we cannot interpret
             raise SnapshotError(f"trace entry {k} of device {device} has no action")
-        frames = e.get("frames")
-        size = e.get("size", 0)
-        addr = e.get("addr")
+        size = get("size", 0)
+        if type(size) is not int:
+            size = _int(size, f"trace entry {k} size", 0)
+        addr = get("addr")
+        dfree = None
         if action == "oom":
             # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
-            dfree = e.get("device_free", addr)
+            dfree = get("device_free", addr)
             addr = None
-        else:
-            dfree = None
-        pool = e.get("pool_id")
+            if type(dfree) is not int:
+                dfree = None
+        elif type(addr) is not int:
+            addr = None
+        frames = get("frames")
+        stream = get("stream", 0)
+        t_us = get("time_us")
+        pool = get("pool_id")
+        meta = get("user_metadata")
+        cc = get("compile_context")
         append(TraceEvent(
-            action=action,
-            addr=addr if isinstance(addr, int) else None,
-            size=size if isinstance(size, int) else _int(size, f"trace entry {k} size", 0),
-            stream=e.get("stream", 0) if isinstance(e.get("stream", 0), int) else 0,
-            time_us=e.get("time_us") if isinstance(e.get("time_us"), int) else None,
-            frames=frames if isinstance(frames, list) else [],
-            device_free=dfree if isinstance(dfree, int) else None,
-            pool_id=tuple(pool) if isinstance(pool, (list, tuple)) else None,
-            user_metadata=str(e.get("user_metadata") or ""),
-            compile_context=str(e.get("compile_context") or ""),
+            action,
+            addr,
+            size,
+            stream if type(stream) is int else 0,
+            t_us if type(t_us) is int else None,
+            frames if type(frames) is list else [],
+            dfree,
+            tuple(pool) if type(pool) in (list, tuple) else None,
+            meta if type(meta) is str else "",
+            cc if type(cc) is str else "",
         ))
     return out
 

@@ -53,7 +53,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         raise ValueError("analyze() needs at least one snapshot")
     snaps: list[Snapshot] = [getattr(x, "snapshot", x) for x in items]
     names = names or [str(getattr(x, "path", f"snapshot{i}")) for i, x in enumerate(items)]
-    per = [_per_snapshot(s) for s in snaps]
+    per = [_per_snapshot(s) for s in snaps]  # no GC pause here: analysis stays free of global state
     last, last_snap = per[-1], snaps[-1]
     m = last["metrics"]
     lim = resolve_limits(last_snap, ctx, m["reserved_bytes"])

@@ -11,10 +11,6 @@ import re
 
 from profiler.model import frame_file, frame_line, frame_name
 
-OPTIM_FILE = re.compile(r"torch/optim/|/optim/|torch/distributed/optim/")
-OPTIM_NAME = re.compile(r"^(_init_group|_multi_tensor_adam|_single_tensor_adam|_fused_adam|"
-                        r"_multi_tensor_adamw|_single_tensor_adamw|_multi_tensor_sgd|_single_tensor_sgd|"
-                        r"__setstate__|load_state_dict|_process_value_according_to_param_policy)$")
 WORKSPACE = re.compile(r"cudnn|cublas|cublaslt|workspace|nccl|cusparse|cufft|cusolver|getCurrentCUDABlasHandle",
                        re.IGNORECASE)
 GRAD_NAME = re.compile(r"AccumulateGrad|accumulate_grad|AccumulateGrad::apply|_accumulate_grad")
@@ -38,11 +34,15 @@ CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, WORKSPACE_CAT
 
 
 def is_optimizer(frames: list) -> bool:
+    """Any frame in optimizer code. Hot path (called per trace event): plain substring tests on
+    the common dict frames, the general readers only for other shapes."""
     for f in frames:
-        if OPTIM_FILE.search(frame_file(f)) or (OPTIM_NAME.match(frame_name(f)) and "optim" in frame_file(f)):
-            return True
-        name = frame_name(f)
-        if "torch::optim" in name or "_fused_adam" in name:
+        if type(f) is dict:
+            path = f.get("filename", "")
+            name = f.get("name", "")
+        else:
+            path, name = frame_file(f), frame_name(f)
+        if "/optim/" in path or "optim::" in name or "_fused_adam" in name:
             return True
     return False
 
