@@ -1,0 +1,133 @@
+"""Analyse-and-store on real fixtures, against real PostgreSQL and SQLite."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+import profiler.analysis
+from profiler.store import queries, service
+from profiler.store import repository as repo
+from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
+from tests.helpers import REAL, REAL_RUNS, meta, run_files
+
+
+def _ingest(store, folder: str, name: str | None = None, **meta_kw):
+    _, opts = REAL_RUNS[folder]
+    m = meta(folder)
+    inputs = [service.SnapshotInput(path=str(p)) for p in run_files(folder)]
+    return service.ingest_files(store, repo.RunMeta(name=name or folder, **meta_kw), inputs,
+                                limit_bytes=opts.get("limit"), device_total_bytes=opts.get("device_total")), m
+
+
+def _count(store, model) -> int:
+    with store.session() as s:
+        return s.execute(select(func.count()).select_from(model)).scalar_one()
+
+
+@pytest.mark.parametrize("folder", ["frag_synthetic", "capacity", "external", "seed_sgd"])
+def test_ingest_gives_the_ground_truth_label_and_status(store, folder):
+    report, m = _ingest(store, folder, job="j", cluster="c")
+    assert report.diagnosis["diagnosis"]["primary_cause"] == m["label"]
+    assert report.status == ("oom" if m["outcome"] == "oom" else "completed")
+    with store.session() as s:
+        run = queries.run_dict(queries.get_run(s, folder))
+    assert run["primary_cause"] == m["label"] and run["snapshot_count"] == len(run_files(folder))
+    assert run["peak_reserved_bytes"] >= report.diagnosis["metrics"]["reserved_bytes"]
+    assert (run["oom_count"] > 0) == (m["outcome"] == "oom")
+
+
+def test_same_bytes_under_two_runs_share_one_blob_and_one_analysis(store, tmp_path):
+    _ingest(store, "frag_synthetic", name="a")
+    n_results = _count(store, AnalysisResult)
+    report, _ = _ingest(store, "frag_synthetic", name="b")
+    assert all(s.created and not s.analysed for s in report.snapshots)  # new rows, old analysis
+    assert _count(store, AnalysisResult) == n_results
+    assert _count(store, Snapshot) == 4
+    blobs = sorted(p.name for p in (tmp_path / "blobs").rglob("*.zst"))
+    assert len(blobs) == 2
+    again, _ = _ingest(store, "frag_synthetic", name="b")  # identical re-ingest: nothing new at all
+    assert all(not s.created and not s.analysed for s in again.snapshots)
+    assert _count(store, Snapshot) == 4 and _count(store, AnalysisResult) == n_results
+
+
+def test_history_orders_snapshots_in_time_and_reports_changes(store):
+    _ingest(store, "seed_sgd", optimizer="SGD")
+    n = service.ingest_stats(store, "seed_sgd", service.iter_stats_jsonl(REAL / "seed_sgd" / "stats.jsonl"))
+    assert n == 45
+    with store.session() as s:
+        h = queries.run_history(s, "seed_sgd")
+    assert [x["trigger"] for x in h["snapshots"]] == ["manual", "epoch_end", "epoch_end", "epoch_end"]
+    assert [x["epoch"] for x in h["snapshots"]] == [None, 0, 1, 2]  # from file names
+    assert h["diagnosis"]["primary_cause"] == "healthy"
+    first = h["changes"][0]
+    assert first["composition_delta"]["optimizer_state"] > 400 * 2**20  # SGD momentum appears after step 1
+    assert "optimizer_state" in first["summary"]
+    assert h["stats"]["count"] == 45 and h["stats"]["series"]
+    assert all(isinstance(x["reserved_bytes"], int) for x in h["snapshots"])
+
+
+def test_compare_finds_the_optimizer_behind_the_gap(store):
+    _ingest(store, "seed_sgd", optimizer="SGD")
+    _ingest(store, "seed_adamw", optimizer="AdamW")
+    with store.session() as s:
+        c = queries.compare_runs(s, "seed_sgd", "seed_adamw")
+    delta = c["composition_delta"]["optimizer_state"]
+    assert 0.40 * 2**30 < delta < 0.50 * 2**30  # README: 0.45 GiB more optimizer state with AdamW
+    assert c["explanation"]["category"] == "optimizer_state"
+    assert c["explanation"]["settings"][0]["field"] == "optimizer"
+    assert {"field": "optimizer", "a": "SGD", "b": "AdamW"} in c["differences"]
+    assert c["peaks"]["peak_allocated_bytes"]["delta"] > 0
+
+
+def test_versions_flags_a_regression(store):
+    _ingest(store, "seed_sgd", name="old", job="train", torch_version="2.10.0")
+    _ingest(store, "capacity", name="new", job="train", torch_version="2.11.0+cu130")
+    with store.session() as s:
+        v = queries.torch_versions(s, "train")
+    assert [x["torch_version"] for x in v["versions"]] == ["2.10.0", "2.11.0+cu130"]
+    new = v["versions"][1]
+    assert new["oom_rate"] == 1.0 and new["regression"]
+    assert any("OOM rate" in r for r in new["regressions"])
+
+
+def test_reanalyze_recomputes_from_blobs_once_per_version(store, monkeypatch):
+    _ingest(store, "frag_synthetic")
+    _ingest(store, "frag_synthetic", name="copy")
+    rep = service.reanalyze(store)
+    assert rep.snapshots_considered == 0 and rep.runs_recomputed == 0  # all current
+    monkeypatch.setattr(profiler.analysis, "ANALYZER_VERSION", "99.0-test")
+    rep = service.reanalyze(store)
+    assert rep.snapshots_considered == 4
+    assert rep.analysed == 2 and rep.reused == 2  # the copy reuses the new results: same bytes, same context
+    assert rep.runs_recomputed == 2
+    with store.session() as s:
+        versions = set(s.execute(select(Snapshot.analyzer_version)).scalars())
+        diag_versions = set(s.execute(select(RunDiagnosis.analyzer_version)).scalars())
+        assert s.execute(select(Run.primary_cause).where(Run.name == "copy")).scalar_one() == "fragmentation"
+    assert versions == {"99.0-test"} and diag_versions == {"99.0-test"}
+    assert service.reanalyze(store, "copy").snapshots_considered == 0
+
+
+def test_multi_rank_runs_keep_ranks_apart(store):
+    files = [str(p) for p in run_files("frag_synthetic")]
+    meta_ = repo.RunMeta(name="ddp", world_size=2)
+    service.ingest_files(store, meta_, [service.SnapshotInput(files[0])], rank=0, limit_bytes=8589934592)
+    service.ingest_files(store, meta_, [service.SnapshotInput(p) for p in files], rank=1, limit_bytes=8589934592)
+    with store.session() as s:
+        all_ranks = queries.run_history(s, "ddp")
+        r1 = queries.run_history(s, "ddp", rank=1)
+        run = queries.run_dict(queries.get_run(s, "ddp"))
+    assert {x["rank"] for x in all_ranks["snapshots"]} == {0, 1}
+    assert [x["rank"] for x in r1["snapshots"]] == [1, 1]
+    assert run["primary_cause"] == "fragmentation"  # the rank that hit the OOM decides
+    assert all(c["rank"] == 1 for c in all_ranks["changes"])
+
+
+def test_blobs_left_missing_are_reported_not_fatal(store, tmp_path, monkeypatch):
+    _ingest(store, "capacity")
+    for p in (tmp_path / "blobs").rglob("*.zst"):
+        p.unlink()
+    monkeypatch.setattr(profiler.analysis, "ANALYZER_VERSION", "99.1-test")
+    rep = service.reanalyze(store)
+    assert rep.missing_blobs == 1 and rep.failed == 0
