@@ -25,8 +25,11 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         if not w:
             return ""
         verdict = "fails again" if w["predicted_oom"] else "succeeds"
+        caveat = ""
+        if w.get("confidence") == "low":
+            caveat = " (low confidence: the trace is too short to rebuild the recorded fragmentation)"
         return (f"; replaying the recorded trace under {conf} in memq's allocator model: the request "
-                f"{verdict}, peak reserved {g(w['peak_reserved_bytes'])}")
+                f"{verdict}, peak reserved {g(w['peak_reserved_bytes'])}{caveat}")
 
     if primary == "external_memory":
         recs.append(_rec("Find and stop what else holds the GPU (nvidia-smi --query-compute-apps=pid,used_memory "

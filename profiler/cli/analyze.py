@@ -63,19 +63,18 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
 
 
 def _whatif(loaded, ctx) -> list[dict] | None:
-    """Replay the last trace through the allocator model when both exist, so recommendations can
-    cite a simulated outcome. Best effort: the diagnosis never depends on it."""
-    try:
-        from profiler.analysis import whatif as wi
-    except ImportError:
+    """Replay the last trace through the allocator model when it recorded an OOM and a limit is
+    known, so recommendations can cite a simulated outcome. The diagnosis never depends on it."""
+    from profiler.analysis.limits import resolve_limits
+    from profiler.analysis.whatif import simulate_whatif
+
+    snap = loaded.snapshot
+    if snap.oom_event() is None:
         return None
-    run = getattr(wi, "run_whatif_dicts", None)
-    if run is None or not loaded.snapshot.trace:
-        return None
-    limit = ctx.limit_bytes or (ctx.message.allowed_bytes if ctx.message else None)
+    limit = resolve_limits(snap, ctx, None).limit
     if not limit:
         return None
-    return run(loaded.snapshot, limit)
+    return simulate_whatif(snap, limit, ["", "expandable_segments:True", "max_split_size_mb:128"])
 
 
 def _emit(result: dict, as_json: bool, no_details: bool) -> None:
