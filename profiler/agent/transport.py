@@ -224,8 +224,8 @@ class Transport:
                 self.last_error = f"{type(exc).__name__}: {exc}"
             finally:
                 self._done(item)
-        if len(self.spool) and not self._late() and self._connected():
-            self._replay_spool()
+        if len(self.spool) and not self._late() and self._connected(force=True):
+            self._replay_spool()  # one last try, back-off or not: the process is about to end
 
     def _late(self) -> bool:
         return self._stop_deadline is not None and time.monotonic() > self._stop_deadline
@@ -311,10 +311,10 @@ class Transport:
             self.spool.remove(name)
             self.counters.add("replayed")
 
-    def _connected(self) -> bool:
+    def _connected(self, force: bool = False) -> bool:
         if self._client is not None:
             return True
-        if self._factory is None or time.monotonic() < self._next_try:
+        if self._factory is None or (time.monotonic() < self._next_try and not force):
             return False
         try:
             client = self._factory()

@@ -1,0 +1,176 @@
+"""Envelopes and blobs arrive intact in the shared Redis (unique stream and key prefix per test)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from profiler import codec, envelope
+from profiler.agent.source import ReplaySource
+
+from .conftest import REAL, blob_of, entries, fixture_sha, make_agent, wait_for
+
+
+def test_seed_run_arrives_intact(shared):
+    r, prefix, stream = shared
+    src = ReplaySource(REAL / "seed_adamw")
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, rank=2, job="job-7", host="hostA")
+    for epoch in range(3):
+        for step in range(epoch * 15, epoch * 15 + 15):
+            a.mark_step(step, epoch)
+        a.mark_epoch(epoch)
+    counters = a.stop(10)
+    got = entries(r, stream)
+    kinds = [e.kind for e in got]
+    assert kinds[0] == "run_start" and kinds[-1] == "run_end"
+    snaps = [e for e in got if e.kind == "snapshot"]
+    assert [s.trigger for s in snaps] == ["epoch_end"] * 3
+    assert [(s.step, s.epoch) for s in snaps] == [(14, 0), (29, 1), (44, 2)]
+    for e in got:
+        assert (e.run, e.cluster, e.rank, e.job, e.host) == ("test-run", "test-cluster", 2, "job-7", "hostA")
+    # the replay source hands out the fixture files in meta order: the blob is byte-identical
+    files = [e["file"] for e in src.entries]
+    for s, f in zip(snaps, files[:len(snaps)], strict=True):
+        data = blob_of(r, s, prefix)
+        assert s.sha256 == fixture_sha("seed_adamw", f)
+        snap = codec.decode(data)
+        assert isinstance(snap, dict) and snap["segments"]
+        assert r.ttl(envelope.blob_key(s.sha256, prefix)) > 6 * 24 * 3600
+    samples = [x for e in got if e.kind == "stats" for x in e.payload["samples"]]
+    steps = [x["step"] for x in samples if "step" in x]
+    assert steps == list(range(45))
+    assert "reserved_bytes.all.current" in samples[-1]
+    start = got[0].payload
+    assert start["torch"] == "2.11.0+cu130" and start["world_size"] >= 1 and start["agent"]["history"] == "auto"
+    end = got[-1].payload
+    assert end["status"] == "completed" and end["steps"] == 45
+    assert counters["sent"] == len(got) and counters["dropped"] == 0 and counters["errors"] == 0
+
+
+def test_gzip_codec_when_asked(shared):
+    r, prefix, stream = shared
+    a = make_agent(stream=stream, key_prefix=prefix, codec="gzip")
+    assert a.snapshot("manual")
+    a.stop(10)
+    (snap,) = [e for e in entries(r, stream) if e.kind == "snapshot"]
+    assert snap.codec == "gzip" and snap.trigger == "manual"
+    assert codec.decode(blob_of(r, snap, prefix))["segments"]
+
+
+def test_oom_snapshot_carries_observer_figures_and_message(shared):
+    r, prefix, stream = shared
+    src = ReplaySource(REAL / "frag_dynamic_1.15")
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, oom_message_wait_s=5)
+    a.mark_step(11, 0)
+    oom_text = (REAL / "frag_dynamic_1.15" / "meta.json").read_text()
+    import json
+
+    message = json.loads(oom_text)["oom_message"]
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    err = OutOfMemoryError(message)
+    with pytest.raises(OutOfMemoryError) as ei:
+        # what the allocator does: observer first, then the error is raised to the caller, unchanged
+        assert src.fire_oom()
+        raise err
+    assert ei.value is err
+    a.note_exception(ei.value)
+    a.stop(10)
+    got = entries(r, stream)
+    (snap,) = [e for e in got if e.kind == "snapshot"]
+    meta = src.oom_entry()
+    assert snap.trigger == "oom" and snap.step == 11
+    assert snap.oom == {"alloc": meta["alloc"], "device_alloc": meta["device_alloc"],
+                        "device_free": meta["device_free_at_oom"], "device_total": meta["device_total"],
+                        "message": message}
+    assert snap.sha256 == fixture_sha("frag_dynamic_1.15", "oom.pickle.gz")
+    assert got[-1].payload["status"] == "oom"
+    # after an OOM the policy records continuously
+    assert src.history_calls[-2][0] is True and a.policy.reason == "oom"
+
+
+def test_oom_message_missing_when_caught_is_null_not_invented(shared):
+    r, prefix, stream = shared
+    src = ReplaySource(REAL / "capacity")
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, oom_message_wait_s=0.2)
+    src.fire_oom()
+    a.stop(10)
+    (snap,) = [e for e in entries(r, stream) if e.kind == "snapshot"]
+    assert snap.oom["message"] is None and snap.oom["alloc"] > 0
+
+
+def test_two_ranks_one_run(shared):
+    r, prefix, stream = shared
+    agents = [make_agent(stream=stream, key_prefix=prefix, rank=k, run="ddp-run") for k in (0, 1)]
+    for a in agents:
+        a.mark_step(0, 0)
+        a.mark_epoch(0)
+    for a in agents:
+        a.stop(10)
+    got = entries(r, stream)
+    assert {e.run for e in got} == {"ddp-run"}
+    assert sorted(e.rank for e in got if e.kind == "snapshot") == [0, 1]
+    assert sorted(e.rank for e in got if e.kind == "run_start") == [0, 1]
+
+
+def test_signal_snapshot_chains_previous_handler(shared):
+    r, prefix, stream = shared
+    seen = []
+    prev = signal.signal(signal.SIGUSR2, lambda s, f: seen.append(s))
+    try:
+        a = make_agent(stream=stream, key_prefix=prefix, signal="SIGUSR2")
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert wait_for(lambda: a.counters()["sent"] >= 2, 5)
+        a.stop(10)
+        assert seen == [signal.SIGUSR2]
+        # our handler is gone again, the previous one is back
+        assert signal.getsignal(signal.SIGUSR2) is not None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.05)
+        assert seen == [signal.SIGUSR2, signal.SIGUSR2]
+    finally:
+        signal.signal(signal.SIGUSR2, prev)
+    assert [e.trigger for e in entries(r, stream) if e.kind == "snapshot"] == ["signal"]
+
+
+def test_periodic_snapshots_without_steps(shared):
+    r, prefix, stream = shared
+    a = make_agent(stream=stream, key_prefix=prefix, snapshot_every_s=0.3, tick_s=0.05)
+    time.sleep(1.0)
+    a.stop(10)
+    assert [e.trigger for e in entries(r, stream) if e.kind == "snapshot"][:2] == ["periodic", "periodic"]
+
+
+def test_periodic_snapshot_taken_at_a_step_boundary(shared):
+    r, prefix, stream = shared
+    a = make_agent(stream=stream, key_prefix=prefix, snapshot_every_s=0.2)
+    for step in range(30):
+        a.mark_step(step, 0)
+        time.sleep(0.02)
+    a.stop(10)
+    snaps = [e for e in entries(r, stream) if e.kind == "snapshot"]
+    assert snaps and all(s.trigger == "periodic" and s.step is not None for s in snaps)
+
+
+def test_context_manager_and_module_api(shared):
+    from profiler import agent
+
+    r, prefix, stream = shared
+    src = ReplaySource(REAL / "seed_sgd")
+    with agent.start(run="ctx", cluster="c", source=src, stream=stream, key_prefix=prefix, signal=None,
+                     fsync=False) as handle:
+        assert agent.start(run="other", cluster="c") is handle  # one agent per process
+        agent.mark_step(0, 0)
+        agent.mark_epoch(0)
+        assert agent.snapshot("manual")
+        assert agent.flush(10)
+        assert agent.counters()["sent"] >= 3
+    assert handle.stopped
+    got = entries(r, stream)
+    assert [e.trigger for e in got if e.kind == "snapshot"] == ["epoch_end", "manual"]
+    assert got[-1].kind == "run_end"
