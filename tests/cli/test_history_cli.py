@@ -1,0 +1,238 @@
+"""`memq db / ingest / runs / history / compare / versions / reanalyze / demo` on real fixtures,
+against real PostgreSQL and SQLite (the `memq_env` fixture points the commands at them)."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from profiler.cli import cli
+from profiler.errors import NotFound, SchemaOutOfDate
+from tests.helpers import REAL, meta, run_files
+
+LIMITS = {"frag_synthetic": ["--limit", "8589934592"], "capacity": ["--limit", "17179869184"],
+          "external": ["--device-total", "150109880320"]}
+
+
+def memq(*args, ok=True):
+    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=True)
+    if ok and res.exit_code != 0:
+        raise AssertionError(f"memq {' '.join(map(str, args))} exited {res.exit_code}: {res.output}\n"
+                             f"{res.exception!r}")
+    return res
+
+
+def ingest(folder, run=None, *extra):
+    files = [str(p) for p in run_files(folder)]
+    return json.loads(memq("ingest", *files, "--run", run or folder, *LIMITS.get(folder, []), *extra, "--json").output)
+
+
+@pytest.fixture
+def history_db(memq_env):
+    """Four real runs: two healthy (SGD, AdamW), a fragmentation OOM and a capacity OOM."""
+    memq("db", "upgrade")
+    ingest("seed_sgd", "sgd", "--cluster", "east", "--job", "gpt", "--optimizer", "SGD", "--torch-version", "2.10.0",
+           "--label", "team=nlp", "--stats", str(REAL / "seed_sgd" / "stats.jsonl"))
+    ingest("seed_adamw", "adamw", "--cluster", "east", "--job", "gpt", "--optimizer", "AdamW",
+           "--torch-version", "2.11.0+cu130", "--label", "team=nlp")
+    ingest("frag_synthetic", "frag", "--cluster", "west", "--job", "synthetic", "--label", "team=infra")
+    ingest("capacity", "cap", "--cluster", "west", "--job", "gpt", "--torch-version", "2.11.0+cu130",
+           "--oom-message", meta("capacity")["oom_message"])
+    return memq_env
+
+
+def test_db_upgrade_current_downgrade(memq_env):
+    up = memq("db", "upgrade")
+    assert "->" in up.output or "already at" in up.output
+    cur = json.loads(memq("db", "current", "--json").output)
+    assert cur["up_to_date"] and cur["current"] == cur["head"]
+    memq("db", "downgrade", "base")
+    res = memq("db", "current", ok=False)
+    assert isinstance(res.exception, SchemaOutOfDate) and res.exception.exit_code == 3
+    memq("db", "upgrade")
+
+
+def test_credentials_never_printed(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMQ_DATABASE_URL", "postgresql://memq:hunter2-secret@127.0.0.1:1/memq")
+    monkeypatch.setenv("MEMQ_DATA_DIR", str(tmp_path))
+    for args in (["db", "current"], ["runs"], ["db", "upgrade"]):
+        res = memq(*args, ok=False)
+        assert res.exit_code != 0
+        text = res.output + str(res.exception)
+        assert "hunter2-secret" not in text and "unavailable" in text
+
+
+def test_ingest_json_output(history_db):
+    doc = ingest("frag_synthetic", "frag2")
+    assert doc["run"] == "frag2" and doc["status"] == "oom"
+    assert [s["trigger"] for s in doc["snapshots"]] == ["manual", "oom"]
+    assert doc["diagnosis"]["diagnosis"]["primary_cause"] == "fragmentation"
+    assert isinstance(doc["diagnosis"]["metrics"]["reserved_bytes"], int)
+    assert all(not s["analysed"] for s in doc["snapshots"])  # same bytes and context as run "frag"
+
+
+def test_runs_filters(history_db):
+    def names(*args):
+        doc = json.loads(memq("runs", *args, "--json").output)
+        return sorted(r["run"] for r in doc["runs"])
+
+    assert names() == ["adamw", "cap", "frag", "sgd"]
+    assert names("--cluster", "east") == ["adamw", "sgd"]
+    assert names("--job", "gpt", "--status", "oom") == ["cap"]
+    assert names("--cause", "fragmentation") == ["frag"]
+    assert names("--label", "team=nlp") == ["adamw", "sgd"]
+    assert names("--torch-version", "2.11") == ["adamw", "cap"]
+    assert names("--limit", "1") and len(names("--limit", "1")) == 1
+    started = dt.datetime(2026, 11, 29, 20, 34, tzinfo=dt.UTC)  # when the fixtures were captured
+    recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=7) <= started
+    assert names("--cluster", "east", "--since", "7d") == (["adamw", "sgd"] if recent else [])
+    assert names("--since", "2026-11-29T20:34:39") == ["cap", "frag", "sgd"]
+    doc = json.loads(memq("runs", "--cluster", "west", "--json").output)
+    cap = next(r for r in doc["runs"] if r["run"] == "cap")
+    assert isinstance(cap["peak_reserved_bytes"], int) and cap["memory_limit_bytes"] == 17179869184
+    rows = list(csv.DictReader(io.StringIO(memq("runs", "--csv").output)))
+    assert {r["run"] for r in rows} == {"adamw", "cap", "frag", "sgd"} and "peak_reserved_bytes" in rows[0]
+    table = memq("runs").output
+    assert "fragmentation" in table and "capacity" in table
+    assert memq("runs", "--json", "--csv", ok=False).exit_code == 2
+
+
+def test_history_json_and_table(history_db):
+    doc = json.loads(memq("history", "--run", "sgd", "--json").output)
+    snaps = doc["snapshots"]
+    assert len(snaps) == 4 and [s["epoch"] for s in snaps] == [None, 0, 1, 2]
+    for s in snaps:
+        for key in ("step", "epoch", "trigger", "reserved_bytes", "allocated_bytes", "fragmentation_ratio",
+                    "largest_free_block_bytes", "diagnosis"):
+            assert key in s
+        assert isinstance(s["reserved_bytes"], int) and s["diagnosis"]["primary_cause"] == "healthy"
+    assert doc["diagnosis"]["primary_cause"] == "healthy"
+    assert doc["stats"]["count"] == 45 and len(doc["changes"]) == 3
+    out = memq("history", "--run", "sgd").output
+    assert "memory timeline" in out and "what changed" in out and "▁" in out or "█" in out
+    frag = json.loads(memq("history", "--run", "frag", "--rank", "0", "--json").output)
+    assert frag["diagnosis"]["primary_cause"] == "fragmentation"
+    assert frag["snapshots"][-1]["oom"]["fits_if_compacted"] is True
+    rows = list(csv.DictReader(io.StringIO(memq("history", "--run", "frag", "--csv").output)))
+    assert [r["trigger"] for r in rows] == ["manual", "oom"]
+
+
+def test_unknown_runs_are_clear_errors(history_db):
+    res = memq("history", "--run", "nope", ok=False)
+    assert isinstance(res.exception, NotFound) and "no run named 'nope'" in str(res.exception)
+    res = memq("history", "--run", "sgd", "--rank", "3", ok=False)
+    assert isinstance(res.exception, NotFound) and "rank 3" in str(res.exception)
+    res = memq("compare", "sgd", "nope", ok=False)
+    assert isinstance(res.exception, NotFound)
+    res = memq("versions", "--job", "nope", ok=False)
+    assert isinstance(res.exception, NotFound)
+
+
+def test_compare_json(history_db):
+    doc = json.loads(memq("compare", "sgd", "adamw", "--json").output)
+    for side in ("a", "b"):
+        assert set(doc[side]["composition"]) >= {"parameters", "gradients", "optimizer_state", "activations"}
+        assert all(isinstance(v, int) for v in doc[side]["composition"].values())
+    delta = doc["composition_delta"]
+    assert delta["optimizer_state"] == doc["b"]["composition"]["optimizer_state"] - doc["a"]["composition"]["optimizer_state"]
+    assert 0.40 * 2**30 < delta["optimizer_state"] < 0.50 * 2**30
+    fields = {d["field"] for d in doc["differences"]}
+    assert {"optimizer", "torch_version"} <= fields
+    assert doc["explanation"]["category"] == "optimizer_state"
+    assert doc["explanation"]["settings"][0]["field"] == "optimizer"
+    out = memq("compare", "sgd", "adamw").output
+    assert "optimizer_state" in out and "explanation" in out
+    rows = list(csv.DictReader(io.StringIO(memq("compare", "sgd", "adamw", "--csv").output)))
+    assert {r["what"] for r in rows} >= {"optimizer_state", "peak reserved"}
+
+
+def test_versions(history_db):
+    doc = json.loads(memq("versions", "--job", "gpt", "--json").output)
+    by = {v["torch_version"]: v for v in doc["versions"]}
+    assert list(by) == ["2.10.0", "2.11.0+cu130"]
+    assert by["2.10.0"]["runs"] == 1 and by["2.11.0+cu130"]["runs"] == 2
+    assert by["2.11.0+cu130"]["oom_rate"] == 0.5 and by["2.11.0+cu130"]["regression"]
+    assert isinstance(by["2.10.0"]["max_peak_reserved_bytes"], int)
+    assert "OOM rate" in memq("versions", "--job", "gpt").output
+
+
+def test_reanalyze(history_db):
+    doc = json.loads(memq("reanalyze", "--json").output)
+    assert doc["snapshots_considered"] == 0 and doc["failed"] == 0
+    doc = json.loads(memq("reanalyze", "--run", "frag", "--force", "--json").output)
+    assert doc["runs_recomputed"] == 1
+
+
+def test_ingest_many_files_with_progress(memq_env):
+    files = [str(p) for p in run_files("kept_loss_no_leak")]
+    res = memq("ingest", *files, "--run", "kept", "--limit", "20GiB", "--job", "lm")
+    assert "kept" in res.output and "healthy" in res.output
+    doc = json.loads(memq("history", "--run", "kept", "--json").output)
+    assert [s["step"] for s in doc["snapshots"]] == list(range(20, 401, 20))
+    assert doc["diagnosis"]["primary_cause"] == "healthy"  # growth that is not a leak
+
+
+def test_ingest_usage_errors(memq_env):
+    files = [str(p) for p in run_files("seed_sgd")]
+    assert memq("ingest", *files, "--run", "x", "--step", "3", ok=False).exit_code == 2
+    assert memq("ingest", files[0], "--run", "x", "--label", "novalue", ok=False).exit_code == 2
+
+
+@pytest.mark.postgres
+def test_server_schema_out_of_date_refused_by_commands(pg_server, tmp_path, monkeypatch):
+    from tests.conftest import memq_environ, temp_pg_database
+
+    with temp_pg_database("c") as url:
+        for k, v in memq_environ(url, tmp_path).items():
+            monkeypatch.setenv(k, v)
+        res = memq("runs", ok=False)
+        assert isinstance(res.exception, SchemaOutOfDate) and "memq db upgrade" in str(res.exception)
+        memq("db", "upgrade")
+        assert json.loads(memq("runs", "--json").output)["runs"] == []
+
+
+def test_exit_codes_and_one_line_errors_in_a_real_process(history_db):
+    env = dict(os.environ) | history_db
+    proc = subprocess.run([sys.executable, "-m", "profiler", "history", "--run", "ghost"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4
+    assert proc.stderr.strip().splitlines() == ["memq: error: no run named 'ghost' (list runs with `memq runs`)"]
+
+
+def test_demo_works_without_services(tmp_path, monkeypatch):
+    """Fresh machine: no database URL, no Redis (an unreachable URL), no worker."""
+    for k in list(os.environ):
+        if k.startswith("MEMQ_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("MEMQ_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("MEMQ_REDIS_URL", "redis://127.0.0.1:1/0")
+    out = memq("demo").output
+    assert "fragmentation" in out and "capacity" in out and "optimizer" in out
+    doc = json.loads(memq("demo", "--json").output)  # second run: nothing stored or analysed twice
+    causes = {r["run"]: r["diagnosis"]["diagnosis"]["primary_cause"] for r in doc["runs"]}
+    assert causes == {"demo-sgd": "healthy", "demo-adamw": "healthy", "demo-fragmentation": "fragmentation",
+                      "demo-capacity": "capacity"}
+    assert all(not s["created"] and not s["analysed"] for r in doc["runs"] for s in r["snapshots"])
+    assert (tmp_path / "data" / "memq.db").exists()
+    hist = json.loads(memq("history", "--run", "demo-sgd", "--json").output)
+    assert hist["stats"]["count"] == 45
+
+
+@pytest.mark.postgres
+def test_demo_never_writes_into_a_server_database(pg_session_db, tmp_path, monkeypatch):
+    from tests.conftest import _truncate, memq_environ
+
+    _truncate(pg_session_db)
+    for k, v in memq_environ(pg_session_db, tmp_path).items():
+        monkeypatch.setenv(k, v)
+    doc = json.loads(memq("demo", "--json").output)
+    assert doc["database"].startswith("sqlite:///") and doc["database"].endswith("demo.db")
+    assert json.loads(memq("runs", "--json").output)["runs"] == []
