@@ -9,6 +9,7 @@ Runs
   keep their stored value, labels are merged, `started_at` keeps the earliest and `ended_at` the
   latest value seen. Safe to call from every rank and every retry.
 - `set_run_status(session, run_name, status, ended_at=None)`: running | completed | oom | crashed.
+- `delete_run(session, run_name)`: the run with its samples, snapshots and diagnoses.
 
 Snapshots (the analysis work queue; state pending -> running -> done | failed)
 - `insert_snapshot(session, NewSnapshot(...)) -> (snapshot_id, created)`: idempotent,
@@ -31,7 +32,7 @@ Analysis results (keyed by sha256, analyzer version and context key: nothing is 
 Stat samples
 - `insert_stat_samples(session, rows) -> int`: batched INSERT ... ON CONFLICT DO NOTHING on the
   primary key (run, rank, sampled_at), so a redelivered batch adds nothing. PostgreSQL gets one
-  `INSERT ... SELECT unnest(<column arrays>)` per 10,000 rows (no COPY), SQLite an executemany.
+  `INSERT ... SELECT unnest(<column array literals>)` per 10,000 rows (no COPY), SQLite an executemany.
   `stat_row(run_id, rank, stats, ...)` maps a `torch.cuda.memory_stats()` dict to a row.
 
 Reports
@@ -447,8 +448,9 @@ STAT_COLUMNS = ("run_id", "rank", "sampled_at", "step", "epoch", "allocated_byte
                 "active_bytes", "inactive_split_bytes", "alloc_retries", "oom_count")
 _STAT_PG_TYPES = ("bigint", "integer", "timestamptz", "bigint", "integer", "bigint", "bigint", "bigint", "bigint",
                   "integer", "integer")
-# One statement per batch: every column travels as one array parameter (binary), so the statement is
-# prepared once whatever the batch size, and the server expands the arrays with unnest().
+# One statement per batch: every column travels as one array literal, so the statement is the same
+# whatever the batch size and the server expands the arrays with unnest(). Building the literals with
+# str.join is several times cheaper than adapting 10,000 Python values per column one by one.
 _STAT_PG_SQL = (
     "INSERT INTO stat_samples (" + ", ".join(STAT_COLUMNS) + ") SELECT * FROM unnest("
     + ", ".join(f"%s::{t}[]" for t in _STAT_PG_TYPES)
@@ -498,14 +500,24 @@ def insert_stat_samples(session: Session, rows: Iterable[Mapping[str, Any]]) -> 
     return total
 
 
+def _int_array(values: list[Any]) -> str:
+    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+
+
+def _ts_array(values: list[dt.datetime]) -> str:
+    return "{" + ",".join('"' + v.isoformat() + '"' for v in values) + "}"
+
+
 def _flush_stats(session: Session, batch: list[dict[str, Any]], dialect: str) -> int:
     if dialect == "postgresql":
         import psycopg
 
+        params = [_ts_array([r[c] for r in batch]) if c == "sampled_at" else _int_array([r[c] for r in batch])
+                  for c in STAT_COLUMNS]
         dbapi = session.connection().connection.dbapi_connection  # the session's own transaction
         try:
-            with dbapi.cursor(binary=True) as cur:
-                cur.execute(_STAT_PG_SQL, [[r[c] for r in batch] for c in STAT_COLUMNS])
+            with dbapi.cursor() as cur:
+                cur.execute(_STAT_PG_SQL, params)
         except psycopg.OperationalError as exc:
             raise StorageUnavailable(f"database unavailable while inserting stat samples: {exc}") from exc
         except psycopg.Error as exc:
@@ -518,6 +530,16 @@ def _flush_stats(session: Session, batch: list[dict[str, Any]], dialect: str) ->
         index_elements=["run_id", "rank", "sampled_at"])
     session.execute(stmt, batch)
     return len(batch)
+
+
+def delete_run(session: Session, run_name: str) -> None:
+    """Remove a run with its stat samples, snapshots and diagnoses (blobs and shared analysis
+    results stay: other runs may hold the same bytes)."""
+    run_id = run_id_for(session, run_name)
+    session.execute(StatSample.__table__.delete().where(StatSample.run_id == run_id))
+    session.execute(RunDiagnosis.__table__.delete().where(RunDiagnosis.run_id == run_id))
+    session.execute(Snapshot.__table__.delete().where(Snapshot.run_id == run_id))
+    session.execute(Run.__table__.delete().where(Run.id == run_id))
 
 
 # ------------------------------------------------------------------------------------------ reports

@@ -210,3 +210,18 @@ def test_unreachable_server_is_storage_unavailable_without_password():
         assert isinstance(exc.value, StorageError) and exc.value.exit_code == 1
     finally:
         engine.dispose()
+
+
+def test_delete_run_removes_its_rows_but_not_shared_analyses(store):
+    with store.session() as s:
+        rid = repo.upsert_run(s, repo.RunMeta(name="gone"))
+        sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(run_id=rid, sha256=SHA_A, size_bytes=1))
+        aid = repo.store_analysis(s, SHA_A, "v1", _result())
+        repo.complete_snapshot(s, sid, aid, "v1")
+        repo.insert_stat_samples(s, [repo.stat_row(rid, 0, {"allocated_bytes": 1}, 1_795_984_680.0)])
+    with store.session() as s:
+        repo.delete_run(s, "gone")
+    with store.session() as s:
+        assert s.execute(select(func.count()).select_from(StatSample)).scalar_one() == 0
+        assert s.execute(select(func.count()).select_from(Snapshot)).scalar_one() == 0
+        assert s.execute(select(func.count()).select_from(AnalysisResult)).scalar_one() == 1
