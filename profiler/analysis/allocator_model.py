@@ -203,7 +203,7 @@ class AllocatorModel:
 
     def __init__(self, config: AllocatorConfig, limit_bytes: int | None = None, *,
                  record: bool = False, n_handles: int = 0, addr_hints: list | None = None,
-                 base_address: int = 1 << 40, per_process_limit: bool = True):
+                 base_address: int = 1 << 46, per_process_limit: bool = True):
         self.cfg = config
         self.limit = limit_bytes
         self.record = record
@@ -230,21 +230,43 @@ class AllocatorModel:
         self.n_dev_free = 0
         self.hints = addr_hints or []  # [(size, address)] of the recorded segment_alloc events, in order
         self.hint_i = 0
-        self.next_addr = base_address
-        self.live_segments: set = set()
+        # New segments get addresses below everything known: the CUDA driver hands out segment
+        # addresses from the top down (the captured traces show each new cudaMalloc below the last), and
+        # best fit breaks ties between equal blocks by address, so newer segments win ties.
+        self.low = base_address
+        self.live_segments: dict = {}  # segment start -> end (plain segments and expandable reservations)
+        self.seg_starts: list = []  # sorted starts of live_segments
 
     # ----- state -----------------------------------------------------------------------------------
+    def _add_segment(self, start: int, end: int) -> None:
+        self.live_segments[start] = end
+        insort(self.seg_starts, start)
+        if start < self.low:
+            self.low = start
+
+    def _drop_segment(self, start: int) -> None:
+        if self.live_segments.pop(start, None) is not None:
+            del self.seg_starts[bisect_left(self.seg_starts, start)]
+
+    def _overlaps(self, start: int, end: int) -> bool:
+        st = self.seg_starts
+        i = bisect_left(st, end)
+        return i > 0 and self.live_segments[st[i - 1]] > start
+
+    def _synthetic_address(self, size: int) -> int:
+        addr = (self.low - size - (32 << 20)) & ~((2 << 20) - 1)
+        self.low = addr
+        return addr
+
     def load(self, segments: list) -> None:
         """Install the segments (with their live blocks) present when the replay starts."""
-        top = self.next_addr
         groups: dict = {}
         for seg in segments:
-            top = max(top, seg.address + seg.size)
             if seg.expandable:
                 groups.setdefault((0 if seg.small else 1, seg.stream), []).append(seg)
                 continue
             self._load_range(seg, 0 if seg.small else 1, None, seg.address, seg.address + seg.size)
-            self.live_segments.add(seg.address)
+            self._add_segment(seg.address, seg.address + seg.size)
             self.reserved += seg.size
         for (pool, stream), segs in groups.items():
             segs.sort(key=lambda s: s.address)
@@ -265,9 +287,8 @@ class AllocatorModel:
             end = base + va
             if end > cursor:
                 self._new_unmapped(es, pool, stream, cursor, end - cursor, last)
-            top = max(top, end)
+            self._add_segment(base, max(end, cursor))
         self.peak = self.reserved
-        self.next_addr = max(self.next_addr, (top + (1 << 30)) & ~((1 << 30) - 1))
 
     def _va_size(self, page: int) -> int:
         # ExpandableSegment reserves address space for 1 1/8 of the device; the device size is not in
@@ -326,18 +347,11 @@ class AllocatorModel:
         hints = self.hints
         if self.hint_i < len(hints):
             hsize, haddr = hints[self.hint_i]
-            if hsize == size and haddr not in self.live_segments:
-                # same segment as the recorded run: keep its address (best fit breaks ties by address)
-                ok = True
-                for a in (haddr, ):
-                    if a in self.blocks:
-                        ok = False
-                if ok:
-                    self.hint_i += 1
-                    return haddr
-        addr = self.next_addr
-        self.next_addr += (size + (1 << 30)) & ~((2 << 20) - 1)
-        return addr
+            if hsize == size and not self._overlaps(haddr, haddr + size):
+                # the segment the recorded run got next: keep its address (ties in best fit go by address)
+                self.hint_i += 1
+                return haddr
+        return self._synthetic_address(size)
 
     # ----- malloc ----------------------------------------------------------------------------------
     def malloc(self, orig: int, stream: int):
@@ -436,7 +450,7 @@ class AllocatorModel:
         addr = self._new_segment_address(asize)
         blk = [addr, asize, None, None, False, pool, stream, None, True, 0, 0]
         self.blocks[addr] = blk
-        self.live_segments.add(addr)
+        self._add_segment(addr, addr + asize)
         self.reserved += asize
         if self.reserved > self.peak:
             self.peak = self.reserved
@@ -454,7 +468,7 @@ class AllocatorModel:
         if i < len(fl) and fl[i] == k:
             del fl[i]
         del self.blocks[blk[ADDR]]
-        self.live_segments.discard(blk[ADDR])
+        self._drop_segment(blk[ADDR])
         self.reserved -= blk[SIZE]
         self.n_dev_free += 1
         self._event(EV_SEGMENT_FREE, blk[SIZE])
@@ -616,8 +630,8 @@ class AllocatorModel:
                 return c
         page = K_SMALL_BUFFER if pool == 0 else self.lss
         va = self._va_size(page)
-        base = self.next_addr
-        self.next_addr += va + (1 << 30)
+        base = self._synthetic_address(va)
+        self._add_segment(base, base + va)
         es = [base, page, va]
         self.es_of[key] = es
         return self._new_unmapped(es, pool, stream, base, va, None)
@@ -709,6 +723,7 @@ class AllocatorModel:
             del self.blocks[b[ADDR]]
             if self.es_of.get(key) is es:
                 del self.es_of[key]
+            self._drop_segment(es[0])
 
     # ----- replay ----------------------------------------------------------------------------------
     def run(self, prog: Program, stop_at_oom: bool = True) -> SimResult:
