@@ -4,8 +4,10 @@
   keep the raw bytes in the blob store, insert the snapshot row (idempotent), analyse it unless a
   result for (sha256, analyzer version, context) exists, then recompute the run-level diagnosis
   from all the run's snapshots of that rank in time order.
-- `recompute_run(store, run_id, rank)`: the run-level diagnosis alone (workers call it after an
-  analysis completes).
+- `process_snapshot(store, snapshot_id)`: what an analysis worker does for one snapshot id
+  (claim with a lease, analyse unless already analysed, mark done, recompute the run diagnosis;
+  failures recorded on the row). Idempotent: a duplicate delivery returns state "skipped".
+- `recompute_run(store, run_id, rank)`: the run-level diagnosis alone.
 - `reanalyze(store, run_name=None)`: recompute from blobs every result made by an older analyzer
   version, then the run-level diagnoses.
 The analysis itself is `profiler.analysis.analyze`, imported when first needed.
@@ -22,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from profiler.errors import BadInput, MemqError, NotFound
+from profiler.errors import BadInput, MemqError, NotFound, SnapshotError
 from profiler.load import LoadedSnapshot, decode_snapshot_bytes, load_snapshot_file
 from profiler.model import OomContext
 from profiler.store import repository as repo
@@ -176,6 +178,38 @@ def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | No
     return aid, True
 
 
+@dataclass
+class ProcessOutcome:
+    snapshot_id: int
+    state: str  # "done" | "skipped" (not claimable: done, leased elsewhere, out of attempts)
+    analysis_id: int | None = None
+    analysed: bool = False
+    run_diagnosis: dict | None = None
+
+
+def process_snapshot(store: Store, snapshot_id: int, lease_s: int = repo.DEFAULT_LEASE_S,
+                     max_attempts: int = repo.DEFAULT_MAX_ATTEMPTS) -> ProcessOutcome:
+    """The whole job of an analysis worker for one snapshot id: claim it (lease), analyse it unless
+    a result for its bytes and context exists, mark it done, recompute its run's diagnosis.
+    A failure records the error on the row (back to pending while attempts remain) and re-raises,
+    so the caller decides about retrying; a second caller for the same id gets state "skipped"."""
+    with store.session() as s:
+        claimed = repo.claim_snapshot(s, snapshot_id, lease_s, max_attempts)
+    if claimed is None:
+        return ProcessOutcome(snapshot_id=snapshot_id, state="skipped")
+    try:
+        aid, computed = analyse_snapshot(store, snapshot_id)
+        diag = recompute_run(store, claimed.run_id, claimed.rank)
+    except Exception as exc:
+        retry = not isinstance(exc, BadInput)  # a snapshot that cannot be decoded never will be
+        with store.session() as s:
+            repo.fail_snapshot(s, snapshot_id, f"{type(exc).__name__}: {exc}", retry=retry,
+                               max_attempts=max_attempts)
+        raise
+    return ProcessOutcome(snapshot_id=snapshot_id, state="done", analysis_id=aid, analysed=computed,
+                          run_diagnosis=diag)
+
+
 def load_blob(store: Store, sha256: str, name: str | None = None) -> LoadedSnapshot:
     raw = store.blobs.get(sha256)
     return decode_snapshot_bytes(raw, store.settings.max_snapshot_bytes, name=name or sha256[:12])
@@ -280,6 +314,8 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
             ld = (cache or {}).get(r.sha256) or load_blob(store, r.sha256, r.source)
         except NotFound:
             continue  # the blob was never stored here (e.g. expired before a worker saved it)
+        except SnapshotError:
+            continue  # a quarantined snapshot (refused or corrupt) must not block the run's diagnosis
         loaded.append(ld)
         used.append(r)
     if not loaded:
