@@ -80,7 +80,7 @@ N_INTERVALS = 16
 ADDR, SIZE, PREV, NEXT, ALLOC, POOL, STREAM, ES, MAPPED, GCBASE, REQ = range(11)
 
 # Program ops (see `Program`).
-OP_ALLOC, OP_FREE, OP_OOM, OP_EMPTY_CACHE = 0, 1, 2, 3
+OP_ALLOC, OP_FREE, OP_OOM, OP_EMPTY_CACHE, OP_FOREIGN = 0, 1, 2, 3, 4
 # Segment events the model emits.
 EV_SEGMENT_ALLOC, EV_SEGMENT_FREE, EV_SEGMENT_MAP, EV_SEGMENT_UNMAP = 0, 1, 2, 3
 EVENT_NAMES = ("segment_alloc", "segment_free", "segment_map", "segment_unmap")
@@ -160,6 +160,8 @@ class Program:
     op OP_FREE: hid = the handle of the allocation being freed (free_completed).
     op OP_OOM: a request the recorded run failed (the trace's `oom` entry); size, stream.
     op OP_EMPTY_CACHE: torch.cuda.empty_cache() (seen as segment_free events outside any request).
+    op OP_FOREIGN: size = bytes (signed) reserved or released outside the modelled pools (a CUDA graph's
+      private pool): they count against the limit but are never handed out.
     """
 
     ops: list = field(default_factory=list)
@@ -516,6 +518,13 @@ class AllocatorModel:
     def empty_cache(self) -> None:
         self._release_cached_blocks()
 
+    def add_foreign(self, nbytes: int) -> None:
+        """Reserved bytes of pools the model does not place blocks in (private pools)."""
+        self.reserved += nbytes
+        if self.reserved > self.peak:
+            self.peak = self.reserved
+        self._event(EV_SEGMENT_ALLOC if nbytes >= 0 else EV_SEGMENT_FREE, abs(nbytes))
+
     def _garbage_collect(self) -> None:
         """`garbage_collect_cached_blocks` (R9)."""
         thr = int(self.cfg.garbage_collection_threshold * self.limit)
@@ -780,8 +789,12 @@ class AllocatorModel:
                     handles[hids[i]] = b  # served here: it stays live (the recorded run never freed it)
                 if record:
                     alloc_addr.append(None)
-            else:
+            elif op == OP_EMPTY_CACHE:
                 self._release_cached_blocks()
+                if record:
+                    alloc_addr.append(None)
+            else:
+                self.add_foreign(sizes[i])
                 if record:
                     alloc_addr.append(None)
             if record:

@@ -54,6 +54,7 @@ from profiler.analysis.allocator_model import (
     N_INTERVALS,
     OP_ALLOC,
     OP_EMPTY_CACHE,
+    OP_FOREIGN,
     OP_FREE,
     OP_OOM,
     SIZE_MAX,
@@ -97,6 +98,7 @@ class Replay:
     addr_hints: list  # (size, address) of recorded segment_alloc entries, in order
     recorded_config: AllocatorConfig
     recorded_oom_ops: list  # op indices of the trace's oom entries
+    foreign_start: int  # reserved bytes of private pools at the first entry (counted, never modelled)
     trace_entries: int
     streams: dict  # raw stream -> index
     warnings: list = field(default_factory=list)
@@ -182,7 +184,17 @@ def _device_index(snap: Snapshot) -> int:
     return snap.segments[0].device if snap.segments else 0
 
 
-def compile_trace(snap: Snapshot) -> Replay:
+def _is_empty_cache(frames: list) -> bool:
+    for f in frames:
+        name = f.get("name", "") if isinstance(f, dict) else ""
+        if "emptyCache" in name or name == "empty_cache":
+            return True
+    return False
+
+
+def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
+    """`limit_bytes` (the per-process cap, when known) tells releases inside a request from
+    empty_cache() calls when the trace has no frames to say which is which."""
     warnings: list[str] = []
     device = _device_index(snap)
     trace = snap.traces[device] if device < len(snap.traces) else []
@@ -192,10 +204,33 @@ def compile_trace(snap: Snapshot) -> Replay:
 
     segments = [s for s in snap.segments if s.device == device]
     private = [s for s in segments if tuple(s.pool_id) != (0, 0)]
+    priv_starts: list = []
+    priv_ends: list = []
     if private:
         warnings.append(f"{len(private)} segments belong to private pools (CUDA graphs / MemPool): left out "
-                        "of the model")
+                        "of the model, with the trace entries inside them")
         segments = [s for s in segments if tuple(s.pool_id) == (0, 0)]
+        for seg in sorted(private, key=lambda x: x.address):
+            priv_starts.append(seg.address)
+            priv_ends.append(seg.address + seg.total_size)
+    priv_set = {seg.address for seg in private}
+
+    def in_private(addr) -> bool:
+        if not priv_starts or addr is None:
+            return False
+        j = bisect_right(priv_starts, addr) - 1
+        return j >= 0 and addr < priv_ends[j]
+
+    # reserved bytes the recorded run had before each entry (for telling empty_cache from a release
+    # inside a request): the end's reserved bytes minus the trace's net segment change
+    net = 0
+    for e in trace:
+        if e.action in ("segment_alloc", "segment_map"):
+            net += e.size
+        elif e.action in ("segment_free", "segment_unmap"):
+            net -= e.size
+    rec_reserved = sum(s.total_size for s in segments) + sum(s.total_size for s in private) - net
+    gc_thr = cfg.garbage_collection_threshold
 
     raw_streams = sorted({s.stream for s in segments} | {e.stream for e in trace} | {0})
     smap = {s: i for i, s in enumerate(raw_streams)}
@@ -205,7 +240,8 @@ def compile_trace(snap: Snapshot) -> Replay:
     op_event: list[int] = []
     rec_alloc_addr: list = []
     rec_events: list = []
-    pending: list = []  # segment releases not yet tied to a request
+    pending: list = []  # segment releases not yet tied to a request: (kind, bytes)
+    pending_ec = [False, 0]  # [frames say emptyCache, reserved before the first pending release]
     live: dict[int, int] = {}  # address -> handle of blocks allocated in the trace and not freed
     pre_freed: list = []  # (address, handle, requested, stream) freed in the trace, allocated before it
     seg_created: dict[int, int] = {}  # segments allocated in the trace, still alive
@@ -228,16 +264,48 @@ def compile_trace(snap: Snapshot) -> Replay:
             rec_events.extend((i, k, s) for k, s in pending)
             pending = []
 
-    def attach_pending() -> None:
+    def attach_pending(ev_index: int, next_segment: int | None) -> None:
+        """Releases right before a segment_alloc/map or an oom: inside the request (release and retry,
+        GC) unless the frames say empty_cache, or the limit shows the request did not need them."""
         nonlocal pending
+        if not pending:
+            return
+        empty = pending_ec[0]
+        if not empty and limit_bytes is not None and next_segment is not None:
+            before = pending_ec[1]
+            needed = before + next_segment > limit_bytes
+            gc = gc_thr > 0 and before > gc_thr * limit_bytes
+            empty = not needed and not gc
+        if empty:
+            flush_as_empty_cache(ev_index)
+            return
         i = len(ops)
         rec_events.extend((i, k, s) for k, s in pending)
         pending = []
 
+    priv_created: set = set()
     for ei, e in enumerate(trace):
         a = e.action
+        if private and in_private(e.addr):
+            if a in ("segment_alloc", "segment_free") and e.addr in priv_set:
+                # a private pool's segment: its bytes count against the limit, nothing else is modelled
+                if a == "segment_alloc":
+                    attach_pending(ei, None)
+                i = len(ops)
+                ops.append(OP_FOREIGN)
+                hid.append(-1)
+                size_l.append(e.size if a == "segment_alloc" else -e.size)
+                stream_l.append(0)
+                op_event.append(ei)
+                rec_alloc_addr.append(None)
+                rec_events.append((i, EV_SEGMENT_ALLOC if a == "segment_alloc" else EV_SEGMENT_FREE, e.size))
+                if a == "segment_alloc":
+                    priv_created.add(e.addr)
+                rec_reserved += e.size if a == "segment_alloc" else -e.size
+            continue
         if a == "segment_alloc" or a == "segment_map":
-            attach_pending()
+            attach_pending(ei, e.size)
+            rec_reserved += e.size
             rec_events.append((len(ops), EV_SEGMENT_ALLOC if a == "segment_alloc" else EV_SEGMENT_MAP, e.size))
             if a == "segment_alloc":
                 seg_created[e.addr] = e.size
@@ -246,6 +314,11 @@ def compile_trace(snap: Snapshot) -> Replay:
                 exp_changes.append((EV_SEGMENT_MAP, e.addr, e.size, e.stream))
             continue
         if a == "segment_free" or a == "segment_unmap":
+            if not pending:
+                pending_ec[0] = False
+                pending_ec[1] = rec_reserved
+            pending_ec[0] = pending_ec[0] or _is_empty_cache(e.frames)
+            rec_reserved -= e.size
             pending.append((EV_SEGMENT_FREE if a == "segment_free" else EV_SEGMENT_UNMAP, e.size))
             if a == "segment_free":
                 if e.addr in seg_created:
@@ -256,7 +329,7 @@ def compile_trace(snap: Snapshot) -> Replay:
                 exp_changes.append((EV_SEGMENT_UNMAP, e.addr, e.size, e.stream))
             continue
         if a == "oom":
-            attach_pending()
+            attach_pending(ei, None)
             oom_ops.append(len(ops))
             ops.append(OP_OOM)
             hid.append(n)
@@ -307,7 +380,8 @@ def compile_trace(snap: Snapshot) -> Replay:
         start_segs.append(SegmentSpec(addr, size, size == K_SMALL_BUFFER, smap.get(stream, 0), False, []))
     start_segs += _expandable_start(segments, exp_changes, smap, warnings)
     start_segs.sort(key=lambda s: s.address)
-    reserved_start = sum(s.size for s in start_segs)
+    foreign_start = sum(seg.total_size for seg in private if seg.address not in priv_created)
+    reserved_start = sum(s.size for s in start_segs) + foreign_start
 
     # --- live blocks at the start
     starts = [s.address for s in start_segs]
@@ -353,7 +427,8 @@ def compile_trace(snap: Snapshot) -> Replay:
         warnings.append("the snapshot has no trace (record_memory_history was off): nothing to replay")
     return Replay(program=prog, start_segments=start_segs, start_live=start_live, recorded_events=rec_events,
                   recorded_reserved_start=reserved_start, recorded_alloc_addr=rec_alloc_addr, op_event=op_event,
-                  addr_hints=hints, recorded_config=cfg, recorded_oom_ops=oom_ops, trace_entries=len(trace),
+                  addr_hints=hints, recorded_config=cfg, recorded_oom_ops=oom_ops, foreign_start=foreign_start,
+                  trace_entries=len(trace),
                   streams=smap, warnings=warnings)
 
 
@@ -440,9 +515,15 @@ def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, 
         m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, addr_hints=rep.addr_hints,
                            per_process_limit=per_process)
         m.load(rep.start_segments)
+        if rep.foreign_start:
+            m.add_foreign(rep.foreign_start)
+            m.events.clear()
+            m.peak = m.reserved
         return m.run(prog)
     m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, per_process_limit=per_process)
     handles = m.handles
+    if rep.foreign_start:
+        m.add_foreign(rep.foreign_start)
     for _addr, h, req, stream in rep.start_live:
         b = m.malloc(req, stream)
         if b is None:
@@ -533,7 +614,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
 
     Raises BadInput for a conf string torch would refuse."""
     parsed = [(c, None if c == "" else parse_alloc_conf(c)) for c in confs]  # fail before any work
-    rep = replay or compile_trace(snapshot)
+    rep = replay or compile_trace(snapshot, limit_bytes)
     common = list(rep.warnings)
     per_process = True
     if limit_bytes is None:

@@ -10,6 +10,7 @@ from profiler.load import load_snapshot_file
 from tests.helpers import REAL, REAL_RUNS
 
 BENCH = REAL.parent.parent.parent / "benchmarks" / "data" / "big.pickle.gz"
+CAPTURED = REAL.parent / "captured"
 
 CASES = []
 for folder, (stems, opts) in REAL_RUNS.items():
@@ -17,6 +18,23 @@ for folder, (stems, opts) in REAL_RUNS.items():
         if folder == "kept_loss_no_leak" and stem not in ("step0020", "step0400"):
             continue  # 20 snapshots of the same loop: two are enough
         CASES.append((folder, stem, opts.get("limit")))
+
+
+# the second batch (tests/fixtures/captured): leak, CUDA graphs with private pools, cuDNN's empty_cache
+CAPTURED_CASES = [
+    ("leak_epochs", "epoch2", 7516192768),
+    ("leak_epochs", "oom", 7516192768),
+    ("cuda_graphs", "after_replays", None),
+    ("cuda_graphs_oom", "graphs_captured", 4445962240),
+    ("cuda_graphs_oom", "oom", 4445962240),
+    ("cudnn_workspace", "after_benchmark_step", 6523191296),
+    ("cudnn_workspace", "oom", 6523191296),
+    ("dynamic_settings/max_split_128", "epoch1", 18484297728),
+    ("dynamic_settings/max_split_512", "epoch2", 18484297728),
+    ("dynamic_settings/roundup_4", "oom", 18484297728),
+    ("dynamic_settings/gc_0.6", "oom", 18484297728),
+    ("dynamic_settings/expandable_segments", "epoch2", 18484297728),
+]
 
 
 def _check(path, limit):
@@ -38,6 +56,39 @@ def test_recorded_configuration_reproduces_the_trace(folder, stem, limit):
     if rec.predicted_oom:
         assert rec.fails_recorded_request is True
         assert rec.first_failure["at"] == "the recorded OOM request"
+
+
+@pytest.mark.parametrize(("folder", "stem", "limit"), CAPTURED_CASES, ids=[f"{f}/{s}" for f, s, _ in CAPTURED_CASES])
+def test_captured_traces_are_reproduced(folder, stem, limit):
+    path = CAPTURED / folder / f"{stem}.pickle.gz"
+    if not path.exists():
+        pytest.skip("captured data absent")
+    snap, rec, fid = _check(path, limit)
+    assert fid["segment_event_share"] == 1.0, fid
+    assert fid["reserved_within_5pct"] and fid["max_reserved_deviation"] == 0.0, fid
+    assert fid["alloc_address_share"] == 1.0, fid
+    assert rec.predicted_oom == bool(compile_trace(snap).recorded_oom_ops)
+
+
+def test_cudnn_empty_cache_calls_are_replayed_as_such():
+    """cuDNN's plan search calls emptyCache() between workspace tries; the frames say so, and the replay
+    frees the cache there instead of inside the next request."""
+    path = CAPTURED / "cudnn_workspace" / "after_benchmark_step.pickle.gz"
+    if not path.exists():
+        pytest.skip("captured data absent")
+    from profiler.analysis.allocator_model import OP_EMPTY_CACHE
+
+    rep = compile_trace(load_snapshot_file(path).snapshot)
+    assert rep.program.ops.count(OP_EMPTY_CACHE) >= 5
+
+
+def test_private_pool_segments_count_against_the_limit():
+    path = CAPTURED / "cuda_graphs_oom" / "oom.pickle.gz"
+    if not path.exists():
+        pytest.skip("captured data absent")
+    _snap, rec, fid = _check(path, 4445962240)
+    assert rec.predicted_oom and rec.fails_recorded_request
+    assert fid["segment_events_recorded"] == 123
 
 
 def test_oom_replay_reproduces_the_release_before_the_oom():
