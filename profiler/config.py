@@ -61,6 +61,21 @@ class Settings:
     def is_embedded_db(self) -> bool:
         return self.database_url.startswith("sqlite")
 
+    broker_url: str = ""
+    broker_key_prefix: str = ""
+    visibility_timeout_s: int = 3600
+    task_soft_time_limit_s: int = 300
+    task_time_limit_s: int = 360
+    analysis_lease_s: int = 420
+    task_max_retries: int = 10
+    retry_backoff_max_s: int = 60
+    reaper_interval_s: int = 60
+    pending_requeue_s: int = 600
+    claim_idle_s: int = 60
+    run_diagnosis_delay_ms: int = 2000
+    heartbeat_s: int = 10
+    worker_max_tasks_per_child: int = 500
+    worker_max_memory_per_child_kb: int = 4_000_000
     def replace(self, **changes) -> Settings:
         return dataclasses.replace(self, **changes)
 
@@ -108,6 +123,33 @@ def _coerce(spec: Spec, raw: object) -> object:
 def normalize_database_url(url: str) -> str:
     """Plain postgres URLs go to the psycopg 3 driver so users never need psycopg2."""
     for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
+    # Dispatcher and Celery workers (workers/). Soft limit < hard limit < lease, and hard limit <
+    # visibility timeout: workers refuse to start otherwise.
+    Spec("broker_url", "MEMQ_BROKER_URL", str, "<MEMQ_REDIS_URL>", "Workers: Celery broker (Redis)."),
+    Spec("broker_key_prefix", "MEMQ_BROKER_KEY_PREFIX", str, "<key prefix>celery:",
+         "Workers: prefix of every Celery key and channel in the broker Redis."),
+    Spec("visibility_timeout_s", "MEMQ_VISIBILITY_TIMEOUT_S", int, 3600,
+         "Workers: seconds before an unacknowledged task is redelivered by the broker."),
+    Spec("task_soft_time_limit_s", "MEMQ_TASK_SOFT_TIME_LIMIT_S", int, 300,
+         "Workers: an analysis is asked to stop after this many seconds (recorded as a failed attempt)."),
+    Spec("task_time_limit_s", "MEMQ_TASK_TIME_LIMIT_S", int, 360, "Workers: an analysis is killed after this."),
+    Spec("analysis_lease_s", "MEMQ_ANALYSIS_LEASE_S", int, 420,
+         "Workers: lease of a snapshot being analysed; the reaper re-enqueues it once expired."),
+    Spec("task_max_retries", "MEMQ_TASK_MAX_RETRIES", int, 10,
+         "Workers: retries of a task on database/Redis outages (exponential back-off with jitter)."),
+    Spec("retry_backoff_max_s", "MEMQ_RETRY_BACKOFF_MAX_S", int, 60, "Workers: longest back-off between retries."),
+    Spec("reaper_interval_s", "MEMQ_REAPER_INTERVAL_S", int, 60, "Workers: beat period of the lease reaper."),
+    Spec("pending_requeue_s", "MEMQ_PENDING_REQUEUE_S", int, 600,
+         "Workers: a snapshot pending longer than this is enqueued again by the reaper (lost messages)."),
+    Spec("claim_idle_s", "MEMQ_CLAIM_IDLE_S", int, 60,
+         "Dispatcher: stream entries unacknowledged this long by another consumer are claimed (XAUTOCLAIM)."),
+    Spec("run_diagnosis_delay_ms", "MEMQ_RUN_DIAGNOSIS_DELAY_MS", int, 2000,
+         "Workers: run-level diagnoses are recomputed at most once per this delay per run and rank."),
+    Spec("heartbeat_s", "MEMQ_HEARTBEAT_S", int, 10, "Workers/dispatcher: heartbeat period shown by `memq status`."),
+    Spec("worker_max_tasks_per_child", "MEMQ_WORKER_MAX_TASKS_PER_CHILD", int, 500,
+         "Workers: a pool process is replaced after this many tasks."),
+    Spec("worker_max_memory_per_child_kb", "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB", int, 4_000_000,
+         "Workers: a pool process is replaced once its resident memory exceeds this (KiB)."),
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix):]
     return url
@@ -154,3 +196,5 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     values.setdefault("spool_dir", str(data_dir / "spool"))
     values["database_url"] = normalize_database_url(str(values["database_url"]))
     return Settings(**values)
+    values.setdefault("broker_url", values.get("redis_url", Settings.redis_url))
+    values.setdefault("broker_key_prefix", str(values.get("key_prefix", Settings.key_prefix)) + "celery:")

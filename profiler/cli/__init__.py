@@ -24,6 +24,10 @@ COMMANDS: dict[str, str] = {
     "versions": "profiler.cli.history:versions",
     "demo": "profiler.cli.demo:demo",
     "whatif": "profiler.cli.whatif:whatif",
+    "push": "profiler.cli.push:push",
+    "worker": "profiler.cli.service:worker",
+    "dispatcher": "profiler.cli.service:dispatcher",
+    "status": "profiler.cli.service:status",
 }
 
 

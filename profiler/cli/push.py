@@ -1,0 +1,114 @@
+"""`memq push FILE... --run R [--cluster C] [--rank N]`: send existing snapshot files through Redis.
+
+For snapshots dumped by hand or by other tools. Each file goes exactly as the agent sends one: the
+uncompressed pickle bytes are hashed (so `memq ingest` and `memq push` of one file are one snapshot),
+compressed and envelope-built by the agent's own `Transport.serialize`, then
+`SET <prefix>blob:<sha256> EX ttl` and `XADD <stream> MAXLEN ~ N`. A `run_start` goes first and a
+`run_end` with `--status` last (`--status running` sends none, for a run that is still going).
+The dispatcher and the workers (`memq dispatcher`, `memq worker`) take it from there.
+Files are checked with the restricted decoder first (`--no-check` skips that); nothing is written
+to Redis when any file is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import click
+
+from profiler.cli.analyze import SIZE
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--run", "run_name", required=True, help="Run id: snapshots of one run share it.")
+@click.option("--cluster", default="default", show_default=True)
+@click.option("--job", default="")
+@click.option("--rank", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--host", default=None, help="Host that took the snapshots (default: this one).")
+@click.option("--trigger", type=click.Choice(["periodic", "epoch_end", "oom", "manual", "signal"]),
+              help="Why they were taken (default: from the file name, as `memq ingest` does, else manual).")
+@click.option("--step", type=int, help="Training step (one file only; else from names like step0040).")
+@click.option("--epoch", type=int, help="Epoch (one file only; else from names like epoch2).")
+@click.option("--limit", type=SIZE, help="What the allocator could reserve (per-process cap).")
+@click.option("--device-total", type=SIZE, help="Device memory.")
+@click.option("--oom-message", metavar="TEXT", help="The 'CUDA out of memory' text (sent with the last file).")
+@click.option("--status", type=click.Choice(["completed", "oom", "crashed", "running"]), default="completed",
+              show_default=True, help="Status sent in run_end after the files; running sends no run_end.")
+@click.option("--check/--no-check", default=True, show_default=True,
+              help="Decode each file with the restricted decoder before sending.")
+@click.option("--redis-url", envvar="MEMQ_REDIS_URL", help="Default: MEMQ_REDIS_URL.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was sent as one JSON document.")
+def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit, device_total, oom_message, status,
+         check, redis_url, as_json):
+    """Send snapshot FILEs of one run (in time order) to the ingest stream, as the agent does."""
+    from profiler import codec, envelope
+    from profiler.agent.spool import Spool
+    from profiler.agent.transport import Item, Transport, make_client
+    from profiler.cli._listing import write_json
+    from profiler.config import load_settings, redact_url
+    from profiler.errors import BadInput, BrokerUnavailable
+    from profiler.load import decode_snapshot_bytes, read_bytes
+    from profiler.store.service import infer_from_name
+
+    if len(files) > 1 and (step is not None or epoch is not None):
+        raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
+                               "like step0040.pickle.gz / epoch2.pickle.gz")
+    st = load_settings()
+    url = redis_url or st.redis_url
+    identity = {"run": run_name, "cluster": cluster, "job": job, "rank": rank, "host": host or socket.gethostname()}
+    # The agent's transport builds the messages; push sends them itself so that an unreachable Redis
+    # is an error here, not a silent spool.
+    transport = Transport(identity=identity, spool=Spool(os.path.join(st.spool_dir, "push-unused"), 0), redis_url=None,
+                          stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
+                          blob_ttl_s=st.blob_ttl_s)
+    ts = envelope.now_ms()
+    messages, sent = [], []
+    for i, path in enumerate(files):
+        raw = codec.decompress(read_bytes(path, st.max_snapshot_bytes), st.max_snapshot_bytes)
+        if check:
+            try:
+                decode_snapshot_bytes(raw, st.max_snapshot_bytes, name=str(path))
+            except BadInput as exc:
+                raise type(exc)(f"{path}: {exc.message}", hint=exc.hint) from exc
+        guessed = infer_from_name(path)
+        payload = {"source": "memq push", "file": os.path.basename(path)}
+        last = i == len(files) - 1
+        if oom_message and last:
+            payload["oom"] = {"alloc": None, "device_alloc": limit, "device_free": None,
+                              "device_total": device_total, "message": oom_message}
+        item = Item("snapshot", payload=payload, obj=raw, trigger=trigger or guessed.get("trigger") or "manual",
+                    step=step if step is not None else guessed.get("step"),
+                    epoch=epoch if epoch is not None else guessed.get("epoch"), ts=ts + 1 + i)
+        messages.append(transport.serialize(item))
+        sent.append({"file": path, "sha256": messages[-1].fields["sha256"], "trigger": item.trigger,
+                     "step": item.step, "epoch": item.epoch})
+    start_md = {"source": "memq push", "files": len(files)}
+    if limit:
+        start_md["limit_bytes"] = int(limit)
+    if device_total:
+        start_md["device_total"] = int(device_total)
+    head = transport.serialize(Item("run_start", payload=start_md, ts=ts))
+    tail = None if status == "running" else transport.serialize(
+        Item("run_end", payload={"status": status, "source": "memq push"}, ts=ts + len(files) + 1))
+    client = make_client(url, 10.0)
+    try:
+        for msg in [head, *messages, *([tail] if tail else [])]:
+            if msg.blob_key is not None:
+                client.set(msg.blob_key, msg.blob, ex=st.blob_ttl_s)
+            client.xadd(st.stream_key, msg.fields, maxlen=st.stream_maxlen, approximate=True)
+    except Exception as exc:  # noqa: BLE001 - redis-py errors: one line, password hidden
+        raise BrokerUnavailable(f"cannot send to Redis {redact_url(url)}: {type(exc).__name__}: {exc}",
+                                hint="check MEMQ_REDIS_URL and that Redis is running") from exc
+    finally:
+        client.close()
+    doc = {"run": run_name, "cluster": cluster, "rank": rank, "stream": st.stream_key, "snapshots": sent,
+           "run_end": None if tail is None else status}
+    if as_json:
+        write_json(doc)
+        return
+    for s in sent:
+        click.echo(f"pushed {s['file']} ({s['sha256'][:12]}, {s['trigger']})")
+    click.echo(f"{len(sent)} snapshots of run {run_name} sent to {st.stream_key} at {redact_url(url)}; "
+               f"`memq status` shows the backlog, `memq history --run {run_name}` the results")

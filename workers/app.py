@@ -1,0 +1,234 @@
+"""The Celery app: `celery -A workers.app worker` (or `memq worker`) runs it.
+
+`make_app(settings)` builds an app from memq settings; the module-level `app` reads them from the
+environment lazily (when Celery first looks at its configuration, not at import).
+
+Reliability settings (ARCHITECTURE.md, "Reliability design"; research anchors §3 and Appendix B):
+- task_acks_late + task_reject_on_worker_lost: a task whose pool process dies is redelivered;
+  tasks are idempotent (they take ids, re-read state, claim a lease, and write upserts).
+- worker_prefetch_multiplier=1: a worker reserves one task per process.
+- soft time limit < hard time limit < analysis lease, and hard limit < visibility timeout (the same
+  value in broker and result-backend transport options); a hard-limit kill acknowledges the message,
+  so the SQL lease and the reaper re-drive it.
+- JSON only; no result backend (state lives in SQL: snapshots.state / lease_until / attempts).
+- Queues memq.ingest (cheap bookkeeping: reaper), memq.analyze (CPU: per-snapshot analysis and
+  run-level diagnosis) and memq.report (the nightly report), routed by task name.
+
+Beat: `beat_schedule(settings)` builds the schedule. The report engineer extends it from
+`workers/reports.py` by defining `beat_entries(settings) -> dict` there; tasks named
+`workers.reports.*` are routed to memq.report. Run exactly one beat.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+from celery import Celery, signals
+from kombu import Queue
+
+from profiler.config import Settings, load_settings
+from profiler.errors import ConfigError
+
+log = logging.getLogger("memq.workers")
+
+QUEUE_INGEST = "memq.ingest"
+QUEUE_ANALYZE = "memq.analyze"
+QUEUE_REPORT = "memq.report"
+QUEUES = (QUEUE_INGEST, QUEUE_ANALYZE, QUEUE_REPORT)
+
+ROUTES = {
+    "workers.tasks.analyze_snapshot": {"queue": QUEUE_ANALYZE},
+    "workers.tasks.recompute_run": {"queue": QUEUE_ANALYZE},
+    "workers.tasks.reap": {"queue": QUEUE_INGEST},
+    "workers.reports.*": {"queue": QUEUE_REPORT},
+}
+
+REPORTS_MODULE = "workers.reports"
+
+
+def check_limits(st: Settings) -> None:
+    """soft < hard < lease, hard < visibility, back-off well under visibility: else ConfigError."""
+    if not 0 < st.task_soft_time_limit_s < st.task_time_limit_s:
+        raise ConfigError("MEMQ_TASK_SOFT_TIME_LIMIT_S must be positive and below MEMQ_TASK_TIME_LIMIT_S")
+    if not st.task_time_limit_s < st.analysis_lease_s:
+        raise ConfigError("MEMQ_ANALYSIS_LEASE_S must exceed MEMQ_TASK_TIME_LIMIT_S (a lease outlives its task)")
+    if not st.task_time_limit_s < st.visibility_timeout_s:
+        raise ConfigError("MEMQ_VISIBILITY_TIMEOUT_S must exceed MEMQ_TASK_TIME_LIMIT_S, or running tasks "
+                          "are redelivered while they still run")
+    if not 2 * st.retry_backoff_max_s < st.visibility_timeout_s:
+        raise ConfigError("MEMQ_RETRY_BACKOFF_MAX_S must stay well under MEMQ_VISIBILITY_TIMEOUT_S "
+                          "(retries are ETA messages)")
+
+
+def _has_reports() -> bool:
+    try:
+        return importlib.util.find_spec(REPORTS_MODULE) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def beat_schedule(st: Settings) -> dict:
+    """The periodic tasks: the lease reaper, plus whatever `workers.reports.beat_entries(settings)`
+    adds (the nightly report). Times are UTC."""
+    schedule = {
+        "memq-reaper": {"task": "workers.tasks.reap", "schedule": float(st.reaper_interval_s),
+                        "options": {"queue": QUEUE_INGEST, "expires": float(st.reaper_interval_s)}},
+    }
+    if _has_reports():
+        mod = importlib.import_module(REPORTS_MODULE)
+        extra = getattr(mod, "beat_entries", None)
+        if callable(extra):
+            schedule.update(extra(st) or {})
+    return schedule
+
+
+def celery_config(st: Settings) -> dict:
+    """Celery settings from memq settings (see the module docstring for why each is set)."""
+    check_limits(st)
+    transport = {"visibility_timeout": st.visibility_timeout_s, "global_keyprefix": st.broker_key_prefix,
+                 "socket_timeout": 30, "socket_connect_timeout": 10, "health_check_interval": 25}
+    return {
+        "broker_url": st.broker_url or st.redis_url,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": {"visibility_timeout": st.visibility_timeout_s},
+        "visibility_timeout": st.visibility_timeout_s,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,  # a worker waits for Redis rather than exiting
+        "result_backend": None,
+        "task_ignore_result": True,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "task_soft_time_limit": st.task_soft_time_limit_s,
+        "task_time_limit": st.task_time_limit_s,
+        "task_queues": tuple(Queue(q, routing_key=q) for q in QUEUES),
+        "task_default_queue": QUEUE_INGEST,
+        "task_create_missing_queues": False,
+        "task_routes": ROUTES,
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5,
+                                      "interval_max": 1.0},
+        "worker_max_tasks_per_child": st.worker_max_tasks_per_child,
+        "worker_max_memory_per_child": st.worker_max_memory_per_child_kb,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "enable_utc": True,
+        "timezone": "UTC",
+        "beat_schedule": beat_schedule(st),
+        "memq_settings": st,
+    }
+
+
+def _includes() -> list[str]:
+    return ["workers.tasks", *([REPORTS_MODULE] if _has_reports() else [])]
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    """A Celery app for `settings` (default: from the environment, read when first needed)."""
+    celery_app = Celery("memq", include=_includes(), set_as_current=settings is None)
+    if settings is not None:
+        celery_app.conf.update(celery_config(settings))
+    else:
+        celery_app.add_defaults(lambda: celery_config(load_settings()))
+    return celery_app
+
+
+def settings_of(celery_app: Celery) -> Settings:
+    return celery_app.conf.get("memq_settings") or load_settings()
+
+
+app = make_app()
+
+
+# ----------------------------------------------------------------------------- worker heartbeats
+
+
+def heartbeat_key(st: Settings, kind: str, name: str) -> str:
+    return f"{st.key_prefix}heartbeat:{kind}:{name}"
+
+
+class Heartbeat:
+    """A key `<prefix>heartbeat:<kind>:<name>` refreshed every heartbeat_s with a TTL of three
+    periods, holding what `memq status` shows. Redis errors are ignored (it is only a heartbeat)."""
+
+    def __init__(self, st: Settings, kind: str, name: str, info: dict | None = None):
+        self.st, self.key = st, heartbeat_key(st, kind, name)
+        self.info = {"kind": kind, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
+                     "started": time.time(), **(info or {})}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._client = None
+
+    def beat(self, **extra) -> None:
+        try:
+            if self._client is None:
+                from workers.runtime import redis_client
+
+                self._client = redis_client(self.st.redis_url)
+            self.info.update(extra, last=time.time())
+            self._client.set(self.key, json.dumps(self.info, default=str), ex=max(3, 3 * self.st.heartbeat_s))
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is what status reports
+            log.debug("heartbeat failed: %s", exc)
+            self._client = None
+
+    def start(self) -> Heartbeat:
+        def loop():
+            while not self._stop.is_set():
+                self.beat()
+                self._stop.wait(self.st.heartbeat_s)
+
+        self._thread = threading.Thread(target=loop, name="memq-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            if self._client is not None:
+                self._client.delete(self.key)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+_heartbeat: Heartbeat | None = None
+
+
+@signals.worker_ready.connect
+def _worker_ready(sender=None, **_):
+    global _heartbeat
+    try:
+        consumer = sender
+        hostname = getattr(consumer, "hostname", None) or socket.gethostname()
+        st = settings_of(consumer.app)
+        queues = sorted(q.name for q in consumer.task_consumer.queues) if consumer.task_consumer else []
+        _heartbeat = Heartbeat(st, "worker", hostname, {"queues": queues,
+                                                        "concurrency": consumer.pool.num_processes
+                                                        if hasattr(consumer.pool, "num_processes") else None})
+        _heartbeat.start()
+    except Exception:  # noqa: BLE001
+        log.warning("memq worker heartbeat not started", exc_info=True)
+
+
+@signals.worker_shutdown.connect
+def _worker_shutdown(**_):
+    if _heartbeat is not None:
+        _heartbeat.stop()
+
+
+@signals.worker_process_init.connect
+def _child_init(**_):
+    """A forked pool process must not share the parent's database or Redis connections."""
+    from workers import runtime
+
+    runtime.reset()

@@ -1,0 +1,496 @@
+"""The dispatcher: the agents' stream -> SQL rows and analysis tasks, acknowledged only once safe.
+
+One loop (`Dispatcher.run`, started by `memq dispatcher`), reading the stream through the consumer
+group `memq-dispatch`:
+
+    XREADGROUP (own pending entries first after a start, then new ones)
+    per entry, in stream order:
+      bad envelope                -> dead letter (original fields + reason) and XACK, atomically
+      stats                       -> consecutive entries batched: one INSERT of all their samples
+                                     (ON CONFLICT DO NOTHING on (run, rank, time)), commit
+      run_start / run_end         -> upsert the run / move its status up (never an OOM down), commit
+      snapshot                    -> blob: the blob store already has it, else GET memq:blob:<sha256>
+                                     from Redis, verify it inflates to its sha256 and store it
+                                     (missing or corrupt: dead letter with the reason);
+                                     INSERT the snapshot row ON CONFLICT (run, rank, sha256) DO NOTHING,
+                                     commit; enqueue analyze_snapshot(id) unless it is done or failed
+    XACK the batch, then DEL the moved blobs from Redis.
+
+Crash anywhere and the entries stay pending: the next read of this consumer's pending list (at
+start) or another dispatcher's claim (XPENDING idle > MEMQ_CLAIM_IDLE_S, then XCLAIM) processes
+them again, which inserts nothing twice and at most enqueues a duplicate task (tasks lease the
+snapshot, so it is analysed once). An entry delivered MEMQ_MAX_DELIVERIES times without being
+acknowledged (it crashes every dispatcher that reads it) is dead-lettered instead.
+Outages of PostgreSQL or Redis keep the batch in memory and retry it with back-off (0.5 s doubling
+to 30 s), so waiting out an outage does not count as a delivery.
+SIGTERM / SIGINT: finish the current entry, acknowledge what is done, stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from profiler import envelope
+from profiler.config import Settings, redact_url
+from profiler.errors import (
+    BadInput,
+    BrokerUnavailable,
+    MemqError,
+    SchemaOutOfDate,
+    StorageError,
+    StorageUnavailable,
+)
+from profiler.store import repository as repo
+from workers import jobs, runtime
+
+log = logging.getLogger("memq.dispatcher")
+
+GROUP = "memq-dispatch"
+
+Entry = tuple[str, dict | None]
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _ts(ms: int | None):
+    return None if ms is None else repo.to_utc(ms / 1000.0)
+
+
+def _real_cap(limit: Any, total: Any) -> int | None:
+    """A limit is a cap only when it is below the device total (an uncapped process reports both
+    equal, and the analysis then derives the limit from the device itself)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    if isinstance(total, int) and total > 0 and limit >= total:
+        return None
+    return limit
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+class Dispatcher:
+    def __init__(self, st: Settings, *, consumer: str | None = None, group: str = GROUP, batch: int = 100,
+                 block_ms: int = 1000, enqueue: Callable[[int], None] | None = None):
+        self.st = st
+        self.stream, self.group = st.stream_key, group
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
+        self.batch, self.block_ms = batch, block_ms
+        self.r = self._client()
+        self._enqueue = enqueue
+        self.stop_event = threading.Event()
+        self._read_own = True
+        self._backlog: list[Entry] = []
+        self._next_claim = 0.0
+        self._run_ids: dict[str, int] = {}
+        self._refusals: dict[str, int] = {}
+        self._uncommitted: dict[str, int] = {}
+        self.fault = os.environ.get("MEMQ_TEST_FAULT", "")  # fault injection for the crash tests only
+        self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
+                                     "dead", "claimed", "acked", "outages"), 0)
+        self.heartbeat = None
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _client(self):
+        import redis
+
+        timeout = max(10.0, self.block_ms / 1000.0 + 5.0)
+        return redis.Redis.from_url(self.st.redis_url, socket_timeout=timeout, socket_connect_timeout=5,
+                                    health_check_interval=30)
+
+    @property
+    def store(self):
+        return runtime.store(self.st)
+
+    def enqueue(self, snapshot_id: int) -> None:
+        if self._enqueue is not None:
+            self._enqueue(snapshot_id)
+            return
+        from kombu.exceptions import OperationalError
+
+        from workers.tasks import analyze_snapshot
+
+        try:
+            analyze_snapshot.apply_async((int(snapshot_id),))
+        except OperationalError as exc:
+            raise BrokerUnavailable(f"cannot enqueue analysis of snapshot {snapshot_id}: {exc}") from exc
+
+    def _fault(self, point: str) -> None:
+        if self.fault == f"dispatcher:{point}":
+            log.warning("MEMQ_TEST_FAULT: killing the dispatcher at %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def ensure_group(self) -> None:
+        import redis
+
+        with runtime.redis_errors(self.st.redis_url):
+            try:
+                self.r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    # ------------------------------------------------------------------------------ main loop
+    def request_stop(self, *_: Any) -> None:
+        self.stop_event.set()
+
+    def run(self, install_signals: bool = True, idle_exit_s: float | None = None) -> dict[str, int]:
+        """Process until stopped (SIGTERM/SIGINT, or `idle_exit_s` with nothing to do)."""
+        from workers.app import Heartbeat
+
+        if install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.request_stop)
+            signal.signal(signal.SIGINT, self.request_stop)
+        self.heartbeat = Heartbeat(self.st, "dispatcher", self.consumer,
+                                   {"stream": self.stream, "group": self.group}).start()
+        log.info("dispatcher %s reading %s (group %s) at %s", self.consumer, self.stream, self.group,
+                 redact_url(self.st.redis_url))
+        backoff = 0.5
+        idle_since = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    n = self.step()
+                    backoff = 0.5
+                except (BrokerUnavailable, MemqError) as exc:
+                    if isinstance(exc, BadInput):
+                        raise
+                    self.counts["outages"] += 1
+                    log.warning("dispatcher: %s; retrying in %.1f s", exc, backoff)
+                    self.stop_event.wait(backoff)
+                    backoff = min(30.0, backoff * 2)
+                    continue
+                if n:
+                    idle_since = time.monotonic()
+                elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                    break
+        finally:
+            self.heartbeat.stop()
+        log.info("dispatcher %s stopped: %s", self.consumer, self.counts)
+        return dict(self.counts)
+
+    def step(self) -> int:
+        """One round: reclaim when due, read a batch (or retry the one kept from an outage),
+        process and acknowledge it. Returns the number of entries handled."""
+        if not self._backlog:
+            if time.monotonic() >= self._next_claim:
+                self._next_claim = time.monotonic() + max(1.0, self.st.claim_idle_s / 4)
+                self._backlog = self.reclaim()
+            if not self._backlog:
+                self._backlog = self.read()
+        if not self._backlog:
+            return 0
+        n = len(self._backlog)
+        self.handle(self._backlog)
+        self._backlog = []
+        return n
+
+    def read(self) -> list[Entry]:
+        import redis
+
+        with runtime.redis_errors(self.st.redis_url):
+            try:
+                if self._read_own:
+                    resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=self.batch)
+                    own = resp[0][1] if resp else []
+                    if own:
+                        return [(_s(i), f) for i, f in own]
+                    self._read_own = False
+                block = None if self.stop_event.is_set() else self.block_ms
+                resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=self.batch,
+                                         block=block)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):  # a Redis that lost its data, or a new stream
+                    self.ensure_group()
+                    self._read_own = True
+                    return []
+                raise
+        return [(_s(i), f) for i, f in (resp[0][1] if resp else [])]
+
+    def reclaim(self) -> list[Entry]:
+        """Entries other consumers took and left unacknowledged for claim_idle_s: dead-letter those
+        delivered max_deliveries times, claim the rest."""
+        import redis
+
+        idle_ms = self.st.claim_idle_s * 1000
+        out: list[Entry] = []
+        with runtime.redis_errors(self.st.redis_url):
+            try:
+                pend = self.r.xpending_range(self.stream, self.group, min="-", max="+", count=self.batch,
+                                             idle=idle_ms)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    self.ensure_group()
+                    return []
+                raise
+            pend = [p for p in pend if _s(p["consumer"]) != self.consumer]
+            if not pend:
+                return []
+            worn = [p for p in pend if int(p["times_delivered"]) >= self.st.max_deliveries]
+            fresh = [_s(p["message_id"]) for p in pend if int(p["times_delivered"]) < self.st.max_deliveries]
+            for p in worn:
+                mid = _s(p["message_id"])
+                got = self.r.xclaim(self.stream, self.group, self.consumer, idle_ms, [mid])
+                if not got:
+                    continue  # another dispatcher took it first
+                fields = got[0][1] or {}
+                reason = (f"not acknowledged after {p['times_delivered']} deliveries (last consumer "
+                          f"{_s(p['consumer'])}): it may crash the dispatcher")
+                self._dead_and_ack(mid, fields, reason)
+            if fresh:
+                got = self.r.xclaim(self.stream, self.group, self.consumer, idle_ms, fresh)
+                # Redis 7 drops entries trimmed from the stream out of the pending list here
+                out = [(_s(i), f) for i, f in got]
+                self.counts["claimed"] += len(out)
+                if out:
+                    log.info("dispatcher %s claimed %d entries of idle consumers", self.consumer, len(out))
+            self._forget_dead_consumers()
+        return out
+
+    def _forget_dead_consumers(self) -> None:
+        """Remove consumers that hold nothing and were idle for a day (restarted dispatchers)."""
+        try:
+            for c in self.r.xinfo_consumers(self.stream, self.group):
+                if int(c.get("pending", 0)) == 0 and int(c.get("idle", 0)) > 86_400_000 \
+                        and _s(c.get("name")) != self.consumer:
+                    self.r.xgroup_delconsumer(self.stream, self.group, _s(c["name"]))
+        except Exception:  # noqa: BLE001 - housekeeping only
+            pass
+
+    # ------------------------------------------------------------------------------ entries
+    def handle(self, entries: list[Entry]) -> None:
+        done: list[str] = []
+        blobs: set[str] = set()
+        stats: list[tuple[str, dict, envelope.Envelope]] = []
+        for eid, fields in entries:
+            self.counts["entries"] += 1
+            if not fields:  # trimmed from the stream while pending: nothing left to process
+                done.append(eid)
+                continue
+            try:
+                env = envelope.parse(fields)
+                if len(env.run) > 200:
+                    raise BadInput("run names are at most 200 characters")
+            except BadInput as exc:
+                self._dead_and_ack(eid, fields, f"bad envelope: {exc}")
+                continue
+            if env.kind == "stats":
+                stats.append((eid, fields, env))
+                continue
+            if stats:
+                done.extend(self._stats_batch(stats))
+                stats = []
+            try:
+                if env.kind == "snapshot":
+                    key = self.on_snapshot(eid, fields, env)
+                    if key is None:
+                        continue  # dead-lettered and acknowledged
+                    blobs.add(key)
+                elif env.kind == "run_start":
+                    self.on_run_start(env)
+                elif env.kind == "run_end":
+                    self.on_run_end(env)
+            except MemqError as exc:
+                if not self._refused(exc, eid):
+                    raise
+                self._dead_and_ack(eid, fields, f"refused: {exc}")
+                continue
+            done.append(eid)
+        if stats:
+            done.extend(self._stats_batch(stats))
+        self._ack(done, blobs)
+
+    def _refused(self, exc: MemqError, eid: str) -> bool:
+        """Bad data, or a database refusal (not an outage) seen three times for this entry."""
+        if isinstance(exc, BadInput):
+            return True
+        if isinstance(exc, StorageError) and not isinstance(exc, (StorageUnavailable, SchemaOutOfDate)) \
+                and "database" in str(exc):
+            self._run_ids.clear()  # a cached run id may be what the database refuses (a deleted run)
+            self._refusals[eid] = self._refusals.get(eid, 0) + 1
+            if len(self._refusals) > 10_000:
+                self._refusals.clear()
+            return self._refusals[eid] >= 3
+        return False
+
+    def _stats_batch(self, items: list[tuple[str, dict, envelope.Envelope]]) -> list[str]:
+        """One insert for all; when it is refused, entry by entry (dead-lettering the refused)."""
+        try:
+            self.on_stats([env for _, _, env in items])
+            return [eid for eid, _, _ in items]
+        except MemqError as exc:
+            if not isinstance(exc, BadInput) and not (isinstance(exc, StorageError) and not isinstance(
+                    exc, (StorageUnavailable, SchemaOutOfDate))):
+                raise
+        done = []
+        for eid, fields, env in items:
+            try:
+                self.on_stats([env])
+                done.append(eid)
+            except MemqError as exc:
+                if not self._refused(exc, eid):
+                    raise
+                self._dead_and_ack(eid, fields, f"refused: {exc}")
+        return done
+
+    def _ack(self, ids: list[str], blob_keys: set[str]) -> None:
+        if not ids:
+            return
+        with runtime.redis_errors(self.st.redis_url):
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xack(self.stream, self.group, *ids)
+            if blob_keys:
+                pipe.delete(*sorted(blob_keys))
+            pipe.execute()
+        self.counts["acked"] += len(ids)
+
+    def _dead_and_ack(self, eid: str, fields: dict, reason: str) -> None:
+        """Dead letter and acknowledgement in one MULTI, so neither happens without the other."""
+        out = {_s(k): _s(v) for k, v in (fields or {}).items()}
+        out.update(reason=reason[:2000], entry_id=eid, stage="dispatch", dead_at=str(int(time.time() * 1000)))
+        with runtime.redis_errors(self.st.redis_url):
+            pipe = self.r.pipeline(transaction=True)
+            pipe.xadd(self.st.dead_letter_key, out, maxlen=runtime.DEAD_MAXLEN, approximate=True)
+            pipe.xack(self.stream, self.group, eid)
+            pipe.execute()
+        self.counts["dead"] += 1
+        log.warning("dead letter %s: %s", eid, reason)
+
+    def _run_id(self, session, env: envelope.Envelope) -> int:
+        rid = self._run_ids.get(env.run)
+        if rid is None:
+            rid = repo.upsert_run(session, repo.RunMeta(name=env.run, cluster=env.cluster, job=env.job or None,
+                                                        host=env.host or None, started_at=_ts(env.ts)))
+            self.counts["runs"] += 1
+            self._uncommitted[env.run] = rid
+        return rid
+
+    @contextlib.contextmanager
+    def _tx(self):
+        """A store session; run ids learnt inside it are cached only once it committed."""
+        self._uncommitted = {}
+        try:
+            with self.store.session() as s:
+                yield s
+        except BaseException:
+            self._uncommitted = {}
+            raise
+        if len(self._run_ids) > 10_000:
+            self._run_ids.clear()
+        self._run_ids.update(self._uncommitted)
+        self._uncommitted = {}
+
+    def on_run_start(self, env: envelope.Envelope) -> None:
+        p = env.payload
+        total = _int_or_none(p.get("device_total"))
+        conf = p.get("alloc_conf_env") or {}
+        conf_text = conf.get("PYTORCH_CUDA_ALLOC_CONF") or conf.get("PYTORCH_ALLOC_CONF") \
+            if isinstance(conf, dict) else None
+        labels = p.get("labels") if isinstance(p.get("labels"), dict) else {}
+        meta = repo.RunMeta(
+            name=env.run, cluster=env.cluster, job=env.job or None, host=env.host or None, rank=env.rank,
+            labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
+            driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
+            memory_limit_bytes=_real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
+            optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
+            world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
+        with self._tx() as s:
+            self._uncommitted[env.run] = repo.upsert_run(s, meta)
+        self.counts["runs"] += 1
+
+    def on_run_end(self, env: envelope.Envelope) -> None:
+        status = env.payload.get("status")
+        if status not in jobs.STATUS_ORDER:
+            status = "completed"
+        with self._tx() as s:
+            rid = self._run_id(s, env)
+            repo.upsert_run(s, repo.RunMeta(name=env.run, ended_at=_ts(env.ts)))
+            jobs.promote_run_status(s, rid, status)
+
+    def on_stats(self, items: list[envelope.Envelope]) -> None:
+        rows: list[dict] = []
+        with self._tx() as s:
+            for env in items:
+                rid = self._run_id(s, env)
+                samples = env.payload.get("samples")
+                for smp in samples if isinstance(samples, list) else []:
+                    if not isinstance(smp, dict) or "device_metadata" in smp:
+                        continue
+                    t = smp.get("t")
+                    if not isinstance(t, (int, float)) or isinstance(t, bool):
+                        continue
+                    try:
+                        rows.append(repo.stat_row(rid, env.rank, smp, float(t), step=_int_or_none(smp.get("step")),
+                                                  epoch=_int_or_none(smp.get("epoch"))))
+                    except (TypeError, ValueError, OverflowError):
+                        continue  # one malformed sample is skipped, not the batch
+            if rows:
+                repo.insert_stat_samples(s, rows)
+        self.counts["stats"] += len(items)
+        self.counts["samples"] += len(rows)
+
+    def on_snapshot(self, eid: str, fields: dict, env: envelope.Envelope) -> str | None:
+        """Returns the Redis blob key to delete after the acknowledgement, or None when the entry
+        was dead-lettered."""
+        key = envelope.blob_key(env.sha256, self.st.key_prefix)
+        blobs = self.store.blobs
+        ref = blobs.ref(env.sha256)
+        if ref is None:
+            with runtime.redis_errors(self.st.redis_url):
+                data = self.r.get(key)
+            if data is None and blobs.ref(env.sha256) is not None:
+                data = b""  # another entry of the same bytes moved it meanwhile
+            if data is None:
+                self._dead_and_ack(eid, fields, f"blob missing: {key} is not in Redis (expired, evicted or never "
+                                                f"written) and not in the blob store")
+                return None
+            try:
+                ref = blobs.ref(env.sha256) if not data else blobs.put_encoded(env.sha256, data, env.codec)
+            except BadInput as exc:
+                self._dead_and_ack(eid, fields, f"bad blob: {exc}")
+                return None
+        oom = env.oom or {}
+        with self._tx() as s:
+            rid = self._run_id(s, env)
+            from sqlalchemy import select
+
+            from profiler.store.orm import Run, Snapshot
+
+            run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()
+            total = _int_or_none(oom.get("device_total")) or run.gpu_memory_bytes
+            limit = run.memory_limit_bytes or _real_cap(_int_or_none(oom.get("device_alloc")), total)
+            facts = {"limit_bytes": limit, "device_total_bytes": total,
+                     "requested_bytes": _int_or_none(oom.get("alloc")),
+                     "device_free_bytes": _int_or_none(oom.get("device_free")),
+                     "message": _str(oom.get("message"), 4000)}
+            facts = {k: v for k, v in facts.items() if v not in (None, "")}
+            sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
+                run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
+                epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,
+                source=f"{self.stream}/{eid}", context=facts))
+            state = "pending" if created else s.execute(select(Snapshot.state).where(Snapshot.id == sid)).scalar_one()
+            if env.trigger == "oom":
+                jobs.promote_run_status(s, rid, "oom")
+        self._fault("after_commit")
+        self.counts["snapshots" if created else "duplicates"] += 1
+        if state in ("pending", "running"):
+            self.enqueue(sid)
+        self._fault("after_enqueue")
+        return key
+
+
+def _str(v: Any, n: int) -> str | None:
+    if v is None or v == "":
+        return None
+    return str(v)[:n]

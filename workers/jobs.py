@@ -1,0 +1,330 @@
+"""The workers' work, as plain functions over ids (the Celery tasks in `workers.tasks` only call these).
+
+`analyze(st, snapshot_id, task_id)`: lease the snapshot (one conditional UPDATE: of two deliveries of
+the same snapshot one wins), attach the analysis exactly as `memq ingest` does
+(`profiler.store.service.analyse_snapshot`: reused when (sha256, analyzer version, context) was
+already analysed, else computed from the blob store and upserted), mark an OOM run `oom`, and
+schedule the run-level diagnosis. A delivery of the same task id that finds the snapshot leased is the
+same task coming back (a retry after an outage, or a redelivery after its pool process died): it
+takes the lease over instead of waiting for it to expire.
+
+Outcomes: analysed | reused | done (nothing to do) | leased (another task holds it) | quarantined
+(bad data: state failed with the reason, plus a dead letter) | retry (state back to pending,
+enqueued again) | failed (out of attempts) | missing (no such row).
+
+`recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`), debounced per run
+and rank by `schedule_recompute`: at most one pending recompute, delayed by
+max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 5 x the last recompute's duration) so a run that receives many
+snapshots is not re-diagnosed after each one.
+
+`reap(st)`: expired leases back to pending and enqueued again; snapshots pending longer than
+MEMQ_PENDING_REQUEUE_S enqueued again (a lost message); snapshots out of attempts failed and
+dead-lettered; run diagnoses behind their snapshots recomputed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+
+from profiler.config import Settings
+from profiler.errors import BadInput, BrokerUnavailable, MemqError, NotFound
+from profiler.store import repository as repo
+from profiler.store.orm import Run, RunDiagnosis, Snapshot
+from workers import runtime
+
+log = logging.getLogger("memq.workers")
+
+MAX_ATTEMPTS = repo.DEFAULT_MAX_ATTEMPTS
+#: running < completed < crashed < oom: a run's status only moves up this order.
+STATUS_ORDER = ("running", "completed", "crashed", "oom")
+
+
+# ------------------------------------------------------------------------------------- run status
+
+
+def promote_run_status(session, run_id: int, status: str, ended_at: dt.datetime | None = None) -> bool:
+    """Set the run's status unless it already holds a later one in STATUS_ORDER (an OOM is never
+    downgraded by a late `run_end: completed`). Returns whether the row changed."""
+    if status not in STATUS_ORDER:
+        raise BadInput(f"run status {status!r} is not one of {', '.join(STATUS_ORDER)}")
+    lower = STATUS_ORDER[:STATUS_ORDER.index(status)]
+    values: dict[str, Any] = {"status": status, "updated_at": func.current_timestamp()}
+    if ended_at is not None:
+        values["ended_at"] = repo._db_time(session, ended_at)
+    res = session.execute(update(Run).where(Run.id == run_id, Run.status.in_(lower)).values(**values))
+    return bool(res.rowcount)
+
+
+def _is_oom(result: dict | None) -> bool:
+    return bool(result and result.get("oom"))
+
+
+# ---------------------------------------------------------------------------------------- analyze
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: int
+    rank: int
+    attempts: int
+
+
+def _holder_key(st: Settings, snapshot_id: int, task_id: str) -> str:
+    return f"{st.key_prefix}lease:{int(snapshot_id)}:{task_id}"
+
+
+def _seen_before(st: Settings, snapshot_id: int, task_id: str | None) -> bool:
+    """True when this task id already ran for this snapshot (a retry or a redelivery)."""
+    if not task_id:
+        return False
+    try:
+        r = runtime.redis_client(st.redis_url)
+        fresh = r.set(_holder_key(st, snapshot_id, task_id), b"1", nx=True,
+                      px=(st.analysis_lease_s + st.visibility_timeout_s) * 1000)
+        return not fresh
+    except Exception:  # noqa: BLE001 - without Redis no take-over: the lease simply expires
+        return False
+
+
+def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease | None, str]:
+    store = runtime.store(st)
+    seen = _seen_before(st, snapshot_id, task_id)
+    with store.session() as s:
+        c = repo.claim_snapshot(s, snapshot_id, st.analysis_lease_s, MAX_ATTEMPTS)
+        if c is not None:
+            return Lease(c.run_id, c.rank, c.attempts), "claimed"
+        row = s.execute(select(Snapshot.state, Snapshot.run_id, Snapshot.rank, Snapshot.attempts)
+                        .where(Snapshot.id == snapshot_id)).one_or_none()
+        if row is None:
+            return None, "missing"
+        if row.state == "running" and seen:
+            # Each take-over counts as an attempt: an input that kills its pool process every time
+            # (reject-on-worker-lost redelivers it) ends as failed, not in a loop.
+            until = repo._db_time(s, repo.utcnow()) + dt.timedelta(seconds=st.analysis_lease_s)
+            got = s.execute(update(Snapshot).where(Snapshot.id == snapshot_id, Snapshot.state == "running",
+                                                   Snapshot.attempts < MAX_ATTEMPTS)
+                            .values(lease_until=until, attempts=Snapshot.attempts + 1)
+                            .returning(Snapshot.attempts)).first()
+            if got is not None:
+                return Lease(row.run_id, row.rank, int(got.attempts)), "taken over"
+        if row.state == "pending" and row.attempts >= MAX_ATTEMPTS:
+            return None, "out of attempts"
+        return None, {"done": "done", "failed": "failed", "running": "leased"}.get(row.state, row.state)
+
+
+def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, enqueue=None) -> str:
+    """See the module docstring. `enqueue(snapshot_id, countdown)` re-enqueues (tasks pass theirs)."""
+    from profiler.store import service
+
+    store = runtime.store(st)
+    lease, how = _claim(st, snapshot_id, task_id)
+    if lease is None:
+        if how == "done":
+            _after_done(st, snapshot_id)
+        elif how == "out of attempts":
+            quarantine(st, snapshot_id, f"gave up after {MAX_ATTEMPTS} attempts")
+            return "failed"
+        return how
+    with store.session() as s:
+        run = s.execute(select(Run.optimizer).where(Run.id == lease.run_id)).one()
+    try:
+        _, computed = service.analyse_snapshot(store, snapshot_id, optimizer=run.optimizer)
+    except NotFound as exc:
+        quarantine(st, snapshot_id, f"blob missing: {exc}")
+        return "quarantined"
+    except BadInput as exc:
+        quarantine(st, snapshot_id, f"bad snapshot: {exc}")
+        return "quarantined"
+    except MemqError:
+        raise  # StorageUnavailable / BrokerUnavailable: the task retries (same task id: takes over)
+    except Exception as exc:  # noqa: BLE001 - soft time limit, or a bug on this input: bounded retries
+        reason = f"{type(exc).__name__}: {exc}"
+        log.warning("analysis of snapshot %s failed (attempt %d): %s", snapshot_id, lease.attempts, reason,
+                    exc_info=not _is_soft_limit(exc))
+        with store.session() as s:
+            state = repo.fail_snapshot(s, snapshot_id, reason, retry=True, max_attempts=MAX_ATTEMPTS)
+        if state == "failed":
+            _dead(st, snapshot_id, f"gave up after {lease.attempts} attempts: {reason}")
+            return "failed"
+        if enqueue is not None:
+            enqueue(snapshot_id, min(2 ** lease.attempts, st.retry_backoff_max_s))
+        return "retry"
+    _after_done(st, snapshot_id)
+    _release(st, snapshot_id, task_id)
+    return "analysed" if computed else "reused"
+
+
+def _release(st: Settings, snapshot_id: int, task_id: str | None) -> None:
+    if task_id:
+        try:
+            runtime.redis_client(st.redis_url).delete(_holder_key(st, snapshot_id, task_id))
+        except Exception:  # noqa: BLE001 - it expires by itself
+            pass
+
+
+def _is_soft_limit(exc: BaseException) -> bool:
+    return type(exc).__name__ == "SoftTimeLimitExceeded"
+
+
+def _after_done(st: Settings, snapshot_id: int) -> None:
+    """An analysed snapshot: an OOM marks its run `oom`; the run-level diagnosis is scheduled."""
+    from profiler.store.orm import AnalysisResult
+
+    store = runtime.store(st)
+    with store.session() as s:
+        row = s.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.trigger, AnalysisResult.oom_requested_bytes,
+                               AnalysisResult.result["oom"].label("oom"))
+                        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+                        .where(Snapshot.id == snapshot_id)).one()
+        if row.trigger == "oom" or row.oom_requested_bytes is not None or row.oom:
+            promote_run_status(s, row.run_id, "oom")
+    schedule_recompute(st, row.run_id, row.rank)
+
+
+def quarantine(st: Settings, snapshot_id: int, reason: str) -> None:
+    """Bad data: the snapshot is failed for good with the reason, and a dead letter records it."""
+    store = runtime.store(st)
+    with store.session() as s:
+        repo.fail_snapshot(s, snapshot_id, reason, retry=False)
+    log.warning("snapshot %s quarantined: %s", snapshot_id, reason)
+    _dead(st, snapshot_id, reason)
+
+
+def _dead(st: Settings, snapshot_id: int, reason: str) -> None:
+    store = runtime.store(st)
+    with store.session() as s:
+        row = s.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.trigger, Snapshot.step,
+                               Snapshot.epoch, Snapshot.source, Run.name, Run.cluster)
+                        .join(Run, Run.id == Snapshot.run_id).where(Snapshot.id == snapshot_id)).one_or_none()
+    if row is None:
+        return
+    fields = {"v": "1", "kind": "snapshot", "run": row.name, "cluster": row.cluster or "", "rank": row.rank,
+              "sha256": row.sha256, "trigger": row.trigger, "step": "" if row.step is None else row.step,
+              "epoch": "" if row.epoch is None else row.epoch}
+    try:
+        runtime.dead_letter(runtime.redis_client(st.redis_url), st, fields, reason, stage="analyze",
+                            snapshot_id=snapshot_id, source=row.source)
+    except Exception as exc:  # noqa: BLE001 - the SQL row (state failed, last_error) is the record
+        log.warning("dead letter for snapshot %s not written: %s", snapshot_id, exc)
+
+
+# -------------------------------------------------------------------------------- run diagnoses
+
+
+def _cost_key(st: Settings, run_id: int, rank: int) -> str:
+    return f"{st.key_prefix}rundiag-cost:{int(run_id)}:{int(rank)}"
+
+
+def schedule_recompute(st: Settings, run_id: int, rank: int, send=None) -> bool:
+    """Enqueue one `recompute_run(run_id, rank)` unless one is already pending. Returns whether this
+    call enqueued it. Redis errors raise BrokerUnavailable (the caller retries)."""
+    r = runtime.redis_client(st.redis_url)
+    with runtime.redis_errors(st.redis_url):
+        raw = r.get(_cost_key(st, run_id, rank))
+        cost_s = float(raw) if raw else 0.0
+        delay_s = max(st.run_diagnosis_delay_ms / 1000.0, min(5.0 * cost_s, st.visibility_timeout_s / 4.0))
+        ttl_ms = int((delay_s + st.task_time_limit_s) * 1000)
+        if not runtime.debounce(r, runtime.run_diag_key(st, run_id, rank), ttl_ms):
+            return False
+    try:
+        (send or _send_recompute)(run_id, rank, delay_s)
+    except BaseException:
+        r.delete(runtime.run_diag_key(st, run_id, rank))
+        raise
+    return True
+
+
+def _send_recompute(run_id: int, rank: int, countdown: float) -> None:
+    from workers.tasks import recompute_run
+
+    recompute_run.apply_async((int(run_id), int(rank)), countdown=countdown)
+
+
+def recompute(st: Settings, run_id: int, rank: int) -> str | None:
+    """The run-level diagnosis of one rank; returns its primary cause."""
+    from profiler.store import service
+
+    r = runtime.redis_client(st.redis_url)
+    try:
+        r.delete(runtime.run_diag_key(st, run_id, rank))  # snapshots done from now on schedule again
+    except Exception:  # noqa: BLE001 - the key expires by itself
+        pass
+    store = runtime.store(st)
+    t0 = time.monotonic()
+    result = service.recompute_run(store, run_id, rank)
+    took = time.monotonic() - t0
+    if _is_oom(result):
+        with store.session() as s:
+            promote_run_status(s, run_id, "oom")
+    try:
+        r.set(_cost_key(st, run_id, rank), f"{took:.3f}", ex=7 * 24 * 3600)
+    except Exception:  # noqa: BLE001
+        pass
+    return ((result or {}).get("diagnosis") or {}).get("primary_cause")
+
+
+# ------------------------------------------------------------------------------------------ reaper
+
+
+def reap(st: Settings, enqueue=None, limit: int = 1000) -> dict[str, int]:
+    """See the module docstring. `enqueue(snapshot_id)` sends an analysis (the task passes its own)."""
+    store = runtime.store(st)
+    r = runtime.redis_client(st.redis_url)
+    now = repo.utcnow()
+    with store.session() as s:
+        expired = set(repo.requeue_expired(s))
+        old = repo._db_time(s, now - dt.timedelta(seconds=st.pending_requeue_s))
+        pending = s.execute(select(Snapshot.id, Snapshot.attempts).where(Snapshot.state == "pending",
+                                                                      Snapshot.created_at < old)
+                            .order_by(Snapshot.id).limit(limit)).all()
+        pending += s.execute(select(Snapshot.id, Snapshot.attempts).where(
+            Snapshot.state == "pending", Snapshot.id.in_(sorted(expired) or [-1]))).all()
+    exhausted = sorted({p.id for p in pending if p.attempts >= MAX_ATTEMPTS})
+    for sid in exhausted:
+        quarantine(st, sid, f"gave up after {MAX_ATTEMPTS} attempts")
+    sent = 0
+    for sid in sorted({p.id for p in pending if p.attempts < MAX_ATTEMPTS}):
+        with runtime.redis_errors(st.redis_url):
+            fresh = sid in expired or runtime.debounce(r, runtime.enqueue_key(st, sid), st.pending_requeue_s * 1000)
+        if fresh and enqueue is not None:
+            enqueue(sid)
+            sent += 1
+    stale = stale_diagnoses(st)
+    for run_id, rank in stale:
+        schedule_recompute(st, run_id, rank)
+    out = {"expired": len(expired), "enqueued": sent, "failed": len(exhausted), "diagnoses": len(stale)}
+    if any(out.values()):
+        log.info("reaper: %s", out)
+    return out
+
+
+def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
+    """(run, rank) pairs whose analysed snapshots are not all in their run-level diagnosis, once
+    the last diagnosis is older than the debounce delay."""
+    from profiler.store.service import MAX_RUN_SNAPSHOTS
+
+    store = runtime.store(st)
+    with store.session() as s:
+        done = (select(Snapshot.run_id, Snapshot.rank, func.count().label("n"))
+                .where(Snapshot.state == "done").group_by(Snapshot.run_id, Snapshot.rank).subquery())
+        old = repo._db_time(s, repo.utcnow() - dt.timedelta(milliseconds=st.run_diagnosis_delay_ms + 1000))
+        rows = s.execute(
+            select(done.c.run_id, done.c.rank)
+            .outerjoin(RunDiagnosis, and_(RunDiagnosis.run_id == done.c.run_id, RunDiagnosis.rank == done.c.rank))
+            .where((RunDiagnosis.run_id.is_(None))
+                   | and_(RunDiagnosis.snapshot_count < func.least(done.c.n, MAX_RUN_SNAPSHOTS)
+                          if s.get_bind().dialect.name == "postgresql"
+                          else RunDiagnosis.snapshot_count < func.min(done.c.n, MAX_RUN_SNAPSHOTS),
+                          RunDiagnosis.computed_at < old))
+            .limit(limit)).all()
+    return [(int(r.run_id), int(r.rank)) for r in rows]
+
+
+__all__ = ["analyze", "recompute", "reap", "schedule_recompute", "promote_run_status", "quarantine",
+           "BrokerUnavailable"]

@@ -1,0 +1,39 @@
+"""Thin Celery tasks over ids. The work is in `workers.jobs`; these only bind it to Celery.
+
+- `analyze_snapshot(snapshot_id)`  (queue memq.analyze): lease, analyse or reuse, upsert, status.
+- `recompute_run(run_id, rank)`    (queue memq.analyze): the run-level diagnosis (debounced).
+- `reap()`                         (queue memq.ingest, beat): expired leases and lost messages.
+Arguments are ids only; every task re-reads the state it needs from SQL.
+"""
+
+from __future__ import annotations
+
+from workers import jobs, runtime
+from workers.app import app, settings_of
+from workers.base import MemqTask
+
+
+def _st():
+    return settings_of(app)
+
+
+def enqueue_analysis(snapshot_id: int, countdown: float | None = None) -> None:
+    analyze_snapshot.apply_async((int(snapshot_id),), countdown=countdown)
+
+
+@app.task(base=MemqTask, bind=True, name="workers.tasks.analyze_snapshot")
+def analyze_snapshot(self, snapshot_id: int) -> str:
+    return jobs.analyze(_st(), int(snapshot_id), task_id=self.request.id, enqueue=enqueue_analysis)
+
+
+@app.task(base=MemqTask, bind=True, name="workers.tasks.recompute_run")
+def recompute_run(self, run_id: int, rank: int = 0) -> str | None:
+    return jobs.recompute(_st(), int(run_id), int(rank))
+
+
+@app.task(base=MemqTask, bind=True, name="workers.tasks.reap", retry_on_outage=False)
+def reap(self) -> dict:
+    return jobs.reap(_st(), enqueue=lambda sid: enqueue_analysis(sid))
+
+
+__all__ = ["analyze_snapshot", "recompute_run", "reap", "enqueue_analysis", "runtime"]
