@@ -69,7 +69,8 @@ def demo(as_json: bool) -> None:
     from rich.panel import Panel
 
     from profiler.cli._listing import table
-    from profiler.cli.history import RUN_COLS
+    from profiler.cli.history import RUN_COLS, _flat, _print_history
+    from profiler.store.queries import run_history
 
     store = demo_store()
     ctx = click.get_current_context(silent=True)
@@ -93,6 +94,10 @@ def demo(as_json: bool) -> None:
             lines.append(f"-> {rec['action']}: {rec.get('expected_effect', '')}")
         con.print(Panel("\n".join(lines), title=f"{rep['run']} ({rep['status']})", expand=False))
     con.print(table("history (memq runs --cluster demo)", RUN_COLS, doc["history"]))
+    with store.session() as s:
+        hist = run_history(s, "demo-sgd")
+    con.print("[bold]memq history --run demo-sgd[/bold]")
+    _print_history(hist, [_flat(x) for x in hist["snapshots"]])
     con.print(f"[bold]demo-sgd vs demo-adamw[/bold]: {doc['compare_sgd_adamw']['explanation']['text']}")
     con.print("next: memq history --run demo-fragmentation | memq compare demo-sgd demo-adamw | "
               "memq versions --job gpt-120m")
