@@ -85,12 +85,16 @@ def to_utc(value: dt.datetime | float | int | None) -> dt.datetime | None:
     return value.astimezone(dt.UTC)
 
 
-def _db_time(session: Session, value: dt.datetime | None) -> dt.datetime | None:
-    """SQLite keeps no offset: store naive UTC there, aware UTC elsewhere."""
+def db_time(session: Session, value: dt.datetime | None) -> dt.datetime | None:
+    """A time as this database takes it in a comparison or a write: SQLite keeps no offset, so
+    naive UTC there; aware UTC elsewhere."""
     value = to_utc(value)
     if value is not None and session.get_bind().dialect.name == "sqlite":
         return value.replace(tzinfo=None)
     return value
+
+
+_db_time = db_time  # early callers used the private name
 
 
 def _insert(session: Session, table):

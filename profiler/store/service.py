@@ -338,7 +338,9 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     peak_allocated = repo.max_present(*(r.allocated_bytes for r in analysed), *trace_peaks,
                                       (result.get("metrics") or {}).get("allocated_bytes"))
     with store.session() as s:
-        repo.store_run_diagnosis(s, run_id, rank, version, result, len(used), peak_reserved, peak_allocated,
+        # snapshot_count: the rows this diagnosis considered (a snapshot whose blob is gone stays
+        # counted, so a "fewer snapshots than rows" staleness check does not loop on it).
+        repo.store_run_diagnosis(s, run_id, rank, version, result, len(rows), peak_reserved, peak_allocated,
                                  peak_comp or {})
         repo.refresh_run_summary(s, run_id)
     return repo.contract_only(result)
