@@ -22,13 +22,18 @@ replayed in order when Redis answers again. `agent.counters()` says what was sen
 replayed and how many errors were absorbed.
 
 Recording at default settings (`history="auto"`, see profiler/agent/policy.py): Python-stack history
-during the first 3 marked steps, then one step in 50, continuously when headroom drops under 10%.
+during the first 3 marked steps (then a snapshot of them), one recorded step per periodic snapshot
+(every 30 min), continuously when headroom drops under 10% or the allocator starts retrying, and
+after an OOM.
 What a default-settings OOM snapshot can tell: every segment and block (sizes, states, streams,
-pools), the observer's request size and limit, frames for blocks allocated while recording was on
-(parameters, gradients and optimizer state, which are allocated in the first steps). What it cannot:
-frames of activations allocated in the failing step while recording was paused, and the alloc/free
-trace of that step (the ring buffer holds the last recorded step instead). Set `history="on"` when
-those matter more than ~12% of step time.
+pools, so fragmentation, stranded bytes, the fit test), the observer's request size, the allowed
+maximum and the device's free and total bytes (so LIMIT and non-PyTorch memory), the exception
+text, and frames for blocks allocated while recording was on: parameters and optimizer state
+(measured on the H200: 100% of their bytes keep frames after the pause). What it cannot: frames of
+activations allocated in the failing step and the alloc/free trace of that step (pausing empties
+the trace), unless headroom was already low and recording had switched on. Earlier steps' peaks
+come from the warm-up and periodic snapshots and the stats samples. Set `history="on"` when the
+failing step's trace matters more than ~12% of step time.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def start(run: str, cluster: str, **options: Any) -> Agent:
 
     Options (defaults from MEMQ_* settings, profiler/config.py): redis_url, stream, key_prefix,
     spool_dir, spool_max_bytes, stats_interval_s, snapshot_every_s, snapshot_on_epoch, history
-    ("auto"|"on"|"off"), stacks ("python"|"all"), max_entries, warmup_steps, duty_every, headroom,
+    ("auto"|"on"|"off"), stacks ("python"|"all"), max_entries, warmup_steps, headroom,
     signal (name, number or None), oom, codec, send_timeout_s, stop_timeout_s, job, rank, host,
     metadata, model, optimizer, device, source (a ReplaySource for replays and tests).
     """

@@ -54,8 +54,7 @@ class Agent:
                  snapshot_every_s: float | None = None, snapshot_on_epoch: bool = True,
                  history: str | None = None, stacks: str = "python", context: str = "all",
                  max_entries: int | None = None, warmup_steps: int = 3, warmup_s: float = 120.0,
-                 duty_every: int = 50, duty_on_s: float = 1.0, duty_period_s: float = 120.0,
-                 headroom: float = 0.10, signal: str | int | None = "default", oom: bool = True,
+                 periodic_record_s: float = 2.0, headroom: float = 0.10, signal: str | int | None = "default", oom: bool = True,
                  max_oom_snapshots: int = 4, oom_message_wait_s: float = 2.0, codec: str | None = None,
                  send_timeout_s: float = 2.0, queue_size: int = 256, stop_timeout_s: float = 5.0,
                  source: Any = None, client_factory: Any = None, backoff_s: tuple[float, float] = (0.5, 30.0),
@@ -78,8 +77,8 @@ class Agent:
         self.stacks, self.context = stacks, context
         self.max_entries = int(st.agent_max_entries if max_entries is None else max_entries)
         self.policy = RecordingPolicy(mode=history or st.agent_history, warmup_steps=warmup_steps, warmup_s=warmup_s,
-                                      duty_every=duty_every, duty_on_s=duty_on_s, duty_period_s=duty_period_s,
                                       headroom_frac=headroom)
+        self.periodic_record_s = float(periodic_record_s)
         self.signal_name = st.agent_signal if signal == "default" else signal
         self.oom_enabled = oom
         self.max_oom_snapshots = max_oom_snapshots
@@ -222,12 +221,15 @@ class Agent:
                 self._check_source()
                 if not self.armed:
                     return
-            self._apply_history(self.policy.on_step())
-            if now >= self._next_stats:
-                self._sample_stats(now)
             if now >= self._next_periodic:
                 self._next_periodic = now + self.snapshot_every_s
-                self.take_snapshot("periodic")
+                if self._auto_paused():
+                    self.policy.request_step()  # record the next step; the snapshot comes at its end
+                else:
+                    self.take_snapshot("periodic")
+            self._set_recording(self.policy.on_step())
+            if now >= self._next_stats:
+                self._sample_stats(now)
         except Exception:  # noqa: BLE001
             self.counters_obj.add("errors")
 
@@ -269,7 +271,6 @@ class Agent:
                               "argv": [str(a)[:200] for a in sys.argv[:20]], "scheduler": scheduler_ids(),
                               "agent": {"history": self.policy.mode, "stacks": self.stacks,
                                         "max_entries": self.max_entries, "warmup_steps": self.policy.warmup_steps,
-                                        "duty_every": self.policy.duty_every,
                                         "stats_interval_s": self.stats_interval_s,
                                         "snapshot_every_s": self.snapshot_every_s,
                                         "codec": self.transport.codec}}
@@ -327,6 +328,16 @@ class Agent:
         with self._lock:
             self._samples.append({"t": time.time(), "device_metadata": md})
         self._limit = md.get("limit_bytes")
+
+    def _auto_paused(self) -> bool:
+        return self.policy.mode == "auto" and not self.policy.continuous and not self.recording
+
+    def _set_recording(self, want: bool) -> None:
+        """Apply a policy decision. Pausing empties the trace, so a recorded stretch that ends
+        (warm-up, a periodic recorded step, a near miss that passed) is snapshotted first."""
+        if self.recording and not want and self.policy.mode == "auto":
+            self.take_snapshot("periodic", payload={"reason": self.policy.reason})
+        self._apply_history(want)
 
     def _apply_history(self, want: bool, force: bool = False) -> None:
         if want == self.recording and not force:
@@ -496,13 +507,17 @@ class Agent:
             self.take_snapshot("signal")
         stepping = self._last_step_t and now - self._last_step_t < max(5.0, self.stats_interval_s)
         if self.armed and not stepping:
-            if self.policy.steps_seen == 0:
-                self._apply_history(self.policy.on_time(now - self._t0))
-            if now >= self._next_stats:
-                self._sample_stats(now)
+            no_steps = self.policy.steps_seen == 0
             if now >= self._next_periodic:
                 self._next_periodic = now + self.snapshot_every_s
-                self.take_snapshot("periodic")
+                if no_steps and self._auto_paused():
+                    self.policy.request_time(now - self._t0 + self.periodic_record_s)
+                else:
+                    self.take_snapshot("periodic")
+            if no_steps:
+                self._set_recording(self.policy.on_time(now - self._t0))
+            if now >= self._next_stats:
+                self._sample_stats(now)
         if now >= self._next_flush:
             self._flush_stats()
 

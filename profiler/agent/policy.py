@@ -1,15 +1,22 @@
 """When to record allocator history (ARCHITECTURE.md, "Agent defaults: recording without the cost").
 
-History recording with Python stacks costs ~12% of a 54 ms step on an H200, so at `history="auto"`:
+History recording with Python stacks costs ~12% of a 54 ms step on an H200, and (measured on the
+H200, torch 2.11) pausing recording with `_record_memory_history(None)` empties the trace: a snapshot
+taken while paused has no trace entries. Blocks keep the frames they were allocated with, though
+(parameters and optimizer state: 100% of their bytes still had frames after the pause). Hence, at
+`history="auto"`:
 
 1. warm-up: record (stacks="python") during the first `warmup_steps` marked steps (or the first
    `warmup_s` seconds when the job marks no steps). Parameters, gradients and optimizer state are
-   allocated then, and their blocks keep those frames after recording is paused.
-2. duty cycle: afterwards record one marked step in `duty_every` (time-based without marked steps:
-   `duty_on_s` every `duty_period_s`), so the ring buffer holds a recent whole step.
-3. continuous: switch recording on for good when a stats sample shows headroom under
-   `headroom_frac` of the limit or new allocator retries (a near miss ahead of an OOM), and after an
-   OOM; go back to the duty cycle when headroom is above twice the threshold again.
+   allocated then and keep those frames. When the warm-up ends, the agent takes a snapshot (trigger
+   `periodic`, payload reason `warmup`) BEFORE pausing, so the trace of the first optimizer step
+   is kept.
+2. periodic: when a periodic snapshot is due, the agent records the next marked step only and takes
+   the snapshot at its end (before pausing again): each periodic snapshot holds the trace of one
+   whole training step (its peak, with frames) at a cost of one recorded step per period.
+3. continuous: recording stays on when a stats sample shows headroom under `headroom_frac` of the
+   limit or new allocator retries (a near miss ahead of an OOM), and after an OOM; it goes back to
+   paused when headroom is above twice the threshold again (not after an OOM).
 
 `history="on"` records all the time; `history="off"` never (snapshots then hold segments and blocks
 without frames, and no trace). Pure logic: no torch; the agent applies the decisions.
@@ -27,9 +34,6 @@ class RecordingPolicy:
     mode: str = "auto"
     warmup_steps: int = 3
     warmup_s: float = 120.0
-    duty_every: int = 50
-    duty_on_s: float = 1.0
-    duty_period_s: float = 120.0
     headroom_frac: float = 0.10
 
     def __post_init__(self):
@@ -38,10 +42,20 @@ class RecordingPolicy:
         self.steps_seen = 0
         self.continuous = False
         self.reason = "warmup" if self.mode == "auto" else self.mode
+        self._requested = 0
+        self._record_until = 0.0
         self._last_retries: int | None = None
 
     def initial(self) -> bool:
         return self.mode != "off"
+
+    def request_step(self) -> None:
+        """Record the next marked step (a periodic snapshot is due)."""
+        self._requested += 1
+
+    def request_time(self, until_s: float) -> None:
+        """Record until `until_s` seconds since start (a periodic snapshot of a job with no steps)."""
+        self._record_until = max(self._record_until, until_s)
 
     def on_step(self) -> bool:
         """Called at each marked step boundary (before the next step runs): record the next step?"""
@@ -49,13 +63,15 @@ class RecordingPolicy:
         if self.mode != "auto":
             return self.mode == "on"
         if self.continuous:
-            self.reason = "continuous"
             return True
         if self.steps_seen < self.warmup_steps:
             self.reason = "warmup"
             return True
-        self.reason = "duty"
-        return self.duty_every > 0 and (self.steps_seen - self.warmup_steps) % self.duty_every == self.duty_every - 1
+        if self._requested:
+            self._requested -= 1
+            self.reason = "periodic"
+            return True
+        return False
 
     def on_time(self, elapsed_s: float) -> bool:
         """For jobs that mark no steps: the decision by time since start."""
@@ -64,8 +80,12 @@ class RecordingPolicy:
         if self.continuous:
             return True
         if elapsed_s < self.warmup_s:
+            self.reason = "warmup"
             return True
-        return self.duty_period_s > 0 and (elapsed_s - self.warmup_s) % self.duty_period_s < self.duty_on_s
+        if elapsed_s < self._record_until:
+            self.reason = "periodic"
+            return True
+        return False
 
     def on_stats(self, sample: dict, limit: int | None) -> None:
         """Update the near-miss state from a stats sample."""

@@ -169,7 +169,7 @@ class TorchSource:
             ("gpu", lambda: torch.cuda.get_device_name(dev)),
             ("device_total", lambda: int(torch.cuda.get_device_properties(dev).total_memory)),
             ("capability", lambda: list(torch.cuda.get_device_capability(dev))),
-            ("memory_fraction", lambda: float(torch.cuda.get_per_process_memory_fraction(dev))),
+            ("memory_fraction", lambda: self._fraction(dev)),
             ("driver", lambda: torch._C._cuda_getDriverVersion()),
             ("allocator_settings", self._allocator_settings),
         ):
@@ -237,14 +237,18 @@ class TorchSource:
         return int(self._t().cuda.get_device_properties(dev).total_memory)
 
     def limit_bytes(self) -> int | None:
-        torch = self._t()
         dev = self.device()
         total = self.device_total(dev)
-        try:
-            frac = float(torch.cuda.get_per_process_memory_fraction(dev))
-        except Exception:  # noqa: BLE001 - older torch cannot read the fraction back
-            frac = 1.0
+        frac = self._fraction(dev)
         return int(total * frac) if total else None
+
+    def _fraction(self, dev: int) -> float:
+        try:
+            frac = float(self._t().cuda.get_per_process_memory_fraction(dev))
+        except Exception:  # noqa: BLE001 - older torch cannot read the fraction back
+            return 1.0
+        # under backend:cudaMallocAsync the value read back is meaningless (seen: 1.2e8 on torch 2.11)
+        return frac if 0.0 < frac <= 1.0 else 1.0
 
 
 class ReplaySource:

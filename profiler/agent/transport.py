@@ -103,7 +103,7 @@ class Transport:
     def __init__(self, *, identity: dict, spool: Spool, redis_url: str | None, stream: str = "memq:ingest",
                  key_prefix: str = "memq:", maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,
                  codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
-                 max_pending_snapshots: int = 8, backoff_s: tuple[float, float] = (0.5, 30.0),
+                 max_pending_snapshots: int = 16, backoff_s: tuple[float, float] = (0.5, 30.0),
                  client_factory: Callable[[], Any] | None = None, counters: Counters | None = None):
         self.identity = identity  # run, cluster, job, rank, host
         self.spool = spool

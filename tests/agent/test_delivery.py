@@ -27,8 +27,10 @@ def test_seed_run_arrives_intact(shared):
     kinds = [e.kind for e in got]
     assert kinds[0] == "run_start" and kinds[-1] == "run_end"
     snaps = [e for e in got if e.kind == "snapshot"]
-    assert [s.trigger for s in snaps] == ["epoch_end"] * 3
-    assert [(s.step, s.epoch) for s in snaps] == [(14, 0), (29, 1), (44, 2)]
+    # the warm-up (3 recorded steps) ends with a snapshot taken before recording pauses
+    assert [s.trigger for s in snaps] == ["periodic"] + ["epoch_end"] * 3
+    assert snaps[0].payload["reason"] == "warmup" and snaps[0].payload["recording"] is True
+    assert [(s.step, s.epoch) for s in snaps] == [(2, 0), (14, 0), (29, 1), (44, 2)]
     for e in got:
         assert (e.run, e.cluster, e.rank, e.job, e.host) == ("test-run", "test-cluster", 2, "job-7", "hostA")
     # the replay source hands out the fixture files in meta order: the blob is byte-identical
