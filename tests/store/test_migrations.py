@@ -148,3 +148,30 @@ def test_plain_alembic_cli_config_points_at_the_package(tmp_path, monkeypatch):
         assert schema.current_revision(engine) == schema.head_revision()
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_data_survives_0001_to_0002(kind, tmp_path, request):
+    """Rows written under revision 0001 (raw SQL, not the ORM) are still there after 0002, which
+    rebuilds stat_samples on SQLite (batch mode) and drops its foreign key."""
+    if kind == "postgresql":
+        request.getfixturevalue("pg_server")
+    with fresh_database(kind, tmp_path) as url:
+        engine = make_engine(url)
+        try:
+            schema.upgrade(engine, "0001")
+            with engine.begin() as conn:
+                rid = conn.execute(text("INSERT INTO runs (name, labels, status) VALUES ('r', '{}', 'running') "
+                                        "RETURNING id")).scalar_one()
+                conn.execute(text("INSERT INTO stat_samples (run_id, rank, sampled_at, allocated_bytes) "
+                                  "VALUES (:r, 0, '2026-11-29 20:34:40', 123)"), {"r": rid})
+            schema.upgrade(engine)
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT allocated_bytes FROM stat_samples")).scalar_one() == 123
+            assert not inspect(engine).get_foreign_keys("stat_samples")
+            schema.downgrade(engine, "0001")
+            assert inspect(engine).get_foreign_keys("stat_samples")[0]["referred_table"] == "runs"
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT count(*) FROM stat_samples")).scalar_one() == 1
+        finally:
+            engine.dispose()
