@@ -46,7 +46,7 @@ def run_child(args, env_extra=None, timeout=300):
 
 
 def part_oom(out):
-    r = run_child([os.path.join(HERE, "gpt_agent_train.py"), "--run", "gpu-oom", "--spool",
+    r = run_child([os.path.join(HERE, "gpt_agent_train.py"), "--name", "gpu-oom", "--spool",
                    os.path.join(out, "spool_oom"), "--epochs", "2", "--steps", "8", "--oom-fraction", "0.12"])
     r["oom_reached_user"] = r["rc"] != 0 and "torch.OutOfMemoryError" in r["stderr_tail"] \
         and "CUDA out of memory" in r["stderr_tail"]
@@ -103,9 +103,13 @@ def part_bench(out, rounds, block, torch, train):
             times[mode].append((time.perf_counter() - t0) / block)
     off, on = statistics.fmean(times["off"]), statistics.fmean(times["agent"])
     ratios = [b / o for o, b in zip(times["off"], times["agent"], strict=True)]
+    diffs = [(b - o) / off for o, b in zip(times["off"], times["agent"], strict=True)]
+    half = 1.96 * statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
     res = {"rounds": rounds, "block": block, "steps_per_mode": rounds * block,
            "mean_step_ms_off": off * 1e3, "mean_step_ms_agent": on * 1e3,
            "overhead_mean_pct": (on / off - 1) * 100,
+           "overhead_paired_mean_pct": statistics.fmean(diffs) * 100,
+           "overhead_paired_ci95_pct": half * 100 if half is not None else None,
            "overhead_per_round_pct": [round((x - 1) * 100, 3) for x in ratios],
            "overhead_round_sd_pct": statistics.stdev(ratios) * 100 if len(ratios) > 1 else None,
            "median_block_ms_off": statistics.median(times["off"]) * 1e3,
@@ -187,8 +191,7 @@ def part_triggers(torch, train, model, opt):
                 need = n // per + 2
             if steps >= need:
                 break
-        mem._record_memory_history(enabled=None)
-        ms, s = timed(lambda: mem._snapshot(), 3)
+        ms, s = timed(lambda: mem._snapshot(), 3)  # recording still on: the trace is there
         entries = len(s["device_traces"][0])
         t0 = time.perf_counter()
         data_bytes = pickle.dumps(s, 4)
@@ -207,18 +210,28 @@ def part_triggers(torch, train, model, opt):
             zs = (len(zstandard.ZstdCompressor(level=3).compress(data_bytes)), (time.perf_counter() - t0) * 1e3)
         except ImportError:
             pass
+        t0 = time.perf_counter()
+        mem._record_memory_history(enabled=None)
+        t_off = time.perf_counter() - t0
+        kept = len(mem._snapshot()["device_traces"][0])
+        t0 = time.perf_counter()
+        mem._record_memory_history(enabled="all", context="all", stacks="python", max_entries=n)
+        t_on = time.perf_counter() - t0
+        back = len(mem._snapshot()["device_traces"][0])
+        mem._record_memory_history(enabled=None)
         res[f"entries_{n}"] = {"trace_entries": entries, "entries_per_step": per, "steps_recorded": steps,
                                "snapshot_ms_training_thread": ms, "pickle_ms": t_pickle * 1e3,
                                "sha256_ms": t_sha * 1e3, "gzip_ms": t_gz * 1e3, "pickle_bytes": len(data_bytes),
-                               "gzip_bytes": len(gz), "zstd": zs}
+                               "gzip_bytes": len(gz), "zstd": zs, "pause_ms": t_off * 1e3, "resume_ms": t_on * 1e3,
+                               "trace_entries_after_pause": kept, "trace_entries_after_resume": back}
     return res
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--rounds", type=int, default=16)
-    ap.add_argument("--block", type=int, default=60)
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--parts", default="oom,degrade,bench,triggers")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)

@@ -3,7 +3,7 @@
 12 layers, d=768, 12 heads, vocabulary 45,000 (tied embeddings), bf16 autocast, activation
 checkpointing per block, AdamW, batch 32 x 256 random tokens.
 
-    python gpt_agent_train.py --run R --spool DIR [--epochs 2 --steps 10] [--oom-fraction 0.12]
+    python gpt_agent_train.py --name R --spool DIR [--epochs 2 --steps 10] [--oom-fraction 0.12]
     torchrun --nproc_per_node 2 gpt_agent_train.py --ddp ...
     memq run --run R --cluster C -- python gpt_agent_train.py --no-agent-line ...   (no code change)
 
@@ -87,7 +87,7 @@ def batch(b, t, device, vocab=45_000):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--run", default="gpt-agent")
+    ap.add_argument("--name", default="gpt-agent", help="run name (not --run: torchrun would take it)")
     ap.add_argument("--cluster", default="h200")
     ap.add_argument("--spool", default=None)
     ap.add_argument("--epochs", type=int, default=2)
@@ -103,7 +103,7 @@ def main(argv=None):
         from profiler import agent
 
         # the one line a user adds (spool_dir only because this machine has no Redis):
-        agent.start(run=args.run, cluster=args.cluster, spool_dir=args.spool)
+        agent.start(run=args.name, cluster=args.cluster, spool_dir=args.spool)
     from profiler import agent
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
