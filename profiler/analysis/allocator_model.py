@@ -205,7 +205,7 @@ class AllocatorModel:
 
     def __init__(self, config: AllocatorConfig, limit_bytes: int | None = None, *,
                  record: bool = False, n_handles: int = 0, addr_hints: list | None = None,
-                 base_address: int = 1 << 46, per_process_limit: bool = True):
+                 base_address: int = 1 << 46, per_process_limit: bool = True, map_hints: list | None = None):
         self.cfg = config
         self.limit = limit_bytes
         self.record = record
@@ -232,6 +232,8 @@ class AllocatorModel:
         self.n_dev_free = 0
         self.hints = addr_hints or []  # [(size, address)] of the recorded segment_alloc events, in order
         self.hint_i = 0
+        self.map_hints = map_hints or []  # addresses of the recorded segment_map events, in order
+        self.map_hint_i = 0
         # New segments get addresses below everything known: the CUDA driver hands out segment
         # addresses from the top down (the captured traces show each new cudaMalloc below the last), and
         # best fit breaks ties between equal blocks by address, so newer segments win ties.
@@ -254,6 +256,32 @@ class AllocatorModel:
         st = self.seg_starts
         i = bisect_left(st, end)
         return i > 0 and self.live_segments[st[i - 1]] > start
+
+    def _make_room(self, addr: int) -> bool:
+        """True when `addr` lies in no live segment, trimming the unmapped tail of an expandable
+        segment's address reservation (the model reserves more address space than CUDA did) if needed."""
+        st = self.seg_starts
+        i = bisect_left(st, addr + 1) - 1
+        if i < 0 or self.live_segments[st[i]] <= addr:
+            return True
+        start = st[i]
+        for key, es in self.es_of.items():
+            if es[0] != start:
+                continue
+            ul = self.unmapped.get(key, [])
+            if not ul:
+                return False
+            tail = self.blocks[ul[-1]]
+            if tail[NEXT] is not None or tail[ADDR] >= addr:
+                return False
+            cut = (addr - tail[ADDR]) // es[1] * es[1]
+            if cut <= 0:
+                return False
+            tail[SIZE] = cut
+            es[2] = tail[ADDR] + cut - es[0]
+            self.live_segments[start] = tail[ADDR] + cut
+            return True
+        return False
 
     def _synthetic_address(self, size: int) -> int:
         addr = (self.low - size - (32 << 20)) & ~((2 << 20) - 1)
@@ -639,7 +667,22 @@ class AllocatorModel:
                 return c
         page = K_SMALL_BUFFER if pool == 0 else self.lss
         va = self._va_size(page)
-        base = self._synthetic_address(va)
+        base = None
+        mh = self.map_hints
+        while base is None and self.map_hint_i < len(mh):
+            # a new expandable segment is first mapped at its base: the recorded run's next map that lies
+            # outside every known segment (after trimming the unused address space of the others) is it
+            a = mh[self.map_hint_i]
+            self.map_hint_i += 1
+            if self._make_room(a):
+                base = a
+        if base is None:
+            base = self._synthetic_address(va)
+        else:
+            st = self.seg_starts
+            j = bisect_left(st, base + 1)
+            if j < len(st):
+                va = min(va, (st[j] - base) // page * page)
         self._add_segment(base, base + va)
         es = [base, page, va]
         self.es_of[key] = es

@@ -96,6 +96,7 @@ class Replay:
     recorded_alloc_addr: list  # per op: recorded address of OP_ALLOC, else None
     op_event: list  # per op: index of the trace entry it came from
     addr_hints: list  # (size, address) of recorded segment_alloc entries, in order
+    map_hints: list  # addresses of recorded segment_map entries, in order
     recorded_config: AllocatorConfig
     recorded_oom_ops: list  # op indices of the trace's oom entries
     foreign_start: int  # reserved bytes of private pools at the first entry (counted, never modelled)
@@ -248,6 +249,7 @@ def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
     seg_freed_pre: list = []  # (address, size, stream) segments the trace frees that existed before it
     exp_changes: list = []  # (kind, address, size, stream) map/unmap entries, in order
     hints: list = []
+    map_hints: list = []
     oom_ops: list = []
     n = 0
 
@@ -312,6 +314,7 @@ def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
                 hints.append((e.size, e.addr))
             else:
                 exp_changes.append((EV_SEGMENT_MAP, e.addr, e.size, e.stream))
+                map_hints.append(e.addr)
             continue
         if a == "segment_free" or a == "segment_unmap":
             if not pending:
@@ -427,7 +430,7 @@ def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
         warnings.append("the snapshot has no trace (record_memory_history was off): nothing to replay")
     return Replay(program=prog, start_segments=start_segs, start_live=start_live, recorded_events=rec_events,
                   recorded_reserved_start=reserved_start, recorded_alloc_addr=rec_alloc_addr, op_event=op_event,
-                  addr_hints=hints, recorded_config=cfg, recorded_oom_ops=oom_ops, foreign_start=foreign_start,
+                  addr_hints=hints, map_hints=map_hints, recorded_config=cfg, recorded_oom_ops=oom_ops, foreign_start=foreign_start,
                   trace_entries=len(trace),
                   streams=smap, warnings=warnings)
 
@@ -513,7 +516,7 @@ def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, 
     prog = rep.program
     if start == "recorded":
         m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, addr_hints=rep.addr_hints,
-                           per_process_limit=per_process)
+                           per_process_limit=per_process, map_hints=rep.map_hints)
         m.load(rep.start_segments)
         if rep.foreign_start:
             m.add_foreign(rep.foreign_start)
