@@ -47,6 +47,12 @@ class Settings:
     max_deliveries: int = 5
     max_snapshot_bytes: int = 4 * 1024**3
     report_dir: str = ""
+    report_scopes: str = "all"
+    report_hour_utc: int = 0
+    report_minute_utc: int = 30
+    report_catchup_days: int = 7
+    report_webhook_url: str = ""
+    report_webhook_timeout_s: int = 10
     data_dir: str = ""
     spool_dir: str = ""
     spool_max_bytes: int = 1024**3
@@ -55,12 +61,6 @@ class Settings:
     agent_history: str = "auto"
     agent_max_entries: int = 50_000
     agent_signal: str = "SIGUSR2"
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def is_embedded_db(self) -> bool:
-        return self.database_url.startswith("sqlite")
-
     broker_url: str = ""
     broker_key_prefix: str = ""
     visibility_timeout_s: int = 3600
@@ -76,6 +76,12 @@ class Settings:
     heartbeat_s: int = 10
     worker_max_tasks_per_child: int = 500
     worker_max_memory_per_child_kb: int = 4_000_000
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_embedded_db(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
     def replace(self, **changes) -> Settings:
         return dataclasses.replace(self, **changes)
 
@@ -95,6 +101,15 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("max_snapshot_bytes", "MEMQ_MAX_SNAPSHOT_BYTES", int, 4 * 1024**3,
          "Largest uncompressed snapshot accepted anywhere (bytes)."),
     Spec("report_dir", "MEMQ_REPORT_DIR", str, "<data dir>/reports", "Where nightly reports are written."),
+    Spec("report_scopes", "MEMQ_REPORT_SCOPES", str, "all",
+         "Nightly report scopes, comma separated: all, cluster=NAME, job=NAME."),
+    Spec("report_hour_utc", "MEMQ_REPORT_HOUR_UTC", int, 0, "Beat: UTC hour of the nightly report (of the day before)."),
+    Spec("report_minute_utc", "MEMQ_REPORT_MINUTE_UTC", int, 30, "Beat: UTC minute of the nightly report."),
+    Spec("report_catchup_days", "MEMQ_REPORT_CATCHUP_DAYS", int, 7,
+         "Nightly report: days back it fills in when a report is missing (missed ticks, downtime)."),
+    Spec("report_webhook_url", "MEMQ_REPORT_WEBHOOK_URL", str, "",
+         "Optional http(s) URL that receives the Markdown summary as JSON {\"text\": ...}; '' = none."),
+    Spec("report_webhook_timeout_s", "MEMQ_REPORT_WEBHOOK_TIMEOUT_S", int, 10, "Webhook POST timeout (seconds)."),
     Spec("data_dir", "MEMQ_DATA_DIR", str, "~/.local/share/memq", "Base of the embedded defaults."),
     # In-job agent (profiler.agent). Options given to agent.start() override these.
     Spec("spool_dir", "MEMQ_SPOOL_DIR", str, "<data dir>/spool",
@@ -108,21 +123,6 @@ SETTINGS: tuple[Spec, ...] = (
          "Agent: allocator history recording: auto (warm-up, duty cycle, on near the limit) | on | off."),
     Spec("agent_max_entries", "MEMQ_AGENT_MAX_ENTRIES", int, 50_000, "Agent: history ring-buffer entries."),
     Spec("agent_signal", "MEMQ_AGENT_SIGNAL", str, "SIGUSR2", "Agent: signal that takes a snapshot ('' = none)."),
-)
-
-
-def _coerce(spec: Spec, raw: object) -> object:
-    if spec.type is int:
-        try:
-            return int(str(raw).replace("_", ""))
-        except ValueError as exc:
-            raise ConfigError(f"{spec.env} must be an integer, got {raw!r}") from exc
-    return str(raw)
-
-
-def normalize_database_url(url: str) -> str:
-    """Plain postgres URLs go to the psycopg 3 driver so users never need psycopg2."""
-    for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
     # Dispatcher and Celery workers (workers/). Soft limit < hard limit < lease, and hard limit <
     # visibility timeout: workers refuse to start otherwise.
     Spec("broker_url", "MEMQ_BROKER_URL", str, "<MEMQ_REDIS_URL>", "Workers: Celery broker (Redis)."),
@@ -150,6 +150,21 @@ def normalize_database_url(url: str) -> str:
          "Workers: a pool process is replaced after this many tasks."),
     Spec("worker_max_memory_per_child_kb", "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB", int, 4_000_000,
          "Workers: a pool process is replaced once its resident memory exceeds this (KiB)."),
+)
+
+
+def _coerce(spec: Spec, raw: object) -> object:
+    if spec.type is int:
+        try:
+            return int(str(raw).replace("_", ""))
+        except ValueError as exc:
+            raise ConfigError(f"{spec.env} must be an integer, got {raw!r}") from exc
+    return str(raw)
+
+
+def normalize_database_url(url: str) -> str:
+    """Plain postgres URLs go to the psycopg 3 driver so users never need psycopg2."""
+    for prefix in ("postgresql://", "postgres://", "postgresql+psycopg2://"):
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix):]
     return url
@@ -194,7 +209,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     values.setdefault("blob_dir", str(data_dir / "blobs"))
     values.setdefault("report_dir", str(data_dir / "reports"))
     values.setdefault("spool_dir", str(data_dir / "spool"))
-    values["database_url"] = normalize_database_url(str(values["database_url"]))
-    return Settings(**values)
     values.setdefault("broker_url", values.get("redis_url", Settings.redis_url))
     values.setdefault("broker_key_prefix", str(values.get("key_prefix", Settings.key_prefix)) + "celery:")
+    values["database_url"] = normalize_database_url(str(values["database_url"]))
+    return Settings(**values)

@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "worker": "profiler.cli.service:worker",
     "dispatcher": "profiler.cli.service:dispatcher",
     "status": "profiler.cli.service:status",
+    "report": "profiler.cli.report:report",
+    "plot": "profiler.cli.report:plot",
 }
 
 

@@ -1,0 +1,227 @@
+"""Reports built from a history filled through `memq ingest` with real snapshots: the causes, the
+numbers and the flagged runs, checked against the fixtures' ground truth (meta.json, README)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from sqlalchemy import func, select
+
+from profiler.store.orm import Report, Run
+from profiler.store.report_queries import Scope
+from tests.report.conftest import CAPTURED, DAY1, DAY2, REAL, exit_code, invoke
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def _meta(path):
+    return json.loads((path / "meta.json").read_text())
+
+
+def _report(history, day: str, scope: str = "all", fmt: str = "json", tmp=None):
+    out = (tmp or history.root) / f"{day}-{scope.replace('=', '_')}.{fmt}"
+    res = invoke(history.env, ["report", "--date", day, "--scope", scope, "--format", fmt, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text()) if fmt == "json" else out.read_text()
+
+
+def _by_run(rows):
+    return {r["run"]: r for r in rows}
+
+
+def test_day1_ooms_and_near_misses_by_cause_cluster_and_job(history):
+    doc = _report(history, DAY1)
+    assert doc["date"] == DAY1 and doc["scope"] == "all"
+    assert doc["totals"]["runs"] == 8
+    assert doc["totals"]["oom_runs"] == 4
+    # ground-truth labels of the four OOM fixtures (fixtures/real/README.md)
+    assert doc["ooms"]["by_cause"] == {"fragmentation": 2, "capacity": 1, "external_memory": 1}
+    assert doc["ooms"]["by_cluster"] == {"b": 3, "a": 1}
+    assert doc["ooms"]["by_job"] == {"dyn": 1, "ext": 1, "gpt": 1, "synth": 1}
+    runs = _by_run(doc["ooms"]["runs"])
+    assert {r: runs[r]["primary_cause"] for r in runs} == {
+        "capacity": "capacity", "external": "external_memory", "frag_dyn": "fragmentation",
+        "frag_synthetic": "fragmentation"}
+    # the failed request: the observer's `alloc` (rounded) within the allocator's rounding
+    for run, folder in (("capacity", "capacity"), ("frag_synthetic", "frag_synthetic"), ("external", "external"),
+                        ("frag_dyn", "frag_dynamic_1.15")):
+        alloc = _meta(REAL / folder)["snapshots"][-1]["alloc"]
+        assert abs(runs[run]["requested_bytes"] - alloc) <= 2 * MiB, run
+    assert runs["capacity"]["limit_bytes"] == 17179869184 and runs["capacity"]["limit_kind"] == "cap"
+    assert runs["frag_synthetic"]["fits_if_compacted"] is True and runs["capacity"]["fits_if_compacted"] is False
+    # external: the limit is the device minus what another allocator held, not the device
+    assert runs["external"]["limit_kind"] == "derived" and runs["external"]["limit_bytes"] < 14 * GiB
+    assert "nvidia-smi" in runs["external"]["recommendation"]
+    # near miss: expandable segments at 1.15x the probe's peak completed with 2.3% headroom
+    assert doc["near_misses"]["count"] == 1
+    near = doc["near_misses"]["runs"][0]
+    assert near["run"] == "frag_dyn_expandable" and near["status"] == "completed"
+    assert near["limit_bytes"] == 20244645632
+    assert near["headroom_bytes"] == 20244645632 - near["peak_reserved_bytes"]
+    assert 0.02 < near["headroom_ratio"] < 0.025
+    by_cause = {r["cause"]: (r["ooms"], r["near_misses"]) for r in doc["breakdown"]["by_cause"]}
+    assert by_cause == {"fragmentation": (2, 0), "capacity": (1, 0), "external_memory": (1, 0), "healthy": (0, 1)}
+    assert {r["cluster"]: (r["ooms"], r["near_misses"]) for r in doc["breakdown"]["by_cluster"]} == {
+        "b": (3, 1), "a": (1, 0)}
+
+
+def test_day1_regression_fragmentation_and_no_growth(history):
+    doc = _report(history, DAY1)
+    regs = doc["regressions"]
+    assert [(r["job"], r["previous_version"], r["torch_version"]) for r in regs] == [("gpt", "2.10.0", "2.11.0")]
+    r = regs[0]
+    # gpt on 2.11.0 that day: the capacity OOM only; on 2.10.0: the two healthy seed runs
+    assert r["new"] is True and r["previous_oom_rate"] == 0 and r["oom_rate"] == 1.0
+    assert r["runs"] == 1 and r["previous_runs"] == 2 and "OOM rate 0% -> 100%" in r["reasons"]
+    assert "mean peak reserved +" in r["reasons"][0]
+    # the fragmentation OOMs come first, each with the setting the analysis names
+    frag = doc["fragmented"]
+    assert [f["run"] for f in frag[:2]] == ["frag_dyn", "frag_synthetic"]
+    for f in frag[:2]:
+        assert f["setting"] == "expandable_segments:True" and f["setting_source"] == "diagnosis"
+        assert f["fragmented_free_bytes"] == f["free_bytes"] - f["largest_free_block_bytes"]
+    # frag_dynamic_1.15: 4.60 GiB cached free, largest usable block 2.06 GiB (README / analysis)
+    assert 2.4 * GiB < frag[0]["fragmented_free_bytes"] < 2.7 * GiB
+    # expandable segments leave one big free block: not fragmented
+    assert "frag_dyn_expandable" not in {f["run"] for f in frag}
+    # kept_loss_no_leak keeps a scalar per step: 40 flat epochs, nothing grows
+    assert doc["growing"] == []
+    assert doc["changes"] is None  # nothing on the day before, nothing stored
+    flagged = [f["run"] for f in doc["flagged_runs"]]
+    assert flagged[:4] == ["capacity", "external", "frag_dyn", "frag_synthetic"]
+    assert len(doc["timelines"]) == len(flagged)
+
+
+def test_day2_leak_growth_new_regression_and_changes_against_stored_day1(history):
+    _report(history, DAY1)  # stored: day 2 compares with it
+    doc = _report(history, DAY2)
+    assert doc["totals"]["runs"] == 4 and doc["totals"]["oom_runs"] == 3
+    with history.store().session() as s:
+        causes = dict(s.execute(select(Run.name, Run.primary_cause)).all())
+    assert causes["leak_epochs"] == "leak" and causes["dyn_gc"] == "fragmentation"
+    expected = {}
+    for name in ("leak_epochs", "dyn_gc", "dyn_roundup"):
+        expected[causes[name]] = expected.get(causes[name], 0) + 1
+    assert doc["ooms"]["by_cause"] == dict(sorted(expected.items(), key=lambda kv: (-kv[1], kv[0])))
+    # leak_epochs: history.append(logits) keeps 8 x 131072000 bytes per epoch (captured README)
+    grow = _by_run(doc["growing"])
+    assert list(grow) == ["leak_epochs"]
+    g = grow["leak_epochs"]
+    assert g["mean_growth_per_epoch_bytes"] == 8 * 131072000
+    assert g["consecutive_grown"] >= 4 and g["source"] == "stat samples and snapshots"
+    assert all(b - a == 8 * 131072000 for a, b in zip(g["floors"], g["floors"][1:], strict=False))
+    assert "4 consecutive intervals" in g["leak_evidence"]
+    # leak OOM listed with the cap and the 250 MiB request
+    oom = _by_run(doc["ooms"]["runs"])["leak_epochs"]
+    assert oom["limit_bytes"] == 7516192768 and oom["requested_bytes"] == 262144000
+    # max_split_size_mb:128 completed with reserved at the cap: the near miss of the day
+    near = _by_run(doc["near_misses"]["runs"])
+    assert list(near) == ["dyn_max_split"] and near["dyn_max_split"]["headroom_ratio"] < 0.01
+    regs = {(r["job"], r["torch_version"]): r for r in doc["regressions"]}
+    assert regs[("dyn", "2.12.0")]["new"] is True and regs[("dyn", "2.12.0")]["previous_version"] == "2.11.0"
+    assert "OOM rate 50% -> 67%" in regs[("dyn", "2.12.0")]["reasons"]
+    assert regs[("gpt", "2.11.0")]["new"] is False  # already in day 1's report
+    frag = _by_run(doc["fragmented"])
+    assert frag["dyn_gc"]["setting"] == "expandable_segments:True"
+    assert frag["dyn_max_split"]["setting"] == "expandable_segments:True"
+    assert frag["dyn_max_split"]["setting_source"] == "rule"
+    ch = doc["changes"]
+    assert ch["previous_date"] == DAY1 and ch["previous_source"] == "stored"
+    assert ch["totals"]["runs"] == {"previous": 8, "now": 4, "delta": -4}
+    assert ch["totals"]["oom_runs"] == {"previous": 4, "now": 3, "delta": -1}
+    assert ch["ooms_by_cause"]["leak"] == {"previous": 0, "now": 1, "delta": 1}
+    assert ch["ooms_by_cause"]["capacity"] == {"previous": 1, "now": 0, "delta": -1}
+    assert ch["new_regressions"] == [{"job": "dyn", "torch_version": "2.12.0"}]
+    assert ch["newly_growing_runs"] == ["leak_epochs"]
+    assert sorted(ch["jobs_without_ooms_now"]) == ["ext", "synth"]
+    assert [p["date"] for p in doc["trend"]] == [DAY1, DAY2]
+    assert doc["trend"][0]["oom_runs"] == 4 and doc["trend"][1]["oom_runs"] == 3
+
+
+def test_scope_cluster_limits_every_section(history):
+    doc = _report(history, DAY2, scope="cluster=b")
+    assert doc["scope"] == "cluster:b"
+    assert doc["totals"]["runs"] == 3
+    assert set(doc["ooms"]["by_cluster"]) == {"b"}
+    assert [g["run"] for g in doc["growing"]] == []  # the leak ran on cluster a
+    assert [r["job"] for r in doc["regressions"]] == ["dyn"]
+    a = _report(history, DAY2, scope="cluster=a")
+    assert a["totals"]["runs"] == 1 and [g["run"] for g in a["growing"]] == ["leak_epochs"]
+    job = _report(history, DAY1, scope="job=gpt")
+    assert job["totals"]["runs"] == 3 and job["ooms"]["by_cause"] == {"capacity": 1}
+
+
+def test_rerun_replaces_and_stores_in_the_database_and_directory(history):
+    _report(history, DAY1)
+    first = _report(history, DAY1)
+    with history.store().session() as s:
+        rows = s.execute(select(Report.id, Report.path, Report.summary).where(Report.scope == "all")).all()
+    assert len(rows) == 1
+    rid, path, summary = rows[0]
+    assert summary["totals"] == first["totals"] and "timelines" not in summary
+    base = history.root / "reports" / "all"
+    assert path == str(base / f"{DAY1}.html")
+    for ext in ("html", "md", "json"):
+        assert (base / f"{DAY1}.{ext}").stat().st_size > 0
+    assert json.loads((base / f"{DAY1}.json").read_text())["totals"] == first["totals"]
+    md = _report(history, DAY1, fmt="md")
+    assert "| frag_dyn_expandable | dyn | b |" in md and "external_memory" in md
+    with history.store().session() as s:
+        assert s.execute(select(func.count()).select_from(Report)).scalar_one() == 1
+        assert s.execute(select(Report.id)).scalar_one() == rid
+
+
+def test_no_store_and_stdout(history):
+    res = invoke(history.env, ["report", "--date", DAY2, "--format", "md", "--no-store"])
+    assert res.exit_code == 0
+    assert res.output.startswith(f"# memq report {DAY2}")
+    assert "leak_epochs" in res.output
+    with history.store().session() as s:
+        assert s.execute(select(func.count()).select_from(Report)).scalar_one() == 0
+
+
+def test_default_date_is_the_latest_day_with_runs(history):
+    res = invoke(history.env, ["report", "--format", "json", "--no-store"])
+    assert res.exit_code == 0
+    doc = json.loads(res.stdout)
+    assert doc["date"] == DAY2
+
+
+def test_empty_day_and_bad_scope(history):
+    doc = _report(history, "2026-11-20")
+    assert doc["totals"]["runs"] == 0 and doc["ooms"]["count"] == 0 and doc["fragmented"] == []
+    assert exit_code(history.env, ["report", "--scope", "rack=7", "--date", DAY1]) == 2
+
+
+def test_plot_png_and_html_mark_the_limit_and_the_oom(history, tmp_path):
+    import matplotlib.image
+
+    png = tmp_path / "leak.png"
+    res = invoke(history.env, ["plot", "--run", "leak_epochs", "--out", str(png)])
+    assert res.exit_code == 0, res.output
+    assert "OOM marked" in res.output
+    img = matplotlib.image.imread(str(png))
+    assert img.shape[0] > 200 and img.shape[1] > 600 and img.std() > 0.05
+    html = tmp_path / "leak.html"
+    assert invoke(history.env, ["plot", "--run", "leak_epochs", "--out", str(html)]).exit_code == 0
+    text = html.read_text()
+    assert "<svg" in text and "limit 7.00 GiB" in text and "OOM" in text and "<script" not in text
+    with history.store().session() as s:
+        from profiler.report.data import run_timeline
+
+        tl = run_timeline(s, "leak_epochs")
+    assert tl["limit_bytes"] == 7516192768 and tl["oom"]["requested_bytes"] == 262144000
+    assert [x["trigger"] for x in tl["snapshots"]] == ["epoch_end"] * 5 + ["oom"]
+    assert len(tl["series"]) == 44  # one stat sample per step until the OOM at step 44
+    assert exit_code(history.env, ["plot", "--run", "nope", "--out", str(png)]) == 4  # NotFound
+
+
+def test_build_report_directly_matches_the_cli(history):
+    from profiler.report.data import build_report
+
+    with history.store().session() as s:
+        doc = build_report(s, dt.date.fromisoformat(DAY1), Scope.parse("all"), timelines=0)
+    assert doc["totals"]["oom_runs"] == 4 and doc["timelines"] == []
+    assert CAPTURED.exists()
