@@ -77,7 +77,7 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
                                     oom_message=oom_message if i == len(files) - 1 else None)
               for i, f in enumerate(files)]
     store = open_cli_store()
-    prog, advance = _progress(2 * len(files), enabled=len(files) > 1)
+    prog, advance = _progress(len(files) + 1, enabled=len(files) > 1)
     try:
         if prog is not None:
             prog.start()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from profiler.errors import BadInput, MemqError, NotFound, SnapshotError
 from profiler.load import LoadedSnapshot, decode_snapshot_bytes, load_snapshot_file
@@ -31,8 +31,11 @@ from profiler.store import repository as repo
 from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 from profiler.store.store import Store
 
-#: A run-level diagnosis reads at most this many of a rank's most recent snapshots.
-MAX_RUN_SNAPSHOTS = 200
+#: A run-level diagnosis reads at most this many of a rank's most recent snapshots, and stops adding
+#: older ones once their uncompressed sizes pass MAX_RUN_BYTES (parsed, a snapshot takes ~6x its
+#: pickle size in memory; the newest two are always read).
+MAX_RUN_SNAPSHOTS = 64
+MAX_RUN_BYTES = 256 * 1024 * 1024
 
 Progress = Callable[[str], None]
 
@@ -112,21 +115,6 @@ def _trace_time(loaded: LoadedSnapshot) -> dt.datetime | None:
     if t < 946684800:  # before 2000: a relative clock, not wall time
         return None
     return dt.datetime.fromtimestamp(t, dt.UTC)
-
-
-def _fill_times(known: list[dt.datetime | None]) -> list[dt.datetime]:
-    """Times for files given in time order: a file without one sits just after the previous file
-    (or just before the next one), so the stored order is the order the user gave."""
-    out: list[dt.datetime | None] = list(known)
-    step = dt.timedelta(milliseconds=1)
-    for i, t in enumerate(out):
-        if t is None and i > 0 and out[i - 1] is not None:
-            out[i] = out[i - 1] + step
-    for i in range(len(out) - 1, -1, -1):
-        if out[i] is None:
-            out[i] = out[i + 1] - step if i + 1 < len(out) and out[i + 1] is not None else None
-    now = repo.utcnow()
-    return [t or now + i * step for i, t in enumerate(out)]
 
 
 def _facts(limit: int | None, device_total: int | None, message: str | None = None,
@@ -215,24 +203,21 @@ def load_blob(store: Store, sha256: str, name: str | None = None) -> LoadedSnaps
     return decode_snapshot_bytes(raw, store.settings.max_snapshot_bytes, name=name or sha256[:12])
 
 
+#: Parsed snapshots kept in memory while ingesting, for the run-level diagnosis at the end (a parsed
+#: 8,000-entry snapshot takes ~13 MB; older ones are read back from the blob store when needed).
+INGEST_CACHE = 16
+
+
 def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], *, rank: int = 0,
                  limit_bytes: int | None = None, device_total_bytes: int | None = None,
                  progress: Progress | None = None,
                  preloaded: Mapping[str, LoadedSnapshot] | None = None) -> IngestReport:
-    """Store and analyse `inputs` (one rank of run `meta.name`, in time order); see module doc."""
+    """Store and analyse `inputs` (one rank of run `meta.name`, in time order); see module doc.
+    Files are handled one at a time (memory stays bounded however many there are)."""
     if not inputs:
         raise BadInput("no snapshot files given")
-    loaded: list[LoadedSnapshot] = []
-    for inp in inputs:
-        pre = (preloaded or {}).get(inp.path)
-        loaded.append(pre or load_snapshot_file(inp.path, max_bytes=store.settings.max_snapshot_bytes,
-                                                keep_raw=True))
-        if progress:
-            progress(f"read {inp.path}")
-    times = _fill_times([inp.taken_at or _trace_time(ld) for inp, ld in zip(inputs, loaded, strict=True)])
     meta = replace(meta, memory_limit_bytes=limit_bytes or meta.memory_limit_bytes,
-                   gpu_memory_bytes=device_total_bytes or meta.gpu_memory_bytes,
-                   started_at=meta.started_at or min(times))
+                   gpu_memory_bytes=device_total_bytes or meta.gpu_memory_bytes)
     with store.session() as s:
         existed = s.execute(select(Run.id).where(Run.name == meta.name)).scalar_one_or_none() is not None
         run_id = repo.upsert_run(s, meta)
@@ -240,15 +225,23 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                             .where(Run.id == run_id)).one()
     report = IngestReport(run=meta.name, run_id=run_id)
     cache: dict[str, LoadedSnapshot] = {}
-    for inp, ld, when in zip(inputs, loaded, times, strict=True):
+    times: list[dt.datetime | None] = []
+    step_ms = dt.timedelta(milliseconds=1)
+    for inp in inputs:
+        ld = (preloaded or {}).get(inp.path) or load_snapshot_file(
+            inp.path, max_bytes=store.settings.max_snapshot_bytes, keep_raw=True)
+        # Files are given in time order: one without a time of its own sits just after the previous
+        # file; leading ones without a time are placed before the first timed file at the end.
+        when = inp.taken_at or _trace_time(ld)
+        known = next((t for t in reversed(times) if t is not None), None)
+        if when is None and known is not None:
+            when = known + step_ms * (len(times) - max(i for i, t in enumerate(times) if t is not None))
+        times.append(when)
         guessed = infer_from_name(inp.path)
         trigger = inp.trigger or guessed.get("trigger") or "manual"
         step = inp.step if inp.step is not None else guessed.get("step")
         epoch = inp.epoch if inp.epoch is not None else guessed.get("epoch")
-        if ld.raw is not None:
-            ref = store.blobs.put(ld.sha256, ld.raw)
-        else:
-            ref = store.blobs.ref(ld.sha256)
+        ref = store.blobs.put(ld.sha256, ld.raw) if ld.raw is not None else store.blobs.ref(ld.sha256)
         facts = _facts(run_row.memory_limit_bytes, run_row.gpu_memory_bytes, inp.oom_message,
                        inp.requested_bytes, inp.device_free_bytes)
         with store.session() as s:
@@ -259,13 +252,27 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         with store.session() as s:
             cause = s.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == aid)).scalar_one()
         cache[ld.sha256] = ld
+        while len(cache) > INGEST_CACHE:
+            cache.pop(next(iter(cache)))
         report.snapshots.append(IngestedSnapshot(file=inp.path, snapshot_id=sid, sha256=ld.sha256, created=created,
                                                  analysed=computed, primary_cause=cause, step=step, epoch=epoch,
                                                  trigger=trigger))
         if progress:
-            progress(f"analysed {inp.path}: {cause}")
+            progress(f"{Path(inp.path).name}: {cause}")
+    first = next((i for i, t in enumerate(times) if t is not None), None)
+    fixed = [times[first] - step_ms * (first - i) if first is not None else repo.utcnow() + step_ms * i
+             for i in range(first if first is not None else len(times))]
+    with store.session() as s:
+        for snap, t in zip(report.snapshots, fixed, strict=False):
+            if snap.created:
+                s.execute(update(Snapshot).where(Snapshot.id == snap.snapshot_id)
+                          .values(taken_at=repo.db_time(s, t)))
+        times[:len(fixed)] = fixed
+        repo.upsert_run(s, repo.RunMeta(name=meta.name, started_at=min(times)))
     stored = None if any(x.created for x in report.snapshots) else stored_run_result(store, run_id, rank)
     report.diagnosis = stored if stored is not None else recompute_run(store, run_id, rank, cache=cache)
+    if progress:
+        progress("run diagnosis")
     status = meta.status
     if status is None:
         oom = bool(report.diagnosis and report.diagnosis.get("oom"))
@@ -291,7 +298,7 @@ def stored_run_result(store: Store, run_id: int, rank: int) -> dict | None:
 
 def recompute_run(store: Store, run_id: int, rank: int = 0,
                   cache: Mapping[str, LoadedSnapshot] | None = None) -> dict | None:
-    """analyze() over the rank's snapshots in time order (the most recent MAX_RUN_SNAPSHOTS), stored
+    """analyze() over the rank's snapshots in time order (the most recent, see MAX_RUN_SNAPSHOTS), stored
     as its run-level diagnosis; the run row's summary is refreshed. Returns the stored result."""
     analyze, version = analyzer()
     with store.session() as s:
@@ -299,13 +306,20 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
                         .where(Run.id == run_id)).one_or_none()
         if run is None:
             raise NotFound(f"no run with id {run_id}")
-        rows = s.execute(
+        newest_first = s.execute(
             select(Snapshot.id, Snapshot.sha256, Snapshot.trigger, Snapshot.source, Snapshot.context,
-                   AnalysisResult.allocated_bytes, AnalysisResult.reserved_bytes, AnalysisResult.result)
+                   Snapshot.size_bytes, AnalysisResult.allocated_bytes, AnalysisResult.reserved_bytes,
+                   AnalysisResult.result)
             .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
             .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
             .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(MAX_RUN_SNAPSHOTS)).all()
-    rows = list(reversed(rows))
+    rows, budget = [], 0
+    for r in newest_first:
+        budget += r.size_bytes or 0
+        if len(rows) >= 2 and budget > MAX_RUN_BYTES:
+            break
+        rows.append(r)
+    rows.reverse()
     if not rows:
         return None
     loaded, used = [], []

@@ -170,3 +170,26 @@ def test_process_snapshot_is_the_worker_path(store):
     with store.session() as s:
         state, err = s.execute(select(Snapshot.state, Snapshot.last_error).where(Snapshot.id == sid)).one()
     assert state == "failed" and "SnapshotError" in err
+
+
+def test_files_without_trace_times_keep_the_given_order(store, tmp_path):
+    """A snapshot with no trace has no time of its own: it is placed by its position in the list."""
+    import gzip
+    import pickle
+
+    from profiler import codec
+
+    src = run_files("seed_sgd")
+    paths = []
+    for i, name in ((0, "a_notime.pickle.gz"), (2, "c_notime.pickle.gz")):
+        raw = codec.decode((src[i]).read_bytes())
+        raw["device_traces"] = [[] for _ in raw.get("device_traces", [])]
+        (tmp_path / name).write_bytes(gzip.compress(pickle.dumps(raw)))
+        paths.append(str(tmp_path / name))
+    order = [paths[0], str(src[1]), paths[1], str(src[3])]
+    service.ingest_files(store, repo.RunMeta(name="mixed"), [service.SnapshotInput(p) for p in order])
+    with store.session() as s:
+        h = queries.run_history(s, "mixed")
+    assert [x["source"] for x in h["snapshots"]] == order
+    times = [x["taken_at"] for x in h["snapshots"]]
+    assert times == sorted(times) and len(set(times)) == 4
