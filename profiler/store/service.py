@@ -228,8 +228,14 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
     times: list[dt.datetime | None] = []
     step_ms = dt.timedelta(milliseconds=1)
     for inp in inputs:
-        ld = (preloaded or {}).get(inp.path) or load_snapshot_file(
-            inp.path, max_bytes=store.settings.max_snapshot_bytes, keep_raw=True)
+        try:
+            ld = (preloaded or {}).get(inp.path) or load_snapshot_file(
+                inp.path, max_bytes=store.settings.max_snapshot_bytes, keep_raw=True)
+        except MemqError:
+            # What was stored so far stays (a re-run skips it); its run diagnosis is brought up to date.
+            if any(x.created for x in report.snapshots):
+                recompute_run(store, run_id, rank, cache=cache)
+            raise
         # Files are given in time order: one without a time of its own sits just after the previous
         # file; leading ones without a time are placed before the first timed file at the end.
         when = inp.taken_at or _trace_time(ld)

@@ -236,3 +236,16 @@ def test_demo_never_writes_into_a_server_database(pg_session_db, tmp_path, monke
     doc = json.loads(memq("demo", "--json").output)
     assert doc["database"].startswith("sqlite:///") and doc["database"].endswith("demo.db")
     assert json.loads(memq("runs", "--json").output)["runs"] == []
+
+
+def test_bad_file_mid_ingest_exits_2_and_keeps_what_was_stored(memq_env, tmp_path):
+    bad = tmp_path / "broken.pickle.gz"
+    bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
+    good = [str(p) for p in run_files("frag_synthetic")]
+    res = memq("ingest", good[0], str(bad), good[1], "--run", "partial", "--limit", "8GiB", ok=False)
+    assert res.exception.exit_code == 2 and "broken.pickle.gz" in str(res.exception)
+    doc = json.loads(memq("history", "--run", "partial", "--json").output)
+    assert len(doc["snapshots"]) == 1 and doc["diagnosis"] is not None
+    doc = json.loads(memq("ingest", *good, "--run", "partial", "--limit", "8GiB", "--json").output)
+    assert [s["created"] for s in doc["snapshots"]] == [False, True]
+    assert doc["diagnosis"]["diagnosis"]["primary_cause"] == "fragmentation"
