@@ -399,7 +399,15 @@ class AllocatorModel:
             fl = self.free[key] = []
         if self.gc_on:
             self.gc_calls[pool] += 1
-        blk = self._get_free_block(fl, size)
+        # best fit, fast path: the smallest block that fits is a plain one and no max_split_size rule applies
+        i = bisect_left(fl, size << _SH)
+        blk = None
+        if i < len(fl):
+            blk = self.blocks[fl[i] & _MASK]
+            if blk[ES] is None and self.mss == SIZE_MAX:
+                del fl[i]
+            else:
+                blk = self._get_free_block(fl, size)
         if blk is None:
             asize = allocation_size(size, self.lss)
             if self.gc_on:
@@ -421,15 +429,18 @@ class AllocatorModel:
             split = size < self.mss and remaining > K_SMALL_SIZE
         if split:
             addr = blk[ADDR]
-            new = [addr, size, blk[PREV], blk, True, pool, stream, blk[ES], True, 0, orig]
-            if new[PREV] is not None:
-                new[PREV][NEXT] = new
+            prev = blk[PREV]
+            new = [addr, size, prev, blk, True, pool, stream, blk[ES], True, 0, orig]
+            if prev is not None:
+                prev[NEXT] = new
             blk[PREV] = new
             blk[ADDR] = addr + size
             blk[SIZE] = remaining
-            blk[GCBASE] = self.gc_calls[pool]
-            self.blocks[addr] = new
-            self.blocks[addr + size] = blk
+            if self.gc_on:
+                blk[GCBASE] = self.gc_calls[pool]
+            blocks = self.blocks
+            blocks[addr] = new
+            blocks[addr + size] = blk
             insort(fl, remaining << _SH | (addr + size))
             return new
         blk[ALLOC] = True
@@ -445,12 +456,14 @@ class AllocatorModel:
         blk = blocks[fl[i] & _MASK]
         if blk[ES] is not None:
             if self.exp:
-                def grow(b):
-                    nx = b[NEXT]
-                    return b[SIZE] + (nx[SIZE] if nx is not None and not nx[MAPPED] else 0)
                 while blk[ES] is not None and i + 1 < n:
                     nb = blocks[fl[i + 1] & _MASK]
-                    if grow(nb) < grow(blk):
+                    # compare the sizes the blocks could grow to (a free tail followed by unmapped pages)
+                    nx = nb[NEXT]
+                    g_nb = nb[SIZE] + (nx[SIZE] if nx is not None and not nx[MAPPED] else 0)
+                    nx = blk[NEXT]
+                    g_blk = blk[SIZE] + (nx[SIZE] if nx is not None and not nx[MAPPED] else 0)
+                    if g_nb < g_blk:
                         i += 1
                         blk = nb
                     else:
