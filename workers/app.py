@@ -34,13 +34,9 @@ from kombu import Queue
 
 from profiler.config import Settings, load_settings
 from profiler.errors import ConfigError
+from workers.runtime import QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES
 
 log = logging.getLogger("memq.workers")
-
-QUEUE_INGEST = "memq.ingest"
-QUEUE_ANALYZE = "memq.analyze"
-QUEUE_REPORT = "memq.report"
-QUEUES = (QUEUE_INGEST, QUEUE_ANALYZE, QUEUE_REPORT)
 
 ROUTES = {
     "workers.tasks.analyze_snapshot": {"queue": QUEUE_ANALYZE},

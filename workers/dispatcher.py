@@ -53,7 +53,7 @@ from workers import jobs, runtime
 
 log = logging.getLogger("memq.dispatcher")
 
-GROUP = "memq-dispatch"
+GROUP = runtime.GROUP
 
 Entry = tuple[str, dict | None]
 

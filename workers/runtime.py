@@ -22,6 +22,12 @@ from profiler.errors import BrokerUnavailable
 log = logging.getLogger("memq.workers")
 
 DEAD_MAXLEN = 100_000
+#: The dispatcher's consumer group on the ingest stream.
+GROUP = "memq-dispatch"
+QUEUE_INGEST = "memq.ingest"
+QUEUE_ANALYZE = "memq.analyze"
+QUEUE_REPORT = "memq.report"
+QUEUES = (QUEUE_INGEST, QUEUE_ANALYZE, QUEUE_REPORT)
 
 _store = None
 _store_key: tuple | None = None

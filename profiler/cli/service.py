@@ -68,9 +68,7 @@ def _queue_depth(r, prefix: str, queue: str) -> int:
 def collect_status(st, with_db: bool = True) -> dict:
     """What `memq status` shows, as one dict (byte-free: counts and ages only)."""
     from profiler.config import redact_url
-    from workers.app import QUEUES
-    from workers.dispatcher import GROUP
-    from workers.runtime import redis_client
+    from workers.runtime import GROUP, QUEUES, redis_client
 
     r = redis_client(st.redis_url, timeout_s=5)
     now = time.time()
