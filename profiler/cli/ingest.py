@@ -6,6 +6,8 @@ in this process and written to the history database (the embedded SQLite one by 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from profiler.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
@@ -99,7 +101,7 @@ def _print_report(doc: dict) -> None:
     from rich.panel import Panel
 
     con = console()
-    rows = [{"file": s["file"], "sha256": s["sha256"][:12], "step": s["step"], "epoch": s["epoch"],
+    rows = [{"file": Path(s["file"]).name, "sha256": s["sha256"][:12], "step": s["step"], "epoch": s["epoch"],
              "trigger": s["trigger"], "stored": "new" if s["created"] else "already stored",
              "analysis": "analysed" if s["analysed"] else "reused", "cause": s["primary_cause"]}
             for s in doc["snapshots"]]
