@@ -55,12 +55,15 @@ def main() -> None:
     limit = int(sum(s.size for s in rep.start_segments) * 1.10) or None
 
     sims = []
+    cpus = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
+        c0 = time.process_time()
         for c in CONFS:
             cfg = rep.recorded_config if c == "" else parse_alloc_conf(c)
             _simulate(rep, cfg, limit, "recorded" if c == "" else "compact", record=False)
         sims.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
     ends = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
@@ -73,6 +76,8 @@ def main() -> None:
     print(f"load+parse snapshot: {t_load:.3f} s; compile trace: {t_compile:.3f} s (once, shared)")
     print(f"simulate 5 configurations: median {statistics.median(sims):.3f} s, min {min(sims):.3f} s "
           f"over {args.repeat} runs ({n_ops * len(CONFS) / statistics.median(sims) / 1e6:.2f} M ops/s)")
+    print(f"  CPU time of this process for the 5 simulations: median {statistics.median(cpus):.3f} s "
+          f"(wall above includes waiting for a busy CPU; load average now {os.getloadavg()[0]:.2f})")
     print(f"run_whatif end to end (5 configurations + fidelity check + compact baseline): median "
           f"{statistics.median(ends):.3f} s")
     ok = statistics.median(sims) < 2.0

@@ -809,6 +809,32 @@ class AllocatorModel:
         start_reserved = self.reserved
         n = len(ops)
         done = n
+        if not record:
+            # the fast loop (no per-op bookkeeping): same semantics as the recording loop below
+            i = -1
+            for op, h, sz, st in zip(ops, hids, sizes, streams, strict=True):
+                i += 1
+                if op == OP_FREE:
+                    b = handles[h]
+                    if b is not None:
+                        handles[h] = None
+                        free_block(b)
+                elif op == OP_ALLOC or op == OP_OOM:
+                    b = malloc(sz, st)
+                    if b is None:
+                        failed.append(i)
+                        if oom_op is None:
+                            oom_op, oom_req = i, sz
+                        if stop_at_oom and op == OP_ALLOC:
+                            done = i
+                            break
+                    else:
+                        handles[h] = b
+                elif op == OP_EMPTY_CACHE:
+                    self._release_cached_blocks()
+                else:
+                    self.add_foreign(sz)
+            n = 0
         for i in range(n):
             op = ops[i]
             if record:
