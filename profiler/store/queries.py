@@ -6,7 +6,7 @@ Every filter is a bound parameter. The queries lean on these indexes: runs (clus
 (run_id, rank, sampled_at).
 
 - `list_runs(session, RunFilter(...))`
-- `get_run(session, name)` -> NotFound for unknown runs
+- `get_run(session, name)` -> dict; NotFound for unknown runs
 - `run_history(session, name, rank=None)`: snapshots in time order with their figures and
   diagnosis, the run-level diagnosis, what changed between consecutive snapshots, and the stat
   samples downsampled to `points` buckets (max per bucket) for a plot.
@@ -101,11 +101,16 @@ def list_runs(session: Session, f: RunFilter) -> list[dict[str, Any]]:
     return [run_dict(r) for r in session.execute(q).scalars()]
 
 
-def get_run(session: Session, name: str) -> Run:
+def _run_row(session: Session, name: str) -> Run:
     run = session.execute(select(Run).where(Run.name == name)).scalar_one_or_none()
     if run is None:
         raise NotFound(f"no run named {name!r}", hint="list runs with `memq runs`")
     return run
+
+
+def get_run(session: Session, name: str) -> dict[str, Any]:
+    """The run as a plain dict (see RUN_FIELDS); NotFound for unknown names."""
+    return run_dict(_run_row(session, name))
 
 
 def _main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagnosis | None:
@@ -123,7 +128,7 @@ def _main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagn
 
 def run_history(session: Session, name: str, rank: int | None = None, points: int = 60,
                 max_snapshots: int = 1000) -> dict[str, Any]:
-    run = get_run(session, name)
+    run = _run_row(session, name)
     q = (select(Snapshot.id, Snapshot.rank, Snapshot.step, Snapshot.epoch, Snapshot.trigger, Snapshot.taken_at,
                 Snapshot.sha256, Snapshot.size_bytes, Snapshot.state, Snapshot.analyzer_version, Snapshot.source,
                 AnalysisResult.reserved_bytes, AnalysisResult.allocated_bytes, AnalysisResult.active_bytes,
@@ -284,7 +289,7 @@ DRIVERS = {
 
 
 def _run_side(session: Session, name: str) -> dict[str, Any]:
-    run = get_run(session, name)
+    run = _run_row(session, name)
     main = _main_diagnosis(session, run.id, None)
     comp = {c: int((main.peak_composition or {}).get(c, 0) or 0) for c in CATEGORIES} if main else None
     side = run_dict(run)

@@ -40,8 +40,7 @@ def test_upsert_run_creates_then_merges(store):
         rid2 = repo.upsert_run(s, repo.RunMeta(name="r1", host="h", labels={"b": "2"},
                                                started_at=t0 + dt.timedelta(hours=1), ended_at=t0, status="completed"))
         assert rid2 == rid
-        run = queries.get_run(s, "r1")
-        d = queries.run_dict(run)
+        d = queries.get_run(s, "r1")
     assert d["job"] == "j" and d["cluster"] == "c" and d["host"] == "h"  # None kept the stored value
     assert d["labels"] == {"a": "1", "b": "2"}
     assert d["started_at"] == "2026-11-01T12:00:00Z"  # the earliest start wins

@@ -31,7 +31,7 @@ def test_ingest_gives_the_ground_truth_label_and_status(store, folder):
     assert report.diagnosis["diagnosis"]["primary_cause"] == m["label"]
     assert report.status == ("oom" if m["outcome"] == "oom" else "completed")
     with store.session() as s:
-        run = queries.run_dict(queries.get_run(s, folder))
+        run = queries.get_run(s, folder)
     assert run["primary_cause"] == m["label"] and run["snapshot_count"] == len(run_files(folder))
     assert run["peak_reserved_bytes"] >= report.diagnosis["metrics"]["reserved_bytes"]
     assert (run["oom_count"] > 0) == (m["outcome"] == "oom")
@@ -117,7 +117,7 @@ def test_multi_rank_runs_keep_ranks_apart(store):
     with store.session() as s:
         all_ranks = queries.run_history(s, "ddp")
         r1 = queries.run_history(s, "ddp", rank=1)
-        run = queries.run_dict(queries.get_run(s, "ddp"))
+        run = queries.get_run(s, "ddp")
     assert {x["rank"] for x in all_ranks["snapshots"]} == {0, 1}
     assert [x["rank"] for x in r1["snapshots"]] == [1, 1]
     assert run["primary_cause"] == "fragmentation"  # the rank that hit the OOM decides
