@@ -312,7 +312,9 @@ def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
     for k in sorted(set(A["labels"]) | set(B["labels"])):
         if A["labels"].get(k) != B["labels"].get(k):
             diffs.append({"field": f"labels.{k}", "a": A["labels"].get(k), "b": B["labels"].get(k)})
-    return {"a": A, "b": B, "composition_delta": comp_delta, "peaks": peaks, "fragmentation": frag,
+    return {"runs": [a, b], "a": A, "b": B,
+            "composition": {"a": A["composition"], "b": B["composition"], "delta": comp_delta},
+            "composition_delta": comp_delta, "peaks": peaks, "fragmentation": frag,
             "differences": diffs, "explanation": explain_gap(A, B, comp_delta, diffs)}
 
 

@@ -141,6 +141,7 @@ def test_compare_json(history_db):
     for side in ("a", "b"):
         assert set(doc[side]["composition"]) >= {"parameters", "gradients", "optimizer_state", "activations"}
         assert all(isinstance(v, int) for v in doc[side]["composition"].values())
+    assert doc["runs"] == ["sgd", "adamw"] and doc["composition"]["delta"] == doc["composition_delta"]
     delta = doc["composition_delta"]
     assert delta["optimizer_state"] == doc["b"]["composition"]["optimizer_state"] - doc["a"]["composition"]["optimizer_state"]
     assert 0.40 * 2**30 < delta["optimizer_state"] < 0.50 * 2**30
