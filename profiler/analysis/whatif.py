@@ -417,9 +417,17 @@ def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
         start_live.append((addr, h, req, stream))
     if lost:
         warnings.append(f"{lost} blocks freed in the trace lie in no segment known at its start: ignored")
-    free_op = {h: i for i, (o, h) in enumerate(zip(ops, hid, strict=True)) if o == OP_FREE}
-    allocs = sorted((a, i) for i, a in enumerate(rec_alloc_addr) if a is not None)
     estimated = {h for _a, h, _r, _s in pre_freed}
+    free_op: dict = {}
+    first_alloc: dict = {}  # recorded address -> first op that allocated there
+    if estimated:
+        for i, (o, h) in enumerate(zip(ops, hid, strict=True)):
+            if o == OP_FREE and h in estimated:
+                free_op[h] = i
+        for i, a in enumerate(rec_alloc_addr):
+            if a is not None and a not in first_alloc:
+                first_alloc[a] = i
+    allocs = (sorted(first_alloc), first_alloc)
     for seg in start_segs:
         seg.blocks.sort()
         if not seg.small and not seg.expandable:
@@ -435,7 +443,7 @@ def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
                   streams=smap, warnings=warnings)
 
 
-def _absorb_unsplittable_gaps(seg: SegmentSpec, estimated: set, free_op: dict, allocs: list) -> None:
+def _absorb_unsplittable_gaps(seg: SegmentSpec, estimated: set, free_op: dict, allocs: tuple) -> None:
     """Sizes of large-pool blocks known only from their free entry. A large-pool block keeps a remainder
     of <= 1 MiB instead of splitting it off (R7), and no free large-pool block is that small, so:
     - a gap of <= 1 MiB between such a block and the next live block belongs to the block;
@@ -451,11 +459,12 @@ def _absorb_unsplittable_gaps(seg: SegmentSpec, estimated: set, free_op: dict, a
             if 0 < gap <= K_SMALL_SIZE:
                 size += gap
             elif gap > K_SMALL_SIZE:
-                j = bisect_right(allocs, (addr + size, 1 << 62))
+                addrs, first = allocs
+                j = bisect_right(addrs, addr + size)
                 limit_op = free_op.get(h, 1 << 62)
-                while j < len(allocs) and allocs[j][0] <= addr + size + K_SMALL_SIZE:
-                    if allocs[j][1] < limit_op:
-                        size = allocs[j][0] - addr
+                while j < len(addrs) and addrs[j] <= addr + size + K_SMALL_SIZE:
+                    if first[addrs[j]] < limit_op:
+                        size = addrs[j] - addr
                         break
                     j += 1
         out.append((addr, size, h, req))
