@@ -53,7 +53,18 @@ def _pool(v: Any) -> tuple:
 
 
 def parse_snapshot(raw: Any) -> Snapshot:
-    """Raw decoded data (dict from `_snapshot()`, or the bare list of `memory_snapshot()`) -> Snapshot."""
+    """Raw decoded data (dict from `_snapshot()`, or the bare list of `memory_snapshot()`) -> Snapshot.
+
+    Any other shape raises SnapshotError: foreign data must never surface as a TypeError."""
+    try:
+        return _parse(raw)
+    except SnapshotError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
+        raise SnapshotError(f"malformed snapshot ({type(exc).__name__}: {str(exc)[:100]})") from exc
+
+
+def _parse(raw: Any) -> Snapshot:
     if isinstance(raw, list):
         raw = {"segments": raw}
         fmt_hint = "segments-only"
@@ -136,7 +147,8 @@ def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
         if not isinstance(b, dict):
             raise SnapshotError(f"segment {i} block {j} is not a dict")
         size = _int(b.get("size"), f"segment {i} block {j} size")
-        state = _STATES.get(b.get("state"), None)
+        st = b.get("state")
+        state = _STATES.get(st) if isinstance(st, str) else None
         if state is None:
             raise SnapshotError(f"segment {i} block {j} has unknown state {b.get('state')!r}")
         frames = b.get("frames")
@@ -182,7 +194,7 @@ def _parse_trace(t: Any, device: int) -> list[TraceEvent]:
             raise SnapshotError(f"trace entry {k} of device {device} is not a dict")
         get = e.get
         action = get("action")
-        if action not in actions:
+        if type(action) is not str or action not in actions:
             if isinstance(action, str):
                 continue  # a newer torch may add actions: skip what we cannot interpret
             raise SnapshotError(f"trace entry {k} of device {device} has no action")

@@ -111,3 +111,22 @@ def test_cli_too_large_and_missing_files(tmp_path):
 def test_cli_bad_size_option():
     p = _memq("analyze", str(REAL / "capacity" / "oom.pickle.gz"), "--limit", "lots")
     assert p.returncode == 2 and "lots" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_tampered_memo_index_cannot_exhaust_memory():
+    # LONG_BINPUT with index 0xF0000000: the C unpickler would zero-fill a ~64 GiB memo table.
+    code = (
+        "import resource, struct, sys\n"
+        "from profiler.errors import TooLarge\n"
+        "from profiler import codec\n"
+        "data = b'\\x80\\x04N' + b'r' + struct.pack('<I', 0xF0000000) + b'.'\n"
+        "try:\n"
+        "    codec.loads_restricted(data)\n"
+        "except TooLarge as e:\n"
+        "    print('refused', e)\n"
+        "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "print('rss', rss)\n"
+        "sys.exit(0 if rss < 1024**3 else 1)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "refused" in p.stdout, p.stdout + p.stderr
