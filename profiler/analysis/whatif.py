@@ -151,7 +151,7 @@ def config_from_settings(settings: AllocatorSettings) -> tuple[AllocatorConfig, 
     notes: list[str] = []
     if not settings.known:
         notes.append("the snapshot has no allocator_settings (torch < 2.3): the recorded run is assumed "
-                     "to use the default settings")
+                     "to use the default settings, unless its segments say otherwise")
         return AllocatorConfig(), notes
     base = AllocatorConfig()
     if settings.conf:
@@ -201,6 +201,10 @@ def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
     trace = snap.traces[device] if device < len(snap.traces) else []
     cfg, notes = config_from_settings(snap.settings)
     warnings += notes
+    if not snap.settings.known and any(s.is_expandable for s in snap.segments):
+        cfg = AllocatorConfig(expandable_segments=True)
+        warnings.append("the snapshot's segments are expandable: the recorded run is taken to use "
+                        "expandable_segments:True")
     divs = cfg.roundup_power2_divisions
 
     segments = [s for s in snap.segments if s.device == device]

@@ -68,7 +68,7 @@ def _whatif(file, limit, confs, sweep, as_json, max_bytes) -> None:
     fid = results[0].fidelity if results else None
     if fid:
         out.write(f"model check on the recorded run: {fid['segment_events_matched']}/{fid['segment_events_recorded']} "
-                  f"segment events reproduced, reserved within {fid['max_reserved_deviation']:.1%} at every entry, "
+                  f"segment events reproduced, reserved bytes off by at most {fid['max_reserved_deviation']:.1%}, "
                   f"{fid['alloc_address_share']:.1%} of allocations at the recorded address\n")
     seen = set()
     for r in results:
