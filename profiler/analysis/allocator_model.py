@@ -57,6 +57,14 @@ No fit: getting memory (`malloc`, `alloc_block`)
   neighbours. Pages are unmapped only by release_cached_blocks (out-of-memory path, empty_cache):
   every whole free page inside a free block. GC does not touch expandable segments.
 
+Addresses
+- R13 a segment the recorded run also allocated keeps its recorded address (the replay passes them as
+  hints); any other segment gets an address below every known one, because the CUDA driver hands out
+  cudaMalloc addresses from the top down (seen in the captured traces) and best fit (R4) breaks ties
+  by address, so the newest of several equal free blocks is the one reused.
+- R14 private pools (CUDA graphs, MemPool) are not placed, but their segments' bytes count against the
+  limit (`OP_FOREIGN`), as torch counts them in reserved bytes.
+
 What is not modelled: events of blocks used on other streams (record_stream: the free completes when
 the trace says free_completed), CUDA graph private pools, the cudaMalloc of other processes (the
 limit stands for all of it), and a device that fills before the limit.
