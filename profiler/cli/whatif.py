@@ -60,11 +60,14 @@ def _whatif(file, limit, confs, sweep, as_json, max_bytes) -> None:
     lim = results[0].limit_bytes if results else limit
     out.write(f"{file}: {len(loaded.snapshot.trace)} trace entries replayed, limit {_fmt(lim)}\n")
     width = max(len(r.conf or "(recorded)") for r in results)
-    out.write(f"{'setting'.ljust(width)}  {'outcome':<8} {'peak reserved':>14} {'headroom':>11}  confidence\n")
+    out.write(f"{'setting'.ljust(width)}  {'outcome':<8} {'peak reserved':>14} {'headroom':>18}  confidence\n")
     for r in results:
         outcome = "OOM" if r.predicted_oom else "fits"
+        room = _fmt(r.headroom_bytes)
+        if r.predicted_oom and r.shortfall_bytes is not None:
+            room = f"short {_fmt(r.shortfall_bytes)}"  # what the failing request lacked under the limit
         out.write(f"{(r.conf or '(recorded)').ljust(width)}  {outcome:<8} {_fmt(r.peak_reserved_bytes):>14} "
-                  f"{_fmt(r.headroom_bytes):>11}  {r.confidence}\n")
+                  f"{room:>18}  {r.confidence}\n")
     fid = results[0].fidelity if results else None
     if fid:
         out.write(f"model check on the recorded run: {fid['segment_events_matched']}/{fid['segment_events_recorded']} "
