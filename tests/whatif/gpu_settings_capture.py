@@ -30,6 +30,11 @@ SETTINGS = [
     ("gc_0.6", "garbage_collection_threshold:0.6"),
     ("roundup_4", "roundup_power2_divisions:4"),
     ("max_split_128_gc_0.6", "max_split_size_mb:128,garbage_collection_threshold:0.6"),
+    ("gc_0.8", "garbage_collection_threshold:0.8"),
+    ("expandable_max_split_128", "expandable_segments:True,max_split_size_mb:128"),
+    ("max_split_64_rounding_64", "max_split_size_mb:64,max_non_split_rounding_mb:64"),
+    ("roundup_list", "roundup_power2_divisions:[4:8,64:4,>:1]"),
+    ("large_segment_40", "large_segment_size_mb:40"),
 ]
 SEED = 7
 STEPS = 40
@@ -72,6 +77,17 @@ def workload(alloc, free):
 
 
 def worker(out: str, tag: str, conf: str, cap: int) -> None:
+    try:
+        _worker(out, tag, conf, cap)
+    except RuntimeError as ex:  # torch refused the setting (e.g. an option this version does not know)
+        if "out of memory" in str(ex).lower():
+            raise
+        with open(os.path.join(out, f"{tag}.json"), "w") as f:
+            json.dump({"tag": tag, "conf": conf, "cap_bytes": cap, "outcome": "refused",
+                       "error": str(ex).strip().splitlines()[0], "peak_reserved": None}, f, indent=1)
+
+
+def _worker(out: str, tag: str, conf: str, cap: int) -> None:
     import torch
 
     torch.cuda.init()
@@ -125,7 +141,7 @@ def run_one(out: str, tag: str, conf: str, cap: int) -> dict:
     subprocess.run([sys.executable, __file__, "--worker", out, tag, conf, str(cap)], env=env, check=True)
     with open(os.path.join(out, f"{tag}.json")) as f:
         meta = json.load(f)
-    print(f"{tag:<24} {conf!r:<58} cap={cap} outcome={meta['outcome']} peak_reserved={meta['peak_reserved']} "
+    print(f"{tag:<24} {conf!r:<58} cap={cap} outcome={meta['outcome']} peak_reserved={meta.get('peak_reserved')} "
           f"({time.time() - t0:.1f} s)", flush=True)
     return meta
 
@@ -139,6 +155,9 @@ def main(out: str) -> None:
     for cap_name, cap in caps.items():
         for tag, conf in SETTINGS:
             meta = run_one(out, f"{cap_name}_{tag}", conf, cap)
+            if meta["outcome"] == "refused":
+                summary.setdefault("refused", {})[tag] = meta["error"]
+                continue
             summary["runs"][f"{cap_name}_{tag}"] = {"conf": conf, "cap_bytes": cap, "outcome": meta["outcome"],
                                                    "peak_reserved": meta["peak_reserved"]}
     with open(os.path.join(out, "summary.json"), "w") as f:
