@@ -113,7 +113,12 @@ class AllocatorSettings:
         if self.expandable_segments:
             out.append("expandable_segments:True")
         if self.roundup_power2_divisions:
-            out.append("roundup_power2_divisions:" + ",".join(f"{k}:{v}" for k, v in self.roundup_power2_divisions))
+            divs = {v for _, v in self.roundup_power2_divisions}
+            if len(self.roundup_power2_divisions) >= 16 and len(divs) == 1:
+                out.append(f"roundup_power2_divisions:{divs.pop()}")
+            else:
+                out.append("roundup_power2_divisions:[" + ",".join(
+                    f"{k}:{v}" for k, v in self.roundup_power2_divisions) + "]")
         return out
 
 

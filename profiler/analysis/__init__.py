@@ -18,7 +18,12 @@ from profiler.analysis import frames as fr
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
 from profiler.analysis.leak import detect_leak, live_blocks
 from profiler.analysis.limits import resolve_limits
-from profiler.analysis.memory import composition, largest_usable_free_block, memory_metrics
+from profiler.analysis.memory import (
+    composition,
+    largest_usable_free_block,
+    memory_metrics,
+    smallest_request_rounding_to,
+)
 from profiler.analysis.recommend import recommend
 from profiler.analysis.timeline import replay
 from profiler.model import INACTIVE, SMALL_SIZE, OomContext, Snapshot, frame_file, frame_name
@@ -80,12 +85,19 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     oom_frames = oom_ev.frames if oom_ev is not None else []
     stacks_all = _has_cpp_frames(oom_frames) or any(
         _has_cpp_frames(b.frames) for seg in last_snap.segments[:50] for b in seg.blocks[:20])
+    s_min = S
+    if S and last_snap.settings.roundup_power2_divisions:
+        from profiler.analysis.whatif import config_from_settings
+
+        divs = config_from_settings(last_snap.settings)[0].roundup_power2_divisions
+        s_min = smallest_request_rounding_to(S, divs)
     facts = Facts(
-        has_oom=S is not None, S=S, S_source=lim.requested_source,
+        has_oom=S is not None, S=S, S_source=lim.requested_source, S_min=s_min,
         A=m["active_bytes"], A_req=m["requested_bytes"] + m["pending_free_bytes"], R=m["reserved_bytes"],
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=peak_reserved,
         device_total=lim.device_total, non_pytorch=lim.non_pytorch,
         largest_usable=largest_usable, largest_blocked_by_max_split=blocked,
+        private_pool_free=sum(p["free_bytes"] for p in m["pools"] if tuple(p["pool_id"]) != (0, 0)),
         oom_frames=oom_frames, oom_frames_known=bool(oom_frames),
         composition=last["composition"], peak_live=tl.get("peak_live_bytes"), peak_phase=tl.get("peak_phase"),
         peak_frames=peak_frames, earlier_step_peak=earlier_peak, training_steps_seen=steps_seen,
@@ -174,9 +186,10 @@ def explain_message(ctx: OomContext) -> dict:
     lim = resolve_limits(None, ctx, R)
     S = lim.requested
     facts = Facts(
-        has_oom=S is not None, S=S, S_source=lim.requested_source, A=A or 0, A_req=A or 0, R=R or 0,
+        has_oom=S is not None, S=S, S_source=lim.requested_source, S_min=S, A=A or 0, A_req=A or 0, R=R or 0,
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=0, device_total=lim.device_total,
-        non_pytorch=lim.non_pytorch, largest_usable=0, largest_blocked_by_max_split=0, oom_frames=[],
+        non_pytorch=lim.non_pytorch, largest_usable=0, largest_blocked_by_max_split=0, private_pool_free=0,
+        oom_frames=[],
         oom_frames_known=False, composition={}, peak_live=None, peak_phase=None, peak_frames=[],
         earlier_step_peak=None, training_steps_seen=0, settings_non_default=[], settings_known=False,
         roundup=False, max_split=-1, peak_reserved=R or 0, leak={"holds": False, "settled": False,

@@ -41,6 +41,7 @@ class Facts:
     has_oom: bool
     S: int | None
     S_source: str | None
+    S_min: int | None  # smallest request that rounds to S under the settings in effect (<= S)
     A: int
     A_req: int
     R: int
@@ -51,6 +52,7 @@ class Facts:
     non_pytorch: int | None
     largest_usable: int
     largest_blocked_by_max_split: int  # free block >= S that max_split_size forbids using
+    private_pool_free: int  # free bytes cached in private pools (CUDA graphs), unusable by the request
     oom_frames: list
     oom_frames_known: bool
     composition: dict
@@ -151,6 +153,12 @@ def test_activation_spike(f: Facts) -> Finding:
     total = f.A + f.S
     if total <= f.limit:
         return out
+    need = f.A_req + (f.S_min or f.S)
+    if f.roundup and need <= f.limit:
+        # What the step asked for fits: rounding (allocator_config), not the input, broke the limit.
+        out.evidence.append(f"the step asked for {g(need)} before rounding, which fits the limit of "
+                            f"{g(f.limit)}: not a spike of the input")
+        return out
     if f.earlier_step_peak is None:
         out.missing.append("earlier training steps of the same run (earlier snapshots, or a trace that "
                            "holds a completed optimizer step) to compare this step with")
@@ -175,11 +183,11 @@ def test_workspace(f: Facts) -> Finding:
     if f.has_oom and f.oom_frames and fr.is_workspace(f.oom_frames):
         out.holds, out.strength = True, 0.9
         out.evidence.append(f"the failed request of {g(f.S)} is a cuDNN/cuBLAS/NCCL workspace "
-                            f"(frames: {fr.stack_signature(f.oom_frames)})")
+                            f"({fr.stack_signature(f.oom_frames, depth=3)})")
     elif f.peak_frames and fr.is_workspace(f.peak_frames) and (f.has_oom or f.limit):
         out.holds, out.strength = True, 0.7
         out.evidence.append(f"the peak of live memory ({g(f.peak_live)}) is reached by a workspace allocation "
-                            f"({fr.stack_signature(f.peak_frames)})")
+                            f"({fr.workspace_frame(f.peak_frames)})")
     elif ws and f.limit and ws > 0.1 * f.limit:
         out.holds, out.strength = True, 0.5
         out.evidence.append(f"{g(ws)} of live memory is cuDNN/cuBLAS/NCCL workspace")
@@ -197,11 +205,14 @@ def test_allocator_config(f: Facts) -> Finding:
         out.missing.append("a limit to tell whether the non-default allocator settings turned a fit into an OOM")
         return out
     total = f.A + f.S
-    if f.roundup and total > f.limit and f.A_req + f.S <= f.limit:
+    s_req = f.S_min or f.S
+    if f.roundup and total > f.limit and f.A_req + s_req <= f.limit:
         out.holds, out.strength = True, 0.8
         out.evidence.append(f"roundup_power2_divisions rounds live blocks up by {g(f.A - f.A_req)} "
-                            f"(allocated {g(f.A)} for {g(f.A_req)} requested): without it the live set plus the "
-                            f"request ({g(f.A_req + f.S)}) would fit the limit of {g(f.limit)}")
+                            f"(allocated {g(f.A)} for {g(f.A_req)} requested) and the request to {g(f.S)} "
+                            f"(from as little as {g(s_req)}): without it the live set plus the request "
+                            f"({g(f.A_req + s_req)}) would fit the limit of {g(f.limit)}; "
+                            f"with it, {g(total)} does not")
     if f.max_split > 0 and f.largest_blocked_by_max_split >= f.S and total <= f.limit:
         out.holds, out.strength = True, max(out.strength, 0.8)
         out.evidence.append(f"a free block of {g(f.largest_blocked_by_max_split)} would hold the request but "
@@ -227,8 +238,13 @@ def test_fragmentation(f: Facts) -> Finding:
         out.strength = 0.9 if f.limit is not None else 0.6
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
+        pieces = f.R - f.A - f.private_pool_free
         out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
-                            f"{g(f.R - f.A)} of cached free memory is in pieces")
+                            f"{g(pieces)} of cached free memory in the request's pool is in pieces")
+        if f.private_pool_free > 0.5 * max(1, f.R - f.A):
+            out.evidence.append(f"{g(f.private_pool_free)} of the free memory is cached in private pools (CUDA "
+                                "graphs still alive): only their replays can use it, and expandable_segments "
+                                "does not release it")
     return out
 
 

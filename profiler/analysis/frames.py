@@ -102,6 +102,11 @@ def phase_of(frames: list) -> str | None:
 
 _SKIP_FILES = re.compile(r"torch/nn/modules/module\.py|torch/utils/|torch/_|/contextlib\.py|functools\.py|"
                          r"torch/autograd/function\.py|torch/amp/")
+# The recorder's own C++ frames (stacks="all") and the allocator's internals say nothing about the caller.
+_SKIP_NAMES = re.compile(r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::cuda::CUDACachingAllocator|"
+                         r"c10::cuda::|c10::impl::|c10::Dispatcher|c10::BoxedKernel|c10::KernelFunction|"
+                         r"at::_ops::|std::|_PyEval|_PyObject|PyObject_|method_vectorcall|cfunction|"
+                         r"\?\?|at::TensorBase::|at::empty|at::detail::empty)")
 
 
 def stack_signature(frames: list, depth: int = 3) -> str:
@@ -111,13 +116,29 @@ def stack_signature(frames: list, depth: int = 3) -> str:
     picked = []
     for f in frames:
         path = frame_file(f)
-        if _SKIP_FILES.search(path):
+        if _SKIP_FILES.search(path) or _SKIP_NAMES.match(frame_name(f)):
             continue
         short = path.rsplit("/", 2)
         short = "/".join(short[-2:]) if len(short) > 1 else path
-        picked.append(f"{frame_name(f)} ({short}:{frame_line(f)})" if path else frame_name(f))
+        name = short_name(frame_name(f))
+        picked.append(f"{name} ({short}:{frame_line(f)})" if path and not path.startswith("??") else name)
         if len(picked) >= depth:
             break
     if not picked:
         picked = [frame_name(frames[0])]
     return " < ".join(picked)
+
+
+def short_name(name: str) -> str:
+    """C++ symbols without their argument lists: `at::native::run_single_conv(...)` -> `at::native::run_single_conv`."""
+    if "::" in name and "(" in name:
+        name = name[: name.index("(")]
+    return name[:120]
+
+
+def workspace_frame(frames: list) -> str | None:
+    """The first frame that names a library workspace, for evidence lines."""
+    for f in frames:
+        if WORKSPACE.search(frame_name(f)):
+            return short_name(frame_name(f))
+    return None

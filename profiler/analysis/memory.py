@@ -145,3 +145,21 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
             sites[fr.UNKNOWN]["<no frames>"] += b.size
     top = {c: [{"site": s, "bytes": n} for s, n in sites[c].most_common(5)] for c in fr.CATEGORIES if sites[c]}
     return totals, top
+
+
+def smallest_request_rounding_to(size: int, divisions: tuple) -> int:
+    """The smallest request the allocator would round up to `size` (torch's round_size is monotonic,
+    so a binary search finds it). The trace records some requests only after rounding, e.g. the OOM
+    entry under roundup_power2_divisions; this is the most the rounding can have added."""
+    from profiler.analysis.allocator_model import round_size
+
+    if round_size(size, divisions) != size:
+        return size  # not a size the allocator produces: take it as given
+    lo, hi = 1, size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if round_size(mid, divisions) >= size:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

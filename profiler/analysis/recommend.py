@@ -6,6 +6,9 @@ from __future__ import annotations
 from profiler.analysis import frames as fr
 from profiler.analysis.classify import Facts, g
 
+# A what-if conf string that names one default and so leaves every other key at torch's default.
+DEFAULTS_CONF = "expandable_segments:False"
+
 
 def _rec(action: str, why: str, effect: str) -> dict:
     return {"action": action, "why": why, "expected_effect": effect}
@@ -77,9 +80,24 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
     if primary == "allocator_config":
         recs.append(_rec(f"Remove or relax the non-default allocator settings ({', '.join(f.settings_non_default)})",
                          f"they add {g(f.A - f.A_req)} of rounding or leave oversize blocks unsplittable, which "
-                         "turns a fit into an OOM", "the request fits the limit" + simulated("")))
-    if primary == "fragmentation" or (primary != "capacity" and stranded > 0.2 * max(1, R) and f.has_oom
-                                      and not f.settings_non_default):
+                         "turns a fit into an OOM",
+                         # Under roundup the trace holds rounded sizes only, so a replay under the
+                         # defaults would still ask for the rounded bytes: cite the arithmetic instead.
+                         f"live {g(f.A_req)} + request {g(f.S_min or S)} before rounding fits the limit of "
+                         f"{g(f.limit)}" if f.roundup else
+                         "the request fits the limit" + simulated(DEFAULTS_CONF).replace(DEFAULTS_CONF,
+                                                                                         "the default settings")))
+    graphs_hold_it = primary == "fragmentation" and f.private_pool_free > 0.5 * max(1, stranded)
+    if graphs_hold_it:
+        recs.append(_rec("Share one memory pool across the CUDA graphs (torch.cuda.graph(..., pool=g.pool())) "
+                         "or release graphs you no longer replay",
+                         f"{g(f.private_pool_free)} of the cached free memory belongs to private pools of CUDA "
+                         "graphs that are still alive; eager code cannot use it",
+                         f"frees up to {g(f.private_pool_free)} for the {g(S)} request"))
+        recs.append(_rec("Do not expect expandable_segments or empty_cache() to help here",
+                         "private-pool memory stays reserved as long as its graphs exist", "no change"))
+    elif primary == "fragmentation" or (primary != "capacity" and stranded > 0.2 * max(1, R) and f.has_oom
+                                        and not f.settings_non_default):
         already = "expandable_segments:True" in f.settings_non_default
         if not already:
             recs.append(_rec("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",

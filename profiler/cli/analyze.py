@@ -66,6 +66,7 @@ def _whatif(loaded, ctx) -> list[dict] | None:
     """Replay the last trace through the allocator model when it recorded an OOM and a limit is
     known, so recommendations can cite a simulated outcome. The diagnosis never depends on it."""
     from profiler.analysis.limits import resolve_limits
+    from profiler.analysis.recommend import DEFAULTS_CONF
     from profiler.analysis.whatif import simulate_whatif
 
     snap = loaded.snapshot
@@ -74,7 +75,10 @@ def _whatif(loaded, ctx) -> list[dict] | None:
     limit = resolve_limits(snap, ctx, None).limit
     if not limit:
         return None
-    return simulate_whatif(snap, limit, ["", "expandable_segments:True", "max_split_size_mb:128"])
+    confs = ["", "expandable_segments:True", "max_split_size_mb:128"]
+    if snap.settings.non_default:
+        confs.append(DEFAULTS_CONF)
+    return simulate_whatif(snap, limit, confs)
 
 
 def _emit(result: dict, as_json: bool, no_details: bool) -> None:
