@@ -383,6 +383,11 @@ class Agent:
             self._in_snapshot.on = False
         if obj is None:
             return False
+        if isinstance(obj, dict):
+            # Self-describing and distinct: two snapshots of an unchanged state (epoch ends with
+            # recording paused) would otherwise be the same bytes, hence one row in the history.
+            obj["memq_agent"] = {"run": self.run, "rank": self.rank, "trigger": trigger, "step": self.step,
+                                 "epoch": self.epoch, "time": time.time()}
         pl = dict(payload or {})
         pl.setdefault("took_ms", round(took * 1000, 3))
         pl.setdefault("recording", bool(self.recording))

@@ -340,14 +340,16 @@ class Transport:
 
 
 def replay_spool(spool: Spool, client, *, stream: str = "memq:ingest", maxlen: int = 1_000_000,
-                 blob_ttl_s: int = 7 * 24 * 3600, remove: bool = True) -> int:
+                 blob_ttl_s: int = 7 * 24 * 3600, remove: bool = True, key_prefix: str | None = None) -> int:
     """Send a spool's messages in order to `client` (a redis-py client); returns how many were sent.
-    Used by `python -m profiler.agent.replay` for spools written where no Redis was reachable."""
+    Used by `python -m profiler.agent.replay` for spools written where no Redis was reachable.
+    `key_prefix` re-keys blobs for a deployment whose prefix differs from the writer's."""
     n = 0
     for name, msg in list(spool):
-        envelope.parse(msg.fields)  # refuse anything that is not a valid envelope
+        env = envelope.parse(msg.fields)  # refuse anything that is not a valid envelope
         if msg.blob_key is not None:
-            client.set(msg.blob_key, msg.blob, ex=blob_ttl_s)
+            key = envelope.blob_key(env.sha256, key_prefix) if key_prefix is not None else msg.blob_key
+            client.set(key, msg.blob, ex=blob_ttl_s)
         client.xadd(stream, msg.fields, maxlen=maxlen, approximate=True)
         if remove:
             spool.remove(name)

@@ -176,3 +176,47 @@ def test_context_manager_and_module_api(shared):
     got = entries(r, stream)
     assert [e.trigger for e in got if e.kind == "snapshot"] == ["epoch_end", "manual"]
     assert got[-1].kind == "run_end"
+
+
+class _DictSource(ReplaySource):
+    """Hands out the snapshot as a dict, as torch's `_snapshot()` does (decoded with the restricted
+    decoder from the fixture's bytes)."""
+
+    def snapshot(self):
+        data = super().snapshot()
+        return codec.decode_plain(data) if data is not None else None
+
+
+def test_dict_snapshots_are_self_describing_and_distinct(shared):
+    r, prefix, stream = shared
+    src = _DictSource(REAL / "kept_loss_no_leak")
+    src.entries = src.entries[:1]  # the same state every time
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, history="off")
+    a.mark_step(5, 0)
+    a.mark_epoch(0)
+    a.mark_step(9, 1)
+    a.mark_epoch(1)
+    a.stop(10)
+    snaps = [e for e in entries(r, stream) if e.kind == "snapshot"]
+    assert len(snaps) == 2 and snaps[0].sha256 != snaps[1].sha256
+    marks = [codec.decode(blob_of(r, s, prefix))["memq_agent"] for s in snaps]
+    assert [(m["trigger"], m["step"], m["epoch"], m["rank"]) for m in marks] == [("epoch_end", 5, 0, 0),
+                                                                              ("epoch_end", 9, 1, 0)]
+
+
+def test_periodic_snapshot_records_one_step_first(shared):
+    r, prefix, stream = shared
+    src = ReplaySource(REAL / "seed_adamw")
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, snapshot_every_s=0.15, warmup_steps=1)
+    for step in range(12):
+        a.mark_step(step, 0)
+        time.sleep(0.03)
+    a.stop(10)
+    snaps = [e for e in entries(r, stream) if e.kind == "snapshot"]
+    assert snaps and all(s.trigger == "periodic" for s in snaps)
+    assert snaps[0].payload["reason"] == "warmup"
+    # each later one is taken at the end of a recorded step, before recording pauses again
+    assert len(snaps) >= 2
+    assert all(s.payload["recording"] is True and s.payload["reason"] == "periodic" for s in snaps[1:])
+    ons = [on for on, _, _ in src.history_calls]
+    assert ons.count(True) >= len(snaps) and ons[-1] is False
