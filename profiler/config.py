@@ -76,6 +76,11 @@ class Settings:
     heartbeat_s: int = 10
     worker_max_tasks_per_child: int = 500
     worker_max_memory_per_child_kb: int = 4_000_000
+    retention_days: int = 30
+    retention_clusters: str = ""
+    gc_hour_utc: int = 3
+    gc_minute_utc: int = 15
+    doctor_max_lag: int = 10_000
     extra: dict = field(default_factory=dict)
 
     @property
@@ -150,7 +155,25 @@ SETTINGS: tuple[Spec, ...] = (
          "Workers: a pool process is replaced after this many tasks."),
     Spec("worker_max_memory_per_child_kb", "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB", int, 4_000_000,
          "Workers: a pool process is replaced once its resident memory exceeds this (KiB)."),
+    # Retention (`memq gc` and the beat task workers.retention.gc). Snapshot rows and their analyses
+    # stay; raw blobs of OOM / non-healthy snapshots stay; nothing still referenced is removed.
+    Spec("retention_days", "MEMQ_RETENTION_DAYS", int, 30,
+         "Retention: days raw snapshot blobs and stat samples are kept (0 = keep forever)."),
+    Spec("retention_clusters", "MEMQ_RETENTION_CLUSTERS", str, "",
+         "Retention: per-cluster overrides, comma separated `cluster=days` (e.g. `dev=7,prod=90`)."),
+    Spec("gc_hour_utc", "MEMQ_GC_HOUR_UTC", int, 3, "Beat: UTC hour of the daily retention run (`memq gc`)."),
+    Spec("gc_minute_utc", "MEMQ_GC_MINUTE_UTC", int, 15, "Beat: UTC minute of the daily retention run."),
+    Spec("doctor_max_lag", "MEMQ_DOCTOR_MAX_LAG", int, 10_000,
+         "`memq doctor`: stream entries not yet read by the dispatcher above which it warns."),
 )
+
+#: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or
+#: Docker secret mounted as a file), used when the variable itself is not set.
+FILE_SETTINGS: tuple[str, ...] = ("redis_url", "database_url", "broker_url")
+
+
+def _spec(name: str) -> Spec:
+    return next(s for s in SETTINGS if s.name == name)
 
 
 def _coerce(spec: Spec, raw: object) -> object:
@@ -198,7 +221,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         elif spec.name in file_values:
             values[spec.name] = _coerce(spec, file_values[spec.name])
     # Credentials may live in files (Kubernetes / Docker secrets) rather than in the environment.
-    for url_key, file_env in (("redis_url", "MEMQ_REDIS_URL_FILE"), ("database_url", "MEMQ_DATABASE_URL_FILE")):
+    for url_key in FILE_SETTINGS:
+        file_env = _spec(url_key).env + "_FILE"
         if url_key not in values and env.get(file_env):
             try:
                 values[url_key] = Path(env[file_env]).read_text().strip()
