@@ -22,7 +22,7 @@ them again, which inserts nothing twice and at most enqueues a duplicate task (t
 snapshot, so it is analysed once). An entry delivered MEMQ_MAX_DELIVERIES times without being
 acknowledged (it crashes every dispatcher that reads it) is dead-lettered instead.
 Outages of PostgreSQL or Redis keep the batch in memory and retry it with back-off (0.5 s doubling
-to 30 s), so waiting out an outage does not count as a delivery.
+to min(30 s, MEMQ_CLAIM_IDLE_S)), so waiting out an outage does not count as a delivery.
 SIGTERM / SIGINT: finish the current entry, acknowledge what is done, stop.
 """
 
@@ -91,6 +91,7 @@ class Dispatcher:
         self._enqueue = enqueue
         self.stop_event = threading.Event()
         self._read_own = True
+        self._group_ready = False
         self._backlog: list[Entry] = []
         self._next_claim = 0.0
         self._run_ids: dict[str, int] = {}
@@ -169,7 +170,9 @@ class Dispatcher:
                     self.counts["outages"] += 1
                     log.warning("dispatcher: %s; retrying in %.1f s", exc, backoff)
                     self.stop_event.wait(backoff)
-                    backoff = min(30.0, backoff * 2)
+                    # capped at the claim idle time: a waiting dispatcher retries before its
+                    # entries would look abandoned to the others
+                    backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
                     continue
                 if n:
                     idle_since = time.monotonic()
@@ -183,6 +186,9 @@ class Dispatcher:
     def step(self) -> int:
         """One round: reclaim when due, read a batch (or retry the one kept from an outage),
         process and acknowledge it. Returns the number of entries handled."""
+        if not self._group_ready:
+            self.ensure_group()  # here, not at start: a dispatcher may start before Redis does
+            self._group_ready = True
         if not self._backlog:
             if time.monotonic() >= self._next_claim:
                 self._next_claim = time.monotonic() + max(1.0, self.st.claim_idle_s / 4)

@@ -50,9 +50,7 @@ def dispatcher(consumer, batch, block_ms, loglevel):
     logging.basicConfig(level=loglevel.upper(), stream=sys.stderr,
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     st = load_settings()
-    d = Dispatcher(st, consumer=consumer, batch=batch, block_ms=block_ms)
-    d.ensure_group()
-    d.run()
+    Dispatcher(st, consumer=consumer, batch=batch, block_ms=block_ms).run()
 
 
 def _text(v) -> str:

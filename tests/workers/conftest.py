@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import redis
 
@@ -20,10 +24,13 @@ def shared_redis() -> str:
 
 
 @pytest.fixture(scope="module")
-def private_pg(tmp_path_factory):
-    pg = PrivatePostgres(tmp_path_factory.mktemp("pg")).init().start()
+def private_pg():
+    # Not under pytest's tmp dir: that one is private to root, and the server runs as postgres.
+    tmp = Path(tempfile.mkdtemp(prefix="memq-test-pg-"))
+    pg = PrivatePostgres(tmp).init().start()
     yield pg
     pg.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

@@ -227,12 +227,18 @@ class Stack:
             assert p.poll() is None, self.log_tail("worker")
         return p
 
-    def start_dispatcher(self, consumer: str | None = None, fault: str | None = None) -> subprocess.Popen:
+    def start_dispatcher(self, consumer: str | None = None, fault: str | None = None,
+                         wait: bool = False) -> subprocess.Popen:
         env = dict(self.env)
         if fault:
             env["MEMQ_TEST_FAULT"] = fault
         args = ["dispatcher", "--block-ms", "200", *(["--consumer", consumer] if consumer else [])]
-        return self._spawn("dispatcher", args, env)
+        p = self._spawn("dispatcher", args, env)
+        if wait:
+            wait_for(lambda: any(h.get("pid") == p.pid for h in self.heartbeats("dispatcher")) or p.poll() is not None,
+                     60, 0.1, "dispatcher heartbeat")
+            assert p.poll() is None, self.log_tail("dispatcher")
+        return p
 
     def heartbeats(self, kind: str) -> list[dict]:
         r = self.redis
@@ -296,6 +302,21 @@ class Stack:
     def dead(self) -> list[dict]:
         return [{k.decode(): v.decode("utf-8", "replace") for k, v in f.items()}
                 for _id, f in self.redis.xrange(self.env["MEMQ_DEAD_STREAM"])]
+
+    def samples_sent(self) -> int:
+        """Stat samples in the stream's `stats` entries (what the dispatcher must store)."""
+        n = 0
+        for _id, f in self.redis.xrange(self.stream):
+            if f.get(b"kind") == b"stats":
+                n += sum(1 for x in json.loads(f[b"payload"])["samples"] if "device_metadata" not in x)
+        return n
+
+    def assert_samples_stored(self, timeout: float = 30) -> int:
+        want = self.samples_sent()
+        assert want > 0
+        wait_for(lambda: self.rows("SELECT count(*) FROM stat_samples")[0][0] == want, timeout, 0.2,
+                 f"{want} stat samples stored")
+        return want
 
     def assert_exactly_once(self, expected_shas: set[str]) -> None:
         """One snapshot row per expected (run, rank, sha256), each done with one analysis result
