@@ -312,7 +312,7 @@ def _growing(runs: list[dict], floors: dict[int, list[dict]]) -> list[dict]:
                     "growth_bytes": epochs[-1]["min_allocated_bytes"] - epochs[0]["min_allocated_bytes"],
                     "mean_growth_per_epoch_bytes": int(sum(grown) / len(grown)),
                     "floors": [e["min_allocated_bytes"] for e in epochs],
-                    "epoch_numbers": [e["epoch"] for e in epochs]})
+                    "epoch_numbers": [e["epoch"] for e in epochs], "leak_evidence": None})
     return out
 
 
