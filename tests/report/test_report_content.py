@@ -225,3 +225,22 @@ def test_build_report_directly_matches_the_cli(history):
         doc = build_report(s, dt.date.fromisoformat(DAY1), Scope.parse("all"), timelines=0)
     assert doc["totals"]["oom_runs"] == 4 and doc["timelines"] == []
     assert CAPTURED.exists()
+
+
+def test_growth_seen_in_stat_samples_alone(history):
+    """A run whose snapshots cannot show the leak (before training and the end of epoch 0 only) is
+    still flagged: its per-step stat samples rise by the kept logits every epoch."""
+    from tests.report.conftest import Ingest, ingest
+
+    ingest(history.env, [Ingest("leak_stats_only", CAPTURED / "leak_epochs", ("before_training", "epoch0"), "lm",
+                                "c", "2.11.0", limit=7516192768)])
+    with history.store().session() as s:
+        assert s.execute(select(Run.primary_cause).where(Run.name == "leak_stats_only")).scalar_one() != "leak"
+    doc = _report(history, DAY2)
+    g = _by_run(doc["growing"])["leak_stats_only"]
+    assert g["source"] == "stat samples" and g["leak_evidence"] is None
+    assert g["mean_growth_per_epoch_bytes"] == 8 * 131072000 and g["consecutive_grown"] == 5
+    assert g["epoch_numbers"] == [0, 1, 2, 3, 4, 5]
+    assert "leak_stats_only" in {f["run"] for f in doc["flagged_runs"]}
+    html = _report(history, DAY2, fmt="html")
+    assert "leak_stats_only" in html
