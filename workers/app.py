@@ -43,9 +43,12 @@ ROUTES = {
     "workers.tasks.recompute_run": {"queue": QUEUE_ANALYZE},
     "workers.tasks.reap": {"queue": QUEUE_INGEST},
     "workers.reports.*": {"queue": QUEUE_REPORT},
+    "workers.retention.*": {"queue": QUEUE_REPORT},
 }
 
 REPORTS_MODULE = "workers.reports"
+#: Modules with tasks of their own; each may define `beat_entries(settings) -> dict` for the schedule.
+EXTENSION_MODULES = (REPORTS_MODULE, "workers.retention")
 
 
 def check_limits(st: Settings) -> None:
@@ -62,23 +65,28 @@ def check_limits(st: Settings) -> None:
                           "(retries are ETA messages)")
 
 
-def _has_reports() -> bool:
+def _has(module: str) -> bool:
     try:
-        return importlib.util.find_spec(REPORTS_MODULE) is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
 
 
+def _has_reports() -> bool:
+    return _has(REPORTS_MODULE)
+
+
 def beat_schedule(st: Settings) -> dict:
-    """The periodic tasks: the lease reaper, plus whatever `workers.reports.beat_entries(settings)`
-    adds (the nightly report). Times are UTC."""
+    """The periodic tasks: the lease reaper, plus whatever the `beat_entries(settings)` of each of
+    EXTENSION_MODULES adds (the nightly report, the daily retention run). Times are UTC."""
     schedule = {
         "memq-reaper": {"task": "workers.tasks.reap", "schedule": float(st.reaper_interval_s),
                         "options": {"queue": QUEUE_INGEST, "expires": float(st.reaper_interval_s)}},
     }
-    if _has_reports():
-        mod = importlib.import_module(REPORTS_MODULE)
-        extra = getattr(mod, "beat_entries", None)
+    for name in EXTENSION_MODULES:
+        if not _has(name):
+            continue
+        extra = getattr(importlib.import_module(name), "beat_entries", None)
         if callable(extra):
             schedule.update(extra(st) or {})
     return schedule
@@ -127,7 +135,7 @@ def celery_config(st: Settings) -> dict:
 
 
 def _includes() -> list[str]:
-    return ["workers.tasks", *([REPORTS_MODULE] if _has_reports() else [])]
+    return ["workers.tasks", *(m for m in EXTENSION_MODULES if _has(m))]
 
 
 def make_app(settings: Settings | None = None) -> Celery:

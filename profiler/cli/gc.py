@@ -1,0 +1,46 @@
+"""`memq gc [--dry-run] [--json]`: apply the retention policy now (profiler/store/retention.py).
+
+Removes raw snapshot blobs and stat samples older than MEMQ_RETENTION_DAYS (per-cluster overrides in
+MEMQ_RETENTION_CLUSTERS), keeping the blobs of snapshots with an OOM or a non-healthy diagnosis and
+every blob another snapshot still references. Snapshot rows and analyses stay. The beat task
+`workers.retention.gc` runs the same daily at MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="Show what would be removed; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def gc(dry_run: bool, as_json: bool) -> None:
+    """Remove raw blobs and stat samples past the retention policy."""
+    from profiler.config import load_settings
+    from profiler.store.retention import Policy, collect
+    from profiler.store.store import open_store
+
+    st = load_settings()
+    policy = Policy.from_settings(st)
+    store = open_store(st)
+    try:
+        summary = collect(store, policy, dry_run=dry_run)
+    finally:
+        store.close()
+    if as_json:
+        from profiler.cli._listing import write_json
+
+        write_json(summary)
+        return
+    verb = "would remove" if dry_run else "removed"
+    pol = policy.describe()
+    clusters = ", ".join(f"{c}={d}" for c, d in pol["clusters"].items()) or "none"
+    click.echo(f"retention: {pol['default_days'] or 'forever'} days by default; overrides: {clusters}")
+    click.echo(f"{verb}: {summary['stat_samples_removed']} stat samples, {summary['blobs_removed']} blobs "
+               f"({summary['snapshots_unlinked']} snapshots), {summary['orphans_removed']} orphan blobs, "
+               f"{summary['temp_files_removed']} temporary files; {summary['bytes_freed']} bytes")
+    kept = summary["kept"]
+    click.echo(f"kept past retention: {kept['oom']} OOM snapshots, {kept['diagnosis']} with a diagnosis, "
+               f"{kept['referenced']} blobs still referenced")
+    for err in summary["errors"]:
+        click.echo(f"warning: {err}", err=True)

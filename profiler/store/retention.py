@@ -1,0 +1,289 @@
+"""Retention: remove raw snapshot blobs and stat samples past a per-cluster policy.
+
+What goes, per cluster (MEMQ_RETENTION_DAYS, overridden per cluster by MEMQ_RETENTION_CLUSTERS
+`name=days,...`; 0 days = keep forever):
+- stat samples older than the cutoff (samples whose run row is gone follow the default policy);
+- the raw blob (in the blob store) of a snapshot taken before the cutoff, once its analysis is
+  finished (state done or failed). The snapshot row, its analysis result and the run diagnosis
+  stay: `memq history` still shows them; only `memq reanalyze` of that snapshot is no longer possible.
+- blob files that no snapshot row names at all (orphans) older than the default cutoff, and
+  temporary files of interrupted writes older than a day.
+
+What stays, whatever its age:
+- the blob of a snapshot that carries an OOM (trigger `oom`, or an analysis that found one) or a
+  diagnosis (an analysis whose primary cause is anything but `healthy`): the evidence behind a verdict;
+- the blob of any snapshot still pending or running (the analysis needs it);
+- a blob that any other snapshot row still references (the same bytes under two runs share one blob):
+  a file is removed only when every row naming its sha256 is itself past retention and unprotected.
+Rows are updated first (blob_ref set to NULL, in one transaction that re-counts the references), the
+files are removed after the commit; a file whose removal failed is an orphan for a later run.
+
+    policy = Policy.from_settings(settings)
+    summary = collect(store, policy, dry_run=True)      # what would go; nothing changes
+    summary = collect(store, policy)                    # remove
+
+Every filter is a bound parameter (SQLAlchemy expressions), never formatted into SQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import delete, func, select, update
+
+from profiler.config import Settings
+from profiler.errors import ConfigError
+from profiler.store.orm import AnalysisResult, Run, Snapshot, StatSample
+from profiler.store.repository import db_time, utcnow
+
+CHUNK = 500
+_BLOB_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)$")
+_TMP_MAX_AGE_S = 24 * 3600
+
+
+def parse_overrides(text: str) -> dict[str, int]:
+    """`dev=7,prod=90` -> {"dev": 7, "prod": 90}; ConfigError names the bad item."""
+    out: dict[str, int] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, days = item.rpartition("=")
+        name = name.strip()
+        try:
+            n = int(days.strip())
+        except ValueError:
+            n = -1
+        if not sep or not name or n < 0:
+            raise ConfigError(f"MEMQ_RETENTION_CLUSTERS: {item!r} is not `cluster=days` (days >= 0)")
+        out[name] = n
+    return out
+
+
+@dataclass(frozen=True)
+class Policy:
+    default_days: int = 30
+    clusters: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, st: Settings) -> Policy:
+        if st.retention_days < 0:
+            raise ConfigError("MEMQ_RETENTION_DAYS must be >= 0 (0 keeps everything)")
+        return cls(int(st.retention_days), parse_overrides(st.retention_clusters))
+
+    def days_for(self, cluster: str | None) -> int:
+        return self.clusters.get(cluster, self.default_days) if cluster is not None else self.default_days
+
+    def cutoff(self, days: int, now: dt.datetime) -> dt.datetime | None:
+        return None if days <= 0 else now - dt.timedelta(days=days)
+
+    def describe(self) -> dict:
+        return {"default_days": self.default_days, "clusters": dict(sorted(self.clusters.items()))}
+
+
+def _chunks(items: list, n: int = CHUNK) -> Iterator[list]:
+    for i in range(0, len(items), n):
+        yield items[i:i + n]
+
+
+def _protected(trigger: str, oom_requested: int | None, oom_doc, cause: str | None) -> str | None:
+    """Why a snapshot's blob is kept whatever its age, or None."""
+    if trigger == "oom" or oom_requested is not None or oom_doc:
+        return "oom"
+    if cause and cause != "healthy":
+        return "diagnosis"
+    return None
+
+
+def _run_cutoffs(session, policy: Policy, now: dt.datetime) -> dict[int, dt.datetime]:
+    """run id -> cutoff, for runs whose cluster's policy removes anything."""
+    out: dict[int, dt.datetime] = {}
+    for rid, cluster in session.execute(select(Run.id, Run.cluster)):
+        cut = policy.cutoff(policy.days_for(cluster), now)
+        if cut is not None:
+            out[int(rid)] = cut
+    return out
+
+
+def _stat_samples(store, policy: Policy, now: dt.datetime, dry_run: bool) -> int:
+    total = 0
+    with store.session() as s:
+        cutoffs = _run_cutoffs(s, policy, now)
+    by_cut: dict[dt.datetime, list[int]] = defaultdict(list)
+    for rid, cut in cutoffs.items():
+        by_cut[cut].append(rid)
+    for cut, rids in by_cut.items():
+        for chunk in _chunks(sorted(rids)):
+            with store.session() as s:
+                where = (StatSample.run_id.in_(chunk), StatSample.sampled_at < db_time(s, cut))
+                if dry_run:
+                    total += int(s.execute(select(func.count()).select_from(StatSample).where(*where)).scalar_one())
+                else:
+                    total += int(s.execute(delete(StatSample).where(*where)).rowcount or 0)
+    default_cut = policy.cutoff(policy.default_days, now)
+    if default_cut is not None:  # samples of runs deleted since (stat_samples has no foreign key)
+        with store.session() as s:
+            where = (StatSample.sampled_at < db_time(s, default_cut), StatSample.run_id.not_in(select(Run.id)))
+            if dry_run:
+                total += int(s.execute(select(func.count()).select_from(StatSample).where(*where)).scalar_one())
+            else:
+                total += int(s.execute(delete(StatSample).where(*where)).rowcount or 0)
+    return total
+
+
+def _candidates(store, policy: Policy, now: dt.datetime, summary: dict) -> dict[str, list[int]]:
+    """sha256 -> ids of snapshot rows past retention whose blob may go (unprotected, finished)."""
+    out: dict[str, list[int]] = defaultdict(list)
+    with store.session() as s:
+        cutoffs = _run_cutoffs(s, policy, now)
+        if not cutoffs:
+            return {}
+        oldest = max(cutoffs.values())
+        q = (select(Snapshot.id, Snapshot.run_id, Snapshot.sha256, Snapshot.taken_at, Snapshot.created_at,
+                    Snapshot.trigger, AnalysisResult.oom_requested_bytes, AnalysisResult.primary_cause,
+                    AnalysisResult.result["oom"].label("oom_doc"))
+             .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+             .where(Snapshot.blob_ref.is_not(None), Snapshot.state.in_(("done", "failed")),
+                    func.coalesce(Snapshot.taken_at, Snapshot.created_at) < db_time(s, oldest)))
+        for row in s.execute(q):
+            cut = cutoffs.get(int(row.run_id))
+            when = row.taken_at or row.created_at
+            if cut is None or when is None or _aware(when) >= cut:
+                continue
+            why = _protected(row.trigger, row.oom_requested_bytes, row.oom_doc, row.primary_cause)
+            if why:
+                summary["kept"][why] += 1
+                continue
+            out[row.sha256].append(int(row.id))
+    return out
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def _reference_counts(session, shas: Iterable[str]) -> dict[str, int]:
+    shas = list(shas)
+    got = session.execute(select(Snapshot.sha256, func.count()).where(Snapshot.sha256.in_(shas))
+                          .group_by(Snapshot.sha256)).all()
+    return {sha: int(n) for sha, n in got}
+
+
+def _blob_files(blob_dir: Path, sha: str) -> list[Path]:
+    return [p for p in (blob_dir / sha[:2] / f"{sha}.zst", blob_dir / sha[:2] / f"{sha}.gz") if p.exists()]
+
+
+def _unlink(paths: Iterable[Path], summary: dict, key: str, dry_run: bool) -> None:
+    for p in paths:
+        try:
+            size = p.stat().st_size
+            if not dry_run:
+                p.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            summary["errors"].append(f"{p.name}: {exc.strerror or exc}")
+            continue
+        summary[key] += 1
+        summary["bytes_freed"] += size
+
+
+class _Late(Exception):
+    """A row naming one of these blobs appeared during the transaction: roll back, keep them."""
+
+    def __init__(self, shas: set[str]):
+        super().__init__(len(shas))
+        self.shas = shas
+
+
+def _unref_chunk(store, chunk: list[str], cands: dict[str, list[int]], dry_run: bool,
+                 summary: dict) -> list[str]:
+    """Set blob_ref NULL on the candidate rows of the chunk's fully expired blobs, in one transaction
+    that re-counts the references after the update; returns the sha256s whose files may go."""
+    skip: set[str] = set()
+    for _ in range(3):
+        try:
+            with store.session() as s:
+                counts = _reference_counts(s, chunk)
+                free = [sha for sha in chunk if sha not in skip and counts.get(sha, 0) == len(cands[sha])]
+                ids = [i for sha in free for i in cands[sha]]
+                if not dry_run and ids:
+                    s.execute(update(Snapshot).where(Snapshot.id.in_(ids)).values(blob_ref=None))
+                    again = _reference_counts(s, free)
+                    late = {sha for sha in free if again.get(sha, 0) != len(cands[sha])}
+                    if late:
+                        raise _Late(late)
+        except _Late as exc:
+            skip |= exc.shas
+            continue
+        summary["kept"]["referenced"] += len(chunk) - len(free)
+        summary["snapshots_unlinked"] += len(ids)
+        return free
+    summary["errors"].append(f"references kept changing for {len(chunk)} blobs; left for the next run")
+    return []
+
+
+def _expired_blobs(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict) -> None:
+    cands = _candidates(store, policy, now, summary)
+    blob_dir = Path(store.blobs.directory)
+    for chunk in _chunks(sorted(cands)):
+        free = _unref_chunk(store, chunk, cands, dry_run, summary)
+        if not dry_run and free:
+            with store.session() as s:  # after the commit: check once more that nothing names them
+                still = set(s.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(free),
+                                                                   Snapshot.blob_ref.is_not(None))).scalars())
+            free = [sha for sha in free if sha not in still]
+        for sha in free:
+            _unlink(_blob_files(blob_dir, sha), summary, "blobs_removed", dry_run)
+
+
+def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict) -> None:
+    cut = policy.cutoff(policy.default_days, now)
+    blob_dir = Path(store.blobs.directory)
+    if cut is None or not blob_dir.is_dir():
+        return
+    cut_ts = cut.timestamp()
+    old: dict[str, list[Path]] = defaultdict(list)
+    for sub in sorted(blob_dir.iterdir()):
+        if not sub.is_dir() or len(sub.name) != 2:
+            continue
+        for p in sub.iterdir():
+            try:
+                mtime = p.stat().st_mtime
+            except OSError:
+                continue
+            m = _BLOB_NAME.match(p.name)
+            if m and m.group(1)[:2] == sub.name and mtime < cut_ts:
+                old[m.group(1)].append(p)
+            elif p.name.startswith(".") and mtime < time.time() - _TMP_MAX_AGE_S:
+                _unlink([p], summary, "temp_files_removed", dry_run)
+    for chunk in _chunks(sorted(old)):
+        with store.session() as s:
+            named = set(s.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(chunk)).distinct()).scalars())
+        for sha in chunk:
+            if sha not in named:
+                _unlink(old[sha], summary, "orphans_removed", dry_run)
+
+
+def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: bool = False) -> dict:
+    """Apply `policy` (see the module docstring). Returns what was (or, dry run, would be) removed."""
+    now = now or utcnow()
+    summary: dict = {"dry_run": dry_run, "now": now.isoformat(), "policy": policy.describe(),
+                     "stat_samples_removed": 0, "snapshots_unlinked": 0, "blobs_removed": 0,
+                     "orphans_removed": 0, "temp_files_removed": 0, "bytes_freed": 0,
+                     "kept": {"oom": 0, "diagnosis": 0, "referenced": 0}, "errors": []}
+    if policy.default_days <= 0 and not any(d > 0 for d in policy.clusters.values()):
+        return summary
+    summary["stat_samples_removed"] = _stat_samples(store, policy, now, dry_run)
+    _expired_blobs(store, policy, now, dry_run, summary)
+    _orphans(store, policy, now, dry_run, summary)
+    return summary
+
+
+__all__ = ["Policy", "parse_overrides", "collect"]
