@@ -37,6 +37,17 @@ from profiler.agent.transport import Counters, Item, Transport
 log = logging.getLogger("memq.agent")
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_SPOOL_DIR = re.compile(r"^(?P<base>rank\d+-(?P<host>.+?)-(?P<pid>\d+))(?:\.adopted-(?P<adopter>\d+))?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def _safe(text: str) -> str:
@@ -97,7 +108,8 @@ class Agent:
             redis_url=redis_url or st.redis_url, stream=stream or st.stream_key,
             key_prefix=key_prefix or st.key_prefix, maxlen=stream_maxlen or st.stream_maxlen,
             blob_ttl_s=blob_ttl_s or st.blob_ttl_s, codec=codec, send_timeout_s=send_timeout_s,
-            queue_size=queue_size, client_factory=client_factory, backoff_s=backoff_s, counters=self.counters_obj)
+            queue_size=queue_size, client_factory=client_factory, backoff_s=backoff_s, counters=self.counters_obj,
+            adopt=self._claim_orphan_spools)
         # state
         self.step: int | None = None
         self.epoch: int | None = None
@@ -126,6 +138,28 @@ class Agent:
         self._prev_thread_excepthook: Any = None
         self._ticker = threading.Thread(target=self._tick_loop, name="memq-agent-ticker", daemon=True)
         self._in_snapshot = threading.local()
+
+    def _claim_orphan_spools(self) -> list[Path]:
+        """Spool folders of this run on this host whose process is gone, claimed by an atomic rename
+        (so two new processes never both send them)."""
+        out: list[Path] = []
+        base, host = self.spool_path.parent, _safe(self.identity["host"])
+        if not base.is_dir():
+            return out
+        for d in sorted(base.iterdir()):
+            m = _SPOOL_DIR.match(d.name)
+            if not d.is_dir() or d == self.spool_path or m is None or m.group("host") != host:
+                continue
+            owner = int(m.group("adopter") or m.group("pid"))
+            if owner == os.getpid() or _alive(owner):
+                continue
+            claimed = d.with_name(f"{m.group('base')}.adopted-{os.getpid()}")
+            try:
+                os.rename(d, claimed)
+            except OSError:
+                continue  # another process claimed it first
+            out.append(claimed)
+        return out
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> Agent:

@@ -104,7 +104,8 @@ class Transport:
                  key_prefix: str = "memq:", maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,
                  codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
                  max_pending_snapshots: int = 16, backoff_s: tuple[float, float] = (0.5, 30.0),
-                 client_factory: Callable[[], Any] | None = None, counters: Counters | None = None):
+                 client_factory: Callable[[], Any] | None = None, counters: Counters | None = None,
+                 adopt: Callable[[], list] | None = None):
         self.identity = identity  # run, cluster, job, rank, host
         self.spool = spool
         self.redis_url = redis_url
@@ -130,6 +131,8 @@ class Transport:
         self._busy = 0
         self._busy_lock = threading.Lock()
         self.last_error: str | None = None
+        self._adopt = adopt  # finds and claims spools of dead processes of this run on this host
+        self._adopted: list | None = None
         self._thread = threading.Thread(target=self._run, name="memq-agent-transport", daemon=True)
 
     # -- training-thread side (never blocks, never raises) ---------------------------------------
@@ -199,6 +202,8 @@ class Transport:
                 if item is None:
                     if len(self.spool) and self._connected():
                         self._replay_spool()
+                    if self._adopt is not None and self._connected():
+                        self._replay_adopted()
                     continue
                 self._handle(item)
             except Exception as exc:  # noqa: BLE001 - the thread must survive anything
@@ -310,6 +315,34 @@ class Transport:
                 return
             self.spool.remove(name)
             self.counters.add("replayed")
+
+    def _replay_adopted(self) -> None:
+        """Deliver what earlier processes of this run left in their spools (they died while Redis
+        was unreachable). Claimed once (an atomic rename), retried until sent, then removed."""
+        if self._adopted is None:
+            try:
+                self._adopted = list(self._adopt())
+            except Exception as exc:  # noqa: BLE001
+                self._adopted = []
+                self.counters.add("errors")
+                self.last_error = f"adopt: {type(exc).__name__}: {exc}"
+        while self._adopted and not self._late():
+            path = self._adopted[0]
+            sp = Spool(path, max_bytes=1 << 62, fsync=False)
+            try:
+                n = replay_spool(sp, self._client, stream=self.stream, maxlen=self.maxlen,
+                                 blob_ttl_s=self.blob_ttl_s, key_prefix=self.key_prefix)
+            except Exception as exc:  # noqa: BLE001 - a bad file or Redis down: try again later
+                self._down(exc)
+                return
+            self.counters.add("replayed", n)
+            self._adopted.pop(0)
+            try:
+                for leftover in path.iterdir():
+                    leftover.unlink()
+                path.rmdir()
+            except OSError:
+                pass
 
     def _connected(self, force: bool = False) -> bool:
         if self._client is not None:

@@ -5,6 +5,7 @@ wrapped real client for injected command failures."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -414,3 +415,36 @@ def test_rediss_and_password_urls_are_accepted(private_redis, tmp_path):
     tls.snapshot("manual")
     c = tls.stop(5)
     assert c["sent"] == 0 and c["spooled"] >= 2  # plain server, TLS client: handshake fails -> spool
+
+
+def test_next_process_delivers_a_dead_process_spool(shared, tmp_path):
+    """A process that ended while Redis was unreachable left its spool; the next agent of the same
+    run on the same host claims it (atomic rename) and delivers it."""
+    r, prefix, stream = shared
+    code = f"""
+from profiler.agent import Agent
+from profiler.agent.source import ReplaySource
+a = Agent('adopt-run', 'c', source=ReplaySource({str(REAL / 'seed_sgd')!r}), redis_url='redis://127.0.0.1:1/0',
+          spool_dir={str(tmp_path / 'spool')!r}, stream={stream!r}, key_prefix={prefix!r}, signal=None,
+          fsync=False).start()
+a.mark_step(0, 0); a.mark_epoch(0)
+print(a.stop(3))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (left,) = list((tmp_path / "spool" / "adopt-run").iterdir())
+    n_left = len(list(left.glob("*.mqs")))
+    assert n_left >= 3
+    live = tmp_path / "spool" / "adopt-run" / f"rank0-{socket.gethostname()}-{os.getppid()}"
+    live.mkdir()  # a live process's spool (our parent): never taken
+    (live / "000000000000.mqs").write_bytes(b"MQS1")
+    b = make_agent(run="adopt-run", stream=stream, key_prefix=prefix, spool_dir=tmp_path / "spool")
+    assert wait_for(lambda: b.counters()["replayed"] >= n_left, 10)
+    b.stop(10)
+    got = entries(r, stream)
+    pids = {e.payload["pid"] for e in got if e.kind == "run_start"}
+    assert len(pids) == 2 and os.getpid() in pids  # the dead process's run_start and ours
+    assert not left.exists() and live.exists()
+    for e in got:
+        if e.kind == "snapshot":
+            blob_of(r, e, prefix)
