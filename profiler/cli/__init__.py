@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "status": "profiler.cli.service:status",
     "report": "profiler.cli.report:report",
     "plot": "profiler.cli.report:plot",
+    "doctor": "profiler.cli.doctor:doctor",
     "gc": "profiler.cli.gc:gc",
 }
 

@@ -1,0 +1,307 @@
+"""`memq doctor [--strict] [--json]`: is this deployment healthy, and what to do when it is not.
+
+Checks, in order (each prints one line, and a `fix:` line when something is wrong):
+- config      the settings load (environment, config file, `*_FILE` secrets)
+- database    reachable; schema at this memq's revision (the embedded SQLite default migrates itself)
+- redis       reachable (PING)
+- memory      maxmemory-policy: an evicting policy (allkeys-*, volatile-*: blobs carry TTLs) is a
+              warning; memory use near maxmemory is a warning
+- persistence AOF or RDB snapshots on; none is a warning (a restart loses the stream and queues)
+- stream      consumer-group lag and pending entries of the ingest stream; dead letters (shown)
+- workers     live worker and dispatcher heartbeats; none is a warning
+- blobs       the blob store directory is writable
+Errors (a dependency unreachable, the schema out of date, the blob store not writable, bad settings)
+exit non-zero with profiler.errors' codes: 3 when the only errors are schema errors, 2 for bad
+settings, else 1. Warnings exit 0, or 1 with `--strict`. Passwords in URLs are always masked.
+Redis facts come from INFO (works where CONFIG is disabled, as on managed Redis); persistence falls
+back to CONFIG GET save, and says so when it cannot tell.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import click
+
+from profiler.errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_SCHEMA
+
+OK, INFO, WARN, ERROR = "ok", "info", "warning", "error"
+EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random",
+            "volatile-ttl")
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+    data: dict = field(default_factory=dict)
+    #: exit code this error stands for (errors only)
+    code: int = EXIT_ERROR
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def check_database(st) -> list[Check]:
+    from profiler.config import redact_url
+    from profiler.errors import MemqError, SchemaOutOfDate
+    from profiler.store import schema
+    from profiler.store.db import is_sqlite, make_engine
+
+    where = redact_url(st.database_url)
+    engine = make_engine(st.database_url)
+    try:
+        try:
+            current = schema.current_revision(engine)
+        except MemqError as exc:
+            return [Check("database", ERROR, exc.message if where in exc.message else f"{where}: {exc.message}",
+                          "start the database or fix MEMQ_DATABASE_URL (or MEMQ_DATABASE_URL_FILE); "
+                          "check network, credentials and that the database exists")]
+        head = schema.head_revision()
+        data = {"url": where, "revision": current, "head": head}
+        reach = Check("database", OK, f"{where} reachable", data=data)
+        if current == head:
+            return [reach, Check("schema", OK, f"revision {head} (current)", data=data)]
+        if is_sqlite(st.database_url) and (current is None or current in schema._script_heads()[1]):
+            return [reach, Check("schema", INFO, f"revision {current or 'none'}; the embedded SQLite database "
+                                 f"migrates itself to {head} on first use", data=data)]
+        try:
+            schema.verify_schema(engine)
+        except SchemaOutOfDate as exc:
+            fix = exc.hint or "run `memq db upgrade`"
+            if fix.startswith("run "):
+                fix = fix[4:]
+            return [reach, Check("schema", ERROR, exc.message, f"run {fix}" if fix.startswith("`") else fix,
+                                 data=data, code=EXIT_SCHEMA)]
+        return [reach]
+    finally:
+        engine.dispose()
+
+
+def _redis_client(st):
+    import redis
+
+    return redis.Redis.from_url(st.redis_url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def check_redis(st) -> tuple[list[Check], object | None]:
+    import redis
+
+    from profiler.config import redact_url
+
+    where = redact_url(st.redis_url)
+    try:
+        r = _redis_client(st)
+        r.ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        return [Check("redis", ERROR, f"{where} unreachable: {type(exc).__name__}: {redact_url(str(exc))}",
+                      "start Redis or fix MEMQ_REDIS_URL (or MEMQ_REDIS_URL_FILE): host, port, password, "
+                      "rediss:// for TLS")], None
+    checks = []
+    try:
+        info = r.info("server")
+        checks.append(Check("redis", OK, f"{where} reachable (Redis {info.get('redis_version', '?')})",
+                            data={"url": where, "version": info.get("redis_version")}))
+    except redis.RedisError:
+        checks.append(Check("redis", OK, f"{where} reachable", data={"url": where}))
+    return checks, r
+
+
+def check_memory(r) -> list[Check]:
+    import redis
+
+    try:
+        mem = r.info("memory")
+    except redis.RedisError as exc:
+        return [Check("memory", WARN, f"cannot read INFO memory: {exc}", "grant the memq admin user INFO")]
+    policy = _text(mem.get("maxmemory_policy", "unknown"))
+    used, cap = int(mem.get("used_memory", 0)), int(mem.get("maxmemory", 0))
+    data = {"maxmemory_policy": policy, "used_memory": used, "maxmemory": cap}
+    out = []
+    if policy in EVICTING:
+        out.append(Check("memory", WARN, f"maxmemory-policy {policy}: Redis may evict stream entries, "
+                         "snapshot blobs (they carry TTLs) and Celery queues when full",
+                         "set `maxmemory-policy noeviction` (redis.conf or CONFIG SET); agents then spool "
+                         "to disk instead of losing data", data=data))
+    else:
+        out.append(Check("memory", OK, f"maxmemory-policy {policy}, {used} bytes used"
+                         + (f" of {cap}" if cap else " (no maxmemory)"), data=data))
+    if cap and used > 0.8 * cap:
+        out.append(Check("memory-use", WARN, f"{used} of {cap} bytes used ({100 * used / cap:.0f}%)",
+                         "raise maxmemory, add dispatchers/workers to drain the backlog, or lower "
+                         "MEMQ_STREAM_MAXLEN", data=data))
+    return out
+
+
+def check_persistence(r) -> list[Check]:
+    import redis
+
+    try:
+        pers = r.info("persistence")
+    except redis.RedisError as exc:
+        return [Check("persistence", WARN, f"cannot read INFO persistence: {exc}", "grant the memq admin user INFO")]
+    aof = int(pers.get("aof_enabled", 0)) == 1
+    save = None
+    try:
+        save = _text(r.config_get("save").get("save", ""))
+    except redis.RedisError:
+        pass
+    data = {"aof_enabled": aof, "save": save}
+    if aof:
+        return [Check("persistence", OK, "AOF on" + (f", RDB save '{save}'" if save else ""), data=data)]
+    if save:
+        return [Check("persistence", OK, f"RDB snapshots (save '{save}'), AOF off: a crash loses the writes "
+                      "since the last snapshot", data=data)]
+    why = "no AOF and no RDB save points" if save is not None else \
+        "no AOF; RDB save points unknown (CONFIG GET refused)"
+    return [Check("persistence", WARN, f"{why}: a Redis restart loses the ingest stream, its pending entries "
+                  "and the Celery queues",
+                  "enable AOF: `appendonly yes` and `appendfsync everysec` (deploy/compose.yaml does)", data=data)]
+
+
+def check_stream(r, st) -> list[Check]:
+    import redis
+
+    from workers.runtime import GROUP
+
+    data: dict = {"key": st.stream_key}
+    try:
+        if not r.exists(st.stream_key):
+            return [Check("stream", INFO, f"{st.stream_key} does not exist yet (no agent has sent anything)",
+                          data=data)]
+        data["length"] = int(r.xlen(st.stream_key))
+        groups = r.xinfo_groups(st.stream_key)
+        dead = int(r.xlen(st.dead_letter_key))
+    except redis.RedisError as exc:
+        return [Check("stream", WARN, f"cannot read {st.stream_key}: {exc}", "grant the memq admin user XINFO/XLEN")]
+    data["dead_letters"] = dead
+    g = next((x for x in groups if _text(x.get("name")) == GROUP), None)
+    out = []
+    if g is None:
+        out.append(Check("stream", WARN, f"{st.stream_key}: {data['length']} entries and no consumer group "
+                         f"{GROUP}: no dispatcher has read it", "start `memq dispatcher`", data=data))
+    else:
+        lag = g.get("lag")
+        pending = int(g.get("pending", 0))
+        data.update(lag=lag, pending=pending, consumers=int(g.get("consumers", 0)))
+        line = f"{st.stream_key}: {data['length']} entries, lag {lag if lag is not None else '?'}, {pending} pending"
+        if lag is not None and int(lag) > st.doctor_max_lag:
+            out.append(Check("stream", WARN, line + f" (over MEMQ_DOCTOR_MAX_LAG {st.doctor_max_lag})",
+                             "start more dispatchers (`memq dispatcher`) and workers; check `memq status`",
+                             data=data))
+        else:
+            out.append(Check("stream", OK, line, data=data))
+    if dead:
+        out.append(Check("dead-letters", INFO, f"{dead} entries in {st.dead_letter_key}; `memq status` shows "
+                         "the latest reasons", data={"count": dead}))
+    return out
+
+
+def check_heartbeats(r, st) -> list[Check]:
+    import redis
+
+    now = time.time()
+    seen: dict[str, list[dict]] = {"worker": [], "dispatcher": []}
+    try:
+        for key in r.scan_iter(match=f"{st.key_prefix}heartbeat:*", count=1000):
+            try:
+                info = json.loads(r.get(key) or b"{}")
+            except ValueError:
+                continue
+            kind = "worker" if info.get("kind") == "worker" else "dispatcher"
+            seen[kind].append({"name": info.get("name"), "host": info.get("host"),
+                               "age_s": round(now - float(info.get("last", now)), 1)})
+    except redis.RedisError as exc:
+        return [Check("workers", WARN, f"cannot read heartbeats: {exc}", "grant the memq admin user SCAN/GET")]
+    out = []
+    for kind, cmd in (("worker", "memq worker"), ("dispatcher", "memq dispatcher")):
+        items = seen[kind]
+        if items:
+            names = ", ".join(sorted(str(i["name"]) for i in items)[:5])
+            out.append(Check(kind + "s", OK, f"{len(items)} live: {names}", data={"live": items}))
+        else:
+            out.append(Check(kind + "s", WARN, f"no live {kind} heartbeat under {st.key_prefix}heartbeat:{kind}:*",
+                             f"start `{cmd}` (same MEMQ_REDIS_URL and MEMQ_KEY_PREFIX as this shell)",
+                             data={"live": []}))
+    return out
+
+
+def check_blobs(st) -> list[Check]:
+    from profiler.errors import StorageError
+    from profiler.store.blobs import BlobStore
+
+    try:
+        BlobStore(st.blob_dir).check_writable()
+    except StorageError as exc:
+        return [Check("blobs", ERROR, exc.message, f"create {st.blob_dir} and make it writable by the memq "
+                      "user, or point MEMQ_BLOB_DIR at a writable volume")]
+    return [Check("blobs", OK, f"{st.blob_dir} writable", data={"dir": st.blob_dir})]
+
+
+def run_checks(st) -> list[Check]:
+    checks = check_database(st)
+    rchecks, r = check_redis(st)
+    checks += rchecks
+    if r is not None:
+        checks += check_memory(r) + check_persistence(r) + check_stream(r, st) + check_heartbeats(r, st)
+    checks += check_blobs(st)
+    return checks
+
+
+def exit_code(checks: list[Check], strict: bool) -> int:
+    errors = [c for c in checks if c.status == ERROR]
+    if errors:
+        codes = {c.code for c in errors}
+        return codes.pop() if len(codes) == 1 else EXIT_ERROR
+    if strict and any(c.status == WARN for c in checks):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------------- command
+
+
+@click.command()
+@click.option("--strict", is_flag=True, help="Warnings also exit non-zero (1).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+def doctor(strict: bool, as_json: bool) -> None:
+    """Check the database, Redis, stream, workers and blob store; print a fix for each problem."""
+    from profiler.config import load_settings
+    from profiler.errors import ConfigError
+
+    try:
+        st = load_settings()
+        checks = [Check("config", OK, "settings loaded")]
+    except ConfigError as exc:
+        checks = [Check("config", ERROR, exc.message, exc.hint or "fix the variable or config file named above",
+                        code=EXIT_BAD_INPUT)]
+        st = None
+    if st is not None:
+        checks += run_checks(st)
+    code = exit_code(checks, strict)
+    summary = {"errors": sum(c.status == ERROR for c in checks), "warnings": sum(c.status == WARN for c in checks)}
+    if as_json:
+        doc = {"ok": code == EXIT_OK, "strict": strict, "exit_code": code, **summary,
+               "checks": [{k: v for k, v in asdict(c).items() if k != "code"} for c in checks]}
+        click.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            click.echo(f"{c.status.upper():7} {c.name:{width}}  {c.detail}")
+            if c.fix and c.status in (WARN, ERROR):
+                click.echo(f"{'':7} {'':{width}}  fix: {c.fix}")
+        verdict = "healthy" if not summary["errors"] and not summary["warnings"] else \
+            f"{summary['errors']} error(s), {summary['warnings']} warning(s)"
+        click.echo(f"memq doctor: {verdict}" + (" (--strict)" if strict and code else ""))
+    sys.stdout.flush()
+    if code:
+        sys.exit(code)
