@@ -31,6 +31,11 @@ def _plt():
     return plt
 
 
+def plain(text: str) -> str:
+    """Names from agents and users shown as typed: `$` would start matplotlib's mathtext."""
+    return text.replace("$", r"\$")
+
+
 def _t(s: str | None) -> dt.datetime | None:
     if not s:
         return None
@@ -89,8 +94,8 @@ def timeline_figure(tl: dict[str, Any], width: float = 9.0, height: float = 3.4)
     ax.set_xlabel(f"seconds since {t0.strftime('%Y-%m-%d %H:%M:%S') if t0 else '-'} UTC ({source})")
     ax.set_ylabel("GiB")
     cause = tl.get("primary_cause") or "not analysed"
-    ax.set_title(f"{tl['run']}  ({tl.get('job') or '-'} / {tl.get('cluster') or '-'}, {tl.get('status')}, {cause})",
-                 loc="left", fontsize=10)
+    title = f"{tl['run']}  ({tl.get('job') or '-'} / {tl.get('cluster') or '-'}, {tl.get('status')}, {cause})"
+    ax.set_title(plain(title), loc="left", fontsize=10)
     ax.grid(alpha=0.25)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, framealpha=0.8)
     return fig

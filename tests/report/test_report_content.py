@@ -244,3 +244,18 @@ def test_growth_seen_in_stat_samples_alone(history):
     assert "leak_stats_only" in {f["run"] for f in doc["flagged_runs"]}
     html = _report(history, DAY2, fmt="html")
     assert "leak_stats_only" in html
+
+
+def test_hostile_run_names_are_escaped_in_html_and_plots(history, tmp_path):
+    """Names come from agents and users: HTML stays inert and matplotlib's mathtext ($...$) is not
+    triggered by them."""
+    from tests.report.conftest import Ingest, ingest
+
+    name = "evil<script>alert(1)</script>$x_1$ & 100%_{bad"
+    ingest(history.env, [Ingest(name, REAL / "capacity", ("oom",), "j<b>", "c&d", "2.11.0", limit=17179869184)])
+    html = _report(history, DAY1, fmt="html")
+    assert "<script" not in html and "evil&lt;script&gt;" in html
+    assert "j&lt;b&gt;" in html and "j<b>" not in html and "c&amp;d" in html
+    png = tmp_path / "evil.png"
+    assert invoke(history.env, ["plot", "--run", name, "--out", str(png)]).exit_code == 0
+    assert png.stat().st_size > 10_000
