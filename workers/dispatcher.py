@@ -9,11 +9,12 @@ group `memq-dispatch`:
       stats                       -> consecutive entries batched: one INSERT of all their samples
                                      (ON CONFLICT DO NOTHING on (run, rank, time)), commit
       run_start / run_end         -> upsert the run / move its status up (never an OOM down), commit
-      snapshot                    -> blob: the blob store already has it, else GET memq:blob:<sha256>
-                                     from Redis, verify it inflates to its sha256 and store it
-                                     (missing or corrupt: dead letter with the reason);
-                                     INSERT the snapshot row ON CONFLICT (run, rank, sha256) DO NOTHING,
-                                     commit; enqueue analyze_snapshot(id) unless it is done or failed
+      snapshot                    -> consecutive entries batched. Each blob: the blob store already
+                                     has it, else GET memq:blob:<sha256> from Redis, verify it inflates
+                                     to its sha256 and store it (fsync, rename); missing or corrupt:
+                                     dead letter with the reason. Then one transaction INSERTs their
+                                     rows ON CONFLICT (run, rank, sha256) DO NOTHING and commits;
+                                     then analyze_snapshot(id) is enqueued for each not done/failed
     XACK the batch, then DEL the moved blobs from Redis.
 
 Crash anywhere and the entries stay pending: the next read of this consumer's pending list (at
@@ -278,7 +279,18 @@ class Dispatcher:
     def handle(self, entries: list[Entry]) -> None:
         done: list[str] = []
         blobs: set[str] = set()
-        stats: list[tuple[str, dict, envelope.Envelope]] = []
+        group: list[tuple[str, dict, envelope.Envelope]] = []  # consecutive stats, or snapshots
+
+        def flush() -> None:
+            if group:
+                if group[0][2].kind == "stats":
+                    done.extend(self._stats_batch(group))
+                else:
+                    ids, keys = self._snapshot_batch(group)
+                    done.extend(ids)
+                    blobs.update(keys)
+                group.clear()
+
         for eid, fields in entries:
             self.counts["entries"] += 1
             if not fields:  # trimmed from the stream while pending: nothing left to process
@@ -291,19 +303,14 @@ class Dispatcher:
             except BadInput as exc:
                 self._dead_and_ack(eid, fields, f"bad envelope: {exc}")
                 continue
-            if env.kind == "stats":
-                stats.append((eid, fields, env))
+            if env.kind in ("stats", "snapshot"):
+                if group and group[0][2].kind != env.kind:
+                    flush()
+                group.append((eid, fields, env))
                 continue
-            if stats:
-                done.extend(self._stats_batch(stats))
-                stats = []
+            flush()
             try:
-                if env.kind == "snapshot":
-                    key = self.on_snapshot(eid, fields, env)
-                    if key is None:
-                        continue  # dead-lettered and acknowledged
-                    blobs.add(key)
-                elif env.kind == "run_start":
+                if env.kind == "run_start":
                     self.on_run_start(env)
                 elif env.kind == "run_end":
                     self.on_run_end(env)
@@ -313,8 +320,7 @@ class Dispatcher:
                 self._dead_and_ack(eid, fields, f"refused: {exc}")
                 continue
             done.append(eid)
-        if stats:
-            done.extend(self._stats_batch(stats))
+        flush()
         self._ack(done, blobs)
 
     def _refused(self, exc: MemqError, eid: str) -> bool:
@@ -336,8 +342,7 @@ class Dispatcher:
             self.on_stats([env for _, _, env in items])
             return [eid for eid, _, _ in items]
         except MemqError as exc:
-            if not isinstance(exc, BadInput) and not (isinstance(exc, StorageError) and not isinstance(
-                    exc, (StorageUnavailable, SchemaOutOfDate))):
+            if not self._is_refusal(exc):
                 raise
         done = []
         for eid, fields, env in items:
@@ -446,54 +451,92 @@ class Dispatcher:
         self.counts["stats"] += len(items)
         self.counts["samples"] += len(rows)
 
-    def on_snapshot(self, eid: str, fields: dict, env: envelope.Envelope) -> str | None:
-        """Returns the Redis blob key to delete after the acknowledgement, or None when the entry
-        was dead-lettered."""
+    def _is_refusal(self, exc: MemqError) -> bool:
+        return isinstance(exc, BadInput) or (isinstance(exc, StorageError) and not isinstance(
+            exc, (StorageUnavailable, SchemaOutOfDate)))
+
+    def _snapshot_batch(self, items: list[tuple[str, dict, envelope.Envelope]]) -> tuple[list[str], set[str]]:
+        """Blobs first (each checked and stored, or dead-lettered), then one transaction for all the
+        rows, then the analyses are enqueued. Returns the entry ids to acknowledge and the Redis blob
+        keys to delete after that. A batch the database refuses is retried entry by entry."""
+        ready = []
+        for eid, fields, env in items:
+            ref = self.move_blob(eid, fields, env)
+            if ref is not None:
+                ready.append((eid, fields, env, ref))
+        if not ready:
+            return [], set()
+        try:
+            with self._tx() as s:
+                rows = [self._insert(s, eid, env, ref) for eid, _f, env, ref in ready]
+        except MemqError as exc:
+            if not self._is_refusal(exc) or len(ready) == 1:
+                if len(ready) == 1 and self._refused(exc, ready[0][0]):
+                    self._dead_and_ack(ready[0][0], ready[0][1], f"refused: {exc}")
+                    return [], set()
+                raise
+            ids: list[str] = []
+            keys: set[str] = set()
+            for item in ready:
+                got_ids, got_keys = self._snapshot_batch([item[:3]])
+                ids += got_ids
+                keys |= got_keys
+            return ids, keys
+        self._fault("after_commit")
+        for sid, state, created in rows:
+            self.counts["snapshots" if created else "duplicates"] += 1
+            if state in ("pending", "running"):
+                self.enqueue(sid)
+        self._fault("after_enqueue")
+        return [eid for eid, *_ in ready], {envelope.blob_key(env.sha256, self.st.key_prefix)
+                                            for _e, _f, env, _r in ready}
+
+    def move_blob(self, eid: str, fields: dict, env: envelope.Envelope) -> str | None:
+        """The blob store key of the snapshot's bytes, moving them there from Redis if needed
+        (verified: they must inflate to their sha256). None when dead-lettered (missing, corrupt)."""
         key = envelope.blob_key(env.sha256, self.st.key_prefix)
         blobs = self.store.blobs
         ref = blobs.ref(env.sha256)
-        if ref is None:
-            with runtime.redis_errors(self.st.redis_url):
-                data = self.r.get(key)
-            if data is None and blobs.ref(env.sha256) is not None:
-                data = b""  # another entry of the same bytes moved it meanwhile
-            if data is None:
+        if ref is not None:
+            return ref
+        with runtime.redis_errors(self.st.redis_url):
+            data = self.r.get(key)
+        if data is None:
+            ref = blobs.ref(env.sha256)  # another entry of the same bytes moved them meanwhile
+            if ref is None:
                 self._dead_and_ack(eid, fields, f"blob missing: {key} is not in Redis (expired, evicted or never "
                                                 f"written) and not in the blob store")
-                return None
-            try:
-                ref = blobs.ref(env.sha256) if not data else blobs.put_encoded(env.sha256, data, env.codec)
-            except BadInput as exc:
-                self._dead_and_ack(eid, fields, f"bad blob: {exc}")
-                return None
+            return ref
+        try:
+            return blobs.put_encoded(env.sha256, data, env.codec)
+        except BadInput as exc:
+            self._dead_and_ack(eid, fields, f"bad blob: {exc}")
+            return None
+
+    def _insert(self, s, eid: str, env: envelope.Envelope, ref: str) -> tuple[int, str, bool]:
+        """The snapshot row (ON CONFLICT DO NOTHING); returns (id, state, created)."""
+        from sqlalchemy import select
+
+        from profiler.store.orm import Run, Snapshot
+
         oom = env.oom or {}
-        with self._tx() as s:
-            rid = self._run_id(s, env)
-            from sqlalchemy import select
-
-            from profiler.store.orm import Run, Snapshot
-
-            run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()
-            total = _int_or_none(oom.get("device_total")) or run.gpu_memory_bytes
-            limit = run.memory_limit_bytes or _real_cap(_int_or_none(oom.get("device_alloc")), total)
-            facts = {"limit_bytes": limit, "device_total_bytes": total,
-                     "requested_bytes": _int_or_none(oom.get("alloc")),
-                     "device_free_bytes": _int_or_none(oom.get("device_free")),
-                     "message": _str(oom.get("message"), 4000)}
-            facts = {k: v for k, v in facts.items() if v not in (None, "")}
-            sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
-                run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
-                epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,
-                source=f"{self.stream}/{eid}", context=facts))
-            state = "pending" if created else s.execute(select(Snapshot.state).where(Snapshot.id == sid)).scalar_one()
-            if env.trigger == "oom":
-                jobs.promote_run_status(s, rid, "oom")
-        self._fault("after_commit")
-        self.counts["snapshots" if created else "duplicates"] += 1
-        if state in ("pending", "running"):
-            self.enqueue(sid)
-        self._fault("after_enqueue")
-        return key
+        rid = self._run_id(s, env)
+        run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()
+        total = _int_or_none(oom.get("device_total")) or run.gpu_memory_bytes
+        limit = run.memory_limit_bytes or _real_cap(_int_or_none(oom.get("device_alloc")), total)
+        facts = {"limit_bytes": limit, "device_total_bytes": total,
+                 "requested_bytes": _int_or_none(oom.get("alloc")),
+                 "device_free_bytes": _int_or_none(oom.get("device_free")),
+                 "message": _str(oom.get("message"), 4000)}
+        facts = {k: v for k, v in facts.items() if v not in (None, "")}
+        sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
+            run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
+            epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,
+            source=f"{self.stream}/{eid}", context=facts))
+        state = "pending" if created else s.execute(select(Snapshot.state).where(Snapshot.id == sid)).scalar_one()
+        if env.trigger == "oom":
+            jobs.promote_run_status(s, rid, "oom")
+        return sid, state, created
 
 
 def _str(v: Any, n: int) -> str | None:

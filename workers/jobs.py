@@ -12,10 +12,12 @@ Outcomes: analysed | reused | done (nothing to do) | leased (another task holds 
 (bad data: state failed with the reason, plus a dead letter) | retry (state back to pending,
 enqueued again) | failed (out of attempts) | missing (no such row).
 
-`recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`), debounced per run
-and rank by `schedule_recompute`: at most one pending recompute, delayed by
-max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 5 x the last recompute's duration) so a run that receives many
-snapshots is not re-diagnosed after each one.
+`recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`, which reads all the
+rank's snapshots again), debounced per run and rank by `schedule_recompute`: at most one pending
+recompute, which runs once no snapshot of the run finished for a quiet period
+(max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last recompute's duration)), and at the latest after
+max(10 x quiet, 20 x duration) from the first snapshot it waits for. A run that receives many
+snapshots is diagnosed once per burst, not after each snapshot.
 
 `reap(st)`: expired leases back to pending and enqueued again; snapshots pending longer than
 MEMQ_PENDING_REQUEUE_S enqueued again (a lost message); snapshots out of attempts failed and
@@ -41,6 +43,10 @@ from workers import runtime
 log = logging.getLogger("memq.workers")
 
 MAX_ATTEMPTS = repo.DEFAULT_MAX_ATTEMPTS
+
+
+def _store(st: Settings):
+    return runtime.store(st, async_commit=True)
 #: running < completed < crashed < oom: a run's status only moves up this order.
 STATUS_ORDER = ("running", "completed", "crashed", "oom")
 
@@ -93,7 +99,7 @@ def _seen_before(st: Settings, snapshot_id: int, task_id: str | None) -> bool:
 
 
 def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease | None, str]:
-    store = runtime.store(st)
+    store = _store(st)
     seen = _seen_before(st, snapshot_id, task_id)
     with store.session() as s:
         c = repo.claim_snapshot(s, snapshot_id, st.analysis_lease_s, MAX_ATTEMPTS)
@@ -122,7 +128,7 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, enqueue=
     """See the module docstring. `enqueue(snapshot_id, countdown)` re-enqueues (tasks pass theirs)."""
     from profiler.store import service
 
-    store = runtime.store(st)
+    store = _store(st)
     lease, how = _claim(st, snapshot_id, task_id)
     if lease is None:
         if how == "done":
@@ -176,7 +182,7 @@ def _after_done(st: Settings, snapshot_id: int) -> None:
     """An analysed snapshot: an OOM marks its run `oom`; the run-level diagnosis is scheduled."""
     from profiler.store.orm import AnalysisResult
 
-    store = runtime.store(st)
+    store = _store(st)
     with store.session() as s:
         row = s.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.trigger, AnalysisResult.oom_requested_bytes,
                                AnalysisResult.result["oom"].label("oom"))
@@ -189,7 +195,7 @@ def _after_done(st: Settings, snapshot_id: int) -> None:
 
 def quarantine(st: Settings, snapshot_id: int, reason: str) -> None:
     """Bad data: the snapshot is failed for good with the reason, and a dead letter records it."""
-    store = runtime.store(st)
+    store = _store(st)
     with store.session() as s:
         repo.fail_snapshot(s, snapshot_id, reason, retry=False)
     log.warning("snapshot %s quarantined: %s", snapshot_id, reason)
@@ -197,7 +203,7 @@ def quarantine(st: Settings, snapshot_id: int, reason: str) -> None:
 
 
 def _dead(st: Settings, snapshot_id: int, reason: str) -> None:
-    store = runtime.store(st)
+    store = _store(st)
     with store.session() as s:
         row = s.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.trigger, Snapshot.step,
                                Snapshot.epoch, Snapshot.source, Run.name, Run.cluster)
@@ -221,21 +227,38 @@ def _cost_key(st: Settings, run_id: int, rank: int) -> str:
     return f"{st.key_prefix}rundiag-cost:{int(run_id)}:{int(rank)}"
 
 
+def _last_key(st: Settings, run_id: int, rank: int) -> str:
+    return f"{st.key_prefix}rundiag-last:{int(run_id)}:{int(rank)}"
+
+
+def _timing(st: Settings, r, run_id: int, rank: int) -> tuple[float, float]:
+    """(quiet period, longest wait) of one run's diagnosis, from what the last recompute cost:
+    wait until no snapshot of the run finished for the quiet period, but never longer than the
+    longest wait. Both grow with the cost, so diagnosing takes a bounded share of the workers."""
+    raw = r.get(_cost_key(st, run_id, rank))
+    cost = float(raw) if raw else 0.0
+    cap = st.visibility_timeout_s / 4.0
+    quiet = min(cap, max(st.run_diagnosis_delay_ms / 1000.0, 2.0 * cost))
+    longest = min(cap, max(10.0 * quiet, 20.0 * cost))
+    return quiet, longest
+
+
 def schedule_recompute(st: Settings, run_id: int, rank: int, send=None) -> bool:
-    """Enqueue one `recompute_run(run_id, rank)` unless one is already pending. Returns whether this
-    call enqueued it. Redis errors raise BrokerUnavailable (the caller retries)."""
+    """Note that a snapshot of (run, rank) is done, and enqueue one `recompute_run(run_id, rank)`
+    unless one is already pending (a trailing debounce: see `recompute`). Returns whether this call
+    enqueued it. Redis errors raise BrokerUnavailable (the caller retries)."""
     r = runtime.redis_client(st.redis_url)
+    key = runtime.run_diag_key(st, run_id, rank)
+    now = time.time()
     with runtime.redis_errors(st.redis_url):
-        raw = r.get(_cost_key(st, run_id, rank))
-        cost_s = float(raw) if raw else 0.0
-        delay_s = max(st.run_diagnosis_delay_ms / 1000.0, min(5.0 * cost_s, st.visibility_timeout_s / 4.0))
-        ttl_ms = int((delay_s + st.task_time_limit_s) * 1000)
-        if not runtime.debounce(r, runtime.run_diag_key(st, run_id, rank), ttl_ms):
+        quiet, longest = _timing(st, r, run_id, rank)
+        r.set(_last_key(st, run_id, rank), f"{now:.3f}", ex=int(longest + st.task_time_limit_s + 60))
+        if not r.set(key, f"{now:.3f}", nx=True, px=int((longest + quiet + st.task_time_limit_s) * 1000)):
             return False
     try:
-        (send or _send_recompute)(run_id, rank, delay_s)
+        (send or _send_recompute)(run_id, rank, quiet)
     except BaseException:
-        r.delete(runtime.run_diag_key(st, run_id, rank))
+        r.delete(key)
         raise
     return True
 
@@ -246,16 +269,25 @@ def _send_recompute(run_id: int, rank: int, countdown: float) -> None:
     recompute_run.apply_async((int(run_id), int(rank)), countdown=countdown)
 
 
-def recompute(st: Settings, run_id: int, rank: int) -> str | None:
-    """The run-level diagnosis of one rank; returns its primary cause."""
+def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
+    """The run-level diagnosis of one rank; returns its primary cause, or "deferred" when the run
+    is still receiving snapshots (then it is enqueued again for when it goes quiet, within the
+    longest wait counted from the first snapshot it waits for)."""
     from profiler.store import service
 
     r = runtime.redis_client(st.redis_url)
+    key = runtime.run_diag_key(st, run_id, rank)
     try:
-        r.delete(runtime.run_diag_key(st, run_id, rank))  # snapshots done from now on schedule again
-    except Exception:  # noqa: BLE001 - the key expires by itself
+        quiet, longest = _timing(st, r, run_id, rank)
+        first, last = r.get(key), r.get(_last_key(st, run_id, rank))
+        now = time.time()
+        if first and last and now - float(last) < quiet and now - float(first) < longest:
+            (send or _send_recompute)(run_id, rank, max(0.2, quiet - (now - float(last))))
+            return "deferred"
+        r.delete(key)  # snapshots done from now on schedule a new recompute
+    except Exception:  # noqa: BLE001 - without Redis: recompute now (the key expires by itself)
         pass
-    store = runtime.store(st)
+    store = _store(st)
     t0 = time.monotonic()
     result = service.recompute_run(store, run_id, rank)
     took = time.monotonic() - t0
@@ -274,7 +306,7 @@ def recompute(st: Settings, run_id: int, rank: int) -> str | None:
 
 def reap(st: Settings, enqueue=None, limit: int = 1000) -> dict[str, int]:
     """See the module docstring. `enqueue(snapshot_id)` sends an analysis (the task passes its own)."""
-    store = runtime.store(st)
+    store = _store(st)
     r = runtime.redis_client(st.redis_url)
     now = repo.utcnow()
     with store.session() as s:
@@ -309,7 +341,7 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     the last diagnosis is older than the debounce delay."""
     from profiler.store.service import MAX_RUN_SNAPSHOTS
 
-    store = runtime.store(st)
+    store = _store(st)
     with store.session() as s:
         done = (select(Snapshot.run_id, Snapshot.rank, func.count().label("n"))
                 .where(Snapshot.state == "done").group_by(Snapshot.run_id, Snapshot.rank).subquery())

@@ -29,8 +29,7 @@ QUEUE_ANALYZE = "memq.analyze"
 QUEUE_REPORT = "memq.report"
 QUEUES = (QUEUE_INGEST, QUEUE_ANALYZE, QUEUE_REPORT)
 
-_store = None
-_store_key: tuple | None = None
+_stores: dict[tuple, object] = {}
 _clients: dict[str, Any] = {}
 
 
@@ -40,26 +39,45 @@ def settings() -> Settings:
     return settings_of(app)
 
 
-def store(st: Settings | None = None):
-    """The process's Store (the schema is checked once, when it is first opened)."""
-    global _store, _store_key
+def store(st: Settings | None = None, *, async_commit: bool = False):
+    """The process's Store (the schema is checked once, when it is first opened).
+
+    `async_commit=True` (the analysis workers) sets PostgreSQL's synchronous_commit off for their
+    sessions: a commit returns before its WAL reaches the disk. A server crash can then forget the
+    last fraction of a second of results; every such loss is re-driven (a snapshot whose `done`
+    was forgotten is leased or pending again, and the reaper enqueues it; a lost run diagnosis is
+    found stale). The dispatcher keeps synchronous commits: its row must be durable before XACK."""
     st = st or settings()
-    key = (st.database_url, st.blob_dir)
-    if _store is None or _store_key != key:
+    key = (st.database_url, st.blob_dir, async_commit)
+    found = _stores.get(key)
+    if found is None:
         from profiler.store.store import open_store
 
-        _store = open_store(st)
-        _store_key = key
-    return _store
+        found = open_store(st)
+        if async_commit and found.engine.dialect.name == "postgresql":
+            from sqlalchemy import event
+
+            event.listen(found.engine, "connect", _no_sync_commit)
+            found.engine.dispose()  # the schema check's pooled connection predates the listener
+        _stores[key] = found
+    return found
+
+
+def _no_sync_commit(dbapi_conn, _record) -> None:
+    was = dbapi_conn.autocommit
+    dbapi_conn.autocommit = True
+    try:
+        dbapi_conn.execute("SET synchronous_commit TO off")
+    finally:
+        dbapi_conn.autocommit = was
 
 
 def reset() -> None:
     """Forget connections inherited over fork (never close the parent's sockets from a child)."""
-    global _store, _store_key
-    if _store is not None:
+    for found in _stores.values():
         with contextlib.suppress(Exception):
-            _store.engine.dispose(close=False)
-    _store, _store_key = None, None
+            found.engine.dispose(close=False)
+    _stores.clear()
     _clients.clear()
 
 
