@@ -195,8 +195,8 @@ class Agent:
             self._wake.set()
             self._uninstall_signal()
             self._uninstall_excepthooks()
-            if self.recording and self.available:
-                self._safe_call(lambda: self.source.set_history(False))
+            if self.recording and self.available and not getattr(self, "_exiting", False):
+                self._safe_call(lambda: self.source.set_history(False))  # at exit: no need
             if self.status == "running":
                 self.status = "completed"
             self._flush_stats()
@@ -218,6 +218,7 @@ class Agent:
         return self.counters()
 
     def _atexit(self) -> None:
+        self._exiting = True
         self.stop()
 
     def __enter__(self) -> Agent:
@@ -245,6 +246,8 @@ class Agent:
 
     # -- training-loop API -------------------------------------------------------------------------
     def mark_step(self, step: int | None = None, epoch: int | None = None) -> None:
+        if self.stopped:
+            return
         try:
             now = time.monotonic()
             self.step = (self.step + 1 if self.step is not None else 0) if step is None else int(step)
@@ -269,6 +272,8 @@ class Agent:
 
     def mark_epoch(self, epoch: int | None = None) -> None:
         """Call at the end of an epoch: takes the `epoch_end` snapshot (comparable points for leaks)."""
+        if self.stopped:
+            return
         try:
             if epoch is not None:
                 self.epoch = int(epoch)
@@ -404,7 +409,7 @@ class Agent:
 
     def take_snapshot(self, trigger: str, payload: dict | None = None, wait: threading.Event | None = None,
                       finish=None) -> bool:
-        if not self.armed:
+        if not self.armed or self.stopped:
             return False
         if getattr(self._in_snapshot, "on", False):
             return False
@@ -434,6 +439,8 @@ class Agent:
         """The allocator's OOM observer: runs in the allocating thread just before the OOM is raised.
         It takes the snapshot while the failing state is still there, then returns: the error then
         reaches the user unchanged."""
+        if self.stopped:
+            return
         try:
             self.status = "oom"
             self.policy.on_oom()

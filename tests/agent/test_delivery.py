@@ -220,3 +220,27 @@ def test_periodic_snapshot_records_one_step_first(shared):
     assert all(s.payload["recording"] is True and s.payload["reason"] == "periodic" for s in snaps[1:])
     ons = [on for on, _, _ in src.history_calls]
     assert ons.count(True) >= len(snaps) and ons[-1] is False
+
+
+def test_calls_after_stop_do_nothing(shared):
+    r, prefix, stream = shared
+    src = ReplaySource(REAL / "capacity")
+    a = make_agent(source=src, stream=stream, key_prefix=prefix)
+    a.stop(10)
+    calls, n = len(src.history_calls), r.xlen(stream)
+    for step in range(10):
+        a.mark_step(step, 0)
+    a.mark_epoch(0)
+    assert a.snapshot() is False
+    assert src.fire_oom()  # the observer stays attached (torch cannot detach it): it does nothing now
+    time.sleep(0.2)
+    assert len(src.history_calls) == calls and r.xlen(stream) == n and src.snapshot_calls == 0
+
+
+def test_bad_options_give_a_no_op_handle():
+    from profiler import agent
+
+    h = agent.start(run="r", cluster="c", history="sometimes")  # invalid: the job must still run
+    with h:
+        assert h.mark_step(1, 0) is None and h.counters() == {}
+    assert agent.current() is None or agent.current().run != "r"
