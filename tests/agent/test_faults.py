@@ -6,6 +6,7 @@ wrapped real client for injected command failures."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -409,12 +410,46 @@ def test_rediss_and_password_urls_are_accepted(private_redis, tmp_path):
     bad.snapshot("manual")
     c = bad.stop(5)
     assert c["sent"] == 0 and c["spooled"] >= 2
-    client = make_client(f"rediss://:pw@127.0.0.1:{srv.port}/0", 1.0)
-    assert client.connection_pool.connection_class.__name__ == "SSLConnection"
     tls = make_agent(redis_url=f"rediss://:s3cret@127.0.0.1:{srv.port}/0", spool_dir=tmp_path / "c")
     tls.snapshot("manual")
     c = tls.stop(5)
     assert c["sent"] == 0 and c["spooled"] >= 2  # plain server, TLS client: handshake fails -> spool
+
+
+def test_tls_redis_with_password(tmp_path):
+    """A real TLS server (redis-server --tls-port, a self-signed certificate made here)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
+                             "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+                             "--requirepass", "s3cret", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"rediss://:s3cret@127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        assert wait_for(lambda: _pings(url), 10), "TLS redis-server did not start"
+        a = make_agent(redis_url=url, spool_dir=tmp_path / "s")
+        a.mark_step(0, 0)
+        a.snapshot("manual")
+        c = a.stop(10)
+        assert c["sent"] >= 2 and c["spooled"] == 0, (c, a.transport.last_error)
+        got = entries(make_client(url, 5.0), "memq:ingest")
+        assert [e.trigger for e in got if e.kind == "snapshot"] == ["manual"]
+        blob_of(make_client(url, 5.0), [e for e in got if e.kind == "snapshot"][0], "memq:")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def _pings(url: str) -> bool:
+    try:
+        return bool(make_client(url, 1.0).ping())
+    except redis.RedisError:
+        return False
 
 
 def test_next_process_delivers_a_dead_process_spool(shared, tmp_path):
