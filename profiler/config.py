@@ -125,7 +125,8 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("snapshot_every_s", "MEMQ_SNAPSHOT_EVERY_S", int, 1800,
          "Agent: seconds between periodic snapshots (0 = none)."),
     Spec("agent_history", "MEMQ_AGENT_HISTORY", str, "auto",
-         "Agent: allocator history recording: auto (warm-up, duty cycle, on near the limit) | on | off."),
+         "Agent: allocator history recording: auto (first steps, one step per periodic snapshot, "
+         "on near the limit) | on | off."),
     Spec("agent_max_entries", "MEMQ_AGENT_MAX_ENTRIES", int, 50_000, "Agent: history ring-buffer entries."),
     Spec("agent_signal", "MEMQ_AGENT_SIGNAL", str, "SIGUSR2", "Agent: signal that takes a snapshot ('' = none)."),
     # Dispatcher and Celery workers (workers/). Soft limit < hard limit < lease, and hard limit <
