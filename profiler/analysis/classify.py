@@ -274,7 +274,12 @@ def test_healthy(f: Facts) -> Finding:
     if not out.holds:
         return out
     out.strength = 1.0
-    if f.limit:
+    if f.limit and f.peak_reserved > f.limit:
+        out.strength = 0.6
+        out.evidence.append(f"peak reserved {g(f.peak_reserved)} is above the limit of {g(f.limit)} and the run "
+                            "did not fail: the limit given is lower than what the process was allowed "
+                            "(check --limit)")
+    elif f.limit:
         head = f.limit - f.peak_reserved
         out.evidence.append(f"peak reserved {g(f.peak_reserved)} leaves {g(head)} ({_pct(head, f.limit)}) "
                             f"under the limit of {g(f.limit)}")

@@ -100,3 +100,9 @@ def test_no_leak_when_kept_losses_are_scalars(loaded):
     r = analyze(loaded["kept_loss_no_leak"], OomContext(limit_bytes=21474836480))
     assert r["details"]["leak"]["holds"] is False
     assert r["details"]["leak"]["points"] == 20
+
+
+def test_a_limit_below_what_the_run_held_is_called_out(loaded):
+    r = analyze(loaded["opt_state_first_step"], OomContext(limit_bytes=5 * 1024**3))
+    assert r["diagnosis"]["primary_cause"] == "healthy"
+    assert "lower than what the process was allowed" in r["diagnosis"]["causes"][0]["evidence"][0]
