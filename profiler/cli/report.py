@@ -57,7 +57,7 @@ def report(day, scope, fmt, out, save):
         with store.session() as s:
             day = latest_activity_date(s, sc) or dt.datetime.now(dt.UTC).date()
         click.echo(f"memq: report for {day.isoformat()} (the latest day with runs in scope {sc.key})", err=True)
-    doc, texts = generate(store, day, sc, save=save)
+    doc, texts = generate(store, day, sc, save=save, formats=(fmt,))
     text = texts[fmt]
     if out:
         from profiler.report import write_atomic

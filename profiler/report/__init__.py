@@ -48,16 +48,16 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None, save: bool = True,
-             now: dt.datetime | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+             now: dt.datetime | None = None, formats: tuple[str, ...] = FORMATS) -> tuple[dict[str, Any], dict[str, str]]:
     """Build the report of (day, scope); when `save`, write the three formats under
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
-    Returns (document, {format: rendered text})."""
+    Returns (document, {format: rendered text}): every format when saving, else `formats`."""
     from profiler.report.data import build_report, stored_summary
     from profiler.store import repository as repo
 
     with store.session() as s:
         doc = build_report(s, day, scope, now=now)
-    texts = {fmt: render(doc, fmt) for fmt in FORMATS}
+    texts = {fmt: render(doc, fmt) for fmt in (FORMATS if save else formats)}
     if save:
         base = Path(write_dir or store.settings.report_dir).expanduser() / scope.slug()
         paths = {fmt: base / f"{day.isoformat()}.{fmt}" for fmt in FORMATS}

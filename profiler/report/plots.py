@@ -53,9 +53,12 @@ def timeline_figure(tl: dict[str, Any], width: float = 9.0, height: float = 3.4)
     times = [t for t in times if t is not None]
     t0 = min(times) if times else None
 
+    span = (max(times) - t0).total_seconds() if times else 0.0
+    unit, per = (("hours", 3600.0) if span > 3 * 3600 else ("minutes", 60.0) if span > 3 * 60 else ("seconds", 1.0))
+
     def x(s: str | None) -> float:
         t = _t(s)
-        return (t - t0).total_seconds() if t is not None and t0 is not None else 0.0
+        return (t - t0).total_seconds() / per if t is not None and t0 is not None else 0.0
 
     if tl["series"]:
         xs = [x(p["t"]) for p in tl["series"]]
@@ -91,7 +94,7 @@ def timeline_figure(tl: dict[str, Any], width: float = 9.0, height: float = 3.4)
             ax.vlines([ox], [low], [low + req], color=COLORS["oom"], lw=7, alpha=0.35,
                       label=f"live + request {req:.2f} GiB")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(f"seconds since {t0.strftime('%Y-%m-%d %H:%M:%S') if t0 else '-'} UTC ({source})")
+    ax.set_xlabel(f"{unit} since {t0.strftime('%Y-%m-%d %H:%M:%S') if t0 else '-'} UTC ({source})")
     ax.set_ylabel("GiB")
     cause = tl.get("primary_cause") or "not analysed"
     title = f"{tl['run']}  ({tl.get('job') or '-'} / {tl.get('cluster') or '-'}, {tl.get('status')}, {cause})"
