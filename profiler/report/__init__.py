@@ -48,15 +48,17 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None, save: bool = True,
-             now: dt.datetime | None = None, formats: tuple[str, ...] = FORMATS) -> tuple[dict[str, Any], dict[str, str]]:
+             now: dt.datetime | None = None, formats: tuple[str, ...] = FORMATS,
+             simulate: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
     """Build the report of (day, scope); when `save`, write the three formats under
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
-    Returns (document, {format: rendered text}): every format when saving, else `formats`."""
-    from profiler.report.data import build_report, stored_summary
+    Returns (document, {format: rendered text}): every format when saving, else `formats`.
+    `simulate`: replay the top fragmented runs under the proposed setting (needs their blobs)."""
+    from profiler.report.data import build_report, stored_summary, whatif_simulator
     from profiler.store import repository as repo
 
     with store.session() as s:
-        doc = build_report(s, day, scope, now=now)
+        doc = build_report(s, day, scope, now=now, simulate=whatif_simulator(store) if simulate else None)
     texts = {fmt: render(doc, fmt) for fmt in (FORMATS if save else formats)}
     if save:
         base = Path(write_dir or store.settings.report_dir).expanduser() / scope.slug()

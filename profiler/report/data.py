@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -45,6 +46,8 @@ FRAG_MIN_BYTES = 256 * MiB
 MAX_LISTED = 50
 MAX_FRAGMENTED = 10
 MAX_TIMELINES = 12
+MAX_SIMULATED = 3
+Simulator = Callable[[Session, dict, str], "dict | None"]
 TREND_DAYS = 14
 ALLOC_SETTING = re.compile(r"(expandable_segments:True|max_split_size_mb:\d+|garbage_collection_threshold:[\d.]+|"
                            r"roundup_power2_divisions:\d+)")
@@ -52,10 +55,11 @@ ALLOC_SETTING = re.compile(r"(expandable_segments:True|max_split_size_mb:\d+|gar
 
 def build_report(session: Session, day: dt.date, scope: Scope, *, previous: dict | None = None,
                  compute_previous: bool = True, timelines: int = MAX_TIMELINES,
-                 now: dt.datetime | None = None) -> dict[str, Any]:
+                 now: dt.datetime | None = None, simulate: Simulator | None = None) -> dict[str, Any]:
     """The report of `day` (UTC) for `scope`. `previous`: the previous report's document; when
     None it is read from the reports table, or computed for the day before when none is stored
-    and `compute_previous`."""
+    and `compute_previous`. `simulate` (see `whatif_simulator`): replays the top fragmented runs'
+    last snapshot under the proposed setting with the allocator model."""
     window = Window.for_date(day)
     runs = rq.window_runs(session, window, scope)
     by_id = {r["id"]: r for r in runs}
@@ -73,6 +77,10 @@ def build_report(session: Session, day: dt.date, scope: Scope, *, previous: dict
     growing = _add_leaks(growing, runs, parts, floors)
     for f in fragmented:
         f.update(_setting_for(by_id[f["run_id"]], parts.get(f["run_id"]) or {}, f))
+        f["simulated"] = None
+    if simulate is not None:
+        for f in [f for f in fragmented if f["setting"]][:MAX_SIMULATED]:
+            f["simulated"] = simulate(session, by_id[f["run_id"]], f["setting"])
 
     if previous is None:
         stored = rq.previous_report(session, day, scope)
@@ -492,3 +500,46 @@ def stored_summary(doc: dict) -> dict:
     """What the reports table keeps: the document without the timelines (they are re-read from
     the runs when rendering again)."""
     return {k: v for k, v in doc.items() if k != "timelines"}
+
+
+# --------------------------------------------------------------------------- what-if of a setting
+
+
+def whatif_simulator(store, max_trace_entries: int = 200_000) -> Simulator:
+    """A `simulate` for build_report: the run's last snapshot (its OOM snapshot when it has one)
+    from the blob store, replayed by the allocator model (`profiler.analysis.whatif`) under the
+    recorded settings and under `setting`, at the run's cap (else the device-bound limit the model
+    derives). Returns None when the blob is not stored or the trace is too long to replay here."""
+    from sqlalchemy import case, select
+
+    from profiler.errors import MemqError
+    from profiler.store.orm import Snapshot
+
+    def simulate(session: Session, run: dict, setting: str) -> dict | None:
+        row = session.execute(
+            select(Snapshot.sha256, Snapshot.source, Snapshot.trigger)
+            .where(Snapshot.run_id == run["id"])
+            .order_by(case((Snapshot.trigger == "oom", 0), else_=1), Snapshot.taken_at.desc(), Snapshot.id.desc())
+            .limit(1)).one_or_none()
+        if row is None or not store.blobs.exists(row.sha256):
+            return None
+        try:
+            from profiler.analysis.whatif import simulate_whatif
+            from profiler.store.service import load_blob
+
+            snap = load_blob(store, row.sha256, row.source).snapshot
+            if sum(len(t) for t in snap.traces) > max_trace_entries:
+                return None
+            recorded, proposed = simulate_whatif(snap, run["memory_limit_bytes"], ["", setting])
+        except (MemqError, ValueError) as exc:
+            return {"conf": setting, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        return {"conf": setting, "snapshot": row.sha256[:12], "trigger": row.trigger,
+                "limit_bytes": proposed.get("limit_bytes"),
+                "recorded_predicted_oom": recorded.get("predicted_oom"),
+                "predicted_oom": proposed.get("predicted_oom"),
+                "recorded_peak_reserved_bytes": recorded.get("peak_reserved_bytes"),
+                "peak_reserved_bytes": proposed.get("peak_reserved_bytes"),
+                "confidence": proposed.get("confidence"),
+                "note": (proposed.get("notes") or [None])[-1]}
+
+    return simulate

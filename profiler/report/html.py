@@ -28,7 +28,7 @@ TEMPLATE = r"""<!DOCTYPE html>
  .cause { display: inline-block; padding: 0 6px; border-radius: 10px; background: #eaeef2; font-size: 12px; }
  .new { color: #cf222e; font-weight: 600; } .muted { color: #59636e; }
  .plots { display: flex; flex-wrap: wrap; gap: 16px; } .plot svg { max-width: 100%; height: auto; }
- ul.summary li { margin: 2px 0; } code { background: #f6f8fa; padding: 0 4px; border-radius: 4px; }
+ ul.summary li { margin: 2px 0; } .sim { font-size: 12px; color: #0a3069; } code { background: #f6f8fa; padding: 0 4px; border-radius: 4px; }
 </style>
 </head>
 <body><main>
@@ -85,7 +85,9 @@ TEMPLATE = r"""<!DOCTYPE html>
 {% if d.fragmented %}<table><tr><th>run</th><th>job / cluster</th><th>cause</th><th>fragmentation</th><th>free in pieces</th><th>reserved</th><th>setting that would help</th></tr>
 {% for r in d.fragmented %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td><span class="cause">{{ r.primary_cause or '-' }}</span></td>
 <td class="n">{{ '%.2f'|format(r.fragmentation_ratio) }}</td><td class="n">{{ b(r.fragmented_free_bytes) }}</td><td class="n">{{ b(r.reserved_bytes) }}</td>
-<td>{% if r.setting %}<code>PYTORCH_CUDA_ALLOC_CONF={{ r.setting }}</code>{% else %}-{% endif %}<div class="muted">{{ r.why or '' }}</div></td></tr>{% endfor %}</table>
+<td>{% if r.setting %}<code>PYTORCH_CUDA_ALLOC_CONF={{ r.setting }}</code>{% else %}-{% endif %}<div class="muted">{{ r.why or '' }}</div>
+{% if r.simulated and r.simulated.predicted_oom is defined %}<div class="sim">allocator model on snapshot {{ r.simulated.snapshot }}: {{ 'OOM as recorded' if r.simulated.recorded_predicted_oom else 'no OOM as recorded' }}; with the setting
+{{ '<b>still OOM</b>'|safe if r.simulated.predicted_oom else '<b>no OOM</b>'|safe }}, peak reserved {{ b(r.simulated.recorded_peak_reserved_bytes) }} &rarr; {{ b(r.simulated.peak_reserved_bytes) }} (confidence {{ r.simulated.confidence }})</div>{% endif %}</td></tr>{% endfor %}</table>
 {% else %}<p class="muted">No run has much cached memory in pieces.</p>{% endif %}
 
 <h2 id="growing">Memory that grows across epochs</h2>

@@ -11,6 +11,14 @@ def _b(v) -> str:
     return "-" if v is None else fmt_bytes(v)
 
 
+def _sim(r: dict) -> str:
+    sim = r.get("simulated") or {}
+    if "predicted_oom" not in sim:
+        return "-"
+    return (("still OOM" if sim["predicted_oom"] else "no OOM") + f", peak reserved {_b(sim['peak_reserved_bytes'])}"
+            f" (confidence {sim['confidence']})")
+
+
 def _cell(v: Any) -> str:
     return str("-" if v is None or v == "" else v).replace("|", "\\|").replace("\n", " ")
 
@@ -60,9 +68,10 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
         L += ["None.", ""]
     L += ["## Most fragmented runs", ""]
     if doc["fragmented"]:
-        L += _table(["run", "job", "cause", "fragmentation", "free in pieces", "setting that would help"],
+        L += _table(["run", "job", "cause", "fragmentation", "free in pieces", "setting that would help",
+                     "allocator model with it"],
                     [[r["run"], r["job"], r["primary_cause"], f"{r['fragmentation_ratio']:.2f}",
-                      _b(r["fragmented_free_bytes"]), f"`{r['setting']}`" if r["setting"] else "-"]
+                      _b(r["fragmented_free_bytes"]), f"`{r['setting']}`" if r["setting"] else "-", _sim(r)]
                      for r in doc["fragmented"]])
     else:
         L += ["None.", ""]

@@ -84,6 +84,14 @@ def test_day1_regression_fragmentation_and_no_growth(history):
         assert f["fragmented_free_bytes"] == f["free_bytes"] - f["largest_free_block_bytes"]
     # frag_dynamic_1.15: 4.60 GiB cached free, largest usable block 2.06 GiB (README / analysis)
     assert 2.4 * GiB < frag[0]["fragmented_free_bytes"] < 2.7 * GiB
+    # the allocator model replays each OOM snapshot's trace with the setting (docs: whatif fidelity)
+    sim = {f["run"]: f["simulated"] for f in frag[:2]}
+    assert sim["frag_synthetic"]["recorded_predicted_oom"] is True
+    assert sim["frag_synthetic"]["predicted_oom"] is False and sim["frag_synthetic"]["confidence"] == "high"
+    assert sim["frag_synthetic"]["limit_bytes"] == 8589934592 and sim["frag_synthetic"]["trigger"] == "oom"
+    assert sim["frag_dyn"]["recorded_predicted_oom"] is True and sim["frag_dyn"]["predicted_oom"] is False
+    assert sim["frag_dyn"]["confidence"] == "low" and "optimistic" in sim["frag_dyn"]["note"]
+    assert all(f["simulated"] is None for f in frag[3:])  # only the top three are replayed
     # expandable segments leave one big free block: not fragmented
     assert "frag_dyn_expandable" not in {f["run"] for f in frag}
     # kept_loss_no_leak keeps a scalar per step: 40 flat epochs, nothing grows
