@@ -162,13 +162,38 @@ class Bench:
         return time.monotonic()
 
 
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo += [int(x) for x in task.read_text().split()]
+    return out
+
+
+def cpu_seconds(b: Bench) -> float:
+    """user+system CPU of the worker and dispatcher process trees (PostgreSQL and Redis excluded)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p in b.procs:
+        for pid in _tree(p.pid):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(f[11]) + int(f[12])
+    return total / tick
+
+
 def throughput(b: Bench, n: int, runs: int) -> dict:
     msgs = b.snapshot_messages(n, runs, "tp")
     base = b.scalar("SELECT count(*) FROM snapshots WHERE state = 'done'")
+    cpu0 = cpu_seconds(b)
     t0 = time.monotonic()
     b.send(msgs)
     t_pushed = time.monotonic()
     t_done = b.wait_done(base + n)
+    cpu = cpu_seconds(b) - cpu0
     # the run-level diagnoses catch up after the last snapshot (debounced per run)
     while b.scalar("SELECT count(*) FROM run_diagnoses d JOIN runs r ON r.id = d.run_id "
                    "WHERE r.name LIKE 'tp-%' AND d.snapshot_count = "
@@ -178,7 +203,7 @@ def throughput(b: Bench, n: int, runs: int) -> dict:
         time.sleep(0.1)
     t_diag = time.monotonic()
     return {"snapshots": n, "runs": runs, "push_s": t_pushed - t0, "analysed_s": t_done - t0,
-            "rate": n / (t_done - t0), "with_run_diagnoses_s": t_diag - t0, "rate_with_diagnoses": n / (t_diag - t0)}
+            "rate": n / (t_done - t0), "cpu_per_snapshot": cpu / n, "with_run_diagnoses_s": t_diag - t0, "rate_with_diagnoses": n / (t_diag - t0)}
 
 
 def stats_rate(b: Bench, samples: int, per_entry: int = 1000) -> dict:
@@ -238,6 +263,7 @@ def main() -> int:
     import tempfile
 
     tmp = Path(tempfile.mkdtemp(prefix="memq-bench-"))
+    load0 = f"{os.getloadavg()[0]:.2f}"
     b = Bench(tmp, args.workers)
     try:
         b.start()
@@ -256,6 +282,7 @@ def main() -> int:
     finally:
         b.close()
     raw = codec.decompress((FIX / FILES[0]).read_bytes())
+    cap = (os.cpu_count() or 1) / tp["cpu_per_snapshot"]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.system()}")
     print(f"services: Redis {redact_url(REDIS)}, PostgreSQL (temporary database), memq worker -c {args.workers}, "
@@ -266,6 +293,9 @@ def main() -> int:
           f"analysed after {tp['analysed_s']:.2f} s: {tp['rate']:.1f} snapshots/s "
           f"(goal >= 20/s: {'met' if tp['rate'] >= 20 else 'NOT met'}); run diagnoses current after "
           f"{tp['with_run_diagnoses_s']:.2f} s ({tp['rate_with_diagnoses']:.1f}/s)")
+    print(f"CPU (worker + dispatcher processes, PostgreSQL/Redis excluded): {tp['cpu_per_snapshot'] * 1000:.0f} ms "
+          f"per snapshot, so at most {cap:.1f} snapshots/s on {os.cpu_count()} otherwise idle cores")
+    print(f"load average before/after: {load0} / {os.getloadavg()[0]:.2f} (other jobs on this machine)")
     print(f"stat samples: {sr['samples']} in {sr['seconds']:.2f} s: {sr['rate']:,.0f} samples/s "
           f"(goal >= 20,000/s: {'met' if sr['rate'] >= 20000 else 'NOT met'})")
     print(f"latency push -> queryable at {lt['rate']:.1f} snapshots/s (half the maximum), {lt['measured']} of "

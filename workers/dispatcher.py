@@ -55,6 +55,9 @@ from workers import jobs, runtime
 log = logging.getLogger("memq.dispatcher")
 
 GROUP = runtime.GROUP
+#: Snapshot entries per transaction: small enough that analyses start while a burst is still being
+#: moved in, large enough to share one commit (fsync) among several rows.
+SNAPSHOT_GROUP = 8
 
 Entry = tuple[str, dict | None]
 
@@ -304,7 +307,8 @@ class Dispatcher:
                 self._dead_and_ack(eid, fields, f"bad envelope: {exc}")
                 continue
             if env.kind in ("stats", "snapshot"):
-                if group and group[0][2].kind != env.kind:
+                if group and (group[0][2].kind != env.kind or (env.kind == "snapshot"
+                                                               and len(group) >= SNAPSHOT_GROUP)):
                     flush()
                 group.append((eid, fields, env))
                 continue

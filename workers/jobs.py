@@ -15,9 +15,10 @@ enqueued again) | failed (out of attempts) | missing (no such row).
 `recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`, which reads all the
 rank's snapshots again), debounced per run and rank by `schedule_recompute`: at most one pending
 recompute, which runs once no snapshot of the run finished for a quiet period
-(max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last recompute's duration)), and at the latest after
-max(10 x quiet, 20 x duration) from the first snapshot it waits for. A run that receives many
-snapshots is diagnosed once per burst, not after each snapshot.
+(max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last recompute's duration)), or at the latest after
+max(10 x quiet, 20 x duration) from the first snapshot it waits for; while analyses wait in the
+broker it yields to them, up to a quarter of the visibility timeout. A run that receives many
+snapshots is diagnosed once per burst, not after each snapshot, and never ahead of the analyses.
 
 `reap(st)`: expired leases back to pending and enqueued again; snapshots pending longer than
 MEMQ_PENDING_REQUEUE_S enqueued again (a lost message); snapshots out of attempts failed and
@@ -231,16 +232,27 @@ def _last_key(st: Settings, run_id: int, rank: int) -> str:
     return f"{st.key_prefix}rundiag-last:{int(run_id)}:{int(rank)}"
 
 
-def _timing(st: Settings, r, run_id: int, rank: int) -> tuple[float, float]:
-    """(quiet period, longest wait) of one run's diagnosis, from what the last recompute cost:
-    wait until no snapshot of the run finished for the quiet period, but never longer than the
-    longest wait. Both grow with the cost, so diagnosing takes a bounded share of the workers."""
+def _timing(st: Settings, r, run_id: int, rank: int) -> tuple[float, float, float]:
+    """(quiet period, longest wait, cap) of one run's diagnosis, from what the last recompute cost.
+    A recompute waits until no snapshot of the run finished for the quiet period, but no longer
+    than the longest wait; while snapshots of any run wait for analysis it yields to them, up to the
+    cap. Quiet period and longest wait grow with the cost, so diagnosing takes a bounded share."""
     raw = r.get(_cost_key(st, run_id, rank))
     cost = float(raw) if raw else 0.0
     cap = st.visibility_timeout_s / 4.0
     quiet = min(cap, max(st.run_diagnosis_delay_ms / 1000.0, 2.0 * cost))
     longest = min(cap, max(10.0 * quiet, 20.0 * cost))
-    return quiet, longest
+    return quiet, longest, cap
+
+
+def analysis_backlog(st: Settings) -> int:
+    """Analysis tasks waiting in the broker (not yet taken by a worker)."""
+    broker = runtime.redis_client(st.broker_url or st.redis_url)
+    q = st.broker_key_prefix + runtime.QUEUE_ANALYZE
+    pipe = broker.pipeline(transaction=False)
+    for k in (q, *(f"{q}\x06\x16{p}" for p in (3, 6, 9))):
+        pipe.llen(k)
+    return int(sum(pipe.execute()))
 
 
 def schedule_recompute(st: Settings, run_id: int, rank: int, send=None) -> bool:
@@ -251,9 +263,9 @@ def schedule_recompute(st: Settings, run_id: int, rank: int, send=None) -> bool:
     key = runtime.run_diag_key(st, run_id, rank)
     now = time.time()
     with runtime.redis_errors(st.redis_url):
-        quiet, longest = _timing(st, r, run_id, rank)
-        r.set(_last_key(st, run_id, rank), f"{now:.3f}", ex=int(longest + st.task_time_limit_s + 60))
-        if not r.set(key, f"{now:.3f}", nx=True, px=int((longest + quiet + st.task_time_limit_s) * 1000)):
+        quiet, longest, cap = _timing(st, r, run_id, rank)
+        r.set(_last_key(st, run_id, rank), f"{now:.3f}", ex=int(cap + st.task_time_limit_s + 60))
+        if not r.set(key, f"{now:.3f}", nx=True, px=int((cap + quiet + st.task_time_limit_s) * 1000)):
             return False
     try:
         (send or _send_recompute)(run_id, rank, quiet)
@@ -278,11 +290,15 @@ def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
     r = runtime.redis_client(st.redis_url)
     key = runtime.run_diag_key(st, run_id, rank)
     try:
-        quiet, longest = _timing(st, r, run_id, rank)
+        quiet, longest, cap = _timing(st, r, run_id, rank)
         first, last = r.get(key), r.get(_last_key(st, run_id, rank))
         now = time.time()
-        if first and last and now - float(last) < quiet and now - float(first) < longest:
+        waited = now - float(first) if first else cap
+        if last and now - float(last) < quiet and waited < longest:
             (send or _send_recompute)(run_id, rank, max(0.2, quiet - (now - float(last))))
+            return "deferred"
+        if waited < cap and analysis_backlog(st) > 0:
+            (send or _send_recompute)(run_id, rank, quiet)  # snapshots first
             return "deferred"
         r.delete(key)  # snapshots done from now on schedule a new recompute
     except Exception:  # noqa: BLE001 - without Redis: recompute now (the key expires by itself)

@@ -190,27 +190,28 @@ def test_worker_sigkilled_in_the_middle_of_an_analysis(fault_stack, tmp_path):
     assert s.dead() == []
 
 
-@pytest.mark.parametrize("point", ["after_commit", "after_enqueue"])
-def test_dispatcher_killed_between_insert_and_acknowledge(fault_stack, point):
+def test_dispatcher_killed_between_insert_and_acknowledge(fault_stack):
     s = fault_stack
     s.start_worker()
+    # 1. killed right after its commit, before the enqueue and the XACK; the same consumer
+    #    restarted reads its own pending entries first
     shas = _push(s, "disp", *(str(REAL / "seed_sgd" / f) for f in SGD))
-    d1 = s.start_dispatcher(consumer="d1", fault=f"dispatcher:{point}")
+    d1 = s.start_dispatcher(consumer="d1", fault="dispatcher:after_commit")
     assert d1.wait(60) == -signal.SIGKILL
     rows = s.rows("SELECT state FROM snapshots")
-    assert len(rows) >= 1  # inserted and committed ...
-    pend = s.redis.xpending(s.stream, "memq-dispatch")
-    assert pend["pending"] >= 1  # ... but never acknowledged
-    # the same consumer restarted reads its own pending entries first
+    assert rows and all(r.state == "pending" for r in rows)  # committed, never enqueued ...
+    assert s.redis.xpending(s.stream, "memq-dispatch")["pending"] >= 1  # ... nor acknowledged
     d1b = s.start_dispatcher(consumer="d1")
     _done(s, 4)
     wait_for(lambda: _drained(s), 30, 0.2, "stream drained")
     s.stop(d1b)
-    # again, and this time another dispatcher claims the dead consumer's entries (XPENDING idle)
+    # 2. killed after the enqueue, before the XACK; another dispatcher claims the dead consumer's
+    #    entries once they are idle (XPENDING + XCLAIM), and enqueues again: analysed once all the same
     shas += _push(s, "disp", str(REAL / "frag_synthetic" / "fragmented.pickle.gz"),
                   str(REAL / "frag_synthetic" / "oom.pickle.gz"))
-    d2 = s.start_dispatcher(consumer="d2", fault=f"dispatcher:{point}")
+    d2 = s.start_dispatcher(consumer="d2", fault="dispatcher:after_enqueue")
     assert d2.wait(60) == -signal.SIGKILL
+    assert s.redis.xpending(s.stream, "memq-dispatch")["pending"] >= 1
     s.start_dispatcher(consumer="d3")
     _done(s, 6)
     wait_for(lambda: _drained(s), 30, 0.2, "stream drained")
