@@ -11,7 +11,8 @@ The data is made from real analysis results: the real fixtures (tests/fixtures/r
 are analysed once, and every run's run-level diagnosis is a copy of one of those documents
 (20-35 KB of JSON each, as stored) with its figures varied. Per day: `--runs` runs over 500 jobs
 and 8 clusters, about 6% OOM (causes from the fixtures), some near misses, 2% leaking runs whose
-stat-sample floor grows each epoch; every run has 2 snapshot rows and 30 stat samples (3 epochs).
+stat-sample floor grows each epoch; every run has 2 snapshot rows (the last one the template's real snapshot, its blob stored, so the
+top fragmented runs are replayed by the allocator model as in production) and 30 stat samples.
 The day before gets the same number of runs on an older torch version, so the regression query
 and the "changes against the previous report" section have history to read.
 
@@ -47,6 +48,7 @@ TEMPLATES = {  # cause -> (folder, snapshot stems, limit)
     "healthy_near": ("real/frag_dynamic_expandable_1.15", ["epoch0", "epoch1", "epoch2"], 20244645632),
 }
 GiB = 1024**3
+BLOBS: dict[str, tuple[str, bytes]] = {}  # cause -> (sha256, raw bytes) of the template's last snapshot
 
 
 def machine() -> str:
@@ -72,7 +74,8 @@ def templates() -> dict[str, dict]:
     out = {}
     for cause, (folder, stems, limit) in TEMPLATES.items():
         files = [FIX / folder / f"{s}.pickle.gz" for s in stems]
-        snaps = [load_snapshot_file(str(f)) for f in files]
+        snaps = [load_snapshot_file(str(f), keep_raw=True) for f in files]
+        BLOBS[cause] = (snaps[-1].sha256, snaps[-1].raw)
         ctx = OomContext(limit_bytes=limit, device_total_bytes=150109880320 if cause == "external_memory" else None)
         res = contract_only(analyze(snaps, ctx, names=[f.name for f in files],
                                     triggers=["oom" if "oom" in f.name else "epoch_end" for f in files]))
@@ -164,7 +167,10 @@ def fill(url: str, runs_per_day: int, tmpl: dict[str, dict], seed: int = 7) -> d
                           "peak_composition": doc.get("composition") or {}, "result": doc,
                           "computed_at": ts(end)})
             for k in range(2):
-                snaps.append({"run_id": run_id, "rank": 0, "sha256": f"{run_id:056x}{k:08x}", "size_bytes": 1,
+                # the last snapshot is the template's real one (its blob is stored), so the report's
+                # allocator-model replay of the top fragmented runs works on real traces
+                sha = BLOBS[cause][0] if k == 1 and cause in BLOBS else f"{run_id:056x}{k:08x}"
+                snaps.append({"run_id": run_id, "rank": 0, "sha256": sha, "size_bytes": 1,
                               "trigger": "oom" if (oom and k == 1) else "epoch_end", "epoch": k,
                               "taken_at": ts(start + (end - start) * (k + 1) / 2), "state": "done",
                               "analyzer_version": "bench", "analysis_id": aid[cause], "context": {}})
@@ -200,8 +206,10 @@ def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
     counts = fill(url, runs, tmpl)
     fill_s = time.perf_counter() - t
     env = {"MEMQ_DATABASE_URL": url, "MEMQ_DATA_DIR": str(workdir), "MEMQ_CONFIG": str(workdir / "none.toml"),
-           "MEMQ_REPORT_DIR": str(workdir / "reports")}
+           "MEMQ_REPORT_DIR": str(workdir / "reports"), "MEMQ_BLOB_DIR": str(workdir / "blobs")}
     store = open_store(load_settings(env), auto_migrate=False)
+    for sha, raw in BLOBS.values():
+        store.blobs.put(sha, raw)
     scope = Scope.parse("all")
     out = {"fill_s": fill_s, **counts}
     try:
@@ -222,6 +230,8 @@ def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
         out["growing"] = len(doc["growing"])
         out["regressions"] = len(doc["regressions"])
         out["timelines"] = len(doc["timelines"])
+        out["simulated"] = sum(1 for f in doc["fragmented"] if (f.get("simulated") or {}).get("predicted_oom")
+                               is not None)
         out["html_kib"] = len(texts["html"]) / 1024
     finally:
         store.close()
@@ -268,6 +278,7 @@ def main() -> int:
               f"in {r['fill_s']:.1f} s")
         print(f"  report of {DAY} over {r['window_runs']} runs ({r['oom_runs']} OOM, {r['near_misses']} near "
               f"misses, {r['growing']} growing, {r['regressions']} regressions, {r['timelines']} timelines, "
+              f"{r['simulated']} settings replayed by the allocator model, "
               f"HTML {r['html_kib']:.0f} KiB)")
         print(f"  cold (previous day computed on the fly): {r['cold_s']:.2f} s")
         print(f"  warm (previous day's report stored):     {r['warm_s']:.2f} s   (figures only: "
