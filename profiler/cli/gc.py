@@ -41,6 +41,6 @@ def gc(dry_run: bool, as_json: bool) -> None:
                f"{summary['temp_files_removed']} temporary files; {summary['bytes_freed']} bytes")
     kept = summary["kept"]
     click.echo(f"kept past retention: {kept['oom']} OOM snapshots, {kept['diagnosis']} with a diagnosis, "
-               f"{kept['referenced']} blobs still referenced")
+               f"{kept['active_run']} of runs still going, {kept['referenced']} blobs still referenced")
     for err in summary["errors"]:
         click.echo(f"warning: {err}", err=True)

@@ -13,6 +13,8 @@ What stays, whatever its age:
 - the blob of a snapshot that carries an OOM (trigger `oom`, or an analysis that found one) or a
   diagnosis (an analysis whose primary cause is anything but `healthy`): the evidence behind a verdict;
 - the blob of any snapshot still pending or running (the analysis needs it);
+- the blobs of a run still active (status running, a snapshot newer than its cutoff): its run-level
+  diagnosis re-reads up to 64 earlier snapshots of each rank (a leak shows across epochs);
 - a blob that any other snapshot row still references (the same bytes under two runs share one blob):
   a file is removed only when every row naming its sha256 is itself past retention and unprotected.
 Rows are updated first (blob_ref set to NULL, in one transaction that re-counts the references), the
@@ -145,6 +147,7 @@ def _candidates(store, policy: Policy, now: dt.datetime, summary: dict) -> dict[
         if not cutoffs:
             return {}
         oldest = max(cutoffs.values())
+        active = _active_runs(s, cutoffs)
         q = (select(Snapshot.id, Snapshot.run_id, Snapshot.sha256, Snapshot.taken_at, Snapshot.created_at,
                     Snapshot.trigger, AnalysisResult.oom_requested_bytes, AnalysisResult.primary_cause,
                     AnalysisResult.result["oom"].label("oom_doc"))
@@ -157,10 +160,24 @@ def _candidates(store, policy: Policy, now: dt.datetime, summary: dict) -> dict[
             if cut is None or when is None or _aware(when) >= cut:
                 continue
             why = _protected(row.trigger, row.oom_requested_bytes, row.oom_doc, row.primary_cause)
+            if why is None and int(row.run_id) in active:
+                why = "active_run"
             if why:
                 summary["kept"][why] += 1
                 continue
             out[row.sha256].append(int(row.id))
+    return out
+
+
+def _active_runs(session, cutoffs: dict[int, dt.datetime]) -> set[int]:
+    """Runs still running with a snapshot newer than their cutoff."""
+    q = (select(Snapshot.run_id, func.max(func.coalesce(Snapshot.taken_at, Snapshot.created_at)))
+         .join(Run, Run.id == Snapshot.run_id).where(Run.status == "running").group_by(Snapshot.run_id))
+    out = set()
+    for rid, newest in session.execute(q):
+        cut = cutoffs.get(int(rid))
+        if cut is not None and newest is not None and _aware(newest) >= cut:
+            out.add(int(rid))
     return out
 
 
@@ -277,7 +294,7 @@ def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: b
     summary: dict = {"dry_run": dry_run, "now": now.isoformat(), "policy": policy.describe(),
                      "stat_samples_removed": 0, "snapshots_unlinked": 0, "blobs_removed": 0,
                      "orphans_removed": 0, "temp_files_removed": 0, "bytes_freed": 0,
-                     "kept": {"oom": 0, "diagnosis": 0, "referenced": 0}, "errors": []}
+                     "kept": {"oom": 0, "diagnosis": 0, "active_run": 0, "referenced": 0}, "errors": []}
     if policy.default_days <= 0 and not any(d > 0 for d in policy.clusters.values()):
         return summary
     summary["stat_samples_removed"] = _stat_samples(store, policy, now, dry_run)

@@ -118,6 +118,7 @@ def world(store) -> World:
     w.snap("old_shared", "r-old", "prod", 45)
     w.snap("new_shared", "r-new", "prod", 1, blob="old_shared")   # same bytes, recent run: referenced
     w.snap("new_healthy", "r-new", "prod", 2)
+    w.snap("active_old", "r-new", "prod", 40)                     # old, but its run is still going
     w.snap("dev_10d", "r-dev", "dev", 10)                          # dev keeps 7 days
     w.snap("prod_10d", "r-new", "prod", 10)                        # default keeps 30
     w.snap("keep_100d", "r-keep", "keep", 100)                     # keep=0: forever
@@ -133,7 +134,7 @@ def world(store) -> World:
 
 
 GONE = {"old_healthy", "old_failed", "dev_10d", "nocluster_40d"}
-KEPT = {"old_oom_trigger", "old_oom_result", "old_diagnosed", "old_pending", "old_shared", "new_shared",
+KEPT = {"active_old", "old_oom_trigger", "old_oom_result", "old_diagnosed", "old_pending", "old_shared", "new_shared",
         "new_healthy", "prod_10d", "keep_100d"}
 
 
@@ -148,7 +149,7 @@ def test_gc_removes_only_what_is_past_retention_and_unreferenced(world, store):
     assert not world.has_blob("orphan_old") and world.has_blob("orphan_new")
     assert summary["blobs_removed"] == len(GONE) and summary["snapshots_unlinked"] == len(GONE)
     assert summary["orphans_removed"] == 1
-    assert summary["kept"] == {"oom": 2, "diagnosis": 1, "referenced": 1}
+    assert summary["kept"] == {"oom": 2, "diagnosis": 1, "active_run": 1, "referenced": 1}
     assert summary["bytes_freed"] > 0 and not summary["errors"]
     # rows and analyses stay: only the raw bytes went
     from sqlalchemy import func, select
@@ -162,8 +163,13 @@ def test_gc_removes_only_what_is_past_retention_and_unreferenced(world, store):
     assert world.sample_ages("r-old") == [1, 29]
     assert world.sample_ages("r-dev") == [1, 6]
     assert world.sample_ages("r-keep") == [1, 400]
+    # once the run has ended, its old blobs go too
+    with store.session() as s:
+        repo.set_run_status(s, "r-new", "completed")
+    later = collect(store, POLICY, now=NOW)
+    assert later["blobs_removed"] == 1 and not world.has_blob("active_old") and world.has_blob("new_shared")
     assert summary["stat_samples_removed"] == 2 + 2 + 1
-    # a second run finds nothing more (what the daily task relies on)
+    # another run finds nothing more (what the daily task relies on)
     again = collect(store, POLICY, now=NOW)
     assert (again["blobs_removed"], again["stat_samples_removed"], again["orphans_removed"]) == (0, 0, 0)
 
