@@ -190,3 +190,20 @@ def test_credentials_from_files(servers, tmp_path):
     del env["MEMQ_DATABASE_URL"]
     code, checks, out = doctor(env)
     assert checks["schema"]["status"] == "ok", out
+
+
+def test_stream_lag_and_missing_consumer_group_warn(servers):
+    r = redis.Redis.from_url(servers["good"].url)
+    env = _env(servers["tmp"], servers["db"], servers["good"].url, MEMQ_STREAM="memq:lagtest",
+               MEMQ_DOCTOR_MAX_LAG="2")
+    r.xadd("memq:lagtest", {"v": "1"})
+    code, checks, out = doctor(env)
+    assert checks["stream"]["status"] == "warning" and "memq dispatcher" in checks["stream"]["fix"], out
+    from workers.runtime import GROUP
+
+    r.xgroup_create("memq:lagtest", GROUP, id="$")
+    for i in range(3):
+        r.xadd("memq:lagtest", {"v": str(i)})
+    code, checks, out = doctor(env)
+    assert checks["stream"]["status"] == "warning" and checks["stream"]["data"]["lag"] == 3, out
+    assert "MEMQ_DOCTOR_MAX_LAG" in checks["stream"]["detail"]
