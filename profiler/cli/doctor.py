@@ -6,8 +6,12 @@ Checks, in order (each prints one line, and a `fix:` line when something is wron
 - redis       reachable (PING)
 - memory      maxmemory-policy: an evicting policy (allkeys-*, volatile-*: blobs carry TTLs) is a
               warning; memory use near maxmemory is a warning
-- persistence AOF or RDB snapshots on; none is a warning (a restart loses the stream and queues)
-- stream      consumer-group lag and pending entries of the ingest stream; dead letters (shown)
+- persistence AOF or RDB snapshots on; none is a warning (a restart loses the stream and queues), and
+              so is a failing AOF/RDB write
+- broker      the Celery broker, when MEMQ_BROKER_URL names another Redis
+- stream      consumer-group lag and pending entries of the ingest stream (a warning above
+              MEMQ_DOCTOR_MAX_LAG, and above half of MEMQ_STREAM_MAXLEN: unread entries get trimmed);
+              dead letters (shown)
 - workers     live worker and dispatcher heartbeats; none is a warning
 - blobs       the blob store directory is writable
 Errors (a dependency unreachable, the schema out of date, the blob store not writable, bad settings)
@@ -116,6 +120,23 @@ def check_redis(st) -> tuple[list[Check], object | None]:
     return checks, r
 
 
+def check_broker(st) -> list[Check]:
+    """The Celery broker, when it is not the same Redis (MEMQ_BROKER_URL)."""
+    import redis
+
+    from profiler.config import redact_url
+
+    if not st.broker_url or st.broker_url == st.redis_url:
+        return []
+    where = redact_url(st.broker_url)
+    try:
+        redis.Redis.from_url(st.broker_url, socket_timeout=5, socket_connect_timeout=5).ping()
+    except (redis.RedisError, OSError, ValueError) as exc:
+        return [Check("broker", ERROR, f"{where} unreachable: {type(exc).__name__}: {redact_url(str(exc))}",
+                      "start it or fix MEMQ_BROKER_URL (or MEMQ_BROKER_URL_FILE)")]
+    return [Check("broker", OK, f"{where} reachable", data={"url": where})]
+
+
 def check_memory(r) -> list[Check]:
     import redis
 
@@ -156,6 +177,11 @@ def check_persistence(r) -> list[Check]:
     except redis.RedisError:
         pass
     data = {"aof_enabled": aof, "save": save}
+    for key in ("aof_last_write_status", "aof_last_bgrewrite_status", "rdb_last_bgsave_status"):
+        if _text(pers.get(key, "ok")) != "ok" and (aof or key.startswith("rdb")):
+            return [Check("persistence", WARN, f"{key} is {_text(pers.get(key))}: Redis cannot write its "
+                          "persistence files", "check the Redis data volume (space, permissions) and its log",
+                          data=data)]
     if aof:
         return [Check("persistence", OK, "AOF on" + (f", RDB save '{save}'" if save else ""), data=data)]
     if save:
@@ -194,7 +220,12 @@ def check_stream(r, st) -> list[Check]:
         pending = int(g.get("pending", 0))
         data.update(lag=lag, pending=pending, consumers=int(g.get("consumers", 0)))
         line = f"{st.stream_key}: {data['length']} entries, lag {lag if lag is not None else '?'}, {pending} pending"
-        if lag is not None and int(lag) > st.doctor_max_lag:
+        if lag is not None and int(lag) > st.stream_maxlen // 2:
+            out.append(Check("stream", WARN, line + f": over half of MEMQ_STREAM_MAXLEN ({st.stream_maxlen}); "
+                             "XADD MAXLEN trims the oldest entries even when no dispatcher has read them",
+                             "start more dispatchers now; raise MEMQ_STREAM_MAXLEN (and Redis maxmemory)",
+                             data=data))
+        elif lag is not None and int(lag) > st.doctor_max_lag:
             out.append(Check("stream", WARN, line + f" (over MEMQ_DOCTOR_MAX_LAG {st.doctor_max_lag})",
                              "start more dispatchers (`memq dispatcher`) and workers; check `memq status`",
                              data=data))
@@ -253,7 +284,7 @@ def run_checks(st) -> list[Check]:
     checks += rchecks
     if r is not None:
         checks += check_memory(r) + check_persistence(r) + check_stream(r, st) + check_heartbeats(r, st)
-    checks += check_blobs(st)
+    checks += check_broker(st) + check_blobs(st)
     return checks
 
 

@@ -207,3 +207,18 @@ def test_stream_lag_and_missing_consumer_group_warn(servers):
     code, checks, out = doctor(env)
     assert checks["stream"]["status"] == "warning" and checks["stream"]["data"]["lag"] == 3, out
     assert "MEMQ_DOCTOR_MAX_LAG" in checks["stream"]["detail"]
+
+
+def test_lag_near_maxlen_and_a_separate_broker(servers):
+    r = redis.Redis.from_url(servers["good"].url)
+    from workers.runtime import GROUP
+
+    r.xgroup_create("memq:lagmax", GROUP, id="$", mkstream=True)
+    for i in range(6):
+        r.xadd("memq:lagmax", {"v": str(i)})
+    down = f"redis://:b-pw@127.0.0.1:{free_port()}/0"
+    env = _env(servers["tmp"], servers["db"], servers["good"].url, MEMQ_STREAM="memq:lagmax",
+               MEMQ_STREAM_MAXLEN="10", MEMQ_BROKER_URL=down)
+    code, checks, out = doctor(env)
+    assert "trims the oldest entries" in checks["stream"]["detail"], out
+    assert checks["broker"]["status"] == "error" and code == 1 and "b-pw" not in out

@@ -116,6 +116,8 @@ def test_beat_drives_the_periodic_tasks(stack):
     wait_for(lambda: "workers.tasks.reap" in stack.log("worker", 200_000), 60, 1.0, "a beat-sent reap task")
     assert stack.procs["beat"].poll() is None, stack.log("beat")
     assert "beat: Starting" in stack.log("beat", 200_000)
+    # the schedule file the k8s liveness probe watches (compose: -s /var/lib/memq/celerybeat-schedule)
+    assert list((stack.tmp / "lib").glob("celerybeat-schedule*"))
 
 
 def test_processes_stop_on_sigterm(stack):
