@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from tests.conftest import memq_environ
 from tests.helpers import FIXTURES, REAL
+from tests.workers.conftest import shared_redis  # noqa: F401 - the shared Redis fixture, reused
 
 CAPTURED = FIXTURES / "captured"
 DAY1, DAY2 = "2026-11-29", "2026-11-30"

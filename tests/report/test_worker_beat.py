@@ -1,0 +1,84 @@
+"""The nightly report through the real services: a Celery worker process (`memq worker`, embedded
+beat) on the shared Redis under a unique key prefix, the report history in its own SQLite file.
+
+1. A message sent to the report queue is consumed by the worker: the report row and files appear.
+2. Beat fires the crontab entry at the configured UTC minute: the worker builds yesterday's report
+   (the real clock's yesterday), and a second tick replaces it rather than adding one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import select
+
+from profiler.store.orm import Report
+from tests.report.conftest import DAY2
+from tests.workers.stack import ROOT, Stack, wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(300)]
+
+SLOW_LIMITS = {  # a report takes seconds: give it the production-like limits, still < visibility
+    "MEMQ_TASK_SOFT_TIME_LIMIT_S": "90", "MEMQ_TASK_TIME_LIMIT_S": "100", "MEMQ_ANALYSIS_LEASE_S": "110",
+    "MEMQ_VISIBILITY_TIMEOUT_S": "240", "MEMQ_REPORT_CATCHUP_DAYS": "1",
+}
+
+
+def _stack(history, shared_redis, **extra) -> Stack:
+    env = {"MEMQ_BLOB_DIR": history.env["MEMQ_BLOB_DIR"], "MEMQ_REPORT_DIR": history.env["MEMQ_REPORT_DIR"],
+           **SLOW_LIMITS, **extra}
+    return Stack(history.root / "stack", shared_redis, history.env["MEMQ_DATABASE_URL"], **env)
+
+
+def _reports(history) -> list[tuple]:
+    with history.store().session() as s:
+        return [tuple(r) for r in s.execute(select(Report.report_date, Report.scope, Report.id,
+                                                   Report.generated_at)).all()]
+
+
+def test_worker_consumes_a_report_message(history, shared_redis):
+    (history.root / "stack").mkdir()
+    stack = _stack(history, shared_redis)
+    try:
+        stack.start_worker(concurrency=1, beat=False)
+        code = ("from workers.reports import nightly_report; "
+                f"nightly_report.apply_async(kwargs={{'date': '{DAY2}'}})")
+        subprocess.run([sys.executable, "-c", code], env=stack.env, check=True, timeout=60, cwd=ROOT)
+        wait_for(lambda: any(r[0] == dt.date.fromisoformat(DAY2) for r in _reports(history)), 120, 0.5,
+                 "the report row written by the worker")
+        assert [(r[0], r[1]) for r in _reports(history)] == [(dt.date.fromisoformat(DAY2), "all")]
+        assert (history.root / "reports" / "all" / f"{DAY2}.html").stat().st_size > 10_000
+        assert "workers.reports.nightly_report" in stack.log_tail("worker", 200_000)
+    finally:
+        stack.close()
+
+
+def test_beat_fires_at_the_configured_utc_minute_and_reruns_replace(history, shared_redis):
+    now = dt.datetime.now(dt.UTC)
+    if now.second > 45:  # leave the beat a whole minute to notice the next one
+        wait_for(lambda: dt.datetime.now(dt.UTC).second < 5, 20, 0.5, "the next minute")
+        now = dt.datetime.now(dt.UTC)
+    fire = now + dt.timedelta(minutes=1)
+    yesterday = (fire - dt.timedelta(days=1)).date()
+    (history.root / "stack").mkdir()
+    stack = _stack(history, shared_redis, MEMQ_REPORT_HOUR_UTC=str(fire.hour), MEMQ_REPORT_MINUTE_UTC=str(fire.minute))
+    try:
+        stack.start_worker(concurrency=1, beat=True)
+        wait_for(lambda: any(r[0] == yesterday for r in _reports(history)), 150, 1.0,
+                 f"beat's report of {yesterday} at {fire:%H:%M} UTC")
+        rows = _reports(history)
+        assert [(r[0], r[1]) for r in rows] == [(yesterday, "all")]
+        first_id, first_at = rows[0][2], rows[0][3]
+    finally:
+        stack.close()
+    assert first_at is not None
+    # the same tick delivered again (a second beat, a redelivery): the row is replaced, not added
+    code = "from workers.reports import nightly_report; print(nightly_report.apply().get())"
+    subprocess.run([sys.executable, "-c", code], env=stack.env, check=True, timeout=120, cwd=ROOT,
+                   capture_output=True)
+    rows = _reports(history)
+    assert [(r[0], r[1], r[2]) for r in rows] == [(yesterday, "all", first_id)]
+    assert rows[0][3] >= first_at
