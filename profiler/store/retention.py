@@ -45,6 +45,8 @@ from profiler.store.orm import AnalysisResult, Run, Snapshot, StatSample
 from profiler.store.repository import db_time, utcnow
 
 CHUNK = 500
+#: Stat samples are deleted in time windows of this length, one transaction each.
+STAT_WINDOW = dt.timedelta(hours=6)
 _BLOB_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)$")
 _TMP_MAX_AGE_S = 24 * 3600
 
@@ -113,6 +115,27 @@ def _run_cutoffs(session, policy: Policy, now: dt.datetime) -> dict[int, dt.date
     return out
 
 
+def _delete_samples(store, where_extra, cut: dt.datetime, dry_run: bool) -> int:
+    """Samples matching `where_extra` older than `cut`, removed in windows of STAT_WINDOW, each its own
+    transaction (a day of 10,000 GPUs is 86 million rows: never one transaction)."""
+    with store.session() as s:
+        first = s.execute(select(func.min(StatSample.sampled_at))
+                          .where(*where_extra, StatSample.sampled_at < db_time(s, cut))).scalar_one()
+    if first is None:
+        return 0
+    total, lo = 0, _aware(first)
+    while lo < cut:
+        hi = min(cut, lo + STAT_WINDOW)
+        with store.session() as s:
+            where = (*where_extra, StatSample.sampled_at >= db_time(s, lo), StatSample.sampled_at < db_time(s, hi))
+            if dry_run:
+                total += int(s.execute(select(func.count()).select_from(StatSample).where(*where)).scalar_one())
+            else:
+                total += int(s.execute(delete(StatSample).where(*where)).rowcount or 0)
+        lo = hi
+    return total
+
+
 def _stat_samples(store, policy: Policy, now: dt.datetime, dry_run: bool) -> int:
     total = 0
     with store.session() as s:
@@ -122,20 +145,10 @@ def _stat_samples(store, policy: Policy, now: dt.datetime, dry_run: bool) -> int
         by_cut[cut].append(rid)
     for cut, rids in by_cut.items():
         for chunk in _chunks(sorted(rids)):
-            with store.session() as s:
-                where = (StatSample.run_id.in_(chunk), StatSample.sampled_at < db_time(s, cut))
-                if dry_run:
-                    total += int(s.execute(select(func.count()).select_from(StatSample).where(*where)).scalar_one())
-                else:
-                    total += int(s.execute(delete(StatSample).where(*where)).rowcount or 0)
+            total += _delete_samples(store, (StatSample.run_id.in_(chunk),), cut, dry_run)
     default_cut = policy.cutoff(policy.default_days, now)
     if default_cut is not None:  # samples of runs deleted since (stat_samples has no foreign key)
-        with store.session() as s:
-            where = (StatSample.sampled_at < db_time(s, default_cut), StatSample.run_id.not_in(select(Run.id)))
-            if dry_run:
-                total += int(s.execute(select(func.count()).select_from(StatSample).where(*where)).scalar_one())
-            else:
-                total += int(s.execute(delete(StatSample).where(*where)).rowcount or 0)
+        total += _delete_samples(store, (StatSample.run_id.not_in(select(Run.id)),), default_cut, dry_run)
     return total
 
 
