@@ -13,4 +13,18 @@ Modules
 - `jobs`: the work itself as plain functions over ids (what the tasks call).
 - `tasks`: thin Celery tasks: analyze_snapshot, recompute_run, reap.
 - `dispatcher`: stream consumer: insert, store blob, commit, enqueue, acknowledge; reclaim; dead letters.
+
+Running it (one Redis, one database, a blob directory all processes share):
+    memq db upgrade
+    memq dispatcher                       # one or more; they share the consumer group
+    memq worker -c 2                      # = celery -A workers.app worker -Q memq.ingest,memq.analyze,memq.report
+    memq worker -Q memq.ingest -B         # exactly one process runs beat (the reaper, the nightly report)
+    memq status                           # backlog, dead letters, heartbeats
+The broker Redis should keep its data (AOF, `appendfsync everysec` or `always`) and never evict
+(`maxmemory-policy noeviction`): the stream, the blobs waiting in it and Celery's queues live there.
+
+Guarantees (tests/workers/test_worker_faults.py kills, restarts and stops each part): every snapshot
+an agent got into the stream ends as exactly one row, analysed once per (sha256, analyzer version,
+context), or quarantined with its reason (state `failed` plus a dead letter in MEMQ_DEAD_STREAM).
+Delivery is at least once everywhere; idempotent writes make it exactly once in SQL.
 """

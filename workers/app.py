@@ -130,7 +130,6 @@ def celery_config(st: Settings) -> dict:
         "enable_utc": True,
         "timezone": "UTC",
         "beat_schedule": beat_schedule(st),
-        "memq_settings": st,
     }
 
 
@@ -141,6 +140,8 @@ def _includes() -> list[str]:
 def make_app(settings: Settings | None = None) -> Celery:
     """A Celery app for `settings` (default: from the environment, read when first needed)."""
     celery_app = Celery("memq", include=_includes(), set_as_current=settings is None)
+    # Settings stay off the Celery configuration: `celery report` would print their URLs.
+    celery_app.memq_settings = settings
     if settings is not None:
         celery_app.conf.update(celery_config(settings))
     else:
@@ -149,7 +150,11 @@ def make_app(settings: Settings | None = None) -> Celery:
 
 
 def settings_of(celery_app: Celery) -> Settings:
-    return celery_app.conf.get("memq_settings") or load_settings()
+    """The memq settings of `celery_app` (read from the environment once, for the default app)."""
+    st = getattr(celery_app, "memq_settings", None)
+    if st is None:
+        st = celery_app.memq_settings = load_settings()
+    return st
 
 
 app = make_app()

@@ -100,6 +100,7 @@ class Dispatcher:
         self._next_claim = 0.0
         self._run_ids: dict[str, int] = {}
         self._refusals: dict[str, int] = {}
+        self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
         self._uncommitted: dict[str, int] = {}
         self.fault = os.environ.get("MEMQ_TEST_FAULT", "")  # fault injection for the crash tests only
         self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
@@ -204,6 +205,7 @@ class Dispatcher:
         n = len(self._backlog)
         self.handle(self._backlog)
         self._backlog = []
+        self._dead_ids.clear()
         return n
 
     def read(self) -> list[Entry]:
@@ -296,6 +298,8 @@ class Dispatcher:
 
         for eid, fields in entries:
             self.counts["entries"] += 1
+            if eid in self._dead_ids:
+                continue
             if not fields:  # trimmed from the stream while pending: nothing left to process
                 done.append(eid)
                 continue
@@ -379,6 +383,7 @@ class Dispatcher:
             pipe.xadd(self.st.dead_letter_key, out, maxlen=runtime.DEAD_MAXLEN, approximate=True)
             pipe.xack(self.stream, self.group, eid)
             pipe.execute()
+        self._dead_ids.add(eid)
         self.counts["dead"] += 1
         log.warning("dead letter %s: %s", eid, reason)
 

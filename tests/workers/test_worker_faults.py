@@ -220,6 +220,22 @@ def test_dispatcher_killed_between_insert_and_acknowledge(fault_stack):
     assert s.rows("SELECT status FROM runs WHERE name = 'disp'")[0][0] == "oom"
 
 
+def test_entry_that_keeps_killing_dispatchers_is_dead_lettered(fault_stack):
+    s = fault_stack
+    s.env["MEMQ_MAX_DELIVERIES"] = "2"
+    _push(s, "poison", str(REAL / "seed_sgd" / SGD[0]), extra=("--status", "running"))
+    for name in ("p1", "p2"):  # each delivery kills the dispatcher that reads it
+        p = s.start_dispatcher(consumer=name, fault="dispatcher:after_commit")
+        assert p.wait(60) == -signal.SIGKILL
+        time.sleep(3.2)  # MEMQ_CLAIM_IDLE_S: the entries now look abandoned
+    s.start_dispatcher(consumer="p3")
+    wait_for(lambda: s.dead(), 30, 0.2, "a dead letter")
+    (dead,) = [d for d in s.dead() if d["kind"] == "snapshot"]
+    assert "not acknowledged after 2 deliveries" in dead["reason"] and dead["run"] == "poison"
+    assert dead["sha256"] == sha(fixture_bytes("seed_sgd", SGD[0]))  # the original fields, plus reason
+    wait_for(lambda: _drained(s), 30, 0.2, "nothing left pending")
+
+
 def test_redis_restarted(fault_stack):
     s = fault_stack
     worker = s.start_worker()
