@@ -18,6 +18,8 @@ What it measures:
 4. PostgreSQL bytes on disk per stat-sample row and per analysed snapshot (rows of snapshots +
    analysis_results, indexes and TOAST included: pg_total_relation_size after VACUUM), and blob
    store bytes per snapshot.
+5. Retention: `memq gc`'s rate of removing stat samples and blobs (everything made old by running
+   it two days ahead).
 The database is created on MEMQ_BENCH_POSTGRES_URL (default MEMQ_TEST_POSTGRES_URL or the shared
 server) and dropped at the end; the private Redis is stopped. Prints a summary and writes JSON.
 """
@@ -324,6 +326,26 @@ def main(argv: list[str] | None = None) -> dict:
                 "analysis_results_row": round(tb["analysis_results"]["total"] / tb["analysis_results"]["rows"], 1)}
             blob_files = [p for p in (tmp / "blobs").rglob("*") if p.is_file()]
             fig["blob_store"] = {"files": len(blob_files), "bytes": sum(p.stat().st_size for p in blob_files)}
+
+            # 5. retention (memq gc): everything above is made "old" by running it 2 days ahead
+            import datetime as dt
+
+            from profiler.store.retention import Policy, collect
+
+            store = open_store(st)
+            with store.session() as s:  # end the runs, so their blobs are not kept as "still going"
+                from sqlalchemy import update
+
+                from profiler.store.orm import Run
+
+                s.execute(update(Run).values(status="completed"))
+            t0 = time.perf_counter()
+            summary = collect(store, Policy(1), now=dt.datetime.now(dt.UTC) + dt.timedelta(days=2))
+            wall = time.perf_counter() - t0
+            fig["gc"] = {"wall_s": round(wall, 2), "stat_samples_removed": summary["stat_samples_removed"],
+                         "blobs_removed": summary["blobs_removed"], "kept": summary["kept"],
+                         "stat_samples_per_s": round(summary["stat_samples_removed"] / wall, 1)}
+            store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     fig["load_average_end"] = os.getloadavg()[0]
