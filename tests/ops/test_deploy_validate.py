@@ -28,8 +28,25 @@ K8S_FILES = sorted((DEPLOY / "k8s").glob("*.yaml"))
 UNITS = sorted((DEPLOY / "systemd").glob("*.service")) + [DEPLOY / "systemd" / "memq.target"]
 
 
+def _offline_env() -> dict:
+    """Any HTTP(S) request the validators tried would go to a proxy on a closed port and fail."""
+    import os
+
+    dead = f"http://127.0.0.1:{_closed_port()}"
+    return {**os.environ, "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "http_proxy": dead, "https_proxy": dead,
+            "NO_PROXY": "", "no_proxy": ""}
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_offline_env())
 
 
 def _tool(name: str) -> str:
