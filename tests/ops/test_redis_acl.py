@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.ops.stackfile import make_secrets
 from tests.workers.stack import free_port, wait_for
@@ -155,6 +157,6 @@ def test_services_user_has_no_dangerous_commands(server):
 
 
 def test_default_user_is_off(server):
-    anon = redis.Redis(port=server["port"], socket_timeout=5)
+    anon = redis.Redis(port=server["port"], socket_timeout=5, retry=Retry(NoBackoff(), 0))
     with pytest.raises(redis.AuthenticationError):
         anon.ping()

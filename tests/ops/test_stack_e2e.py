@@ -54,11 +54,13 @@ def _ping(url: str) -> bool:
 
 def test_compose_redis_has_aof_noeviction_and_no_default_user(stack):
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
 
     r = redis.Redis.from_url(stack.url(), socket_timeout=5)
     assert r.info("persistence")["aof_enabled"] == 1
     assert r.info("memory")["maxmemory_policy"] == "noeviction"
-    anon = redis.Redis(port=stack.redis_port, socket_timeout=5)
+    anon = redis.Redis(port=stack.redis_port, socket_timeout=5, retry=Retry(NoBackoff(), 0))
     with pytest.raises(redis.AuthenticationError):
         anon.ping()
 
