@@ -128,3 +128,27 @@ def test_processes_stop_on_sigterm(stack):
         assert p.poll() is None, f"{service} died early:\n{stack.log(service)}"
         rc = stack.stop(service, timeout=60)
         assert rc is not None and rc in (0, -15), f"{service} exited {rc}:\n{stack.log(service)}"
+
+
+def test_no_credentials_in_any_log(stack):
+    secrets_ = [stack.url().split("//", 1)[1].split("@", 1)[0].split(":", 1)[1],
+                stack.url("agent_redis_url").split("//", 1)[1].split("@", 1)[0].split(":", 1)[1]]
+    for service in ("dispatcher", "worker", "beat", "redis"):
+        text = stack.log(service, 10_000_000)
+        assert text or service == "redis"
+        for pw in secrets_:
+            assert pw not in text, f"a Redis password appears in the {service} log"
+
+
+def test_redis_keeps_the_stream_across_a_restart(stack):
+    """The compose Redis command persists (AOF): a restart of the same command keeps the stream."""
+    import redis
+
+    r = redis.Redis.from_url(stack.url(), socket_timeout=5)
+    before = r.xlen("memq:ingest")
+    assert before > 0
+    r.close()
+    assert stack.stop("redis", timeout=30) == 0  # SIGTERM: Redis flushes the AOF and exits
+    stack.start("redis")
+    wait_for(lambda: _ping(stack.url()), 30, what="redis-server restarted from compose.yaml")
+    assert redis.Redis.from_url(stack.url(), socket_timeout=5).xlen("memq:ingest") == before
