@@ -109,6 +109,7 @@ def test_day2_leak_growth_new_regression_and_changes_against_stored_day1(history
     with history.store().session() as s:
         causes = dict(s.execute(select(Run.name, Run.primary_cause)).all())
     assert causes["leak_epochs"] == "leak" and causes["dyn_gc"] == "fragmentation"
+    assert causes["dyn_roundup"] == "allocator_config"
     expected = {}
     for name in ("leak_epochs", "dyn_gc", "dyn_roundup"):
         expected[causes[name]] = expected.get(causes[name], 0) + 1
