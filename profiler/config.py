@@ -76,6 +76,7 @@ class Settings:
     heartbeat_s: int = 10
     worker_max_tasks_per_child: int = 500
     worker_max_memory_per_child_kb: int = 4_000_000
+    worker_cache_mb: int = 256
     retention_days: int = 30
     retention_clusters: str = ""
     gc_hour_utc: int = 3
@@ -156,6 +157,8 @@ SETTINGS: tuple[Spec, ...] = (
          "Workers: a pool process is replaced after this many tasks."),
     Spec("worker_max_memory_per_child_kb", "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB", int, 4_000_000,
          "Workers: a pool process is replaced once its resident memory exceeds this (KiB)."),
+    Spec("worker_cache_mb", "MEMQ_WORKER_CACHE_MB", int, 256,
+         "Workers: decoded snapshots kept per pool process for run diagnoses (estimated MiB; 0 = none)."),
     # Retention (`memq gc` and the beat task workers.retention.gc). Snapshot rows and their analyses
     # stay; raw blobs of OOM / non-healthy snapshots stay; nothing still referenced is removed.
     Spec("retention_days", "MEMQ_RETENTION_DAYS", int, 30,

@@ -204,7 +204,7 @@ def test_dispatcher_killed_between_insert_and_acknowledge(fault_stack):
     d1b = s.start_dispatcher(consumer="d1")
     _done(s, 4)
     wait_for(lambda: _drained(s), 30, 0.2, "stream drained")
-    s.stop(d1b)
+    assert s.stop(d1b) == 0  # SIGTERM: a clean stop
     # 2. killed after the enqueue, before the XACK; another dispatcher claims the dead consumer's
     #    entries once they are idle (XPENDING + XCLAIM), and enqueues again: analysed once all the same
     shas += _push(s, "disp", str(REAL / "frag_synthetic" / "fragmented.pickle.gz"),
