@@ -20,7 +20,7 @@ log = logging.getLogger("memq.workers.retention")
 TASK_NAME = "workers.retention.gc"
 
 
-def run_gc(st: Settings, store=None, *, dry_run: bool = False) -> dict:
+def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | None = None) -> dict:
     """The work, as a plain function (tests and the task share it)."""
     from profiler.store.retention import Policy, collect
 
@@ -28,7 +28,8 @@ def run_gc(st: Settings, store=None, *, dry_run: bool = False) -> dict:
         from workers import runtime
 
         store = runtime.store(st)
-    summary = collect(store, Policy.from_settings(st), dry_run=dry_run)
+    kw = {} if grace_s is None else {"grace_s": grace_s}
+    summary = collect(store, Policy.from_settings(st), dry_run=dry_run, **kw)
     log.info("retention%s: %d stat samples, %d blobs (%d snapshots), %d orphans, %d bytes; kept %s",
              " (dry run)" if dry_run else "", summary["stat_samples_removed"], summary["blobs_removed"],
              summary["snapshots_unlinked"], summary["orphans_removed"], summary["bytes_freed"], summary["kept"])

@@ -18,7 +18,9 @@ What stays, whatever its age:
 - a blob that any other snapshot row still references (the same bytes under two runs share one blob):
   a file is removed only when every row naming its sha256 is itself past retention and unprotected.
 Rows are updated first (blob_ref set to NULL, in one transaction that re-counts the references), the
-files are removed after the commit; a file whose removal failed is an orphan for a later run.
+files are removed after the commit, their bytes held for RACE_GRACE_S and put back if a row naming them
+appeared meanwhile (a dispatcher or `memq ingest` that found the file just before it went); a file
+whose removal failed is an orphan for a later run.
 
     policy = Policy.from_settings(settings)
     summary = collect(store, policy, dry_run=True)      # what would go; nothing changes
@@ -30,7 +32,9 @@ Every filter is a bound parameter (SQLAlchemy expressions), never formatted into
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -45,6 +49,10 @@ from profiler.store.orm import AnalysisResult, Run, Snapshot, StatSample
 from profiler.store.repository import db_time, utcnow
 
 CHUNK = 500
+#: Removed blobs are held in memory this long, then put back if a row naming them appeared meanwhile.
+RACE_GRACE_S = 10.0
+#: ... at most this many bytes at a time (then the check runs early).
+HOLD_MAX_BYTES = 256 * 1024**2
 #: Stat samples are deleted in time windows of this length, one transaction each.
 STAT_WINDOW = dt.timedelta(hours=6)
 _BLOB_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)$")
@@ -259,21 +267,86 @@ def _unref_chunk(store, chunk: list[str], cands: dict[str, list[int]], dry_run: 
     return []
 
 
-def _expired_blobs(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict) -> None:
+def _restore(p: Path, data: bytes) -> None:
+    """Put a removed blob back (a row naming it appeared meanwhile), atomically, unless a writer
+    already re-created it."""
+    if p.exists():
+        return
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:12]}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _remove_guarded(store, files: dict[str, list[Path]], expected: dict[str, int], summary: dict, key: str,
+                    grace_s: float) -> None:
+    """Remove blob files whose sha256 is named by exactly `expected[sha]` rows, keeping their bytes in
+    memory; after `grace_s` (longer than a dispatcher or `memq ingest` transaction that found the file
+    and is about to commit a row naming it) count the rows again and put back any blob that gained
+    one. This closes the race between the reference check and the unlink."""
+    held: list[tuple[str, Path, bytes]] = []
+    held_bytes = 0
+
+    def settle() -> None:
+        nonlocal held_bytes
+        if not held:
+            return
+        time.sleep(grace_s)
+        with store.session() as s:
+            counts = _reference_counts(s, {sha for sha, _, _ in held})
+        for sha, p, data in held:
+            if counts.get(sha, 0) != expected[sha]:
+                try:
+                    _restore(p, data)
+                except OSError as exc:
+                    summary["errors"].append(f"{p.name}: could not put back a blob that gained a reference: {exc}")
+                    continue
+                summary["restored"] += 1
+                summary[key] -= 1
+                summary["bytes_freed"] -= len(data)
+        held.clear()
+        held_bytes = 0
+
+    for sha, paths in files.items():
+        for p in paths:
+            try:
+                data = p.read_bytes()
+                p.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                summary["errors"].append(f"{p.name}: {exc.strerror or exc}")
+                continue
+            held.append((sha, p, data))
+            held_bytes += len(data)
+            summary[key] += 1
+            summary["bytes_freed"] += len(data)
+            if held_bytes > HOLD_MAX_BYTES:
+                settle()
+    settle()
+
+
+def _expired_blobs(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict, grace_s: float) -> None:
     cands = _candidates(store, policy, now, summary)
     blob_dir = Path(store.blobs.directory)
     for chunk in _chunks(sorted(cands)):
         free = _unref_chunk(store, chunk, cands, dry_run, summary)
-        if not dry_run and free:
-            with store.session() as s:  # after the commit: check once more that nothing names them
-                still = set(s.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(free),
-                                                                   Snapshot.blob_ref.is_not(None))).scalars())
-            free = [sha for sha in free if sha not in still]
-        for sha in free:
-            _unlink(_blob_files(blob_dir, sha), summary, "blobs_removed", dry_run)
+        if dry_run:
+            for sha in free:
+                _unlink(_blob_files(blob_dir, sha), summary, "blobs_removed", dry_run)
+            continue
+        _remove_guarded(store, {sha: _blob_files(blob_dir, sha) for sha in free},
+                        {sha: len(cands[sha]) for sha in free}, summary, "blobs_removed", grace_s)
 
 
-def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict) -> None:
+def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict, grace_s: float) -> None:
     cut = policy.cutoff(policy.default_days, now)
     blob_dir = Path(store.blobs.directory)
     if cut is None or not blob_dir.is_dir():
@@ -296,23 +369,28 @@ def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: di
     for chunk in _chunks(sorted(old)):
         with store.session() as s:
             named = set(s.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(chunk)).distinct()).scalars())
-        for sha in chunk:
-            if sha not in named:
-                _unlink(old[sha], summary, "orphans_removed", dry_run)
+        orphans = {sha: old[sha] for sha in chunk if sha not in named}
+        if dry_run:
+            for paths in orphans.values():
+                _unlink(paths, summary, "orphans_removed", dry_run)
+        else:
+            _remove_guarded(store, orphans, dict.fromkeys(orphans, 0), summary, "orphans_removed", grace_s)
 
 
-def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: bool = False) -> dict:
-    """Apply `policy` (see the module docstring). Returns what was (or, dry run, would be) removed."""
+def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: bool = False,
+            grace_s: float = RACE_GRACE_S) -> dict:
+    """Apply `policy` (see the module docstring). Returns what was (or, dry run, would be) removed.
+    `grace_s`: how long removed blobs are held before the final reference check (see _remove_guarded)."""
     now = now or utcnow()
     summary: dict = {"dry_run": dry_run, "now": now.isoformat(), "policy": policy.describe(),
                      "stat_samples_removed": 0, "snapshots_unlinked": 0, "blobs_removed": 0,
-                     "orphans_removed": 0, "temp_files_removed": 0, "bytes_freed": 0,
+                     "orphans_removed": 0, "temp_files_removed": 0, "restored": 0, "bytes_freed": 0,
                      "kept": {"oom": 0, "diagnosis": 0, "active_run": 0, "referenced": 0}, "errors": []}
     if policy.default_days <= 0 and not any(d > 0 for d in policy.clusters.values()):
         return summary
     summary["stat_samples_removed"] = _stat_samples(store, policy, now, dry_run)
-    _expired_blobs(store, policy, now, dry_run, summary)
-    _orphans(store, policy, now, dry_run, summary)
+    _expired_blobs(store, policy, now, dry_run, summary, grace_s)
+    _orphans(store, policy, now, dry_run, summary, grace_s)
     return summary
 
 

@@ -21,6 +21,7 @@ from tests.conftest import memq_environ
 
 NOW = dt.datetime.now(dt.UTC)
 POLICY = Policy(30, {"dev": 7, "keep": 0})
+GRACE = 0.05  # seconds removed blobs are held before the final reference check
 
 
 def _days(n: float) -> dt.datetime:
@@ -139,7 +140,7 @@ KEPT = {"active_old", "old_oom_trigger", "old_oom_result", "old_diagnosed", "old
 
 
 def test_gc_removes_only_what_is_past_retention_and_unreferenced(world, store):
-    summary = collect(store, POLICY, now=NOW)
+    summary = collect(store, POLICY, now=NOW, grace_s=GRACE)
     for tag in GONE:
         assert not world.has_blob(tag), tag
         assert world.blob_ref(tag) is None, tag
@@ -166,11 +167,11 @@ def test_gc_removes_only_what_is_past_retention_and_unreferenced(world, store):
     # once the run has ended, its old blobs go too
     with store.session() as s:
         repo.set_run_status(s, "r-new", "completed")
-    later = collect(store, POLICY, now=NOW)
+    later = collect(store, POLICY, now=NOW, grace_s=GRACE)
     assert later["blobs_removed"] == 1 and not world.has_blob("active_old") and world.has_blob("new_shared")
     assert summary["stat_samples_removed"] == 2 + 2 + 1
     # another run finds nothing more (what the daily task relies on)
-    again = collect(store, POLICY, now=NOW)
+    again = collect(store, POLICY, now=NOW, grace_s=GRACE)
     assert (again["blobs_removed"], again["stat_samples_removed"], again["orphans_removed"]) == (0, 0, 0)
 
 
@@ -198,7 +199,7 @@ def test_cli_and_task_use_the_settings_policy(world, store, db_url, tmp_path, mo
     doc = json.loads(res.output)
     assert doc["dry_run"] and doc["blobs_removed"] == len(GONE) and doc["policy"]["clusters"] == {"dev": 7, "keep": 0}
     assert world.has_blob("old_healthy")
-    summary = run_gc(load_settings(env), store)
+    summary = run_gc(load_settings(env), store, grace_s=GRACE)
     assert summary["blobs_removed"] == len(GONE) and not world.has_blob("old_healthy")
     res = CliRunner().invoke(cli, ["gc"], catch_exceptions=False)
     assert res.exit_code == 0 and "removed: 0 stat samples, 0 blobs" in res.output, res.output
@@ -223,3 +224,34 @@ def test_policy_parsing():
             parse_overrides(bad)
     p = Policy(30, {"dev": 7})
     assert p.days_for("dev") == 7 and p.days_for("other") == 30 and p.days_for(None) == 30
+
+
+def test_a_reference_that_appears_during_removal_puts_the_blob_back(world, store):
+    """The race: a dispatcher (or `memq ingest`) finds the old blob file and commits a row naming it
+    just after gc counted the references. Here a second connection commits that row while gc holds
+    the removed bytes; the blob must be back, byte for byte, and still readable."""
+    import threading
+
+    sha = world.shas["old_healthy"]
+    original = store.blobs.get(sha)
+    done = threading.Event()
+
+    def late_ingest():
+        # wait until gc has removed the file, then commit a row that names it, as the dispatcher would
+        deadline = time.monotonic() + 20
+        while store.blobs.exists(sha) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with store.session() as s:
+            repo.insert_snapshot(s, repo.NewSnapshot(run_id=world.run("r-late", "prod"), sha256=sha, size_bytes=100,
+                                                     blob_ref=f"{sha[:2]}/{sha}.zst", source="late"))
+        done.set()
+
+    t = threading.Thread(target=late_ingest)
+    t.start()
+    summary = collect(store, POLICY, now=NOW, grace_s=1.5)
+    t.join(30)
+    assert done.is_set()
+    assert store.blobs.get(sha) == original
+    assert summary["restored"] == 1 and summary["blobs_removed"] == len(GONE) - 1
+    for tag in GONE - {"old_healthy"}:
+        assert not world.has_blob(tag), tag
