@@ -42,5 +42,7 @@ def gc(dry_run: bool, as_json: bool) -> None:
     kept = summary["kept"]
     click.echo(f"kept past retention: {kept['oom']} OOM snapshots, {kept['diagnosis']} with a diagnosis, "
                f"{kept['active_run']} of runs still going, {kept['referenced']} blobs still referenced")
+    if summary.get("restored"):
+        click.echo(f"put back: {summary['restored']} blobs that gained a reference while being removed")
     for err in summary["errors"]:
         click.echo(f"warning: {err}", err=True)
