@@ -82,6 +82,7 @@ class Settings:
     gc_hour_utc: int = 3
     gc_minute_utc: int = 15
     doctor_max_lag: int = 10_000
+    stream_trim_interval_s: int = 60
     extra: dict = field(default_factory=dict)
 
     @property
@@ -169,6 +170,9 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("gc_minute_utc", "MEMQ_GC_MINUTE_UTC", int, 15, "Beat: UTC minute of the daily retention run."),
     Spec("doctor_max_lag", "MEMQ_DOCTOR_MAX_LAG", int, 10_000,
          "`memq doctor`: stream entries not yet read by the dispatcher above which it warns."),
+    Spec("stream_trim_interval_s", "MEMQ_STREAM_TRIM_INTERVAL_S", int, 60,
+         "Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; "
+         "the agents' MAXLEN is then the only bound)."),
 )
 
 #: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or

@@ -43,6 +43,7 @@ ROUTES = {
     "workers.tasks.recompute_run": {"queue": QUEUE_ANALYZE},
     "workers.tasks.reap": {"queue": QUEUE_INGEST},
     "workers.reports.*": {"queue": QUEUE_REPORT},
+    "workers.retention.trim_stream": {"queue": QUEUE_INGEST},
     "workers.retention.*": {"queue": QUEUE_REPORT},
 }
 

@@ -4,8 +4,15 @@
   (MEMQ_RETENTION_DAYS, MEMQ_RETENTION_CLUSTERS): raw blobs and stat samples past retention go;
   blobs of OOM / diagnosed snapshots and every still-referenced blob stay. The same as `memq gc`.
   Idempotent: a second run (two beats by mistake, a redelivery) finds nothing more to remove.
-- `beat_entries(settings)`: what `workers.app.beat_schedule` adds: one crontab entry at
-  MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC. An outage is not retried: the next day's tick is the retry.
+- `trim_stream()`: every MEMQ_STREAM_TRIM_INTERVAL_S, `XTRIM <stream> MINID <floor>` where the floor
+  is the oldest entry some consumer group still needs (its oldest pending entry, else the first one
+  after its last-delivered id). The dispatcher acknowledges but never deletes, and the agents' `XADD
+  MAXLEN ~ N` alone would keep N entries (3.6 GB at the default N, deploy/CAPACITY.md) and, in an outage
+  longer than N entries, trim entries nobody has read. With this task the stream holds the backlog only.
+  A stream without a consumer group is left alone (nobody has read anything yet).
+- `beat_entries(settings)`: what `workers.app.beat_schedule` adds: the daily gc (crontab at
+  MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC) and the stream trim. An outage is not retried: the next tick is
+  the retry.
 """
 
 from __future__ import annotations
@@ -18,6 +25,49 @@ from profiler.errors import ConfigError
 log = logging.getLogger("memq.workers.retention")
 
 TASK_NAME = "workers.retention.gc"
+TRIM_TASK_NAME = "workers.retention.trim_stream"
+
+
+def _sid(v) -> tuple[int, int]:
+    text = v.decode() if isinstance(v, bytes) else str(v)
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def trim_floor(r, stream: str) -> str | None:
+    """The id below which no consumer group needs the stream's entries, or None (no group: keep all)."""
+    try:
+        groups = r.xinfo_groups(stream)
+    except Exception:  # noqa: BLE001 - no such stream
+        return None
+    if not groups:
+        return None
+    floor: tuple[int, int] | None = None
+    for g in groups:
+        name = g.get("name")
+        pend = r.xpending(stream, name)
+        if pend and int(pend.get("pending") or 0) > 0 and pend.get("min"):
+            need = _sid(pend["min"])  # the oldest entry delivered but not acknowledged
+        else:
+            ms, seq = _sid(g.get("last-delivered-id") or b"0-0")
+            need = (ms, seq + 1)  # everything up to the last delivered one is acknowledged
+        floor = need if floor is None or need < floor else floor
+    return f"{floor[0]}-{floor[1]}"
+
+
+def trim_stream(st: Settings, r=None) -> dict:
+    """XTRIM the ingest stream to the oldest entry a consumer group still needs. Returns what it did."""
+    from workers import runtime
+
+    r = r or runtime.redis_client(st.redis_url)
+    with runtime.redis_errors(st.redis_url):
+        floor = trim_floor(r, st.stream_key)
+        if floor is None:
+            return {"stream": st.stream_key, "trimmed": 0, "floor": None}
+        n = int(r.xtrim(st.stream_key, minid=floor, approximate=False))
+    if n:
+        log.info("stream %s: trimmed %d acknowledged entries (below %s)", st.stream_key, n, floor)
+    return {"stream": st.stream_key, "trimmed": n, "floor": floor}
 
 
 def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | None = None) -> dict:
@@ -44,13 +94,19 @@ def beat_entries(st: Settings) -> dict[str, dict]:
 
     if not (0 <= st.gc_hour_utc <= 23 and 0 <= st.gc_minute_utc <= 59):
         raise ConfigError("MEMQ_GC_HOUR_UTC must be 0..23 and MEMQ_GC_MINUTE_UTC 0..59")
-    if st.retention_days <= 0 and "=" not in (st.retention_clusters or ""):
-        return {}
-    return {"memq-retention": {
-        "task": TASK_NAME,
-        "schedule": crontab(minute=st.gc_minute_utc, hour=st.gc_hour_utc),
-        "options": {"queue": "memq.report", "expires": 12 * 3600},
-    }}
+    out: dict[str, dict] = {}
+    if st.retention_days > 0 or "=" in (st.retention_clusters or ""):
+        out["memq-retention"] = {
+            "task": TASK_NAME,
+            "schedule": crontab(minute=st.gc_minute_utc, hour=st.gc_hour_utc),
+            "options": {"queue": "memq.report", "expires": 12 * 3600},
+        }
+    if st.stream_trim_interval_s > 0:
+        out["memq-stream-trim"] = {
+            "task": TRIM_TASK_NAME, "schedule": float(st.stream_trim_interval_s),
+            "options": {"queue": "memq.ingest", "expires": float(st.stream_trim_interval_s)},
+        }
+    return out
 
 
 def _bind():
@@ -61,7 +117,11 @@ def _bind():
     def gc(self, dry_run: bool = False) -> dict:
         return run_gc(settings_of(app), dry_run=bool(dry_run))
 
-    return gc
+    @app.task(base=MemqTask, bind=True, name=TRIM_TASK_NAME, retry_on_outage=False)
+    def trim(self) -> dict:
+        return trim_stream(settings_of(app))
+
+    return gc, trim
 
 
-gc = _bind()
+gc, trim = _bind()

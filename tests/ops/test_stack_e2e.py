@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 def stack(tmp_path_factory, pg_server):
     tmp = tmp_path_factory.mktemp("compose")
     with temp_pg_database("compose") as db:
-        st = ComposeStack(tmp, db, extra_env={"MEMQ_REAPER_INTERVAL_S": "2", "MEMQ_HEARTBEAT_S": "2"})
+        st = ComposeStack(tmp, db, extra_env={"MEMQ_REAPER_INTERVAL_S": "2", "MEMQ_HEARTBEAT_S": "2",
+                                                  "MEMQ_STREAM_TRIM_INTERVAL_S": "2"})
         try:
             st.start("redis")
             wait_for(lambda: _ping(st.url()), 20, what="redis-server from compose.yaml")
@@ -118,6 +119,12 @@ def test_beat_drives_the_periodic_tasks(stack):
     wait_for(lambda: "workers.tasks.reap" in stack.log("worker", 200_000), 60, 1.0, "a beat-sent reap task")
     assert stack.procs["beat"].poll() is None, stack.log("beat")
     assert "beat: Starting" in stack.log("beat", 200_000)
+    # the stream trim: once everything pushed is read and acknowledged, the stream is emptied
+    import redis
+
+    r = redis.Redis.from_url(stack.url(), socket_timeout=5)
+    wait_for(lambda: r.exists("memq:ingest") and r.xlen("memq:ingest") == 0, 60, 1.0, "the beat-driven stream trim")
+    assert "workers.retention.trim_stream" in stack.log("worker", 200_000)
     # the schedule file the k8s liveness probe watches (compose: -s /var/lib/memq/celerybeat-schedule)
     assert list((stack.tmp / "lib").glob("celerybeat-schedule*"))
 
@@ -145,10 +152,11 @@ def test_redis_keeps_the_stream_across_a_restart(stack):
     import redis
 
     r = redis.Redis.from_url(stack.url(), socket_timeout=5)
-    before = r.xlen("memq:ingest")
-    assert before > 0
+    for i in range(100):
+        r.xadd("memq:aof-check", {"i": str(i)})
+    before = r.xlen("memq:aof-check")
     r.close()
     assert stack.stop("redis", timeout=30) == 0  # SIGTERM: Redis flushes the AOF and exits
     stack.start("redis")
     wait_for(lambda: _ping(stack.url()), 30, what="redis-server restarted from compose.yaml")
-    assert redis.Redis.from_url(stack.url(), socket_timeout=5).xlen("memq:ingest") == before
+    assert redis.Redis.from_url(stack.url(), socket_timeout=5).xlen("memq:aof-check") == before == 100

@@ -1,0 +1,68 @@
+"""workers.retention.trim_stream on a private redis-server: the ingest stream is trimmed to the oldest
+entry a consumer group still needs; unread and pending (unacknowledged) entries always stay."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from profiler.config import load_settings
+from tests.ops.test_doctor import Server
+from workers.retention import beat_entries, trim_floor, trim_stream
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("trim"), "--save", "").start()
+    yield s
+    s.kill()
+
+
+def _st(srv, stream: str):
+    return load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_REDIS_URL": srv.url, "MEMQ_STREAM": stream})
+
+
+def test_trim_keeps_what_a_group_still_needs(srv):
+    r = redis.Redis.from_url(srv.url)
+    st = _st(srv, "memq:trim1")
+    ids = [r.xadd(st.stream_key, {"i": str(i)}) for i in range(10)]
+    assert trim_floor(r, st.stream_key) is None  # no consumer group yet: nobody has read anything
+    assert trim_stream(st, r)["trimmed"] == 0 and r.xlen(st.stream_key) == 10
+
+    r.xgroup_create(st.stream_key, "memq-dispatch", id="0")
+    got = r.xreadgroup("memq-dispatch", "c1", {st.stream_key: ">"}, count=6)[0][1]
+    assert [e for e, _ in got] == ids[:6]
+    r.xack(st.stream_key, "memq-dispatch", *ids[:4])  # entries 5 and 6 still pending
+    out = trim_stream(st, r)
+    assert out["trimmed"] == 4 and r.xlen(st.stream_key) == 6
+    assert [e for e, _ in r.xrange(st.stream_key)] == ids[4:]
+    # the pending ones can still be claimed (a dead dispatcher's work), the unread ones still read
+    claimed = r.xautoclaim(st.stream_key, "memq-dispatch", "c2", min_idle_time=0, start_id="0-0")[1]
+    assert [e for e, _ in claimed] == ids[4:6]
+    r.xack(st.stream_key, "memq-dispatch", *ids[4:6])
+    assert trim_stream(st, r)["trimmed"] == 2 and r.xlen(st.stream_key) == 4
+    rest = r.xreadgroup("memq-dispatch", "c1", {st.stream_key: ">"})[0][1]
+    r.xack(st.stream_key, "memq-dispatch", *[e for e, _ in rest])
+    assert trim_stream(st, r)["trimmed"] == 4 and r.xlen(st.stream_key) == 0
+    assert trim_stream(st, r)["trimmed"] == 0
+
+
+def test_the_slowest_group_decides(srv):
+    r = redis.Redis.from_url(srv.url)
+    st = _st(srv, "memq:trim2")
+    ids = [r.xadd(st.stream_key, {"i": str(i)}) for i in range(5)]
+    r.xgroup_create(st.stream_key, "memq-dispatch", id="0")
+    r.xgroup_create(st.stream_key, "other-tool", id="0")
+    for e, _ in r.xreadgroup("memq-dispatch", "c", {st.stream_key: ">"})[0][1]:
+        r.xack(st.stream_key, "memq-dispatch", e)
+    r.xreadgroup("other-tool", "c", {st.stream_key: ">"}, count=2)  # read 2, acknowledged none
+    assert trim_stream(st, r)["trimmed"] == 0 and r.xlen(st.stream_key) == 5
+    r.xack(st.stream_key, "other-tool", ids[0])
+    assert trim_stream(st, r)["trimmed"] == 1 and r.xrange(st.stream_key)[0][0] == ids[1]
+
+
+def test_beat_entry():
+    st = load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_STREAM_TRIM_INTERVAL_S": "30"})
+    e = beat_entries(st)["memq-stream-trim"]
+    assert e["task"] == "workers.retention.trim_stream" and e["schedule"] == 30.0 and e["options"]["queue"] == "memq.ingest"
+    assert "memq-stream-trim" not in beat_entries(st.replace(stream_trim_interval_s=0))
