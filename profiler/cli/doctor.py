@@ -11,7 +11,8 @@ Checks, in order (each prints one line, and a `fix:` line when something is wron
 - broker      the Celery broker, when MEMQ_BROKER_URL names another Redis
 - stream      consumer-group lag and pending entries of the ingest stream (a warning above
               MEMQ_DOCTOR_MAX_LAG, and above half of MEMQ_STREAM_MAXLEN: unread entries get trimmed);
-              dead letters (shown)
+              dead letters (shown); acknowledged entries piling up (the beat's stream trim is
+              not running) is a warning
 - workers     live worker and dispatcher heartbeats; none is a warning
 - blobs       the blob store directory is writable
 Errors (a dependency unreachable, the schema out of date, the blob store not writable, bad settings)
@@ -231,6 +232,12 @@ def check_stream(r, st) -> list[Check]:
                              data=data))
         else:
             out.append(Check("stream", OK, line, data=data))
+        done = data["length"] - int(lag or 0) - pending
+        if st.stream_trim_interval_s > 0 and lag is not None and done > 10 * st.doctor_max_lag:
+            out.append(Check("stream-trim", WARN, f"{st.stream_key} keeps {done} acknowledged entries: the "
+                             "periodic trim (workers.retention.trim_stream) is not running",
+                             "run exactly one beat (`celery -A workers.app beat`) and a worker on memq.ingest",
+                             data={"acknowledged_kept": done}))
     if dead:
         out.append(Check("dead-letters", INFO, f"{dead} entries in {st.dead_letter_key}; `memq status` shows "
                          "the latest reasons", data={"count": dead}))

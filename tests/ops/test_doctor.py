@@ -222,3 +222,18 @@ def test_lag_near_maxlen_and_a_separate_broker(servers):
     code, checks, out = doctor(env)
     assert "trims the oldest entries" in checks["stream"]["detail"], out
     assert checks["broker"]["status"] == "error" and code == 1 and "b-pw" not in out
+
+
+def test_untrimmed_stream_warns(servers):
+    r = redis.Redis.from_url(servers["good"].url)
+    from workers.runtime import GROUP
+
+    for i in range(25):
+        r.xadd("memq:untrimmed", {"v": str(i)})
+    r.xgroup_create("memq:untrimmed", GROUP, id="$")  # everything already "read"
+    env = _env(servers["tmp"], servers["db"], servers["good"].url, MEMQ_STREAM="memq:untrimmed",
+               MEMQ_DOCTOR_MAX_LAG="2")
+    code, checks, out = doctor(env)
+    assert checks["stream-trim"]["status"] == "warning" and "beat" in checks["stream-trim"]["fix"], out
+    env["MEMQ_STREAM_TRIM_INTERVAL_S"] = "0"
+    assert "stream-trim" not in doctor(env)[1]
