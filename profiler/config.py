@@ -83,6 +83,7 @@ class Settings:
     gc_minute_utc: int = 15
     doctor_max_lag: int = 10_000
     stream_trim_interval_s: int = 60
+    stream_keep_s: int = 600
     extra: dict = field(default_factory=dict)
 
     @property
@@ -173,6 +174,8 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("stream_trim_interval_s", "MEMQ_STREAM_TRIM_INTERVAL_S", int, 60,
          "Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; "
          "the agents' MAXLEN is then the only bound)."),
+    Spec("stream_keep_s", "MEMQ_STREAM_KEEP_S", int, 600,
+         "Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, debugging)."),
 )
 
 #: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or

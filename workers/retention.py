@@ -8,7 +8,8 @@
   is the oldest entry some consumer group still needs (its oldest pending entry, else the first one
   after its last-delivered id). The dispatcher acknowledges but never deletes, and the agents' `XADD
   MAXLEN ~ N` alone would keep N entries (3.6 GB at the default N, deploy/CAPACITY.md) and, in an outage
-  longer than N entries, trim entries nobody has read. With this task the stream holds the backlog only.
+  longer than N entries, trim entries nobody has read. With this task the stream holds the backlog plus
+  the acknowledged entries of the last MEMQ_STREAM_KEEP_S seconds (for `memq status` and debugging).
   A stream without a consumer group is left alone (nobody has read anything yet).
 - `beat_entries(settings)`: what `workers.app.beat_schedule` adds: the daily gc (crontab at
   MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC) and the stream trim. An outage is not retried: the next tick is
@@ -34,8 +35,9 @@ def _sid(v) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def trim_floor(r, stream: str) -> str | None:
-    """The id below which no consumer group needs the stream's entries, or None (no group: keep all)."""
+def trim_floor(r, stream: str, keep_s: float = 0.0) -> str | None:
+    """The id below which no consumer group needs the stream's entries and which is older than
+    `keep_s` seconds (Redis server time), or None (no group: keep all)."""
     try:
         groups = r.xinfo_groups(stream)
     except Exception:  # noqa: BLE001 - no such stream
@@ -52,6 +54,9 @@ def trim_floor(r, stream: str) -> str | None:
             ms, seq = _sid(g.get("last-delivered-id") or b"0-0")
             need = (ms, seq + 1)  # everything up to the last delivered one is acknowledged
         floor = need if floor is None or need < floor else floor
+    if keep_s > 0:
+        sec, usec = r.time()
+        floor = min(floor, (int(sec * 1000 + usec // 1000 - keep_s * 1000), 0))
     return f"{floor[0]}-{floor[1]}"
 
 
@@ -61,7 +66,7 @@ def trim_stream(st: Settings, r=None) -> dict:
 
     r = r or runtime.redis_client(st.redis_url)
     with runtime.redis_errors(st.redis_url):
-        floor = trim_floor(r, st.stream_key)
+        floor = trim_floor(r, st.stream_key, st.stream_keep_s)
         if floor is None:
             return {"stream": st.stream_key, "trimmed": 0, "floor": None}
         n = int(r.xtrim(st.stream_key, minid=floor, approximate=False))

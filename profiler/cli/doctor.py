@@ -232,16 +232,31 @@ def check_stream(r, st) -> list[Check]:
                              data=data))
         else:
             out.append(Check("stream", OK, line, data=data))
-        done = data["length"] - int(lag or 0) - pending
-        if st.stream_trim_interval_s > 0 and lag is not None and done > 10 * st.doctor_max_lag:
-            out.append(Check("stream-trim", WARN, f"{st.stream_key} keeps {done} acknowledged entries: the "
-                             "periodic trim (workers.retention.trim_stream) is not running",
-                             "run exactly one beat (`celery -A workers.app beat`) and a worker on memq.ingest",
-                             data={"acknowledged_kept": done}))
+        out += _check_trim(r, st)
     if dead:
         out.append(Check("dead-letters", INFO, f"{dead} entries in {st.dead_letter_key}; `memq status` shows "
                          "the latest reasons", data={"count": dead}))
     return out
+
+
+def _check_trim(r, st) -> list[Check]:
+    """An entry the periodic trim should have removed three periods ago is still there: it is not running."""
+    from workers.retention import trim_floor
+
+    if st.stream_trim_interval_s <= 0:
+        return []
+    overdue = trim_floor(r, st.stream_key, st.stream_keep_s + 3 * st.stream_trim_interval_s)
+    first = r.xrange(st.stream_key, count=1)
+    if overdue is None or not first:
+        return []
+    fid = _text(first[0][0])
+    if tuple(map(int, fid.split("-"))) < tuple(map(int, overdue.split("-"))):
+        return [Check("stream-trim", WARN, f"{st.stream_key} still holds acknowledged entries older than "
+                      f"MEMQ_STREAM_KEEP_S + 3 trim periods (oldest {fid}): the periodic trim "
+                      "(workers.retention.trim_stream) is not running",
+                      "run exactly one beat (`celery -A workers.app beat`) and a worker on memq.ingest",
+                      data={"oldest": fid, "overdue_below": overdue})]
+    return []
 
 
 def check_heartbeats(r, st) -> list[Check]:

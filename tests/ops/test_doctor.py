@@ -228,12 +228,13 @@ def test_untrimmed_stream_warns(servers):
     r = redis.Redis.from_url(servers["good"].url)
     from workers.runtime import GROUP
 
-    for i in range(25):
-        r.xadd("memq:untrimmed", {"v": str(i)})
-    r.xgroup_create("memq:untrimmed", GROUP, id="$")  # everything already "read"
-    env = _env(servers["tmp"], servers["db"], servers["good"].url, MEMQ_STREAM="memq:untrimmed",
-               MEMQ_DOCTOR_MAX_LAG="2")
+    sec, _ = r.time()
+    old_ms = (int(sec) - 7200) * 1000
+    for i in range(5):  # entries two hours old (explicit ids), all read and acknowledged
+        r.xadd("memq:untrimmed", {"v": str(i)}, id=f"{old_ms + i}-0")
+    r.xgroup_create("memq:untrimmed", GROUP, id="$")
+    env = _env(servers["tmp"], servers["db"], servers["good"].url, MEMQ_STREAM="memq:untrimmed")
     code, checks, out = doctor(env)
     assert checks["stream-trim"]["status"] == "warning" and "beat" in checks["stream-trim"]["fix"], out
-    env["MEMQ_STREAM_TRIM_INTERVAL_S"] = "0"
-    assert "stream-trim" not in doctor(env)[1]
+    assert "stream-trim" not in doctor(env | {"MEMQ_STREAM_TRIM_INTERVAL_S": "0"})[1]
+    assert "stream-trim" not in doctor(env | {"MEMQ_STREAM_KEEP_S": "86400"})[1]

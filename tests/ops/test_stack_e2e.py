@@ -30,7 +30,7 @@ def stack(tmp_path_factory, pg_server):
     tmp = tmp_path_factory.mktemp("compose")
     with temp_pg_database("compose") as db:
         st = ComposeStack(tmp, db, extra_env={"MEMQ_REAPER_INTERVAL_S": "2", "MEMQ_HEARTBEAT_S": "2",
-                                                  "MEMQ_STREAM_TRIM_INTERVAL_S": "2"})
+                                                  "MEMQ_STREAM_TRIM_INTERVAL_S": "2", "MEMQ_STREAM_KEEP_S": "0"})
         try:
             st.start("redis")
             wait_for(lambda: _ping(st.url()), 20, what="redis-server from compose.yaml")

@@ -19,7 +19,8 @@ def srv(tmp_path_factory):
 
 
 def _st(srv, stream: str):
-    return load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_REDIS_URL": srv.url, "MEMQ_STREAM": stream})
+    return load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_REDIS_URL": srv.url, "MEMQ_STREAM": stream,
+                          "MEMQ_STREAM_KEEP_S": "0"})
 
 
 def test_trim_keeps_what_a_group_still_needs(srv):
@@ -59,6 +60,17 @@ def test_the_slowest_group_decides(srv):
     assert trim_stream(st, r)["trimmed"] == 0 and r.xlen(st.stream_key) == 5
     r.xack(st.stream_key, "other-tool", ids[0])
     assert trim_stream(st, r)["trimmed"] == 1 and r.xrange(st.stream_key)[0][0] == ids[1]
+
+
+def test_recent_acknowledged_entries_are_kept_for_a_while(srv):
+    r = redis.Redis.from_url(srv.url)
+    st = _st(srv, "memq:trim3")
+    sec, _ = r.time()
+    old = [r.xadd(st.stream_key, {"i": str(i)}, id=f"{(int(sec) - 3600) * 1000 + i}-0") for i in range(3)]
+    new = [r.xadd(st.stream_key, {"i": str(i)}) for i in range(3)]
+    r.xgroup_create(st.stream_key, "memq-dispatch", id="$")  # all read and acknowledged
+    out = trim_stream(st.replace(stream_keep_s=600), r)
+    assert out["trimmed"] == 3 and [e for e, _ in r.xrange(st.stream_key)] == new and old
 
 
 def test_beat_entry():
