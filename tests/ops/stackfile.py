@@ -21,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
+import redis
 import yaml
+
+from tests.workers.stack import PrivateRedis
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -139,6 +142,28 @@ class ComposeStack:
         for service in ("beat", "worker", "dispatcher"):
             self.stop(service)
         self.stop("redis")
+
+
+class Server(PrivateRedis):
+    """A private redis-server on a free port with the given extra arguments (and a password)."""
+
+    def __init__(self, tmp: Path, *extra: str, password: str | None = None):
+        super().__init__(tmp, aof=False)
+        self.extra = (*extra, *(("--requirepass", password) if password else ()))
+        self.password = password
+
+    def _ping(self) -> bool:
+        try:
+            return bool(redis.Redis(port=self.port, password=self.password, socket_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def start(self):
+        self.proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--dir", str(self.tmp), *self.extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self._ping, 15, 0.05, "private redis-server")
+        return self
 
 
 def wait_for(pred, timeout: float, step: float = 0.25, what: str = "condition"):

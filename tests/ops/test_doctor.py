@@ -15,33 +15,10 @@ import pytest
 import redis
 
 from tests.conftest import temp_pg_database
-from tests.workers.stack import PrivateRedis, free_port
+from tests.ops.stackfile import Server
+from tests.workers.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class Server(PrivateRedis):
-    def __init__(self, tmp: Path, *extra: str, password: str | None = None):
-        super().__init__(tmp, aof=False)
-        self.extra = (*extra, *(("--requirepass", password) if password else ()))
-        self.password = password
-
-    def _ping(self) -> bool:
-        try:
-            return bool(redis.Redis(port=self.port, password=self.password, socket_timeout=0.5).ping())
-        except redis.RedisError:
-            return False
-
-    def start(self):
-        import shutil
-
-        self.proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--dir", str(self.tmp), *self.extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        from tests.workers.stack import wait_for
-
-        wait_for(self._ping, 15, 0.05, "private redis-server")
-        return self
 
 
 @pytest.fixture(scope="module")

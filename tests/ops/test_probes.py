@@ -15,7 +15,7 @@ import pytest
 import redis
 import yaml
 
-from tests.ops.test_doctor import Server
+from tests.ops.stackfile import Server
 from tests.workers.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

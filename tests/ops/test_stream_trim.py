@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from profiler.config import load_settings
-from tests.ops.test_doctor import Server
+from tests.ops.stackfile import Server
 from workers.retention import beat_entries, trim_floor, trim_stream
 
 
