@@ -173,16 +173,18 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(b: Bench) -> float:
-    """user+system CPU of the worker and dispatcher process trees (PostgreSQL and Redis excluded)."""
+def cpu_seconds(b: Bench) -> list[float]:
+    """user+system CPU of the worker and the dispatcher process trees (PostgreSQL, Redis excluded)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    out = []
     for p in b.procs:
+        total = 0
         for pid in _tree(p.pid):
             with contextlib.suppress(OSError, IndexError, ValueError):
                 f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 total += int(f[11]) + int(f[12])
-    return total / tick
+        out.append(total / tick)
+    return out
 
 
 def throughput(b: Bench, n: int, runs: int) -> dict:
@@ -193,7 +195,8 @@ def throughput(b: Bench, n: int, runs: int) -> dict:
     b.send(msgs)
     t_pushed = time.monotonic()
     t_done = b.wait_done(base + n)
-    cpu = cpu_seconds(b) - cpu0
+    cpu_w, cpu_d = (a - z for a, z in zip(cpu_seconds(b), cpu0, strict=True))
+    cpu = cpu_w + cpu_d
     # the run-level diagnoses catch up after the last snapshot (debounced per run)
     while b.scalar("SELECT count(*) FROM run_diagnoses d JOIN runs r ON r.id = d.run_id "
                    "WHERE r.name LIKE 'tp-%' AND d.snapshot_count = "
@@ -203,7 +206,7 @@ def throughput(b: Bench, n: int, runs: int) -> dict:
         time.sleep(0.1)
     t_diag = time.monotonic()
     return {"snapshots": n, "runs": runs, "push_s": t_pushed - t0, "analysed_s": t_done - t0,
-            "rate": n / (t_done - t0), "cpu_per_snapshot": cpu / n, "with_run_diagnoses_s": t_diag - t0, "rate_with_diagnoses": n / (t_diag - t0)}
+            "rate": n / (t_done - t0), "cpu_per_snapshot": cpu / n, "cpu_worker": cpu_w / n, "cpu_dispatcher": cpu_d / n, "with_run_diagnoses_s": t_diag - t0, "rate_with_diagnoses": n / (t_diag - t0)}
 
 
 def stats_rate(b: Bench, samples: int, per_entry: int = 1000) -> dict:
@@ -294,7 +297,8 @@ def main() -> int:
           f"(goal >= 20/s: {'met' if tp['rate'] >= 20 else 'NOT met'}); run diagnoses current after "
           f"{tp['with_run_diagnoses_s']:.2f} s ({tp['rate_with_diagnoses']:.1f}/s)")
     print(f"CPU (worker + dispatcher processes, PostgreSQL/Redis excluded): {tp['cpu_per_snapshot'] * 1000:.0f} ms "
-          f"per snapshot, so at most {cap:.1f} snapshots/s on {os.cpu_count()} otherwise idle cores")
+          f"per snapshot ({tp['cpu_worker'] * 1000:.0f} worker incl. run diagnoses, {tp['cpu_dispatcher'] * 1000:.0f} "
+          f"dispatcher), so at most {cap:.1f} snapshots/s on {os.cpu_count()} otherwise idle cores")
     print(f"load average before/after: {load0} / {os.getloadavg()[0]:.2f} (other jobs on this machine)")
     print(f"stat samples: {sr['samples']} in {sr['seconds']:.2f} s: {sr['rate']:,.0f} samples/s "
           f"(goal >= 20,000/s: {'met' if sr['rate'] >= 20000 else 'NOT met'})")
