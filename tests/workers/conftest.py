@@ -52,6 +52,8 @@ def fault_stack(tmp_path, private_pg, private_redis):
     """A private Redis (AOF) and a fresh database on the private PostgreSQL; no processes yet."""
     srv = private_redis()
     stack = Stack(tmp_path, srv.url, private_pg.create_database())
+    # fault tests kill, restart and stop these: never the shared services
+    assert ":6379/" not in stack.env["MEMQ_REDIS_URL"] and ":5432/" not in stack.env["MEMQ_DATABASE_URL"]
     stack.redis_server = srv  # type: ignore[attr-defined]
     stack.pg = private_pg  # type: ignore[attr-defined]
     stack.upgrade()
