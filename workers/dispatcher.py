@@ -100,11 +100,13 @@ class Dispatcher:
         self._next_claim = 0.0
         self._run_ids: dict[str, int] = {}
         self._refusals: dict[str, int] = {}
+        self._single = False  # after an unexpected error: one entry at a time
+        self._errors: dict[str, int] = {}
         self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
         self._uncommitted: dict[str, int] = {}
         self.fault = os.environ.get("MEMQ_TEST_FAULT", "")  # fault injection for the crash tests only
         self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
-                                     "dead", "claimed", "acked", "outages"), 0)
+                                     "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None
 
     # ------------------------------------------------------------------------------ plumbing
@@ -179,6 +181,13 @@ class Dispatcher:
                     # entries would look abandoned to the others
                     backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
                     continue
+                except Exception as exc:  # noqa: BLE001 - a bug or an unexpected reply: isolate the entry
+                    self.counts["errors"] += 1
+                    log.exception("dispatcher: unexpected error")
+                    self._on_unexpected(exc)
+                    self.stop_event.wait(backoff)
+                    backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
+                    continue
                 if n:
                     idle_since = time.monotonic()
                 elif idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
@@ -202,11 +211,33 @@ class Dispatcher:
                 self._backlog = self.read()
         if not self._backlog:
             return 0
-        n = len(self._backlog)
-        self.handle(self._backlog)
-        self._backlog = []
-        self._dead_ids.clear()
-        return n
+        batch = self._backlog[:1] if self._single else self._backlog
+        self.handle(batch)
+        del self._backlog[:len(batch)]
+        if not self._backlog:
+            self._single = False
+            self._dead_ids.clear()
+        return len(batch)
+
+    def _on_unexpected(self, exc: BaseException) -> None:
+        """After an unexpected error the batch in hand is retried one entry at a time; an entry that
+        fails max_deliveries times that way is dead-lettered with the error, so one bad entry cannot
+        stop the stream."""
+        if not self._backlog:
+            return
+        if not self._single and len(self._backlog) > 1:
+            self._single = True
+            return
+        eid, fields = self._backlog[0]
+        n = self._errors[eid] = self._errors.get(eid, 0) + 1
+        if n >= self.st.max_deliveries:
+            try:
+                self._dead_and_ack(eid, fields or {}, f"dispatcher failed on it {n} times: "
+                                                      f"{type(exc).__name__}: {str(exc)[:500]}")
+            except Exception:  # noqa: BLE001 - Redis down as well: tried again next time
+                return
+            self._backlog.pop(0)
+            self._errors.pop(eid, None)
 
     def read(self) -> list[Entry]:
         import redis
