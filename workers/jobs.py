@@ -16,9 +16,10 @@ enqueued again) | failed (out of attempts) | missing (no such row).
 rank's snapshots again), debounced per run and rank by `schedule_recompute`: at most one pending
 recompute, which runs once no snapshot of the run finished for a quiet period
 (max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last recompute's duration)), or at the latest after
-max(10 x quiet, 20 x duration) from the first snapshot it waits for; while analyses wait in the
-broker it yields to them, up to a quarter of the visibility timeout. A run that receives many
-snapshots is diagnosed once per burst, not after each snapshot, and never ahead of the analyses.
+max(10 x quiet, 20 x duration) from the first snapshot it waits for; while analyses wait (in the
+broker, or snapshot rows pending) it yields to them, up to a quarter of the visibility timeout. A
+run that receives many snapshots is diagnosed once per burst, not after each snapshot, and not
+ahead of the analyses.
 
 `reap(st)`: expired leases back to pending and enqueued again; snapshots pending longer than
 MEMQ_PENDING_REQUEUE_S enqueued again (a lost message); snapshots out of attempts failed and
@@ -346,7 +347,7 @@ def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
         if last and now - float(last) < quiet and waited < longest:
             (send or _send_recompute)(run_id, rank, max(0.2, quiet - (now - float(last))))
             return "deferred"
-        if waited < cap and analysis_backlog(st) > 0:
+        if waited < cap and (analysis_backlog(st) > 0 or _snapshots_waiting(st)):
             (send or _send_recompute)(run_id, rank, quiet)  # snapshots first
             return "deferred"
         r.delete(key)  # snapshots done from now on schedule a new recompute
@@ -383,6 +384,15 @@ def _run_cache(store, run_id: int, rank: int) -> dict:
         except (NotFound, SnapshotError):
             continue
     return out
+
+
+def _snapshots_waiting(st: Settings) -> bool:
+    """Snapshot rows waiting for their analysis (recent ones: an old pending row is the reaper's)."""
+    store = _store(st)
+    with store.session() as s:
+        recent = repo._db_time(s, repo.utcnow() - dt.timedelta(seconds=st.pending_requeue_s))
+        return s.execute(select(Snapshot.id).where(Snapshot.state == "pending", Snapshot.created_at >= recent)
+                         .limit(1)).first() is not None
 
 
 # ------------------------------------------------------------------------------------------ reaper
