@@ -1,17 +1,14 @@
 """The nightly report task: keyed by (date, scope), reruns replace, missed days are caught up,
 the beat entry is UTC, the webhook goes to the configured URL only. Real SQLite and PostgreSQL
-databases, a real HTTP server on loopback; Celery runs the task eagerly in a child process."""
+databases, a real HTTP server on loopback. The registered task through a real worker is in
+test_worker_beat.py."""
 
 from __future__ import annotations
 
 import datetime as dt
 import http.server
 import json
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
@@ -86,19 +83,6 @@ def test_beat_entry_is_utc_crontab_on_the_report_queue(history):
 
     with pytest.raises(ConfigError):
         beat_entries(history.settings(report_hour_utc=24))
-
-
-def test_celery_task_runs_eagerly_with_the_app(history):
-    """The registered task, run in a child process (the app reads its settings once per process)."""
-    code = ("import json; from workers.reports import nightly_report; "
-            f"r = nightly_report.apply(kwargs={{'date': '{DAY2}'}}); print(json.dumps(r.get()))")
-    env = dict(os.environ) | history.env | {"MEMQ_REPORT_CATCHUP_DAYS": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["date"] == DAY2 and out["scopes"][0]["built"][0]["oom_runs"] == 3
-    assert [(r[0], r[1]) for r in _rows(history.store())] == [(D2, "all")]
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):
