@@ -82,6 +82,10 @@ class Segment:
 
 @dataclass(slots=True)
 class TraceEvent:
+    """One ring-buffer entry. The fields analysis reads on every event are parsed; rarely read ones
+    come from the entry itself on access (parsing them for millions of entries cost a third of the
+    parse time)."""
+
     action: str
     addr: int | None
     size: int
@@ -89,9 +93,22 @@ class TraceEvent:
     time_us: int | None
     frames: Frames
     device_free: int | None = None
-    pool_id: tuple | None = None
-    user_metadata: str = ""
-    compile_context: str = ""
+    raw: dict | None = None
+
+    @property
+    def pool_id(self) -> tuple | None:
+        v = self.raw.get("pool_id") if self.raw else None
+        return tuple(v) if isinstance(v, (list, tuple)) else None
+
+    @property
+    def user_metadata(self) -> str:
+        v = self.raw.get("user_metadata") if self.raw else None
+        return v if isinstance(v, str) else ""
+
+    @property
+    def compile_context(self) -> str:
+        v = self.raw.get("compile_context") if self.raw else None
+        return v if isinstance(v, str) else ""
 
 
 @dataclass(frozen=True, slots=True)

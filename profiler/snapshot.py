@@ -214,9 +214,6 @@ def _parse_trace(t: Any, device: int) -> list[TraceEvent]:
         frames = get("frames")
         stream = get("stream", 0)
         t_us = get("time_us")
-        pool = get("pool_id")
-        meta = get("user_metadata")
-        cc = get("compile_context")
         append(TraceEvent(
             action,
             addr,
@@ -225,9 +222,7 @@ def _parse_trace(t: Any, device: int) -> list[TraceEvent]:
             t_us if type(t_us) is int else None,
             frames if type(frames) is list else [],
             dfree,
-            tuple(pool) if type(pool) in (list, tuple) else None,
-            meta if type(meta) is str else "",
-            cc if type(cc) is str else "",
+            e,
         ))
     return out
 

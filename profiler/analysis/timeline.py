@@ -17,6 +17,7 @@ from profiler.analysis import frames as fr
 from profiler.model import Snapshot
 
 MAX_POINTS = 400  # samples kept for plots; the peak is always kept
+_STEP_ACTIONS = frozenset(("alloc", "free_requested"))
 
 
 def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
@@ -48,9 +49,9 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
             seg_peak = max(seg_peak, seg_level)
         elif a in ("segment_free", "segment_unmap"):
             seg_level -= ev.size
-        if ev.frames:
-            # Steps are delimited by entering optimizer code (any action: SGD's in-place updates
-            # allocate nothing after the first step, but frees inside step() still show).
+        if ev.frames and a in _STEP_ACTIONS:
+            # Steps are delimited by entering optimizer code (allocations and free requests: SGD's
+            # in-place updates allocate nothing after the first step, but frees inside step() show).
             opt = fr.is_optimizer(ev.frames)
             if opt and not in_opt:
                 step_starts.append(i)
