@@ -20,13 +20,14 @@ from profiler.analysis.leak import detect_leak, live_blocks
 from profiler.analysis.limits import resolve_limits
 from profiler.analysis.memory import (
     composition,
+    largest_oversize_free_block,
     largest_usable_free_block,
     memory_metrics,
     smallest_request_rounding_to,
 )
 from profiler.analysis.recommend import recommend
 from profiler.analysis.timeline import replay
-from profiler.model import INACTIVE, SMALL_SIZE, OomContext, Snapshot, frame_file, frame_name
+from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
 ANALYZER_VERSION = "1.0.0"
 SCHEMA = 1
@@ -67,12 +68,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     stream = oom_ev.stream if oom_ev is not None else None
     pool = oom_ev.pool_id if oom_ev is not None and oom_ev.pool_id else None
     largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
-    blocked = 0
-    if S and last_snap.settings.max_split_size > 0:
-        want = "large" if S > SMALL_SIZE else "small"
-        blocked = max((b.size for seg in last_snap.segments if seg.segment_type == want
-                       for b in seg.blocks if b.state == INACTIVE and b.size >= last_snap.settings.max_split_size),
-                      default=0)
+    blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
     leak = detect_leak(_comparable_points(snaps, per, names, triggers), lim.limit)
     earlier_peak, steps_seen = _earlier_step_peak(per)
@@ -92,18 +88,18 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         divs = config_from_settings(last_snap.settings)[0].roundup_power2_divisions
         s_min = smallest_request_rounding_to(S, divs)
     facts = Facts(
-        has_oom=S is not None, S=S, S_source=lim.requested_source, S_min=s_min,
-        A=m["active_bytes"], A_req=m["requested_bytes"] + m["pending_free_bytes"], R=m["reserved_bytes"],
+        has_oom=S is not None, S=S, S_min=s_min,
+        A=m["active_bytes"], A_req=m["live_requested_bytes"], R=m["reserved_bytes"],
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=peak_reserved,
         device_total=lim.device_total, non_pytorch=lim.non_pytorch,
         largest_usable=largest_usable, largest_blocked_by_max_split=blocked,
         private_pool_free=sum(p["free_bytes"] for p in m["pools"] if tuple(p["pool_id"]) != (0, 0)),
-        oom_frames=oom_frames, oom_frames_known=bool(oom_frames),
+        oom_frames=oom_frames,
         composition=last["composition"], peak_live=tl.get("peak_live_bytes"), peak_phase=tl.get("peak_phase"),
         peak_frames=peak_frames, earlier_step_peak=earlier_peak, training_steps_seen=steps_seen,
-        settings_non_default=last_snap.settings.non_default, settings_known=last_snap.settings.known,
+        settings_non_default=last_snap.settings.non_default,
         roundup=bool(last_snap.settings.roundup_power2_divisions), max_split=last_snap.settings.max_split_size,
-        peak_reserved=peak_reserved, leak=leak, snapshots=len(snaps), stacks_all=stacks_all,
+        peak_reserved=peak_reserved, leak=leak, stacks_all=stacks_all,
     )
     primary, conf, causes, _findings = diagnose(facts)
     recs = recommend(primary, facts, optimizer, leak, whatif)
@@ -186,15 +182,15 @@ def explain_message(ctx: OomContext) -> dict:
     lim = resolve_limits(None, ctx, R)
     S = lim.requested
     facts = Facts(
-        has_oom=S is not None, S=S, S_source=lim.requested_source, S_min=S, A=A or 0, A_req=A or 0, R=R or 0,
+        has_oom=S is not None, S=S, S_min=S, A=A or 0, A_req=A or 0, R=R or 0,
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=0, device_total=lim.device_total,
         non_pytorch=lim.non_pytorch, largest_usable=0, largest_blocked_by_max_split=0, private_pool_free=0,
         oom_frames=[],
-        oom_frames_known=False, composition={}, peak_live=None, peak_phase=None, peak_frames=[],
-        earlier_step_peak=None, training_steps_seen=0, settings_non_default=[], settings_known=False,
+        composition={}, peak_live=None, peak_phase=None, peak_frames=[],
+        earlier_step_peak=None, training_steps_seen=0, settings_non_default=[],
         roundup=False, max_split=-1, peak_reserved=R or 0, leak={"holds": False, "settled": False,
                                                                  "evidence": ["one message, no snapshots"]},
-        snapshots=0, stacks_all=False,
+        stacks_all=False,
     )
     primary, conf, causes, findings = diagnose(facts)
     # The largest free block is unknown from a message: fragmentation can only be suspected.

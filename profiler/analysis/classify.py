@@ -40,7 +40,6 @@ class Facts:
 
     has_oom: bool
     S: int | None
-    S_source: str | None
     S_min: int | None  # smallest request that rounds to S under the settings in effect (<= S)
     A: int
     A_req: int
@@ -54,7 +53,6 @@ class Facts:
     largest_blocked_by_max_split: int  # free block >= S that max_split_size forbids using
     private_pool_free: int  # free bytes cached in private pools (CUDA graphs), unusable by the request
     oom_frames: list
-    oom_frames_known: bool
     composition: dict
     peak_live: int | None
     peak_phase: str | None
@@ -62,12 +60,10 @@ class Facts:
     earlier_step_peak: int | None  # peak live bytes of earlier training steps of the run
     training_steps_seen: int
     settings_non_default: list[str]
-    settings_known: bool
     roundup: bool
     max_split: int
     peak_reserved: int
     leak: dict
-    snapshots: int
     stacks_all: bool  # C++ frames present (stacks="all")
 
 

@@ -112,6 +112,17 @@ def largest_usable_free_block(snap: Snapshot, size: int, stream: int | None, poo
     return best
 
 
+def largest_oversize_free_block(snap: Snapshot, size: int) -> int:
+    """Largest free block of the request's pool kind that max_split_size makes unsplittable (0 when
+    max_split_size is not set): the bytes a max_split_size_mb setting keeps from a smaller request."""
+    mss = snap.settings.max_split_size
+    if mss <= 0:
+        return 0
+    want = "large" if size > SMALL_SIZE else "small"
+    return max((b.size for seg in snap.segments if seg.segment_type == want
+                for b in seg.blocks if b.state == INACTIVE and b.size >= mss), default=0)
+
+
 def composition(snap: Snapshot) -> tuple[dict, dict]:
     """Live bytes by category, and the top allocation sites of each category.
 
