@@ -13,7 +13,7 @@ Scenarios: leak_epochs, cuda_graphs (+ cuda_graphs_oom), paused_recording, dynam
 (probe, default with the full trace from an empty allocator, then the other allocator settings at
 the same cap), cudnn_workspace (stacks="all"). See benchmarks/gpu/README.md.
 
-`--selftest` checks the torch-free parts (OOM checks, label decisions) on the shared fixtures.
+`--selftest` checks the torch-free parts (OOM checks, label decisions) on tests/fixtures/real.
 """
 
 import argparse
@@ -1239,8 +1239,9 @@ def parent(args):
 
 # --------------------------------------------------------------------------------------------
 def selftest():
-    """Torch-free checks against shared/fixtures/real (the label decisions must agree with theirs)."""
-    base = os.environ.get("MEMQ_REAL_FIXTURES", "/work/shared/fixtures/real")
+    """Torch-free checks against tests/fixtures/real (the label decisions must agree with theirs)."""
+    base = os.environ.get("MEMQ_REAL_FIXTURES",
+                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures", "real"))
 
     def load(p):
         with gzip.open(os.path.join(base, p)) as f:
