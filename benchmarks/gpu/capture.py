@@ -1238,6 +1238,13 @@ def parent(args):
 
 
 # --------------------------------------------------------------------------------------------
+class _PlainUnpickler(pickle.Unpickler):
+    """Snapshots hold only plain data; refuse any global (the product's codec does the same)."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing global {module}.{name}")
+
+
 def selftest():
     """Torch-free checks against tests/fixtures/real (the label decisions must agree with theirs)."""
     base = os.environ.get("MEMQ_REAL_FIXTURES",
@@ -1245,7 +1252,7 @@ def selftest():
 
     def load(p):
         with gzip.open(os.path.join(base, p)) as f:
-            return pickle.load(f)  # noqa: S301 (trusted local fixture)
+            return _PlainUnpickler(f).load()  # fixtures from other captures: no globals allowed
 
     for folder, expect in (
         ("frag_dynamic_1.15", "fragmentation"),
