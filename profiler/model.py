@@ -150,6 +150,9 @@ class Snapshot:
     warnings: list[str] = field(default_factory=list)
     unknown_keys: list[str] = field(default_factory=list)
     trace_overflowed: bool | None = None  # True when the ring buffer is known to have wrapped
+    # Results of pure passes over this snapshot, kept with it so that a run-level diagnosis over
+    # snapshots already analysed (a worker's cache) does not redo them. Keyed by pass and version.
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def trace(self) -> list[TraceEvent]:

@@ -12,6 +12,7 @@ all of them.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from profiler.analysis import frames as fr
@@ -43,10 +44,16 @@ def _has_cpp_frames(frames: list) -> bool:
 
 
 def _per_snapshot(snap: Snapshot) -> dict:
-    m = memory_metrics(snap)
-    comp, sites = composition(snap)
-    tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
-    return {"metrics": m, "composition": comp, "sites": sites, "timeline": tl}
+    """The passes that depend on one snapshot only; memoised on it (callers never mutate results)."""
+    key = ("per_snapshot", ANALYZER_VERSION)
+    done = snap.memo.get(key)
+    if done is None:
+        m = memory_metrics(snap)
+        comp, sites = composition(snap)
+        tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
+        done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "timeline": tl,
+                                 "live_blocks": live_blocks(snap)}
+    return done
 
 
 def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,
@@ -119,7 +126,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         "composition": dict(last["composition"]),
         "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes,
                       "recommendations": recs},
-        "details": {
+        # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
+        "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
             "metrics": {k: v for k, v in m.items() if k not in CONTRACT_METRICS},
             "limits": {"requested_bytes": S, "requested_source": lim.requested_source,
@@ -139,7 +147,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                               "fragmentation_ratio": p["metrics"]["fragmentation_ratio"],
                               "composition": p["composition"]} for n, p in zip(names, per, strict=True)],
             "warnings": sorted({w for s in snaps for w in s.warnings}),
-        },
+        }),
     }
 
 
@@ -152,7 +160,7 @@ def _comparable_points(snaps, per, names, triggers) -> list[dict]:
             common = max(set(kinds), key=kinds.count)
             idx = [i for i in idx if i < len(triggers) and triggers[i] == common]
     return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
-             "blocks": live_blocks(snaps[i])} for i in idx]
+             "blocks": per[i]["live_blocks"]} for i in idx]
 
 
 def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:
