@@ -7,6 +7,7 @@ PyTorch itself uses, so they hold for any user model. `stacks="python"` frames c
 
 from __future__ import annotations
 
+import functools
 import re
 
 from profiler.model import frame_file, frame_line, frame_name
@@ -115,18 +116,27 @@ def stack_signature(frames: list, depth: int = 3) -> str:
         return "<no frames>"
     picked = []
     for f in frames:
-        path = frame_file(f)
-        if _SKIP_FILES.search(path) or _SKIP_NAMES.match(frame_name(f)):
+        label = _frame_label(frame_file(f), frame_line(f), frame_name(f))
+        if label is None:
             continue
-        short = path.rsplit("/", 2)
-        short = "/".join(short[-2:]) if len(short) > 1 else path
-        name = short_name(frame_name(f))
-        picked.append(f"{name} ({short}:{frame_line(f)})" if path and not path.startswith("??") else name)
+        picked.append(label)
         if len(picked) >= depth:
             break
     if not picked:
         picked = [frame_name(frames[0])]
     return " < ".join(picked)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _frame_label(path: str, line: int, name: str) -> str | None:
+    """How one frame reads in a site name, or None for plumbing. Memoised: a snapshot repeats the
+    same few hundred frames across thousands of blocks and trace entries."""
+    if _SKIP_FILES.search(path) or _SKIP_NAMES.match(name):
+        return None
+    short = path.rsplit("/", 2)
+    short = "/".join(short[-2:]) if len(short) > 1 else path
+    name = short_name(name)
+    return f"{name} ({short}:{line})" if path and not path.startswith("??") else name
 
 
 def short_name(name: str) -> str:
