@@ -81,17 +81,7 @@ class BlobStore:
     def _write(self, sha: str, data: bytes, ext: str) -> str:
         target = self._path(sha, ext)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{sha[:12]}.", dir=target.parent)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            write_atomic(target, data)
         except OSError as exc:
             raise StorageError(f"cannot write blob to {self.directory}: {exc.strerror or exc}",
                                hint="check MEMQ_BLOB_DIR exists and is writable") from exc
@@ -122,3 +112,19 @@ class BlobStore:
             os.unlink(tmp)
         except OSError as exc:
             raise StorageError(f"blob store {self.directory} is not writable: {exc.strerror or exc}") from exc
+
+
+def write_atomic(target: Path, data: bytes) -> None:
+    """Write `data` to `target` so readers see the old file or the whole new one, never a part:
+    a temporary file in the same directory, fsynced, then renamed over the target."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:12]}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -32,9 +32,7 @@ Every filter is a bound parameter (SQLAlchemy expressions), never formatted into
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -45,6 +43,7 @@ from sqlalchemy import delete, func, select, update
 
 from profiler.config import Settings
 from profiler.errors import ConfigError
+from profiler.store.blobs import write_atomic
 from profiler.store.orm import AnalysisResult, Run, Snapshot, StatSample
 from profiler.store.repository import db_time, utcnow
 
@@ -272,17 +271,7 @@ def _restore(p: Path, data: bytes) -> None:
     already re-created it."""
     if p.exists():
         return
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name[:12]}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(p, data)
 
 
 def _remove_guarded(store, files: dict[str, list[Path]], expected: dict[str, int], summary: dict, key: str,

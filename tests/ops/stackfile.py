@@ -18,13 +18,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import redis
 import yaml
 
-from tests.workers.stack import PrivateRedis
+from tests.workers.stack import PrivateRedis, free_port, wait_for  # noqa: F401 - re-exported to ops tests
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -33,14 +32,6 @@ COMPOSE = DEPLOY / "compose.yaml"
 
 def load_compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_secrets(tmp: Path, host: str, redis_port: int, database_url: str) -> Path:
@@ -164,14 +155,3 @@ class Server(PrivateRedis):
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self._ping, 15, 0.05, "private redis-server")
         return self
-
-
-def wait_for(pred, timeout: float, step: float = 0.25, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)

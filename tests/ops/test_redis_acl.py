@@ -41,6 +41,8 @@ def _password(url: str) -> str:
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("acl")
     port = free_port()
+    # FLUSHALL/FLUSHDB below are sent to check the ACL refuses them; they go to this private server only.
+    assert port != 6379, "the ACL tests must never talk to the shared Redis"
     sec = make_secrets(tmp, "127.0.0.1", port, "postgresql://unused@127.0.0.1:1/unused")
     acl = tmp / "users.acl"  # the generated file plus a test-only operator (an administrator's account)
     acl.write_text((sec / "users.acl").read_text() + "user operator on >operator-pw ~* &* +@all\n")
