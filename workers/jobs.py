@@ -12,8 +12,8 @@ Outcomes: analysed | reused | done (nothing to do) | leased (another task holds 
 (bad data: state failed with the reason, plus a dead letter) | retry (state back to pending,
 enqueued again) | failed (out of attempts) | missing (no such row).
 
-`recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`, which reads all the
-rank's snapshots again), debounced per run and rank by `schedule_recompute`: at most one pending
+`recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`: the digests stored
+with the rank's analyses, plus the newest snapshot, usually still in this process's cache), debounced per run and rank by `schedule_recompute`: at most one pending
 recompute, which runs once no snapshot of the run finished for a quiet period
 (max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last recompute's duration)), or at the latest after
 max(10 x quiet, 20 x duration) from the first snapshot it waits for; while analyses wait (in the
@@ -29,6 +29,7 @@ dead-lettered; run diagnoses behind their snapshots recomputed.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import logging
 import time
 from collections import OrderedDict
@@ -98,12 +99,30 @@ def _remember(ld, budget: int) -> None:
         _cache_bytes -= 8 * old.raw_size
 
 
-def _cached_load(store, sha256: str, name: str | None):
+def _decode_frozen(store, sha256: str, name: str | None):
+    """Decode a blob and move it out of the cyclic GC's sight (gc.freeze). A decoded snapshot is
+    tens of thousands of acyclic containers that live until evicted: every full collection would
+    walk them again (a fifth of a worker's CPU under load, measured with py-spy). Reference counting
+    still frees them. The collect first frees cyclic garbage made so far, which would otherwise be
+    frozen with the snapshot for good."""
     from profiler.store import service
 
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        ld = service.load_blob(store, sha256, name)
+        gc.freeze()
+    finally:
+        if was:
+            gc.enable()
+    return ld
+
+
+def _cached_load(store, sha256: str, name: str | None):
     ld = _cache.get(sha256)
     if ld is None:
-        ld = service.load_blob(store, sha256, name)
+        ld = _decode_frozen(store, sha256, name)
         _remember(ld, int(store.settings.worker_cache_mb) * 1024 * 1024)
     else:
         _cache.move_to_end(sha256)
@@ -355,7 +374,7 @@ def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
         pass
     store = _store(st)
     t0 = time.monotonic()
-    result = service.recompute_run(store, run_id, rank, cache=_run_cache(store, run_id, rank))
+    result = service.recompute_run(store, run_id, rank, load=lambda sha, src: _cached_load(store, sha, src))
     took = time.monotonic() - t0
     if _is_oom(result):
         with store.session() as s:
@@ -365,25 +384,6 @@ def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
     except Exception:  # noqa: BLE001
         pass
     return ((result or {}).get("diagnosis") or {}).get("primary_cause")
-
-
-def _run_cache(store, run_id: int, rank: int) -> dict:
-    """The rank's snapshots that recompute_run will read, decoded through the process cache
-    (undecodable ones are left out: recompute_run skips them itself)."""
-    from profiler.errors import SnapshotError
-    from profiler.store.service import MAX_RUN_SNAPSHOTS
-
-    with store.session() as s:
-        rows = s.execute(select(Snapshot.sha256, Snapshot.source)
-                         .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state != "failed")
-                         .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(MAX_RUN_SNAPSHOTS)).all()
-    out = {}
-    for r in rows:
-        try:
-            out[r.sha256] = _cached_load(store, r.sha256, r.source)
-        except (NotFound, SnapshotError):
-            continue
-    return out
 
 
 def _snapshots_waiting(st: Settings) -> bool:

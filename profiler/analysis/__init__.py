@@ -13,21 +13,20 @@ all of them.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from profiler.analysis import frames as fr
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
-from profiler.analysis.leak import detect_leak, live_blocks
+from profiler.analysis.leak import detect_leak
 from profiler.analysis.limits import resolve_limits
 from profiler.analysis.memory import (
-    composition,
     largest_oversize_free_block,
     largest_usable_free_block,
-    memory_metrics,
     smallest_request_rounding_to,
 )
+from profiler.analysis.per_snapshot import SnapshotDigest, per_snapshot
 from profiler.analysis.recommend import recommend
-from profiler.analysis.timeline import replay
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
 ANALYZER_VERSION = "1.0.0"
@@ -44,16 +43,22 @@ def _has_cpp_frames(frames: list) -> bool:
 
 
 def _per_snapshot(snap: Snapshot) -> dict:
-    """The passes that depend on one snapshot only; memoised on it (callers never mutate results)."""
-    key = ("per_snapshot", ANALYZER_VERSION)
-    done = snap.memo.get(key)
-    if done is None:
-        m = memory_metrics(snap)
-        comp, sites = composition(snap)
-        tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
-        done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "timeline": tl,
-                                 "live_blocks": live_blocks(snap)}
-    return done
+    return per_snapshot(snap, ANALYZER_VERSION)
+
+
+def _head(s: Snapshot | SnapshotDigest) -> tuple[str, int, int, bool | None, bool, tuple[str, ...] | list[str]]:
+    """(torch format, segments, trace entries, expandable segments, has an OOM, warnings)."""
+    if isinstance(s, SnapshotDigest):
+        return s.torch_format, s.segment_count, s.trace_count, s.expandable_segments, s.has_oom, s.warnings
+    return s.torch_format, len(s.segments), len(s.trace), s.expandable_segments, s.oom_event() is not None, s.warnings
+
+
+def _per(s: Snapshot | SnapshotDigest) -> Mapping[str, Any]:
+    if isinstance(s, SnapshotDigest):
+        if s.analyzer_version != ANALYZER_VERSION:
+            raise ValueError(f"a digest made by analyzer {s.analyzer_version} given to {ANALYZER_VERSION}")
+        return s.per
+    return _per_snapshot(s)
 
 
 def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,
@@ -61,12 +66,16 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
             whatif: list[dict] | None = None) -> dict:
     """`items`: Snapshot objects or objects with a `.snapshot` (and optionally `.path`), in time order.
     `triggers`: per snapshot (epoch_end, periodic, oom, ...) when known, to pick comparable points.
-    `whatif`: results of the allocator model for the last snapshot, cited by the recommendations."""
+    `whatif`: results of the allocator model for the last snapshot, cited by the recommendations.
+    Any item but the last may be a SnapshotDigest (see per_snapshot.py): the result is the same."""
     if not items:
         raise ValueError("analyze() needs at least one snapshot")
-    snaps: list[Snapshot] = [getattr(x, "snapshot", x) for x in items]
+    snaps: list[Snapshot | SnapshotDigest] = [getattr(x, "snapshot", x) for x in items]
+    if isinstance(snaps[-1], SnapshotDigest):
+        raise ValueError("the last snapshot of analyze() must be a decoded snapshot, not a digest")
     names = names or [str(getattr(x, "path", f"snapshot{i}")) for i, x in enumerate(items)]
-    per = [_per_snapshot(s) for s in snaps]  # no GC pause here: analysis stays free of global state
+    per = [_per(s) for s in snaps]  # no GC pause here: analysis stays free of global state
+    heads = [_head(s) for s in snaps]
     last, last_snap = per[-1], snaps[-1]
     m = last["metrics"]
     lim = resolve_limits(last_snap, ctx, m["reserved_bytes"])
@@ -77,7 +86,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
-    leak = detect_leak(_comparable_points(snaps, per, names, triggers), lim.limit)
+    leak = detect_leak(_comparable_points(heads, per, names, triggers), lim.limit)
     earlier_peak, steps_seen = _earlier_step_peak(per)
     peak_reserved = max(max(p["metrics"]["reserved_bytes"], p["timeline"].get("peak_reserved_bytes") or 0)
                         for p in per)
@@ -118,9 +127,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
     return {
         "schema": SCHEMA,
-        "snapshots": [{"file": n, "torch_format": s.torch_format, "segments": len(s.segments),
-                       "trace_entries": len(s.trace), "expandable_segments": s.expandable_segments}
-                      for n, s in zip(names, snaps, strict=True)],
+        "snapshots": [{"file": n, "torch_format": h[0], "segments": h[1], "trace_entries": h[2],
+                       "expandable_segments": h[3]} for n, h in zip(names, heads, strict=True)],
         "metrics": {k: m[k] for k in CONTRACT_METRICS},
         "oom": oom,
         "composition": dict(last["composition"]),
@@ -146,14 +154,14 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                               "peak_live_bytes": p["timeline"].get("peak_live_bytes"),
                               "fragmentation_ratio": p["metrics"]["fragmentation_ratio"],
                               "composition": p["composition"]} for n, p in zip(names, per, strict=True)],
-            "warnings": sorted({w for s in snaps for w in s.warnings}),
+            "warnings": sorted({w for h in heads for w in h[5]}),
         }),
     }
 
 
-def _comparable_points(snaps, per, names, triggers) -> list[dict]:
+def _comparable_points(heads, per, names, triggers) -> list[dict]:
     """Snapshots taken at the same kind of point (not the OOM one): the leak test compares these."""
-    idx = [i for i, s in enumerate(snaps) if s.oom_event() is None]
+    idx = [i for i, h in enumerate(heads) if not h[4]]
     if triggers:
         kinds = [triggers[i] for i in idx if i < len(triggers) and triggers[i] not in (None, "oom")]
         if kinds:

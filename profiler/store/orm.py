@@ -152,6 +152,9 @@ class AnalysisResult(Base):
     confidence: Mapped[float | None] = mapped_column(Float)
     #: The `memq analyze --json` object (schema, snapshots, metrics, oom, composition, diagnosis).
     result: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    #: What a run diagnosis needs of this snapshot when it is not the last (analysis/per_snapshot.py);
+    #: NULL for rows from before migration 0003 until a run diagnosis fills it in.
+    digest: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
 
     __table_args__ = (UniqueConstraint("sha256", "analyzer_version", "context_key"),)

@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, case, func, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -378,16 +378,23 @@ def json_safe(value: Any) -> Any:
 
 
 def store_analysis(session: Session, sha256: str, analyzer_version: str, result: Mapping[str, Any],
-                   context_key: str = "") -> int:
-    """Upsert the analysis of `sha256` by `analyzer_version`; returns its id."""
+                   context_key: str = "", digest: Mapping[str, Any] | None = None) -> int:
+    """Upsert the analysis of `sha256` by `analyzer_version` (with the snapshot's digest for run
+    diagnoses, analysis/per_snapshot.py); returns its id."""
     doc = contract_only(result)
     values = {"sha256": sha256, "analyzer_version": analyzer_version, "context_key": context_key,
-              "result": doc, **_figures(doc)}
+              "result": doc, "digest": null() if digest is None else json_safe(digest), **_figures(doc)}
     stmt = _insert(session, AnalysisResult).values(**values)
     set_ = {k: stmt.excluded[k] for k in values if k not in ("sha256", "analyzer_version", "context_key")}
     stmt = stmt.on_conflict_do_update(index_elements=["sha256", "analyzer_version", "context_key"],
                                       set_=set_).returning(AnalysisResult.id)
     return int(session.execute(stmt).scalar_one())
+
+
+def fill_digest(session: Session, analysis_id: int, digest: Mapping[str, Any]) -> None:
+    """Attach a digest to an analysis stored without one (before migration 0003)."""
+    session.execute(update(AnalysisResult).where(AnalysisResult.id == analysis_id, AnalysisResult.digest.is_(None))
+                    .values(digest=json_safe(digest)))
 
 
 def store_run_diagnosis(session: Session, run_id: int, rank: int, analyzer_version: str,

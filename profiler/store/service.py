@@ -160,8 +160,10 @@ def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | No
         loaded = load_blob(store, row.sha256, row.source)
     result = analyze([loaded], oom_context(row.context), names=[row.source or row.sha256[:12]],
                      triggers=[row.trigger], optimizer=optimizer)
+    from profiler.analysis.per_snapshot import digest
+
     with store.session() as s:
-        aid = repo.store_analysis(s, row.sha256, version, result, key)
+        aid = repo.store_analysis(s, row.sha256, version, result, key, digest=digest(loaded.snapshot, version))
         repo.complete_snapshot(s, snapshot_id, aid, version)
     return aid, True
 
@@ -303,10 +305,17 @@ def stored_run_result(store: Store, run_id: int, rank: int) -> dict | None:
 
 
 def recompute_run(store: Store, run_id: int, rank: int = 0,
-                  cache: Mapping[str, LoadedSnapshot] | None = None) -> dict | None:
+                  cache: Mapping[str, LoadedSnapshot] | None = None,
+                  load: Callable[[str, str | None], LoadedSnapshot] | None = None) -> dict | None:
     """analyze() over the rank's snapshots in time order (the most recent, see MAX_RUN_SNAPSHOTS), stored
-    as its run-level diagnosis; the run row's summary is refreshed. Returns the stored result."""
+    as its run-level diagnosis; the run row's summary is refreshed. Returns the stored result.
+    Only the newest snapshot is decoded (from `cache`, else `load(sha256, source)`, else the blob
+    store); earlier ones come from the digests stored with their analyses, and are decoded only
+    when they have none (their digest is filled in then)."""
     analyze, version = analyzer()
+    from profiler.analysis.per_snapshot import SnapshotDigest, digest
+
+    cache = cache or {}
     with store.session() as s:
         run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
                         .where(Run.id == run_id)).one_or_none()
@@ -314,32 +323,64 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
             raise NotFound(f"no run with id {run_id}")
         newest_first = s.execute(
             select(Snapshot.id, Snapshot.sha256, Snapshot.trigger, Snapshot.source, Snapshot.context,
-                   Snapshot.size_bytes, AnalysisResult.allocated_bytes, AnalysisResult.reserved_bytes,
-                   AnalysisResult.result)
+                   Snapshot.size_bytes, AnalysisResult.id.label("analysis_id"), AnalysisResult.allocated_bytes,
+                   AnalysisResult.reserved_bytes, AnalysisResult.analyzer_version, AnalysisResult.digest)
             .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
             .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
             .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(MAX_RUN_SNAPSHOTS)).all()
+
+    def stored_digest(r) -> SnapshotDigest | None:
+        if r.digest is None or r.analyzer_version != version:
+            return None
+        try:
+            return SnapshotDigest.from_json(r.digest)
+        except ValueError:
+            return None  # an older digest format: decode the blob instead
+
+    def decode(r) -> LoadedSnapshot | None:
+        try:
+            ld = cache.get(r.sha256)
+            if ld is None:
+                ld = (load or (lambda sha, src: load_blob(store, sha, src)))(r.sha256, r.source)
+        except NotFound:
+            return None  # the blob was never stored here (e.g. expired before a worker saved it)
+        except SnapshotError:
+            return None  # a quarantined snapshot (refused or corrupt) must not block the run's diagnosis
+        return ld
+
+    # Memory bounds what is decoded (MAX_RUN_BYTES); a digest costs a few KB.
     rows, budget = [], 0
     for r in newest_first:
-        budget += r.size_bytes or 0
-        if len(rows) >= 2 and budget > MAX_RUN_BYTES:
-            break
+        if not rows or (r.sha256 not in cache and stored_digest(r) is None):
+            budget += r.size_bytes or 0
+            if len(rows) >= 2 and budget > MAX_RUN_BYTES:
+                break
         rows.append(r)
     rows.reverse()
     if not rows:
         return None
-    loaded, used = [], []
-    for r in rows:
-        try:
-            ld = (cache or {}).get(r.sha256) or load_blob(store, r.sha256, r.source)
-        except NotFound:
-            continue  # the blob was never stored here (e.g. expired before a worker saved it)
-        except SnapshotError:
-            continue  # a quarantined snapshot (refused or corrupt) must not block the run's diagnosis
-        loaded.append(ld)
-        used.append(r)
-    if not loaded:
+    loaded, used, fill = [], [], {}
+
+    def decoded(r) -> LoadedSnapshot | None:
+        ld = decode(r)
+        if ld is not None and r.analysis_id is not None and r.analyzer_version == version and r.digest is None:
+            fill[r.analysis_id] = digest(ld.snapshot, version)  # stored without one (before 0003)
+        return ld
+
+    last = None
+    for i in range(len(rows) - 1, -1, -1):  # the newest decodable snapshot is the last one analysed
+        last = decoded(rows[i])
+        if last is not None:
+            break
+    if last is None:
         return None
+    for r in rows[:i]:
+        item = (stored_digest(r) if r.sha256 not in cache else None) or decoded(r)
+        if item is not None:
+            loaded.append(item)
+            used.append(r)
+    loaded.append(last)
+    used.append(rows[i])
     last_ctx = dict(used[-1].context or {})
     facts = _facts(run.memory_limit_bytes or last_ctx.get("limit_bytes"),
                    run.gpu_memory_bytes or last_ctx.get("device_total_bytes"),
@@ -348,7 +389,6 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
                      triggers=[r.trigger for r in used], optimizer=run.optimizer)
     analysed = [r for r in used if r.allocated_bytes is not None]
     peak_row = max(analysed, key=lambda r: r.allocated_bytes, default=None)
-    peak_comp = (peak_row.result or {}).get("composition") if peak_row is not None else result.get("composition")
     details = result.get("details") or {}
     peak_reserved = repo.max_present(details.get("peak_reserved_bytes"), *(r.reserved_bytes for r in analysed),
                               (result.get("metrics") or {}).get("reserved_bytes"))
@@ -358,11 +398,18 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     peak_allocated = repo.max_present(*(r.allocated_bytes for r in analysed), *trace_peaks,
                                       (result.get("metrics") or {}).get("allocated_bytes"))
     with store.session() as s:
+        peak_comp = result.get("composition")
+        if peak_row is not None:  # only that row's stored result is read back
+            peak_doc = s.execute(select(AnalysisResult.result)
+                                 .where(AnalysisResult.id == peak_row.analysis_id)).scalar_one_or_none()
+            peak_comp = (peak_doc or {}).get("composition")
         # snapshot_count: the rows this diagnosis considered (a snapshot whose blob is gone stays
         # counted, so a "fewer snapshots than rows" staleness check does not loop on it).
         repo.store_run_diagnosis(s, run_id, rank, version, result, len(rows), peak_reserved, peak_allocated,
                                  peak_comp or {})
         repo.refresh_run_summary(s, run_id)
+        for aid, doc in fill.items():
+            repo.fill_digest(s, aid, doc)
     return repo.contract_only(result)
 
 

@@ -193,3 +193,45 @@ def test_files_without_trace_times_keep_the_given_order(store, tmp_path):
     assert [x["source"] for x in h["snapshots"]] == order
     times = [x["taken_at"] for x in h["snapshots"]]
     assert times == sorted(times) and len(set(times)) == 4
+
+
+def _run_diagnosis(store, name: str) -> dict:
+    with store.session() as s:
+        return s.execute(select(RunDiagnosis.result).join(Run, Run.id == RunDiagnosis.run_id)
+                         .where(Run.name == name)).scalar_one()
+
+
+def test_run_diagnosis_reads_earlier_snapshots_from_digests_not_blobs(store, tmp_path):
+    report, _ = _ingest(store, "seed_sgd", optimizer="SGD")
+    before = _run_diagnosis(store, "seed_sgd")
+    newest = report.snapshots[-1].sha256
+    removed = [p for p in (tmp_path / "blobs").rglob("*.zst") if not p.name.startswith(newest)]
+    assert len(removed) == 3
+    for p in removed:
+        p.unlink()
+    after = service.recompute_run(store, report.run_id, 0)
+    assert after == before  # nothing lost with the blobs: the digests carry the earlier snapshots
+    assert len(after["details"]["per_snapshot"]) == 4
+
+
+def test_analyses_stored_without_digest_get_one_at_the_next_run_diagnosis(store):
+    from sqlalchemy import null, update
+
+    report, _ = _ingest(store, "seed_sgd", optimizer="SGD")
+    before = _run_diagnosis(store, "seed_sgd")
+    with store.session() as s:
+        assert s.execute(select(func.count()).where(AnalysisResult.digest.is_(None))).scalar_one() == 0
+        s.execute(update(AnalysisResult).values(digest=null()))  # as rows from before migration 0003
+    calls = []
+
+    def load(sha, src):
+        calls.append(sha)
+        return service.load_blob(store, sha, src)
+
+    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert len(calls) == 4  # every snapshot decoded once
+    with store.session() as s:
+        assert s.execute(select(func.count()).where(AnalysisResult.digest.is_(None))).scalar_one() == 0
+    calls.clear()
+    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert len(calls) == 1  # now only the newest

@@ -1,0 +1,88 @@
+"""The passes that depend on one snapshot only, and their digest.
+
+A run-level diagnosis looks at every snapshot of a run, but of all but the last it needs only a few
+figures (active and reserved bytes, trace peaks, optimizer steps, composition, live blocks by site).
+`digest(snap)` is those figures as plain JSON data, stored with the snapshot's own analysis, so a run
+diagnosis over N snapshots decodes one blob (the last), not N. `SnapshotDigest.from_json` reads it
+back; `analyze()` accepts a digest wherever a snapshot other than the last is expected, and gives
+the same result as with the decoded snapshot (tests/analysis/test_digest.py holds it to that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from profiler.analysis.leak import live_blocks
+from profiler.analysis.memory import composition, memory_metrics
+from profiler.analysis.timeline import replay
+from profiler.model import Snapshot
+
+#: Bumped whenever what a digest holds, or how a field is computed, changes.
+DIGEST_FORMAT = 1
+
+# The parts of the per-snapshot passes that analyze() reads of an earlier snapshot.
+_METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio")
+_TIMELINE = ("peak_live_bytes", "peak_reserved_bytes", "optimizer_steps")
+
+
+def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
+    """metrics, composition, sites, timeline and live blocks of one snapshot; memoised on it
+    (callers never mutate what it returns)."""
+    key = ("per_snapshot", analyzer_version)
+    done = snap.memo.get(key)
+    if done is None:
+        m = memory_metrics(snap)
+        comp, sites = composition(snap)
+        tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
+        done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "timeline": tl,
+                                 "live_blocks": live_blocks(snap)}
+    return done
+
+
+@dataclass(frozen=True)
+class SnapshotDigest:
+    """Stands in for an earlier snapshot of a run in analyze() (never for the last one)."""
+    analyzer_version: str
+    torch_format: str
+    segment_count: int
+    trace_count: int
+    expandable_segments: bool | None
+    has_oom: bool
+    warnings: tuple[str, ...]
+    per: Mapping[str, Any]
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SnapshotDigest:
+        """Raises ValueError when `doc` is not a digest of this format (the caller decodes the
+        blob instead)."""
+        try:
+            if doc.get("format") != DIGEST_FORMAT:
+                raise ValueError(f"digest format {doc.get('format')!r}, expected {DIGEST_FORMAT}")
+            sites = list(doc["sites"])
+            blocks = {(int(a), int(s)): sites[i] for a, s, i in doc["live_blocks"]}
+            per = {"metrics": {k: doc["metrics"][k] for k in _METRICS},
+                   "timeline": {k: doc["timeline"][k] for k in _TIMELINE},
+                   "composition": {str(k): int(v) for k, v in doc["composition"].items()},
+                   "live_blocks": blocks}
+            return cls(analyzer_version=str(doc["analyzer_version"]), torch_format=str(doc["torch_format"]),
+                       segment_count=int(doc["segments"]), trace_count=int(doc["trace_entries"]),
+                       expandable_segments=doc["expandable_segments"], has_oom=bool(doc["has_oom"]),
+                       warnings=tuple(doc["warnings"]), per=per)
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"not a snapshot digest ({type(exc).__name__}: {exc})") from exc
+
+
+def digest(snap: Snapshot, analyzer_version: str) -> dict[str, Any]:
+    """The JSON form of SnapshotDigest (sites interned: a live block is [address, size, site index])."""
+    p = per_snapshot(snap, analyzer_version)
+    sites: dict[str, int] = {}
+    blocks = [[a, s, sites.setdefault(site, len(sites))] for (a, s), site in p["live_blocks"].items()]
+    return {"format": DIGEST_FORMAT, "analyzer_version": analyzer_version, "torch_format": snap.torch_format,
+            "segments": len(snap.segments), "trace_entries": len(snap.trace),
+            "expandable_segments": snap.expandable_segments, "has_oom": snap.oom_event() is not None,
+            "warnings": list(snap.warnings),
+            "metrics": {k: p["metrics"][k] for k in _METRICS},
+            "timeline": {k: p["timeline"].get(k) for k in _TIMELINE},
+            "composition": dict(p["composition"]), "sites": list(sites), "live_blocks": blocks}
