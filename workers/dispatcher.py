@@ -211,7 +211,7 @@ class Dispatcher:
                 self._backlog = self.read()
         if not self._backlog:
             return 0
-        batch = self._backlog[:1] if self._single else self._backlog
+        batch = self._backlog[:1] if self._single else list(self._backlog)
         self.handle(batch)
         del self._backlog[:len(batch)]
         if not self._backlog:
