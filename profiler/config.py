@@ -160,7 +160,8 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("worker_max_memory_per_child_kb", "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB", int, 4_000_000,
          "Workers: a pool process is replaced once its resident memory exceeds this (KiB)."),
     Spec("worker_cache_mb", "MEMQ_WORKER_CACHE_MB", int, 256,
-         "Workers: decoded snapshots kept per pool process for run diagnoses (estimated MiB; 0 = none)."),
+         "Workers: decoded snapshots kept per pool process for the run diagnosis, which decodes a run's "
+         "newest snapshot (estimated MiB; 0 = none)."),
     # Retention (`memq gc` and the beat task workers.retention.gc). Snapshot rows and their analyses
     # stay; raw blobs of OOM / non-healthy snapshots stay; nothing still referenced is removed.
     Spec("retention_days", "MEMQ_RETENTION_DAYS", int, 30,

@@ -78,7 +78,8 @@ def _is_oom(result: dict | None) -> bool:
 # ------------------------------------------------------------------------------ decoded snapshots
 
 #: Decoded snapshots kept per worker process, by sha256 (content-addressed, so never stale), for
-#: the run diagnosis that reads a run's snapshots again. Budget: MEMQ_WORKER_CACHE_MB, estimated
+#: the run diagnosis, which decodes the run's newest snapshot (usually one this process just
+#: analysed; the earlier ones it reads as stored digests). Budget: MEMQ_WORKER_CACHE_MB, estimated
 #: as 8 x the uncompressed size (a decoded 8,000-entry snapshot of 1.7 MB takes ~12 MB).
 _cache: OrderedDict[str, Any] = OrderedDict()
 _cache_bytes = 0
