@@ -13,12 +13,12 @@ Outcomes: analysed | reused | done (nothing to do) | leased (another task holds 
 enqueued again) | failed (out of attempts) | missing (no such row).
 
 `recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`: the digests stored
-with the rank's analyses, plus the newest snapshot, usually still in this process's cache), debounced per run and rank by `schedule_recompute`: at most one pending
-recompute, which runs once no snapshot of the run finished for a quiet period
-(max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last recompute's duration)), or at the latest after
-max(10 x quiet, 20 x duration) from the first snapshot it waits for; while analyses wait (in the
-broker, or snapshot rows pending) it yields to them, up to a quarter of the visibility timeout. A
-run that receives many snapshots is diagnosed once per burst, not after each snapshot, and not
+with the rank's analyses, plus the newest snapshot, usually still in this process's cache), debounced
+per run and rank by `schedule_recompute`: at most one pending recompute, which runs once no
+snapshot of the run finished for a quiet period (max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last
+recompute's duration)), or at the latest after max(10 x quiet, 20 x duration) from the first
+snapshot it waits for; while analyses wait (in the broker, or snapshot rows pending) it yields to
+them, up to a quarter of the visibility timeout. A run that receives many snapshots is diagnosed once per burst, not after each snapshot, and not
 ahead of the analyses.
 
 `reap(st)`: expired leases back to pending and enqueued again; snapshots pending longer than
