@@ -11,6 +11,7 @@ from alembic import context
 from sqlalchemy import text
 
 from profiler.store.orm import Base
+from profiler.store.partitions import alembic_include_name
 
 config = context.config
 target_metadata = Base.metadata
@@ -28,7 +29,7 @@ def _url() -> str:
 
 def _configure(**kw) -> None:
     context.configure(target_metadata=target_metadata, compare_type=True,
-                      compare_server_default=False, **kw)
+                      compare_server_default=False, include_name=alembic_include_name, **kw)
 
 
 def run_migrations_offline() -> None:

@@ -78,6 +78,7 @@ class Settings:
     worker_max_memory_per_child_kb: int = 4_000_000
     worker_cache_mb: int = 256
     retention_days: int = 30
+    stat_partition_days_ahead: int = 7
     retention_clusters: str = ""
     gc_hour_utc: int = 3
     gc_minute_utc: int = 15
@@ -168,6 +169,9 @@ SETTINGS: tuple[Spec, ...] = (
          "Retention: days raw snapshot blobs and stat samples are kept (0 = keep forever)."),
     Spec("retention_clusters", "MEMQ_RETENTION_CLUSTERS", str, "",
          "Retention: per-cluster overrides, comma separated `cluster=days` (e.g. `dev=7,prod=90`)."),
+    Spec("stat_partition_days_ahead", "MEMQ_STAT_PARTITION_DAYS_AHEAD", int, 7,
+         "PostgreSQL: stat_samples has a partition per UTC day; the dispatcher (at start, then hourly) and "
+         "`memq gc` make them this many days ahead. Samples outside them land in the default partition."),
     Spec("gc_hour_utc", "MEMQ_GC_HOUR_UTC", int, 3, "Beat: UTC hour of the daily retention run (`memq gc`)."),
     Spec("gc_minute_utc", "MEMQ_GC_MINUTE_UTC", int, 15, "Beat: UTC minute of the daily retention run."),
     Spec("doctor_max_lag", "MEMQ_DOCTOR_MAX_LAG", int, 10_000,

@@ -30,6 +30,7 @@ SIGTERM / SIGINT: finish the current entry, acknowledge what is done, stop.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import os
 import signal
@@ -98,6 +99,7 @@ class Dispatcher:
         self._group_ready = False
         self._backlog: list[Entry] = []
         self._next_claim = 0.0
+        self._next_partitions = 0.0
         self._run_ids: dict[str, int] = {}
         self._refusals: dict[str, int] = {}
         self._single = False  # after an unexpected error: one entry at a time
@@ -203,6 +205,8 @@ class Dispatcher:
         if not self._group_ready:
             self.ensure_group()  # here, not at start: a dispatcher may start before Redis does
             self._group_ready = True
+        if time.monotonic() >= self._next_partitions:
+            self._make_partitions()
         if not self._backlog:
             if time.monotonic() >= self._next_claim:
                 self._next_claim = time.monotonic() + max(1.0, self.st.claim_idle_s / 4)
@@ -218,6 +222,22 @@ class Dispatcher:
             self._single = False
             self._dead_ids.clear()
         return len(batch)
+
+    def _make_partitions(self) -> None:
+        """stat_samples' coming day partitions (PostgreSQL), at start and then hourly. Failing here
+        stops nothing: samples without a day partition land in the default one."""
+        from profiler.store import partitions
+
+        try:
+            with self.store.session() as s:
+                made = partitions.ensure_ahead(s, dt.datetime.now(dt.UTC), self.st.stat_partition_days_ahead)
+        except Exception as exc:  # noqa: BLE001 - an optimisation; retried in a minute
+            log.warning("dispatcher: stat_samples partitions not made (%s); retrying in 60 s", exc)
+            self._next_partitions = time.monotonic() + 60
+            return
+        if made:
+            log.info("dispatcher: made stat_samples partitions %s", ", ".join(made))
+        self._next_partitions = time.monotonic() + 3600
 
     def _on_unexpected(self, exc: BaseException) -> None:
         """After an unexpected error the batch in hand is retried one entry at a time; an entry that

@@ -84,7 +84,8 @@ def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | 
 
         store = runtime.store(st)
     kw = {} if grace_s is None else {"grace_s": grace_s}
-    summary = collect(store, Policy.from_settings(st), dry_run=dry_run, **kw)
+    summary = collect(store, Policy.from_settings(st), dry_run=dry_run,
+                      partition_days_ahead=st.stat_partition_days_ahead, **kw)
     log.info("retention%s: %d stat samples, %d blobs (%d snapshots), %d orphans, %d bytes; kept %s",
              " (dry run)" if dry_run else "", summary["stat_samples_removed"], summary["blobs_removed"],
              summary["snapshots_unlinked"], summary["orphans_removed"], summary["bytes_freed"], summary["kept"])

@@ -2,7 +2,8 @@
 
 Removes raw snapshot blobs and stat samples older than MEMQ_RETENTION_DAYS (per-cluster overrides in
 MEMQ_RETENTION_CLUSTERS), keeping the blobs of snapshots with an OOM or a non-healthy diagnosis and
-every blob another snapshot still references. Snapshot rows and analyses stay. The beat task
+every blob another snapshot still references. Snapshot rows and analyses stay. On PostgreSQL, whole
+days of stat samples go as partitions, and the coming days' partitions are made. The beat task
 `workers.retention.gc` runs the same daily at MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC.
 """
 
@@ -24,7 +25,7 @@ def gc(dry_run: bool, as_json: bool) -> None:
     policy = Policy.from_settings(st)
     store = open_store(st)
     try:
-        summary = collect(store, policy, dry_run=dry_run)
+        summary = collect(store, policy, dry_run=dry_run, partition_days_ahead=st.stat_partition_days_ahead)
     finally:
         store.close()
     if as_json:
@@ -42,6 +43,10 @@ def gc(dry_run: bool, as_json: bool) -> None:
     kept = summary["kept"]
     click.echo(f"kept past retention: {kept['oom']} OOM snapshots, {kept['diagnosis']} with a diagnosis, "
                f"{kept['active_run']} of runs still going, {kept['referenced']} blobs still referenced")
+    if summary["stat_partitions_dropped"]:
+        click.echo(f"{verb} whole days of stat samples: {', '.join(summary['stat_partitions_dropped'])}")
+    if summary["stat_partitions_created"]:
+        click.echo(f"made stat_samples partitions: {', '.join(summary['stat_partitions_created'])}")
     if summary.get("restored"):
         click.echo(f"put back: {summary['restored']} blobs that gained a reference while being removed")
     for err in summary["errors"]:

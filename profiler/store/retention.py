@@ -43,6 +43,7 @@ from sqlalchemy import delete, func, select, update
 
 from profiler.config import Settings
 from profiler.errors import ConfigError
+from profiler.store import partitions
 from profiler.store.blobs import write_atomic
 from profiler.store.orm import AnalysisResult, Run, Snapshot, StatSample
 from profiler.store.repository import db_time, utcnow
@@ -143,17 +144,48 @@ def _delete_samples(store, where_extra, cut: dt.datetime, dry_run: bool) -> int:
     return total
 
 
-def _stat_samples(store, policy: Policy, now: dt.datetime, dry_run: bool) -> int:
+def _floor_day(t: dt.datetime) -> dt.datetime:
+    t = t.astimezone(dt.UTC)
+    return t.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _whole_day_cut(session, policy: Policy, now: dt.datetime) -> dt.datetime | None:
+    """Midnight (UTC) before which every stat sample is past retention, whatever its run's cluster:
+    the cutoff of the longest retention in use (runs' clusters, and the default for samples of
+    deleted runs); None when one of them keeps samples forever."""
+    clusters = set(session.execute(select(Run.cluster).distinct()).scalars())
+    days = {policy.days_for(c) for c in clusters} | {policy.default_days}
+    if min(days) <= 0:
+        return None
+    return _floor_day(now - dt.timedelta(days=max(days)))
+
+
+def _stat_samples(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict) -> int:
+    """On PostgreSQL (stat_samples partitioned by UTC day, profiler/store/partitions.py) whole days
+    past every policy are dropped first, and every cutoff is rounded down to midnight, so samples go
+    a whole day at a time (kept up to a day longer than the policy) and row deletes only remain for
+    clusters with a shorter retention than others, and for the default partition."""
     total = 0
     with store.session() as s:
         cutoffs = _run_cutoffs(s, policy, now)
+        partitioned = partitions.is_partitioned(s)
+        if partitioned:
+            cut = _whole_day_cut(s, policy, now)
+            if cut is not None:
+                dropped, rows = partitions.drop_days_before(s, cut.date(), dry_run)
+                summary["stat_partitions_dropped"] = dropped
+                # A dry run drops nothing, so the row counts below include these rows already.
+                total += 0 if dry_run else rows
+    default_cut = policy.cutoff(policy.default_days, now)
+    if partitioned:
+        cutoffs = {rid: _floor_day(c) for rid, c in cutoffs.items()}
+        default_cut = _floor_day(default_cut) if default_cut is not None else None
     by_cut: dict[dt.datetime, list[int]] = defaultdict(list)
     for rid, cut in cutoffs.items():
         by_cut[cut].append(rid)
     for cut, rids in by_cut.items():
         for chunk in _chunks(sorted(rids)):
             total += _delete_samples(store, (StatSample.run_id.in_(chunk),), cut, dry_run)
-    default_cut = policy.cutoff(policy.default_days, now)
     if default_cut is not None:  # samples of runs deleted since (stat_samples has no foreign key)
         total += _delete_samples(store, (StatSample.run_id.not_in(select(Run.id)),), default_cut, dry_run)
     return total
@@ -367,17 +399,22 @@ def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: di
 
 
 def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: bool = False,
-            grace_s: float = RACE_GRACE_S) -> dict:
+            grace_s: float = RACE_GRACE_S, partition_days_ahead: int | None = None) -> dict:
     """Apply `policy` (see the module docstring). Returns what was (or, dry run, would be) removed.
-    `grace_s`: how long removed blobs are held before the final reference check (see _remove_guarded)."""
+    `grace_s`: how long removed blobs are held before the final reference check (see _remove_guarded).
+    `partition_days_ahead`: also make stat_samples' day partitions that far ahead (PostgreSQL)."""
     now = now or utcnow()
     summary: dict = {"dry_run": dry_run, "now": now.isoformat(), "policy": policy.describe(),
-                     "stat_samples_removed": 0, "snapshots_unlinked": 0, "blobs_removed": 0,
+                     "stat_samples_removed": 0, "stat_partitions_dropped": [], "stat_partitions_created": [],
+                     "snapshots_unlinked": 0, "blobs_removed": 0,
                      "orphans_removed": 0, "temp_files_removed": 0, "restored": 0, "bytes_freed": 0,
                      "kept": {"oom": 0, "diagnosis": 0, "active_run": 0, "referenced": 0}, "errors": []}
+    if partition_days_ahead is not None and not dry_run:
+        with store.session() as s:
+            summary["stat_partitions_created"] = partitions.ensure_ahead(s, now, partition_days_ahead)
     if policy.default_days <= 0 and not any(d > 0 for d in policy.clusters.values()):
         return summary
-    summary["stat_samples_removed"] = _stat_samples(store, policy, now, dry_run)
+    summary["stat_samples_removed"] = _stat_samples(store, policy, now, dry_run, summary)
     _expired_blobs(store, policy, now, dry_run, summary, grace_s)
     _orphans(store, policy, now, dry_run, summary, grace_s)
     return summary

@@ -329,13 +329,16 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
             .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
             .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(MAX_RUN_SNAPSHOTS)).all()
 
+    digests: dict[int, SnapshotDigest | None] = {}
+
     def stored_digest(r) -> SnapshotDigest | None:
-        if r.digest is None or r.analyzer_version != version:
-            return None
-        try:
-            return SnapshotDigest.from_json(r.digest)
-        except ValueError:
-            return None  # an older digest format: decode the blob instead
+        if r.id not in digests:
+            try:
+                ok = r.digest is not None and r.analyzer_version == version
+                digests[r.id] = SnapshotDigest.from_json(r.digest) if ok else None
+            except ValueError:
+                digests[r.id] = None  # an older digest format: decode the blob instead
+        return digests[r.id]
 
     def decode(r) -> LoadedSnapshot | None:
         try:

@@ -76,6 +76,8 @@ def test_models_and_migrations_do_not_drift(kind, tmp_path, request):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
+    from profiler.store.partitions import alembic_include_name
+
     if kind == "postgresql":
         request.getfixturevalue("pg_server")
     with fresh_database(kind, tmp_path) as url:
@@ -83,7 +85,8 @@ def test_models_and_migrations_do_not_drift(kind, tmp_path, request):
         try:
             schema.upgrade(engine)
             with engine.connect() as conn:
-                mc = MigrationContext.configure(conn, opts={"compare_type": True})
+                mc = MigrationContext.configure(conn, opts={"compare_type": True,
+                                                            "include_name": alembic_include_name})
                 assert compare_metadata(mc, Base.metadata) == []
             cfg = schema.alembic_config(engine)
             with engine.begin() as conn:

@@ -1,0 +1,148 @@
+"""stat_samples on PostgreSQL: one partition per UTC day, so retention drops whole days.
+
+10,000 GPUs write 86 million samples a day; deleting them row by row a month later, and vacuuming
+after, was the first thing to break in the capacity plan (deploy/CAPACITY.md). Since migration 0004
+the PostgreSQL table is partitioned by range of `sampled_at`:
+- `stat_samples_pYYYYMMDD` holds one UTC day; `stat_samples_default` everything else (a sample from
+  a skewed clock, a spool replayed months later, `memq ingest` of an old stats file): nothing is
+  refused for want of a partition.
+- `ensure_days` creates the coming days' partitions (the dispatcher at start, `memq gc` and the
+  daily retention task: a week ahead, MEMQ_STAT_PARTITION_DAYS_AHEAD). A day whose rows already sit
+  in the default partition is carved out: its rows move into the new partition in the same
+  transaction.
+- `drop_days_before` drops the partitions of days wholly before a cutoff (retention.py decides
+  which cutoff applies to every row).
+SQLite keeps one plain table; every function here is a no-op there.
+All DDL runs under one advisory lock, so two dispatchers starting together do not race.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+PARENT = "stat_samples"
+DEFAULT = "stat_samples_default"
+_DAY = re.compile(r"^stat_samples_p(\d{8})$")
+PARTITION_NAME = re.compile(r"^stat_samples_(default|p\d{8})$")
+LOCK_KEY = 0x6D656D70  # "memp"
+
+
+def is_partition_name(name: str | None) -> bool:
+    """Tables that are partitions of stat_samples (the ORM and migrations know only the parent)."""
+    return bool(name and PARTITION_NAME.match(name))
+
+
+def alembic_include_name(name: str | None, type_: str, parent_names) -> bool:
+    """For Alembic's autogenerate: the partitions are made at run time, not by the models, so they
+    are not tables to drop."""
+    return not (type_ == "table" and is_partition_name(name))
+
+
+def day_name(day: dt.date) -> str:
+    return f"{PARENT}_p{day:%Y%m%d}"
+
+
+def _on_postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def is_partitioned(session: Session) -> bool:
+    if not _on_postgres(session):
+        return False
+    return session.execute(text(
+        "SELECT EXISTS (SELECT 1 FROM pg_partitioned_table p JOIN pg_class c ON c.oid = p.partrelid "
+        "WHERE c.relname = :t AND c.relnamespace = to_regnamespace(current_schema())::oid)"),
+        {"t": PARENT}).scalar_one()
+
+
+def days(session: Session) -> list[dt.date]:
+    """The UTC days that have a partition of their own, oldest first."""
+    if not is_partitioned(session):
+        return []
+    names = session.execute(text(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = :t "
+        "AND p.relnamespace = to_regnamespace(current_schema())::oid"), {"t": PARENT}).scalars()
+    out = []
+    for n in names:
+        m = _DAY.match(n)
+        if m:
+            out.append(dt.datetime.strptime(m.group(1), "%Y%m%d").date())
+    return sorted(out)
+
+
+def _bounds(day: dt.date) -> tuple[dt.datetime, dt.datetime]:
+    lo = dt.datetime.combine(day, dt.time(), dt.UTC)
+    return lo, lo + dt.timedelta(days=1)
+
+
+def _lock(session: Session) -> None:
+    session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": LOCK_KEY})
+
+
+def ensure_days(session: Session, first: dt.date, last: dt.date) -> list[str]:
+    """Partitions for the UTC days first..last (inclusive) that have none; returns the names created.
+    Runs in the session's transaction (the caller commits)."""
+    if not is_partitioned(session) or last < first:
+        return []
+    _lock(session)
+    have = set(days(session))
+    created = []
+    day = first
+    while day <= last:
+        if day not in have:
+            _create_day(session, day)
+            created.append(day_name(day))
+        day += dt.timedelta(days=1)
+    return created
+
+
+def _create_day(session: Session, day: dt.date) -> None:
+    name, (t0, t1) = day_name(day), _bounds(day)
+    params = {"lo": t0, "hi": t1}
+    lo, hi = t0.isoformat(), t1.isoformat()
+    # Names are ours (a fixed prefix and a date), never user input; bounds are bound parameters
+    # where PostgreSQL allows them, and literals of our own ISO strings in the DDL where it does not.
+    waiting = session.execute(text(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} "  # noqa: S608
+                                   "WHERE sampled_at >= :lo AND sampled_at < :hi)"), params).scalar_one()
+    if not waiting:
+        session.execute(text(f"CREATE TABLE {name} PARTITION OF {PARENT} "
+                             f"FOR VALUES FROM ('{lo}') TO ('{hi}')"))
+        return
+    # Rows of that day are in the default partition: a new partition for the day cannot be created
+    # over them, so build it apart, move them, then attach it.
+    session.execute(text(f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"))
+    session.execute(text(f"ALTER TABLE {name} ADD CONSTRAINT {name}_range "
+                         f"CHECK (sampled_at >= '{lo}' AND sampled_at < '{hi}')"))
+    session.execute(text(f"WITH moved AS (DELETE FROM {DEFAULT} WHERE sampled_at >= :lo AND sampled_at < :hi "  # noqa: S608
+                         f"RETURNING *) INSERT INTO {name} SELECT * FROM moved"), params)
+    session.execute(text(f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM ('{lo}') TO ('{hi}')"))
+    session.execute(text(f"ALTER TABLE {name} DROP CONSTRAINT {name}_range"))
+
+
+def ensure_ahead(session: Session, now: dt.datetime, days_ahead: int) -> list[str]:
+    """Partitions for today (UTC) and the next `days_ahead` days."""
+    today = now.astimezone(dt.UTC).date()
+    return ensure_days(session, today, today + dt.timedelta(days=max(0, days_ahead)))
+
+
+def drop_days_before(session: Session, cut: dt.date, dry_run: bool = False) -> tuple[list[str], int]:
+    """Drop the partitions of UTC days that end on or before midnight of `cut` (whole days only).
+    Returns (names, rows they held). Runs in the session's transaction."""
+    if not is_partitioned(session):
+        return [], 0
+    _lock(session)
+    gone, rows = [], 0
+    for day in days(session):
+        if day >= cut:
+            break
+        name = day_name(day)
+        rows += int(session.execute(text(f"SELECT count(*) FROM {name}")).scalar_one())  # noqa: S608
+        if not dry_run:
+            session.execute(text(f"DROP TABLE {name}"))
+        gone.append(name)
+    return gone, rows
