@@ -3,6 +3,8 @@
 Checks, in order (each prints one line, and a `fix:` line when something is wrong):
 - config      the settings load (environment, config file, `*_FILE` secrets)
 - database    reachable; schema at this memq's revision (the embedded SQLite default migrates itself)
+- partitions  PostgreSQL: stat_samples has day partitions ahead (else a warning: the dispatchers or
+              `memq gc` make them); how many samples sit in the default partition
 - redis       reachable (PING)
 - memory      maxmemory-policy: an evicting policy (allkeys-*, volatile-*: blobs carry TTLs) is a
               warning; memory use near maxmemory is a warning
@@ -75,7 +77,7 @@ def check_database(st) -> list[Check]:
         data = {"url": where, "revision": current, "head": head}
         reach = Check("database", OK, f"{where} reachable", data=data)
         if current == head:
-            return [reach, Check("schema", OK, f"revision {head} (current)", data=data)]
+            return [reach, Check("schema", OK, f"revision {head} (current)", data=data), *check_partitions(engine)]
         if is_sqlite(st.database_url) and (current is None or current in schema._script_heads()[1]):
             return [reach, Check("schema", INFO, f"revision {current or 'none'}; the embedded SQLite database "
                                  f"migrates itself to {head} on first use", data=data)]
@@ -90,6 +92,34 @@ def check_database(st) -> list[Check]:
         return [reach]
     finally:
         engine.dispose()
+
+
+def check_partitions(engine) -> list[Check]:
+    """PostgreSQL: stat_samples' day partitions exist ahead (the dispatchers make them hourly)."""
+    import datetime as dt
+
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from profiler.store import partitions
+
+    if engine.dialect.name != "postgresql":
+        return []
+    with Session(engine) as s:
+        if not partitions.is_partitioned(s):
+            return []
+        today = dt.datetime.now(dt.UTC).date()
+        ahead = [d for d in partitions.days(s) if d > today]
+        stray = s.execute(text("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = :t "
+                               "AND relnamespace = to_regnamespace(current_schema())::oid"),
+                          {"t": partitions.DEFAULT}).scalar_one_or_none() or 0
+    data = {"days_ahead": len(ahead), "default_partition_rows_estimate": int(stray)}
+    extra = f"; about {stray} samples in the default partition (deleted row by row)" if stray else ""
+    if not ahead:
+        return [Check("partitions", WARN, f"stat_samples has no partition for tomorrow (UTC){extra}",
+                      "run `memq gc` (it makes them a week ahead) and check that a dispatcher runs "
+                      "(it makes them hourly); meanwhile samples land in the default partition", data=data)]
+    return [Check("partitions", OK, f"stat_samples partitioned by day, {len(ahead)} days ahead{extra}", data=data)]
 
 
 def _redis_client(st):

@@ -101,27 +101,39 @@ def ensure_days(session: Session, first: dt.date, last: dt.date) -> list[str]:
     return created
 
 
+def _exec(session: Session, query, params: tuple = ()) -> list[tuple]:
+    """DDL on the session's own connection and transaction. Table names and partition bounds cannot
+    be bound parameters, so statements are composed with psycopg's `sql` (quoted identifiers and
+    literals, never string formatting); values that can be bound are."""
+    dbapi = session.connection().connection.dbapi_connection
+    with dbapi.cursor() as cur:
+        cur.execute(query, params or None)
+        return cur.fetchall() if cur.description else []
+
+
 def _create_day(session: Session, day: dt.date) -> None:
-    name, (t0, t1) = day_name(day), _bounds(day)
-    params = {"lo": t0, "hi": t1}
-    lo, hi = t0.isoformat(), t1.isoformat()
-    # Names are ours (a fixed prefix and a date), never user input; bounds are bound parameters
-    # where PostgreSQL allows them, and literals of our own ISO strings in the DDL where it does not.
-    waiting = session.execute(text(f"SELECT EXISTS (SELECT 1 FROM {DEFAULT} "  # noqa: S608
-                                   "WHERE sampled_at >= :lo AND sampled_at < :hi)"), params).scalar_one()
+    from psycopg import sql
+
+    t0, t1 = _bounds(day)
+    name, parent, default = sql.Identifier(day_name(day)), sql.Identifier(PARENT), sql.Identifier(DEFAULT)
+    lo, hi = sql.Literal(t0), sql.Literal(t1)
+    waiting = _exec(session, sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE sampled_at >= %s AND sampled_at < %s)")
+                    .format(default), (t0, t1))[0][0]
     if not waiting:
-        session.execute(text(f"CREATE TABLE {name} PARTITION OF {PARENT} "
-                             f"FOR VALUES FROM ('{lo}') TO ('{hi}')"))
+        _exec(session, sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})")
+              .format(name, parent, lo, hi))
         return
     # Rows of that day are in the default partition: a new partition for the day cannot be created
     # over them, so build it apart, move them, then attach it.
-    session.execute(text(f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"))
-    session.execute(text(f"ALTER TABLE {name} ADD CONSTRAINT {name}_range "
-                         f"CHECK (sampled_at >= '{lo}' AND sampled_at < '{hi}')"))
-    session.execute(text(f"WITH moved AS (DELETE FROM {DEFAULT} WHERE sampled_at >= :lo AND sampled_at < :hi "  # noqa: S608
-                         f"RETURNING *) INSERT INTO {name} SELECT * FROM moved"), params)
-    session.execute(text(f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM ('{lo}') TO ('{hi}')"))
-    session.execute(text(f"ALTER TABLE {name} DROP CONSTRAINT {name}_range"))
+    check = sql.Identifier(day_name(day) + "_range")
+    _exec(session, sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)").format(name, parent))
+    _exec(session, sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (sampled_at >= {} AND sampled_at < {})")
+          .format(name, check, lo, hi))
+    _exec(session, sql.SQL("WITH moved AS (DELETE FROM {} WHERE sampled_at >= %s AND sampled_at < %s RETURNING *) "
+                           "INSERT INTO {} SELECT * FROM moved").format(default, name), (t0, t1))
+    _exec(session, sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})")
+          .format(parent, name, lo, hi))
+    _exec(session, sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(name, check))
 
 
 def ensure_ahead(session: Session, now: dt.datetime, days_ahead: int) -> list[str]:
@@ -140,9 +152,11 @@ def drop_days_before(session: Session, cut: dt.date, dry_run: bool = False) -> t
     for day in days(session):
         if day >= cut:
             break
+        from psycopg import sql
+
         name = day_name(day)
-        rows += int(session.execute(text(f"SELECT count(*) FROM {name}")).scalar_one())  # noqa: S608
+        rows += int(_exec(session, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0])
         if not dry_run:
-            session.execute(text(f"DROP TABLE {name}"))
+            _exec(session, sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
         gone.append(name)
     return gone, rows

@@ -67,12 +67,15 @@ def doctor(env: dict, *args: str, subprocess_: bool = False) -> tuple[int, dict,
 
 
 def _live_workers(env: dict):
-    """Heartbeats written by the workers' own Heartbeat class, and a consumer group on the stream."""
+    """Heartbeats written by the workers' own Heartbeat class, a consumer group on the stream, and
+    the day partitions a running dispatcher makes."""
     from profiler.config import load_settings
     from workers.app import Heartbeat
+    from workers.dispatcher import Dispatcher
     from workers.runtime import GROUP
 
     st = load_settings(env)
+    Dispatcher(st, consumer="d1@test")._make_partitions()
     beats = [Heartbeat(st, "worker", "w1@test"), Heartbeat(st, "dispatcher", "d1@test")]
     for b in beats:
         b.beat()
@@ -94,9 +97,30 @@ def test_everything_up_is_healthy_even_strict(servers):
         assert checks["persistence"]["data"]["aof_enabled"] is True
         assert checks["stream"]["data"]["lag"] == 0
         assert checks["workers"]["status"] == "ok" and checks["dispatchers"]["status"] == "ok"
+        assert checks["partitions"]["data"]["days_ahead"] == st_days_ahead(env)
     finally:
         for b in beats:
             b.stop()
+
+
+def st_days_ahead(env: dict) -> int:
+    from profiler.config import load_settings
+
+    return load_settings(env).stat_partition_days_ahead
+
+
+def test_no_partitions_ahead_is_a_warning_that_gc_fixes(servers, tmp_path):
+    with temp_pg_database("docpart") as db:
+        env = _env(servers["tmp"], db, servers["good"].url)
+        subprocess.run([sys.executable, "-m", "profiler", "db", "upgrade"], check=True, capture_output=True,
+                       env=env, cwd=ROOT, timeout=120)
+        code, checks, out = doctor(env)
+        assert checks["partitions"]["status"] == "warning" and "memq gc" in checks["partitions"]["fix"], out
+        gc = subprocess.run([sys.executable, "-m", "profiler", "gc"], env=env, cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+        assert gc.returncode == 0 and "made stat_samples partitions" in gc.stdout, gc.stdout + gc.stderr
+        code, checks, out = doctor(env)
+        assert checks["partitions"]["status"] == "ok" and checks["partitions"]["data"]["days_ahead"] == 7, out
 
 
 def test_no_workers_is_a_warning(servers):
