@@ -2,7 +2,9 @@
 
 What goes, per cluster (MEMQ_RETENTION_DAYS, overridden per cluster by MEMQ_RETENTION_CLUSTERS
 `name=days,...`; 0 days = keep forever):
-- stat samples older than the cutoff (samples whose run row is gone follow the default policy);
+- stat samples older than the cutoff (samples whose run row is gone follow the default policy); on
+  PostgreSQL, where stat_samples has a partition per UTC day (partitions.py), a whole day at a time:
+  cutoffs are rounded down to midnight, and days past every policy in use go as a dropped partition;
 - the raw blob (in the blob store) of a snapshot taken before the cutoff, once its analysis is
   finished (state done or failed). The snapshot row, its analysis result and the run diagnosis
   stay: `memq history` still shows them; only `memq reanalyze` of that snapshot is no longer possible.
