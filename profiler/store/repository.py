@@ -397,6 +397,24 @@ def fill_digest(session: Session, analysis_id: int, digest: Mapping[str, Any]) -
                     .values(digest=json_safe(digest)))
 
 
+def drop_digests_outside_window(session: Session, run_id: int, rank: int, window: int) -> int:
+    """Digests are read only for a rank's newest `window` snapshots (a run diagnosis); those of its
+    older snapshots are dropped, unless the same analysis is also a newer snapshot's of this rank or
+    any snapshot's of another (run, rank) (bytes shared across runs: kept, to be safe). A digest
+    dropped wrongly costs one decode, which fills it in again. Returns the digests dropped."""
+    order = (Snapshot.taken_at.desc(), Snapshot.id.desc())
+    mine = (Snapshot.run_id == run_id) & (Snapshot.rank == rank) & Snapshot.analysis_id.is_not(None)
+    newest = select(Snapshot.analysis_id).where(mine).order_by(*order).limit(window)
+    older = select(Snapshot.analysis_id).where(mine).order_by(*order).offset(window)
+    elsewhere = select(Snapshot.id).where(Snapshot.analysis_id == AnalysisResult.id,
+                                          ~((Snapshot.run_id == run_id) & (Snapshot.rank == rank)))
+    res = session.execute(update(AnalysisResult)
+                          .where(AnalysisResult.digest.is_not(None), AnalysisResult.id.in_(older.scalar_subquery()),
+                                 AnalysisResult.id.not_in(newest.scalar_subquery()), ~elsewhere.exists())
+                          .values(digest=null()).execution_options(synchronize_session=False))
+    return int(res.rowcount or 0)
+
+
 def store_run_diagnosis(session: Session, run_id: int, rank: int, analyzer_version: str,
                         result: Mapping[str, Any], snapshot_count: int, peak_reserved_bytes: int | None,
                         peak_allocated_bytes: int | None, peak_composition: Mapping[str, Any]) -> None:

@@ -413,6 +413,8 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
         repo.refresh_run_summary(s, run_id)
         for aid, doc in fill.items():
             repo.fill_digest(s, aid, doc)
+        if len(newest_first) >= MAX_RUN_SNAPSHOTS:
+            repo.drop_digests_outside_window(s, run_id, rank, MAX_RUN_SNAPSHOTS)
     return repo.contract_only(result)
 
 

@@ -235,3 +235,22 @@ def test_analyses_stored_without_digest_get_one_at_the_next_run_diagnosis(store)
     calls.clear()
     assert service.recompute_run(store, report.run_id, 0, load=load) == before
     assert len(calls) == 1  # now only the newest
+
+
+def test_digests_outside_the_window_of_a_run_diagnosis_are_dropped(store, monkeypatch):
+    monkeypatch.setattr(service, "MAX_RUN_SNAPSHOTS", 2)
+    report, _ = _ingest(store, "seed_sgd", optimizer="SGD")
+    ids = [x.snapshot_id for x in report.snapshots]  # time order
+    with store.session() as s:
+        has = dict(s.execute(select(Snapshot.id, AnalysisResult.digest.is_not(None))
+                             .join(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)).all())
+    assert [has[i] for i in ids] == [False, False, True, True]
+    # the oldest bytes are also the newest snapshot of another run: that run's diagnosis fills the
+    # digest in again (one decode), and the first run's diagnoses no longer drop it (shared)
+    first = run_files("seed_sgd")[0]
+    service.ingest_files(store, repo.RunMeta(name="other"), [service.SnapshotInput(path=str(first))])
+    service.recompute_run(store, report.run_id, 0)
+    with store.session() as s:
+        has = dict(s.execute(select(Snapshot.id, AnalysisResult.digest.is_not(None))
+                             .join(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)).all())
+    assert [has[i] for i in ids] == [True, False, True, True]
