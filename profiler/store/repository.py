@@ -392,9 +392,9 @@ def store_analysis(session: Session, sha256: str, analyzer_version: str, result:
 
 
 def fill_digest(session: Session, analysis_id: int, digest: Mapping[str, Any]) -> None:
-    """Attach a digest to an analysis stored without one (before migration 0003)."""
-    session.execute(update(AnalysisResult).where(AnalysisResult.id == analysis_id, AnalysisResult.digest.is_(None))
-                    .values(digest=json_safe(digest)))
+    """Attach a digest to an analysis stored without a usable one (before migration 0003, or of an
+    older digest format)."""
+    session.execute(update(AnalysisResult).where(AnalysisResult.id == analysis_id).values(digest=json_safe(digest)))
 
 
 def drop_digests_outside_window(session: Session, run_id: int, rank: int, window: int) -> int:

@@ -366,8 +366,9 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
 
     def decoded(r) -> LoadedSnapshot | None:
         ld = decode(r)
-        if ld is not None and r.analysis_id is not None and r.analyzer_version == version and r.digest is None:
-            fill[r.analysis_id] = digest(ld.snapshot, version)  # stored without one (before 0003)
+        if ld is not None and r.analysis_id is not None and r.analyzer_version == version \
+                and stored_digest(r) is None:  # stored without one (before 0003), or of an older format
+            fill[r.analysis_id] = digest(ld.snapshot, version)
         return ld
 
     last = None

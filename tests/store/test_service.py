@@ -235,6 +235,14 @@ def test_analyses_stored_without_digest_get_one_at_the_next_run_diagnosis(store)
     calls.clear()
     assert service.recompute_run(store, report.run_id, 0, load=load) == before
     assert len(calls) == 1  # now only the newest
+    with store.session() as s:  # a digest of another format is replaced the same way
+        s.execute(update(AnalysisResult).values(digest={"format": 0}))
+    calls.clear()
+    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert len(calls) == 4
+    calls.clear()
+    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert len(calls) == 1
 
 
 def test_digests_outside_the_window_of_a_run_diagnosis_are_dropped(store, monkeypatch):
