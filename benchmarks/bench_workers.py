@@ -255,6 +255,21 @@ def latency(b: Bench, rate: float, seconds: float) -> dict:
             "p95_s": q[94] if len(q) >= 95 else max(lat), "max_s": max(lat)}
 
 
+def reference_cpu_ms() -> float:
+    """This machine's speed, for comparing runs across machines: median CPU ms to decode (restricted
+    unpickling + parsing) and analyse one of the fixture snapshots in this process, no services."""
+    from profiler.analysis import analyze
+    from profiler.load import decode_snapshot_bytes
+
+    data = (FIX / FILES[1]).read_bytes()
+    took = []
+    for _ in range(7):
+        t0 = time.process_time()
+        analyze([decode_snapshot_bytes(data)])
+        took.append(time.process_time() - t0)
+    return 1000 * statistics.median(took)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--snapshots", type=int, default=200)
@@ -286,6 +301,7 @@ def main() -> int:
         b.close()
     raw = codec.decompress((FIX / FILES[0]).read_bytes())
     cap = (os.cpu_count() or 1) / tp["cpu_per_snapshot"]
+    ref = reference_cpu_ms()
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.system()}")
     print(f"services: Redis {redact_url(REDIS)}, PostgreSQL (temporary database), memq worker -c {args.workers}, "
@@ -299,6 +315,8 @@ def main() -> int:
     print(f"CPU (worker + dispatcher processes, PostgreSQL/Redis excluded): {tp['cpu_per_snapshot'] * 1000:.0f} ms "
           f"per snapshot ({tp['cpu_worker'] * 1000:.0f} worker incl. run diagnoses, {tp['cpu_dispatcher'] * 1000:.0f} "
           f"dispatcher), so at most {cap:.1f} snapshots/s on {os.cpu_count()} otherwise idle cores")
+    print(f"machine speed reference: decode + analysis of one snapshot in-process {ref:.0f} ms CPU; the pipeline "
+          f"costs {tp['cpu_per_snapshot'] * 1000 / ref:.1f}x that per snapshot (compare runs on other machines by this)")
     print(f"load average before/after: {load0} / {os.getloadavg()[0]:.2f} (other jobs on this machine)")
     print(f"stat samples: {sr['samples']} in {sr['seconds']:.2f} s: {sr['rate']:,.0f} samples/s "
           f"(goal >= 20,000/s: {'met' if sr['rate'] >= 20000 else 'NOT met'})")
