@@ -97,7 +97,7 @@ def test_everything_up_is_healthy_even_strict(servers):
         assert checks["persistence"]["data"]["aof_enabled"] is True
         assert checks["stream"]["data"]["lag"] == 0
         assert checks["workers"]["status"] == "ok" and checks["dispatchers"]["status"] == "ok"
-        assert checks["partitions"]["data"]["days_ahead"] == st_days_ahead(env)
+        assert checks["partitions"]["data"]["days_ahead"] in (st_days_ahead(env) - 1, st_days_ahead(env))
     finally:
         for b in beats:
             b.stop()
@@ -120,7 +120,8 @@ def test_no_partitions_ahead_is_a_warning_that_gc_fixes(servers, tmp_path):
                             text=True, timeout=120)
         assert gc.returncode == 0 and "made stat_samples partitions" in gc.stdout, gc.stdout + gc.stderr
         code, checks, out = doctor(env)
-        assert checks["partitions"]["status"] == "ok" and checks["partitions"]["data"]["days_ahead"] == 7, out
+        # 7 (6 when the test straddles midnight UTC)
+        assert checks["partitions"]["status"] == "ok" and checks["partitions"]["data"]["days_ahead"] in (6, 7), out
 
 
 def test_no_workers_is_a_warning(servers):
