@@ -42,10 +42,6 @@ def _has_cpp_frames(frames: list) -> bool:
     return any("::" in frame_name(f) or frame_file(f).endswith((".cpp", ".h", ".cu")) for f in frames)
 
 
-def _per_snapshot(snap: Snapshot) -> dict:
-    return per_snapshot(snap, ANALYZER_VERSION)
-
-
 def _head(s: Snapshot | SnapshotDigest) -> tuple[str, int, int, bool | None, bool, tuple[str, ...] | list[str]]:
     """(torch format, segments, trace entries, expandable segments, has an OOM, warnings)."""
     if isinstance(s, SnapshotDigest):
@@ -58,7 +54,7 @@ def _per(s: Snapshot | SnapshotDigest) -> Mapping[str, Any]:
         if s.analyzer_version != ANALYZER_VERSION:
             raise ValueError(f"a digest made by analyzer {s.analyzer_version} given to {ANALYZER_VERSION}")
         return s.per
-    return _per_snapshot(s)
+    return per_snapshot(s, ANALYZER_VERSION)
 
 
 def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,

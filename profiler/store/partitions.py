@@ -61,8 +61,10 @@ def is_partitioned(session: Session) -> bool:
 
 def days(session: Session) -> list[dt.date]:
     """The UTC days that have a partition of their own, oldest first."""
-    if not is_partitioned(session):
-        return []
+    return _days(session) if is_partitioned(session) else []
+
+
+def _days(session: Session) -> list[dt.date]:
     names = session.execute(text(
         "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
         "JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = :t "
@@ -90,7 +92,7 @@ def ensure_days(session: Session, first: dt.date, last: dt.date) -> list[str]:
     if not is_partitioned(session) or last < first:
         return []
     _lock(session)
-    have = set(days(session))
+    have = set(_days(session))
     created = []
     day = first
     while day <= last:
@@ -144,19 +146,20 @@ def ensure_ahead(session: Session, now: dt.datetime, days_ahead: int) -> list[st
 
 def drop_days_before(session: Session, cut: dt.date, dry_run: bool = False) -> tuple[list[str], int]:
     """Drop the partitions of UTC days that end on or before midnight of `cut` (whole days only).
-    Returns (names, rows they held). Runs in the session's transaction."""
+    Returns (names, rows they held); a dry run drops and counts nothing (its caller counts those rows
+    with the rest). Runs in the session's transaction."""
     if not is_partitioned(session):
         return [], 0
     _lock(session)
     gone, rows = [], 0
-    for day in days(session):
+    from psycopg import sql
+
+    for day in _days(session):
         if day >= cut:
             break
-        from psycopg import sql
-
-        name = day_name(day)
-        rows += int(_exec(session, sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name)))[0][0])
+        name = sql.Identifier(day_name(day))
         if not dry_run:
-            _exec(session, sql.SQL("DROP TABLE {}").format(sql.Identifier(name)))
-        gone.append(name)
+            rows += int(_exec(session, sql.SQL("SELECT count(*) FROM {}").format(name))[0][0])
+            _exec(session, sql.SQL("DROP TABLE {}").format(name))
+        gone.append(day_name(day))
     return gone, rows

@@ -176,8 +176,7 @@ def _stat_samples(store, policy: Policy, now: dt.datetime, dry_run: bool, summar
             if cut is not None:
                 dropped, rows = partitions.drop_days_before(s, cut.date(), dry_run)
                 summary["stat_partitions_dropped"] = dropped
-                # A dry run drops nothing, so the row counts below include these rows already.
-                total += 0 if dry_run else rows
+                total += rows  # 0 in a dry run: the row counts below include those rows
     default_cut = policy.cutoff(policy.default_days, now)
     if partitioned:
         cutoffs = {rid: _floor_day(c) for rid, c in cutoffs.items()}
