@@ -419,7 +419,7 @@ def test_rediss_and_password_urls_are_accepted(private_redis, tmp_path):
 def test_tls_redis_with_password(tmp_path):
     """A real TLS server (redis-server --tls-port, a self-signed certificate made here)."""
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        pytest.fail("openssl is not installed: apt-get install -y openssl (tests/run.sh does)")
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
                     str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],

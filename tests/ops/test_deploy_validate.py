@@ -124,7 +124,7 @@ def test_yamllint():
 def test_systemd_units_verify(tmp_path):
     exe = shutil.which("systemd-analyze")
     if exe is None:
-        pytest.skip("systemd-analyze is not installed")
+        pytest.fail("systemd-analyze is not installed: apt-get install -y systemd (tests/run.sh does)")
     memq, celery = _tool("memq"), _tool("celery")
     for u in UNITS:
         text = u.read_text().replace("/usr/local/bin/memq", memq).replace("/usr/local/bin/celery", celery)

@@ -28,7 +28,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
     if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+        pytest.fail("openssl is not installed: apt-get install -y openssl (tests/run.sh does)")
     tmp = tmp_path_factory.mktemp("tls")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
              "-subj", "/CN=memq-test-ca", cwd=tmp)

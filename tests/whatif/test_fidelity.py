@@ -62,7 +62,7 @@ def test_recorded_configuration_reproduces_the_trace(folder, stem, limit):
 def test_captured_traces_are_reproduced(folder, stem, limit):
     path = CAPTURED / folder / f"{stem}.pickle.gz"
     if not path.exists():
-        pytest.skip("captured data absent")
+        pytest.fail(f"captured data missing: {path} (it ships in the repository)")
     snap, rec, fid = _check(path, limit)
     assert fid["segment_event_share"] == 1.0, fid
     assert fid["reserved_within_5pct"] and fid["max_reserved_deviation"] == 0.0, fid
@@ -75,7 +75,7 @@ def test_cudnn_empty_cache_calls_are_replayed_as_such():
     frees the cache there instead of inside the next request."""
     path = CAPTURED / "cudnn_workspace" / "after_benchmark_step.pickle.gz"
     if not path.exists():
-        pytest.skip("captured data absent")
+        pytest.fail(f"captured data missing: {path} (it ships in the repository)")
     from profiler.analysis.allocator_model import OP_EMPTY_CACHE
 
     rep = compile_trace(load_snapshot_file(path).snapshot)
@@ -85,7 +85,7 @@ def test_cudnn_empty_cache_calls_are_replayed_as_such():
 def test_private_pool_segments_count_against_the_limit():
     path = CAPTURED / "cuda_graphs_oom" / "oom.pickle.gz"
     if not path.exists():
-        pytest.skip("captured data absent")
+        pytest.fail(f"captured data missing: {path} (it ships in the repository)")
     _snap, rec, fid = _check(path, 4445962240)
     assert rec.predicted_oom and rec.fails_recorded_request
     assert fid["segment_events_recorded"] == 123
@@ -121,7 +121,6 @@ def test_expandable_start_state_is_rebuilt():
     assert rep.recorded_config.expandable_segments
 
 
-@pytest.mark.skipif(not BENCH.exists(), reason="benchmark data not present")
 def test_bench_trace_100k():
     _, rec, fid = _check(BENCH, None)
     assert fid["reserved_points_total"] > 60000

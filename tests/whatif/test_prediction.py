@@ -16,9 +16,6 @@ from tests.helpers import FIXTURES
 D = FIXTURES / "captured" / "dynamic_settings"
 STEP_LINE = ("/workspace/train.py", 726)  # `x = torch.randint(...)`: the first allocation of every step
 
-pytestmark = pytest.mark.skipif(not (D / "default" / "end.pickle.gz").exists(), reason="captured data absent")
-
-
 def _runs() -> dict:
     out = {}
     for d in sorted(D.iterdir()) if D.exists() else []:
