@@ -85,6 +85,7 @@ class Settings:
     doctor_max_lag: int = 10_000
     stream_trim_interval_s: int = 60
     stream_keep_s: int = 600
+    serve_token: str = ""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -181,11 +182,14 @@ SETTINGS: tuple[Spec, ...] = (
          "the agents' MAXLEN is then the only bound)."),
     Spec("stream_keep_s", "MEMQ_STREAM_KEEP_S", int, 600,
          "Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, debugging)."),
+    Spec("serve_token", "MEMQ_SERVE_TOKEN", str, "",
+         "`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page once "
+         "with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),
 )
 
 #: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or
 #: Docker secret mounted as a file), used when the variable itself is not set.
-FILE_SETTINGS: tuple[str, ...] = ("redis_url", "database_url", "broker_url")
+FILE_SETTINGS: tuple[str, ...] = ("redis_url", "database_url", "broker_url", "serve_token")
 
 
 def _spec(name: str) -> Spec:
