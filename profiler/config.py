@@ -46,6 +46,7 @@ class Settings:
     blob_ttl_s: int = 7 * 24 * 3600
     max_deliveries: int = 5
     max_snapshot_bytes: int = 4 * 1024**3
+    max_clock_skew_s: int = 86_400
     report_dir: str = ""
     report_scopes: str = "all"
     report_hour_utc: int = 0
@@ -110,6 +111,9 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("max_deliveries", "MEMQ_MAX_DELIVERIES", int, 5, "Deliveries before an entry is dead-lettered."),
     Spec("max_snapshot_bytes", "MEMQ_MAX_SNAPSHOT_BYTES", int, 4 * 1024**3,
          "Largest uncompressed snapshot accepted anywhere (bytes)."),
+    Spec("max_clock_skew_s", "MEMQ_MAX_CLOCK_SKEW_S", int, 86_400,
+         "Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock "
+         "(or before 2020) are dead-lettered."),
     Spec("report_dir", "MEMQ_REPORT_DIR", str, "<data dir>/reports", "Where nightly reports are written."),
     Spec("report_scopes", "MEMQ_REPORT_SCOPES", str, "all",
          "Nightly report scopes, comma separated: all, cluster=NAME, job=NAME."),

@@ -32,9 +32,9 @@ def test_snapshot_roundtrip_bytes_and_str():
 
 
 def test_other_kinds_and_optional_fields():
-    f = envelope.build("stats", run="r", cluster="c", payload={"samples": [{"a": 1}]})
+    f = envelope.build("stats", run="r", cluster="c", payload={"samples": [{"a": 1, "t": 1.7e9}]})
     env = envelope.parse(f)
-    assert env.kind == "stats" and env.payload["samples"] == [{"a": 1}] and env.sha256 is None
+    assert env.kind == "stats" and env.payload["samples"] == [{"a": 1, "t": 1.7e9}] and env.sha256 is None
     assert env.rank == 0 and env.ts > 0
     s = envelope.parse(snap_fields(step=None, epoch=None, payload={}))
     assert s.step is None and s.epoch is None and s.oom is None
