@@ -64,14 +64,17 @@ class BlobStore:
             raise SnapshotError(f"blob {sha[:12]}: bytes do not match their sha256")
         return self._write(sha, codec.compress(raw, "zstd"), ".zst")
 
-    def put_encoded(self, sha256: str, data: bytes, encoding: str) -> str:
+    def put_encoded(self, sha256: str, data: bytes, encoding: str, size: int | None = None) -> str:
         """Store bytes already compressed by the agent (`zstd` or `gzip`) after checking that they
-        inflate to `sha256`; other encodings are recompressed."""
+        inflate to `sha256` (and to `size` bytes when given: the envelope's claim, which also bounds
+        the inflation); other encodings are recompressed."""
         sha = _check_sha(sha256)
         existing = self.ref(sha)
         if existing:
             return existing
-        raw = codec.decompress(data, self.max_bytes)
+        raw = codec.decompress(data, min(self.max_bytes, size) if size else self.max_bytes)
+        if size is not None and len(raw) != size:
+            raise SnapshotError(f"blob {sha[:12]} inflates to {len(raw)} bytes, not the {size} its envelope says")
         if hashlib.sha256(raw).hexdigest() != sha:
             raise SnapshotError(f"blob {sha[:12]}: bytes do not match their sha256")
         if encoding in _EXT and codec.compression_of(data) == encoding:
