@@ -87,6 +87,20 @@ class Settings:
     stream_trim_interval_s: int = 60
     stream_keep_s: int = 600
     serve_token: str = ""
+    public_url: str = ""
+    alert_webhook_url: str = ""
+    alert_format: str = "slack"
+    alert_headroom_pct: int = 5
+    alert_run_interval_s: int = 600
+    alert_job_max_per_hour: int = 10
+    alert_lookback_h: int = 24
+    alert_sweep_s: int = 15
+    alert_timeout_s: int = 10
+    alert_lease_s: int = 60
+    alert_max_attempts: int = 8
+    alert_backoff_max_s: int = 300
+    exporter_active_minutes: int = 60
+    exporter_top_k: int = 10
     extra: dict = field(default_factory=dict)
 
     @property
@@ -189,11 +203,43 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("serve_token", "MEMQ_SERVE_TOKEN", str, "",
          "`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page once "
          "with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),
+    # Live metrics (`memq exporter`) and alerts (workers/alerts.py, profiler/alerts/).
+    Spec("public_url", "MEMQ_PUBLIC_URL", str, "",
+         "Base URL of the memq web pages; alerts link to `<MEMQ_PUBLIC_URL>/runs/<run name>` ('' = no link)."),
+    Spec("alert_webhook_url", "MEMQ_ALERT_WEBHOOK_URL", str, "",
+         "Alerts: http(s) webhook that receives OOM, leak and near-miss verdicts ('' = verdicts are recorded, "
+         "not sent). Holds a token for Slack: prefer MEMQ_ALERT_WEBHOOK_URL_FILE."),
+    Spec("alert_format", "MEMQ_ALERT_FORMAT", str, "slack",
+         "Alerts: body of the webhook POST: slack (`{\"text\": ...}`) or alertmanager (Alertmanager's webhook shape)."),
+    Spec("alert_headroom_pct", "MEMQ_ALERT_HEADROOM_PCT", int, 5,
+         "Alerts: a run without an OOM whose peak reserved bytes leave less than this % of its limit is a near miss."),
+    Spec("alert_run_interval_s", "MEMQ_ALERT_RUN_INTERVAL_S", int, 600,
+         "Alerts: a run's next verdict waits until this long after its previous alert was sent."),
+    Spec("alert_job_max_per_hour", "MEMQ_ALERT_JOB_MAX_PER_HOUR", int, 10,
+         "Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as suppressed."),
+    Spec("alert_lookback_h", "MEMQ_ALERT_LOOKBACK_H", int, 24,
+         "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours."),
+    Spec("alert_sweep_s", "MEMQ_ALERT_SWEEP_S", int, 15,
+         "Beat: seconds between alert sweeps (new verdicts, due retries, expired send leases)."),
+    Spec("alert_timeout_s", "MEMQ_ALERT_TIMEOUT_S", int, 10, "Alerts: webhook POST timeout (seconds)."),
+    Spec("alert_lease_s", "MEMQ_ALERT_LEASE_S", int, 60,
+         "Alerts: a claimed alert is sent again (same Idempotency-Key) when its sender has not finished after "
+         "this long; must exceed MEMQ_ALERT_TIMEOUT_S."),
+    Spec("alert_max_attempts", "MEMQ_ALERT_MAX_ATTEMPTS", int, 8,
+         "Alerts: sends of one alert before it is recorded as failed."),
+    Spec("alert_backoff_max_s", "MEMQ_ALERT_BACKOFF_MAX_S", int, 300,
+         "Alerts: longest wait between retries (exponential back-off with full jitter)."),
+    Spec("exporter_active_minutes", "MEMQ_EXPORTER_ACTIVE_MINUTES", int, 60,
+         "`memq exporter`: running runs updated within this many minutes get headroom and fragmentation gauges "
+         "(the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S)."),
+    Spec("exporter_top_k", "MEMQ_EXPORTER_TOP_K", int, 10,
+         "`memq exporter`: the active runs with the least headroom are exported with a `run` label (the rest "
+         "only per cluster and job), which bounds the number of series."),
 )
 
 #: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or
 #: Docker secret mounted as a file), used when the variable itself is not set.
-FILE_SETTINGS: tuple[str, ...] = ("redis_url", "database_url", "broker_url", "serve_token")
+FILE_SETTINGS: tuple[str, ...] = ("redis_url", "database_url", "broker_url", "serve_token", "alert_webhook_url")
 
 
 def _spec(name: str) -> Spec:

@@ -35,6 +35,7 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v pg_isready >/dev/null || need+=(postgresql-client)
+command -v promtool >/dev/null || need+=(prometheus)  # promtool checks deploy/monitoring's alert rules
 [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
 
 # 3. Services: the shared PostgreSQL and Redis (started when down; fault tests run private instances).
