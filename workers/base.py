@@ -1,8 +1,9 @@
 """`MemqTask`, the base of every memq task.
 
-- Retries, with exponential back-off and jitter, only for outages: `StorageUnavailable` (the
-  database), `BrokerUnavailable` (Redis) and redis-py / kombu connection errors. The back-off is
-  capped far below the broker's visibility timeout (retries are ETA messages).
+- Retries, with exponential back-off and jitter, only for outages (`workers.runtime.is_transient`:
+  the database or Redis unreachable or not ready, kombu connection errors). The back-off is
+  capped far below the broker's visibility timeout (retries are ETA messages). Anything else is
+  raised as it is: never retried.
 - Bad data (`BadInput`: a refused pickle, a truncated blob, a snapshot that does not parse) is never
   retried: the task body quarantines it (snapshot state `failed` with the reason, plus a dead
   letter) and returns normally. `throws` marks it as expected, so Celery logs no traceback.
@@ -16,15 +17,18 @@ import logging
 from celery import Task
 
 from profiler.errors import BadInput, BrokerUnavailable, StorageUnavailable
+from workers.runtime import is_transient
 
 log = logging.getLogger("memq.workers")
 
 
 def transient_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes that may be outages (`is_transient` decides for an instance)."""
     import redis
     from kombu.exceptions import OperationalError
 
-    return (StorageUnavailable, BrokerUnavailable, redis.ConnectionError, redis.TimeoutError, OperationalError)
+    return (StorageUnavailable, BrokerUnavailable, redis.ConnectionError, redis.TimeoutError, redis.ResponseError,
+            OperationalError)
 
 
 class MemqTask(Task):
@@ -42,7 +46,7 @@ class MemqTask(Task):
         except BadInput:
             raise
         except transient_errors() as exc:
-            if not self.retry_on_outage:
+            if not self.retry_on_outage or not is_transient(exc):
                 raise
             raise self.retry_later(exc) from exc
 

@@ -220,6 +220,9 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, enqueue=
         return "quarantined"
     except MemqError:
         raise  # StorageUnavailable / BrokerUnavailable: the task retries (same task id: takes over)
+    except (RecursionError, MemoryError) as exc:  # this input, every time (runtime.is_bad_input)
+        quarantine(st, snapshot_id, f"bad snapshot: {type(exc).__name__}: {str(exc)[:300]}")
+        return "quarantined"
     except Exception as exc:  # noqa: BLE001 - soft time limit, or a bug on this input: bounded retries
         reason = f"{type(exc).__name__}: {exc}"
         log.warning("analysis of snapshot %s failed (attempt %d): %s", snapshot_id, lease.attempts, reason,

@@ -6,6 +6,11 @@
 - `dead_letter(r, settings, fields, reason)`: `XADD <dead stream>` with the original fields plus
   `reason` (ARCHITECTURE.md, "Envelope"), trimmed to about 100,000 entries.
 - `debounce(r, key, ttl_ms)`: SET NX PX; True when this caller should schedule the work.
+- `is_transient(exc)`: the one answer to "outage or bad data?". Only connection and availability
+  errors (Redis unreachable, loading, read-only, out of memory; the database unreachable, locked or
+  restarting; the schema waiting for `memq db upgrade`) are transient: wait and retry. Everything else
+  (a refused envelope or blob, a value the database refuses, a RecursionError, a MemoryError under
+  the decode budget, a bug) is bad data for the entry or task in hand: dead letter / failed at once.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from profiler.config import Settings, load_settings, redact_url
-from profiler.errors import BrokerUnavailable
+from profiler.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
 
 log = logging.getLogger("memq.workers")
 
@@ -104,9 +109,55 @@ def redis_errors(url: str) -> Iterator[None]:
         raise BrokerUnavailable(f"Redis {redact_url(url)} unavailable: {type(exc).__name__}: {exc}",
                                 hint="check that it is running and reachable; retry later") from exc
     except redis.ResponseError as exc:
-        if "LOADING" in str(exc) or "MASTERDOWN" in str(exc) or "READONLY" in str(exc):
+        if _redis_not_ready(exc):
             raise BrokerUnavailable(f"Redis {redact_url(url)} not ready: {exc}") from exc
         raise
+
+
+#: Redis error replies that say "not now" rather than "not this": a loading or failed-over server,
+#: a replica, a full server (noeviction), a busy script, a cluster in transition.
+_NOT_READY = ("LOADING", "MASTERDOWN", "READONLY", "OOM", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS",
+              "MISCONF")
+
+
+def _redis_not_ready(exc: BaseException) -> bool:
+    return str(exc).split(" ", 1)[0] in _NOT_READY
+
+
+def _db_limit(exc: BaseException) -> bool:
+    """A database 'unavailable' error that is really this statement's data: PostgreSQL class 54
+    (program limit exceeded: a row, an index entry, a statement too large), SQLite's size limits."""
+    cause = exc.__cause__
+    orig = getattr(cause, "orig", cause)
+    code = str(getattr(orig, "sqlstate", "") or "")
+    text = str(orig).lower()
+    return code.startswith("54") or "too big" in text or "too many sql variables" in text
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for an outage (retry later), False for bad data (never retry). See the module docstring."""
+    import redis
+
+    if isinstance(exc, (BrokerUnavailable, SchemaOutOfDate, redis.ConnectionError, redis.TimeoutError,
+                        redis.BusyLoadingError)):
+        return True
+    if isinstance(exc, redis.ResponseError):
+        return _redis_not_ready(exc)
+    if isinstance(exc, StorageUnavailable):
+        return not _db_limit(exc)
+    if isinstance(exc, StorageError) and isinstance(exc.__cause__, OSError):
+        return True  # the blob store's disk (full, unmounted, read-only): ours, not the input's
+    try:
+        from kombu.exceptions import OperationalError
+    except ImportError:  # pragma: no cover - kombu comes with celery
+        return False
+    return isinstance(exc, OperationalError)
+
+
+def is_bad_input(exc: BaseException) -> bool:
+    """Errors an input causes by itself, every time: never worth another attempt of the same work.
+    (A bug or a soft time limit may be worth a bounded retry; these are not.)"""
+    return isinstance(exc, (BadInput, RecursionError, MemoryError)) and not is_transient(exc)
 
 
 def _text(v: Any) -> str:
@@ -116,8 +167,11 @@ def _text(v: Any) -> str:
 
 
 def dead_letter(r, st: Settings, fields: Mapping[Any, Any], reason: str, **extra: Any) -> str:
-    """Append one dead letter: the original fields, `reason`, and `extra` (e.g. entry_id, stage)."""
-    out = {_text(k): _text(v) for k, v in fields.items()}
+    """Append one dead letter: the original fields (any bytes: envelope.dead_letter_fields),
+    `reason`, and `extra` (e.g. entry_id, stage)."""
+    from profiler.envelope import dead_letter_fields
+
+    out = dead_letter_fields(fields)
     out.update({k: _text(v) for k, v in extra.items() if v is not None})
     out["reason"] = reason[:2000]
     out.setdefault("dead_at", str(int(time.time() * 1000)))
