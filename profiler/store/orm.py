@@ -254,3 +254,46 @@ class Report(Base):
     generated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
 
     __table_args__ = (UniqueConstraint("report_date", "scope"),)
+
+
+ALERT_STATES = ("pending", "sending", "sent", "failed", "suppressed", "recorded")
+
+
+class Alert(Base):
+    """The alert outbox (profiler/alerts/outbox.py): one row per (run, verdict), written when a run's
+    verdict becomes an OOM, a leak or a near miss, then claimed with a lease and POSTed by a worker.
+    The unique key is what makes a verdict alert once; `idem_key` goes out as the Idempotency-Key
+    header so a receiver can drop a resend. Rows are never rewritten to another verdict, so counts
+    over this table are monotonic (the exporter's memq_verdicts_total)."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    #: `oom:<cause>`, `leak` or `near_miss` (profiler/alerts/verdict.py).
+    verdict: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    cause: Mapped[str | None] = mapped_column(String(32))
+    # copied from the run so rate limits and metrics need no join
+    cluster: Mapped[str | None] = mapped_column(String(200))
+    job: Mapped[str | None] = mapped_column(String(200))
+    idem_key: Mapped[str] = mapped_column(String(64), unique=True)
+    #: What the alert says (format-independent: title, cause, evidence, recommendation, link, figures).
+    body: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    state: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    #: Who holds the lease; only that sender may record the outcome.
+    claim_token: Mapped[str | None] = mapped_column(String(36))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        UniqueConstraint("run_id", "verdict"),
+        CheckConstraint(_in("state", ALERT_STATES), name="state"),
+        Index(None, "state", "next_attempt_at"),
+        Index(None, "cluster", "job", "claimed_at"),
+    )
