@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profiler import envelope
+from profiler.backoff import full_jitter
 from profiler.config import Settings, redact_url
 from profiler.errors import (
     BadInput,
@@ -50,6 +51,7 @@ from profiler.errors import (
     StorageError,
     StorageUnavailable,
 )
+from profiler.redis_functions import Relay
 from profiler.store import repository as repo
 from workers import jobs, runtime
 
@@ -110,6 +112,8 @@ class Dispatcher:
         self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
                                      "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None
+        # agents whose ACL refuses XADD append to an inbox list; moved into the stream here
+        self.relay = Relay.for_settings(self.r, st)
 
     # ------------------------------------------------------------------------------ plumbing
     def _client(self):
@@ -178,7 +182,7 @@ class Dispatcher:
                         raise
                     self.counts["outages"] += 1
                     log.warning("dispatcher: %s; retrying in %.1f s", exc, backoff)
-                    self.stop_event.wait(backoff)
+                    self.stop_event.wait(full_jitter(backoff))  # dispatchers that lost Redis together spread out
                     # capped at the claim idle time: a waiting dispatcher retries before its
                     # entries would look abandoned to the others
                     backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
@@ -187,7 +191,7 @@ class Dispatcher:
                     self.counts["errors"] += 1
                     log.exception("dispatcher: unexpected error")
                     self._on_unexpected(exc)
-                    self.stop_event.wait(backoff)
+                    self.stop_event.wait(full_jitter(backoff))
                     backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
                     continue
                 if n:
@@ -212,6 +216,8 @@ class Dispatcher:
                 self._next_claim = time.monotonic() + max(1.0, self.st.claim_idle_s / 4)
                 self._backlog = self.reclaim()
             if not self._backlog:
+                with runtime.redis_errors(self.st.redis_url):
+                    self.relay.step()
                 self._backlog = self.read()
         if not self._backlog:
             return 0

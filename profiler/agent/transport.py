@@ -7,9 +7,12 @@ drops the message and counts it. Everything else happens on one daemon thread:
                missing) -> envelope fields (profiler.envelope.build)
     deliver    while the spool holds messages, new ones are appended to it (order is kept), and the
                spool is replayed oldest first whenever Redis answers again; otherwise
-               SET memq:blob:<sha256> <blob> EX ttl, then XADD <stream> MAXLEN ~ N <fields>.
-               Any error (connect, timeout, OOM of a full Redis, auth) marks Redis down for a back-off
-               period (0.5 s doubling to 30 s) and the message goes to the spool.
+               SET memq:blob:<sha256> <blob> EX ttl, then XADD <stream> MAXLEN ~ N <fields>; where
+               the ACL refuses XADD (a hardened deployment), RPUSH <stream>:inbox <fields as JSON>
+               instead, which the dispatcher relays into the stream (profiler/redis_functions.py).
+               Any other error (connect, timeout, OOM of a full Redis, auth) marks Redis down for a
+               back-off period (full jitter: a random wait up to 0.5 s doubling to 30 s, so agents
+               that lost Redis together do not come back together) and the message goes to the spool.
     spool      bounded; oldest dropped and counted when full; a failing disk drops and counts.
 
 Redis URLs may carry a password and use TLS (`rediss://`); every command has a socket timeout and
@@ -27,8 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler import envelope
+from profiler import envelope, redis_functions
 from profiler.agent.spool import Message, Spool
+from profiler.backoff import JitteredBackoff
 
 try:  # the agent runs without redis-py (spool only) and without zstandard (gzip)
     import redis as _redis
@@ -54,9 +58,10 @@ def compress(data: bytes, codec: str) -> bytes:
 
 
 class Counters:
-    """sent, spooled, dropped, replayed, errors (+ queued, the messages waiting now)."""
+    """sent, spooled, dropped, replayed, errors (+ queued, the messages waiting now); via_inbox: of the
+    sent and replayed, those appended to the relay inbox because the ACL refused XADD."""
 
-    NAMES = ("sent", "spooled", "dropped", "replayed", "errors")
+    NAMES = ("sent", "spooled", "dropped", "replayed", "errors", "via_inbox")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -90,6 +95,24 @@ class Item:
 _STOP = object()
 
 
+def _acl_refused(exc: BaseException) -> bool:
+    return (_redis is not None and isinstance(exc, _redis.exceptions.NoPermissionError)) or "NOPERM" in str(exc)
+
+
+def append_fields(client, fields: dict, *, stream: str, maxlen: int, path: str = "stream") -> str:
+    """Append one envelope: XADD when `path` is "stream" and the ACL allows it, else RPUSH to the
+    relay inbox. Returns the path that worked, for the caller to start from next time."""
+    if path == "stream":
+        try:
+            client.xadd(stream, fields, maxlen=maxlen, approximate=True)
+            return "stream"
+        except Exception as exc:
+            if not _acl_refused(exc):
+                raise
+    client.rpush(redis_functions.inbox_key(stream), redis_functions.encode_fields(fields))
+    return "inbox"
+
+
 def make_client(url: str, timeout_s: float):
     """A redis-py client with hard timeouts and no hidden retries."""
     from redis.backoff import NoBackoff
@@ -105,7 +128,7 @@ class Transport:
                  codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
                  max_pending_snapshots: int = 16, backoff_s: tuple[float, float] = (0.5, 30.0),
                  client_factory: Callable[[], Any] | None = None, counters: Counters | None = None,
-                 adopt: Callable[[], list] | None = None):
+                 adopt: Callable[[], list] | None = None, jitter: bool = True):
         self.identity = identity  # run, cluster, job, rank, host
         self.spool = spool
         self.redis_url = redis_url
@@ -116,6 +139,7 @@ class Transport:
         self.codec = codec or default_codec()
         self.send_timeout_s = send_timeout_s
         self.backoff_min, self.backoff_max = backoff_s
+        self.write_path = "stream"  # "inbox" once the ACL refused XADD on this connection
         self.counters = counters or Counters()
         self._q: queue.Queue = queue.Queue(maxsize=queue_size)
         self._pending_snapshots = threading.BoundedSemaphore(max_pending_snapshots)
@@ -124,13 +148,14 @@ class Transport:
         self._factory = client_factory
         self._client = None
         self._next_try = 0.0
-        self._backoff = self.backoff_min
+        self._backoff = JitteredBackoff(self.backoff_min, self.backoff_max, jitter)
         self._stop_deadline: float | None = None
         self._idle = threading.Event()
         self._idle.set()
         self._busy = 0
         self._busy_lock = threading.Lock()
         self.last_error: str | None = None
+        self.connects = 0  # successful (re)connections, for the reconnect benchmark
         self._adopt = adopt  # finds and claims spools of dead processes of this run on this host
         self._adopted: list | None = None
         self._thread = threading.Thread(target=self._run, name="memq-agent-transport", daemon=True)
@@ -300,7 +325,9 @@ class Transport:
         c = self._client
         if msg.blob_key is not None:
             c.set(msg.blob_key, msg.blob, ex=self.blob_ttl_s)
-        c.xadd(self.stream, msg.fields, maxlen=self.maxlen, approximate=True)
+        self.write_path = append_fields(c, msg.fields, stream=self.stream, maxlen=self.maxlen, path=self.write_path)
+        if self.write_path == "inbox":
+            self.counters.add("via_inbox")
 
     def _replay_spool(self) -> None:
         while not self._late():
@@ -331,7 +358,7 @@ class Transport:
             sp = Spool(path, max_bytes=1 << 62, fsync=False)
             try:
                 n = replay_spool(sp, self._client, stream=self.stream, maxlen=self.maxlen,
-                                 blob_ttl_s=self.blob_ttl_s, key_prefix=self.key_prefix)
+                                 blob_ttl_s=self.blob_ttl_s, key_prefix=self.key_prefix, counters=self.counters)
             except Exception as exc:  # noqa: BLE001 - a bad file or Redis down: try again later
                 self._down(exc)
                 return
@@ -356,7 +383,9 @@ class Transport:
             self._down(exc)
             return False
         self._client = client
-        self._backoff = self.backoff_min
+        self._backoff.reset()
+        self.write_path = "stream"  # the ACL may have changed while we were away: try XADD again
+        self.connects += 1
         return True
 
     def _down(self, exc: BaseException) -> None:
@@ -368,22 +397,24 @@ class Transport:
                 client.close()
             except Exception:  # noqa: BLE001
                 pass
-        self._next_try = time.monotonic() + self._backoff
-        self._backoff = min(self.backoff_max, self._backoff * 2)
+        self._next_try = time.monotonic() + self._backoff.next()
 
 
 def replay_spool(spool: Spool, client, *, stream: str = "memq:ingest", maxlen: int = 1_000_000,
-                 blob_ttl_s: int = 7 * 24 * 3600, remove: bool = True, key_prefix: str | None = None) -> int:
+                 blob_ttl_s: int = 7 * 24 * 3600, remove: bool = True, key_prefix: str | None = None,
+                 counters: Counters | None = None) -> int:
     """Send a spool's messages in order to `client` (a redis-py client); returns how many were sent.
     Used by `python -m profiler.agent.replay` for spools written where no Redis was reachable.
     `key_prefix` re-keys blobs for a deployment whose prefix differs from the writer's."""
-    n = 0
+    n, path = 0, "stream"
     for name, msg in list(spool):
         env = envelope.parse(msg.fields)  # refuse anything that is not a valid envelope
         if msg.blob_key is not None:
             key = envelope.blob_key(env.sha256, key_prefix) if key_prefix is not None else msg.blob_key
             client.set(key, msg.blob, ex=blob_ttl_s)
-        client.xadd(stream, msg.fields, maxlen=maxlen, approximate=True)
+        path = append_fields(client, msg.fields, stream=stream, maxlen=maxlen, path=path)
+        if path == "inbox" and counters is not None:
+            counters.add("via_inbox")
         if remove:
             spool.remove(name)
         n += 1

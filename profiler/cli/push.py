@@ -45,7 +45,7 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     """Send snapshot FILEs of one run (in time order) to the ingest stream, as the agent does."""
     from profiler import codec, envelope
     from profiler.agent.spool import Spool
-    from profiler.agent.transport import Item, Transport, make_client
+    from profiler.agent.transport import Item, Transport, append_fields, make_client
     from profiler.cli._listing import write_json
     from profiler.config import load_settings, redact_url
     from profiler.errors import BadInput, BrokerUnavailable
@@ -93,11 +93,12 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     tail = None if status == "running" else transport.serialize(
         Item("run_end", payload={"status": status, "source": "memq push"}, ts=ts + len(files) + 1))
     client = make_client(url, 10.0)
+    path = "stream"  # or the relay inbox, where the agent user's ACL refuses XADD
     try:
         for msg in [head, *messages, *([tail] if tail else [])]:
             if msg.blob_key is not None:
                 client.set(msg.blob_key, msg.blob, ex=st.blob_ttl_s)
-            client.xadd(st.stream_key, msg.fields, maxlen=st.stream_maxlen, approximate=True)
+            path = append_fields(client, msg.fields, stream=st.stream_key, maxlen=st.stream_maxlen, path=path)
     except Exception as exc:  # noqa: BLE001 - redis-py errors: one line, password hidden
         raise BrokerUnavailable(f"cannot send to Redis {redact_url(url)}: {type(exc).__name__}: {exc}",
                                 hint="check MEMQ_REDIS_URL and that Redis is running") from exc

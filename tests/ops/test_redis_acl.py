@@ -1,16 +1,16 @@
 """The Redis ACL of deploy/SECURITY.md and deploy/redis/users.acl.template, on a private redis-server.
 
-The agent user may PING, SET memq:blob:* and XADD memq:ingest (write-only), and nothing else; the
-real agent transport replays a real H200 spool through it. The services' user cannot run the
-@dangerous commands or touch keys outside memq:*. The default user is off. The agent is checked
-twice: as the ACL file defines it, and as the `ACL SETUSER` line of SECURITY.md defines it (applied by
-a test-only operator user, as an administrator would)."""
+The agent user may PING, SET memq:blob:* and RPUSH memq:ingest:inbox (write-only), and nothing else:
+no XADD (it takes MAXLEN 0 and explicit IDs), no FCALL, no function loading; the real agent transport
+replays a real H200 spool through it and the services' relay moves it into the stream. The services'
+user cannot run the @dangerous commands or touch keys outside memq:*. The default user is off. The
+agent is checked twice: as the ACL file defines it, and as the `ACL SETUSER` line of SECURITY.md
+defines it (applied by a test-only operator user, as an administrator would). Hostile inbox content:
+tests/ops/test_ingest_relay.py."""
 
 from __future__ import annotations
 
-import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,58 +18,19 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.ops.stackfile import make_secrets
-from tests.workers.stack import free_port, wait_for
+from profiler import redis_functions
+from tests.ops.acl_redis import acl_redis
 
 ROOT = Path(__file__).resolve().parents[2]
-SECURITY = ROOT / "deploy" / "SECURITY.md"
 SPOOL = ROOT / "tests" / "fixtures" / "agent_gpu" / "spool_oom"
 SHA = "ab" * 32
-
-
-def setuser_line() -> str:
-    lines = [ln.strip() for ln in SECURITY.read_text().splitlines() if ln.strip().startswith("ACL SETUSER memq-agent")]
-    assert len(lines) == 1, "deploy/SECURITY.md must give exactly one `ACL SETUSER memq-agent ...` line"
-    return lines[0]
-
-
-def _password(url: str) -> str:
-    return url.split("//", 1)[1].split("@", 1)[0].split(":", 1)[1]
+INBOX = "memq:ingest:inbox"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("acl")
-    port = free_port()
-    # FLUSHALL/FLUSHDB below are sent to check the ACL refuses them; they go to this private server only.
-    assert port != 6379, "the ACL tests must never talk to the shared Redis"
-    sec = make_secrets(tmp, "127.0.0.1", port, "postgresql://unused@127.0.0.1:1/unused")
-    acl = tmp / "users.acl"  # the generated file plus a test-only operator (an administrator's account)
-    acl.write_text((sec / "users.acl").read_text() + "user operator on >operator-pw ~* &* +@all\n")
-    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--dir", str(tmp), "--aclfile", str(acl)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    op = redis.Redis(port=port, username="operator", password="operator-pw", socket_timeout=5)
-
-    def up():
-        try:
-            return op.ping()
-        except redis.RedisError:
-            return False
-
-    try:
-        wait_for(up, 15, 0.05, "private redis-server with the ACL file")
-        line = setuser_line().replace(">AGENT_PASSWORD", ">doc-agent-pw").replace("memq-agent", "memq-agent-doc", 1)
-        assert op.execute_command(*shlex.split(line)) in (b"OK", "OK", True)
-        memq_url = (sec / "memq_redis_url").read_text().strip()
-        agent_url = (sec / "agent_redis_url").read_text().strip()
-        yield {"port": port, "op": op, "memq": redis.Redis.from_url(memq_url, socket_timeout=5),
-               "agent_url": agent_url,
-               "agents": {"file": redis.Redis(port=port, username="memq-agent", password=_password(agent_url)),
-                          "doc": redis.Redis(port=port, username="memq-agent-doc", password="doc-agent-pw")}}
-    finally:
-        proc.kill()
-        proc.wait(10)
+    with acl_redis(tmp_path_factory.mktemp("acl")) as srv:
+        yield srv
 
 
 @pytest.fixture(params=["file", "doc"])
@@ -87,14 +48,17 @@ def refused(fn, *args, **kw) -> bool:
     return False
 
 
-def test_agent_can_write_its_stream_and_blobs(agent, server):
+def test_agent_can_write_its_inbox_and_blobs(agent, server):
     assert agent.ping()
     assert agent.set(f"memq:blob:{SHA}", b"\x28\xb5\x2f\xfd blob", ex=3600)
-    eid = agent.xadd("memq:ingest", {"v": "1", "kind": "stats"}, maxlen=1000, approximate=True)
-    assert eid
-    # it landed (read back with the services' user)
+    assert agent.rpush(INBOX, redis_functions.encode_fields({"v": "1", "kind": "stats"})) >= 1
+    # it landed (read back with the services' user), and the relay moves it into the stream
     assert server["memq"].get(f"memq:blob:{SHA}").endswith(b"blob")
-    assert server["memq"].xrange("memq:ingest", min=eid, max=eid)
+    before = server["memq"].xlen("memq:ingest") if server["memq"].exists("memq:ingest") else 0
+    relay = redis_functions.Relay(server["memq"], stream="memq:ingest", key_prefix="memq:", maxlen=1000,
+                                  blob_ttl_s=3600)
+    assert relay.step() >= 1 and server["memq"].llen(INBOX) == 0
+    assert server["memq"].xlen("memq:ingest") > before
 
 
 @pytest.mark.parametrize("what,call", [
@@ -121,6 +85,35 @@ def test_agent_can_write_its_stream_and_blobs(agent, server):
     ("script", lambda r: r.eval("return 1", 0)),
     ("debug", lambda r: r.execute_command("DEBUG", "SLEEP", "0")),
     ("shutdown", lambda r: r.execute_command("SHUTDOWN", "NOSAVE")),
+    # the stream: no XADD at all (MAXLEN 0 would empty it, the largest ID would block it for good)
+    ("xadd", lambda r: r.xadd("memq:ingest", {"v": "1"})),
+    ("xadd MAXLEN 0", lambda r: r.xadd("memq:ingest", {"v": "1"}, maxlen=0)),
+    ("xadd the last ID", lambda r: r.xadd("memq:ingest", {"v": "1"}, id="18446744073709551615-18446744073709551614")),
+    ("xtrim", lambda r: r.xtrim("memq:ingest", maxlen=0)),
+    ("xdel", lambda r: r.xdel("memq:ingest", "0-1")),
+    ("xsetid", lambda r: r.execute_command("XSETID", "memq:ingest", "18446744073709551615-18446744073709551615")),
+    ("xgroup destroy", lambda r: r.xgroup_destroy("memq:ingest", "memq-dispatch")),
+    ("delete the stream", lambda r: r.delete("memq:ingest")),
+    ("unlink the stream", lambda r: r.unlink("memq:ingest")),
+    ("rename the stream", lambda r: r.rename("memq:ingest", "memq:blob:x")),
+    # the inbox: append only
+    ("read the inbox", lambda r: r.lrange(INBOX, 0, -1)),
+    ("pop the inbox", lambda r: r.lpop(INBOX)),
+    ("trim the inbox", lambda r: r.ltrim(INBOX, 1, 0)),
+    ("delete the inbox", lambda r: r.delete(INBOX)),
+    ("replace the inbox", lambda r: r.set(INBOX, b"x")),
+    ("rpush the stream key", lambda r: r.rpush("memq:ingest", b"x")),
+    ("lpush the inbox", lambda r: r.lpush(INBOX, b"x")),
+    ("set a blob and read the old one", lambda r: r.set(f"memq:blob:{SHA}", b"x", get=True)),
+    # functions: neither call nor load, delete or flush them
+    ("fcall the relay", lambda r: r.fcall("memq_relay", 2, INBOX, "memq:ingest", 1, 1, "memq:", 1)),
+    ("fcall_ro", lambda r: r.fcall_ro("memq_version", 0)),
+    ("function load", lambda r: r.function_load("#!lua name=evil\nredis.register_function('e', "
+                                                "function() return 1 end)", replace=True)),
+    ("function delete", lambda r: r.function_delete("memq")),
+    ("function flush", lambda r: r.function_flush()),
+    ("function restore", lambda r: r.execute_command("FUNCTION", "RESTORE", b"x", "REPLACE")),
+    ("evalsha", lambda r: r.evalsha("0" * 40, 0)),
 ])
 def test_agent_cannot(agent, what, call):
     assert refused(call, agent), f"the agent user could {what}"
@@ -133,9 +126,12 @@ def test_real_agent_transport_replays_a_gpu_spool_through_the_agent_user(server,
 
     spool = tmp_path / "spool"
     shutil.copytree(SPOOL, spool)
-    before = server["memq"].xlen("memq:ingest")
+    memq = server["memq"]
+    before = memq.xlen("memq:ingest") if memq.exists("memq:ingest") else 0
     n = replay_dir(spool, make_client(server["agent_url"], 5.0), stream="memq:ingest", remove=True)
-    assert n >= 5
+    assert n >= 5 and memq.llen(INBOX) == n  # XADD refused: every message went to the inbox
+    relay = redis_functions.Relay.for_settings(memq, _settings())
+    assert relay.step() == n and relay.counts["refused"] == 0
     entries = server["memq"].xrange("memq:ingest")[before:]
     assert len(entries) == n
     kinds = [envelope.parse(f).kind for _, f in entries]
@@ -145,6 +141,12 @@ def test_real_agent_transport_replays_a_gpu_spool_through_the_agent_user(server,
         if env.kind == "snapshot":
             assert server["memq"].exists(envelope.blob_key(env.sha256))
     assert not list(spool.rglob("*.mqs"))  # all sent
+
+
+def _settings():
+    from profiler.config import load_settings
+
+    return load_settings({"MEMQ_CONFIG": "/nonexistent/memq.toml"})
 
 
 def test_services_user_has_no_dangerous_commands(server):
