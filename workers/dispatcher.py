@@ -3,9 +3,11 @@
 One loop (`Dispatcher.run`, started by `memq dispatcher`), reading the stream through the consumer
 group `memq-dispatch`:
 
-    XREADGROUP (own pending entries first after a start, then new ones)
+    XREADGROUP (new entries; after a start, first this consumer's own pending ones, see below)
     per entry, in stream order:
-      bad envelope                -> dead letter (original fields + reason) and XACK, atomically
+      bad envelope                -> dead letter (original fields + reason) and XACK, atomically.
+                                     One schema at the door (envelope.parse): types, ranges, UTF-8,
+                                     names, times, sizes; nothing that fails it reaches SQL
       stats                       -> consecutive entries batched: one INSERT of all their samples
                                      (ON CONFLICT DO NOTHING on (run, rank, time)), commit
       run_start / run_end         -> upsert the run / move its status up (never an OOM down), commit
@@ -17,13 +19,19 @@ group `memq-dispatch`:
                                      then analyze_snapshot(id) is enqueued for each not done/failed
     XACK the batch, then DEL the moved blobs from Redis.
 
-Crash anywhere and the entries stay pending: the next read of this consumer's pending list (at
-start) or another dispatcher's claim (XPENDING idle > MEMQ_CLAIM_IDLE_S, then XCLAIM) processes
-them again, which inserts nothing twice and at most enqueues a duplicate task (tasks lease the
-snapshot, so it is analysed once). An entry delivered MEMQ_MAX_DELIVERIES times without being
-acknowledged (it crashes every dispatcher that reads it) is dead-lettered instead.
-Outages of PostgreSQL or Redis keep the batch in memory and retry it with back-off (0.5 s doubling
-to min(30 s, MEMQ_CLAIM_IDLE_S)), so waiting out an outage does not count as a delivery.
+Crash anywhere and the entries stay pending: the next start of this consumer (its own pending
+list) or another dispatcher (XPENDING idle > MEMQ_CLAIM_IDLE_S) takes them again ONE AT A TIME:
+XPENDING gives each entry's delivery count, XCLAIM of that one entry counts one more delivery,
+and it is handled and acknowledged alone. So an entry that crashes the process (a decompression
+bomb under a memory limit) reaches MEMQ_MAX_DELIVERIES alone and is dead-lettered; the entries
+read in the same batch are not charged for it. Handling again inserts nothing twice and at most
+enqueues a duplicate task (tasks lease the snapshot, so it is analysed once).
+Bad data versus outages (runtime.is_transient): only connection and availability errors are
+transient; they keep the batch in memory and retry it with back-off (0.5 s doubling to
+min(30 s, MEMQ_CLAIM_IDLE_S)), so waiting out an outage does not count as a delivery. Any other
+error is the entry's: dead-lettered at once (a database refusal is tried once more without the
+cached run ids first). An error that escapes a batch splits it: the batch is handled again one
+entry at a time, and the entry that fails alone is dead-lettered, so it never takes its batch.
 SIGTERM / SIGINT: finish the current entry, acknowledge what is done, stop.
 """
 
@@ -41,17 +49,14 @@ from collections.abc import Callable
 from typing import Any
 
 from profiler import envelope
-from profiler.backoff import full_jitter
 from profiler.config import Settings, redact_url
 from profiler.errors import (
     BadInput,
     BrokerUnavailable,
     MemqError,
-    SchemaOutOfDate,
     StorageError,
-    StorageUnavailable,
+    TooLarge,
 )
-from profiler.redis_functions import Relay
 from profiler.store import repository as repo
 from workers import jobs, runtime
 
@@ -66,7 +71,16 @@ Entry = tuple[str, dict | None]
 
 
 def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+def _reason(exc: BaseException) -> str:
+    """A dead letter's reason for an error an entry caused."""
+    if isinstance(exc, BadInput):
+        return f"refused: {exc}"
+    if isinstance(exc, StorageError):
+        return f"refused by the database: {exc}"
+    return f"{type(exc).__name__}: {str(exc)[:500]}"
 
 
 def _ts(ms: int | None):
@@ -103,17 +117,15 @@ class Dispatcher:
         self._next_claim = 0.0
         self._next_partitions = 0.0
         self._run_ids: dict[str, int] = {}
-        self._refusals: dict[str, int] = {}
         self._single = False  # after an unexpected error: one entry at a time
-        self._errors: dict[str, int] = {}
+        self.limits = envelope.Limits.of(st)
+        self._sized: set[str] = set()  # sha256s whose size was checked by inflating them here
         self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
         self._uncommitted: dict[str, int] = {}
         self.fault = os.environ.get("MEMQ_TEST_FAULT", "")  # fault injection for the crash tests only
         self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
                                      "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None
-        # agents whose ACL refuses XADD append to an inbox list; moved into the stream here
-        self.relay = Relay.for_settings(self.r, st)
 
     # ------------------------------------------------------------------------------ plumbing
     def _client(self):
@@ -177,21 +189,21 @@ class Dispatcher:
                 try:
                     n = self.step()
                     backoff = 0.5
-                except (BrokerUnavailable, MemqError) as exc:
-                    if isinstance(exc, BadInput):
-                        raise
+                except Exception as exc:  # noqa: BLE001 - sorted by runtime.is_transient
+                    if not runtime.is_transient(exc):
+                        self.counts["errors"] += 1
+                        log.warning("dispatcher: %s: %s", type(exc).__name__, exc,
+                                    exc_info=not isinstance(exc, MemqError))
+                        if self._on_unexpected(exc):
+                            continue  # the entry in hand is dealt with: no reason to wait
+                        self.stop_event.wait(backoff)
+                        backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
+                        continue
                     self.counts["outages"] += 1
                     log.warning("dispatcher: %s; retrying in %.1f s", exc, backoff)
-                    self.stop_event.wait(full_jitter(backoff))  # dispatchers that lost Redis together spread out
+                    self.stop_event.wait(backoff)
                     # capped at the claim idle time: a waiting dispatcher retries before its
                     # entries would look abandoned to the others
-                    backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
-                    continue
-                except Exception as exc:  # noqa: BLE001 - a bug or an unexpected reply: isolate the entry
-                    self.counts["errors"] += 1
-                    log.exception("dispatcher: unexpected error")
-                    self._on_unexpected(exc)
-                    self.stop_event.wait(full_jitter(backoff))
                     backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
                     continue
                 if n:
@@ -211,13 +223,16 @@ class Dispatcher:
             self._group_ready = True
         if time.monotonic() >= self._next_partitions:
             self._make_partitions()
+        if not self._backlog and self._read_own:
+            self._backlog = self.recover_own()
+            self._single = bool(self._backlog)
         if not self._backlog:
             if time.monotonic() >= self._next_claim:
                 self._next_claim = time.monotonic() + max(1.0, self.st.claim_idle_s / 4)
                 self._backlog = self.reclaim()
+                if self._backlog:  # one entry at a time: take the next one at the next step
+                    self._single, self._next_claim = True, 0.0
             if not self._backlog:
-                with runtime.redis_errors(self.st.redis_url):
-                    self.relay.step()
                 self._backlog = self.read()
         if not self._backlog:
             return 0
@@ -245,37 +260,31 @@ class Dispatcher:
             log.info("dispatcher: made stat_samples partitions %s", ", ".join(made))
         self._next_partitions = time.monotonic() + 3600
 
-    def _on_unexpected(self, exc: BaseException) -> None:
-        """After an unexpected error the batch in hand is retried one entry at a time; an entry that
-        fails max_deliveries times that way is dead-lettered with the error, so one bad entry cannot
-        stop the stream."""
+    def _on_unexpected(self, exc: BaseException) -> bool:
+        """An error that is not an outage, in the batch in hand: the batch is handled again one entry
+        at a time, and an entry that fails alone is dead-lettered with the error at once. Returns
+        whether the next step may come without waiting."""
         if not self._backlog:
-            return
+            return False
         if not self._single and len(self._backlog) > 1:
             self._single = True
-            return
+            return True
         eid, fields = self._backlog[0]
-        n = self._errors[eid] = self._errors.get(eid, 0) + 1
-        if n >= self.st.max_deliveries:
-            try:
-                self._dead_and_ack(eid, fields or {}, f"dispatcher failed on it {n} times: "
-                                                      f"{type(exc).__name__}: {str(exc)[:500]}")
-            except Exception:  # noqa: BLE001 - Redis down as well: tried again next time
-                return
-            self._backlog.pop(0)
-            self._errors.pop(eid, None)
+        try:
+            self._dead_and_ack(eid, fields or {}, _reason(exc))
+        except Exception:  # noqa: BLE001 - Redis down as well: tried again next time
+            return False
+        self._backlog.pop(0)
+        if not self._backlog:
+            self._single = False
+            self._dead_ids.clear()
+        return True
 
     def read(self) -> list[Entry]:
         import redis
 
         with runtime.redis_errors(self.st.redis_url):
             try:
-                if self._read_own:
-                    resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=self.batch)
-                    own = resp[0][1] if resp else []
-                    if own:
-                        return [(_s(i), f) for i, f in own]
-                    self._read_own = False
                 block = None if self.stop_event.is_set() else self.block_ms
                 resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=self.batch,
                                          block=block)
@@ -287,13 +296,36 @@ class Dispatcher:
                 raise
         return [(_s(i), f) for i, f in (resp[0][1] if resp else [])]
 
+    def recover_own(self) -> list[Entry]:
+        """The oldest entry this consumer read and did not acknowledge (it crashed, or was killed),
+        claimed again so that the delivery is counted; [] when none is left."""
+        import redis
+
+        with runtime.redis_errors(self.st.redis_url):
+            try:
+                pend = self.r.xpending_range(self.stream, self.group, min="-", max="+", count=1,
+                                             consumername=self.consumer)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    self.ensure_group()
+                    return []
+                raise
+            if not pend:
+                self._read_own = False
+                return []
+            got = self._take(pend[0], 0)
+            if got is None:  # trimmed from the stream (or taken by another): nothing to handle
+                self.r.xack(self.stream, self.group, _s(pend[0]["message_id"]))
+                return []
+        return got
+
     def reclaim(self) -> list[Entry]:
-        """Entries other consumers took and left unacknowledged for claim_idle_s: dead-letter those
-        delivered max_deliveries times, claim the rest."""
+        """Entries other consumers took and left unacknowledged for claim_idle_s: those delivered
+        max_deliveries times are dead-lettered; of the rest, the oldest is claimed (one delivery
+        more) and returned, to be handled alone."""
         import redis
 
         idle_ms = self.st.claim_idle_s * 1000
-        out: list[Entry] = []
         with runtime.redis_errors(self.st.redis_url):
             try:
                 pend = self.r.xpending_range(self.stream, self.group, min="-", max="+", count=self.batch,
@@ -304,28 +336,31 @@ class Dispatcher:
                     return []
                 raise
             pend = [p for p in pend if _s(p["consumer"]) != self.consumer]
-            if not pend:
-                return []
-            worn = [p for p in pend if int(p["times_delivered"]) >= self.st.max_deliveries]
-            fresh = [_s(p["message_id"]) for p in pend if int(p["times_delivered"]) < self.st.max_deliveries]
-            for p in worn:
-                mid = _s(p["message_id"])
-                got = self.r.xclaim(self.stream, self.group, self.consumer, idle_ms, [mid])
-                if not got:
-                    continue  # another dispatcher took it first
-                fields = got[0][1] or {}
-                reason = (f"not acknowledged after {p['times_delivered']} deliveries (last consumer "
-                          f"{_s(p['consumer'])}): it may crash the dispatcher")
-                self._dead_and_ack(mid, fields, reason)
-            if fresh:
-                got = self.r.xclaim(self.stream, self.group, self.consumer, idle_ms, fresh)
-                # Redis 7 drops entries trimmed from the stream out of the pending list here
-                out = [(_s(i), f) for i, f in got]
-                self.counts["claimed"] += len(out)
-                if out:
-                    log.info("dispatcher %s claimed %d entries of idle consumers", self.consumer, len(out))
+            out: list[Entry] = []
+            for p in pend:
+                got = self._take(p, idle_ms)
+                if got:
+                    out = got
+                    self.counts["claimed"] += 1
+                    log.info("dispatcher %s claimed %s of idle consumer %s (delivered %s times before)",
+                             self.consumer, got[0][0], _s(p["consumer"]), p["times_delivered"])
+                    break
             self._forget_dead_consumers()
         return out
+
+    def _take(self, pending: dict, min_idle_ms: int) -> list[Entry] | None:
+        """XCLAIM one pending entry (which counts a delivery). [] when it was delivered
+        max_deliveries times already (then it is dead-lettered); None when it is gone."""
+        mid, n = _s(pending["message_id"]), int(pending["times_delivered"])
+        got = self.r.xclaim(self.stream, self.group, self.consumer, min_idle_ms, [mid])
+        if not got:
+            return None  # another dispatcher took it first; Redis 7 drops trimmed entries here
+        fields = got[0][1] or {}
+        if n >= self.st.max_deliveries:
+            self._dead_and_ack(mid, fields, f"delivered {n} times without being acknowledged (last consumer "
+                                            f"{_s(pending['consumer'])}): it may crash the dispatcher")
+            return []
+        return [(mid, got[0][1])]
 
     def _forget_dead_consumers(self) -> None:
         """Remove consumers that hold nothing and were idle for a day (restarted dispatchers)."""
@@ -339,6 +374,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------------------------ entries
     def handle(self, entries: list[Entry]) -> None:
+        self._sized.clear()
         done: list[str] = []
         blobs: set[str] = set()
         group: list[tuple[str, dict, envelope.Envelope]] = []  # consecutive stats, or snapshots
@@ -361,11 +397,12 @@ class Dispatcher:
                 done.append(eid)
                 continue
             try:
-                env = envelope.parse(fields)
-                if len(env.run) > 200:
-                    raise BadInput("run names are at most 200 characters")
+                env = envelope.parse(fields, self.limits)
             except BadInput as exc:
                 self._dead_and_ack(eid, fields, f"bad envelope: {exc}")
+                continue
+            except Exception as exc:  # noqa: BLE001 - the schema must not stop the stream, even when it fails
+                self._dead_and_ack(eid, fields, f"bad envelope (the check itself failed: {_reason(exc)})")
                 continue
             if env.kind in ("stats", "snapshot"):
                 if group and (group[0][2].kind != env.kind or (env.kind == "snapshot"
@@ -374,51 +411,40 @@ class Dispatcher:
                 group.append((eid, fields, env))
                 continue
             flush()
-            try:
-                if env.kind == "run_start":
-                    self.on_run_start(env)
-                elif env.kind == "run_end":
-                    self.on_run_end(env)
-            except MemqError as exc:
-                if not self._refused(exc, eid):
-                    raise
-                self._dead_and_ack(eid, fields, f"refused: {exc}")
-                continue
-            done.append(eid)
+            handler = self.on_run_start if env.kind == "run_start" else self.on_run_end
+            if self._attempt(eid, fields, lambda h=handler, e=env: h(e)):
+                done.append(eid)
         flush()
         self._ack(done, blobs)
 
-    def _refused(self, exc: MemqError, eid: str) -> bool:
-        """Bad data, or a database refusal (not an outage) seen three times for this entry."""
-        if isinstance(exc, BadInput):
-            return True
-        if isinstance(exc, StorageError) and not isinstance(exc, (StorageUnavailable, SchemaOutOfDate)) \
-                and "database" in str(exc):
-            self._run_ids.clear()  # a cached run id may be what the database refuses (a deleted run)
-            self._refusals[eid] = self._refusals.get(eid, 0) + 1
-            if len(self._refusals) > 10_000:
-                self._refusals.clear()
-            return self._refusals[eid] >= 3
+    def _attempt(self, eid: str, fields: dict, work: Callable[[], Any]) -> bool:
+        """`work()` for one entry. An outage propagates (the batch is retried later); any other error
+        dead-letters the entry at once and returns False. A database refusal is tried once more
+        first, without the cached run ids (one may name a run deleted meanwhile)."""
+        for first in (True, False):
+            try:
+                work()
+                return True
+            except Exception as exc:  # noqa: BLE001 - sorted by runtime.is_transient
+                if runtime.is_transient(exc):
+                    raise
+                if first and isinstance(exc, StorageError):
+                    self._run_ids.clear()
+                    continue
+                self._dead_and_ack(eid, fields, _reason(exc))
+                return False
         return False
 
     def _stats_batch(self, items: list[tuple[str, dict, envelope.Envelope]]) -> list[str]:
-        """One insert for all; when it is refused, entry by entry (dead-lettering the refused)."""
+        """One insert for all; when that fails for a reason other than an outage, entry by entry
+        (dead-lettering only the entries that fail alone)."""
         try:
             self.on_stats([env for _, _, env in items])
             return [eid for eid, _, _ in items]
-        except MemqError as exc:
-            if not self._is_refusal(exc):
+        except Exception as exc:  # noqa: BLE001 - sorted by runtime.is_transient
+            if runtime.is_transient(exc):
                 raise
-        done = []
-        for eid, fields, env in items:
-            try:
-                self.on_stats([env])
-                done.append(eid)
-            except MemqError as exc:
-                if not self._refused(exc, eid):
-                    raise
-                self._dead_and_ack(eid, fields, f"refused: {exc}")
-        return done
+        return [eid for eid, fields, env in items if self._attempt(eid, fields, lambda e=env: self.on_stats([e]))]
 
     def _ack(self, ids: list[str], blob_keys: set[str]) -> None:
         if not ids:
@@ -433,7 +459,7 @@ class Dispatcher:
 
     def _dead_and_ack(self, eid: str, fields: dict, reason: str) -> None:
         """Dead letter and acknowledgement in one MULTI, so neither happens without the other."""
-        out = {_s(k): _s(v) for k, v in (fields or {}).items()}
+        out = envelope.dead_letter_fields(fields or {})
         out.update(reason=reason[:2000], entry_id=eid, stage="dispatch", dead_at=str(int(time.time() * 1000)))
         with runtime.redis_errors(self.st.redis_url):
             pipe = self.r.pipeline(transaction=True)
@@ -517,37 +543,36 @@ class Dispatcher:
         self.counts["stats"] += len(items)
         self.counts["samples"] += len(rows)
 
-    def _is_refusal(self, exc: MemqError) -> bool:
-        return isinstance(exc, BadInput) or (isinstance(exc, StorageError) and not isinstance(
-            exc, (StorageUnavailable, SchemaOutOfDate)))
-
     def _snapshot_batch(self, items: list[tuple[str, dict, envelope.Envelope]]) -> tuple[list[str], set[str]]:
         """Blobs first (each checked and stored, or dead-lettered), then one transaction for all the
         rows, then the analyses are enqueued. Returns the entry ids to acknowledge and the Redis blob
-        keys to delete after that. A batch the database refuses is retried entry by entry."""
+        keys to delete after that. A batch that fails for a reason other than an outage is handled
+        again entry by entry, so only the entry that fails alone is dead-lettered."""
         ready = []
         for eid, fields, env in items:
-            ref = self.move_blob(eid, fields, env)
-            if ref is not None:
-                ready.append((eid, fields, env, ref))
+            box: list = []
+            if self._attempt(eid, fields, lambda e=eid, f=fields, v=env, b=box: b.append(self.move_blob(e, f, v)))                     and box[0] is not None:  # None: dead-lettered inside (blob missing or bad)
+                ready.append((eid, fields, env, box[0]))
         if not ready:
             return [], set()
         try:
-            with self._tx() as s:
-                rows = [self._insert(s, eid, env, ref) for eid, _f, env, ref in ready]
-        except MemqError as exc:
-            if not self._is_refusal(exc) or len(ready) == 1:
-                if len(ready) == 1 and self._refused(exc, ready[0][0]):
-                    self._dead_and_ack(ready[0][0], ready[0][1], f"refused: {exc}")
-                    return [], set()
+            rows = self._insert_rows(ready)
+        except Exception as exc:  # noqa: BLE001 - sorted by runtime.is_transient
+            if runtime.is_transient(exc):
                 raise
-            ids: list[str] = []
-            keys: set[str] = set()
-            for item in ready:
-                got_ids, got_keys = self._snapshot_batch([item[:3]])
-                ids += got_ids
-                keys |= got_keys
-            return ids, keys
+            if len(ready) > 1:
+                ids: list[str] = []
+                keys: set[str] = set()
+                for item in ready:
+                    got_ids, got_keys = self._snapshot_batch([item[:3]])
+                    ids += got_ids
+                    keys |= got_keys
+                return ids, keys
+            done: list = []
+            eid, fields = ready[0][:2]
+            if not self._attempt(eid, fields, lambda: done.extend(self._insert_rows(ready))):
+                return [], set()
+            rows = done
         self._fault("after_commit")
         for sid, state, created in rows:
             self.counts["snapshots" if created else "duplicates"] += 1
@@ -556,6 +581,10 @@ class Dispatcher:
         self._fault("after_enqueue")
         return [eid for eid, *_ in ready], {envelope.blob_key(env.sha256, self.st.key_prefix)
                                             for _e, _f, env, _r in ready}
+
+    def _insert_rows(self, ready: list) -> list[tuple[int, str, bool]]:
+        with self._tx() as s:
+            return [self._insert(s, eid, env, ref) for eid, _f, env, ref in ready]
 
     def move_blob(self, eid: str, fields: dict, env: envelope.Envelope) -> str | None:
         """The blob store key of the snapshot's bytes, moving them there from Redis if needed
@@ -574,10 +603,15 @@ class Dispatcher:
                                                 f"written) and not in the blob store")
             return ref
         try:
-            return blobs.put_encoded(env.sha256, data, env.codec)
+            ref = blobs.put_encoded(env.sha256, data, env.codec, size=env.size)
         except BadInput as exc:
-            self._dead_and_ack(eid, fields, f"bad blob: {exc}")
+            why = str(exc)
+            if isinstance(exc, TooLarge) and env.size is not None and env.size < blobs.max_bytes:
+                why = f"it inflates past the {env.size} bytes its envelope says ({exc})"
+            self._dead_and_ack(eid, fields, f"bad blob: {why}")
             return None
+        self._sized.add(env.sha256)
+        return ref
 
     def _insert(self, s, eid: str, env: envelope.Envelope, ref: str) -> tuple[int, str, bool]:
         """The snapshot row (ON CONFLICT DO NOTHING); returns (id, state, created)."""
@@ -585,6 +619,13 @@ class Dispatcher:
 
         from profiler.store.orm import Run, Snapshot
 
+        if env.sha256 not in self._sized:
+            # the blob was already stored, so its bytes were not inflated here: the size must agree
+            # with the rows that did (memq ingest records the real size)
+            known = s.execute(select(Snapshot.size_bytes).where(Snapshot.sha256 == env.sha256).limit(1)).scalar()
+            if known is not None and env.size is not None and int(known) != env.size:
+                raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the stored blob "
+                               f"{env.sha256[:12]}")
         oom = env.oom or {}
         rid = self._run_id(s, env)
         run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()

@@ -15,6 +15,13 @@ Checks, in order (each prints one line, and a `fix:` line when something is wron
               MEMQ_DOCTOR_MAX_LAG, and above half of MEMQ_STREAM_MAXLEN: unread entries get trimmed);
               dead letters (shown); acknowledged entries piling up (the beat's stream trim is
               not running) is a warning
+- stream-limits  the stream near its limits: length near MEMQ_STREAM_MAXLEN (warning), entries
+              removed before any dispatcher read them (lag above the length: a trim such as
+              `XADD ... MAXLEN 0`, warning), a last ID ahead of the clock (an explicit ID was
+              given, warning) or at the end of the ID space (every XADD fails: error)
+- pending     entries stuck in the pending list: idle for longer than 5 x MEMQ_CLAIM_IDLE_S (at least
+              5 minutes: no dispatcher takes them over), or delivered more than MEMQ_MAX_DELIVERIES
+              times and still there (a poison entry nobody dead-letters); warnings
 - workers     live worker and dispatcher heartbeats; none is a warning
 - blobs       the blob store directory is writable
 Errors (a dependency unreachable, the schema out of date, the blob store not writable, bad settings)
@@ -262,10 +269,94 @@ def check_stream(r, st) -> list[Check]:
                              data=data))
         else:
             out.append(Check("stream", OK, line, data=data))
+        out += check_stream_limits(r, st, data["length"], lag)
+        out += check_pending(r, st)
         out += _check_trim(r, st)
     if dead:
         out.append(Check("dead-letters", INFO, f"{dead} entries in {st.dead_letter_key}; `memq status` shows "
                          "the latest reasons", data={"count": dead}))
+    return out
+
+
+#: Stream IDs are two unsigned 64-bit numbers, <ms>-<seq>.
+ID_MAX = 2**64 - 1
+
+
+def check_stream_limits(r, st, length: int, lag) -> list[Check]:
+    """Length against MEMQ_STREAM_MAXLEN, entries lost unread, and the last ID against the clock
+    and the end of the ID space."""
+    import redis
+
+    try:
+        info = r.xinfo_stream(st.stream_key)
+    except redis.RedisError as exc:
+        return [Check("stream-limits", WARN, f"cannot read XINFO STREAM {st.stream_key}: {exc}",
+                      "grant the memq admin user XINFO")]
+    last = _text(info.get("last-generated-id") or "0-0")
+    try:
+        ms, seq = (int(x) for x in last.split("-"))
+    except ValueError:
+        ms, seq = 0, 0
+    now_ms = int(time.time() * 1000)
+    data = {"length": length, "maxlen": st.stream_maxlen, "last_id": last, "lag": lag}
+    out = []
+    if ms == ID_MAX and ID_MAX - seq < 2**32:
+        out.append(Check("stream-limits", ERROR, f"{st.stream_key}: last ID {last} is at the end of the ID space "
+                         f"({ID_MAX - seq} IDs left): every further XADD fails and agents can only spool",
+                         "stop the writer that set explicit IDs, let the dispatchers drain the stream (`memq "
+                         "status`), then DEL it (the next XADD starts at the clock; the dispatcher recreates "
+                         "its group); see deploy/SECURITY.md", data=data))
+    elif ms > now_ms + 1000 * st.max_clock_skew_s:
+        out.append(Check("stream-limits", WARN, f"{st.stream_key}: last ID {last} is {(ms - now_ms) // 1000} s "
+                         "ahead of this clock: someone gave an explicit ID; new entries get IDs after it",
+                         "find the writer (the agent user cannot set IDs through its function); drain and "
+                         "DEL the stream if the ID space is running out", data=data))
+    if st.stream_maxlen and length > 0.9 * st.stream_maxlen:
+        out.append(Check("stream-limits", WARN, f"{st.stream_key}: {length} entries, {100 * length // st.stream_maxlen}% "
+                         f"of MEMQ_STREAM_MAXLEN ({st.stream_maxlen}): the agents' next XADDs trim the oldest "
+                         "entries, read or not", "start more dispatchers, check the stream trim (beat), or raise "
+                         "MEMQ_STREAM_MAXLEN with Redis maxmemory", data=data))
+    if lag is not None and int(lag) > length:
+        out.append(Check("stream-limits", WARN, f"{st.stream_key}: lag {lag} exceeds the {length} entries left: "
+                         f"{int(lag) - length} entries were removed before any dispatcher read them (a trim such "
+                         "as XADD MAXLEN 0, or XDEL)", "check who can write the stream with trim options "
+                         "(deploy/SECURITY.md); the agents of that period lost those messages", data=data))
+    return out
+
+
+def check_pending(r, st) -> list[Check]:
+    """Pending entries nobody takes over, and entries past MEMQ_MAX_DELIVERIES still pending."""
+    import redis
+
+    from workers.runtime import GROUP
+
+    stuck_ms = 1000 * max(300, 5 * st.claim_idle_s)
+    try:
+        oldest = r.xpending_range(st.stream_key, GROUP, min="-", max="+", count=1000)
+    except redis.RedisError as exc:
+        return [Check("pending", WARN, f"cannot read XPENDING {st.stream_key}: {exc}",
+                      "grant the memq admin user XPENDING")]
+    stuck = [p for p in oldest if int(p["time_since_delivered"]) >= stuck_ms]
+    worn = [p for p in oldest if int(p["times_delivered"]) > st.max_deliveries]
+
+    def desc(p) -> str:
+        return (f"{_text(p['message_id'])} (consumer {_text(p['consumer'])[:60]!r}, idle "
+                f"{int(p['time_since_delivered']) // 1000} s, delivered {int(p['times_delivered'])} times)")
+
+    out = []
+    if worn:
+        out.append(Check("pending", WARN, f"{len(worn)} pending entries were delivered more than MEMQ_MAX_DELIVERIES "
+                         f"({st.max_deliveries}) times and are still not dead-lettered, e.g. {desc(worn[0])}",
+                         "run a current `memq dispatcher` (it dead-letters them); if they stay, each crashes "
+                         "the dispatcher: see its log", data={"entries": [_text(p["message_id"]) for p in worn[:20]]}))
+    if stuck:
+        out.append(Check("pending", WARN, f"{len(stuck)} pending entries idle for over {stuck_ms // 1000} s: no "
+                         f"dispatcher takes them over, e.g. {desc(stuck[0])}",
+                         "start `memq dispatcher` (same MEMQ_REDIS_URL and MEMQ_STREAM); a dispatcher that "
+                         "runs but leaves them is stuck on them: see its log",
+                         data={"entries": [_text(p["message_id"]) for p in stuck[:20]]}))
+    if not out and oldest:
+        out.append(Check("pending", OK, f"{len(oldest)} pending entries, none stuck", data={"count": len(oldest)}))
     return out
 
 
@@ -336,9 +427,6 @@ def run_checks(st) -> list[Check]:
     checks += rchecks
     if r is not None:
         checks += check_memory(r) + check_persistence(r) + check_stream(r, st) + check_heartbeats(r, st)
-        from profiler.redis_functions import doctor_checks
-
-        checks += [Check(*c) for c in doctor_checks(r, st)]  # the agents' inbox relay
     checks += check_broker(st) + check_blobs(st)
     return checks
 
