@@ -1,0 +1,41 @@
+"""`memq view FILE... --out view.html`: the snapshot page of `memq serve` as one self-contained
+file (CSS, script and data inline; nothing loaded from anywhere), for a snapshot that never entered
+the history: attach it to a ticket, open it offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from profiler.cli.analyze import build_context, oom_options
+
+
+@click.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@oom_options
+@click.option("--optimizer", help="Optimizer class (e.g. AdamW), sharpens recommendations.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
+def view(files, limit, device_total, oom_message, optimizer, out):
+    """Draw the last of FILES (one run's snapshots in time order) with the diagnosis of all of them."""
+    from profiler.analysis import analyze as run_analysis
+    from profiler.cli.analyze import _whatif
+    from profiler.config import load_settings
+    from profiler.load import load_snapshot_file
+    from profiler.report import write_atomic
+    from profiler.web.render import render_page
+    from profiler.web.snapshot_view import snapshot_view
+
+    max_b = load_settings().max_snapshot_bytes
+    ctx = build_context(limit, device_total, oom_message)
+    loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
+    whatif = _whatif(loaded[-1], ctx)
+    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=whatif)
+    if whatif:
+        result["whatif"] = whatif
+    name = Path(files[-1]).name
+    meta = {"file": name, "sha256": loaded[-1].sha256, "size_bytes": loaded[-1].raw_size, "files": list(files)}
+    doc = snapshot_view(loaded[-1].snapshot, result, title=f"snapshot {name}", meta=meta)
+    html = render_page("snapshot.html", data=doc, view=doc, row=None, raw_url=None, title=doc["title"], inline=True)
+    write_atomic(Path(out), html)
+    click.echo(f"wrote {out} ({len(html.encode()) / 1024:.0f} KiB): {doc['diagnosis']['primary_cause']}", err=True)

@@ -1,0 +1,116 @@
+"""The few reads the web app needs beyond profiler.store.queries (which it reuses for everything
+the CLI already answers): a sorted, paged runs listing with its total, per-rank lanes of a run, one
+snapshot row with its analysis, and the stored reports. Read-only; every value is a bound parameter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from profiler.errors import NotFound
+from profiler.store.orm import AnalysisResult, Report, Run, Snapshot, StatSample
+from profiler.store.queries import RunFilter, _filtered, _run_row, iso, run_dict, stat_series
+from profiler.store.repository import to_utc
+
+#: sort key of the API -> column. Every one of them is a plain column of `runs`.
+SORTS = {
+    "started": Run.started_at, "run": Run.name, "job": Run.job, "cluster": Run.cluster, "status": Run.status,
+    "cause": Run.primary_cause, "confidence": Run.cause_confidence, "peak_reserved": Run.peak_reserved_bytes,
+    "peak_allocated": Run.peak_allocated_bytes, "fragmentation": Run.fragmentation_ratio,
+    "snapshots": Run.snapshot_count, "torch": Run.torch_version,
+}
+MAX_LANES = 16
+
+
+@dataclass(frozen=True)
+class RunPage:
+    filter: RunFilter
+    until: dt.datetime | None = None
+    sort: str = "started"
+    order: str = "desc"
+    limit: int = 50
+    offset: int = 0
+
+
+def _db_time(session: Session, t: dt.datetime | None) -> dt.datetime | None:
+    if t is None:
+        return None
+    t = to_utc(t)
+    return t.replace(tzinfo=None) if session.get_bind().dialect.name == "sqlite" else t
+
+
+def page_runs(session: Session, p: RunPage) -> dict[str, Any]:
+    """One page of runs and how many match. Ties and NULLs are ordered (NULLs last, then id) so a
+    page boundary never repeats or skips a run."""
+    f = RunFilter(**{**p.filter.__dict__, "since": _db_time(session, p.filter.since)})
+    base = _filtered(select(Run), f)
+    if p.until is not None:
+        base = base.where(Run.started_at < _db_time(session, p.until))
+    col = SORTS[p.sort]
+    key = col.desc() if p.order == "desc" else col.asc()
+    tie = Run.id.desc() if p.order == "desc" else Run.id.asc()
+    q = base.order_by(key.nulls_last(), tie).limit(p.limit).offset(p.offset)
+    rows = [run_dict(r) for r in session.execute(q).scalars()]
+    total = int(session.execute(select(func.count()).select_from(base.order_by(None).subquery())).scalar_one())
+    nxt = p.offset + p.limit if p.offset + p.limit < total else None
+    prev = max(0, p.offset - p.limit) if p.offset > 0 else None
+    return {"runs": rows, "count": len(rows), "total": total, "offset": p.offset, "limit": p.limit,
+            "sort": p.sort, "order": p.order, "next_offset": nxt, "prev_offset": prev}
+
+
+def run_lanes(session: Session, name: str, points: int = 120) -> dict[str, Any]:
+    """Per rank: its stat-sample timeline and its snapshots (for one lane each)."""
+    run = _run_row(session, name)
+    snap_ranks = set(session.execute(select(Snapshot.rank).where(Snapshot.run_id == run.id).distinct()).scalars())
+    stat_ranks = set(session.execute(select(StatSample.rank).where(StatSample.run_id == run.id).distinct()).scalars())
+    ranks = sorted(snap_ranks | stat_ranks)
+    lanes = []
+    for r in ranks[:MAX_LANES]:
+        snaps = session.execute(
+            select(Snapshot.id, Snapshot.taken_at, Snapshot.trigger, AnalysisResult.reserved_bytes,
+                   AnalysisResult.allocated_bytes, AnalysisResult.oom_requested_bytes)
+            .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+            .where(Snapshot.run_id == run.id, Snapshot.rank == r).order_by(Snapshot.taken_at, Snapshot.id)).all()
+        lanes.append({"rank": r, "stats": stat_series(session, run.id, r, points),
+                      "snapshots": [{"id": s.id, "taken_at": iso(s.taken_at), "trigger": s.trigger,
+                                     "reserved_bytes": s.reserved_bytes, "allocated_bytes": s.allocated_bytes,
+                                     "oom_requested_bytes": s.oom_requested_bytes} for s in snaps]})
+    return {"run": run.name, "ranks": ranks, "lanes": lanes, "truncated": len(ranks) > MAX_LANES}
+
+
+def snapshot_row(session: Session, snapshot_id: int) -> dict[str, Any]:
+    """One snapshot's row, its run's name and its stored analysis (None while pending)."""
+    r = session.execute(
+        select(Snapshot, Run.name, AnalysisResult.result)
+        .join(Run, Run.id == Snapshot.run_id)
+        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.id == snapshot_id)).one_or_none()
+    if r is None:
+        raise NotFound(f"no snapshot with id {snapshot_id}", hint="snapshot ids are listed on their run's page")
+    s, run_name, result = r
+    return {"id": s.id, "run": run_name, "rank": s.rank, "step": s.step, "epoch": s.epoch, "trigger": s.trigger,
+            "taken_at": iso(s.taken_at), "sha256": s.sha256, "size_bytes": s.size_bytes, "source": s.source,
+            "state": s.state, "analyzer_version": s.analyzer_version, "context": dict(s.context or {}),
+            "last_error": s.last_error, "analysis": result}
+
+
+def list_reports(session: Session, limit: int = 200) -> list[dict[str, Any]]:
+    rows = session.execute(
+        select(Report.id, Report.report_date, Report.scope, Report.generated_at, Report.path, Report.summary)
+        .order_by(Report.report_date.desc(), Report.scope).limit(limit)).all()
+    return [{"id": r.id, "date": r.report_date.isoformat(), "scope": r.scope, "generated_at": iso(r.generated_at),
+             "has_html": bool(r.path), "summary": dict(r.summary or {})} for r in rows]
+
+
+def report_row(session: Session, report_id: int) -> dict[str, Any]:
+    r = session.execute(select(Report.id, Report.report_date, Report.scope, Report.generated_at, Report.path,
+                               Report.summary).where(Report.id == report_id)).one_or_none()
+    if r is None:
+        raise NotFound(f"no report with id {report_id}", hint="stored reports are listed at /reports")
+    return {"id": r.id, "date": r.report_date.isoformat(), "scope": r.scope, "generated_at": iso(r.generated_at),
+            "path": r.path, "summary": dict(r.summary or {})}

@@ -1,0 +1,61 @@
+"""HTML of the pages: Jinja2 templates (autoescaped) shipped in profiler/web/templates, with the
+page's data embedded as JSON for the small script in profiler/web/static/memq.js to draw.
+
+`inline=True` (used by `memq view`) puts the CSS and the script into the page itself, so the file
+works offline with nothing beside it."""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import resources
+from typing import Any
+from urllib.parse import quote
+
+from profiler.units import fmt_bytes
+
+
+def json_for_script(doc: Any) -> str:
+    """JSON safe inside <script type="application/json">: `<`, `>` and `&` escaped, so a frame or a
+    run name can never close the element."""
+    s = json.dumps(doc, separators=(",", ":"), default=str)
+    return s.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+@functools.lru_cache(maxsize=4)
+def static_text(name: str) -> str:
+    return resources.files("profiler.web").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _ratio(v: Any) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _time(v: Any) -> str:
+    return "-" if not v else str(v).replace("T", " ")[:19]
+
+
+def _bytes(v: Any) -> str:
+    return "-" if v is None else fmt_bytes(v)
+
+
+@functools.lru_cache(maxsize=1)
+def _env():
+    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+    env = Environment(loader=PackageLoader("profiler.web", "templates"), autoescape=select_autoescape(["html"]),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(bytes=_bytes, ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""))
+    return env
+
+
+def render_page(template: str, *, data: Any = None, inline: bool = False, **ctx: Any) -> str:
+    from markupsafe import Markup
+
+    extra = {"data_json": Markup(json_for_script(data)) if data is not None else None, "inline": inline}
+    if inline:
+        js = static_text("memq.js")
+        if "</script" in js.lower():
+            raise ValueError("memq.js must not contain '</script' to be inlined")
+        extra |= {"inline_css": Markup(static_text("memq.css")), "inline_js": Markup(js)}
+    return _env().get_template(template).render(**ctx, **extra)

@@ -1,0 +1,352 @@
+/* memq pages: draws the charts of a page from the JSON the server embedded in #page-data.
+   Plain SVG, no library, nothing fetched. Text from snapshots (frames, names) is only ever set
+   through textContent, never parsed as HTML. Licence: the project's (Apache-2.0). */
+(function () {
+  "use strict";
+  var NS = "http://www.w3.org/2000/svg";
+  var CATS = ["parameters", "gradients", "optimizer_state", "activations", "workspace", "other", "unknown"];
+
+  function el(tag, attrs, parent, text) {
+    var e = document.createElementNS(NS, tag);
+    for (var k in attrs) { if (attrs[k] !== null && attrs[k] !== undefined) e.setAttribute(k, attrs[k]); }
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function h(tag, cls, parent, text) {
+    var e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined) e.textContent = text;
+    if (parent) parent.appendChild(e);
+    return e;
+  }
+  function fmtBytes(n) {
+    if (n === null || n === undefined) return "n/a";
+    var s = n < 0 ? "-" : ""; n = Math.abs(n);
+    var units = [["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
+    for (var i = 0; i < units.length; i++) if (n >= units[i][1]) return s + (n / units[i][1]).toFixed(2) + " " + units[i][0];
+    return s + Math.round(n) + " B";
+  }
+  function svgFor(container, width, height) {
+    var w = width || Math.max(320, container.clientWidth || 900);
+    return el("svg", {width: w, height: height, viewBox: "0 0 " + w + " " + height, "class": "plot"}, container);
+  }
+  function niceMax(v) {
+    if (!(v > 0)) return 1;
+    var p = Math.pow(2, Math.ceil(Math.log(v) / Math.log(2)));
+    return p / 2 >= v ? p / 2 : (p * 0.75 >= v ? p * 0.75 : p);
+  }
+  function yAxis(svg, x0, x1, y, ymax, ticks) {
+    for (var i = 0; i <= ticks; i++) {
+      var v = ymax * i / ticks, yy = y(v);
+      el("line", {x1: x0, x2: x1, y1: yy, y2: yy, "class": "grid"}, svg);
+      el("text", {x: x0 - 6, y: yy + 4, "class": "tick", "text-anchor": "end"}, svg, fmtBytes(v));
+    }
+  }
+  function parseT(s) { return s ? Date.parse(s) : NaN; }
+  function fmtTime(ms) { var d = new Date(ms); return d.toISOString().slice(11, 19); }
+  function fmtDay(ms) { return new Date(ms).toISOString().slice(0, 10); }
+
+  var dataEl = document.getElementById("page-data");
+  var DATA = dataEl ? JSON.parse(dataEl.textContent) : null;
+
+  /* ------------------------------------------------------------------ run page: memory timeline */
+  function runTimeline(box, hist, lanes) {
+    var snaps = hist.snapshots || [];
+    var series = (hist.stats && hist.stats.series) || [];
+    var run = hist.run || {};
+    var limit = run.memory_limit_bytes || null;
+    snaps.forEach(function (s) { if (!limit && s.oom && s.oom.limit_bytes) limit = s.oom.limit_bytes; });
+    var pts = [];
+    series.forEach(function (p) { pts.push(parseT(p.t)); });
+    snaps.forEach(function (s) { pts.push(parseT(s.taken_at)); });
+    var times = pts.filter(function (t) { return !isNaN(t); });
+    var useIndex = times.length === 0;
+    var t0 = useIndex ? 0 : Math.min.apply(null, times), t1 = useIndex ? Math.max(1, snaps.length - 1) : Math.max.apply(null, times);
+    if (t1 === t0) { t0 -= 60000; t1 += 60000; }
+    var ymax = 0;
+    series.forEach(function (p) { ymax = Math.max(ymax, p.reserved_bytes || 0, p.allocated_bytes || 0); });
+    snaps.forEach(function (s) {
+      ymax = Math.max(ymax, s.reserved_bytes || 0);
+      if (s.oom && s.oom.requested_bytes) ymax = Math.max(ymax, (s.allocated_bytes || 0) + s.oom.requested_bytes);
+    });
+    if (limit) ymax = Math.max(ymax, limit);
+    ymax = niceMax(ymax * 1.05);
+    var W = Math.max(480, box.clientWidth || 900), H = 300, L = 78, R = 16, T = 14, B = 30;
+    var svg = svgFor(box, W, H);
+    svg.setAttribute("id", "timeline-svg");
+    var x = function (t) { return L + (t - t0) / (t1 - t0) * (W - L - R); };
+    var y = function (v) { return T + (1 - v / ymax) * (H - T - B); };
+    yAxis(svg, L, W - R, y, ymax, 4);
+    for (var i = 0; i <= 4; i++) {
+      var tt = t0 + (t1 - t0) * i / 4;
+      el("text", {x: x(tt), y: H - 10, "class": "tick", "text-anchor": "middle"}, svg,
+         useIndex ? "#" + Math.round(tt) : (i === 0 ? fmtDay(tt) + " " : "") + fmtTime(tt));
+    }
+    function line(points, cls) {
+      if (points.length < 1) return;
+      var d = points.map(function (p, j) { return (j ? "L" : "M") + p[0].toFixed(1) + "," + p[1].toFixed(1); }).join("");
+      if (points.length === 1) d += "h1";
+      el("path", {d: d, "class": cls}, svg);
+    }
+    var snapT = function (s, j) { return useIndex ? j : parseT(s.taken_at); };
+    if (series.length) {
+      line(series.filter(function (p) { return p.reserved_bytes !== null; }).map(function (p) { return [x(parseT(p.t)), y(p.reserved_bytes)]; }), "reserved");
+      line(series.filter(function (p) { return p.allocated_bytes !== null; }).map(function (p) { return [x(parseT(p.t)), y(p.allocated_bytes)]; }), "allocated");
+    } else {
+      var main = hist.stats ? hist.stats.rank : null;
+      var own = snaps.filter(function (s) { return main === null || s.rank === main; });
+      line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.reserved_bytes || 0)]; }), "reserved");
+      line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.allocated_bytes || 0)]; }), "allocated");
+      document.getElementById("timeline-note").textContent =
+        "No stat samples stored for this run: the lines join the snapshots' own figures.";
+    }
+    if (limit) {
+      el("line", {x1: L, x2: W - R, y1: y(limit), y2: y(limit), "class": "limit"}, svg);
+      el("text", {x: W - R - 4, y: y(limit) - 4, "class": "label limit-label", "text-anchor": "end"}, svg, "limit " + fmtBytes(limit));
+    }
+    snaps.forEach(function (s, j) {
+      var t = snapT(s, j);
+      if (isNaN(t)) return;
+      var a = el("a", {href: "/snapshots/" + s.id}, svg);
+      var cx = x(t), cy = y(s.reserved_bytes || 0);
+      if (s.oom) {
+        var need = (s.allocated_bytes || 0) + (s.oom.requested_bytes || 0);
+        el("line", {x1: cx, x2: cx, y1: T, y2: H - B, "class": "oom-line"}, svg);
+        if (s.oom.requested_bytes) el("line", {x1: cx, x2: cx, y1: y(s.allocated_bytes || 0), y2: y(need), "class": "oom-request"}, svg);
+        var g = el("g", {"class": "oom-mark", "data-snapshot": s.id}, a);
+        el("path", {d: "M" + (cx - 7) + "," + (cy - 7) + "L" + (cx + 7) + "," + (cy + 7) + "M" + (cx - 7) + "," + (cy + 7) + "L" + (cx + 7) + "," + (cy - 7)}, g);
+        el("title", {}, g, "OOM: requested " + fmtBytes(s.oom.requested_bytes) + " with " + fmtBytes(s.allocated_bytes) + " allocated");
+        el("text", {x: cx - 8, y: T + 12, "class": "label oom-label", "text-anchor": "end"}, svg,
+           "OOM · requested " + fmtBytes(s.oom.requested_bytes));
+      } else {
+        var c = el("circle", {cx: cx, cy: cy, r: 5, "class": "snap-mark", "data-snapshot": s.id}, a);
+        el("title", {}, c, s.trigger + (s.epoch !== null ? " epoch " + s.epoch : "") + ": reserved " + fmtBytes(s.reserved_bytes));
+      }
+    });
+    return {t0: t0, t1: t1, useIndex: useIndex};
+  }
+
+  function runLanes(box, lanes, dom) {
+    if (!lanes || !lanes.lanes || !lanes.lanes.length) { h("p", "note", box, "no ranks with data"); return; }
+    var W = Math.max(480, box.clientWidth || 900), LH = 44, L = 78, R = 16;
+    var svg = svgFor(box, W, lanes.lanes.length * LH + 8);
+    var ymax = 1;
+    lanes.lanes.forEach(function (ln) {
+      (ln.stats.series || []).forEach(function (p) { ymax = Math.max(ymax, p.reserved_bytes || 0); });
+      ln.snapshots.forEach(function (s) { ymax = Math.max(ymax, s.reserved_bytes || 0); });
+    });
+    var x = function (t) { return L + (t - dom.t0) / (dom.t1 - dom.t0) * (W - L - R); };
+    lanes.lanes.forEach(function (ln, i) {
+      var top = 4 + i * LH, bot = top + LH - 8;
+      var y = function (v) { return bot - (v / ymax) * (LH - 12); };
+      el("rect", {x: L, y: top, width: W - L - R, height: LH - 8, "class": "lane"}, svg);
+      el("text", {x: L - 8, y: top + LH / 2, "class": "tick", "text-anchor": "end"}, svg, "rank " + ln.rank);
+      var ser = (ln.stats.series || []).filter(function (p) { return p.reserved_bytes !== null && !isNaN(parseT(p.t)); });
+      var pts = ser.length ? ser.map(function (p) { return [x(parseT(p.t)), y(p.reserved_bytes)]; })
+        : ln.snapshots.filter(function (s) { return !isNaN(parseT(s.taken_at)); }).map(function (s) { return [x(parseT(s.taken_at)), y(s.reserved_bytes || 0)]; });
+      if (pts.length) el("path", {d: pts.map(function (p, j) { return (j ? "L" : "M") + p[0].toFixed(1) + "," + p[1].toFixed(1); }).join("") + (pts.length === 1 ? "h1" : ""), "class": "reserved"}, svg);
+      ln.snapshots.forEach(function (s, j) {
+        var t = dom.useIndex ? j : parseT(s.taken_at);
+        if (isNaN(t)) return;
+        var a = el("a", {href: "/snapshots/" + s.id}, svg);
+        var c = el("circle", {cx: x(t), cy: y(s.reserved_bytes || 0), r: s.oom_requested_bytes ? 6 : 4,
+                              "class": s.oom_requested_bytes ? "oom-dot" : "snap-mark"}, a);
+        el("title", {}, c, "rank " + ln.rank + " " + s.trigger + ": reserved " + fmtBytes(s.reserved_bytes));
+      });
+    });
+  }
+
+  /* --------------------------------------------------------------- snapshot page */
+  function showFrames(panel, title, lines, stack) {
+    panel.textContent = "";
+    h("h3", null, panel, title);
+    lines.forEach(function (l) { h("div", "kv", panel, l); });
+    if (stack === null) { h("p", "hint", panel, "no frames recorded for this block (record with stacks=\"python\" or \"all\")"); return; }
+    var ol = h("ol", "stack", panel);
+    ol.id = "frame-list";
+    stack.forEach(function (f) {
+      var li = h("li", null, ol);
+      h("span", "fn", li, f[2] || "?");
+      h("span", "loc", li, " " + (f[0] || "?") + ":" + f[1]);
+    });
+  }
+
+  function catTimeline(box, view, panel) {
+    var tl = view.timeline;
+    var legend = document.getElementById("cat-legend");
+    var cats = tl ? tl.categories : ["before_trace"].concat(CATS);
+    cats.forEach(function (c) { var s = h("span", "lg", legend); h("span", "sw cat-" + c, s); s.appendChild(document.createTextNode(c.replace("_", " ") + " ")); });
+    if (!tl || !tl.levels.length) {
+      document.getElementById("cat-note").textContent = view.blob_error ? "The snapshot could not be read." :
+        "This snapshot has no allocator trace (history recording was off): nothing to replay.";
+      return;
+    }
+    var W = Math.max(480, box.clientWidth || 900), H = 260, L = 78, R = 16, T = 10, B = 28;
+    var svg = svgFor(box, W, H);
+    svg.setAttribute("id", "cat-svg");
+    var n = tl.levels.length, ymax = 0;
+    tl.levels.forEach(function (row) { var s = 0; row.forEach(function (v) { s += v; }); ymax = Math.max(ymax, s); });
+    ymax = niceMax(ymax * 1.05);
+    var t0 = tl.t[0], t1 = tl.t[n - 1]; if (t1 === t0) t1 = t0 + 1;
+    var x = function (t) { return L + (t - t0) / (t1 - t0) * (W - L - R); };
+    var y = function (v) { return T + (1 - v / ymax) * (H - T - B); };
+    yAxis(svg, L, W - R, y, ymax, 4);
+    el("text", {x: L, y: H - 8, "class": "tick"}, svg, tl.time_unit === "us" ? "0 s" : "entry 0");
+    el("text", {x: W - R, y: H - 8, "class": "tick", "text-anchor": "end"}, svg,
+       tl.time_unit === "us" ? ((t1 - t0) / 1e6).toFixed(2) + " s (" + tl.events + " trace entries)" : tl.events + " entries");
+    var base = new Array(n).fill(0);
+    cats.forEach(function (c, ci) {
+      var top = base.map(function (b, i) { return b + tl.levels[i][ci]; });
+      if (top.every(function (v, i) { return v === base[i]; })) { base = top; return; }
+      var d = "M" + x(tl.t[0]).toFixed(1) + "," + y(top[0]).toFixed(1);
+      for (var i = 1; i < n; i++) d += "L" + x(tl.t[i]).toFixed(1) + "," + y(top[i]).toFixed(1);
+      for (var k = n - 1; k >= 0; k--) d += "L" + x(tl.t[k]).toFixed(1) + "," + y(base[k]).toFixed(1);
+      var p = el("path", {d: d + "Z", "class": "band cat-" + c, "data-category": c}, svg);
+      el("title", {}, p, c);
+      p.addEventListener("click", function () {
+        var ids = [];
+        view.stack_categories.forEach(function (sc, si) { if (sc === c && ids.length < 5) ids.push(si); });
+        panel.textContent = "";
+        h("h3", null, panel, "band: " + c);
+        if (!ids.length) h("p", "hint", panel, "no recorded stacks in this category");
+        ids.forEach(function (si) {
+          var ol = h("ol", "stack", panel);
+          view.stacks[si].slice(0, 12).forEach(function (f) { var li = h("li", null, ol); h("span", "fn", li, f[2]); h("span", "loc", li, " " + f[0] + ":" + f[1]); });
+        });
+      });
+      base = top;
+    });
+    if (tl.oom_index !== null && tl.oom_index !== undefined) {
+      var ox = x(tl.t[tl.oom_index]);
+      el("line", {x1: ox, x2: ox, y1: T, y2: H - B, "class": "oom-line oom-mark"}, svg);
+      el("text", {x: ox - 4, y: T + 12, "class": "label oom-label", "text-anchor": "end"}, svg, "OOM");
+    }
+    if (tl.peak_index !== undefined) {
+      var px = x(tl.t[tl.peak_index]), tot = 0;
+      tl.levels[tl.peak_index].forEach(function (v) { tot += v; });
+      el("circle", {cx: px, cy: y(tot), r: 4, "class": "peak"}, svg);
+      var right = px > W - 160;
+      el("text", {x: right ? px - 6 : px + 6, y: y(tot) - 4, "class": "label", "text-anchor": right ? "end" : "start"}, svg, "peak " + fmtBytes(tot));
+    }
+  }
+
+  function segmentMap(box, view, panel) {
+    var segs = view.segments;
+    if (!segs) { h("p", "note", box, view.blob_error ? "The segment map needs the raw snapshot, which cannot be read." : "no segments"); return; }
+    if (!segs.length) { h("p", "note", box, "The allocator held no segments."); return; }
+    var W = Math.max(360, box.clientWidth || 700), RH = 26, GAP = 4;
+    var total = 0, maxSeg = 0;
+    segs.forEach(function (s) { total += s.size; maxSeg = Math.max(maxSeg, s.size); });
+    var scale = W / Math.max(maxSeg, total / 24);
+    var lay = [], cx = 0, row = 0;
+    segs.forEach(function (s) {
+      var w = Math.max(4, s.size * scale);
+      if (cx > 0 && cx + w > W) { row++; cx = 0; }
+      lay.push([cx, row, w]); cx += w + GAP;
+    });
+    var fit = view.fit, need = fit ? fit.requested_bytes : null;
+    var largest = null;
+    segs.forEach(function (s, si) { s.blocks.forEach(function (b, bi) { if (b.st === "inactive" && (!largest || b.s > largest[2])) largest = [si, bi, b.s]; }); });
+    var svg = svgFor(box, W, (row + 1) * (RH + GAP) + 4);
+    svg.setAttribute("id", "segmap-svg");
+    segs.forEach(function (s, si) {
+      var L = lay[si], y0 = L[1] * (RH + GAP) + 2;
+      var g = el("g", {"class": "segment" + (s.private ? " private" : "")}, svg);
+      el("rect", {x: L[0], y: y0, width: L[2], height: RH, "class": "seg-outline"}, g);
+      var sc = L[2] / s.size;
+      s.blocks.forEach(function (b, bi) {
+        var cls = b.st === "inactive" ? (b.x ? "block stranded" : "block free") : "block cat-" + (b.c || "unknown") + (b.st !== "active_allocated" ? " pending" : "");
+        if (largest && largest[0] === si && largest[1] === bi) cls += " largest-free";
+        el("rect", {x: (L[0] + b.o * sc).toFixed(2), y: y0 + 2, width: Math.max(1, b.s * sc).toFixed(2), height: RH - 4,
+                    "class": cls, "data-si": si, "data-bi": bi}, g);
+      });
+    });
+    svg.addEventListener("click", function (ev) {
+      var t = ev.target;
+      if (!t.getAttribute || t.getAttribute("data-bi") === null) return;
+      var prev = svg.querySelector(".selected"); if (prev) prev.classList.remove("selected");
+      t.classList.add("selected");
+      var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
+      var lines = ["size " + fmtBytes(b.s) + " (requested " + fmtBytes(b.r) + ")", "state " + b.st + (b.x ? " · stranded free bytes" : ""),
+                   "category " + (b.c || "(free)"), "address 0x" + (s.address + b.o).toString(16),
+                   "segment " + fmtBytes(s.size) + " · " + s.pool + " pool · stream " + s.stream + (s.private ? " · private pool" : "")];
+      if (need && b.st === "inactive") lines.push(b.s >= need ? "the failed request (" + fmtBytes(need) + ") fits here" : "the failed request (" + fmtBytes(need) + ") does not fit here");
+      showFrames(panel, "block of " + fmtBytes(b.s), lines, b.k >= 0 ? view.stacks[b.k] : null);
+    });
+  }
+
+  function fitTest(box, fit) {
+    var W = Math.max(480, box.clientWidth || 900), H = 150, L = 190, R = 20;
+    var svg = svgFor(box, W, H);
+    svg.setAttribute("id", "fit-svg");
+    var S = fit.requested_bytes || 0, A = fit.active_bytes || 0, LF = fit.largest_usable_free_block_bytes || fit.largest_free_block_bytes || 0;
+    var top = Math.max(S, LF, A + S, fit.limit_bytes || 0, fit.reserved_bytes || 0) * 1.02 || 1;
+    var x = function (v) { return L + v / top * (W - L - R); };
+    el("text", {x: L - 8, y: 30, "class": "tick", "text-anchor": "end"}, svg, "largest usable free block");
+    el("rect", {x: L, y: 16, width: Math.max(1, x(LF) - L), height: 18, "class": "block free"}, svg);
+    el("rect", {x: L, y: 38, width: Math.max(1, x(S) - L), height: 10, "class": "request"}, svg);
+    el("text", {x: Math.max(x(S), x(LF)) + 6, y: 34, "class": "label " + (fit.fits_largest_free_block ? "ok" : "bad")}, svg,
+       fmtBytes(LF) + " free vs " + fmtBytes(S) + " requested: " + (fit.fits_largest_free_block ? "fits" : "does not fit"));
+    el("text", {x: L - 8, y: 92, "class": "tick", "text-anchor": "end"}, svg, "live + request vs limit");
+    el("rect", {x: L, y: 78, width: Math.max(1, x(A) - L), height: 20, "class": "block cat-activations"}, svg);
+    el("rect", {x: x(A), y: 78, width: Math.max(1, x(A + S) - x(A)), height: 20, "class": "request"}, svg);
+    if (fit.limit_bytes) {
+      el("line", {x1: x(fit.limit_bytes), x2: x(fit.limit_bytes), y1: 66, y2: 108, "class": "limit"}, svg);
+      el("text", {x: L, y: 126, "class": "label " + (fit.fits_if_compacted ? "ok" : "bad")}, svg,
+         fmtBytes(A) + " live + " + fmtBytes(S) + " = " + fmtBytes(A + S) + (fit.fits_if_compacted ? " fits " : " exceeds ") +
+         "the limit of " + fmtBytes(fit.limit_bytes) + (fit.limit_source ? " (" + fit.limit_source + ")" : "") +
+         (fit.fits_if_compacted ? ": a compacted cache would have served it" : ": no allocator setting makes it fit"));
+    } else {
+      el("text", {x: L, y: 126, "class": "label"}, svg, fmtBytes(A) + " live + " + fmtBytes(S) + " requested; the limit is unknown (give --limit) so whether a compacted cache fits is open");
+    }
+  }
+
+  function stackedBar(svg, x0, y0, width, height, comp, label) {
+    var total = 0; CATS.forEach(function (c) { total += comp[c] || 0; });
+    el("text", {x: x0 - 8, y: y0 + height / 2 + 4, "class": "tick", "text-anchor": "end"}, svg, label);
+    var cx = x0;
+    CATS.forEach(function (c) {
+      var v = comp[c] || 0; if (!v) return;
+      var w = v / (total || 1) * width;
+      var r = el("rect", {x: cx, y: y0, width: Math.max(1, w), height: height, "class": "cat-" + c}, svg);
+      el("title", {}, r, c + " " + fmtBytes(v));
+      if (w > 70) el("text", {x: cx + 4, y: y0 + height / 2 + 4, "class": "inbar"}, svg, c.replace("_", " ") + " " + fmtBytes(v));
+      cx += w;
+    });
+    return total;
+  }
+
+  function composition(box, comp) {
+    if (!comp) { h("p", "note", box, "no composition stored"); return; }
+    var W = Math.max(480, box.clientWidth || 900);
+    var svg = svgFor(box, W, 50);
+    stackedBar(svg, 100, 10, W - 120, 28, comp, "live bytes");
+  }
+
+  function compareChart(box, doc) {
+    var A = doc.a.composition, B = doc.b.composition;
+    if (!A || !B) return;
+    var W = Math.max(480, box.clientWidth || 900), L = 140, R = 20;
+    var ta = 0, tb = 0; CATS.forEach(function (c) { ta += A[c] || 0; tb += B[c] || 0; });
+    var m = Math.max(ta, tb) || 1;
+    var svg = svgFor(box, W, 90);
+    stackedBar(svg, L, 10, (W - L - R) * ta / m, 28, A, doc.a.run);
+    stackedBar(svg, L, 50, (W - L - R) * tb / m, 28, B, doc.b.run);
+  }
+
+  /* ------------------------------------------------------------------------------ dispatch */
+  var box;
+  if ((box = document.getElementById("timeline")) && DATA) {
+    var dom = runTimeline(box, DATA.history, DATA.lanes);
+    var lanesBox = document.getElementById("lanes");
+    if (lanesBox) runLanes(lanesBox, DATA.lanes, dom);
+  }
+  var panel = document.getElementById("frames");
+  if ((box = document.getElementById("cat-timeline")) && DATA) catTimeline(box, DATA, panel);
+  if ((box = document.getElementById("segmap")) && DATA) segmentMap(box, DATA, panel);
+  if ((box = document.getElementById("fit")) && DATA && DATA.fit) fitTest(box, DATA.fit);
+  if ((box = document.getElementById("composition")) && DATA) composition(box, DATA.composition);
+  if ((box = document.getElementById("compare-chart")) && DATA) compareChart(box, DATA);
+  document.documentElement.setAttribute("data-ready", "1");
+})();
