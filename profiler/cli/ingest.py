@@ -70,6 +70,12 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
                                "like step0040.pickle.gz / epoch2.pickle.gz")
+    from profiler.names import check_name
+
+    # the dispatcher's rule for agents' envelopes, so that SQLite (no String(N) limit) and PostgreSQL agree
+    check_name("run", run_name)
+    for field, value in (("cluster", cluster), ("job", job), ("host", host)):
+        check_name(field, value, required=False)
     meta = RunMeta(name=run_name, job=job, cluster=cluster, host=host, username=username, project=project,
                    labels=parse_labels(labels), torch_version=torch_version, cuda_version=cuda_version,
                    driver_version=driver_version, gpu_model=gpu_model, optimizer=optimizer,

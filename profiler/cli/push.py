@@ -55,9 +55,13 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
                                "like step0040.pickle.gz / epoch2.pickle.gz")
+    from profiler.names import check_name
+
     st = load_settings()
     url = redis_url or st.redis_url
     identity = {"run": run_name, "cluster": cluster, "job": job, "rank": rank, "host": host or socket.gethostname()}
+    for field in ("run", "cluster", "job", "host"):  # refused here rather than dead-lettered later
+        check_name(field, identity[field], required=field in ("run", "cluster"))
     # The agent's transport builds the messages; push sends them itself so that an unreachable Redis
     # is an error here, not a silent spool.
     transport = Transport(identity=identity, spool=Spool(os.path.join(st.spool_dir, "push-unused"), 0), redis_url=None,
