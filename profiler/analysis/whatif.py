@@ -40,7 +40,7 @@ first such request, unless the recorded run failed it too and carried on.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from profiler.analysis.allocator_model import (
     EV_SEGMENT_ALLOC,
@@ -119,26 +119,37 @@ class Replay:
         return out
 
 
+#: What a result says (`verdict`); `predicted_oom` is True, False, None respectively.
+VERDICT_OOM = "oom"  # the model cannot serve a request under this setting
+VERDICT_FITS = "fits"  # every request served, and the replay covers what the question needs
+VERDICT_WINDOW = "survives_window"  # served to the end of the trace; the run after it is not in any trace
+VERDICT_NOT_ASSESSABLE = "not_assessable"  # the snapshot(s) cannot answer: see `reason`
+
+
 @dataclass
 class WhatIfResult:
     conf: str  # as given ("" = recorded)
     effective: str  # the settings the model ran with (non-default ones), "" = all defaults
-    predicted_oom: bool
+    predicted_oom: bool | None  # None: not assessable (`reason` says why)
     peak_reserved_bytes: int
     headroom_bytes: int | None  # limit - peak reserved
     limit_bytes: int | None
     fails_recorded_request: bool | None  # None when the recorded run did not OOM
     first_failure: dict | None  # {"trace_index", "requested_bytes"} of the first request it cannot serve
-    start_state: str  # "recorded" | "compact"
+    start_state: str  # "recorded" | "compact" | "seeded" | "none"
     start_reserved_bytes: int
     final_reserved_bytes: int
     segment_allocs: int
     segment_frees: int
     alloc_retries: int
-    confidence: str  # "high" | "medium" | "low"
+    confidence: str  # "high" | "medium" | "low" | "none" (not assessable)
     shortfall_bytes: int | None = None  # OOM: reserved at the failure + the segment it needed - limit
     fidelity: dict | None = None  # recorded configuration only
     notes: list = field(default_factory=list)
+    verdict: str = VERDICT_FITS  # VERDICT_*: oom | fits | survives_window | not_assessable
+    coverage: str = "window"  # "from_start": the replay starts at an empty allocator; "window"; "none"
+    reason: str | None = None  # one line: why not assessable, or the caveat of a window-only success
+    inputs: dict = field(default_factory=dict)  # what the replay was built from (snapshots, trace entries)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -624,62 +635,370 @@ def _result(conf: str, cfg: AllocatorConfig, rep: Replay, sim: SimResult, limit:
         alloc_retries=sim.num_alloc_retries, confidence=confidence, notes=list(notes))
 
 
+# ----- several snapshots of one run ----------------------------------------------------------------------
+def _event_key(e) -> tuple:
+    return (e.action, e.addr, e.size, e.stream)
+
+
+#: Two snapshots' copies of one trace entry can differ by a microsecond in `time_us` (torch converts its
+#: clock to wall time when each snapshot is taken).
+TIME_SLACK_US = 5
+
+
+def _same_entry(a, b) -> bool:
+    return (_event_key(a) == _event_key(b) and a.time_us is not None and b.time_us is not None
+            and abs(a.time_us - b.time_us) <= TIME_SLACK_US)
+
+
+def stitch_traces(earlier: list[Snapshot], last: Snapshot) -> tuple[Snapshot, list[int]]:
+    """Join the traces of earlier snapshots (time order) that overlap the last one's: a ring buffer
+    that kept recording between two snapshots holds the same entries at the end of the first and
+    the start of the second (same action, address, size, stream and time). Returns the last snapshot
+    with the joined trace (its segments are still the end state the start is rebuilt from) and the
+    indices into `earlier` that were joined. Stops at the first snapshot that does not overlap:
+    without common entries nothing proves that no entry is missing in between."""
+    dev = _device_index(last)
+    trace = list(last.traces[dev]) if dev < len(last.traces) else []
+    if not trace or trace[0].time_us is None:
+        return last, []
+    used: list[int] = []
+    for k in range(len(earlier) - 1, -1, -1):
+        prev = earlier[k].trace
+        if not prev:
+            continue
+        head = trace[0]
+        j = next((i for i in range(len(prev) - 1, -1, -1) if _same_entry(prev[i], head)), None)
+        tail = len(prev) - j if j is not None else 0
+        if j is None or tail > len(trace) or not all(_same_entry(prev[j + i], trace[i]) for i in range(tail)):
+            break
+        if j > 0:
+            trace = list(prev[:j]) + trace
+            used.append(k)
+    if not used:
+        return last, []
+    traces = [list(t) for t in last.traces]
+    traces[dev] = trace
+    return replace(last, traces=traces, memo={}), sorted(used)
+
+
+def _seedable(rep: Replay, streams: dict) -> bool:
+    return (bool(rep.program.ops) and not rep.foreign_start and rep.streams == streams
+            and OP_FOREIGN not in rep.program.ops)
+
+
+def _live_at_end(w: Replay, handles: list) -> list:
+    """((recorded address, requested bytes), model block) of the allocations live after a window."""
+    info = {h: (a, req) for a, h, req, _s in w.start_live}
+    prog = w.program
+    for i, op in enumerate(prog.ops):
+        if op == OP_ALLOC:
+            info[prog.hid[i]] = (w.recorded_alloc_addr[i], prog.size[i])
+    return [(info.get(h), b) for h, b in enumerate(handles) if b is not None]
+
+
+def _simulate_seeded(seeds: list, rep: Replay, cfg: AllocatorConfig, limit: int | None,
+                     per_process: bool = True) -> tuple[SimResult | None, dict | None]:
+    """Replay earlier snapshots' windows (time order), then the last one, on one model: the cache
+    this setting would have cut in the earlier windows is what the last window starts from. Between
+    windows the live set is carried over: blocks live at the next window's start that the model
+    holds (same recorded address and requested size) stay where the model put them, the others are
+    freed, and the next window's live blocks the model lacks are allocated in address order (what
+    the run did between windows is in no trace). Returns (the last window's result, None), or
+    (None, where it failed) when the setting cannot serve a request before the last window."""
+    m = AllocatorModel(cfg, limit, per_process_limit=per_process)
+    carried: dict = {}
+    windows = list(seeds) + [rep]
+    for k, w in enumerate(windows):
+        handles: list = [None] * w.program.n_handles
+        for a, h, req, _s in w.start_live:
+            b = carried.pop((a, req), None)
+            if b is not None:
+                handles[h] = b
+        for b in carried.values():
+            m.free_block(b)
+        for a, h, req, stream in w.start_live:
+            if handles[h] is None:
+                b = m.malloc(req, stream)
+                if b is None:
+                    return None, {"window": k, "trace_index": None, "requested_bytes": req,
+                                  "at": "the live set carried into this window"}
+                handles[h] = b
+        m.handles = handles
+        if k == len(windows) - 1:
+            m.peak = m.reserved
+            m.retries = m.n_dev_alloc = m.n_dev_free = 0
+            return m.run(w.program), None
+        r = m.run(w.program)
+        if r.ops_done < len(w.program.ops):
+            return None, {"window": k, "trace_index": w.op_event[r.oom_op], "requested_bytes": r.oom_request,
+                          "at": "a request of an earlier snapshot's window"}
+        carried = {}
+        for key, b in _live_at_end(w, m.handles):
+            if key is None or key[0] is None or key in carried:
+                m.free_block(b)
+            else:
+                carried[key] = b
+    raise AssertionError("unreachable")
+
+
+def _with_oom_requests(rep: Replay, size: int) -> Replay:
+    """The same replay with the recorded OOM requests asking for `size` bytes."""
+    sizes = list(rep.program.size)
+    for i in rep.recorded_oom_ops:
+        sizes[i] = size
+    prog = Program(ops=rep.program.ops, hid=rep.program.hid, size=sizes, stream=rep.program.stream,
+                   n_handles=rep.program.n_handles)
+    return replace(rep, program=prog)
+
+
+def _smallest_request_rounding_to(size: int, divisions: tuple) -> int:
+    if round_size(size, divisions) != size:
+        return size
+    lo, hi = 1, size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if round_size(mid, divisions) >= size:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+# ----- running the settings ------------------------------------------------------------------------------
+def _fmt(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def _not_assessable(conf: str, cfg: AllocatorConfig, rep: Replay, limit: int | None, reason: str, notes: list,
+                    sim: SimResult | None = None, start: str = "none", coverage: str = "none",
+                    inputs: dict | None = None) -> WhatIfResult:
+    if sim is not None:
+        r = _result(conf, cfg, rep, sim, limit, start, "none", notes)
+    else:
+        end = rep.recorded_reserved_after()[-1] if rep.program.ops else rep.recorded_reserved_start
+        r = WhatIfResult(conf=conf, effective=cfg.describe(), predicted_oom=None, peak_reserved_bytes=int(end),
+                         headroom_bytes=None, limit_bytes=limit, fails_recorded_request=None, first_failure=None,
+                         start_state=start, start_reserved_bytes=int(rep.recorded_reserved_start),
+                         final_reserved_bytes=int(end), segment_allocs=0, segment_frees=0, alloc_retries=0,
+                         confidence="none", notes=list(notes))
+    r.predicted_oom = None
+    r.confidence = "none"
+    r.verdict = VERDICT_NOT_ASSESSABLE
+    r.coverage = coverage
+    r.reason = reason
+    r.notes.append("not assessable: " + reason)
+    r.inputs = dict(inputs or {})
+    return r
+
+
 def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | tuple[str, ...],
-               replay: Replay | None = None) -> list[WhatIfResult]:
+               replay: Replay | None = None, *, earlier: list | tuple = (),
+               recorded_oom: bool | None = None) -> list[WhatIfResult]:
     """One result per conf, in the order given. `""` is the recorded configuration.
 
-    Raises BadInput for a conf string torch would refuse."""
+    `earlier`: the same process's earlier snapshots (or objects with `.snapshot`), oldest first:
+    traces that overlap the last one's are joined to it (`stitch_traces`), and the windows of the
+    others seed the cache that settings other than the recorded one start from (`_simulate_seeded`).
+    `recorded_oom`: True when it is known from outside the snapshot (the agent's trigger, the OOM
+    message) that the run ran out of memory there; the agent's own `memq_agent` trigger counts too.
+
+    `predicted_oom` is None ("not assessable", `reason` says why) when there is no trace, when the
+    trace does not reach the recorded OOM, when the recorded settings do not reproduce the recorded
+    outcome, when no limit is known, or when a success under another setting would say nothing
+    (the recorded settings also succeed from the same start). A success that covers the recorded
+    window only (the run went on, or would have, after the trace) is `survives_window`, never a
+    high-confidence `fits`. Raises BadInput for a conf string torch would refuse."""
     parsed = [(c, None if c == "" else parse_alloc_conf(c)) for c in confs]  # fail before any work
-    rep = replay or compile_trace(snapshot, limit_bytes)
+    earlier_snaps = [getattr(x, "snapshot", x) for x in earlier or ()]
+    snap, stitched = snapshot, []
+    if replay is None and earlier_snaps:
+        snap, stitched = stitch_traces(earlier_snaps, snapshot)
+    rep = replay or compile_trace(snap, limit_bytes)
     common = list(rep.warnings)
+    inputs = {"snapshots": 1 + len(earlier_snaps), "trace_entries": rep.trace_entries,
+              "joined": stitched, "seeds": []}
+    if stitched:
+        common.append(f"the trace is joined with {len(stitched)} earlier snapshot(s) whose traces overlap it: "
+                      f"{rep.trace_entries} entries replayed")
+    agent = getattr(snapshot, "agent", None)
+    rec_oom = bool(rep.recorded_oom_ops) or bool(recorded_oom) or getattr(agent, "trigger", None) == "oom"
+    rec_cfg = rep.recorded_config
+    from_start = not rep.start_segments and not rep.foreign_start and not rep.start_live
+    coverage = "from_start" if from_start else "window"
+
+    def all_na(reason: str, rec_sim: SimResult | None = None, fid: dict | None = None) -> list[WhatIfResult]:
+        out = []
+        for conf, cfg in parsed:
+            r = _not_assessable(conf, cfg or rec_cfg, rep, limit_bytes, reason, common,
+                                sim=rec_sim if cfg is None else None,
+                                start="recorded" if cfg is None and rec_sim is not None else "none",
+                                coverage=coverage if rec_sim is not None else "none", inputs=inputs)
+            if cfg is None:
+                r.fidelity = fid
+            out.append(r)
+        return out
+
+    if not rep.program.ops:
+        reason = ("no trace: memory history was not being recorded when the snapshot was taken (at its defaults "
+                  "the agent records the warm-up steps and one step per periodic snapshot), so there is no "
+                  "alloc/free sequence to replay")
+        if rec_oom:
+            reason += ("; the request that failed and the cache it met are known, but not the order of the "
+                       "requests that cut that cache, which any other setting would have cut differently")
+        return all_na(reason)
+    if rec_oom and not rep.recorded_oom_ops:
+        return all_na(f"the trace ({rep.trace_entries} entries) ends before the recorded OOM: the failing request "
+                      "and the requests before it are not in it (recording was paused or the ring buffer was read "
+                      "earlier)")
     per_process = True
     if limit_bytes is None:
-        limit_bytes = device_bound_limit(snapshot, rep)
+        limit_bytes = device_bound_limit(snap, rep)
         if limit_bytes is not None:
             per_process = False
             common.append(f"no limit given: using the device-bound limit {limit_bytes} bytes (reserved bytes at the "
                           "recorded OOM + the free bytes CUDA reported there); pass --limit for a per-process "
                           "cap (set_per_process_memory_fraction), which also enables garbage collection")
-        else:
-            common.append("no limit given: nothing can run out of memory; peak reserved is still predicted")
-    if not rep.program.ops:
-        common.append("empty trace: the prediction is the start state only")
-    rec_cfg = rep.recorded_config
+        else:  # still replayed: the peaks and the model check hold without a limit
+            reason = ("no limit known: without the per-process cap (--limit, or the run's limit in the history) "
+                      "nothing can run out of memory in the model; peak reserved is still predicted")
+            rec_sim = _simulate(rep, rec_cfg, None, "recorded", record=True)
+            out = []
+            for conf, cfg in parsed:
+                sim = rec_sim if cfg is None else _simulate(rep, cfg, None, "recorded" if from_start else "compact")
+                r = _not_assessable(conf, cfg or rec_cfg, rep, None, reason, common, sim=sim,
+                                    start="recorded" if cfg is None or from_start else "compact",
+                                    coverage=coverage, inputs=inputs)
+                if cfg is None:
+                    r.fidelity = fidelity(rep, rec_sim)
+                out.append(r)
+            return out
     rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True, per_process=per_process)
     fid = fidelity(rep, rec_sim)
-    base_sim = None
-    pre_trace_state = bool(rep.start_segments)
-    if pre_trace_state:
-        base_sim = _simulate(rep, rec_cfg, limit_bytes, "compact", per_process=per_process)
-    recorded_oom = bool(rep.recorded_oom_ops)
-    bias = (base_sim is not None and rec_sim.oom_op is not None and base_sim.oom_op is None)
+    first_rec = rep.recorded_oom_ops[0] if rep.recorded_oom_ops else None
+    if rec_oom and rec_sim.oom_op != first_rec:
+        what = ("serves every request" if rec_sim.oom_op is None else
+                f"fails an earlier request (trace entry {rep.op_event[rec_sim.oom_op]})")
+        return all_na(f"the recorded settings do not reproduce the recorded OOM: under the limit of "
+                      f"{limit_bytes} bytes the model {what}; the limit must be the per-process cap the run had",
+                      rec_sim, fid)
+    if not rec_oom and rec_sim.oom_op is not None:
+        return all_na(f"under the recorded settings the model runs out of memory at trace entry "
+                      f"{rep.op_event[rec_sim.oom_op] if rec_sim.oom_op >= 0 else 0} where the recorded run did "
+                      f"not: the limit of {limit_bytes} bytes is below what the run had", rec_sim, fid)
+
+    def matches_record(sim: SimResult | None) -> bool:
+        if sim is None:
+            return False
+        return sim.oom_op == first_rec if rec_oom else sim.oom_op is None
+
+    # The start other settings replay from. From an empty allocator it is exact; mid-run it is rebuilt
+    # (seeded by earlier windows, else compact) and trusted only when the recorded settings, replayed
+    # from the same rebuilt start, give the recorded outcome (`calibrated`).
+    start, seeds, calibrated = "recorded", [], True
+    if not from_start:
+        start, calibrated = "compact", False
+        joined = set(stitched)
+        cand = [i for i, s in enumerate(earlier_snaps) if i not in joined and (not stitched or i < min(stitched))]
+        seed_reps = []
+        for i in cand:
+            w = compile_trace(earlier_snaps[i], limit_bytes)
+            if _seedable(w, rep.streams):
+                seed_reps.append((i, w))
+        if seed_reps:
+            base, failed = _simulate_seeded([w for _i, w in seed_reps], rep, rec_cfg, limit_bytes, per_process)
+            if failed is None and matches_record(base):
+                start, seeds, calibrated = "seeded", [w for _i, w in seed_reps], True
+                inputs["seeds"] = [i for i, _w in seed_reps]
+                common.append(f"other settings start from the cache they would have cut in {len(seeds)} earlier "
+                              "snapshot window(s), with the live set carried over between windows (the recorded "
+                              "settings replayed the same way give the recorded outcome)")
+            else:
+                common.append(f"{len(seed_reps)} earlier snapshot window(s) were tried as the start of other "
+                              "settings, but the recorded settings replayed through them do not give the recorded "
+                              "outcome: not used")
+        if start == "compact":
+            calibrated = matches_record(_simulate(rep, rec_cfg, limit_bytes, "compact", per_process=per_process))
+            common.append("the trace starts mid-run: other settings start from the live blocks at the first trace "
+                          "entry, allocated afresh, without the cache history before it"
+                          + ("" if calibrated else "; the recorded settings replayed from that start do not give "
+                             "the recorded outcome"))
+    inputs["start"] = start
+    divs = rec_cfg.roundup_power2_divisions
+    s_rec = rep.program.size[first_rec] if first_rec is not None else None
+    s_min = _smallest_request_rounding_to(s_rec, divs) if s_rec is not None and any(divs) else s_rec
+
+    def simulate(cfg: AllocatorConfig, r: Replay) -> SimResult:
+        if start == "seeded":
+            sim, failed = _simulate_seeded(seeds, r, cfg, limit_bytes, per_process)
+            if sim is not None:
+                return sim
+            # failed in an earlier window: an OOM before the last snapshot's trace
+            out = _simulate(r, cfg, limit_bytes, "compact", per_process=per_process)
+            out.oom_op, out.oom_request, out.failed_ops = -1, failed["requested_bytes"], [-1]
+            return out
+        return _simulate(r, cfg, limit_bytes, "recorded" if from_start else "compact", per_process=per_process)
+
     out = []
     for conf, cfg in parsed:
         notes = list(common)
         if cfg is None:
-            sim, start = rec_sim, "recorded"
             ok = fid["segment_event_share"] >= 0.95 and fid["reserved_within_5pct"]
-            confidence = "high" if ok else "medium"
-            if recorded_oom and rec_sim.oom_op is None:
-                notes.append("the recorded run ran out of memory but the model serves every request: check "
-                             "--limit (it must be the per-process limit the run had)")
-                confidence = "low"
-            r = _result(conf, rec_cfg, rep, sim, limit_bytes, start, confidence, notes)
+            r = _result(conf, rec_cfg, rep, rec_sim, limit_bytes, "recorded", "high" if ok else "medium", notes)
             r.fidelity = fid
+            r.verdict = VERDICT_OOM if rec_oom else VERDICT_FITS
+            r.coverage, r.inputs = coverage, dict(inputs)
+            if not rec_oom and not from_start:
+                r.reason = "the recorded run itself, replayed over its window"
             out.append(r)
             continue
-        start = "compact" if pre_trace_state else "recorded"
-        sim = _simulate(rep, cfg, limit_bytes, start, per_process=per_process)
-        confidence = "high" if not pre_trace_state else "medium"
-        if pre_trace_state:
-            notes.append("the trace starts mid-run: this configuration starts from the live blocks at the "
-                         "first trace entry, without the cache history before it")
-        if bias and sim.oom_op is None:
-            confidence = "low"
-            notes.append("under the recorded settings the OOM reproduces only from the recorded segments, "
-                         "not from a fresh start: the trace is too short to rebuild the fragmentation, so "
-                         "this success is optimistic")
-        out.append(_result(conf, cfg, rep, sim, limit_bytes, start, confidence, notes))
+        sim = simulate(cfg, rep)
+        r = _result(conf, cfg, rep, sim, limit_bytes, start, "high", notes)
+        r.coverage, r.inputs = coverage, dict(inputs)
+        if sim.oom_op is not None and s_min is not None and s_min != s_rec and sim.oom_op == first_rec \
+                and tuple(cfg.roundup_power2_divisions) != tuple(divs):
+            lo = simulate(cfg, _with_oom_requests(rep, s_min))
+            if lo.oom_op is None or lo.oom_op != first_rec:
+                out.append(_not_assessable(
+                    conf, cfg, rep, limit_bytes, f"the trace keeps the failing request only after rounding "
+                    f"({_fmt(s_rec)} under roundup_power2_divisions); the request before rounding was between "
+                    f"{_fmt(s_min)} and that, and this setting serves the smaller and fails the larger",
+                    notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
+                continue
+        if sim.oom_op is not None:
+            if not from_start and not calibrated and not rec_oom:
+                out.append(_not_assessable(
+                    conf, cfg, rep, limit_bytes, "the recorded settings also run out of memory from the rebuilt "
+                    "start of this window, although the recorded run did not: an OOM here says nothing",
+                    notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
+                continue
+            r.verdict = VERDICT_OOM
+            r.confidence = "high" if from_start else "medium"
+            out.append(r)
+            continue
+        if from_start:
+            r.verdict = VERDICT_WINDOW if rec_oom else VERDICT_FITS
+            r.confidence = "medium" if rec_oom else "high"
+            if rec_oom:
+                r.reason = ("serves the request the recorded run failed and every request before it, from the first "
+                            "allocation; the run after that request is in no trace, so it may still fail later")
+            out.append(r)
+            continue
+        if rec_oom and not calibrated:
+            out.append(_not_assessable(
+                conf, cfg, rep, limit_bytes, "the recorded settings too get through this window from the rebuilt "
+                "start (the OOM reproduces only from the recorded segments): the trace is too short to rebuild the "
+                "fragmentation that caused the OOM, so a success under another setting says nothing",
+                notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
+            continue
+        r.verdict = VERDICT_WINDOW
+        r.confidence = "low" if rec_oom or not calibrated else "medium"
+        r.reason = (f"survives the recorded window only ({rep.trace_entries} trace entries"
+                    + (", through the request the recorded run failed" if rec_oom else "")
+                    + f"), from a {start} start: the cache history before the window and the run after it are "
+                    "in no trace")
+        out.append(r)
     return out
 
 
