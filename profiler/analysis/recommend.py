@@ -27,9 +27,15 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         w = sim.get(conf)
         if not w:
             return ""
+        if w.get("predicted_oom") is None:  # not assessable: say why instead of an outcome
+            return (f"; memq's allocator model cannot tell what {conf} would have done here: "
+                    f"{w.get('reason') or 'not assessable from this snapshot'}")
         verdict = "fails again" if w["predicted_oom"] else "succeeds"
         caveat = ""
-        if w.get("confidence") == "low":
+        if w.get("verdict") == "survives_window":
+            caveat = (f" over the recorded window only ({w.get('confidence')} confidence: what the run did after "
+                      "the trace is in no trace)")
+        elif w.get("confidence") == "low":
             caveat = " (low confidence: the trace is too short to rebuild the recorded fragmentation)"
         return (f"; replaying the recorded trace under {conf} in memq's allocator model: the request "
                 f"{verdict}, peak reserved {g(w['peak_reserved_bytes'])}{caveat}")
