@@ -139,6 +139,43 @@ class AllocatorSettings:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """One completed training step as the agent measured it at the step boundary (bytes, ms)."""
+
+    step: int
+    epoch: int | None
+    peak_allocated: int  # the allocator's peak counter over the step (reset at each boundary)
+    peak_reserved: int
+    allocated: int  # memory_allocated() at the boundary that ended the step
+    reserved: int
+    retries: int = 0
+    ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentInfo:
+    """What the memq agent embeds in each snapshot it sends (`memq_agent`); every field optional,
+    older agents send only run/rank/trigger/step/epoch/time."""
+
+    run: str | None = None
+    rank: int | None = None
+    trigger: str | None = None
+    step: int | None = None  # envelope step: for an `oom` snapshot of a newer agent, the step in progress
+    epoch: int | None = None
+    time: float | None = None
+    step_figures: tuple[StepFigures, ...] = ()  # oldest first
+    step_in_progress: int | None = None
+    step_completed: int | None = None
+    steps_source: str | None = None  # "mark_step" | "optimizer_hook" | None
+    recording_on: bool | None = None
+    recording_since_step: int | None = None
+    recording_reason: str | None = None
+    comparable: bool = False  # taken at the same point of a step on purpose (leak comparisons)
+    optimizer: str | None = None
+    model: str | None = None
+
+
 @dataclass(slots=True)
 class Snapshot:
     segments: list[Segment]
@@ -150,6 +187,7 @@ class Snapshot:
     warnings: list[str] = field(default_factory=list)
     unknown_keys: list[str] = field(default_factory=list)
     trace_overflowed: bool | None = None  # True when the ring buffer is known to have wrapped
+    agent: AgentInfo | None = None  # the memq agent's `memq_agent` dict, when it sent this snapshot
     # Results of pure passes over this snapshot, kept with it so that a run-level diagnosis over
     # snapshots already analysed (a worker's cache) does not redo them. Keyed by pass and version.
     memo: dict = field(default_factory=dict, repr=False, compare=False)

@@ -15,15 +15,18 @@ from profiler.model import (
     ACTIVE_PENDING_FREE,
     INACTIVE,
     SMALL_SIZE,
+    AgentInfo,
     AllocatorSettings,
     Block,
     Segment,
     Snapshot,
+    StepFigures,
     TraceEvent,
 )
 
 KNOWN_TOP = {"segments", "device_traces", "allocator_settings", "external_annotations", "host_segments",
-             "host_traces"}
+             "host_traces", "memq_agent"}
+MAX_STEP_FIGURES = 512  # the agent sends at most this many; more is not a snapshot of ours
 _STATES = {
     "active_allocated": ACTIVE_ALLOCATED,
     "active_pending_free": ACTIVE_PENDING_FREE,
@@ -129,6 +132,7 @@ def _parse(raw: Any) -> Snapshot:
         warnings=warnings,
         unknown_keys=sorted(str(k) for k in raw if k not in KNOWN_TOP),
         trace_overflowed=overflowed,
+        agent=parse_agent_info(raw.get("memq_agent")),
     )
 
 
@@ -267,6 +271,56 @@ def _frames_missing_reason(segments: list[Segment]) -> list[str]:
     if live and not any(b.frames for b in live):
         return ["no block carries frames (history was not recorded with stacks): composition is 'unknown'"]
     return []
+
+
+def _opt_int(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return int(v) if not isinstance(v, float) or v.is_integer() else None
+
+
+def _opt_str(v: Any, n: int = 200) -> str | None:
+    return v[:n] if isinstance(v, str) and v else None
+
+
+def _step_figures(v: Any) -> tuple[StepFigures, ...]:
+    if not isinstance(v, list):
+        return ()
+    out = []
+    for d in v[-MAX_STEP_FIGURES:]:
+        if not isinstance(d, dict):
+            continue
+        step, peak, alloc = _opt_int(d.get("step")), _opt_int(d.get("peak_allocated")), _opt_int(d.get("allocated"))
+        if step is None or peak is None or alloc is None:
+            continue  # a figure without its step or bytes says nothing
+        ms = d.get("ms")
+        out.append(StepFigures(step=step, epoch=_opt_int(d.get("epoch")), peak_allocated=peak,
+                               peak_reserved=_opt_int(d.get("peak_reserved")) or 0, allocated=alloc,
+                               reserved=_opt_int(d.get("reserved")) or 0, retries=_opt_int(d.get("retries")) or 0,
+                               ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None))
+    return tuple(out)
+
+
+def parse_agent_info(v: Any) -> AgentInfo | None:
+    """The agent's `memq_agent` dict (ARCHITECTURE.md, agent/analysis contract); tolerant: a field of
+    the wrong type is dropped, never an error (the rest of the snapshot is still good evidence)."""
+    if not isinstance(v, dict):
+        return None
+    rec = v.get("recording") if isinstance(v.get("recording"), dict) else {}
+    on = rec.get("on")
+    t = v.get("time")
+    return AgentInfo(
+        run=_opt_str(v.get("run")), rank=_opt_int(v.get("rank")), trigger=_opt_str(v.get("trigger"), 40),
+        step=_opt_int(v.get("step")), epoch=_opt_int(v.get("epoch")),
+        time=float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None,
+        step_figures=_step_figures(v.get("step_figures")),
+        step_in_progress=_opt_int(v.get("step_in_progress")), step_completed=_opt_int(v.get("step_completed")),
+        steps_source=_opt_str(v.get("steps_source"), 40),
+        recording_on=on if isinstance(on, bool) else None,
+        recording_since_step=_opt_int(rec.get("since_step")), recording_reason=_opt_str(rec.get("reason"), 40),
+        comparable=v.get("comparable") is True,
+        optimizer=_opt_str(v.get("optimizer"), 80), model=_opt_str(v.get("model"), 80),
+    )
 
 
 def check_invariants(snap: Snapshot) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from profiler.analysis import frames as fr
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
+from profiler.analysis.labels import agent_label
 from profiler.analysis.leak import detect_leak
 from profiler.analysis.limits import resolve_limits
 from profiler.analysis.memory import (
@@ -26,10 +27,11 @@ from profiler.analysis.memory import (
     smallest_request_rounding_to,
 )
 from profiler.analysis.per_snapshot import SnapshotDigest, per_snapshot
+from profiler.analysis.projection import Projection, project_step_need
 from profiler.analysis.recommend import recommend
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
-ANALYZER_VERSION = "1.0.0"
+ANALYZER_VERSION = "1.1.0"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -59,11 +61,15 @@ def _per(s: Snapshot | SnapshotDigest) -> Mapping[str, Any]:
 
 def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,
             triggers: list[str | None] | None = None, optimizer: str | None = None,
-            whatif: list[dict] | None = None) -> dict:
+            whatif: list[dict] | None = None, labels: list[str | None] | None = None) -> dict:
     """`items`: Snapshot objects or objects with a `.snapshot` (and optionally `.path`), in time order.
-    `triggers`: per snapshot (epoch_end, periodic, oom, ...) when known, to pick comparable points.
-    `whatif`: results of the allocator model for the last snapshot, cited by the recommendations.
-    Any item but the last may be a SnapshotDigest (see per_snapshot.py): the result is the same."""
+    `names`: file names (`snapshots[].file`). `labels`: how evidence names each snapshot, in the
+    user's terms (labels.snapshot_label from trigger/step/epoch); a snapshot the agent sent labels
+    itself from its embedded facts, and the name is the last resort.
+    `triggers`: per snapshot (epoch_end, periodic, oom, ...) when known, to pick comparable points
+    (else the agent's own). `whatif`: results of the allocator model for the last snapshot, cited by
+    the recommendations. Any item but the last may be a SnapshotDigest (see per_snapshot.py): the
+    result is the same."""
     if not items:
         raise ValueError("analyze() needs at least one snapshot")
     snaps: list[Snapshot | SnapshotDigest] = [getattr(x, "snapshot", x) for x in items]
@@ -72,6 +78,12 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     names = names or [str(getattr(x, "path", f"snapshot{i}")) for i, x in enumerate(items)]
     per = [_per(s) for s in snaps]  # no GC pause here: analysis stays free of global state
     heads = [_head(s) for s in snaps]
+    agents = [p.get("agent") for p in per]
+    given = [(labels[i] if labels and i < len(labels) else None) for i in range(len(per))]
+    tags = [agent_label(agents[i], given[i] or names[i]) or names[i] for i in range(len(per))]
+    trig = [(triggers[i] if triggers and i < len(triggers) else None) or (agents[i] or {}).get("trigger")
+            for i in range(len(per))]
+    optimizer = optimizer or (agents[-1] or {}).get("optimizer")
     last, last_snap = per[-1], snaps[-1]
     m = last["metrics"]
     lim = resolve_limits(last_snap, ctx, m["reserved_bytes"])
@@ -82,8 +94,10 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
-    leak = detect_leak(_comparable_points(heads, per, names, triggers), lim.limit)
+    leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit)
     earlier_peak, steps_seen = _earlier_step_peak(per)
+    projection, not_projected = _project(per, heads, tags, m["active_bytes"], S) if S else (None, None)
+    opt_creation = _optimizer_creation(last, S, oom_ev.frames if oom_ev is not None else [], optimizer)
     peak_reserved = max(max(p["metrics"]["reserved_bytes"], p["timeline"].get("peak_reserved_bytes") or 0)
                         for p in per)
     tl = last["timeline"]
@@ -112,6 +126,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         settings_non_default=last_snap.settings.non_default,
         roundup=bool(last_snap.settings.roundup_power2_divisions), max_split=last_snap.settings.max_split_size,
         peak_reserved=peak_reserved, leak=leak, stacks_all=stacks_all,
+        projection=projection, not_projected=not_projected, optimizer_creation=opt_creation,
+        optimizer_name=optimizer,
     )
     primary, conf, causes, _findings = diagnose(facts)
     recs = recommend(primary, facts, optimizer, leak, whatif)
@@ -142,27 +158,38 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
             "composition_sites": last["sites"],
             "timeline": {k: v for k, v in tl.items() if k not in ("step_start_indices",)},
             "peak_reserved_bytes": peak_reserved,
+            "step_projection": None if projection is None else dict(projection.__dict__),
+            "step_projection_missing": not_projected,
             "leak": leak,
             "allocator_settings": {"known": last_snap.settings.known, "conf": last_snap.settings.conf,
                                    "non_default": last_snap.settings.non_default},
-            "per_snapshot": [{"file": n, "active_bytes": p["metrics"]["active_bytes"],
+            "per_snapshot": [{"file": n, "label": t, "trigger": tr, "active_bytes": p["metrics"]["active_bytes"],
                               "reserved_bytes": p["metrics"]["reserved_bytes"],
                               "peak_live_bytes": p["timeline"].get("peak_live_bytes"),
                               "fragmentation_ratio": p["metrics"]["fragmentation_ratio"],
-                              "composition": p["composition"]} for n, p in zip(names, per, strict=True)],
+                              "composition": p["composition"]}
+                             for n, t, tr, p in zip(names, tags, trig, per, strict=True)],
             "warnings": sorted({w for h in heads for w in h[5]}),
         }),
     }
 
 
 def _comparable_points(heads, per, names, triggers) -> list[dict]:
-    """Snapshots taken at the same kind of point (not the OOM one): the leak test compares these."""
+    """Snapshots taken at the same kind of point (not the OOM one): the leak test compares these.
+    Epoch ends first; else the agent's own `comparable` snapshots (every N steps at the same point
+    of a step); else the most common trigger."""
     idx = [i for i, h in enumerate(heads) if not h[4]]
-    if triggers:
-        kinds = [triggers[i] for i in idx if i < len(triggers) and triggers[i] not in (None, "oom")]
+    trig = [(triggers[i] if triggers and i < len(triggers) else None) for i in range(len(per))]
+    marked = [i for i in idx if (per[i].get("agent") or {}).get("comparable")]
+    if any(trig[i] == "epoch_end" for i in idx):
+        idx = [i for i in idx if trig[i] == "epoch_end"]
+    elif len(marked) >= 2:
+        idx = marked
+    else:
+        kinds = [trig[i] for i in idx if trig[i] not in (None, "oom")]
         if kinds:
             common = max(set(kinds), key=kinds.count)
-            idx = [i for i in idx if i < len(triggers) and triggers[i] == common]
+            idx = [i for i in idx if trig[i] == common]
     return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
              "blocks": per[i]["live_blocks"]} for i in idx]
 
@@ -183,7 +210,69 @@ def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:
         steps += t["optimizer_steps"]
         if len(sp) >= 2:
             peaks.extend(sp[:-1])
+    # The agent's per-step figures (completed steps, from the allocator's peak counters).
+    figs = (per[-1].get("agent") or {}).get("step_figures") or []
+    peaks.extend(f["peak_allocated"] for f in figs)
+    steps = max(steps, len(figs))
     return (max(peaks) if peaks else None), steps
+
+
+def _project(per, heads, tags, A: int, S: int) -> tuple[Projection | None, str | None]:
+    """The failing step's projected need (projection.py), or why it cannot be projected."""
+    ref, src = per[-1]["timeline"].get("last_cycle"), "an earlier step in the OOM snapshot's trace"
+    if not ref:
+        for i in range(len(per) - 2, -1, -1):
+            if per[i]["timeline"].get("last_cycle"):
+                ref, src = per[i]["timeline"]["last_cycle"], f"the last step recorded in the {tags[i]} trace"
+                break
+    if not ref:
+        return None, ("no earlier training step of this run was recorded (no trace with two optimizer steps), "
+                      "so the failing step's blocks cannot be compared with an earlier step's: its full need "
+                      "is not known")
+    blocks = per[-1]["live_blocks"]
+    prev = next((i for i in range(len(per) - 2, -1, -1) if not heads[i][4]), None)
+    figs = (per[-1].get("agent") or {}).get("step_figures") or []
+    cur = per[-1]["timeline"].get("current_step")
+    if cur:  # the OOM snapshot's own trace shows the failing step
+        return project_step_need(A, S, cur["blocks"], cur["floor"], ref, src), None
+    if prev is not None:
+        before = per[prev]["live_blocks"]
+        step_blocks = [k[1] for k in blocks if k not in before]
+    else:
+        # No earlier snapshot: at defaults the failing step's blocks are the ones with no frames.
+        step_blocks = [k[1] for k, site in blocks.items() if site == fr.NO_FRAMES]
+    floor_now = figs[-1]["allocated"] if figs else A - sum(step_blocks)
+    return project_step_need(A, S, step_blocks, max(0, floor_now), ref, src), None
+
+
+def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list, optimizer: str | None) -> dict | None:
+    """When the failing request is the optimizer state's own creation: by its frames (torch/optim),
+    or, without frames, an OOM in the first optimizer step (no step completed before it) whose
+    request is a parameter-sized tensor. Returns the state's bytes and what leaner optimizers need."""
+    if not S:
+        return None
+    comp = last["composition"]
+    params = comp.get(fr.PARAMETERS, 0)
+    by = None
+    if oom_frames and fr.is_optimizer(oom_frames):
+        by = "its frames are in torch/optim"
+    else:
+        a = last.get("agent") or {}
+        figs = a.get("step_figures") or []
+        cur = a.get("step_in_progress")
+        first = cur is not None and not any(f["step"] < cur for f in figs) and a.get("step_completed") is None
+        sized = {k[1] for k in last["live_blocks"]}
+        if first and -(-S // 512) * 512 in sized and S >= 1024 * 1024:
+            by = (f"the OOM is in the first optimizer step (step {cur}, no step completed before it) and the "
+                  "request is the size of a parameter tensor")
+    if by is None:
+        return None
+    kind = (optimizer or "").lower()
+    mult = 1 if "sgd" in kind else 2  # SGD momentum keeps 1x the parameters, Adam(W) 2x
+    state = comp.get(fr.OPTIMIZER_STATE, 0)
+    return {"by": by, "state_live_bytes": state, "state_full_bytes": mult * params if params else None,
+            "params_bytes": params, "optimizer": optimizer, "multiple": mult,
+            "lean": {"SGD with momentum": params, "8-bit AdamW (bitsandbytes)": params // 2} if params else {}}
 
 
 def explain_message(ctx: OomContext) -> dict:

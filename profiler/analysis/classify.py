@@ -9,6 +9,7 @@ ones are listed with low confidence and the input that would settle them. Pure: 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from profiler.analysis import frames as fr
 from profiler.analysis.memory import segment_needed
@@ -28,6 +29,7 @@ class Finding:
     strength: float = 0.0  # 0..1, how clearly the numbers pass the test
     evidence: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # inputs that would settle an unsettled test
+    listed: bool = False  # does not hold, but is part of the story: listed below the primary
 
     @property
     def settled(self) -> bool:
@@ -65,6 +67,10 @@ class Facts:
     peak_reserved: int
     leak: dict
     stacks_all: bool  # C++ frames present (stacks="all")
+    projection: Any = None  # projection.Projection of the failing step's need, when it could be made
+    not_projected: str | None = None  # why the failing step's need could not be projected
+    optimizer_creation: dict | None = None  # the failing request creates optimizer state (see analyze)
+    optimizer_name: str | None = None
 
 
 def g(n: float | None) -> str:
@@ -114,8 +120,8 @@ def test_leak(f: Facts) -> Finding:
 def test_optimizer_state(f: Facts) -> Finding:
     out = Finding("optimizer_state", False)
     opt = f.composition.get(fr.OPTIMIZER_STATE, 0)
-    in_opt = bool(f.oom_frames) and fr.is_optimizer(f.oom_frames) if f.has_oom else (
-        f.peak_phase == "optimizer_step")
+    creation = f.optimizer_creation
+    in_opt = creation is not None if f.has_oom else f.peak_phase == "optimizer_step"
     if not in_opt:
         return out
     if f.limit is None:
@@ -131,12 +137,32 @@ def test_optimizer_state(f: Facts) -> Finding:
     if (over > 0 or near) and created >= max(over, 0):
         out.holds = True
         out.strength = 0.9 if f.training_steps_seen <= 1 else 0.6
+        where = creation["by"] if creation else "frames in torch/optim"
         out.evidence.append(
             f"the {'request of ' + g(f.S) + ' fails' if f.has_oom else 'peak happens'} inside the optimizer "
-            f"step while its state is created ({g(opt)} of optimizer state live, frames in torch/optim)")
+            f"step while its state is created ({g(opt)} of optimizer state live; {where})")
         out.evidence.append(f"live set + request = {g(total)} against a limit of {g(f.limit)} "
                             f"({'over by ' + g(over) if over > 0 else 'within the last 5%'})")
+    elif creation is not None:
+        # The state's creation is where it failed, though another test explains why (ARCHITECTURE.md 3).
+        out.listed = True
+        out.evidence.append(f"the failing request of {g(f.S)} creates optimizer state ({creation['by']}), but "
+                            f"live + request = {g(total)} leaves {g(f.limit - total)} of the {g(f.limit)} limit")
+    if creation is not None:
+        out.evidence.append(optimizer_state_sizes(creation))
     return out
+
+
+def optimizer_state_sizes(c: dict) -> str:
+    """The state's bytes and what a leaner optimizer would need, for evidence and advice."""
+    name = c.get("optimizer") or ("SGD" if c["multiple"] == 1 else "Adam/AdamW")
+    if not c.get("params_bytes"):
+        return (f"{name} keeps {c['multiple']}x the parameters' bytes as state ({g(c['state_live_bytes'])} "
+                "created so far); the parameters' bytes are unknown here (their blocks carry no frames)")
+    lean = ", ".join(f"{k} {g(v)}" for k, v in c["lean"].items())
+    return (f"{name} keeps {c['multiple']}x the parameters' bytes as state: {g(c['state_full_bytes'])} for "
+            f"{g(c['params_bytes'])} of parameters ({g(c['state_live_bytes'])} created before the failure); "
+            f"a leaner optimizer needs less: {lean}")
 
 
 def test_activation_spike(f: Facts) -> Finding:
@@ -147,30 +173,54 @@ def test_activation_spike(f: Facts) -> Finding:
         out.missing.append("a limit (--limit, the OOM message or --device-total)")
         return out
     total = f.A + f.S
-    if total <= f.limit:
+    p = f.projection
+    projected = total <= f.limit
+    if projected and (p is None or p.need <= f.limit):
+        if p is not None:
+            out.evidence.append(_projection_text(p, f.limit))
         return out
     need = f.A_req + (f.S_min or f.S)
-    if f.roundup and need <= f.limit:
+    if f.roundup and not projected and need <= f.limit:
         # What the step asked for fits: rounding (allocator_config), not the input, broke the limit.
         out.evidence.append(f"the step asked for {g(need)} before rounding, which fits the limit of "
                             f"{g(f.limit)}: not a spike of the input")
         return out
-    if f.earlier_step_peak is None:
+    earlier = f.earlier_step_peak
+    if earlier is None:
         out.missing.append("earlier training steps of the same run (earlier snapshots, or a trace that "
                            "holds a completed optimizer step) to compare this step with")
         out.evidence.append("no completed training step precedes the OOM in the data given: setup or the "
                             "first step cannot be a spike")
         return out
-    if total > 1.5 * f.earlier_step_peak:
+    need = p.need if projected else total
+    if need > 1.5 * earlier:
         out.holds = True
-        out.strength = min(1.0, total / (3 * f.earlier_step_peak))
-        out.evidence.append(f"this step needs {g(total)} (live {g(f.A)} + request {g(f.S)}), "
-                            f"{total / f.earlier_step_peak:.1f}x the {g(f.earlier_step_peak)} peak of the earlier "
-                            "steps: one input needs far more than the others")
+        out.strength = min(1.0, need / (3 * earlier)) * (0.85 if projected else 1.0)
+        if projected:
+            out.evidence.append(_projection_text(p, f.limit))
+            out.evidence.append(f"the step needs ~{g(need)}, {need / earlier:.1f}x the {g(earlier)} peak of the "
+                                "earlier steps: one input needs far more than the others")
+        else:
+            out.evidence.append(f"this step needs {g(total)} (live {g(f.A)} + request {g(f.S)}), "
+                                f"{total / earlier:.1f}x the {g(earlier)} peak of the earlier "
+                                "steps: one input needs far more than the others")
     else:
-        out.evidence.append(f"this step needs {g(total)}, {total / f.earlier_step_peak:.2f}x the earlier steps' "
-                            f"peak of {g(f.earlier_step_peak)} (a spike is > 1.5x)")
+        out.evidence.append(f"this step needs {'~' if projected else ''}{g(need)}, {need / earlier:.2f}x the "
+                            f"earlier steps' peak of {g(earlier)} (a spike is > 1.5x)")
     return out
+
+
+def _projection_text(p: Any, limit: int) -> str:
+    verdict = "over" if p.need > limit else "within"
+    if p.progress:
+        how = (f"at the same point of {p.ref_source} (as many of its largest tensors live) that step had reached "
+               f"{100 * p.progress:.0f}% of its peak above its floor, so from the {g(p.floor_now)} it started with")
+    else:
+        how = (f"it had not reached its largest tensors yet, so it needs at least what {p.ref_source} needed "
+               f"above the {g(p.floor_now)} it started with")
+    return (f"the OOM cut the step off early: its largest block so far ({g(p.largest_step_block)}, the request "
+            f"included) is {p.scale:.1f}x the largest allocation of {p.ref_source} ({g(p.largest_ref_alloc)}); "
+            f"{how}, the whole step needs ~{g(p.need)}, {verdict} the limit of {g(limit)}")
 
 
 def test_workspace(f: Facts) -> Finding:
@@ -229,14 +279,26 @@ def test_fragmentation(f: Facts) -> Finding:
         out.missing.append("a limit (--limit, the OOM message or --device-total)")
         return out
     total = f.A + f.S
+    p = f.projection
+    if total <= limit < f.R + need and f.S > f.largest_usable and p is not None and p.need > limit:
+        out.evidence.append(f"live + request ({g(total)}) fits the limit of {g(limit)}, but the whole step "
+                            f"needs ~{g(p.need)}: a compacted cache would have failed later in the same step")
+        return out
     if total <= limit < f.R + need and f.S > f.largest_usable:
         out.holds = True
         out.strength = 0.9 if f.limit is not None else 0.6
+        if p is None and f.not_projected:
+            out.strength -= 0.25
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
         pieces = f.R - f.A - f.private_pool_free
         out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
                             f"{g(pieces)} of cached free memory in the request's pool is in pieces")
+        if p is not None:
+            out.evidence.append(_projection_text(p, limit))
+        elif f.not_projected:
+            out.evidence.append(f"whether the rest of the failing step fits is not known: {f.not_projected}; "
+                                "an earlier recorded step (or history=\"on\") would settle it")
         if f.private_pool_free > 0.5 * max(1, f.R - f.A):
             out.evidence.append(f"{g(f.private_pool_free)} of the free memory is cached in private pools (CUDA "
                                 "graphs still alive): only their replays can use it, and expandable_segments "
@@ -252,6 +314,12 @@ def test_capacity(f: Facts) -> Finding:
         out.missing.append("a limit (--limit, the OOM message's 'allowed', or --device-total)")
         return out
     total = f.A + f.S
+    p = f.projection
+    if total <= f.limit and p is not None and p.need > f.limit:
+        out.holds, out.strength = True, 0.5
+        out.evidence.append(f"the failing step needs ~{g(p.need)} (projected), over the limit of {g(f.limit)} "
+                            f"({f.limit_source}), whatever the allocator does")
+        return out
     if total > f.limit:
         out.holds = True
         out.strength = min(1.0, 0.6 + (total - f.limit) / max(1, f.limit) * 4)
@@ -313,6 +381,9 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
         if x.holds:
             conf = round(min(primary_conf - 0.05, 0.3 + 0.4 * x.strength), 2)
             causes.append({"cause": x.cause, "confidence": max(conf, 0.05), "evidence": x.evidence})
+        elif x.listed:
+            causes.append({"cause": x.cause, "confidence": round(max(0.05, min(primary_conf - 0.05, 0.3)), 2),
+                           "evidence": x.evidence})
         elif x.missing and x.cause != "healthy":
             causes.append({"cause": x.cause, "confidence": 0.1,
                            "evidence": x.evidence + [f"not settled: {m}" for m in x.missing]})

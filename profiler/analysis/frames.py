@@ -152,3 +152,41 @@ def workspace_frame(frames: list) -> str | None:
         if WORKSPACE.search(frame_name(f)):
             return short_name(frame_name(f))
     return None
+
+
+# Library code: what the user cannot edit. The innermost frame outside it is the user's allocating line.
+_LIBRARY_PATH = re.compile(r"/(site-packages|dist-packages)/|/lib/python3[.\d]*/|^<|(^|/)torch/|"
+                           r"(^|/)profiler/agent/|(^|/)lightning/|(^|/)transformers/")
+NO_FRAMES = "<no frames>"
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _user_label(path: str, line: int, name: str) -> str | None:
+    if not path.endswith(".py") or _LIBRARY_PATH.search(path):
+        return None
+    short = path.rsplit("/", 2)
+    short = "/".join(short[-2:]) if len(short) > 1 else path
+    return f"{short}:{line} in {short_name(name)}"
+
+
+def user_line(frames: list) -> str | None:
+    """`dir/train.py:57 in validate`: the innermost frame in the user's own code (not torch, not an
+    installed package, not the standard library), or None when no frame is the user's."""
+    for f in frames:
+        label = _user_label(frame_file(f), frame_line(f), frame_name(f))
+        if label is not None:
+            return label
+    return None
+
+
+def allocation_site(frames: list) -> str:
+    """Where a block was allocated, in the user's terms: the user's line with the innermost library
+    call it went through (`train.py:57 in validate < forward (modules/linear.py:125)`); the library
+    signature alone when no frame is the user's; NO_FRAMES when nothing was recorded."""
+    if not frames:
+        return NO_FRAMES
+    mine = user_line(frames)
+    lib = stack_signature(frames, depth=1)
+    if mine is None:
+        return stack_signature(frames)
+    return mine if lib.startswith(mine.split(" in ")[-1] + " (") or mine in lib else f"{mine} < {lib}"

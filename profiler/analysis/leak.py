@@ -16,16 +16,22 @@ from profiler.analysis import frames as fr
 MiB = 1024 * 1024
 
 
+HOW_TO_GET_FRAMES = ("the agent records Python stacks for the next window by itself when live bytes grow "
+                     "between comparable points (memq agent from this version), so its next comparable "
+                     "snapshot names the line; or start it with history=\"on\" to record them throughout")
+
+
 def live_blocks(snap) -> dict[tuple[int, int], str]:
-    """(address, size) -> allocation site of every live block."""
-    return {(b.address, b.size): fr.stack_signature(b.frames) for s in snap.segments for b in s.blocks
+    """(address, size) -> allocation site of every live block (the user's line where frames show it)."""
+    return {(b.address, b.size): fr.allocation_site(b.frames) for s in snap.segments for b in s.blocks
             if b.is_live}
 
 
 def detect_leak(points: list[dict], limit: int | None) -> dict:
     """`points`: per comparable snapshot, in time order: {"name", "active", "composition", "blocks"}
     (blocks from `live_blocks`). Returns {"holds", "evidence", "growth_by_site", "intervals", ...}."""
-    result = {"holds": False, "evidence": [], "growth_by_site": [], "intervals": [], "points": len(points),
+    result = {"holds": False, "evidence": [], "growth_by_site": [], "allocating_site": None, "intervals": [],
+              "points": len(points),
               "settled": True}
     warm = [i for i, p in enumerate(points) if p["composition"].get(fr.OPTIMIZER_STATE, 0) > 0]
     start = warm[0] if warm else 0
@@ -73,10 +79,17 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
     result["evidence"].append(
         f"live bytes grew from {_g(first['active'])} at {first['name']} to {_g(last['active'])} at "
         f"{last['name']} ({_g(per)} per interval, {best} consecutive intervals above threshold)")
-    if result["growth_by_site"]:
-        top = result["growth_by_site"][0]
+    framed = [x for x in result["growth_by_site"] if x["site"] != fr.NO_FRAMES]
+    unframed = sum(x["bytes"] for x in result["growth_by_site"] if x["site"] == fr.NO_FRAMES)
+    if framed:
+        top = framed[0]
+        result["allocating_site"] = top["site"]
         result["evidence"].append(f"{_g(top['bytes'])} of blocks still live at {last['name']} were allocated "
                                   f"at {top['site']}")
+    if unframed and (not framed or unframed > framed[0]["bytes"]):
+        result["evidence"].append(
+            f"{_g(unframed)} of the growth carries no allocation frames (allocated while history recording "
+            f"was paused), so its line is not known from these snapshots: {HOW_TO_GET_FRAMES}")
     if only_opt and params and opt > 2.05 * params:
         result["evidence"].append(
             f"optimizer state is {_g(opt)}, more than 2x the {_g(params)} of parameters: an optimizer was "

@@ -20,11 +20,14 @@ from profiler.analysis.timeline import replay
 from profiler.model import Snapshot
 
 #: Bumped whenever what a digest holds, or how a field is computed, changes.
-DIGEST_FORMAT = 1
+DIGEST_FORMAT = 2
 
 # The parts of the per-snapshot passes that analyze() reads of an earlier snapshot.
 _METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio")
-_TIMELINE = ("peak_live_bytes", "peak_reserved_bytes", "optimizer_steps")
+_TIMELINE = ("peak_live_bytes", "peak_reserved_bytes", "optimizer_steps", "last_cycle")
+# What the agent said about an earlier snapshot (its per-step figures are read from the last only:
+# they are cumulative, so an earlier snapshot's are a prefix of the last one's).
+_AGENT = ("trigger", "step", "epoch", "step_in_progress", "step_completed", "comparable", "optimizer")
 
 
 def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
@@ -37,8 +40,20 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
         comp, sites = composition(snap)
         tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
         done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "timeline": tl,
-                                 "live_blocks": live_blocks(snap)}
+                                 "live_blocks": live_blocks(snap), "agent": agent_facts(snap)}
     return done
+
+
+def agent_facts(snap: Snapshot) -> dict | None:
+    """The agent's envelope facts of a snapshot as plain data (None when no agent sent it)."""
+    a = snap.agent
+    if a is None:
+        return None
+    out = {k: getattr(a, k) for k in _AGENT}
+    out["step_figures"] = [{"step": f.step, "epoch": f.epoch, "peak_allocated": f.peak_allocated,
+                            "allocated": f.allocated, "peak_reserved": f.peak_reserved, "reserved": f.reserved,
+                            "retries": f.retries} for f in a.step_figures]
+    return out
 
 
 @dataclass(frozen=True)
@@ -65,7 +80,8 @@ class SnapshotDigest:
             per = {"metrics": {k: doc["metrics"][k] for k in _METRICS},
                    "timeline": {k: doc["timeline"][k] for k in _TIMELINE},
                    "composition": {str(k): int(v) for k, v in doc["composition"].items()},
-                   "live_blocks": blocks}
+                   "live_blocks": blocks,
+                   "agent": None if doc["agent"] is None else {k: doc["agent"][k] for k in _AGENT}}
             return cls(analyzer_version=str(doc["analyzer_version"]), torch_format=str(doc["torch_format"]),
                        segment_count=int(doc["segments"]), trace_count=int(doc["trace_entries"]),
                        expandable_segments=doc["expandable_segments"], has_oom=bool(doc["has_oom"]),
@@ -85,4 +101,5 @@ def digest(snap: Snapshot, analyzer_version: str) -> dict[str, Any]:
             "warnings": list(snap.warnings),
             "metrics": {k: p["metrics"][k] for k in _METRICS},
             "timeline": {k: p["timeline"].get(k) for k in _TIMELINE},
-            "composition": dict(p["composition"]), "sites": list(sites), "live_blocks": blocks}
+            "composition": dict(p["composition"]), "sites": list(sites), "live_blocks": blocks,
+            "agent": None if p["agent"] is None else {k: p["agent"][k] for k in _AGENT}}

@@ -4,7 +4,8 @@ advice will not help, a recommendation says so explicitly (so users stop trying 
 from __future__ import annotations
 
 from profiler.analysis import frames as fr
-from profiler.analysis.classify import Facts, g
+from profiler.analysis.classify import Facts, g, optimizer_state_sizes
+from profiler.analysis.leak import HOW_TO_GET_FRAMES
 
 # A what-if conf string that names one default and so leaves every other key at torch's default.
 DEFAULTS_CONF = "expandable_segments:False"
@@ -22,6 +23,10 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
     opt = f.composition.get(fr.OPTIMIZER_STATE, 0)
     acts = f.composition.get(fr.ACTIVATIONS, 0)
     sim = {w["conf"]: w for w in (whatif or [])}
+    proj = f.projection
+    need = max(A + S, proj.need if proj is not None else 0)
+    # A step that needs more than the limit fails under every allocator setting: advise none for it.
+    over_limit = bool(f.has_oom and f.limit and need > f.limit)
 
     def simulated(conf: str) -> str:
         w = sim.get(conf)
@@ -53,12 +58,20 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          "expandable_segments, max_split_size_mb and empty_cache() act only on PyTorch's "
                          f"own {g(R)}; the missing memory is outside it", "no change"))
     if primary == "leak":
-        top = (leak.get("growth_by_site") or [{}])[0]
-        site = top.get("site", "the growing allocation site")
-        recs.append(_rec(f"Release the references kept at {site}: store .item() / .detach().cpu() instead of "
-                         "tensors that keep GPU memory (and autograd graphs) alive",
-                         f"{g(top.get('bytes'))} allocated there after the first comparable point is still live "
-                         "at the last one", "live memory stays flat across epochs; the OOM goes away"))
+        site = leak.get("allocating_site")
+        top = next((x for x in leak.get("growth_by_site") or [] if x["site"] == site), {})
+        if site:
+            recs.append(_rec(f"Release the references kept at {site}: store .item() / .detach().cpu() instead "
+                             "of tensors that keep GPU memory (and autograd graphs) alive",
+                             f"{g(top.get('bytes'))} allocated there after the first comparable point is still "
+                             "live at the last one", "live memory stays flat across epochs; the OOM goes away"))
+        else:
+            recs.append(_rec("Find what keeps tensors alive from one epoch to the next (lists of outputs, "
+                             "losses or logits kept for metrics, caches keyed by step): store .item() / "
+                             ".detach().cpu() instead",
+                             "the growing blocks carry no allocation frames, so the line is not known from these "
+                             f"snapshots: {HOW_TO_GET_FRAMES}",
+                             "live memory stays flat across epochs; the OOM goes away"))
         recs.append(_rec("Do not rely on torch.cuda.empty_cache() or gc.collect() for this",
                          "the growing blocks are referenced, so neither can free them", "no change"))
     if primary == "optimizer_state":
@@ -74,10 +87,15 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
     if primary == "activation_spike":
         recs.append(_rec("Cap or bucket the largest inputs (max sequence length / batch by length), or split "
                          "big batches with gradient accumulation",
-                         f"this step needs {g(A + S)}, over 1.5x the peak of earlier steps "
-                         f"({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}"))
+                         f"this step needs {'~' if need > A + S else ''}{g(need)}, over 1.5x the peak of earlier "
+                         f"steps ({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}"))
+        step_bytes = A - (proj.floor_now if proj is not None else A - acts)
         recs.append(_rec("Enable activation checkpointing for the largest blocks",
-                         f"activations are {g(acts)} of the live set", "trades recompute time for memory"))
+                         f"the failing step's own tensors are {g(step_bytes)} of the {g(A)} live set",
+                         "trades recompute time for memory"))
+        recs.append(_rec("Do not change allocator settings (expandable_segments, max_split_size_mb) for this",
+                         f"the step needs more than the limit of {g(f.limit)}: no arrangement of the cache "
+                         "holds it", "no change"))
     if primary == "workspace":
         recs.append(_rec("Set torch.backends.cudnn.benchmark=False (or limit workspace: "
                          "CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.backends.cudnn.benchmark_limit)",
@@ -102,8 +120,9 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          f"frees up to {g(f.private_pool_free)} for the {g(S)} request"))
         recs.append(_rec("Do not expect expandable_segments or empty_cache() to help here",
                          "private-pool memory stays reserved as long as its graphs exist", "no change"))
-    elif primary == "fragmentation" or (primary != "capacity" and stranded > 0.2 * max(1, R) and f.has_oom
-                                        and not f.settings_non_default):
+    elif not over_limit and (primary == "fragmentation" or (
+            primary not in ("capacity", "activation_spike") and stranded > 0.2 * max(1, R) and f.has_oom
+            and not f.settings_non_default)):
         already = "expandable_segments:True" in f.settings_non_default
         if not already:
             recs.append(_rec("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
@@ -111,7 +130,11 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              f"{g(f.largest_usable)} < request {g(S)}); expandable segments grow one mapping "
                              "instead of leaving split segments behind",
                              f"the {g(S)} request fits: live {g(A)} + request = {g(A + S)} <= limit "
-                             f"{g(f.limit or f.limit_lower_bound)}" + simulated("expandable_segments:True")))
+                             f"{g(f.limit or f.limit_lower_bound)}"
+                             + (f" (and the whole step, ~{g(proj.need)})" if proj is not None else
+                                "; whether the rest of the failing step fits is not known (no earlier step "
+                                "was recorded to project it from)" if f.not_projected else "")
+                             + simulated("expandable_segments:True")))
         recs.append(_rec("Try max_split_size_mb:128 (or 512) if expandable segments are not available",
                          "stops large cached blocks from being split for small requests",
                          "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128")))
@@ -137,6 +160,11 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          f"the live set plus the request exceeds the limit by {g(over)}; "
                          "expandable_segments and max_split_size_mb only rearrange cached free memory",
                          "no change" + simulated("expandable_segments:True")))
+    creation = f.optimizer_creation
+    if creation is not None and primary != "optimizer_state":
+        recs.append(_rec("Consider a leaner optimizer or sharded state (8-bit AdamW, SGD, ZeRO/FSDP)",
+                         "the failing request was the optimizer state's own creation: "
+                         + optimizer_state_sizes(creation), "the first optimizer step needs that much less"))
     if primary == "healthy":
         if f.limit and f.limit - f.peak_reserved < 0.05 * f.limit:
             recs.append(_rec("Leave more headroom (smaller batch or expandable_segments:True)",

@@ -90,6 +90,8 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         if hi > lo:
             step_peaks.append(start + max(levels[lo:hi]))
     return {
+        "last_cycle": _last_cycle(trace, levels, start, step_starts),
+        "current_step": _current_step(trace, levels, start, step_starts),
         "events": len(trace),
         "has_frames": any(ev.frames for ev in trace[-2000:]),
         "allocs": allocs,
@@ -112,6 +114,50 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         "step_peaks": step_peaks,
         "series": series,
     }
+
+
+BIG = 0.9  # allocations within 10% of a step's largest are "its largest tensors" (one size class)
+MAX_BIG = 64
+
+
+def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
+    """The last complete training step of the trace (from one optimizer step to the next: the update,
+    then a forward and backward), to which a later step cut off by an OOM is compared: its peak and
+    floor of live bytes, its largest allocation, and at each allocation of its largest size class how
+    many of them were live and the live bytes then (how far into the step it was)."""
+    if len(step_starts) < 2:
+        return None
+    lo, hi = step_starts[-2], step_starts[-1]
+    window = levels[lo:hi]
+    largest = max((ev.size for ev in trace[lo:hi] if ev.action == "alloc"), default=0)
+    if not window or not largest:
+        return None
+    live: set = set()
+    big = []
+    for i in range(lo, hi):
+        ev = trace[i]
+        if ev.action == "alloc" and ev.size >= BIG * largest:
+            live.add(ev.addr)
+            if len(big) < MAX_BIG:
+                big.append([len(live), start + levels[i]])
+        elif ev.action == "free_completed" and ev.addr in live:
+            live.discard(ev.addr)
+    return {"peak": start + max(window), "floor": start + min(window), "largest": largest, "big": big}
+
+
+def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
+    """The trailing step of the trace (after its last optimizer step), when it ends in an OOM: its
+    floor and the sizes of the blocks it allocated that are still live (what it holds so far)."""
+    if not step_starts or not any(ev.action == "oom" for ev in trace[step_starts[-1]:]):
+        return None
+    lo = step_starts[-1]
+    live: dict = {}
+    for ev in trace[lo:]:
+        if ev.action == "alloc" and ev.addr is not None:
+            live[ev.addr] = ev.size
+        elif ev.action == "free_completed":
+            live.pop(ev.addr, None)
+    return {"floor": start + min(levels[lo:]), "blocks": sorted(live.values(), reverse=True)}
 
 
 def _phase(ev) -> str | None:
