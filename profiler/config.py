@@ -46,6 +46,7 @@ class Settings:
     blob_ttl_s: int = 7 * 24 * 3600
     max_deliveries: int = 5
     max_snapshot_bytes: int = 4 * 1024**3
+    decode_budget_bytes: int = 768 * 1024**2
     max_clock_skew_s: int = 86_400
     report_dir: str = ""
     report_scopes: str = "all"
@@ -104,6 +105,14 @@ class Settings:
     extra: dict = field(default_factory=dict)
 
     @property
+    def decode_max_bytes(self) -> int:
+        """Largest uncompressed snapshot this process decodes: the decode budget's share, at most
+        MEMQ_MAX_SNAPSHOT_BYTES."""
+        from profiler.codec import raw_limit
+
+        return raw_limit(self.decode_budget_bytes, self.max_snapshot_bytes)
+
+    @property
     def is_embedded_db(self) -> bool:
         return self.database_url.startswith("sqlite")
 
@@ -125,6 +134,13 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("max_deliveries", "MEMQ_MAX_DELIVERIES", int, 5, "Deliveries before an entry is dead-lettered."),
     Spec("max_snapshot_bytes", "MEMQ_MAX_SNAPSHOT_BYTES", int, 4 * 1024**3,
          "Largest uncompressed snapshot accepted anywhere (bytes)."),
+    # Below every deploy/ memory limit of a process that decodes (dispatcher 1-2 GiB, worker pool
+    # process ~4 GiB): a decode needs up to 16x the pickle (profiler/codec.py), so 768 MiB admits
+    # pickles up to 48 MiB (~230k trace entries; the agent's default 50k entries make ~10 MB).
+    Spec("decode_budget_bytes", "MEMQ_DECODE_BUDGET_BYTES", int, 768 * 1024**2,
+         "Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/16 of it "
+         "(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under "
+         "the process's memory limit."),
     Spec("max_clock_skew_s", "MEMQ_MAX_CLOCK_SKEW_S", int, 86_400,
          "Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock "
          "(or before 2020) are dead-lettered."),

@@ -57,6 +57,18 @@ class TooLarge(SnapshotError):
     """The input exceeds a configured size limit."""
 
 
+class NestedTooDeep(SnapshotError):
+    """The input nests containers deeper than any snapshot does (refused before anything recurses)."""
+
+
+class NotRegularFile(BadInput):
+    """A path names a device, FIFO, socket or directory where memq reads or writes regular files only."""
+
+
+class OutputError(BadInput):
+    """An output path given by the user cannot be written (missing directory, read-only, disk full)."""
+
+
 class ConfigError(BadInput):
     """A setting in the environment or the config file is invalid."""
 

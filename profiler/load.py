@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import select
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from profiler import codec
-from profiler.errors import SnapshotError, TooLarge
+from profiler.errors import NotRegularFile, SnapshotError, TooLarge
 from profiler.model import Snapshot
 from profiler.snapshot import parse_snapshot
 
@@ -22,21 +24,73 @@ class LoadedSnapshot:
     raw: bytes | None = None  # the uncompressed bytes, kept only when asked for (blob store)
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int) -> bytes:
+#: A pipe (`memq analyze <(zcat x.gz)`, a FIFO) that gives nothing for this long is abandoned.
+PIPE_IDLE_TIMEOUT_S = 30.0
+
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
+          stat.S_IFDIR: "a directory"}
+
+
+def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float = PIPE_IDLE_TIMEOUT_S) -> bytes:
+    """The bytes of a snapshot file, at most `max_bytes` of them (TooLarge past that).
+
+    The size stat() reports is not trusted: /dev/zero says 0 and never ends, a FIFO says 0 and may
+    never send. So the file is opened without blocking, checked with fstat on the open descriptor,
+    and read in a loop that stops one byte past the cap. Devices, sockets and directories are
+    refused; a FIFO or pipe is read under the same cap and abandoned when idle for `idle_timeout_s`
+    (a FIFO with no writer at all reads as empty)."""
     p = Path(path)
     try:
-        size = p.stat().st_size
-        if size > max_bytes:
-            raise TooLarge(f"{p}: {size} bytes exceed the limit of {max_bytes} bytes")
-        return p.read_bytes()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except IsADirectoryError as exc:
-        raise SnapshotError(f"{p}: is a directory, not a snapshot file") from exc
+        raise NotRegularFile(f"{p}: is a directory, not a snapshot file") from exc
     except FileNotFoundError as exc:
         raise SnapshotError(f"{p}: no such file") from exc
     except PermissionError as exc:
         raise SnapshotError(f"{p}: permission denied") from exc
     except OSError as exc:
+        raise SnapshotError(f"{p}: cannot open ({exc.strerror or exc})") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        kind = stat.S_IFMT(mode)
+        if kind in _KINDS:
+            raise NotRegularFile(f"{p}: is {_KINDS[kind]}, not a snapshot file",
+                                 hint="memq reads regular files, FIFOs and pipes")
+        if stat.S_ISREG(mode):
+            os.set_blocking(fd, True)
+            return _read_capped(fd, p, max_bytes, None)
+        return _read_capped(fd, p, max_bytes, idle_timeout_s)  # FIFO / pipe: stays non-blocking
+    except OSError as exc:
         raise SnapshotError(f"{p}: cannot read ({exc.strerror or exc})") from exc
+    finally:
+        os.close(fd)
+
+
+def _read_capped(fd: int, p: Path, max_bytes: int, idle_timeout_s: float | None) -> bytes:
+    buf = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(buf)))
+        except BlockingIOError:  # a pipe whose writer has sent nothing yet: wait, but not forever
+            if not _readable_within(fd, idle_timeout_s or 0.0):
+                raise SnapshotError(f"{p}: nothing to read for {idle_timeout_s:g} s (a FIFO or pipe whose "
+                                    "writer stalled)") from None
+            continue
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > max_bytes:
+            raise TooLarge(f"{p}: more than {max_bytes} bytes (the limit)",
+                           hint="raise --max-bytes or MEMQ_DECODE_BUDGET_BYTES if it is a real snapshot")
+
+
+def _readable_within(fd: int, timeout_s: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(int(timeout_s * 1000)))
+
+
+_READ_CHUNK = 4 * 1024 * 1024
 
 
 def decode_snapshot_bytes(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES,

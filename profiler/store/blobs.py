@@ -9,6 +9,7 @@ conflict. Reads check the hash, so a corrupted file is reported, not analysed.
     blobs = BlobStore(settings.blob_dir)
     ref = blobs.put(sha256, raw_bytes)        # -> "ab/ab12...zst" (idempotent)
     ref = blobs.put_encoded(sha256, data, "zstd")  # agent bytes as they came; verified first
+    n = blobs.verify(sha256, data, size)      # inflated size, streamed (bounded, nothing held)
     raw = blobs.get(sha256)                   # uncompressed bytes
 """
 
@@ -72,14 +73,32 @@ class BlobStore:
         existing = self.ref(sha)
         if existing:
             return existing
-        raw = codec.decompress(data, min(self.max_bytes, size) if size else self.max_bytes)
-        if size is not None and len(raw) != size:
-            raise SnapshotError(f"blob {sha[:12]} inflates to {len(raw)} bytes, not the {size} its envelope says")
-        if hashlib.sha256(raw).hexdigest() != sha:
-            raise SnapshotError(f"blob {sha[:12]}: bytes do not match their sha256")
         if encoding in _EXT and codec.compression_of(data) == encoding:
+            self.verify(sha, data, size)
             return self._write(sha, data, _EXT[encoding])
+        raw = codec.decompress(data, self._limit(size))
+        self._check(sha, hashlib.sha256(raw).hexdigest(), len(raw), size)
         return self._write(sha, codec.compress(raw, "zstd"), ".zst")
+
+    def verify(self, sha256: str, data: bytes, size: int | None = None) -> int:
+        """The inflated size of compressed (or plain) `data`, after checking that it inflates to
+        `sha256` (and to `size` bytes when given). Streams: the inflated bytes are hashed chunk by
+        chunk and never held, so a small bomb costs time up to the cap, not memory. TooLarge past
+        min(size, max_bytes); SnapshotError on a mismatch or corrupt data."""
+        sha = _check_sha(sha256)
+        digest, n = codec.inflated_digest(data, self._limit(size))
+        self._check(sha, digest, n, size)
+        return n
+
+    def _limit(self, size: int | None) -> int:
+        return min(self.max_bytes, size) if size else self.max_bytes
+
+    @staticmethod
+    def _check(sha: str, digest: str, n: int, size: int | None) -> None:
+        if size is not None and n != size:
+            raise SnapshotError(f"blob {sha[:12]} inflates to {n} bytes, not the {size} its envelope says")
+        if digest != sha:
+            raise SnapshotError(f"blob {sha[:12]}: bytes do not match their sha256")
 
     def _write(self, sha: str, data: bytes, ext: str) -> str:
         target = self._path(sha, ext)

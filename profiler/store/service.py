@@ -202,7 +202,7 @@ def process_snapshot(store: Store, snapshot_id: int, lease_s: int = repo.DEFAULT
 
 def load_blob(store: Store, sha256: str, name: str | None = None) -> LoadedSnapshot:
     raw = store.blobs.get(sha256)
-    return decode_snapshot_bytes(raw, store.settings.max_snapshot_bytes, name=name or sha256[:12])
+    return decode_snapshot_bytes(raw, store.settings.decode_max_bytes, name=name or sha256[:12])
 
 
 #: Parsed snapshots kept in memory while ingesting, for the run-level diagnosis at the end (a parsed
@@ -232,7 +232,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
     for inp in inputs:
         try:
             ld = (preloaded or {}).get(inp.path) or load_snapshot_file(
-                inp.path, max_bytes=store.settings.max_snapshot_bytes, keep_raw=True)
+                inp.path, max_bytes=store.settings.decode_max_bytes, keep_raw=True)
         except MemqError:
             # What was stored so far stays (a re-run skips it); its run diagnosis is brought up to date.
             if any(x.created for x in report.snapshots):

@@ -59,4 +59,4 @@ def open_store(settings: Settings | None = None, *, check_schema: bool = True,
     if check_schema:
         ensure_schema(engine, auto_migrate=is_sqlite(url) if auto_migrate is None else auto_migrate)
     return Store(settings=settings, engine=engine,
-                 blobs=BlobStore(settings.blob_dir, settings.max_snapshot_bytes))
+                 blobs=BlobStore(settings.blob_dir, settings.decode_max_bytes))
