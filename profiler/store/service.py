@@ -107,6 +107,14 @@ def infer_from_name(path: str) -> dict[str, Any]:
     return out
 
 
+def _label(row) -> str | None:
+    """How evidence names a stored snapshot: where in the run it was taken, not its stream id
+    (`source` is "memq:ingest/<id>" for what the agent sent)."""
+    from profiler.analysis.labels import snapshot_label
+
+    return snapshot_label(row.trigger, row.step, row.epoch)
+
+
 def _trace_time(loaded: LoadedSnapshot) -> dt.datetime | None:
     times = [ev.time_us for ev in loaded.snapshot.trace if ev.time_us]
     if not times:
@@ -147,7 +155,8 @@ def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | No
     for (sha256, version, context) exists. Returns (analysis id, whether it was computed now)."""
     analyze, version = analyzer()
     with store.session() as s:
-        row = s.execute(select(Snapshot.sha256, Snapshot.context, Snapshot.trigger, Snapshot.source)
+        row = s.execute(select(Snapshot.sha256, Snapshot.context, Snapshot.trigger, Snapshot.source,
+                               Snapshot.step, Snapshot.epoch)
                         .where(Snapshot.id == snapshot_id)).one_or_none()
         if row is None:
             raise NotFound(f"no snapshot with id {snapshot_id}")
@@ -159,7 +168,7 @@ def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | No
     if loaded is None:
         loaded = load_blob(store, row.sha256, row.source)
     result = analyze([loaded], oom_context(row.context), names=[row.source or row.sha256[:12]],
-                     triggers=[row.trigger], optimizer=optimizer)
+                     triggers=[row.trigger], optimizer=optimizer, labels=[_label(row)])
     from profiler.analysis.per_snapshot import digest
 
     with store.session() as s:
@@ -323,7 +332,8 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
             raise NotFound(f"no run with id {run_id}")
         newest_first = s.execute(
             select(Snapshot.id, Snapshot.sha256, Snapshot.trigger, Snapshot.source, Snapshot.context,
-                   Snapshot.size_bytes, AnalysisResult.id.label("analysis_id"), AnalysisResult.allocated_bytes,
+                   Snapshot.step, Snapshot.epoch, Snapshot.size_bytes, AnalysisResult.id.label("analysis_id"),
+                   AnalysisResult.allocated_bytes,
                    AnalysisResult.reserved_bytes, AnalysisResult.analyzer_version, AnalysisResult.digest)
             .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
             .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
@@ -390,7 +400,7 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
                    run.gpu_memory_bytes or last_ctx.get("device_total_bytes"),
                    last_ctx.get("message"), last_ctx.get("requested_bytes"), last_ctx.get("device_free_bytes"))
     result = analyze(loaded, oom_context(facts), names=[r.source or r.sha256[:12] for r in used],
-                     triggers=[r.trigger for r in used], optimizer=run.optimizer)
+                     triggers=[r.trigger for r in used], optimizer=run.optimizer, labels=[_label(r) for r in used])
     analysed = [r for r in used if r.allocated_bytes is not None]
     peak_row = max(analysed, key=lambda r: r.allocated_bytes, default=None)
     details = result.get("details") or {}
