@@ -52,6 +52,7 @@ ADDRESS_SPACE_SLACK = 64 * 1024**2
 # room for new layouts and keeps every later walk far from Python's recursion limit.
 MAX_NESTING = 100
 
+_CAP_HINT = "the cap is MEMQ_DECODE_BUDGET_BYTES / 16, or --max-bytes when lower"
 _IN_CHUNK = 256 * 1024
 _OUT_CHUNK = 1024 * 1024
 
@@ -255,14 +256,14 @@ def iter_inflate(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[by
         chunks = _unzstd_chunks(data)
     else:
         if len(data) > max_bytes:
-            raise TooLarge(f"{len(data)} bytes exceed the limit of {max_bytes} bytes")
+            raise TooLarge(f"{len(data)} bytes exceed the limit of {max_bytes} bytes", hint=_CAP_HINT)
         yield data
         return
     total = 0
     for chunk in chunks:
         total += len(chunk)
         if total > max_bytes:
-            raise TooLarge(f"decompressed size exceeds the limit of {max_bytes} bytes")
+            raise TooLarge(f"decompressed size exceeds the limit of {max_bytes} bytes", hint=_CAP_HINT)
         yield chunk
 
 

@@ -55,7 +55,8 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
     from profiler.analysis import analyze as run_analysis
     from profiler.load import load_snapshot_file
 
-    max_b = max_bytes or load_settings().max_snapshot_bytes
+    cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
+    max_b = min(max_bytes or cap, cap)
     ctx = build_context(limit, device_total, oom_message)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
     result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx))

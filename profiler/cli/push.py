@@ -70,10 +70,10 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     ts = envelope.now_ms()
     messages, sent = [], []
     for i, path in enumerate(files):
-        raw = codec.decompress(read_bytes(path, st.max_snapshot_bytes), st.max_snapshot_bytes)
+        raw = codec.decompress(read_bytes(path, st.decode_max_bytes), st.decode_max_bytes)
         if check:
             try:
-                decode_snapshot_bytes(raw, st.max_snapshot_bytes, name=str(path))
+                decode_snapshot_bytes(raw, st.decode_max_bytes, name=str(path))
             except BadInput as exc:
                 raise type(exc)(f"{path}: {exc.message}", hint=exc.hint) from exc
         guessed = infer_from_name(path)

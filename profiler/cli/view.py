@@ -26,7 +26,7 @@ def view(files, limit, device_total, oom_message, optimizer, out):
     from profiler.web.render import render_page
     from profiler.web.snapshot_view import snapshot_view
 
-    max_b = load_settings().max_snapshot_bytes
+    max_b = load_settings().decode_max_bytes
     ctx = build_context(limit, device_total, oom_message)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
     whatif = _whatif(loaded[-1], ctx)

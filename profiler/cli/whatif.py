@@ -46,7 +46,8 @@ def _whatif(file, limit, confs, sweep, as_json, max_bytes) -> None:
 
     for c in confs:  # refuse bad settings before reading the file
         parse_alloc_conf(c)
-    loaded = load_snapshot_file(file, max_bytes=max_bytes or load_settings().max_snapshot_bytes)
+    cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
+    loaded = load_snapshot_file(file, max_bytes=min(max_bytes or cap, cap))
     wanted = [""]
     for c in list(confs) + (sweep_confs(loaded.snapshot) if sweep else []):
         if c not in wanted:
