@@ -49,7 +49,7 @@ ROUTES = {
 
 REPORTS_MODULE = "workers.reports"
 #: Modules with tasks of their own; each may define `beat_entries(settings) -> dict` for the schedule.
-EXTENSION_MODULES = (REPORTS_MODULE, "workers.retention")
+EXTENSION_MODULES = (REPORTS_MODULE, "workers.retention", "workers.alerts")
 
 
 def check_limits(st: Settings) -> None:

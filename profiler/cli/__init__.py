@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "plot": "profiler.cli.report:plot",
     "doctor": "profiler.cli.doctor:doctor",
     "gc": "profiler.cli.gc:gc",
+    "exporter": "profiler.cli.exporter:exporter",
     "serve": "profiler.cli.serve:serve",
     "view": "profiler.cli.view:view",
 }

@@ -1,0 +1,240 @@
+"""The alert outbox: verdicts recorded in SQL, claimed with a lease, sent, and the outcome recorded.
+
+What "exactly once" means here. For each (run, verdict) there is one row (unique key), so a verdict
+is recorded once however many sweeps, hooks or workers find it at the same time. The row is sent
+by whoever claims it: the claim is one conditional UPDATE (pending and due, or sending with an
+expired lease) that sets a fresh `claim_token`, so of two racing workers one wins and the other
+sends nothing. The winner POSTs, then records `sent` only if it still holds the token. A sender
+that dies after the receiver got the POST but before `sent` was committed (SIGKILL, a lost
+database connection) leaves the row `sending`; when its lease (MEMQ_ALERT_LEASE_S, longer than the
+POST timeout) expires, the next sweep claims it and POSTs the same document again with the same
+`Idempotency-Key`. So the receiver gets each verdict at least once, and more than once only after
+such a failure, always under one key: a receiver that drops a key it has already accepted (the
+test's receiver does; Alertmanager-shaped receivers can key on `groupKey`) handles each verdict
+exactly once. A plain Slack webhook ignores the header: there a crash in that window, and only
+there, shows a message twice. A verdict is never lost once recorded: until `sent`, `failed`
+(refused by the receiver, or MEMQ_ALERT_MAX_ATTEMPTS used up) or `suppressed` (rate limit) it is
+pending, sending or retried by the beat sweep.
+
+Rate limits, decided at claim time and serialised per job (a PostgreSQL advisory lock on the job;
+SQLite serialises writers anyway), so two workers cannot both take the last slot:
+- per run: a run's next verdict is held back until MEMQ_ALERT_RUN_INTERVAL_S after its previous
+  alert was claimed (then sent; nothing is dropped);
+- per job: at most MEMQ_ALERT_JOB_MAX_PER_HOUR alerts claimed per (cluster, job) in any hour;
+  verdicts beyond that are `suppressed` (kept, counted by the exporter, never sent: a job whose 200
+  runs all fail in one sweep pages ten times, not 200).
+Verdicts recorded while no webhook is configured are `recorded` (never sent later: they would
+arrive as a stale flood the day a URL is set).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from profiler.alerts import payload
+from profiler.alerts.send import Outcome
+from profiler.alerts.verdict import RunFacts, alert_body, idempotency_key, verdict_of
+from profiler.config import Settings
+from profiler.errors import ConfigError
+from profiler.store import repository as repo
+from profiler.store.orm import Alert, Run, RunDiagnosis
+
+JOB_WINDOW_S = 3600
+
+
+def check_settings(st: Settings) -> None:
+    if st.alert_format not in payload.FORMATS:
+        raise ConfigError(f"MEMQ_ALERT_FORMAT must be one of {', '.join(payload.FORMATS)}, got {st.alert_format!r}")
+    if not st.alert_lease_s >= 2 * st.alert_timeout_s:
+        raise ConfigError("MEMQ_ALERT_LEASE_S must be at least twice MEMQ_ALERT_TIMEOUT_S (a lease outlives "
+                          "the POST it covers, or a slow receiver gets the alert twice)")
+
+
+def backoff_s(attempts: int, cap_s: float, rand: Callable[[], float] = random.random) -> float:
+    """Wait before the next try after `attempts` tries: exponential (2 s, 4 s, ...) up to `cap_s`,
+    with "equal jitter" (half fixed, half random) so that senders which failed together (a receiver
+    outage) do not retry together, yet no retry comes sooner than half the step."""
+    step = min(float(cap_s), 2.0 ** max(1, attempts))
+    return step / 2 + rand() * step / 2
+
+
+# ----------------------------------------------------------------------------------- recording
+
+
+def _limit_col():
+    return func.coalesce(Run.memory_limit_bytes, Run.gpu_memory_bytes)
+
+
+def _facts(r) -> RunFacts:
+    return RunFacts(run_id=int(r.id), name=r.name, cluster=r.cluster, job=r.job, status=r.status,
+                    primary_cause=r.primary_cause, oom_count=int(r.oom_count or 0),
+                    peak_reserved_bytes=r.peak_reserved_bytes, limit_bytes=r.limit)
+
+
+def _main_result(session: Session, run_id: int, cause: str | None) -> dict[str, Any] | None:
+    """The diagnosis of the rank that carries the run's verdict (its cause, the highest peak)."""
+    doc = session.execute(
+        select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id)
+        .order_by((RunDiagnosis.primary_cause == cause).desc(), RunDiagnosis.peak_reserved_bytes.desc().nulls_last(),
+                  RunDiagnosis.rank).limit(1)).scalar_one_or_none()
+    return dict(doc) if doc is not None else None
+
+
+def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | None = None,
+                    now: dt.datetime | None = None) -> list[str]:
+    """Record the current verdict of the given runs (default: every run updated within
+    MEMQ_ALERT_LOOKBACK_H that may have one) where it is not recorded yet. Returns the new keys."""
+    now = now or repo.utcnow()
+    near = 1.0 - st.alert_headroom_pct / 100.0
+    q = select(Run.id, Run.name, Run.cluster, Run.job, Run.status, Run.primary_cause, Run.oom_count,
+               Run.peak_reserved_bytes, _limit_col().label("limit")).where(Run.primary_cause.is_not(None))
+    if run_ids is not None:
+        ids = sorted({int(i) for i in run_ids})
+        if not ids:
+            return []
+        q = q.where(Run.id.in_(ids))
+    else:
+        # only runs that can have a verdict: the filter mirrors verdict_of, so a sweep over a large
+        # history reads the few interesting rows
+        q = q.where(Run.updated_at >= repo.db_time(session, now - dt.timedelta(hours=st.alert_lookback_h)),
+                    or_(Run.oom_count > 0, Run.status == "oom", Run.primary_cause == "leak",
+                        and_(Run.peak_reserved_bytes.is_not(None), _limit_col() > 0,
+                             Run.peak_reserved_bytes >= _limit_col() * near)))
+    candidates = []
+    for r in session.execute(q):
+        f = _facts(r)
+        v = verdict_of(f, st.alert_headroom_pct)
+        if v is not None:
+            candidates.append((f, v))
+    if not candidates:
+        return []
+    known = {(int(r.run_id), r.verdict) for r in session.execute(select(Alert.run_id, Alert.verdict).where(
+        Alert.run_id.in_(sorted({f.run_id for f, _ in candidates}))))}
+    state = "pending" if st.alert_webhook_url else "recorded"
+    new = []
+    for f, v in candidates:
+        if (f.run_id, v.key) in known:
+            continue
+        body = alert_body(f, v, _main_result(session, f.run_id, v.cause), st.public_url, st.alert_headroom_pct)
+        key = idempotency_key(f.name, v.key)
+        stmt = repo._insert(session, Alert).values(
+            run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause, cluster=f.cluster, job=f.job,
+            idem_key=key, body=body, state=state, next_attempt_at=repo.db_time(session, now))
+        res = session.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "verdict"]))
+        if res.rowcount:
+            new.append(key)
+    return new
+
+
+# ------------------------------------------------------------------------------------- claiming
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: int
+    token: str
+    idem_key: str
+    body: dict[str, Any]
+    attempts: int
+    created_at: dt.datetime
+
+
+def _claimable(now: dt.datetime):
+    return or_(and_(Alert.state == "pending", Alert.next_attempt_at <= now),
+               and_(Alert.state == "sending", Alert.lease_until < now))
+
+
+def due_ids(session: Session, limit: int, now: dt.datetime | None = None) -> list[int]:
+    now = repo.db_time(session, now or repo.utcnow())
+    return [int(i) for i in session.execute(select(Alert.id).where(_claimable(now))
+                                            .order_by(Alert.next_attempt_at, Alert.id).limit(limit)).scalars()]
+
+
+def _lock_job(session: Session, cluster: str | None, job: str | None) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
+                        {"k": "memq-alerts:" + json.dumps([cluster, job])})
+
+
+def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None = None) -> Claim | None:
+    """Take one alert for sending (see the module docstring). None when another sender has it, it
+    is not due, it is held back or suppressed by a rate limit, or it is out of attempts (failed)."""
+    now = now or repo.utcnow()
+    t = repo.db_time(session, now)
+    token = str(uuid.uuid4())
+    row = session.execute(
+        update(Alert).where(Alert.id == alert_id, _claimable(t))
+        .values(state="sending", claim_token=token, lease_until=t + dt.timedelta(seconds=st.alert_lease_s),
+                attempts=Alert.attempts + 1, claimed_at=t)
+        .returning(Alert.id, Alert.run_id, Alert.cluster, Alert.job, Alert.idem_key, Alert.body, Alert.attempts,
+                   Alert.created_at)).first()
+    if row is None:
+        return None
+    if row.attempts > st.alert_max_attempts:
+        _set(session, row.id, state="failed", lease_until=None,
+             last_error=f"gave up after {st.alert_max_attempts} attempts")
+        return None
+    _lock_job(session, row.cluster, row.job)
+    others = Alert.id != row.id
+    last_of_run = session.execute(select(func.max(Alert.claimed_at)).where(
+        Alert.run_id == row.run_id, others, Alert.state.in_(("sending", "sent")))).scalar_one()
+    if last_of_run is not None:
+        until = repo.to_utc(last_of_run) + dt.timedelta(seconds=st.alert_run_interval_s)
+        if until > now:
+            _set(session, row.id, state="pending", lease_until=None, claim_token=None, claimed_at=None,
+                 attempts=row.attempts - 1, next_attempt_at=repo.db_time(session, until))
+            return None
+    same_job = and_(Alert.cluster == row.cluster if row.cluster is not None else Alert.cluster.is_(None),
+                    Alert.job == row.job if row.job is not None else Alert.job.is_(None))
+    recent = session.execute(select(func.count()).select_from(Alert).where(
+        same_job, others, Alert.state != "suppressed",
+        Alert.claimed_at > repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S)))).scalar_one()
+    if recent >= st.alert_job_max_per_hour:
+        _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
+             last_error=f"rate limit: {recent} alerts of this job in the last hour "
+                        f"(MEMQ_ALERT_JOB_MAX_PER_HOUR={st.alert_job_max_per_hour})")
+        return None
+    return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
+                 attempts=int(row.attempts), created_at=repo.to_utc(row.created_at))
+
+
+def _set(session: Session, alert_id: int, **values: Any) -> None:
+    session.execute(update(Alert).where(Alert.id == alert_id).values(**values))
+
+
+def finish(session: Session, st: Settings, c: Claim, outcome: Outcome, now: dt.datetime | None = None,
+           rand: Callable[[], float] = random.random) -> str | None:
+    """Record what the POST did, if this sender still holds the claim. Returns the new state, or
+    None when the lease was lost (another sender took the alert over)."""
+    now = now or repo.utcnow()
+    t = repo.db_time(session, now)
+    if outcome.result == "sent":
+        values: dict[str, Any] = {"state": "sent", "sent_at": t, "last_error": None}
+    elif outcome.result == "retry" and c.attempts < st.alert_max_attempts:
+        wait = backoff_s(c.attempts, st.alert_backoff_max_s, rand)
+        values = {"state": "pending", "next_attempt_at": t + dt.timedelta(seconds=wait),
+                  "last_error": outcome.detail[:2000]}
+    else:
+        values = {"state": "failed", "last_error": outcome.detail[:2000]}
+    res = session.execute(update(Alert).where(Alert.id == c.id, Alert.claim_token == c.token,
+                                              Alert.state == "sending")
+                          .values(lease_until=None, **values))
+    return values["state"] if res.rowcount else None
+
+
+def document(st: Settings, c: Claim) -> dict[str, Any]:
+    starts = c.created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return payload.render(st.alert_format, c.body, c.idem_key, starts)
+
+
+def counts(session: Session) -> dict[str, int]:
+    return {k: int(v) for k, v in session.execute(select(Alert.state, func.count()).group_by(Alert.state))}

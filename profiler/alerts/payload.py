@@ -1,0 +1,52 @@
+"""Webhook bodies for one alert. Pure. `render(fmt, body, key, starts_at)` -> the JSON document.
+
+- `slack`: `{"text": ...}` (Slack incoming webhooks, Mattermost, Teams' Slack-compatible endpoints,
+  most chat bridges); the link uses Slack's `<url|label>` markup.
+- `alertmanager`: the document Alertmanager POSTs to a webhook receiver (version "4": receiver,
+  status, alerts[] with labels, annotations, startsAt, endsAt, generatorURL, fingerprint; groupKey,
+  groupLabels, commonLabels, commonAnnotations, externalURL), so receivers written for Alertmanager
+  (PagerDuty bridges, incident bots) take memq's alerts unchanged. The label for the training job is
+  `job_name`: `job` means the scrape job in Prometheus' world.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+FORMATS = ("slack", "alertmanager")
+ALERT_NAMES = {"oom": "MemqOOM", "leak": "MemqLeak", "near_miss": "MemqNearMiss"}
+SEVERITY = {"oom": "critical", "leak": "warning", "near_miss": "warning"}
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def slack(body: Mapping[str, Any]) -> dict[str, Any]:
+    lines = [f"*{body['title']}*", f"cause: {body.get('cause') or '?'} (verdict {body['verdict']})",
+             f"evidence: {body['evidence']}", f"recommendation: {body['recommendation']}"]
+    if body.get("link"):
+        lines.append(f"<{body['link']}|run {body['run']}>")
+    return {"text": "\n".join(lines)}
+
+
+def alertmanager(body: Mapping[str, Any], key: str, starts_at: str) -> dict[str, Any]:
+    labels = {"alertname": ALERT_NAMES[body["kind"]], "severity": SEVERITY[body["kind"]], "run": body["run"],
+              "verdict": body["verdict"], "cause": body.get("cause") or "",
+              "cluster": body.get("cluster") or "", "job_name": body.get("job") or ""}
+    annotations = {"summary": body["title"], "description": body["evidence"],
+                   "recommendation": body["recommendation"]}
+    if body.get("link"):
+        annotations["run_url"] = body["link"]
+    alert = {"status": "firing", "labels": labels, "annotations": annotations, "startsAt": starts_at,
+             "endsAt": ZERO_TIME, "generatorURL": body.get("link") or "", "fingerprint": key[:16]}
+    return {"version": "4", "groupKey": f"memq:{key}", "truncatedAlerts": 0, "status": "firing",
+            "receiver": "memq", "groupLabels": {"alertname": labels["alertname"], "run": labels["run"]},
+            "commonLabels": labels, "commonAnnotations": annotations, "externalURL": body.get("link") or "",
+            "alerts": [alert]}
+
+
+def render(fmt: str, body: Mapping[str, Any], key: str, starts_at: str) -> dict[str, Any]:
+    if fmt == "slack":
+        return slack(body)
+    if fmt == "alertmanager":
+        return alertmanager(body, key, starts_at)
+    raise ValueError(f"unknown alert format {fmt!r} (one of {', '.join(FORMATS)})")

@@ -1,0 +1,120 @@
+"""Which verdict a run has, and what its alert says. Pure: plain values in, plain values out.
+
+A verdict is the part of a run's state that is worth a page:
+- `oom:<cause>`: the run hit an out-of-memory error; `<cause>` is its run-level primary cause
+  (a later diagnosis that names another cause is a new verdict: `oom:capacity` -> `oom:leak`);
+- `leak`: no OOM (yet), and the run-level diagnosis is a leak;
+- `near_miss`: no OOM and no leak, and the run's peak reserved bytes left less than the threshold
+  (MEMQ_ALERT_HEADROOM_PCT) of its limit (the per-process cap, else the device's memory).
+Anything else (healthy with headroom, no diagnosis yet) is no verdict. A run with an OOM but no
+diagnosis yet waits for it: the alert is worth sending only with its cause.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+KINDS = ("oom", "leak", "near_miss")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    run_id: int
+    name: str
+    cluster: str | None
+    job: str | None
+    status: str
+    primary_cause: str | None
+    oom_count: int
+    peak_reserved_bytes: int | None
+    limit_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    key: str  # unique per run: `oom:<cause>`, `leak`, `near_miss`
+    kind: str
+    cause: str | None
+
+
+def headroom_ratio(peak_reserved: int | None, limit: int | None) -> float | None:
+    """Share of the limit left free at the peak (negative when the peak exceeded it); None unknown."""
+    if not peak_reserved or not limit or limit <= 0:
+        return None
+    return 1.0 - peak_reserved / limit
+
+
+def verdict_of(f: RunFacts, headroom_pct: float) -> Verdict | None:
+    if f.primary_cause is None:
+        return None
+    if f.oom_count > 0 or f.status == "oom":
+        return Verdict(f"oom:{f.primary_cause}", "oom", f.primary_cause)
+    if f.primary_cause == "leak":
+        return Verdict("leak", "leak", "leak")
+    h = headroom_ratio(f.peak_reserved_bytes, f.limit_bytes)
+    if h is not None and h < headroom_pct / 100.0:
+        return Verdict("near_miss", "near_miss", f.primary_cause)
+    return None
+
+
+def idempotency_key(run_name: str, verdict_key: str) -> str:
+    """Stable for (run, verdict): every resend of one alert carries the same key."""
+    return hashlib.sha256(f"memq-alert\0{run_name}\0{verdict_key}".encode()).hexdigest()[:40]
+
+
+def run_link(public_url: str, run_name: str) -> str | None:
+    if not public_url:
+        return None
+    return f"{public_url.rstrip('/')}/runs/{quote(run_name, safe='')}"
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 1024**3:.2f} GiB"
+
+
+def _evidence(diagnosis: Mapping[str, Any], cause: str | None) -> str | None:
+    causes = diagnosis.get("causes") or []
+    for c in sorted(causes, key=lambda c: c.get("cause") != cause):  # the verdict's cause first
+        for line in c.get("evidence") or []:
+            if line:
+                return str(line)
+    return None
+
+
+def _recommendation(diagnosis: Mapping[str, Any]) -> str | None:
+    recs = diagnosis.get("recommendations") or []
+    if not recs:
+        return None
+    r = recs[0]
+    parts = [str(r.get("action") or "").strip(), str(r.get("why") or "").strip()]
+    return ": ".join(p for p in parts if p) or None
+
+
+TITLES = {"oom": "CUDA out of memory", "leak": "memory leak", "near_miss": "near miss (memory almost full)"}
+
+
+def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public_url: str,
+               headroom_pct: float) -> dict[str, Any]:
+    """What the alert says, independent of the webhook format (payload.py renders it)."""
+    diagnosis = (result or {}).get("diagnosis") or {}
+    h = headroom_ratio(f.peak_reserved_bytes, f.limit_bytes)
+    evidence = _evidence(diagnosis, v.cause)
+    if v.kind == "near_miss":
+        near = (f"peak reserved {_gib(f.peak_reserved_bytes)} of a {_gib(f.limit_bytes)} limit: "
+                f"{(h or 0) * 100:.1f}% headroom, under the {headroom_pct:g}% threshold")
+        evidence = near if evidence is None else f"{near}; {evidence}"
+    where = " / ".join(x for x in (f.cluster, f.job) if x)
+    title = f"memq: {TITLES[v.kind]} in run {f.name}" + (f" ({where})" if where else "")
+    return {
+        "title": title, "run": f.name, "cluster": f.cluster, "job": f.job, "verdict": v.key, "kind": v.kind,
+        "cause": v.cause, "confidence": diagnosis.get("confidence"),
+        "evidence": evidence or "no evidence line in the diagnosis",
+        "recommendation": _recommendation(diagnosis) or "see the run's page",
+        "link": run_link(public_url, f.name),
+        "peak_reserved_bytes": f.peak_reserved_bytes, "limit_bytes": f.limit_bytes,
+        "headroom_ratio": None if h is None else round(h, 4), "oom_count": f.oom_count,
+    }

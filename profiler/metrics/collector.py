@@ -1,0 +1,212 @@
+"""`MemqCollector`: a prometheus-client custom collector; every scrape reads SQL and Redis afresh.
+
+Metric families (label `job_name` is the training job: Prometheus attaches its own `job`, the
+scrape job, to every series, and a metric label of that name would be renamed `exported_job`):
+
+from SQL (counters are row counts, so restarts and several exporters agree)
+- memq_snapshots_analysed_total{cluster, job_name}             snapshot rows analysed (state done)
+- memq_snapshots{state}                                         snapshot rows per state (gauge)
+- memq_oom_snapshots_total{cluster, job_name, cause}            analysed OOM snapshots, by the snapshot's cause
+- memq_verdicts_total{cluster, job_name, kind, cause}           run verdicts reached (kind oom|leak|near_miss),
+                                                                 by run-level cause; one per verdict change
+- memq_alerts{state}                                            the alert outbox per state (gauge)
+- memq_runs{cluster, status}                                    runs per status (gauge)
+- memq_analysis_latency_seconds (histogram)                     snapshot row -> its analysis stored
+- memq_active_runs{cluster, job_name}                           running runs updated in the last
+                                                                 MEMQ_EXPORTER_ACTIVE_MINUTES
+- memq_job_headroom_min_ratio{cluster, job_name}                least headroom among them (1 - peak reserved / limit)
+- memq_job_fragmentation_max_ratio{cluster, job_name}           most fragmentation among them
+- memq_run_headroom_ratio{cluster, job_name, run}               the MEMQ_EXPORTER_TOP_K active runs with the
+- memq_run_fragmentation_ratio{cluster, job_name, run}          least headroom, and their fragmentation
+from Redis (the functions `memq status` uses)
+- memq_stream_length, memq_stream_lag, memq_stream_pending      ingest stream, consumer group
+- memq_dead_letters                                             entries in the dead-letter stream
+- memq_queue_depth{queue}, memq_queue_unacked                   Celery queues
+- memq_workers, memq_dispatchers                                processes with a live heartbeat
+- memq_heartbeat_age_seconds{kind, name}                        seconds since each one's last beat
+health of the scrape itself
+- memq_up{component}                                            1 when redis / database answered
+- memq_scrape_duration_seconds{part}                            time spent per part of this scrape
+
+Cardinality: per-run series exist only for the top-K active runs (default 10); everything else is
+labelled by cluster, job, cause, state or kind, whose values are bounded by the fleet's job names,
+the nine causes and the fixed state sets. Heartbeat series: one per live process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from profiler.config import Settings
+from profiler.metrics import queries as q
+from profiler.store import repository as repo
+from profiler.store.orm import ALERT_STATES, SNAPSHOT_STATES
+
+log = logging.getLogger("memq.exporter")
+
+# name -> (type, help, labels); describe() and the tests read this one table
+METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "memq_snapshots_analysed": ("counter", "Snapshot rows analysed (state done).", ("cluster", "job_name")),
+    "memq_snapshots": ("gauge", "Snapshot rows per analysis state.", ("state",)),
+    "memq_oom_snapshots": ("counter", "Analysed snapshots taken at an OOM, by the snapshot's primary cause.",
+                           ("cluster", "job_name", "cause")),
+    "memq_verdicts": ("counter", "Run verdicts reached (OOM, leak, near miss), one per verdict change of a run, "
+                                 "by run-level cause.", ("cluster", "job_name", "kind", "cause")),
+    "memq_alerts": ("gauge", "Alerts in the outbox per delivery state.", ("state",)),
+    "memq_runs": ("gauge", "Runs per status.", ("cluster", "status")),
+    "memq_analysis_latency_seconds": ("histogram", "Seconds from a snapshot's row (dispatcher) to its stored "
+                                                   "analysis, for analyses computed for that row.", ()),
+    "memq_active_runs": ("gauge", "Running runs updated within MEMQ_EXPORTER_ACTIVE_MINUTES.",
+                         ("cluster", "job_name")),
+    "memq_job_headroom_min_ratio": ("gauge", "Least headroom (1 - peak reserved / limit) among the job's active "
+                                             "runs.", ("cluster", "job_name")),
+    "memq_job_fragmentation_max_ratio": ("gauge", "Most fragmentation (1 - largest free / free) among the job's "
+                                                  "active runs.", ("cluster", "job_name")),
+    "memq_run_headroom_ratio": ("gauge", "Headroom of the MEMQ_EXPORTER_TOP_K active runs with the least.",
+                                ("cluster", "job_name", "run")),
+    "memq_run_fragmentation_ratio": ("gauge", "Fragmentation of the same top-K runs.", ("cluster", "job_name", "run")),
+    "memq_stream_length": ("gauge", "Entries in the ingest stream.", ()),
+    "memq_stream_lag": ("gauge", "Ingest stream entries not yet read by the dispatchers' group.", ()),
+    "memq_stream_pending": ("gauge", "Ingest stream entries read but not acknowledged.", ()),
+    "memq_dead_letters": ("gauge", "Entries in the dead-letter stream (trimmed at about 100,000).", ()),
+    "memq_queue_depth": ("gauge", "Tasks waiting in a Celery queue.", ("queue",)),
+    "memq_queue_unacked": ("gauge", "Tasks taken by workers and not acknowledged yet.", ()),
+    "memq_workers": ("gauge", "Celery workers with a live heartbeat.", ()),
+    "memq_dispatchers": ("gauge", "Dispatchers with a live heartbeat.", ()),
+    "memq_heartbeat_age_seconds": ("gauge", "Seconds since a process's last heartbeat.", ("kind", "name")),
+    "memq_up": ("gauge", "1 when the component answered this scrape.", ("component",)),
+    "memq_scrape_duration_seconds": ("gauge", "Seconds this scrape spent per part.", ("part",)),
+}
+
+_FAMILY = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
+
+
+def family(name: str):
+    kind, doc, labels = METRICS[name]
+    return _FAMILY[kind](name, doc, labels=list(labels))
+
+
+def _s(v) -> str:
+    return "" if v is None else str(v)
+
+
+class MemqCollector(Collector):
+    def __init__(self, st: Settings, store=None, redis_client=None):
+        self.st, self._store, self._redis = st, store, redis_client
+
+    def describe(self):
+        # families without samples: registering must not run the queries
+        return [family(n) for n in METRICS]
+
+    # ------------------------------------------------------------------------------------ scrape
+
+    def collect(self) -> Iterator:
+        fams = {n: family(n) for n in METRICS}
+        timing = {}
+        t0 = time.perf_counter()
+        db_ok = self._collect_db(fams)
+        timing["database"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        redis_ok = self._collect_redis(fams)
+        timing["redis"] = time.perf_counter() - t1
+        fams["memq_up"].add_metric(["database"], 1.0 if db_ok else 0.0)
+        fams["memq_up"].add_metric(["redis"], 1.0 if redis_ok else 0.0)
+        for part, secs in timing.items():
+            fams["memq_scrape_duration_seconds"].add_metric([part], secs)
+        yield from fams.values()
+
+    def _store_or_open(self):
+        if self._store is None:
+            from profiler.store.store import open_store
+
+            self._store = open_store(self.st)
+        return self._store
+
+    def _collect_db(self, f: dict) -> bool:
+        try:
+            store = self._store_or_open()
+            with store.session() as s:
+                snaps = q.snapshot_counts(s)
+                buckets, count, total = q.analysis_latency(s)
+                runs = q.run_counts(s)
+                verdicts = q.verdict_counts(s)
+                since = repo.utcnow() - dt.timedelta(minutes=self.st.exporter_active_minutes)
+                active = q.active_by_job(s, since)
+                top = q.least_headroom(s, since, self.st.exporter_top_k)
+        except Exception as exc:  # noqa: BLE001 - a scrape reports memq_up{component="database"} 0, never a 500
+            log.warning("exporter: database part failed: %s: %s", type(exc).__name__, exc)
+            return False
+        analysed: dict[tuple, int] = defaultdict(int)
+        states: dict[str, int] = dict.fromkeys(SNAPSHOT_STATES, 0)
+        ooms: dict[tuple, int] = defaultdict(int)
+        for cluster, job, state, oom_cause, n in snaps:
+            states[state] = states.get(state, 0) + int(n)
+            if state == "done":
+                analysed[(_s(cluster), _s(job))] += int(n)
+            if oom_cause is not None:
+                ooms[(_s(cluster), _s(job), str(oom_cause))] += int(n)
+        for labels, n in sorted(analysed.items()):
+            f["memq_snapshots_analysed"].add_metric(list(labels), n)
+        for state, n in sorted(states.items()):
+            f["memq_snapshots"].add_metric([state], n)
+        for labels, n in sorted(ooms.items()):
+            f["memq_oom_snapshots"].add_metric(list(labels), n)
+        bounds = [str(b) for b in q.LATENCY_BUCKETS] + ["+Inf"]
+        f["memq_analysis_latency_seconds"].add_metric([], list(zip(bounds, buckets, strict=True)), total)
+        for cluster, status, n in sorted(runs, key=lambda r: (_s(r[0]), r[1])):
+            f["memq_runs"].add_metric([_s(cluster), status], int(n))
+        per_verdict: dict[tuple, int] = defaultdict(int)
+        alert_states: dict[str, int] = dict.fromkeys(ALERT_STATES, 0)
+        for cluster, job, kind, cause, state, n in verdicts:
+            per_verdict[(_s(cluster), _s(job), kind, _s(cause))] += int(n)
+            alert_states[state] = alert_states.get(state, 0) + int(n)
+        for labels, n in sorted(per_verdict.items()):
+            f["memq_verdicts"].add_metric(list(labels), n)
+        for state, n in sorted(alert_states.items()):
+            f["memq_alerts"].add_metric([state], n)
+        for cluster, job, n, headroom, frag in sorted(active, key=lambda r: (_s(r[0]), _s(r[1]))):
+            labels = [_s(cluster), _s(job)]
+            f["memq_active_runs"].add_metric(labels, int(n))
+            if headroom is not None:
+                f["memq_job_headroom_min_ratio"].add_metric(labels, float(headroom))
+            if frag is not None:
+                f["memq_job_fragmentation_max_ratio"].add_metric(labels, float(frag))
+        for name, cluster, job, headroom, frag in top:
+            labels = [_s(cluster), _s(job), name]
+            f["memq_run_headroom_ratio"].add_metric(labels, float(headroom))
+            if frag is not None:
+                f["memq_run_fragmentation_ratio"].add_metric(labels, float(frag))
+        return True
+
+    def _collect_redis(self, f: dict) -> bool:
+        from profiler.cli.service import collect_status
+
+        try:
+            doc = collect_status(self.st, with_db=False)
+        except Exception as exc:  # noqa: BLE001 - redis-py errors: memq_up{component="redis"} 0
+            log.warning("exporter: redis part failed: %s: %s", type(exc).__name__, exc)
+            return False
+        s = doc["stream"]
+        f["memq_stream_length"].add_metric([], s["length"])
+        f["memq_stream_pending"].add_metric([], s["pending"])
+        if s.get("lag") is not None:
+            f["memq_stream_lag"].add_metric([], float(s["lag"]))
+        elif s.get("group") is None:
+            f["memq_stream_lag"].add_metric([], float(s["length"]))  # no group yet: nothing was read
+        f["memq_dead_letters"].add_metric([], doc["dead_letters"]["count"])
+        for queue, n in doc["queues"].items():
+            f["memq_queue_depth"].add_metric([queue], n)
+        f["memq_queue_unacked"].add_metric([], doc["queues_unacked"])
+        f["memq_workers"].add_metric([], len(doc["workers"]))
+        f["memq_dispatchers"].add_metric([], len(doc["dispatchers"]))
+        for kind, items in (("worker", doc["workers"]), ("dispatcher", doc["dispatchers"])):
+            for w in items:
+                f["memq_heartbeat_age_seconds"].add_metric([kind, _s(w.get("name"))], max(0.0, float(w["age_s"])))
+        return True

@@ -1,0 +1,64 @@
+"""Celery side of the alerts (profiler/alerts/ has the logic and states the delivery guarantee).
+
+- `workers.alerts.sweep` (beat, every MEMQ_ALERT_SWEEP_S, queue memq.ingest): record verdicts of
+  recently updated runs, then send what is due (new alerts, retries whose back-off ended, alerts
+  whose sender died and whose lease expired). It is what makes delivery survive any crash.
+- `workers.alerts.deliver` (queue memq.ingest): send what is due now; enqueued by the hook below.
+- The hook: after each run-level diagnosis (`workers.tasks.recompute_run`, in the same worker
+  process) the run's verdict is recorded at once and a delivery enqueued, so an alert does not wait
+  for the next sweep. The hook only shortens the delay: if it fails or its process dies, the sweep
+  finds the same verdict (it reads the run rows, not the hook's work).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import signals
+
+from profiler.alerts import delivery
+from workers import runtime
+from workers.app import app, settings_of
+from workers.base import MemqTask
+from workers.runtime import QUEUE_INGEST
+
+log = logging.getLogger("memq.alerts")
+
+RECOMPUTE_TASK = "workers.tasks.recompute_run"
+
+
+def _st():
+    return settings_of(app)
+
+
+def beat_entries(st) -> dict:
+    period = float(max(1, st.alert_sweep_s))
+    return {"memq-alerts": {"task": "workers.alerts.sweep", "schedule": period,
+                            "options": {"queue": QUEUE_INGEST, "expires": period}}}
+
+
+@app.task(base=MemqTask, bind=True, name="workers.alerts.sweep", retry_on_outage=False)
+def sweep(self) -> dict:
+    st = _st()
+    store = runtime.store(st)
+    new = delivery.sweep(store, st)
+    out = delivery.deliver_due(store, st)
+    return {"recorded": len(new), **out}
+
+
+@app.task(base=MemqTask, bind=True, name="workers.alerts.deliver", retry_on_outage=False)
+def deliver(self) -> dict:
+    st = _st()
+    return delivery.deliver_due(runtime.store(st), st)
+
+
+@signals.task_postrun.connect
+def _after_recompute(sender=None, args=None, retval=None, state=None, **_):
+    if getattr(sender, "name", None) != RECOMPUTE_TASK or state != "SUCCESS" or retval == "deferred" or not args:
+        return
+    try:
+        st = _st()
+        if delivery.sweep(runtime.store(st), st, [int(args[0])]) and st.alert_webhook_url:
+            deliver.apply_async(queue=QUEUE_INGEST)
+    except Exception:  # noqa: BLE001 - the beat sweep records it later
+        log.warning("alerts: recording the verdict of run %s failed", args[0], exc_info=True)
