@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profiler import envelope
+from profiler.backoff import full_jitter
 from profiler.config import Settings, redact_url
 from profiler.errors import (
     BadInput,
@@ -57,6 +58,7 @@ from profiler.errors import (
     StorageError,
     TooLarge,
 )
+from profiler.redis_functions import Relay
 from profiler.store import repository as repo
 from workers import jobs, runtime
 
@@ -119,13 +121,15 @@ class Dispatcher:
         self._run_ids: dict[str, int] = {}
         self._single = False  # after an unexpected error: one entry at a time
         self.limits = envelope.Limits.of(st)
-        self._sized: set[str] = set()  # sha256s whose size was checked by inflating them here
+        self._sized: dict[str, int] = {}  # sha256 -> size, of the blobs inflated in the batch in hand
         self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
         self._uncommitted: dict[str, int] = {}
         self.fault = os.environ.get("MEMQ_TEST_FAULT", "")  # fault injection for the crash tests only
         self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
                                      "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None
+        # agents whose ACL refuses XADD append to an inbox list; moved into the stream here
+        self.relay = Relay.for_settings(self.r, st)
 
     # ------------------------------------------------------------------------------ plumbing
     def _client(self):
@@ -201,7 +205,7 @@ class Dispatcher:
                         continue
                     self.counts["outages"] += 1
                     log.warning("dispatcher: %s; retrying in %.1f s", exc, backoff)
-                    self.stop_event.wait(backoff)
+                    self.stop_event.wait(full_jitter(backoff))  # dispatchers that lost Redis together spread out
                     # capped at the claim idle time: a waiting dispatcher retries before its
                     # entries would look abandoned to the others
                     backoff = min(max(1.0, min(30.0, float(self.st.claim_idle_s))), backoff * 2)
@@ -233,6 +237,8 @@ class Dispatcher:
                 if self._backlog:  # one entry at a time: take the next one at the next step
                     self._single, self._next_claim = True, 0.0
             if not self._backlog:
+                with runtime.redis_errors(self.st.redis_url):
+                    self.relay.step()
                 self._backlog = self.read()
         if not self._backlog:
             return 0
@@ -610,7 +616,7 @@ class Dispatcher:
                 why = f"it inflates past the {env.size} bytes its envelope says ({exc})"
             self._dead_and_ack(eid, fields, f"bad blob: {why}")
             return None
-        self._sized.add(env.sha256)
+        self._sized[env.sha256] = int(env.size or 0)
         return ref
 
     def _insert(self, s, eid: str, env: envelope.Envelope, ref: str) -> tuple[int, str, bool]:
@@ -619,13 +625,13 @@ class Dispatcher:
 
         from profiler.store.orm import Run, Snapshot
 
-        if env.sha256 not in self._sized:
+        known = self._sized.get(env.sha256)
+        if known is None:
             # the blob was already stored, so its bytes were not inflated here: the size must agree
             # with the rows that did (memq ingest records the real size)
             known = s.execute(select(Snapshot.size_bytes).where(Snapshot.sha256 == env.sha256).limit(1)).scalar()
-            if known is not None and env.size is not None and int(known) != env.size:
-                raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the stored blob "
-                               f"{env.sha256[:12]}")
+        if known is not None and env.size is not None and int(known) != env.size:
+            raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the blob {env.sha256[:12]}")
         oom = env.oom or {}
         rid = self._run_id(s, env)
         run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()

@@ -427,6 +427,9 @@ def run_checks(st) -> list[Check]:
     checks += rchecks
     if r is not None:
         checks += check_memory(r) + check_persistence(r) + check_stream(r, st) + check_heartbeats(r, st)
+        from profiler.redis_functions import doctor_checks
+
+        checks += [Check(*c) for c in doctor_checks(r, st)]  # the agents' inbox relay
     checks += check_broker(st) + check_blobs(st)
     return checks
 
