@@ -1,0 +1,224 @@
+"""The agents' inbox and its relay (profiler/redis_functions.py, profiler/memq_functions.lua) on a
+private redis-server started with deploy/'s ACL file.
+
+The agent user can only RPUSH the inbox; whatever it pushes there, the relay (run by the services'
+user) cannot be made to trim, delete or block the stream: other jobs' entries stay, the last ID stays
+ordinary, later messages still go through, and the real dispatcher dead-letters the junk with its
+reason. The real agent (ReplaySource) delivers snapshots and stats through the inbox as that user."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+import redis
+
+from profiler import envelope, redis_functions
+from profiler.redis_functions import Relay, doctor_checks, ensure_library, loaded_version
+from tests.ops.acl_redis import acl_redis
+
+STREAM, INBOX = "memq:ingest", "memq:ingest:inbox"
+LUA = redis_functions.SOURCE
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with acl_redis(tmp_path_factory.mktemp("relay")) as srv:
+        yield srv
+
+
+def _settings(tmp_path, redis_url: str, **extra):
+    from profiler.config import load_settings
+
+    env = {"MEMQ_REDIS_URL": redis_url, "MEMQ_DATABASE_URL": f"sqlite:///{tmp_path}/h.db",
+           "MEMQ_DATA_DIR": str(tmp_path), "MEMQ_BLOB_DIR": str(tmp_path / "blobs"),
+           "MEMQ_SPOOL_DIR": str(tmp_path / "spool"), "MEMQ_CONFIG": str(tmp_path / "none.toml"),
+           "MEMQ_MAX_DELIVERIES": "2", "MEMQ_CLAIM_IDLE_S": "1", **extra}
+    return load_settings(env)
+
+
+def _relay(memq, **kw) -> Relay:
+    kw = {"stream": STREAM, "key_prefix": "memq:", "maxlen": 100_000, "blob_ttl_s": 7 * 24 * 3600, **kw}
+    return Relay(memq, **kw)
+
+
+def _ids(memq) -> list[bytes]:
+    return [i for i, _ in memq.xrange(STREAM)] if memq.exists(STREAM) else []
+
+
+def _good(run: str, i: int = 0) -> str:
+    return redis_functions.encode_fields(envelope.build(
+        "stats", run=run, cluster="c", rank=0, payload={"samples": [{"t": time.time(), "allocated_bytes": i}]}))
+
+
+def _hostile() -> list[bytes]:
+    """What an attacker holding the agent's password can put in the inbox."""
+    snap = envelope.build("snapshot", run="evil", cluster="c", sha256="ab" * 32, size=1, codec="zstd",
+                          trigger="manual")
+    return [
+        b"not json",
+        b"",
+        b"{}",
+        b'{"v": "1", "kind": "stats"}',
+        b"[]",
+        b'["v"]',
+        b"[1, 2]",
+        b'["v", 1]',
+        b"[null, null]",
+        b'[["MAXLEN", "0"], "x"]',
+        b"[" * 5000 + b"]" * 5000,
+        b'["v", "\xff\xfe"]',
+        json.dumps(["MAXLEN", "0", "*", "x"]).encode(),  # trim options as field names
+        json.dumps(["18446744073709551615-18446744073709551614", "x"]).encode(),  # an explicit ID as a name
+        json.dumps(["v", "1", "id", "18446744073709551615-18446744073709551614"]).encode(),
+        json.dumps([f"f{i}" for i in range(200)]).encode(),  # 100 fields
+        json.dumps(["payload", "x" * 1_200_000]).encode(),  # a value over the cap
+        b'["v", "' + b"y" * (3 << 20) + b'"]',  # an element over the cap
+        json.dumps(["n" * 100, "long name"]).encode(),
+        redis_functions.encode_fields({**snap, "sha256": "../../etc/passwd"}).encode(),  # bad sha256
+        redis_functions.encode_fields({**snap, "size": str(1 << 80), "rank": "-1"}).encode(),
+    ]
+
+
+def test_lua_and_python_library_versions_agree():
+    m = re.search(r"^local VERSION = (\d+)", LUA.read_text(), re.M)
+    assert m and int(m.group(1)) == redis_functions.VERSION
+    assert LUA.read_text().startswith(f"#!lua name={redis_functions.LIBRARY}\n")
+
+
+def test_hostile_inbox_cannot_trim_delete_or_block_the_stream(server):
+    memq, agent = server["memq"], server["agents"]["file"]
+    relay = _relay(memq)
+    for i in range(5):  # another job's entries, waiting for the dispatcher
+        agent.rpush(INBOX, _good("other-job", i))
+    assert relay.step() == 5
+    before = _ids(memq)
+    hostile = _hostile()
+    for raw in hostile:
+        agent.rpush(INBOX, raw)
+    moved = relay.step()
+    assert moved == len(hostile) and memq.llen(INBOX) == 0
+    after = _ids(memq)
+    assert after[:len(before)] == before  # nothing trimmed or deleted
+    assert len(after) == len(before) + len(hostile)
+    # every entry got a server-chosen ID near now: the last ID is ordinary, nowhere near exhaustion
+    now_ms = int(memq.time()[0]) * 1000
+    for eid in after[len(before):]:
+        assert abs(int(eid.split(b"-")[0]) - now_ms) < 60_000
+    # the junk became stub entries naming why; the well-formed but odd ones went through as fields
+    new = memq.xrange(STREAM, min=after[len(before)])
+    stubs = [f for _, f in new if f.get(b"v") == b"0"]
+    # 6 pass as odd fields (the dispatcher's envelope check refuses them): the MAXLEN- and ID-like
+    # names, a stray "id", non-UTF-8 bytes, a bad sha256 and out-of-range numbers
+    assert len(stubs) == relay.counts["refused"] == len(hostile) - 6 and all(f[b"relay_error"] for f in stubs)
+    assert not any(len(f) > 32 for _, f in new) and max(len(v) for _, f in new for v in f.values()) <= 1_100_000
+    # later messages still go through, with IDs after the hostile ones
+    agent.rpush(INBOX, _good("after-the-attack"))
+    assert relay.step() == 1
+    last = _ids(memq)[-1]
+    assert last > after[-1] and memq.xrange(STREAM, min=last)[0][1][b"run"] == b"after-the-attack"
+
+
+def test_relay_refuses_bad_arguments_and_keeps_what_the_stream_refuses(server):
+    memq = server["memq"]
+    memq.delete("memq:t:inbox", "memq:t")
+    memq.rpush("memq:t:inbox", _good("x"), _good("y"))
+    for args in (("0", "10", "memq:", "10"), ("-5", "10", "memq:", "10"), ("abc", "10", "memq:", "10"),
+                 ("1", "0", "memq:", "10"), ("1", "10", "memq:", "-1")):
+        with pytest.raises(redis.ResponseError):
+            memq.fcall("memq_relay", 2, "memq:t:inbox", "memq:t", *args)
+    assert memq.llen("memq:t:inbox") == 2 and not memq.exists("memq:t")
+    # a stream the relay cannot append to (here: a string): the inbox is left as it was
+    memq.set("memq:t", b"not a stream")
+    relay = Relay(memq, stream="memq:t", key_prefix="memq:", maxlen=10, blob_ttl_s=10)
+    assert relay.step() == 0 and relay.counts["errors"] == 1 and "WRONGTYPE" in relay.last_error
+    assert memq.llen("memq:t:inbox") == 2
+    memq.delete("memq:t:inbox", "memq:t")
+
+
+def test_relayed_snapshot_blob_gets_the_deployment_ttl(server):
+    memq, agent = server["memq"], server["agents"]["file"]
+    shas = ["c1" * 32, "c2" * 32]
+    agent.set(f"memq:blob:{shas[0]}", b"no ttl")  # the agent may leave out EX ...
+    agent.set(f"memq:blob:{shas[1]}", b"long ttl", ex=10**8)  # ... or choose a huge one
+    for sha in shas:
+        agent.rpush(INBOX, redis_functions.encode_fields(envelope.build(
+            "snapshot", run="ttl", cluster="c", sha256=sha, size=6, codec="zstd", trigger="manual")))
+    assert _relay(memq, blob_ttl_s=100).step() == 2
+    for sha in shas:
+        assert 0 < memq.ttl(f"memq:blob:{sha}") <= 100
+
+
+def test_real_agent_delivers_through_the_inbox_and_the_dispatcher_ingests(server, tmp_path):
+    """profiler.agent with a ReplaySource of real snapshots, as memq-agent; an attacker's junk in the
+    same inbox; the real dispatcher (as the memq user) relays, ingests the agent's messages and
+    dead-letters the junk with its reason."""
+    from tests.agent.conftest import make_agent
+    from workers.dispatcher import Dispatcher
+
+    memq, agent_user = server["memq"], server["agents"]["doc"]
+    st = _settings(tmp_path, server["memq_url"])
+    d = Dispatcher(st, consumer="relay-test", batch=50, block_ms=50, enqueue=(enqueued := []).append)
+    dead_before = memq.xlen(st.dead_letter_key) if memq.exists(st.dead_letter_key) else 0
+    for raw in _hostile()[:6]:
+        agent_user.rpush(INBOX, raw)
+    a = make_agent(run="inbox-run", redis_url=server["agent_url"], spool_dir=str(tmp_path / "spool"),
+                   stats_interval_s=0.05, stats_flush_s=0.1, settings=st)
+    for step in range(3):
+        a.mark_step(step, 0)
+        time.sleep(0.1)
+    a.mark_epoch(0)
+    assert a.flush(20)
+    a.stop(10)
+    c = a.counters()
+    assert c["sent"] >= 3 and c["via_inbox"] == c["sent"] + c["replayed"] and c["spooled"] == 0, c
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (memq.llen(INBOX) or _lag(memq, st)):
+        d.step()
+    assert memq.llen(INBOX) == 0 and _lag(memq, st) == 0
+    reasons = [f.get(b"reason") for _, f in memq.xrange(st.dead_letter_key)][dead_before:]
+    assert d.counts["snapshots"] >= 1 and d.counts["samples"] >= 1 and d.counts["runs"] >= 1, (d.counts, reasons)
+    assert len(enqueued) == d.counts["snapshots"]
+    dead = [f for _, f in memq.xrange(st.dead_letter_key)][dead_before:]
+    assert len(dead) >= 6 and all(f.get(b"reason") for f in dead)
+    assert any(b"relay_error" in f for f in dead)
+
+
+def _lag(memq, st) -> int:
+    groups = memq.xinfo_groups(st.stream_key)
+    return int(groups[0]["lag"] or 0) + int(groups[0]["pending"]) if groups else 1
+
+
+def test_library_is_loaded_upgraded_and_reported_by_doctor(server, tmp_path):
+    memq, op, agent = server["memq"], server["op"], server["agents"]["file"]
+    st = _settings(tmp_path, server["memq_url"])
+
+    def status() -> dict:
+        return {name: (level, detail) for name, level, detail, _fix in doctor_checks(memq, st)}
+
+    op.function_flush()
+    assert loaded_version(memq) is None
+    assert status()["redis-functions"][0] == "info"  # missing, but nothing waits for it
+    agent.rpush(INBOX, _good("waiting"))
+    assert status()["redis-functions"][0] == "warning" and status()["inbox"][0] == "info"
+    old = LUA.read_text().replace(f"local VERSION = {redis_functions.VERSION}", "local VERSION = 0")
+    memq.function_load(old, replace=True)
+    assert loaded_version(memq) == 0 and "version 0" in status()["redis-functions"][1]
+    assert status()["redis-functions"][0] == "warning"
+    assert _relay(memq).step() == 1  # the dispatcher's relay upgrades it
+    assert loaded_version(memq) == redis_functions.VERSION and status()["redis-functions"][0] == "ok"
+    assert ensure_library(memq) == "current"
+    # a message nobody relays for over a minute
+    old_ts = envelope.build("stats", run="stale", cluster="c", ts=envelope.now_ms() - 120_000)
+    agent.rpush(INBOX, redis_functions.encode_fields(old_ts))
+    level, detail = status()["inbox"]
+    assert level == "warning" and "no dispatcher is relaying" in detail
+    assert _relay(memq).step() == 1 and "inbox" not in status()
+    # a newer library (a newer memq's dispatcher) is left alone
+    memq.function_load(LUA.read_text().replace(f"local VERSION = {redis_functions.VERSION}", "local VERSION = 99"),
+                       replace=True)
+    assert ensure_library(memq) == "newer" and loaded_version(memq) == 99
+    op.function_flush()
+    assert ensure_library(memq) == "loaded"
