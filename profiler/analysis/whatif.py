@@ -81,6 +81,8 @@ SWEEP = (
     "max_split_size_mb:128,garbage_collection_threshold:0.6",
 )
 TORCH_VERSION_MODELLED = "2.11"
+#: Part of the key of stored sweeps (profiler/store/sweeps.py): bump when the replay's answers change.
+WHATIF_MODEL_VERSION = "2"
 RESERVED_TOLERANCE = 0.05
 
 
@@ -764,6 +766,20 @@ def _smallest_request_rounding_to(size: int, divisions: tuple) -> int:
     return lo
 
 
+def _live_bytes_before(rep: Replay, op_index: int, cfg: AllocatorConfig) -> int:
+    """Bytes of the blocks live just before op `op_index` (rounded as `cfg` rounds them)."""
+    divs = cfg.roundup_power2_divisions
+    live = {h: round_size(req, divs) for _a, h, req, _s in rep.start_live}
+    prog = rep.program
+    for i in range(op_index):
+        op = prog.ops[i]
+        if op == OP_ALLOC:
+            live[prog.hid[i]] = round_size(prog.size[i], divs)
+        elif op == OP_FREE:
+            live.pop(prog.hid[i], None)
+    return sum(live.values())
+
+
 # ----- running the settings ------------------------------------------------------------------------------
 def _fmt(n: int | None) -> str:
     if n is None:
@@ -953,6 +969,12 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                 r.reason = "the recorded run itself, replayed over its window"
             out.append(r)
             continue
+        if cfg == rec_cfg:  # the recorded settings under another name: the recorded replay is exact
+            r = _result(conf, cfg, rep, rec_sim, limit_bytes, "recorded", "high", notes)
+            r.verdict = VERDICT_OOM if rec_oom else VERDICT_FITS
+            r.coverage, r.inputs = coverage, dict(inputs)
+            out.append(r)
+            continue
         sim = simulate(cfg, rep)
         r = _result(conf, cfg, rep, sim, limit_bytes, start, "high", notes)
         r.coverage, r.inputs = coverage, dict(inputs)
@@ -967,15 +989,25 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                     notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
                 continue
         if sim.oom_op is not None:
-            if not from_start and not calibrated and not rec_oom:
-                out.append(_not_assessable(
-                    conf, cfg, rep, limit_bytes, "the recorded settings also run out of memory from the rebuilt "
-                    "start of this window, although the recorded run did not: an OOM here says nothing",
-                    notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
+            if from_start:
+                r.verdict, r.confidence = VERDICT_OOM, "high"
+                out.append(r)
                 continue
-            r.verdict = VERDICT_OOM
-            r.confidence = "high" if from_start else "medium"
-            out.append(r)
+            live = _live_bytes_before(rep, sim.oom_op, cfg) if sim.oom_op >= 0 else None
+            need = round_size(sim.oom_request or 0, cfg.roundup_power2_divisions)
+            if live is not None and live + need + rep.foreign_start > limit_bytes:
+                r.verdict, r.confidence = VERDICT_OOM, "medium"
+                r.reason = (f"live blocks {_fmt(live)} + the request {_fmt(need)} exceed the limit "
+                            f"{_fmt(limit_bytes)} at trace entry {r.first_failure['trace_index']}: no cache layout "
+                            "could serve it")
+                out.append(r)
+                continue
+            out.append(_not_assessable(
+                conf, cfg, rep, limit_bytes, "from the rebuilt start of this mid-run window the request "
+                + ("of an earlier snapshot's window" if sim.oom_op < 0 else f"at trace entry {r.first_failure['trace_index']}")
+                + " fails for want of one free block, not of bytes (live + request fit the limit): whether this "
+                "setting's own cache, cut over the whole run, would have had that block is in no trace",
+                notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
             continue
         if from_start:
             r.verdict = VERDICT_WINDOW if rec_oom else VERDICT_FITS
@@ -992,8 +1024,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                 "fragmentation that caused the OOM, so a success under another setting says nothing",
                 notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
             continue
-        r.verdict = VERDICT_WINDOW
-        r.confidence = "low" if rec_oom or not calibrated else "medium"
+        r.verdict, r.confidence = VERDICT_WINDOW, "low"
         r.reason = (f"survives the recorded window only ({rep.trace_entries} trace entries"
                     + (", through the request the recorded run failed" if rec_oom else "")
                     + f"), from a {start} start: the cache history before the window and the run after it are "
@@ -1030,5 +1061,5 @@ def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str
 
 run_whatif_dicts = simulate_whatif  # the name profiler.cli.analyze looks up
 
-__all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "Replay", "WhatIfResult", "compile_trace", "config_from_settings",
+__all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "WHATIF_MODEL_VERSION", "stitch_traces", "Replay", "WhatIfResult", "compile_trace", "config_from_settings",
            "fidelity", "run_whatif", "run_whatif_dicts", "simulate_whatif", "sweep_confs", "K_SMALL_SIZE"]

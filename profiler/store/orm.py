@@ -18,6 +18,8 @@ Tables
 - stat_samples: light `torch.cuda.memory_stats()` samples for timelines; primary key
   (run, rank, time) so a redelivered batch inserts nothing twice. No foreign key (see the column).
 - reports: one nightly report per (date, scope); a rerun replaces it.
+- whatif_sweeps: the standard allocator-settings sweep (profiler/analysis/whatif.py) of one OOM
+  snapshot's bytes by one analyzer version under one context (limit, seeding snapshots).
 """
 
 from __future__ import annotations
@@ -297,3 +299,21 @@ class Alert(Base):
         Index(None, "state", "next_attempt_at"),
         Index(None, "cluster", "job", "claimed_at"),
     )
+
+
+class WhatIfSweep(Base):
+    __tablename__ = "whatif_sweeps"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    #: Of the OOM snapshot the sweep replays (the blob key).
+    sha256: Mapped[str] = mapped_column(String(64))
+    #: profiler.analysis ANALYZER_VERSION + the what-if model's version.
+    analyzer_version: Mapped[str] = mapped_column(String(64))
+    #: Hash of what the replay used besides the snapshot (limit, seeding snapshots, known OOM).
+    context_key: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    limit_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: {"results": [WhatIfResult dicts], "inputs": {...}, "confs": [...]}.
+    result: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+    __table_args__ = (UniqueConstraint("sha256", "analyzer_version", "context_key"),)

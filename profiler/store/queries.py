@@ -157,6 +157,9 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
             "fragmentation_ratio": r.fragmentation_ratio, "largest_free_block_bytes": r.largest_free_block_bytes,
             "composition": r.composition, "oom": r.oom, "diagnosis": r.diagnosis,
         })
+    from profiler.store.sweeps import attach_sweeps
+
+    attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
     main = _main_diagnosis(session, run.id, rank)
     stat_rank = rank if rank is not None else (main.rank if main is not None else (snaps[0]["rank"] if snaps else 0))
     return {

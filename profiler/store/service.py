@@ -288,6 +288,10 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         repo.upsert_run(s, repo.RunMeta(name=meta.name, started_at=min(times)))
     stored = None if any(x.created for x in report.snapshots) else stored_run_result(store, run_id, rank)
     report.diagnosis = stored if stored is not None else recompute_run(store, run_id, rank, cache=cache)
+    from profiler.store.sweeps import sweep_snapshot
+
+    for snap in report.snapshots:  # OOM snapshots: the what-if sweep, as a worker stores it (others: a no-op)
+        sweep_snapshot(store, snap.snapshot_id, load=lambda sha, src: cache.get(sha) or load_blob(store, sha, src))
     if progress:
         progress("run diagnosis")
     status = meta.status

@@ -1,0 +1,258 @@
+"""What-if sweeps of OOM snapshots: computed by a worker (and `memq ingest`), stored, read back.
+
+- `sweep_snapshot(store, snapshot_id, load=None)`: the standard sweep (`memq whatif --sweep`'s
+  settings) of one OOM snapshot under its run's own limit, with the same rank's earlier snapshots
+  that carry a trace as seeds (profiler/analysis/whatif.py); upserted into `whatif_sweeps`, keyed by
+  (sha256, version, context). Snapshots that are not OOMs are skipped; a sweep already stored for the
+  same inputs is reused.
+- `sweeps_by_sha(session, shas)`: the newest stored sweep of the current version per snapshot bytes
+  (what `memq history` shows per OOM snapshot).
+- `replay_for_run(store, run, rank, confs, limit)`: `memq whatif --run`: the run's last OOM snapshot
+  (else its last snapshot) and its limit, from the history.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from profiler.errors import MemqError, NotFound
+from profiler.store import repository as repo
+from profiler.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
+from profiler.store.store import Store
+
+#: Earlier snapshots (newest first, with a trace) a sweep replays before the OOM snapshot's window.
+MAX_SEEDS = 8
+#: How many earlier snapshot rows are looked at to find those seeds.
+MAX_LOOKBACK = 64
+
+Loader = Callable[[str, "str | None"], Any]
+
+
+def sweep_version() -> str:
+    from profiler.analysis import ANALYZER_VERSION
+    from profiler.analysis.whatif import WHATIF_MODEL_VERSION
+
+    return f"{ANALYZER_VERSION}+whatif{WHATIF_MODEL_VERSION}"
+
+
+@dataclass
+class SnapRef:
+    id: int
+    sha256: str
+    source: str | None
+    trigger: str
+    step: int | None
+    epoch: int | None
+    rank: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "sha256": self.sha256, "trigger": self.trigger, "step": self.step,
+                "epoch": self.epoch, "rank": self.rank}
+
+
+@dataclass
+class SweepPlan:
+    target: SnapRef
+    run_name: str
+    limit_bytes: int | None
+    limit_source: str
+    recorded_oom: bool
+    earlier: list[SnapRef] = field(default_factory=list)
+
+    def context_key(self) -> str:
+        return repo.context_key({"limit": self.limit_bytes, "seeds": [e.sha256 for e in self.earlier],
+                                 "oom": self.recorded_oom})
+
+
+def _ref(r) -> SnapRef:
+    return SnapRef(int(r.id), r.sha256, r.source, r.trigger, r.step, r.epoch, int(r.rank))
+
+
+def _has_trace(result: dict | None) -> bool:
+    snaps = (result or {}).get("snapshots") or []
+    return bool(snaps) and (snaps[-1] or {}).get("trace_entries", 0) > 0
+
+
+def plan_for(session, snapshot_id: int) -> SweepPlan:
+    """What the sweep of one snapshot replays: the snapshot, the run's limit, the seeds."""
+    row = session.execute(
+        select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger, Snapshot.step, Snapshot.epoch,
+               Snapshot.rank, Snapshot.run_id, Snapshot.taken_at, Snapshot.context, Run.name,
+               Run.memory_limit_bytes, AnalysisResult.result["oom"].label("oom"))
+        .join(Run, Run.id == Snapshot.run_id)
+        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.id == snapshot_id)).one_or_none()
+    if row is None:
+        raise NotFound(f"no snapshot with id {snapshot_id}")
+    ctx = dict(row.context or {})
+    oom = row.oom if isinstance(row.oom, dict) else None
+    limit, source = None, "unknown"
+    for value, where in ((row.memory_limit_bytes, "the run's limit"), (ctx.get("limit_bytes"), "the snapshot's facts"),
+                         ((oom or {}).get("limit_bytes"), "the analysis (the OOM message or the agent's observer)")):
+        if value:
+            limit, source = int(value), where
+            break
+    recorded_oom = row.trigger == "oom" or oom is not None or bool(ctx.get("requested_bytes"))
+    order = (Snapshot.taken_at.desc(), Snapshot.id.desc())
+    rows = session.execute(
+        select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger, Snapshot.step, Snapshot.epoch,
+               Snapshot.rank, Snapshot.taken_at, AnalysisResult.result["snapshots"].label("heads"))
+        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.run_id == row.run_id, Snapshot.rank == row.rank, Snapshot.id != row.id)
+        .order_by(*order).limit(4 * MAX_LOOKBACK)).all()
+    key = (repo.to_utc(row.taken_at) or dt.datetime.max.replace(tzinfo=dt.UTC), row.id)
+    earlier = []
+    for r in rows:
+        if (repo.to_utc(r.taken_at) or dt.datetime.max.replace(tzinfo=dt.UTC), r.id) >= key:
+            continue
+        if _has_trace({"snapshots": r.heads}):
+            earlier.append(_ref(r))
+        if len(earlier) >= MAX_SEEDS:
+            break
+    earlier.reverse()
+    return SweepPlan(target=_ref(row), run_name=row.name, limit_bytes=limit, limit_source=source,
+                     recorded_oom=recorded_oom, earlier=earlier)
+
+
+def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
+             limit_bytes: int | None = None) -> dict[str, Any]:
+    """Replay a plan (decoding its blobs with `load(sha256, source)`); the stored document."""
+    from profiler.analysis.whatif import run_whatif, sweep_confs
+
+    target = load(plan.target.sha256, plan.target.source)
+    earlier, used = [], []
+    for ref in plan.earlier:
+        try:
+            earlier.append(load(ref.sha256, ref.source).snapshot)
+            used.append(ref)
+        except MemqError:
+            continue  # a blob gone or refused: seed with the others
+    snap = target.snapshot
+    wanted = [""]
+    for c in (confs if confs is not None else sweep_confs(snap)):
+        if c not in wanted:
+            wanted.append(c)
+    limit = limit_bytes if limit_bytes is not None else plan.limit_bytes
+    results = run_whatif(snap, limit, wanted, earlier=earlier, recorded_oom=plan.recorded_oom or None)
+    out = []
+    for r in results:
+        d = r.to_dict()
+        inputs = d.get("inputs") or {}
+        for k in ("joined", "seeds"):  # indices into `earlier` -> the user's terms
+            inputs[k] = [used[i].describe() for i in inputs.get(k) or [] if i < len(used)]
+        d["inputs"] = inputs
+        out.append(d)
+    return {"snapshot": plan.target.describe(), "run": plan.run_name, "limit_bytes": limit,
+            "limit_source": "--limit" if limit_bytes is not None else plan.limit_source,
+            "recorded_oom": plan.recorded_oom, "confs": wanted, "results": out}
+
+
+def _default_load(store: Store) -> Loader:
+    from profiler.store.service import load_blob
+
+    return lambda sha, src: load_blob(store, sha, src)
+
+
+def sweep_snapshot(store: Store, snapshot_id: int, load: Loader | None = None) -> tuple[int | None, bool]:
+    """The stored sweep of one OOM snapshot: (its id, whether it was computed now); (None, False) for
+    a snapshot that is not an OOM or whose blob is gone."""
+    version = sweep_version()
+    with store.session() as s:
+        plan = plan_for(s, snapshot_id)
+        if not plan.recorded_oom:
+            return None, False
+        key = plan.context_key()
+        sid = s.execute(select(WhatIfSweep.id).where(
+            WhatIfSweep.sha256 == plan.target.sha256, WhatIfSweep.analyzer_version == version,
+            WhatIfSweep.context_key == key)).scalar_one_or_none()
+    if sid is not None:
+        return int(sid), False
+    try:
+        doc = run_plan(plan, load or _default_load(store))
+    except NotFound:
+        return None, False
+    with store.session() as s:
+        return store_sweep(s, plan.target.sha256, version, key, plan.limit_bytes, doc), True
+
+
+def store_sweep(session, sha256: str, version: str, key: str, limit_bytes: int | None, doc: dict) -> int:
+    values = {"sha256": sha256, "analyzer_version": version, "context_key": key, "limit_bytes": limit_bytes,
+              "result": repo.json_safe(doc)}
+    stmt = repo._insert(session, WhatIfSweep).values(**values)
+    stmt = stmt.on_conflict_do_update(index_elements=["sha256", "analyzer_version", "context_key"],
+                                      set_={"result": stmt.excluded.result, "limit_bytes": stmt.excluded.limit_bytes}
+                                      ).returning(WhatIfSweep.id)
+    return int(session.execute(stmt).scalar_one())
+
+
+#: The fields of each setting `memq history` shows (the stored sweep keeps all of them).
+SHOWN = ("conf", "predicted_oom", "verdict", "confidence", "reason", "coverage", "start_state",
+         "peak_reserved_bytes", "headroom_bytes", "shortfall_bytes", "first_failure")
+
+
+def sweeps_by_sha(session, shas: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """{sha256: the newest sweep of the current version} for the given snapshot bytes."""
+    shas = sorted(set(shas))
+    if not shas:
+        return {}
+    rows = session.execute(
+        select(WhatIfSweep.sha256, WhatIfSweep.result, WhatIfSweep.limit_bytes, WhatIfSweep.created_at,
+               WhatIfSweep.analyzer_version)
+        .where(WhatIfSweep.sha256.in_(shas), WhatIfSweep.analyzer_version == sweep_version())
+        .order_by(WhatIfSweep.created_at, WhatIfSweep.id)).all()
+    out = {}
+    for r in rows:
+        doc = dict(r.result or {})
+        out[r.sha256] = {
+            "limit_bytes": r.limit_bytes, "limit_source": doc.get("limit_source"),
+            "analyzer_version": r.analyzer_version, "computed_at": repo.to_utc(r.created_at).isoformat(),
+            "seeds": ((doc.get("results") or [{}])[0].get("inputs") or {}).get("seeds", []),
+            "joined": ((doc.get("results") or [{}])[0].get("inputs") or {}).get("joined", []),
+            "results": [{k: x.get(k) for k in SHOWN} | {"notes": x.get("notes") or []}
+                        for x in doc.get("results") or []],
+        }
+    return out
+
+
+def attach_sweeps(session, snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each snapshot dict of a history gets `whatif`: its stored sweep, or None."""
+    found = sweeps_by_sha(session, (s["sha256"] for s in snaps if s.get("sha256")))
+    for s in snaps:
+        s["whatif"] = found.get(s.get("sha256"))
+    return snaps
+
+
+def target_for_run(session, run_name: str, rank: int | None = None) -> int:
+    """The snapshot `memq whatif --run` replays: the run's last OOM snapshot (of `rank` when given),
+    else its last snapshot."""
+    run_id = repo.run_id_for(session, run_name)
+    q = (select(Snapshot.id, Snapshot.trigger, AnalysisResult.result["oom"].label("oom"))
+         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+         .where(Snapshot.run_id == run_id))
+    if rank is not None:
+        q = q.where(Snapshot.rank == rank)
+    rows = session.execute(q.order_by(Snapshot.taken_at.desc(), Snapshot.id.desc())).all()
+    if not rows:
+        raise NotFound(f"run {run_name!r} has no snapshot" + (f" of rank {rank}" if rank is not None else ""),
+                       hint="nothing to replay: `memq history --run " + run_name + "` lists what it has")
+    for r in rows:
+        if r.trigger == "oom" or isinstance(r.oom, dict):
+            return int(r.id)
+    return int(rows[0].id)
+
+
+def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[str] | None,
+                   limit_bytes: int | None = None, load: Loader | None = None) -> dict[str, Any]:
+    """`memq whatif --run`: the document of `run_plan` for the run's target snapshot."""
+    with store.session() as s:
+        plan = plan_for(s, target_for_run(s, run_name, rank))
+    return run_plan(plan, load or _default_load(store), confs=confs, limit_bytes=limit_bytes)
+
+
+__all__ = ["MAX_SEEDS", "SweepPlan", "attach_sweeps", "plan_for", "replay_for_run", "run_plan", "store_sweep",
+           "sweep_snapshot", "sweep_version", "sweeps_by_sha", "target_for_run"]
