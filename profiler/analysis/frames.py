@@ -170,18 +170,22 @@ def _user_label(path: str, line: int, name: str) -> str | None:
 
 
 def user_line(frames: list) -> str | None:
-    """`dir/train.py:57 in validate`: the innermost frame in the user's own code (not torch, not an
-    installed package, not the standard library), or None when no frame is the user's."""
+    """`dir/train.py:57 in forward < train.py:90 in validate`: the innermost frame in the user's own
+    code (not torch, not an installed package, not the standard library) and the user's frame that
+    called it; None when no frame is the user's."""
+    picked = []
     for f in frames:
         label = _user_label(frame_file(f), frame_line(f), frame_name(f))
         if label is not None:
-            return label
-    return None
+            picked.append(label)
+            if len(picked) == 2:  # the allocating line and its caller (e.g. a model's forward and the loop)
+                break
+    return " < ".join(picked) if picked else None
 
 
 def allocation_site(frames: list) -> str:
     """Where a block was allocated, in the user's terms: the user's line with the innermost library
-    call it went through (`train.py:57 in validate < forward (modules/linear.py:125)`); the library
+    call it went through (`train.py:57 in validate (via forward (modules/linear.py:125))`); the library
     signature alone when no frame is the user's; NO_FRAMES when nothing was recorded."""
     if not frames:
         return NO_FRAMES
@@ -189,4 +193,5 @@ def allocation_site(frames: list) -> str:
     lib = stack_signature(frames, depth=1)
     if mine is None:
         return stack_signature(frames)
-    return mine if lib.startswith(mine.split(" in ")[-1] + " (") or mine in lib else f"{mine} < {lib}"
+    inner = mine.split(" < ")[0]
+    return mine if lib.startswith(inner.split(" in ")[-1] + " (") else f"{mine} (via {lib})"

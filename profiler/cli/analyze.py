@@ -59,8 +59,19 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
     max_b = min(max_bytes or cap, cap)
     ctx = build_context(limit, device_total, oom_message)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
-    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx))
+    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx),
+                          labels=[_label(f) for f in files])
     _emit(result, as_json, no_details)
+
+
+def _label(path: str) -> str | None:
+    """Where a file was taken, from its name (`epoch2.pickle.gz`, `step0040...`, `oom...`), for the
+    evidence; snapshots the agent sent carry their own trigger, step and epoch, which win."""
+    from profiler.analysis.labels import snapshot_label
+    from profiler.store.service import infer_from_name
+
+    got = infer_from_name(path)
+    return snapshot_label(got.get("trigger"), got.get("step"), got.get("epoch")) if got else None
 
 
 def _whatif(loaded, ctx) -> list[dict] | None:
