@@ -9,6 +9,7 @@ import sys
 import click
 
 from profiler.errors import EXIT_ERROR, MemqError
+from profiler.render.safe import safe_text
 
 # command name -> "module:function". One line per command; modules import their heavy deps.
 COMMANDS: dict[str, str] = {
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="memq", standalone_mode=False)
     except MemqError as exc:
-        click.echo(f"memq: error: {exc}", err=True)
+        click.echo(f"memq: error: {safe_text(exc)}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("memq: aborted", err=True)
@@ -77,6 +78,6 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - last resort: one line, not a traceback, for users
         if "MEMQ_DEBUG" in __import__("os").environ:
             raise
-        click.echo(f"memq: internal error: {type(exc).__name__}: {exc} (set MEMQ_DEBUG=1 for a traceback)",
+        click.echo(f"memq: internal error: {type(exc).__name__}: {safe_text(exc)} (set MEMQ_DEBUG=1 for a traceback)",
                    err=True)
         sys.exit(EXIT_ERROR)

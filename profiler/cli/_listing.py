@@ -2,6 +2,8 @@
 
 JSON keeps every figure with byte counts as integers; tables format bytes for people. The store is
 opened lazily inside a command (so `--help` never touches a database) and closed with the command.
+Names come from other people's jobs: tables and CSV show control characters as escapes
+(profiler.render.safe), JSON as \\u escapes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import click
 
 from profiler.errors import BadInput
+from profiler.render.safe import rich_text, safe_text
 from profiler.units import fmt_bytes
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -51,10 +54,10 @@ def open_cli_store():
 
 
 def console(stderr: bool = False):
-    from rich.console import Console
+    from profiler.render.safe import safe_console
 
-    return Console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=False,
-                   width=None if (sys.stderr if stderr else sys.stdout).isatty() else 200)
+    return safe_console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=False,
+                        width=None if (sys.stderr if stderr else sys.stdout).isatty() else 200)
 
 
 def write_json(doc: Any) -> None:
@@ -84,15 +87,17 @@ def cell(value: Any, kind: str) -> str:
     if kind == "time":
         return str(value).replace("T", " ")[:19]
     if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
-    return str(value)
+        return rich_text(",".join(f"{k}={v}" for k, v in value.items()))
+    return rich_text(value)
 
 
 def write_csv(rows: Iterable[dict[str, Any]], keys: Sequence[str]) -> None:
+    """CSV with control characters in cells escaped (`\\x1b`, `\\r`), not stripped (profiler.render.safe)."""
     w = csv.writer(sys.stdout, lineterminator="\n")
-    w.writerow(keys)
+    w.writerow([safe_text(k) for k in keys])
     for r in rows:
-        w.writerow(["" if r.get(k) is None else (json.dumps(r[k]) if isinstance(r.get(k), (dict, list)) else r[k])
+        w.writerow(["" if r.get(k) is None else (json.dumps(r[k]) if isinstance(r.get(k), (dict, list))
+                                                 else safe_text(r[k]) if isinstance(r[k], str) else r[k])
                     for k in keys])
 
 

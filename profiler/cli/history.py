@@ -19,6 +19,7 @@ from profiler.cli._listing import (
     write_csv,
     write_json,
 )
+from profiler.render.safe import rich_text
 from profiler.units import fmt_bytes
 
 CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
@@ -114,7 +115,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
                 head.append(f"  {c['cause']}: {ev}")
         for r in d.get("recommendations", [])[:2]:
             head.append(f"-> {r['action']}")
-    con.print(Panel("\n".join(head), title=f"run {run['run']}", expand=False))
+    con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
     con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
     if doc["changes"]:
         con.print("[bold]what changed[/bold]")

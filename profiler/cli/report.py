@@ -6,6 +6,8 @@
 Without --date the report covers the latest UTC day with run activity in the scope (today on a
 live system). The report is also stored in the database (one row per date and scope: a rerun
 replaces it) and written to MEMQ_REPORT_DIR/<scope>/<date>.{html,md,json}, unless --no-store.
+--out writes regular files only (profiler.render.outfile): a device, FIFO or directory, a missing
+parent directory or an unwritable place is one error line and exit 2, checked before any work.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import click
 
 from profiler.cli._listing import open_cli_store
 from profiler.errors import BadInput, NotFound
+from profiler.render.outfile import check_output, write_output
+from profiler.render.safe import safe_text
 
 
 def _date(ctx, param, value):
@@ -52,6 +56,8 @@ def report(day, scope, fmt, out, save):
 
     sc = Scope.parse(scope)
     fmt = _format_for(fmt, out)
+    if out:
+        check_output(out)  # fail before the report is computed (and stored)
     store = open_cli_store()
     if day is None:
         with store.session() as s:
@@ -60,10 +66,8 @@ def report(day, scope, fmt, out, save):
     doc, texts = generate(store, day, sc, save=save, formats=(fmt,))
     text = texts[fmt]
     if out:
-        from profiler.report import write_atomic
-
-        write_atomic(Path(out), text)
-        click.echo(f"memq: wrote {out} ({fmt}, {doc['totals']['runs']} runs, {doc['totals']['oom_runs']} OOM, "
+        write_output(out, text)
+        click.echo(f"memq: wrote {safe_text(out)} ({fmt}, {doc['totals']['runs']} runs, {doc['totals']['oom_runs']} OOM, "
                    f"{doc['totals']['near_misses']} near misses)", err=True)
     else:
         sys.stdout.write(text)
@@ -76,13 +80,14 @@ def report(day, scope, fmt, out, save):
               help="Buckets of the stat-sample timeline (max per bucket).")
 def plot(run_name, out, points):
     """A run's memory timeline: reserved, allocated, the limit, snapshots and the OOM."""
-    from profiler.report import plots, write_atomic
+    from profiler.report import plots
     from profiler.report.data import run_timeline
 
     out = out or f"{''.join(c if c.isalnum() or c in '._-' else '_' for c in run_name)}.png"
     suffix = Path(out).suffix.lower()
     if suffix not in (".png", ".html", ".htm", ".svg"):
         raise BadInput(f"cannot tell the format of {out!r}", hint="end --out with .png, .svg or .html")
+    check_output(out)
     store = open_cli_store()
     with store.session() as s:
         tl = run_timeline(s, run_name, points=points)
@@ -90,17 +95,12 @@ def plot(run_name, out, points):
         raise NotFound(f"run {run_name!r} has no stat samples and no analysed snapshot to plot",
                        hint="ingest snapshots or --stats for it first")
     if suffix == ".png":
-        data = plots.to_png(plots.timeline_figure(tl))
-        p = Path(out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_bytes(data)
-        tmp.replace(p)
+        write_output(out, plots.to_png(plots.timeline_figure(tl)))
     elif suffix == ".svg":
-        write_atomic(Path(out), plots.to_svg(plots.timeline_figure(tl)))
+        write_output(out, plots.to_svg(plots.timeline_figure(tl)))
     else:
         from profiler.report.html import render_timeline_html
 
-        write_atomic(Path(out), render_timeline_html(tl))
-    click.echo(f"memq: wrote {out} ({len(tl['series'])} timeline points, {len(tl['snapshots'])} snapshots"
+        write_output(out, render_timeline_html(tl))
+    click.echo(f"memq: wrote {safe_text(out)} ({len(tl['series'])} timeline points, {len(tl['snapshots'])} snapshots"
                f"{', OOM marked' if tl['oom'] else ''})", err=True)

@@ -160,29 +160,33 @@ def status(as_json, no_db):
 
 
 def _print(doc: dict) -> None:
+    """The human view. Names, ids and reasons come from Redis, written by any job: each value goes
+    through rich_text (control characters escaped, no markup)."""
     from profiler.cli._listing import console
+    from profiler.render.safe import rich_text as v
 
     con = console()
     s = doc["stream"]
-    con.print(f"[bold]stream[/bold] {s['key']} at {doc['redis']}: {s['length']} entries, "
+    con.print(f"[bold]stream[/bold] {v(s['key'])} at {v(doc['redis'])}: {s['length']} entries, "
               f"{s['pending']} pending, lag {s['lag'] if s['lag'] is not None else '-'}")
     for c in s["consumers"]:
-        con.print(f"  consumer {c['name']}: {c['pending']} pending, idle {c['idle_s']} s")
-    con.print("[bold]queues[/bold] " + ", ".join(f"{q} {n}" for q, n in doc["queues"].items())
+        con.print(f"  consumer {v(c['name'])}: {c['pending']} pending, idle {c['idle_s']} s")
+    con.print("[bold]queues[/bold] " + ", ".join(f"{v(q)} {n}" for q, n in doc["queues"].items())
               + f"; {doc['queues_unacked']} unacknowledged")
     dl = doc["dead_letters"]
-    con.print(f"[bold]dead letters[/bold] {dl['key']}: {dl['count']}")
+    con.print(f"[bold]dead letters[/bold] {v(dl['key'])}: {dl['count']}")
     for d in dl["latest"]:
-        con.print(f"  {d['id']} {d.get('kind') or '-'} run {d.get('run') or '-'}: {d['reason']}")
+        con.print(f"  {v(d['id'])} {v(d.get('kind') or '-')} run {v(d.get('run') or '-')}: {v(d['reason'])}")
     for kind in ("workers", "dispatchers"):
         items = doc[kind]
         con.print(f"[bold]{kind}[/bold] {len(items)} alive" + ("" if items else " (none: start one)"))
         for w in items:
-            extra = f" queues {','.join(w.get('queues') or [])}" if w.get("queues") else ""
-            con.print(f"  {w.get('name')} pid {w.get('pid')} on {w.get('host')}, last beat {w['age_s']} s ago{extra}")
+            extra = f" queues {v(','.join(map(str, w.get('queues') or [])))}" if w.get("queues") else ""
+            con.print(f"  {v(w.get('name'))} pid {v(w.get('pid'))} on {v(w.get('host'))}, "
+                      f"last beat {v(w['age_s'])} s ago{extra}")
     snaps = doc.get("snapshots")
     if snaps:
         if "error" in snaps:
-            con.print(f"[bold]snapshots[/bold] database: {snaps['error']}")
+            con.print(f"[bold]snapshots[/bold] database: {v(snaps['error'])}")
         else:
-            con.print("[bold]snapshots[/bold] " + ", ".join(f"{k} {v}" for k, v in snaps.items()))
+            con.print("[bold]snapshots[/bold] " + ", ".join(f"{v(k)} {v(n)}" for k, n in snaps.items()))

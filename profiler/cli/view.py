@@ -22,10 +22,11 @@ def view(files, limit, device_total, oom_message, optimizer, out):
     from profiler.cli.analyze import _whatif
     from profiler.config import load_settings
     from profiler.load import load_snapshot_file
-    from profiler.report import write_atomic
+    from profiler.render.outfile import check_output, write_output
     from profiler.web.render import render_page
     from profiler.web.snapshot_view import snapshot_view
 
+    check_output(out)  # a device, FIFO or missing directory is refused before the work
     max_b = load_settings().decode_max_bytes
     ctx = build_context(limit, device_total, oom_message)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
@@ -37,5 +38,5 @@ def view(files, limit, device_total, oom_message, optimizer, out):
     meta = {"file": name, "sha256": loaded[-1].sha256, "size_bytes": loaded[-1].raw_size, "files": list(files)}
     doc = snapshot_view(loaded[-1].snapshot, result, title=f"snapshot {name}", meta=meta)
     html = render_page("snapshot.html", data=doc, view=doc, row=None, raw_url=None, title=doc["title"], inline=True)
-    write_atomic(Path(out), html)
+    write_output(out, html)
     click.echo(f"wrote {out} ({len(html.encode()) / 1024:.0f} KiB): {doc['diagnosis']['primary_cause']}", err=True)

@@ -10,6 +10,7 @@ import click
 
 from profiler.cli.analyze import SIZE
 from profiler.errors import MemqError
+from profiler.render.safe import safe_text
 
 
 def _fmt(n: int | None) -> str:
@@ -34,7 +35,7 @@ def whatif(file, limit, confs, sweep, as_json, max_bytes):
     try:
         _whatif(file, limit, confs, sweep, as_json, max_bytes)
     except MemqError as exc:  # one line, the exit code of the error (2 for bad input), no traceback
-        click.echo(f"memq: error: {exc}", err=True)
+        click.echo(f"memq: error: {safe_text(exc)}", err=True)
         sys.exit(exc.exit_code)
 
 

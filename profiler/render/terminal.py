@@ -1,13 +1,17 @@
-"""The readable terminal report of `memq analyze` / `memq explain` (rich)."""
+"""The readable terminal report of `memq analyze` / `memq explain` (rich).
+
+File names, frames and evidence come from foreign snapshots: every such value goes through
+`rich_text` (control characters escaped, no markup), on a console that escapes the rest."""
 
 from __future__ import annotations
 
 from typing import TextIO
 
-from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
+from profiler.render.safe import rich_text as v
+from profiler.render.safe import safe_console
 from profiler.units import fmt_bytes
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -24,15 +28,15 @@ def sparkline(values: list[float], width: int = 60) -> str:
 
 
 def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
-    con = Console(file=out, width=width or 110, highlight=False, soft_wrap=False)
+    con = safe_console(file=out, width=width or 110, highlight=False, soft_wrap=False)
     d = r["diagnosis"]
     det = r.get("details", {})
     m = r["metrics"]
-    head = f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})"
-    files = ", ".join(s["file"] for s in r["snapshots"]) or "OOM message"
+    head = f"[bold]{v(d['primary_cause'])}[/bold] (confidence {d['confidence']:.2f})"
+    files = v(", ".join(s["file"] for s in r["snapshots"]) or "OOM message")
     con.print(Panel(head, title="memq diagnosis", subtitle=files, expand=False))
     for line in d["causes"][0]["evidence"]:
-        con.print(f"  • {line}")
+        con.print(f"  • {v(line)}")
 
     t = Table(title="Memory picture (last snapshot)", show_header=True, header_style="bold")
     t.add_column("figure")
@@ -47,9 +51,9 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         ("stranded (free in segments with live blocks)", m.get("stranded_bytes")),
         ("private pools (CUDA graphs)", dm.get("private_pool_bytes")),
     ]
-    for name, v in rows:
-        if v is not None:
-            t.add_row(name, fmt_bytes(v))
+    for name, val in rows:
+        if val is not None:
+            t.add_row(name, fmt_bytes(val))
     if m.get("fragmentation_ratio") is not None:
         t.add_row("fragmentation ratio", f"{m['fragmentation_ratio']:.3f}")
     if dm.get("segment_count") is not None:
@@ -63,7 +67,7 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         for c in ("pool", "stream", "private pool", "segments", "reserved", "free", "largest free"):
             pt.add_column(c, justify="right" if c not in ("pool",) else "left")
         for p in pools[:8]:
-            pt.add_row(p["pool"], str(p["stream"]), str(tuple(p["pool_id"])), str(p["segments"]),
+            pt.add_row(v(p["pool"]), v(p["stream"]), v(tuple(p["pool_id"])), v(p["segments"]),
                        fmt_bytes(p["reserved_bytes"]), fmt_bytes(p["free_bytes"]),
                        fmt_bytes(p["largest_free_block_bytes"]))
         con.print(pt)
@@ -74,47 +78,47 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         ot = Table(title="OOM fit test", header_style="bold")
         ot.add_column("question")
         ot.add_column("answer")
-        ot.add_row("failed request", f"{fmt_bytes(oom['requested_bytes'])} (from {lim.get('requested_source')})")
-        ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({lim.get('limit_source') or 'unknown'})")
+        ot.add_row("failed request", f"{fmt_bytes(oom['requested_bytes'])} (from {v(lim.get('requested_source'))})")
+        ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({v(lim.get('limit_source') or 'unknown')})")
         ot.add_row("fits the largest usable free block?",
                    _yn(oom["fits_largest_free_block"], lim.get("largest_usable_free_block_bytes")))
         ot.add_row("fits if the cache were compacted?", _yn(oom["fits_if_compacted"], None))
         if lim.get("non_pytorch_bytes") is not None:
             ot.add_row("memory outside PyTorch", fmt_bytes(lim["non_pytorch_bytes"]))
         if lim.get("oom_site"):
-            ot.add_row("where", lim["oom_site"])
+            ot.add_row("where", v(lim["oom_site"]))
         con.print(ot)
 
     comp = r.get("composition") or {}
-    if any(v for v in comp.values() if v):
-        total = sum(v for v in comp.values() if v) or 1
+    if any(x for x in comp.values() if x):
+        total = sum(x for x in comp.values() if x) or 1
         ct = Table(title="Composition of live memory", header_style="bold")
         ct.add_column("category")
         ct.add_column("bytes", justify="right")
         ct.add_column("share", justify="right")
         ct.add_column("top allocation site")
         sites = det.get("composition_sites", {})
-        for cat, v in sorted(comp.items(), key=lambda kv: -(kv[1] or 0)):
-            if v:
+        for cat, val in sorted(comp.items(), key=lambda kv: -(kv[1] or 0)):
+            if val:
                 top = (sites.get(cat) or [{}])[0].get("site", "")
-                ct.add_row(cat, fmt_bytes(v), f"{100 * v / total:.1f}%", top)
+                ct.add_row(cat, fmt_bytes(val), f"{100 * val / total:.1f}%", v(top))
         con.print(ct)
 
     tl = det.get("timeline") or {}
     if tl.get("series"):
         con.print(f"[bold]Timeline[/bold] ({tl['events']} trace events, live bytes): "
                   f"{sparkline([p[1] for p in tl['series']])}")
-        con.print(f"  peak {fmt_bytes(tl['peak_live_bytes'])} in phase {tl.get('peak_phase') or 'unknown'} "
-                  f"at {tl.get('peak_site')}; {tl.get('optimizer_steps', 0)} optimizer step(s) in the trace")
+        con.print(f"  peak {fmt_bytes(tl['peak_live_bytes'])} in phase {v(tl.get('peak_phase') or 'unknown')} "
+                  f"at {v(tl.get('peak_site'))}; {tl.get('optimizer_steps', 0)} optimizer step(s) in the trace")
         for item in tl.get("live_at_peak", [])[:5]:
-            con.print(f"    {fmt_bytes(item['bytes']):>12}  {item['site']}")
+            con.print(f"    {fmt_bytes(item['bytes']):>12}  {v(item['site'])}")
     per = det.get("per_snapshot") or []
     if len(per) > 1:
         st = Table(title="Snapshots of the run", header_style="bold")
         for c in ("file", "active", "reserved", "peak live", "fragmentation"):
             st.add_column(c, justify="left" if c == "file" else "right")
         for p in per:
-            st.add_row(p["file"].rsplit("/", 1)[-1], fmt_bytes(p["active_bytes"]), fmt_bytes(p["reserved_bytes"]),
+            st.add_row(v(p["file"].rsplit("/", 1)[-1]), fmt_bytes(p["active_bytes"]), fmt_bytes(p["reserved_bytes"]),
                        fmt_bytes(p["peak_live_bytes"]), f"{p['fragmentation_ratio']:.3f}")
         con.print(st)
 
@@ -123,12 +127,12 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         con.print("[bold]Other causes considered[/bold]")
         for c in others:
             ev = "; ".join(c["evidence"]) or "-"
-            con.print(f"  {c['cause']} ({c['confidence']:.2f}): {ev}")
+            con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
-        con.print(f"  {i}. [bold]{rec['action']}[/bold]\n     why: {rec['why']}\n     effect: {rec['expected_effect']}")
+        con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}\n     effect: {v(rec['expected_effect'])}")
     for w in det.get("warnings", []):
-        con.print(f"[yellow]note:[/yellow] {w}")
+        con.print(f"[yellow]note:[/yellow] {v(w)}")
 
 
 def _yn(v, figure) -> str:
