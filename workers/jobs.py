@@ -21,6 +21,10 @@ snapshot it waits for; while analyses wait (in the broker, or snapshot rows pend
 them, up to a quarter of the visibility timeout. A run that receives many snapshots is diagnosed once per burst, not after each snapshot, and not
 ahead of the analyses.
 
+After a recompute, each OOM snapshot of the rank gets its what-if sweep (`sweep(st, snapshot_id)`,
+task `whatif_sweep`): the standard settings replayed under the run's own limit, stored keyed by the
+snapshot's sha256, the version and the inputs (idempotent: a repeat finds it stored).
+
 `reap(st)`: expired leases back to pending and enqueued again; snapshots pending longer than
 MEMQ_PENDING_REQUEUE_S enqueued again (a lost message); snapshots out of attempts failed and
 dead-lettered; run diagnoses behind their snapshots recomputed.
@@ -354,7 +358,7 @@ def _send_recompute(run_id: int, rank: int, countdown: float) -> None:
     recompute_run.apply_async((int(run_id), int(rank)), countdown=countdown)
 
 
-def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
+def recompute(st: Settings, run_id: int, rank: int, send=None, send_sweep=None) -> str | None:
     """The run-level diagnosis of one rank; returns its primary cause, or "deferred" when the run
     is still receiving snapshots (then it is enqueued again for when it goes quiet, within the
     longest wait counted from the first snapshot it waits for)."""
@@ -387,7 +391,47 @@ def recompute(st: Settings, run_id: int, rank: int, send=None) -> str | None:
         r.set(_cost_key(st, run_id, rank), f"{took:.3f}", ex=7 * 24 * 3600)
     except Exception:  # noqa: BLE001
         pass
+    # After the run diagnosis (which waits for the rank's analyses to settle), so that a sweep finds
+    # the earlier snapshots it seeds its replay with already analysed.
+    for sid in oom_snapshots(st, run_id, rank):
+        (send_sweep or _send_sweep)(sid)
     return ((result or {}).get("diagnosis") or {}).get("primary_cause")
+
+
+# ---------------------------------------------------------------------------------- what-if sweeps
+
+
+def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
+    """Ids of the rank's analysed OOM snapshots (trigger oom, or an OOM in their analysis)."""
+    from profiler.store.orm import AnalysisResult
+
+    store = _store(st)
+    with store.session() as s:
+        rows = s.execute(select(Snapshot.id, Snapshot.trigger, AnalysisResult.oom_requested_bytes)
+                         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+                         .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
+    return [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
+
+
+def _send_sweep(snapshot_id: int) -> None:
+    from workers.tasks import whatif_sweep
+
+    whatif_sweep.apply_async((int(snapshot_id),), queue=runtime.QUEUE_ANALYZE)
+
+
+def sweep(st: Settings, snapshot_id: int) -> str:
+    """The standard what-if sweep of one OOM snapshot under its run's limit, seeded by the rank's
+    earlier snapshots (profiler.store.sweeps); stored once per inputs. Returns swept | reused |
+    skipped (not an OOM, blob gone, bad data: the analysis already records why)."""
+    from profiler.store import sweeps
+
+    store = _store(st)
+    try:
+        sid, computed = sweeps.sweep_snapshot(store, snapshot_id, load=lambda sha, src: _cached_load(store, sha, src))
+    except (NotFound, BadInput) as exc:
+        log.info("what-if sweep of snapshot %s skipped: %s", snapshot_id, exc)
+        return "skipped"
+    return "swept" if computed else ("reused" if sid is not None else "skipped")
 
 
 def _snapshots_waiting(st: Settings) -> bool:
@@ -456,5 +500,5 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     return [(int(r.run_id), int(r.rank)) for r in rows]
 
 
-__all__ = ["analyze", "recompute", "reap", "schedule_recompute", "promote_run_status", "quarantine",
+__all__ = ["analyze", "recompute", "reap", "sweep", "oom_snapshots", "schedule_recompute", "promote_run_status", "quarantine",
            "BrokerUnavailable"]

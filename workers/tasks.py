@@ -2,6 +2,7 @@
 
 - `analyze_snapshot(snapshot_id)`  (queue memq.analyze): lease, analyse or reuse, upsert, status.
 - `recompute_run(run_id, rank)`    (queue memq.analyze): the run-level diagnosis (debounced).
+- `whatif_sweep(snapshot_id)`      (queue memq.analyze): the what-if sweep of an OOM snapshot.
 - `reap()`                         (queue memq.ingest, beat): expired leases and lost messages.
 Arguments are ids only; every task re-reads the state it needs from SQL.
 """
@@ -31,9 +32,14 @@ def recompute_run(self, run_id: int, rank: int = 0) -> str | None:
     return jobs.recompute(_st(), int(run_id), int(rank))
 
 
+@app.task(base=MemqTask, bind=True, name="workers.tasks.whatif_sweep")
+def whatif_sweep(self, snapshot_id: int) -> str:
+    return jobs.sweep(_st(), int(snapshot_id))
+
+
 @app.task(base=MemqTask, bind=True, name="workers.tasks.reap", retry_on_outage=False)
 def reap(self) -> dict:
     return jobs.reap(_st(), enqueue=lambda sid: enqueue_analysis(sid))
 
 
-__all__ = ["analyze_snapshot", "recompute_run", "reap", "enqueue_analysis", "runtime"]
+__all__ = ["analyze_snapshot", "recompute_run", "whatif_sweep", "reap", "enqueue_analysis", "runtime"]

@@ -1,5 +1,11 @@
-"""`memq whatif FILE --limit SIZE [--conf SETTING]... [--sweep] [--json]`: replay the snapshot's trace
-through the caching-allocator model under other PYTORCH_CUDA_ALLOC_CONF settings."""
+"""`memq whatif FILE... [--limit SIZE] [--conf SETTING]... [--sweep] [--json]` and
+`memq whatif --run R [--rank N] [...]`: replay a snapshot's trace through the caching-allocator model
+under other PYTORCH_CUDA_ALLOC_CONF settings.
+
+Several files are one process's snapshots in time order: the last is replayed, the earlier ones join
+its trace where they overlap and seed the cache other settings start from. With `--run`, the snapshot
+(the run's last OOM snapshot, else its last one), the earlier snapshots of its rank and the limit come
+from the history."""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ import sys
 import click
 
 from profiler.cli.analyze import SIZE
-from profiler.errors import MemqError
-from profiler.render.safe import safe_text
+from profiler.errors import BadInput, MemqError
+
+OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "window ok", "not_assessable": "n/a"}
 
 
 def _fmt(n: int | None) -> str:
@@ -20,64 +27,115 @@ def _fmt(n: int | None) -> str:
 
 
 @click.command()
-@click.argument("file", type=click.Path(dir_okay=True))
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=True))
+@click.option("--run", "run_name", help="Take the snapshot and the limit from this run's history instead of files.")
+@click.option("--rank", type=int, help="With --run: this rank's last OOM snapshot (default: the run's last one).")
 @click.option("--limit", type=SIZE,
               help="What the allocator may reserve (per-process cap), bytes or units (e.g. 18.85GiB). Without it, "
-                   "the limit is taken from the recorded OOM (reserved + CUDA free bytes) when there is one.")
+                   "the run's limit (--run) or the recorded OOM (reserved + CUDA free bytes) is used.")
 @click.option("--conf", "confs", multiple=True, metavar="SETTING",
               help="A PYTORCH_CUDA_ALLOC_CONF value to try (repeatable; join settings with commas). "
                    "'' is the recorded configuration.")
 @click.option("--sweep", is_flag=True, help="Also try the standard list of settings.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per setting.")
 @click.option("--max-bytes", type=SIZE, default=None, help="Refuse snapshots larger than this (uncompressed).")
-def whatif(file, limit, confs, sweep, as_json, max_bytes):
+def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
     """Would another allocator setting have avoided this OOM? Replays the recorded alloc/free trace."""
     try:
-        _whatif(file, limit, confs, sweep, as_json, max_bytes)
-    except MemqError as exc:  # one line, the exit code of the error (2 for bad input), no traceback
-        click.echo(f"memq: error: {safe_text(exc)}", err=True)
+        if bool(files) == bool(run_name):
+            raise BadInput("give snapshot FILE(s) or --run R, not both" if files else "give snapshot FILE(s) or --run R")
+        if rank is not None and not run_name:
+            raise BadInput("--rank goes with --run")
+        for c in confs:  # refuse bad settings before reading anything
+            from profiler.conf import parse_alloc_conf
+
+            parse_alloc_conf(c)
+        if run_name:
+            results, title = _from_run(run_name, rank, limit, confs, sweep, max_bytes)
+        else:
+            results, title = _from_files(files, limit, confs, sweep, max_bytes)
+    except MemqError as exc:  # one line, the exit code of the error (2 bad input, 4 unknown run), no traceback
+        click.echo(f"memq: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    if as_json:
+        json.dump(results, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    render_text(results, title, sys.stdout)
 
 
-def _whatif(file, limit, confs, sweep, as_json, max_bytes) -> None:
-    from profiler.analysis.whatif import run_whatif, sweep_confs
-    from profiler.conf import parse_alloc_conf
+def _wanted(confs, sweep: bool, snapshot) -> list[str]:
+    from profiler.analysis.whatif import sweep_confs
+
+    wanted = [""]
+    for c in list(confs) + (sweep_confs(snapshot) if sweep else []):
+        if c not in wanted:
+            wanted.append(c)
+    return wanted
+
+
+def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
+    from profiler.analysis.whatif import run_whatif
     from profiler.config import load_settings
     from profiler.load import load_snapshot_file
 
-    for c in confs:  # refuse bad settings before reading the file
-        parse_alloc_conf(c)
-    cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
-    loaded = load_snapshot_file(file, max_bytes=min(max_bytes or cap, cap))
-    wanted = [""]
-    for c in list(confs) + (sweep_confs(loaded.snapshot) if sweep else []):
-        if c not in wanted:
-            wanted.append(c)
-    results = run_whatif(loaded.snapshot, limit, wanted)
-    if as_json:
-        json.dump([r.to_dict() for r in results], sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return
-    out = sys.stdout
-    lim = results[0].limit_bytes if results else limit
-    out.write(f"{file}: {len(loaded.snapshot.trace)} trace entries replayed, limit {_fmt(lim)}\n")
-    width = max(len(r.conf or "(recorded)") for r in results)
-    out.write(f"{'setting'.ljust(width)}  {'outcome':<8} {'peak reserved':>14} {'headroom':>18}  confidence\n")
+    max_b = max_bytes or load_settings().max_snapshot_bytes
+    loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
+    last = loaded[-1].snapshot
+    results = run_whatif(last, limit, _wanted(confs, sweep, last), earlier=[x.snapshot for x in loaded[:-1]])
+    out = []
     for r in results:
-        outcome = "OOM" if r.predicted_oom else "fits"
-        room = _fmt(r.headroom_bytes)
-        if r.predicted_oom and r.shortfall_bytes is not None:
-            room = f"short {_fmt(r.shortfall_bytes)}"  # what the failing request lacked under the limit
-        out.write(f"{(r.conf or '(recorded)').ljust(width)}  {outcome:<8} {_fmt(r.peak_reserved_bytes):>14} "
-                  f"{room:>18}  {r.confidence}\n")
-    fid = results[0].fidelity if results else None
+        d = r.to_dict()
+        inputs = d.get("inputs") or {}
+        for k in ("joined", "seeds"):
+            inputs[k] = [str(files[i]) for i in inputs.get(k) or [] if i < len(files) - 1]
+        out.append(d)
+    title = f"{files[-1]}: {len(last.trace)} trace entries"
+    return out, title
+
+
+def _from_run(run_name, rank, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
+    from profiler.cli._listing import open_cli_store
+    from profiler.store.service import load_blob
+    from profiler.store.sweeps import replay_for_run
+
+    store = open_cli_store()
+    doc = replay_for_run(store, run_name, rank, list(confs), sweep=sweep, limit_bytes=limit,
+                         load=lambda sha, src: load_blob(store, sha, src))
+    snap = doc["snapshot"]
+    for r in doc["results"]:
+        r["snapshot"] = snap
+        r["limit_source"] = doc["limit_source"]
+    where = f"step {snap['step']}" if snap.get("step") is not None else f"snapshot {snap['id']}"
+    title = (f"run {run_name} rank {snap['rank']}, {snap['trigger']} snapshot at {where}"
+             + (f" (epoch {snap['epoch']})" if snap.get("epoch") is not None else "")
+             + f"; limit from {doc['limit_source']}")
+    return doc["results"], title
+
+
+def render_text(results: list[dict], title: str, out) -> None:
+    lim = results[0]["limit_bytes"] if results else None
+    out.write(f"{title}, limit {_fmt(lim)}\n")
+    width = max(len(r["conf"] or "(recorded)") for r in results)
+    out.write(f"{'setting'.ljust(width)}  {'outcome':<10} {'peak reserved':>14} {'headroom':>18}  confidence\n")
+    for r in results:
+        outcome = OUTCOME.get(r.get("verdict"), "OOM" if r["predicted_oom"] else "fits")
+        room = _fmt(r["headroom_bytes"]) if r["predicted_oom"] is not None else "-"
+        if r["predicted_oom"] and r.get("shortfall_bytes") is not None:
+            room = f"short {_fmt(r['shortfall_bytes'])}"  # what the failing request lacked under the limit
+        out.write(f"{(r['conf'] or '(recorded)').ljust(width)}  {outcome:<10} {_fmt(r['peak_reserved_bytes']):>14} "
+                  f"{room:>18}  {r['confidence']}\n")
+    for r in results:  # why an answer is missing or partial, per setting
+        if r.get("reason"):
+            out.write(f"  {r['conf'] or '(recorded)'}: {r['reason']}\n")
+    fid = results[0].get("fidelity") if results else None
     if fid:
         out.write(f"model check on the recorded run: {fid['segment_events_matched']}/{fid['segment_events_recorded']} "
                   f"segment events reproduced, reserved bytes off by at most {fid['max_reserved_deviation']:.1%}, "
                   f"{fid['alloc_address_share']:.1%} of allocations at the recorded address\n")
     seen = set()
     for r in results:
-        for n in r.notes:
-            if n not in seen:
+        for n in r.get("notes") or []:
+            if n not in seen and not n.startswith("not assessable: "):
                 seen.add(n)
                 out.write(f"note: {n}\n")

@@ -120,8 +120,9 @@ def plan_for(session, snapshot_id: int) -> SweepPlan:
 
 
 def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
-             limit_bytes: int | None = None) -> dict[str, Any]:
-    """Replay a plan (decoding its blobs with `load(sha256, source)`); the stored document."""
+             limit_bytes: int | None = None, sweep: bool = False) -> dict[str, Any]:
+    """Replay a plan (decoding its blobs with `load(sha256, source)`) under the recorded settings,
+    `confs`, and the standard sweep when `sweep` or no confs are given; the stored document."""
     from profiler.analysis.whatif import run_whatif, sweep_confs
 
     target = load(plan.target.sha256, plan.target.source)
@@ -134,7 +135,7 @@ def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
             continue  # a blob gone or refused: seed with the others
     snap = target.snapshot
     wanted = [""]
-    for c in (confs if confs is not None else sweep_confs(snap)):
+    for c in list(confs or []) + (sweep_confs(snap) if sweep or confs is None else []):
         if c not in wanted:
             wanted.append(c)
     limit = limit_bytes if limit_bytes is not None else plan.limit_bytes
@@ -246,12 +247,12 @@ def target_for_run(session, run_name: str, rank: int | None = None) -> int:
     return int(rows[0].id)
 
 
-def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[str] | None,
+def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[str], sweep: bool = False,
                    limit_bytes: int | None = None, load: Loader | None = None) -> dict[str, Any]:
     """`memq whatif --run`: the document of `run_plan` for the run's target snapshot."""
     with store.session() as s:
         plan = plan_for(s, target_for_run(s, run_name, rank))
-    return run_plan(plan, load or _default_load(store), confs=confs, limit_bytes=limit_bytes)
+    return run_plan(plan, load or _default_load(store), confs=list(confs), limit_bytes=limit_bytes, sweep=sweep)
 
 
 __all__ = ["MAX_SEEDS", "SweepPlan", "attach_sweeps", "plan_for", "replay_for_run", "run_plan", "store_sweep",
