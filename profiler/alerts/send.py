@@ -12,6 +12,7 @@ Headers: `Idempotency-Key: <key>` (the same for every resend of one alert) and `
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -57,7 +58,7 @@ def post(url: str, doc: Mapping[str, Any], key: str, timeout_s: float) -> Outcom
             resp.read(4096)
     except urllib.error.HTTPError as exc:
         status = exc.code
-    except OSError as exc:  # URLError, timeouts and connection errors are all OSErrors
+    except (OSError, http.client.HTTPException) as exc:  # URLError, timeouts, resets; a garbled answer
         reason = getattr(exc, "reason", exc)
         return Outcome("retry", f"{type(exc).__name__}: {reason}"[:500])
     return Outcome(classify(status), f"HTTP {status}", status)

@@ -7,7 +7,8 @@ A verdict is the part of a run's state that is worth a page:
 - `near_miss`: no OOM and no leak, and the run's peak reserved bytes left less than the threshold
   (MEMQ_ALERT_HEADROOM_PCT) of its limit (the per-process cap, else the device's memory).
 Anything else (healthy with headroom, no diagnosis yet) is no verdict. A run with an OOM but no
-diagnosis yet waits for it: the alert is worth sending only with its cause.
+diagnosis yet, or one still saying `healthy` (made before the OOM snapshot was analysed: the run's
+status is promoted first), waits for it: the alert is worth sending only with its cause.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def verdict_of(f: RunFacts, headroom_pct: float) -> Verdict | None:
     if f.primary_cause is None:
         return None
     if f.oom_count > 0 or f.status == "oom":
+        if f.primary_cause == "healthy":
+            return None  # the diagnosis predates the OOM snapshot (the status moves first): wait for it
         return Verdict(f"oom:{f.primary_cause}", "oom", f.primary_cause)
     if f.primary_cause == "leak":
         return Verdict("leak", "leak", "leak")

@@ -11,11 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    def __init__(self, statuses: list[int] | None = None, hold_first: bool = False):
+    def __init__(self, statuses: list[int] | None = None):
         self.requests: list[dict] = []
         self.statuses = list(statuses or [])  # answered in order; 200 once used up
-        self.hold_first = hold_first
-        self.got_first = threading.Event()
+        self.hold = False  # hold_next(): the next POST gets no answer until release (or never)
+        self.held = threading.Event()
         self.release = threading.Event()
         self.lock = threading.Lock()
         self.delay_s = 0.0
@@ -28,10 +28,10 @@ class Receiver:
                 with rec.lock:
                     rec.requests.append({"key": self.headers.get("Idempotency-Key"), "path": self.path,
                                          "body": doc, "content_type": self.headers.get("Content-Type")})
-                    first = len(rec.requests) == 1
+                    hold, rec.hold = rec.hold, False
                     status = rec.statuses.pop(0) if rec.statuses else 200
-                if first and rec.hold_first:
-                    rec.got_first.set()
+                if hold:
+                    rec.held.set()
                     rec.release.wait(120)  # the sender is killed meanwhile: nobody reads the answer
                 if rec.delay_s:
                     threading.Event().wait(rec.delay_s)
@@ -49,6 +49,11 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def hold_next(self) -> None:
+        with self.lock:
+            self.hold = True
+            self.held.clear()
 
     @property
     def url(self) -> str:

@@ -57,6 +57,7 @@ def test_verdict_rules():
     assert verdict_of(f(peak_reserved_bytes=94), 5) is None
     assert verdict_of(f(peak_reserved_bytes=96, limit_bytes=None), 5) is None  # unknown limit: no guess
     assert verdict_of(f(status="oom", primary_cause=None), 5) is None  # waits for its diagnosis
+    assert verdict_of(f(status="oom", primary_cause="healthy"), 5) is None  # ... one that covers the OOM
 
 
 def test_verdicts_are_recorded_once_per_change(store):
