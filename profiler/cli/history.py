@@ -117,6 +117,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
             head.append(f"-> {r['action']}")
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
     con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
+    _print_whatif(con, doc["snapshots"])
     if doc["changes"]:
         con.print("[bold]what changed[/bold]")
         for ch in doc["changes"]:
@@ -134,6 +135,33 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
         con.print(f"  retries {st['alloc_retries'] or 0}, OOMs {st['oom_count'] or 0}")
     else:
         con.print("no stat samples for this run (ingest --stats FILE, or the agent, adds them)")
+
+
+WHATIF_OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "survives the window", "not_assessable": "not assessable"}
+
+
+def _print_whatif(con, snaps: list[dict]) -> None:
+    """The stored what-if sweep of each OOM snapshot: every setting's outcome with its reason."""
+    from rich.markup import escape
+
+    for s in snaps:
+        w = s.get("whatif")
+        if not w:
+            continue
+        where = " ".join(x for x in (f"step {s['step']}" if s.get("step") is not None else "",
+                                      f"epoch {s['epoch']}" if s.get("epoch") is not None else "") if x)
+        seeds = len(w.get("seeds") or []) + len(w.get("joined") or [])
+        con.print(f"[bold]what-if at the {escape(s['trigger'])} snapshot[/bold] (rank {s['rank']}"
+                  f"{', ' + where if where else ''}; limit {cell(w['limit_bytes'], 'bytes')} from "
+                  f"{escape(str(w.get('limit_source') or '-'))}; {seeds} earlier snapshot(s) used)")
+        for r in w["results"]:
+            outcome = WHATIF_OUTCOME.get(r.get("verdict"), str(r.get("predicted_oom")))
+            line = f"  {escape(r['conf'] or '(recorded)')}: {outcome}"
+            if r.get("predicted_oom") is not None:
+                line += f", confidence {r['confidence']}, peak reserved {cell(r['peak_reserved_bytes'], 'bytes')}"
+            if r.get("reason"):
+                line += f" [dim]({escape(r['reason'])})[/dim]"
+            con.print(line)
 
 
 @click.command()

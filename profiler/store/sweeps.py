@@ -92,8 +92,10 @@ def plan_for(session, snapshot_id: int) -> SweepPlan:
     ctx = dict(row.context or {})
     oom = row.oom if isinstance(row.oom, dict) else None
     limit, source = None, "unknown"
-    for value, where in ((row.memory_limit_bytes, "the run's limit"), (ctx.get("limit_bytes"), "the snapshot's facts"),
-                         ((oom or {}).get("limit_bytes"), "the analysis (the OOM message or the agent's observer)")):
+    # The analysis's limit first: it is what the OOM itself says ("N GiB allowed", the observer), where the
+    # run's limit may be the device total reported before the job set its cap.
+    for value, where in (((oom or {}).get("limit_bytes"), "the OOM (its analysis)"),
+                         (ctx.get("limit_bytes"), "the snapshot's facts"), (row.memory_limit_bytes, "the run's limit")):
         if value:
             limit, source = int(value), where
             break
