@@ -261,8 +261,9 @@ def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list
         figs = a.get("step_figures") or []
         cur = a.get("step_in_progress")
         first = cur is not None and not any(f["step"] < cur for f in figs) and a.get("step_completed") is None
-        sized = {k[1] for k in last["live_blocks"]}
-        if first and -(-S // 512) * 512 in sized and S >= 1024 * 1024:
+        # A block holds its request rounded up, or a whole segment when the rest is too small to split.
+        sized = any(S <= k[1] < S + 2 * 1024 * 1024 for k in last["live_blocks"])
+        if first and sized and S >= 1024 * 1024:
             by = (f"the OOM is in the first optimizer step (step {cur}, no step completed before it) and the "
                   "request is the size of a parameter tensor")
     if by is None:

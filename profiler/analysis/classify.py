@@ -299,6 +299,12 @@ def test_fragmentation(f: Facts) -> Finding:
         elif f.not_projected:
             out.evidence.append(f"whether the rest of the failing step fits is not known: {f.not_projected}; "
                                 "an earlier recorded step (or history=\"on\") would settle it")
+            if f.earlier_step_peak and total > 1.5 * f.earlier_step_peak:
+                # Already far above the earlier steps with part of the step to go: maybe a larger input.
+                out.strength -= 0.15
+                out.evidence.append(f"this step already holds {g(total)} with the request, {total / f.earlier_step_peak:.1f}x "
+                                    f"the {g(f.earlier_step_peak)} peak of the earlier steps: if its input is larger "
+                                    "than theirs, the whole step may not fit the limit either (activation_spike)")
         if f.private_pool_free > 0.5 * max(1, f.R - f.A):
             out.evidence.append(f"{g(f.private_pool_free)} of the free memory is cached in private pools (CUDA "
                                 "graphs still alive): only their replays can use it, and expandable_segments "

@@ -1,0 +1,68 @@
+"""Snapshots as the agent sends them at its defaults, for the analysis tests.
+
+- `spool_snapshots(folder)`: the snapshots of a real agent spool from the H200
+  (tests/fixtures/agent_gpu), with their envelope fields, read as the dispatcher reads them.
+- `agent_default(raw, keep)`: a full-history real snapshot turned into what the agent sends at its
+  defaults: no trace (recording paused), and block frames only where `keep(block)` says the block
+  was allocated while recording was on (warm-up, or a window recorded on growth).
+- `with_agent(raw, **facts)`: the dict with the agent's `memq_agent` facts embedded (the contract of
+  engineers D/F/G), as the agent embeds them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from profiler import codec
+from profiler.agent.spool import decode
+from profiler.model import OomContext
+from profiler.oom_message import parse_oom_message
+from profiler.snapshot import parse_snapshot
+
+AGENT_GPU = Path(__file__).resolve().parents[1] / "fixtures" / "agent_gpu"
+
+
+def spool_snapshots(folder: str) -> list[tuple[dict, dict]]:
+    """(envelope fields with the payload parsed, raw snapshot dict) of each snapshot, in send order."""
+    out = []
+    for f in sorted((AGENT_GPU / folder).rglob("*.mqs")):
+        msg = decode(f.read_bytes())
+        if msg.fields["kind"] != "snapshot":
+            continue
+        fields = dict(msg.fields, payload=json.loads(msg.fields.get("payload") or "{}"))
+        out.append((fields, codec.decode(msg.blob)))
+    return out
+
+
+def oom_context(fields: dict) -> OomContext:
+    """What the service builds from an OOM envelope's observer payload."""
+    oom = fields["payload"]["oom"]
+    return OomContext(requested_bytes=oom["alloc"], device_total_bytes=oom["device_total"],
+                      device_free_bytes=oom["device_free"], message=parse_oom_message(oom["message"]))
+
+
+def agent_default(raw: dict, keep: Callable[[dict], bool]) -> dict:
+    d = copy.deepcopy(raw)
+    d["device_traces"] = [[] for _ in d.get("device_traces", [])]
+    for seg in d["segments"]:
+        for b in seg["blocks"]:
+            if not keep(b):
+                b["frames"] = []
+    return d
+
+
+def live_keys(raw: dict) -> set[tuple[int, int]]:
+    return {(b["address"], b["size"]) for seg in raw["segments"] for b in seg["blocks"] if b["state"] != "inactive"}
+
+
+def with_agent(raw: dict, **facts) -> dict:
+    d = dict(raw)
+    d["memq_agent"] = {"run": "r", "rank": 0, "time": 1.0, **facts}
+    return d
+
+
+def parse(raw: dict):
+    return parse_snapshot(raw)
