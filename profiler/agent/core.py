@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler.agent.policy import RecordingPolicy
+from profiler.agent.steps import StepTracker, stride_for
 from profiler.agent.source import (
     ReplaySource,
     TorchSource,
@@ -70,7 +71,9 @@ class Agent:
                  send_timeout_s: float = 2.0, queue_size: int = 256, stop_timeout_s: float = 5.0,
                  source: Any = None, client_factory: Any = None, backoff_s: tuple[float, float] = (0.5, 30.0),
                  tick_s: float = 0.5, metadata: dict | None = None, model: Any = None, optimizer: Any = None,
-                 device: int | None = None, announce: str = "eager", settings: Any = None):
+                 device: int | None = None, announce: str = "eager", settings: Any = None,
+                 comparable_every_steps: int = 100, growth_window_steps: int = 500, step_hook: bool = True,
+                 step_budget: float = 0.002):
         from profiler.config import load_settings
 
         st = settings or load_settings()
@@ -90,6 +93,10 @@ class Agent:
         self.policy = RecordingPolicy(mode=history or st.agent_history, warmup_steps=warmup_steps, warmup_s=warmup_s,
                                       headroom_frac=headroom)
         self.periodic_record_s = float(periodic_record_s)
+        self.tracker = StepTracker(warmup_steps=warmup_steps, comparable_every=comparable_every_steps,
+                                   window_steps=growth_window_steps)
+        self.step_hook = step_hook
+        self.step_budget = float(step_budget)
         self.signal_name = st.agent_signal if signal == "default" else signal
         self.oom_enabled = oom
         self.max_oom_snapshots = max_oom_snapshots
@@ -118,6 +125,18 @@ class Agent:
         self.available = False
         self.armed = False  # CUDA initialised: observer attached, history applied, device metadata sent
         self.recording: bool | None = None
+        self.steps_source: str | None = None  # "mark_step" | "optimizer_hook"
+        self._user_marks = False
+        self._epochs_marked = False
+        self._hook_handle: Any = None
+        self._hook_opt: int | None = None
+        self._optimizer_name: str | None = None
+        self._rec_since: int | None = None
+        self._sig_cost = 0.0
+        self._step_s: float | None = None
+        self._stride = 1
+        self._since_read = 0
+        self._limit: int | None = None
         self.oom_snapshots = 0
         self.exception_text: str | None = None
         self.status = "running"
@@ -174,7 +193,7 @@ class Agent:
         if self.announce == "eager":
             self._announce()
         self._check_source()
-        if not self.available:
+        if not self.available or self._hook_handle is None:  # also for the optimizer step hook
             _after_torch_import(self._check_source)
         self._install_signal()
         self._install_excepthooks()
@@ -195,6 +214,9 @@ class Agent:
             self._wake.set()
             self._uninstall_signal()
             self._uninstall_excepthooks()
+            if self._hook_handle is not None:
+                self._safe_call(self._hook_handle.remove)
+                self._hook_handle = None
             if self.recording and self.available and not getattr(self, "_exiting", False):
                 self._safe_call(lambda: self.source.set_history(False))  # at exit: no need
             if self.status == "running":
@@ -249,38 +271,142 @@ class Agent:
         if self.stopped:
             return
         try:
-            now = time.monotonic()
-            self.step = (self.step + 1 if self.step is not None else 0) if step is None else int(step)
-            if epoch is not None:
-                self.epoch = int(epoch)
-            self._last_step_t = now
-            if not self.armed:
-                self._check_source()
-                if not self.armed:
+            if not self._user_marks:
+                self._user_marks = True  # from now on the job's marks are the boundaries, not the hook
+                if self.steps_source == "optimizer_hook":
+                    # the hook already closed this step: this call is the same boundary, in the job's terms
+                    self.steps_source = "mark_step"
+                    hook_step = self.step
+                    if step is not None:
+                        self.step = int(step)
+                    if epoch is not None:
+                        self.epoch = int(epoch)
+                    with self._lock:
+                        for rec in (self._samples[-1] if self._samples else None, self.tracker.last()):
+                            if rec is not None and rec.get("step") == hook_step:
+                                rec["step"], rec["epoch"] = self.step, self.epoch
                     return
-            if now >= self._next_periodic:
-                self._next_periodic = now + self.snapshot_every_s
-                if self._auto_paused():
-                    self.policy.request_step()  # record the next step; the snapshot comes at its end
-                else:
-                    self.take_snapshot("periodic")
-            self._set_recording(self.policy.on_step())
-            if now >= self._next_stats:
-                self._sample_stats(now)
+            self._boundary("mark_step", step, epoch)
         except Exception:  # noqa: BLE001
             self.counters_obj.add("errors")
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """torch's global optimizer step post-hook: a step boundary when the job marks none."""
+        if self.stopped:
+            return
+        try:
+            if self._hook_opt is None:
+                self._hook_opt = id(optimizer)
+                self._optimizer_name = type(optimizer).__name__
+            elif id(optimizer) != self._hook_opt:
+                return  # a second optimizer (GAN, several models): the first one's steps are the steps
+            if not self._user_marks:
+                self._boundary("optimizer_hook", None, None)
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+
+    def _install_step_hook(self) -> None:
+        if not self.step_hook or self._hook_handle is not None or "torch" not in sys.modules:
+            return
+        optim = sys.modules.get("torch.optim.optimizer")
+        register = getattr(optim, "register_optimizer_step_post_hook", None)
+        if register is not None:
+            self._hook_handle = register(self._on_optimizer_step)
+
+    def _boundary(self, source: str, step: int | None, epoch: int | None) -> None:
+        """One step ended: cheap readings, then what to record and whether to snapshot."""
+        now = time.monotonic()
+        self.steps_source = source
+        self.step = (self.step + 1 if self.step is not None else 0) if step is None else int(step)
+        if epoch is not None:
+            self.epoch = int(epoch)
+        ms = (now - self._last_step_t) * 1000 if self._last_step_t else None
+        self._last_step_t = now
+        if not self.armed:
+            self._check_source()
+            if not self.armed:
+                return
+        if now >= self._next_periodic:
+            self._next_periodic = now + self.snapshot_every_s
+            if self._auto_paused():
+                self.policy.request_step()  # record the next step; the snapshot comes at its end
+            else:
+                self.take_snapshot("periodic")
+        if self.tracker.boundaries <= self.tracker.warmup_steps:  # the cap is usually set by now
+            self._limit = self._safe_call(self.source.limit_bytes) or self._limit
+        fig = self._read_boundary(ms)
+        dec = self.tracker.on_boundary(fig, self._limit, recording=bool(self.recording),
+                                       epochs_marked=self._epochs_marked)
+        if fig is not None:
+            self.policy.on_stats({"reserved_bytes.all.current": fig["peak_reserved"],
+                                  "num_alloc_retries": fig["retries"]}, self._limit)
+        if dec.end_window:
+            self.policy.end_window()
+            self.tracker.closed()
+        if dec.record:
+            self.policy.start_window(dec.record, dec.window_steps)
+            self.tracker.opened(dec.record)
+        was_warmup = bool(self.recording) and self.policy.reason == "warmup"
+        want = self.policy.on_step()
+        if self.tracker.window and not self.policy.in_window and not dec.record:
+            self.tracker.closed()
+        if dec.comparable:
+            reason = "warmup" if was_warmup and not want else dec.comparable
+            self.take_snapshot("periodic", payload={"reason": reason}, comparable=True, at_boundary=True)
+            self._apply_history(want)  # the snapshot just taken keeps what recording collected
+        else:
+            self._set_recording(want, at_boundary=True)
+        if now >= self._next_stats:
+            self._sample_stats(now)
+
+    def _read_boundary(self, ms: float | None) -> dict | None:
+        """The step's figures; read every `_stride` boundaries so that reading stays under
+        `step_budget` of step time (a 1 ms step would otherwise pay several percent)."""
+        if ms is not None:
+            s = ms / 1000
+            self._step_s = s if self._step_s is None else 0.9 * self._step_s + 0.1 * s
+        self._since_read += 1
+        if self._since_read < self._stride:
+            return None
+        span, self._since_read = self._since_read, 0
+        read = getattr(self.source, "step_signals", None)
+        if read is None:
+            return None
+        t0 = time.perf_counter()
+        sig = self._safe_call(read)
+        cost = time.perf_counter() - t0
+        self._sig_cost = cost if not self._sig_cost else 0.9 * self._sig_cost + 0.1 * cost
+        self._stride = stride_for(self._sig_cost, self._step_s, self.step_budget)
+        with self._lock:
+            return self.tracker.figure(self.step, self.epoch, sig, ms, span)
 
     def mark_epoch(self, epoch: int | None = None) -> None:
         """Call at the end of an epoch: takes the `epoch_end` snapshot (comparable points for leaks)."""
         if self.stopped:
             return
         try:
+            self._epochs_marked = True
             if epoch is not None:
                 self.epoch = int(epoch)
             if not self.armed:
                 self._check_source()
-            if self.armed and self.snapshot_on_epoch:
-                self.take_snapshot("epoch_end")
+            if self.armed:
+                read = getattr(self.source, "step_signals", None)
+                sig = self._safe_call(lambda: read(reset=False)) if read is not None else None
+                dec = self.tracker.on_epoch_end(sig[0] if sig else None, self._limit,
+                                                recording=bool(self.recording))
+                if self.snapshot_on_epoch:
+                    self.take_snapshot("epoch_end", comparable=True, at_boundary=True)
+                if dec.end_window:
+                    self.policy.end_window()
+                    self.tracker.closed()
+                    if not self.policy.continuous:
+                        self._apply_history(self.policy.mode == "on")
+                if dec.record:  # live bytes grew since the last epoch end: record the next epoch
+                    self.policy.start_window(dec.record, dec.window_steps)
+                    self.tracker.opened(dec.record)
+                    self.policy.reason = dec.record
+                    self._apply_history(True)
             self._flush_stats()
         except Exception:  # noqa: BLE001
             self.counters_obj.add("errors")
@@ -321,11 +447,15 @@ class Agent:
     def _model_metadata(self) -> dict:
         out: dict[str, Any] = {}
         try:
-            if self._optimizer is not None:
+            if isinstance(self._optimizer, str):
+                out["optimizer"] = self._optimizer
+            elif self._optimizer is not None:
                 out["optimizer"] = type(self._optimizer).__name__
                 if self._model is None:
                     out["params"] = sum(p.numel() for g in self._optimizer.param_groups for p in g["params"])
-            if self._model is not None:
+            if isinstance(self._model, str):
+                out["model"] = self._model
+            elif self._model is not None:
                 out["params"] = sum(p.numel() for p in self._model.parameters())
                 out["model"] = type(self._model).__name__
         except Exception:  # noqa: BLE001
@@ -340,6 +470,7 @@ class Agent:
     def _check_source(self) -> None:
         """Cheap; called at start, after `import torch`, by the ticker and by mark_step until armed."""
         try:
+            self._install_step_hook()
             if not self.available and self.source.present():
                 self.available = True
                 # Recording switched on before CUDA initialises catches the parameters' frames; it is
@@ -367,15 +498,18 @@ class Agent:
         with self._lock:
             self._samples.append({"t": time.time(), "device_metadata": md})
         self._limit = md.get("limit_bytes")
+        if self._limit is None:
+            self._limit = self._safe_call(self.source.limit_bytes)
 
     def _auto_paused(self) -> bool:
         return self.policy.mode == "auto" and not self.policy.continuous and not self.recording
 
-    def _set_recording(self, want: bool) -> None:
+    def _set_recording(self, want: bool, at_boundary: bool = False) -> None:
         """Apply a policy decision. Pausing empties the trace, so a recorded stretch that ends
-        (warm-up, a periodic recorded step, a near miss that passed) is snapshotted first."""
+        (warm-up, a periodic recorded step, a recording window, a near miss that passed) is
+        snapshotted first."""
         if self.recording and not want and self.policy.mode == "auto":
-            self.take_snapshot("periodic", payload={"reason": self.policy.reason})
+            self.take_snapshot("periodic", payload={"reason": self.policy.reason}, at_boundary=at_boundary)
         self._apply_history(want)
 
     def _apply_history(self, want: bool, force: bool = False) -> None:
@@ -383,6 +517,8 @@ class Agent:
             return
         ok = self._safe_call(lambda: self.source.set_history(want, stacks=self.stacks, context=self.context,
                                                              max_entries=self.max_entries), default=False)
+        if ok and want and not self.recording:
+            self._rec_since = self.step + 1 if self.step is not None else 0
         self.recording = want if ok else self.recording
 
     def _sample_stats(self, now: float) -> None:
@@ -391,7 +527,8 @@ class Agent:
         if not sample:
             return
         sample = dict(sample, t=time.time(), step=self.step, epoch=self.epoch, recording=bool(self.recording))
-        limit = getattr(self, "_limit", None) or self._safe_call(self.source.limit_bytes)
+        # re-read: a job may set its memory fraction after CUDA is initialised (and the agent armed)
+        limit = self._safe_call(self.source.limit_bytes) or self._limit
         self._limit = limit
         self.policy.on_stats(sample, limit)
         with self._lock:
@@ -403,12 +540,16 @@ class Agent:
     def _flush_stats(self) -> None:
         with self._lock:
             samples, self._samples = self._samples, []
+            figures = self.tracker.unsent()
             self._next_flush = time.monotonic() + self.stats_flush_s
-        if samples:
-            self.transport.submit(Item("stats", payload={"samples": samples}))
+        if samples or figures:
+            payload: dict[str, Any] = {"samples": samples}
+            if figures:
+                payload["step_figures"] = figures
+            self.transport.submit(Item("stats", payload=payload))
 
     def take_snapshot(self, trigger: str, payload: dict | None = None, wait: threading.Event | None = None,
-                      finish=None) -> bool:
+                      finish=None, comparable: bool = False, at_boundary: bool = False) -> bool:
         if not self.armed or self.stopped:
             return False
         if getattr(self._in_snapshot, "on", False):
@@ -422,18 +563,39 @@ class Agent:
             self._in_snapshot.on = False
         if obj is None:
             return False
+        # Between boundaries a step is running: the last completed one + 1 (an OOM's failing step).
+        in_progress = None if at_boundary else (self.step + 1 if self.step is not None else 0)
+        step = in_progress if trigger == "oom" else self.step
         if isinstance(obj, dict):
             # Self-describing and distinct: two snapshots of an unchanged state (epoch ends with
             # recording paused) would otherwise be the same bytes, hence one row in the history.
-            obj["memq_agent"] = {"run": self.run, "rank": self.rank, "trigger": trigger, "step": self.step,
-                                 "epoch": self.epoch, "time": time.time()}
+            with self._lock:
+                figures = list(self.tracker.figures)
+            obj["memq_agent"] = {
+                "run": self.run, "rank": self.rank, "trigger": trigger, "step": step, "epoch": self.epoch,
+                "time": time.time(), "step_figures": figures, "step_in_progress": in_progress,
+                "step_completed": self.step, "steps_source": self.steps_source,
+                "recording": {"on": bool(self.recording), "since_step": self._rec_since if self.recording else None,
+                              "reason": self.policy.reason},
+                "comparable": bool(comparable), "optimizer": self._optimizer_label(),
+                "model": self._model if isinstance(self._model, str) else
+                (type(self._model).__name__ if self._model is not None else None)}
         pl = dict(payload or {})
+        if comparable:
+            pl["comparable"] = True
         pl.setdefault("took_ms", round(took * 1000, 3))
         pl.setdefault("recording", bool(self.recording))
         pl.setdefault("policy", self.policy.reason)
-        item = Item("snapshot", payload=pl, obj=obj, trigger=trigger, step=self.step, epoch=self.epoch,
+        item = Item("snapshot", payload=pl, obj=obj, trigger=trigger, step=step, epoch=self.epoch,
                     wait=wait, wait_s=self.oom_message_wait_s if wait is not None else 0.0, finish=finish)
         return self.transport.submit(item)
+
+    def _optimizer_label(self) -> str | None:
+        if isinstance(self._optimizer, str):
+            return self._optimizer
+        if self._optimizer is not None:
+            return type(self._optimizer).__name__
+        return self._optimizer_name
 
     def _on_oom(self, device: int, alloc: int, device_alloc: int, device_free: int) -> None:
         """The allocator's OOM observer: runs in the allocating thread just before the OOM is raised.
@@ -457,7 +619,8 @@ class Agent:
             def finish(item: Item) -> None:
                 item.payload["oom"]["message"] = self.exception_text
 
-            self.take_snapshot("oom", payload={"oom": oom, "device": int(device)}, wait=evt, finish=finish)
+            self.take_snapshot("oom", payload={"oom": oom, "device": int(device), "step_completed": self.step},
+                               wait=evt, finish=finish)
             if not self.recording:
                 self._apply_history(True)
         except Exception:  # noqa: BLE001 - never replace the user's OOM with ours

@@ -14,7 +14,11 @@ taken while paused has no trace entries. Blocks keep the frames they were alloca
 2. periodic: when a periodic snapshot is due, the agent records the next marked step only and takes
    the snapshot at its end (before pausing again): each periodic snapshot holds the trace of one
    whole training step (its peak, with frames) at a cost of one recorded step per period.
-3. continuous: recording stays on when a stats sample shows headroom under `headroom_frac` of the
+3. windows: growth of live bytes between comparable points, or a step much larger than the earlier
+   ones, records the next window of steps (profiler/agent/steps.py decides; the agent takes a
+   snapshot when the window ends, before pausing).
+4. continuous: recording stays on when a stats sample (or a step boundary's reading: peak reserved
+   bytes of the step and retries) shows headroom under `headroom_frac` of the
    limit or new allocator retries (a near miss ahead of an OOM), and after an OOM; it goes back to
    paused when headroom is above twice the threshold again (not after an OOM).
 
@@ -45,6 +49,19 @@ class RecordingPolicy:
         self._requested = 0
         self._record_until = 0.0
         self._last_retries: int | None = None
+        self._window_left = 0
+        self._window_reason = ""
+
+    def start_window(self, reason: str, steps: int) -> None:
+        """Record the next `steps` boundaries (growth between comparable points, a large step)."""
+        self._window_left, self._window_reason = max(self._window_left, int(steps)), reason
+
+    def end_window(self) -> None:
+        self._window_left = 0
+
+    @property
+    def in_window(self) -> bool:
+        return self._window_left > 0
 
     def initial(self) -> bool:
         return self.mode != "off"
@@ -66,6 +83,10 @@ class RecordingPolicy:
             return True
         if self.steps_seen < self.warmup_steps:
             self.reason = "warmup"
+            return True
+        if self._window_left:
+            self._window_left -= 1
+            self.reason = self._window_reason
             return True
         if self._requested:
             self._requested -= 1

@@ -86,7 +86,8 @@ def test_oom_snapshot_carries_observer_figures_and_message(shared):
     got = entries(r, stream)
     (snap,) = [e for e in got if e.kind == "snapshot"]
     meta = src.oom_entry()
-    assert snap.trigger == "oom" and snap.step == 11
+    assert snap.trigger == "oom" and snap.step == 12  # the step in progress: last marked (11) + 1
+    assert snap.payload["step_completed"] == 11
     assert snap.oom == {"alloc": meta["alloc"], "device_alloc": meta["device_alloc"],
                         "device_free": meta["device_free_at_oom"], "device_total": meta["device_total"],
                         "message": message}

@@ -1,0 +1,152 @@
+"""Per-step figures and the decisions they drive at each step boundary (pure logic: no torch, no I/O).
+
+At every step boundary (a `mark_step`, or torch's global optimizer step hook when the job marks no
+steps) the agent reads five counters of the caching allocator, microseconds: live and reserved bytes
+now, the step's peak live and reserved bytes (the peak counters are reset at each boundary) and the
+allocator's retry count. `StepTracker` keeps them in a ring buffer (sent with the stats and embedded
+in every snapshot) and decides:
+
+- comparable points: the agent takes a snapshot at the same point of a step (trigger `periodic`,
+  payload `comparable: true`) at the end of warm-up ("baseline"), every `comparable_every` steps
+  ("every_n"), and whenever live bytes at a boundary exceed those of the last comparable point by more
+  than max(64 MiB, 1% of the limit) ("growth"). A leak then shows between comparable points without
+  `mark_epoch`, which is what the analysis' leak test compares.
+- a recording window on growth: the blocks that grew were allocated while recording was paused, so
+  they carry no frames; recording Python stacks until the next comparable point makes the NEXT
+  increment carry its allocating line. At most `max_growth_windows` windows of at most
+  `window_steps` steps: a leak costs a bounded stretch of recording, a healthy job nothing.
+- a step much larger than the earlier ones (peak live bytes over `large_factor` x their median and a
+  new maximum) records the next `large_window_steps` steps: inputs of varying size often come back.
+- `mark_epoch` makes epoch ends the comparable points instead (growth between two epoch ends records
+  the next epoch).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+MIB = 1 << 20
+GROWTH_MIN_BYTES = 64 * MIB
+
+
+@dataclass
+class Decision:
+    comparable: str | None = None   # take a comparable snapshot now, for this reason
+    record: str | None = None       # start a recording window, for this reason
+    window_steps: int = 0
+    end_window: bool = False        # the recording window ends at this point (after the snapshot)
+
+
+def growth_threshold(limit: int | None, live: int) -> int:
+    """The analysis' leak test: more than max(64 MiB, 1% of LIMIT or of live bytes)."""
+    return max(GROWTH_MIN_BYTES, int(0.01 * (limit or live or 0)))
+
+
+class StepTracker:
+    def __init__(self, *, warmup_steps: int = 3, comparable_every: int = 100, window_steps: int = 500,
+                 max_growth_windows: int = 2, large_factor: float = 1.5, large_window_steps: int = 10,
+                 maxlen: int = 512):
+        self.warmup_steps = max(1, int(warmup_steps))
+        self.comparable_every = int(comparable_every)
+        self.window_steps = int(window_steps)
+        self.max_growth_windows = int(max_growth_windows)
+        self.large_factor = float(large_factor)
+        self.large_window_steps = int(large_window_steps)
+        self.figures: deque[dict] = deque(maxlen=maxlen)
+        self.boundaries = 0
+        self.base_live: int | None = None       # live bytes at the last comparable point
+        self.epoch_live: int | None = None      # live bytes at the last epoch end
+        self.growth_windows = 0
+        self.window: str | None = None          # reason of the open window, None when none
+        self._peaks: deque[int] = deque(maxlen=64)
+        self._max_peak = 0
+        self._sent = 0                          # figures already handed to a stats batch
+
+    # -- figures ---------------------------------------------------------------------------------
+    def figure(self, step: int | None, epoch: int | None, sig: tuple | None, ms: float | None,
+               span: int = 1) -> dict | None:
+        if sig is None:
+            return None
+        alloc, reserved, peak_alloc, peak_reserved, retries = (int(x) for x in sig)
+        fig = {"step": step, "epoch": epoch, "peak_allocated": max(peak_alloc, alloc),
+               "peak_reserved": max(peak_reserved, reserved), "allocated": alloc, "reserved": reserved,
+               "retries": retries, "ms": None if ms is None else round(ms, 3)}
+        if span > 1:
+            fig["span"] = span  # the figures cover this many steps (boundary reads were thinned)
+        self.figures.append(fig)
+        self._sent += 1
+        return fig
+
+    def unsent(self) -> list[dict]:
+        """Figures added since the last call (for the next stats batch), oldest first."""
+        n = min(self._sent, len(self.figures))
+        self._sent = 0
+        return list(self.figures)[len(self.figures) - n:] if n else []
+
+    def last(self) -> dict | None:
+        return self.figures[-1] if self.figures else None
+
+    # -- decisions -------------------------------------------------------------------------------
+    def on_boundary(self, fig: dict | None, limit: int | None, *, recording: bool,
+                    epochs_marked: bool = False) -> Decision:
+        """Called once per step boundary, after `figure()`. `fig` None: no reading this time."""
+        self.boundaries += 1
+        d = Decision()
+        if fig is None:
+            return d
+        live = fig["allocated"]
+        if self.boundaries < self.warmup_steps:
+            return d  # gradients and optimizer state are created now: growth here is no leak
+        if self.base_live is None:
+            self.base_live = live
+            d.comparable = "baseline"
+            return d
+        peak = fig["peak_allocated"]
+        if len(self._peaks) >= 3 and peak > self.large_factor * statistics.median(self._peaks) \
+                and peak > self._max_peak and not recording:
+            d.record, d.window_steps = "large_step", self.large_window_steps
+        self._peaks.append(peak)
+        self._max_peak = max(self._max_peak, peak)
+        if live - self.base_live > growth_threshold(limit, live):
+            d.comparable = "growth"
+            if self.window == "growth":
+                d.end_window = True
+            elif self.growth_windows < self.max_growth_windows and not recording:
+                d.record, d.window_steps = "growth", self.window_steps
+        elif not epochs_marked and self.comparable_every > 0 and self.boundaries % self.comparable_every == 0:
+            d.comparable = "every_n"
+        if d.comparable:
+            self.base_live = live
+        return d
+
+    def on_epoch_end(self, live: int | None, limit: int | None, *, recording: bool) -> Decision:
+        """Epoch ends are the comparable points of a job that marks them."""
+        d = Decision()
+        if live is None:
+            return d
+        prev, self.epoch_live = self.epoch_live, live
+        self.base_live = live
+        if self.window == "growth":
+            d.end_window = True  # this epoch-end snapshot holds the frames of the window's growth
+        elif prev is not None and live - prev > growth_threshold(limit, live) \
+                and self.growth_windows < self.max_growth_windows and not recording:
+            d.record, d.window_steps = "growth", 1 << 30  # until the next epoch end
+        return d
+
+    def opened(self, reason: str) -> None:
+        self.window = reason
+        if reason == "growth":
+            self.growth_windows += 1
+
+    def closed(self) -> None:
+        self.window = None
+
+
+def stride_for(cost_s: float, step_s: float | None, budget_frac: float = 0.002) -> int:
+    """How many boundaries share one reading so that reading costs at most `budget_frac` of step time."""
+    if not step_s or step_s <= 0 or cost_s <= 0:
+        return 1
+    return max(1, min(1000, math.ceil(cost_s / (budget_frac * step_s))))

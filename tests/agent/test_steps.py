@@ -1,0 +1,135 @@
+"""Step boundaries without code change (torch's optimizer hook, CPU torch), per-step figures, comparable
+points, growth windows, and the OOM's step in progress. Real shared Redis, real torch optimizer."""
+
+from __future__ import annotations
+
+import pytest
+
+from profiler import codec
+from profiler.agent.source import ReplaySource
+from profiler.agent.steps import GROWTH_MIN_BYTES, StepTracker, stride_for
+
+from .conftest import REAL, blob_of, entries, make_agent
+
+GIB = 1 << 30
+
+
+def sig(live, peak=None, retries=0):
+    return (live, 2 * GIB, peak or live, 2 * GIB, retries)
+
+
+def test_tracker_baseline_growth_window_and_every_n():
+    t = StepTracker(warmup_steps=3, comparable_every=10, window_steps=50)
+    decisions = []
+    for i in range(12):
+        live = GIB + (0 if i < 6 else 200 << 20)  # live bytes jump by 200 MiB after step 5
+        fig = t.figure(i, 0, sig(live), 50.0)
+        decisions.append(t.on_boundary(fig, 10 * GIB, recording=False))
+        if decisions[-1].record:
+            t.opened(decisions[-1].record)
+    assert [d.comparable for d in decisions[:3]] == [None, None, "baseline"]
+    assert decisions[6].comparable == "growth" and decisions[6].record == "growth"
+    assert decisions[9].comparable == "every_n"  # the 10th boundary
+    # in the window, the next growth is its end (that snapshot carries the frames)
+    d = t.on_boundary(t.figure(12, 0, sig(GIB + (400 << 20)), 50.0), 10 * GIB, recording=True)
+    assert d.comparable == "growth" and d.end_window and not d.record
+    assert len(t.figures) == 13 and t.figures[-1]["allocated"] == GIB + (400 << 20)
+
+
+def test_tracker_no_growth_below_threshold_and_large_step():
+    t = StepTracker(warmup_steps=1, comparable_every=0)
+    got = [t.on_boundary(t.figure(i, 0, sig(GIB + i * (GROWTH_MIN_BYTES // 8), peak=3 * GIB), 10.0), None,
+                         recording=False) for i in range(6)]
+    assert [d.comparable for d in got] == ["baseline"] + [None] * 5  # 5 x 8 MiB: under 64 MiB
+    d = t.on_boundary(t.figure(6, 0, sig(GIB, peak=8 * GIB), 10.0), None, recording=False)
+    assert d.record == "large_step" and d.window_steps == 10
+
+
+def test_epoch_ends_growth_records_the_next_epoch():
+    t = StepTracker()
+    assert not t.on_epoch_end(GIB, None, recording=False).record
+    d = t.on_epoch_end(GIB + (300 << 20), None, recording=False)
+    assert d.record == "growth"
+    t.opened("growth")
+    assert t.on_epoch_end(GIB + (600 << 20), None, recording=True).end_window
+
+
+def test_stride_keeps_reading_under_budget():
+    assert stride_for(20e-6, 0.050) == 1          # 20 us of a 50 ms step: 0.04%
+    assert stride_for(20e-6, 0.002) in (5, 6)     # a 2 ms step: every 5th boundary (float rounding)
+    assert stride_for(20e-6, None) == 1
+
+
+class DictSource(ReplaySource):
+    """The replay source handing out dicts, as torch's `_snapshot()` does (so the agent embeds its figures)."""
+
+    def snapshot(self):
+        data = super().snapshot()
+        return codec.loads_restricted(data) if data is not None else None
+
+
+def _tiny_training(steps, agent=None, mark=False):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for i in range(steps):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if mark:
+            agent.mark_step(100 + i, 7)
+    return opt
+
+
+def test_optimizer_hook_finds_steps_without_mark_step(shared):
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    live = [GIB] * 5 + [GIB + (300 << 20)] * 3 + [GIB + (700 << 20)] * 4
+    src.signals = [sig(x) for x in live]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, optimizer="AdamW",
+                   model="Net", comparable_every_steps=0, step_budget=1.0)
+    _tiny_training(12)
+    assert a.steps_source == "optimizer_hook" and a.step == 11
+    assert a.policy.steps_seen == 12
+    # the OOM comes in the step after the last completed one
+    src.fire_oom()
+    a.note_exception(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    a.stop(10)
+    got = entries(r, stream)
+    assert got[0].payload["optimizer"] == "AdamW" and got[0].payload["model"] == "Net"  # strings, not "str"
+    snaps = [e for e in got if e.kind == "snapshot"]
+    reasons = [(s.trigger, s.payload.get("reason"), s.step) for s in snaps]
+    assert reasons == [("periodic", "warmup", 2), ("periodic", "growth", 5), ("periodic", "growth", 8),
+                       ("oom", None, 12)], reasons
+    assert all(s.payload.get("comparable") for s in snaps[:3])
+    meta = [codec.loads_restricted(blob_of(r, s, prefix))["memq_agent"] for s in snaps]
+    assert meta[0]["recording"]["on"] is True and meta[0]["recording"]["reason"] == "warmup"
+    # the first growth opens a recording window; the second growth closes it with frames recorded since step 6
+    assert meta[1]["recording"]["on"] is False
+    assert meta[2]["recording"] == {"on": True, "since_step": 6, "reason": "growth"}
+    oom = meta[3]
+    assert (oom["step_in_progress"], oom["step_completed"], oom["steps_source"]) == (12, 11, "optimizer_hook")
+    assert oom["optimizer"] == "AdamW" and oom["model"] == "Net" and oom["comparable"] is False
+    figs = oom["step_figures"]
+    assert [f["step"] for f in figs] == list(range(12))
+    assert [f["allocated"] for f in figs] == live
+    assert set(figs[0]) >= {"step", "epoch", "peak_allocated", "peak_reserved", "allocated", "reserved",
+                            "retries", "ms"}
+    sent = [f for e in got if e.kind == "stats" for f in e.payload.get("step_figures", [])]
+    assert [f["step"] for f in sent] == list(range(12))  # the figures also travel with the stats
+
+
+def test_mark_step_wins_over_the_hook(shared):
+    r, prefix, stream = shared
+    src = DictSource(REAL / "seed_adamw")
+    src.signals = [sig(GIB)]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1.0)
+    opt = _tiny_training(6, agent=a, mark=True)
+    assert a.steps_source == "mark_step" and a.step == 105 and a.policy.steps_seen == 6
+    assert a._optimizer_name == type(opt).__name__
+    a.stop(10)
+    samples = [x for e in entries(r, stream) if e.kind == "stats" for x in e.payload["samples"]
+               if "step" in x]
+    assert [x["step"] for x in samples] == list(range(100, 106))  # the hook's step 0 took the job's number
