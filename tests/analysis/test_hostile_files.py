@@ -1,0 +1,267 @@
+"""Issue 13 items 5, 6 and 9 at the command line: `memq analyze` / `memq push` on files made to
+hurt (a 1 MB gzip bomb, /dev/zero, FIFOs, frames nested 100k deep, a tuple key nested 1M deep).
+Each ends with exit 2 and one line on stderr, in bounded memory (the process's own peak RSS, read
+with wait4, stays under MEMQ_DECODE_BUDGET_BYTES), never an OOM, a hang, a RecursionError or a
+crash. Real files go through `memq` as a subprocess where the exit code matters."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from profiler import codec
+from profiler.errors import NestedTooDeep, NotRegularFile, SnapshotError, TooLarge
+from profiler.load import load_snapshot_file, read_bytes
+from tests.bombs import (
+    MIB,
+    REAL,
+    clean_env,
+    deep_tuple_key_pickle,
+    gz,
+    memq_cmd,
+    nested_frames_json,
+    nested_frames_pickle,
+    peak_rss,
+    zeros_gzip,
+)
+
+BUDGET = 256 * MIB  # -> 16 MiB of pickle admitted
+BENCH = Path("/work/shared/fixtures/real/bench_100k/big.pickle.gz")
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory):
+    """1 GiB of zeros as a ~1 MB gzip, with its correct sha256."""
+    data, sha, size = zeros_gzip(1024)
+    assert len(data) < 1.1 * MIB and size == 1024 * MIB
+    path = tmp_path_factory.mktemp("bomb") / "zeros.pickle.gz"
+    path.write_bytes(data)
+    return path, sha, size
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return clean_env(MEMQ_DATA_DIR=str(tmp_path / "data"), MEMQ_CONFIG=str(tmp_path / "none.toml"),
+                     MEMQ_DATABASE_URL=f"sqlite:///{tmp_path / 'h.db'}", MEMQ_DECODE_BUDGET_BYTES=str(BUDGET),
+                     MEMQ_REDIS_URL="redis://127.0.0.1:1/0", **extra)  # push must refuse before Redis
+
+
+def _one_line_refusal(rc: int, err: str) -> str:
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("memq: error: "), err
+    assert "Traceback" not in err and "internal error" not in err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------ bombs (item 5)
+
+
+@pytest.mark.parametrize("command", ["analyze", "push"])
+def test_gzip_bomb_stops_at_the_budget_in_bounded_memory(bomb, tmp_path, command):
+    path, _sha, _size = bomb
+    args = [command, str(path)] + (["--run", "r"] if command == "push" else [])
+    rc, _out, err, rss = peak_rss(memq_cmd(*args), env=_env(tmp_path))
+    line = _one_line_refusal(rc, err)
+    assert f"exceeds the limit of {BUDGET // codec.DECODE_BYTES_PER_RAW_BYTE} bytes" in line
+    assert rss < BUDGET, f"peak RSS {rss / MIB:.0f} MiB over the {BUDGET / MIB:.0f} MiB budget"
+
+
+def test_blob_verification_streams_a_bomb_within_the_cap(bomb, tmp_path):
+    """With a cap above 1 GiB the bomb is verified (sha256 and size) without ever holding its
+    inflated bytes: the verifying process stays far below the 1 GiB it hashed."""
+    path, sha, size = bomb
+    script = ("import sys; from profiler.store.blobs import BlobStore; "
+              f"b = BlobStore({str(tmp_path / 'blobs')!r}, max_bytes=2 * 1024**3); "
+              f"print(b.verify({sha!r}, open({str(path)!r}, 'rb').read(), size={size}))")
+    rc, out, err, rss = peak_rss([sys.executable, "-c", script], env=clean_env())
+    assert rc == 0, err
+    assert int(out) == size
+    assert rss < 200 * MIB, f"peak RSS {rss / MIB:.0f} MiB while hashing 1 GiB"
+
+
+def test_inflating_past_the_cap_stops_there():
+    data, sha, size = zeros_gzip(64)
+    with pytest.raises(TooLarge):
+        codec.decompress(data, 16 * MIB)
+    with pytest.raises(TooLarge):
+        codec.inflated_digest(data, size - 1)
+    assert codec.inflated_digest(data, size) == (sha, size)
+    assert len(codec.decompress(data, size)) == size
+
+
+def test_multi_member_gzip_and_trailing_garbage_still_inflate():
+    a, b = b"first member " * 1000, b"second member" * 1000
+    assert codec.decompress(gz(a) + gz(b) + b"\x00\x00junk") == a + b
+    with pytest.raises(SnapshotError, match="truncated"):
+        codec.decompress(gz(a)[:-20])
+
+
+def test_real_snapshots_fit_the_default_budget():
+    """The default budget (768 MiB -> 48 MiB of pickle) admits the 100k-entry bench snapshot (21 MB)."""
+    from profiler.config import load_settings
+
+    cap = load_settings({}).decode_max_bytes
+    assert cap == 48 * MIB
+    if not BENCH.exists():
+        pytest.skip("bench_100k fixture not on this machine")
+    ld = load_snapshot_file(BENCH, max_bytes=cap)
+    assert len(ld.snapshot.trace) >= 100_000
+
+
+# ------------------------------------------------------------------------------ devices, FIFOs (item 6)
+
+
+@pytest.mark.parametrize("command", ["analyze", "push"])
+def test_dev_zero_is_refused_at_once(tmp_path, command):
+    args = [command, "/dev/zero", "--max-bytes", "10MB"] if command == "analyze" else [command, "/dev/zero", "--run", "r"]
+    rc, _out, err, rss = peak_rss(memq_cmd(*args), env=_env(tmp_path), timeout=60)
+    assert "character device" in _one_line_refusal(rc, err)
+    assert rss < BUDGET
+
+
+def test_fifo_without_a_writer_does_not_hang(tmp_path):
+    fifo = tmp_path / "snap.fifo"
+    os.mkfifo(fifo)
+    for command in (["analyze", str(fifo)], ["push", str(fifo), "--run", "r"]):
+        rc, _out, err, _rss = peak_rss(memq_cmd(*command), env=_env(tmp_path), timeout=60)
+        assert "empty input" in _one_line_refusal(rc, err)
+
+
+def test_fifo_with_a_writer_is_read(tmp_path):
+    """A pipe is a fine way to hand memq a snapshot (`memq analyze <(zcat x.gz)`): it is read, capped."""
+    fifo = tmp_path / "snap.fifo"
+    os.mkfifo(fifo)
+    data = (REAL / "frag_synthetic" / "oom.pickle.gz").read_bytes()
+
+    def write():
+        with open(fifo, "wb") as fh:
+            fh.write(data)
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    rc, out, err, _rss = peak_rss(memq_cmd("analyze", str(fifo), "--json"), env=_env(tmp_path), timeout=60)
+    t.join(10)
+    assert rc == 0, err
+    assert '"schema": 1' in out
+
+
+def test_a_fifo_that_never_ends_stops_at_the_cap(tmp_path):
+    fifo = tmp_path / "zeros.fifo"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+
+    def write():
+        with open(fifo, "wb") as fh:
+            while not stop.is_set():
+                try:
+                    fh.write(bytes(MIB))
+                except BrokenPipeError:
+                    return
+
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(TooLarge, match="more than 10000000 bytes"):
+            read_bytes(fifo, 10_000_000)
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def test_a_stalled_writer_is_abandoned_after_the_idle_timeout(tmp_path):
+    fifo = tmp_path / "stall.fifo"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+    release = threading.Event()
+
+    def hold_open():
+        fd = os.open(fifo, os.O_RDWR)  # a writer that never writes (O_RDWR: does not wait for a reader)
+        opened.set()
+        release.wait(30)
+        os.close(fd)
+
+    t = threading.Thread(target=hold_open, daemon=True)
+    t.start()
+    assert opened.wait(10)
+    try:
+        with pytest.raises(SnapshotError, match="nothing to read"):
+            read_bytes(fifo, 10_000_000, idle_timeout_s=0.3)
+    finally:
+        release.set()
+        t.join(10)
+
+
+def test_directories_and_devices_are_not_snapshot_files(tmp_path):
+    with pytest.raises(NotRegularFile, match="directory"):
+        read_bytes(tmp_path, 1000)
+    with pytest.raises(NotRegularFile, match="character device"):
+        read_bytes("/dev/null", 1000)
+
+
+def test_a_file_larger_than_the_cap_is_refused_without_trusting_its_size(tmp_path):
+    p = tmp_path / "big.pickle"
+    p.write_bytes(b"\x80" * 5000)
+    with pytest.raises(TooLarge):
+        read_bytes(p, 4999)
+    assert read_bytes(p, 5000) == b"\x80" * 5000
+
+
+# ------------------------------------------------------------------------------ nesting (item 9)
+
+
+@pytest.mark.parametrize("case", ["pickle 100k deep", "gzip pickle 100k deep", "json 100k deep", "json 150 deep",
+                                  "tuple key 1M deep"])
+def test_deep_nesting_is_bad_input_not_a_crash(tmp_path, case):
+    data = {"pickle 100k deep": lambda: nested_frames_pickle(100_000),
+            "gzip pickle 100k deep": lambda: gz(nested_frames_pickle(100_000)),
+            "json 100k deep": lambda: nested_frames_json(100_000),
+            "json 150 deep": lambda: nested_frames_json(150),  # under Python's limit, over ours
+            "tuple key 1M deep": lambda: deep_tuple_key_pickle(1_000_000)}[case]()
+    path = tmp_path / "deep.snapshot"
+    path.write_bytes(data)
+    rc, _out, err, _rss = peak_rss(memq_cmd("analyze", str(path)), env=_env(tmp_path), timeout=120)
+    assert "nests" in _one_line_refusal(rc, err), err
+
+
+def test_nesting_is_refused_by_the_decoder_itself():
+    with pytest.raises(NestedTooDeep):
+        codec.decode_plain(nested_frames_pickle(codec.MAX_NESTING + 5))
+    with pytest.raises(NestedTooDeep):
+        codec.decode_plain(nested_frames_json(codec.MAX_NESTING + 5))
+    with pytest.raises(NestedTooDeep):
+        codec.loads_restricted(deep_tuple_key_pickle(300_000))
+    assert codec.decode_plain(nested_frames_json(20))  # shallow enough: accepted
+
+
+def test_shared_containers_are_refused():
+    """A pickle can reference one list from many places (memo); walking such a DAG as a tree blows
+    up exponentially. 40 levels of [x, x] is 2^40 paths from 300 bytes."""
+    body = b"\x80\x02]q\x00"  # EMPTY_LIST, BINPUT 0
+    for i in range(40):
+        body += b"(h" + bytes([i]) + b"h" + bytes([i]) + b"lq" + bytes([i + 1])  # [m[i], m[i]] -> m[i+1]
+    data = body + b"."
+    with pytest.raises(SnapshotError, match="reuses containers"):
+        codec.loads_restricted(data)
+
+
+def test_real_snapshots_pass_the_shape_check():
+    for p in sorted(REAL.glob("*/*.pickle.gz")):
+        raw = codec.decompress(p.read_bytes())
+        codec.check_shape(codec.loads_restricted(raw), len(raw))
+
+
+def test_memory_bomb_pickle_is_too_large_not_an_oom(tmp_path):
+    """1 byte per empty set (EMPTY_SET, APPENDS into a list) builds ~200 bytes of objects per byte:
+    past 16x the pickle the address-space cap turns it into TooLarge (exit 2)."""
+    n = 8 * MIB
+    data = b"\x80\x04](" + b"\x8f" * n + b"e."
+    path = tmp_path / "sets.pickle"
+    path.write_bytes(data)
+    rc, _out, err, rss = peak_rss(memq_cmd("analyze", str(path)), env=_env(tmp_path), timeout=120)
+    assert "memory" in _one_line_refusal(rc, err)
+    assert rss < BUDGET + 64 * MIB
+
