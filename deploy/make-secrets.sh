@@ -13,6 +13,7 @@ rand() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
 [ -f secrets/postgres_password ] || rand > secrets/postgres_password
 [ -f secrets/memq_redis_password ] || rand > secrets/memq_redis_password
 [ -f secrets/agent_redis_password ] || rand > secrets/agent_redis_password
+[ -f secrets/grafana_admin_password ] || rand > secrets/grafana_admin_password
 PG=$(cat secrets/postgres_password)
 RP=$(cat secrets/memq_redis_password)
 AP=$(cat secrets/agent_redis_password)
