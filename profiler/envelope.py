@@ -248,7 +248,7 @@ def _json_problem(obj: Any) -> str | None:
                 bad = _str_problem(k)
                 if bad:
                     return f"a key of {path} {bad}"
-                stack.append((v, f"{path}.{k[:30]}", depth + 1))
+                stack.append((v, f"{path}.{ascii(k[:30])[1:-1]}", depth + 1))
         elif isinstance(o, list):
             stack.extend((v, f"{path}[{i}]", depth + 1) for i, v in enumerate(o))
         elif isinstance(o, str):
