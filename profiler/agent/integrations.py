@@ -88,7 +88,9 @@ def hf_callback(run: str, cluster: str, **options: Any):
             if model is not None:
                 opts.setdefault("model", model)
             if optimizer is not None:
-                opts.setdefault("optimizer", optimizer)
+                # The Trainer hands accelerate's AcceleratedOptimizer; the run's optimizer is inside it.
+                inner = getattr(optimizer, "optimizer", None)
+                opts.setdefault("optimizer", inner if hasattr(inner, "param_groups") else optimizer)
             opts.setdefault("rank", getattr(args, "process_index", None))
             self.handle = agent.start(run=run, cluster=cluster, **opts)
 
