@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from profiler import redis_functions
 from tests.ops.stackfile import make_secrets
 from tests.workers.stack import free_port, wait_for
 
@@ -96,6 +97,9 @@ def test_agent_push_over_tls(tls):
     p = _memq(_env(tls, MEMQ_REDIS_URL=tls["agent"]), "push", str(FIXTURE), "--run", "tls-run", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     admin = redis.Redis.from_url(tls["admin"], socket_timeout=5)
+    # the agent user has no XADD: push appended to the inbox, which the dispatcher's relay moves
+    relay = redis_functions.Relay(admin, stream="memq:ingest", key_prefix="memq:", maxlen=1000, blob_ttl_s=3600)
+    assert relay.step() >= 3
     kinds = [f[b"kind"] for _, f in admin.xrange("memq:ingest")]
     assert kinds[0] == b"run_start" and b"snapshot" in kinds
     assert list(admin.scan_iter(match="memq:blob:*"))
