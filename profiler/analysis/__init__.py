@@ -100,6 +100,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     opt_creation = _optimizer_creation(last, S, oom_ev.frames if oom_ev is not None else [], optimizer)
     peak_reserved = max(max(p["metrics"]["reserved_bytes"], p["timeline"].get("peak_reserved_bytes") or 0)
                         for p in per)
+    # The agent's peak counters saw every completed step, not only the snapshots' moments.
+    peak_reserved = max([peak_reserved, *(f["peak_reserved"] for f in (agents[-1] or {}).get("step_figures") or [])])
     tl = last["timeline"]
     peak_frames = []
     if tl.get("peak_index", -1) is not None and tl.get("peak_index", -1) >= 0:

@@ -4,8 +4,30 @@ stream id or a blob hash. "end of epoch 0 (step 14)", "OOM in step 60 (epoch 3)"
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
+
+_NUM = {"epoch": re.compile(r"epoch[_-]?(\d+)", re.I), "step": re.compile(r"step[_-]?(\d+)", re.I)}
+_OOM = re.compile(r"(^|[^a-z])oom([^a-z]|$)", re.I)
+
+
+def infer_from_name(path: str) -> dict[str, Any]:
+    """Step, epoch and trigger from file names such as `epoch2.pickle.gz`, `step0040.pickle.gz`,
+    `oom.pickle.gz` (the agent and the fixtures name them so). Explicit options win."""
+    name = str(path).replace("\\", "/").rsplit("/", 1)[-1]
+    out: dict[str, Any] = {}
+    for key, rx in _NUM.items():
+        m = rx.search(name)
+        if m:
+            out[key] = int(m.group(1))
+    if _OOM.search(name):
+        out["trigger"] = "oom"
+    elif "epoch" in out:
+        out["trigger"] = "epoch_end"
+    elif "step" in out:
+        out["trigger"] = "periodic"
+    return out
 
 
 def snapshot_label(trigger: str | None, step: int | None = None, epoch: int | None = None, *,

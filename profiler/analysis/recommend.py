@@ -143,7 +143,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          "empty_cache() cannot release (the allocator already released every fully free "
                          "segment before raising the OOM)", "no change"))
     if primary == "capacity":
-        over = A + S - (f.limit or 0)
+        over = need - (f.limit or 0)
         biggest = max(((c, v) for c, v in f.composition.items() if c != fr.UNKNOWN), key=lambda kv: kv[1],
                       default=("activations", acts))
         if biggest[0] == fr.ACTIVATIONS:

@@ -67,8 +67,7 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
 def _label(path: str) -> str | None:
     """Where a file was taken, from its name (`epoch2.pickle.gz`, `step0040...`, `oom...`), for the
     evidence; snapshots the agent sent carry their own trigger, step and epoch, which win."""
-    from profiler.analysis.labels import snapshot_label
-    from profiler.store.service import infer_from_name
+    from profiler.analysis.labels import infer_from_name, snapshot_label
 
     got = infer_from_name(path)
     return snapshot_label(got.get("trigger"), got.get("step"), got.get("epoch")) if got else None

@@ -86,25 +86,11 @@ class IngestReport:
                 "snapshots": [vars(s) for s in self.snapshots], "diagnosis": self.diagnosis}
 
 
-_NUM = {"epoch": re.compile(r"epoch[_-]?(\d+)", re.I), "step": re.compile(r"step[_-]?(\d+)", re.I)}
-
-
 def infer_from_name(path: str) -> dict[str, Any]:
-    """Step, epoch and trigger from file names such as `epoch2.pickle.gz`, `step0040.pickle.gz`,
-    `oom.pickle.gz` (the agent and the fixtures name them so). Explicit options win."""
-    name = Path(path).name
-    out: dict[str, Any] = {}
-    for key, rx in _NUM.items():
-        m = rx.search(name)
-        if m:
-            out[key] = int(m.group(1))
-    if re.search(r"(^|[^a-z])oom([^a-z]|$)", name, re.I):
-        out["trigger"] = "oom"
-    elif "epoch" in out:
-        out["trigger"] = "epoch_end"
-    elif "step" in out:
-        out["trigger"] = "periodic"
-    return out
+    """Step, epoch and trigger from a file name (profiler.analysis.labels.infer_from_name)."""
+    from profiler.analysis.labels import infer_from_name as infer
+
+    return infer(path)
 
 
 def _label(row) -> str | None:
