@@ -269,7 +269,7 @@ def check_stream(r, st) -> list[Check]:
                              data=data))
         else:
             out.append(Check("stream", OK, line, data=data))
-        out += check_stream_limits(r, st, data["length"], lag)
+        out += check_stream_limits(r, st, data["length"], g)
         out += check_pending(r, st)
         out += _check_trim(r, st)
     if dead:
@@ -282,10 +282,12 @@ def check_stream(r, st) -> list[Check]:
 ID_MAX = 2**64 - 1
 
 
-def check_stream_limits(r, st, length: int, lag) -> list[Check]:
-    """Length against MEMQ_STREAM_MAXLEN, entries lost unread, and the last ID against the clock
-    and the end of the ID space."""
+def check_stream_limits(r, st, length: int, group: dict) -> list[Check]:
+    """Length against MEMQ_STREAM_MAXLEN, entries lost unread (added to the stream, never read by
+    the group, and no longer in it), and the last ID against the clock and the end of the ID space."""
     import redis
+
+    from workers.runtime import GROUP
 
     try:
         info = r.xinfo_stream(st.stream_key)
@@ -298,7 +300,11 @@ def check_stream_limits(r, st, length: int, lag) -> list[Check]:
     except ValueError:
         ms, seq = 0, 0
     now_ms = int(time.time() * 1000)
-    data = {"length": length, "maxlen": st.stream_maxlen, "last_id": last, "lag": lag}
+    added, read = info.get("entries-added"), group.get("entries-read")
+    if read is None and _text(group.get("last-delivered-id") or "") == "0-0":
+        read = 0  # the group has read nothing yet
+    unread = None if added is None or read is None else int(added) - int(read)
+    data = {"length": length, "maxlen": st.stream_maxlen, "last_id": last, "unread": unread}
     out = []
     if ms == ID_MAX and ID_MAX - seq < 2**32:
         out.append(Check("stream-limits", ERROR, f"{st.stream_key}: last ID {last} is at the end of the ID space "
@@ -316,9 +322,10 @@ def check_stream_limits(r, st, length: int, lag) -> list[Check]:
                          f"of MEMQ_STREAM_MAXLEN ({st.stream_maxlen}): the agents' next XADDs trim the oldest "
                          "entries, read or not", "start more dispatchers, check the stream trim (beat), or raise "
                          "MEMQ_STREAM_MAXLEN with Redis maxmemory", data=data))
-    if lag is not None and int(lag) > length:
-        out.append(Check("stream-limits", WARN, f"{st.stream_key}: lag {lag} exceeds the {length} entries left: "
-                         f"{int(lag) - length} entries were removed before any dispatcher read them (a trim such "
+    if unread is not None and unread > length:
+        out.append(Check("stream-limits", WARN, f"{st.stream_key}: {unread} entries were never read by {GROUP} but "
+                         f"only {length} are left: {unread - length} entries were removed before any dispatcher "
+                         "read them (a trim such "
                          "as XADD MAXLEN 0, or XDEL)", "check who can write the stream with trim options "
                          "(deploy/SECURITY.md); the agents of that period lost those messages", data=data))
     return out
