@@ -363,7 +363,7 @@ class Dispatcher:
             return None  # another dispatcher took it first; Redis 7 drops trimmed entries here
         fields = got[0][1] or {}
         if n >= self.st.max_deliveries:
-            self._dead_and_ack(mid, fields, f"delivered {n} times without being acknowledged (last consumer "
+            self._dead_and_ack(mid, fields, f"not acknowledged after {n} deliveries (last consumer "
                                             f"{_s(pending['consumer'])}): it may crash the dispatcher")
             return []
         return [(mid, got[0][1])]

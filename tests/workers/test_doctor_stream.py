@@ -71,7 +71,7 @@ def test_stuck_and_over_delivered_pending_entries_are_reported_and_a_dispatcher_
     d = Dispatcher(load_settings(env), consumer="live", block_ms=50, enqueue=lambda sid: None)
     d.run(install_signals=False, idle_exit_s=2.0)
     (letter,) = [{k.decode(): v.decode() for k, v in f.items()} for _i, f in r.xrange("memq:dead")]
-    assert letter["run"] == "r1" and "delivered 9 times" in letter["reason"]
+    assert letter["run"] == "r1" and "not acknowledged after 9 deliveries" in letter["reason"]
     code, checks = doctor(env)
     assert "pending" not in checks  # nothing pending any more
     assert not [c for c in checks.get("stream-limits", []) if c["status"] != "ok"]

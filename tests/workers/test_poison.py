@@ -247,7 +247,7 @@ def test_an_entry_that_kills_the_dispatcher_ends_after_max_deliveries_alone(worl
         assert p.returncode in (0, -9), p.stderr[-3000:]
     assert runs.count(-9) == st.max_deliveries, runs  # killed once per delivery, then dead-lettered
     (letter,) = _dead(r, st)
-    assert letter["run"] == "crash" and f"delivered {st.max_deliveries} times" in letter["reason"]
+    assert letter["run"] == "crash" and f"not acknowledged after {st.max_deliveries} deliveries" in letter["reason"]
     d = Dispatcher(st, consumer="check", enqueue=lambda sid: None)
     assert _run_names(d) == {x for x in order if x != "crash"}
     assert _pending(r, st) == 0
