@@ -46,7 +46,7 @@ def _format_for(fmt: str | None, out: str | None) -> str:
 @click.option("--scope", default="all", show_default=True, metavar="all|cluster=C|job=J")
 @click.option("--format", "fmt", type=click.Choice(["html", "md", "json"]),
               help="Output format (default: from --out's suffix, else md).")
-@click.option("--out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+@click.option("--out", metavar="PATH", help="Write here (a regular file) instead of stdout.")
 @click.option("--store/--no-store", "save", default=True, show_default=True,
               help="Also keep it in the database and MEMQ_REPORT_DIR.")
 def report(day, scope, fmt, out, save):
@@ -75,7 +75,7 @@ def report(day, scope, fmt, out, save):
 
 @click.command()
 @click.option("--run", "run_name", required=True)
-@click.option("--out", type=click.Path(dir_okay=False), help="run.png (default <run>.png) or run.html.")
+@click.option("--out", metavar="PATH", help="run.png (default <run>.png) or run.html.")
 @click.option("--points", type=click.IntRange(10, 5000), default=400, show_default=True,
               help="Buckets of the stat-sample timeline (max per bucket).")
 def plot(run_name, out, points):

@@ -49,8 +49,15 @@ def write_output(path: str | os.PathLike, data: str | bytes) -> Path:
 
 def check_output(path: str | os.PathLike) -> Path:
     """The path `write_output` would write, or OutputError now: lets a command refuse a bad --out
-    before doing its work."""
-    return _checked_target(Path(path))
+    before doing its work (a read-only or full place is found by creating and removing a file)."""
+    target = _checked_target(Path(path))
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name[:40]}.", suffix=".probe", dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(f"cannot write {_show(target)}: {_reason(exc)}") from exc
+    return target
 
 
 def _checked_target(p: Path) -> Path:
