@@ -138,6 +138,7 @@ def snapshot_view(snap: Snapshot | None, analysis: dict[str, Any] | None, *, tit
         "limits": details.get("limits"), "allocator_settings": details.get("allocator_settings"),
         "whatif": analysis.get("whatif") or details.get("whatif"),
         "segments": None, "timeline": None, "stacks": [], "stack_categories": [],
+        "stranded_bytes": None, "torch_format": None, "settings_conf": None,
     }
     if snap is not None:
         sm = segment_map(snap, stacks)

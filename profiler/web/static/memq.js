@@ -115,6 +115,7 @@
         el("line", {x1: cx, x2: cx, y1: T, y2: H - B, "class": "oom-line"}, svg);
         if (s.oom.requested_bytes) el("line", {x1: cx, x2: cx, y1: y(s.allocated_bytes || 0), y2: y(need), "class": "oom-request"}, svg);
         var g = el("g", {"class": "oom-mark", "data-snapshot": s.id}, a);
+        el("circle", {cx: cx, cy: cy, r: 10, "class": "hit"}, g);
         el("path", {d: "M" + (cx - 7) + "," + (cy - 7) + "L" + (cx + 7) + "," + (cy + 7) + "M" + (cx - 7) + "," + (cy + 7) + "L" + (cx + 7) + "," + (cy - 7)}, g);
         el("title", {}, g, "OOM: requested " + fmtBytes(s.oom.requested_bytes) + " with " + fmtBytes(s.allocated_bytes) + " allocated");
         el("text", {x: cx - 8, y: T + 12, "class": "label oom-label", "text-anchor": "end"}, svg,

@@ -1,0 +1,229 @@
+"""`memq serve` pages and a `memq view` file in headless Chromium (Debian's /usr/bin/chromium driven
+by playwright, as tests/report/test_browser.py does): no console error, no failed request, nothing
+loaded from outside the server; the runs table filters and pages; a click on a block shows its
+frames; the run page's timeline marks the OOM. Screenshots are kept in the test's tmp_path and
+checked to be non-blank."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REAL
+from tests.report.conftest import chromium_path
+from tests.report.test_browser import png_rows, png_size
+from tests.web.conftest import ROOT
+
+WIDTH, HEIGHT = 1280, 900
+
+
+class Browser:
+    def __init__(self, p, base: str | None):
+        self.base = base
+        self.browser = p.chromium.launch(executable_path=chromium_path(),
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        self.page = self.browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        pg = self.page
+        pg.on("console", lambda m: self.errors.append(f"console {m.type}: {m.text}")
+              if m.type in ("error", "warning") else None)
+        pg.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        pg.on("requestfailed", lambda r: self.errors.append(f"request failed: {r.url} {r.failure}"))
+        pg.on("request", lambda r: self.requests.append(r.url))
+        pg.on("response", lambda r: self.errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+
+    def open(self, path: str):
+        self.page.goto(self.base + path if self.base else path, wait_until="load")
+        self.page.wait_for_selector("html[data-ready='1']", timeout=30_000)
+        return self.page
+
+    def clean(self) -> None:
+        assert self.errors == [], self.errors
+        outside = [u for u in self.requests if not (self.base and u.startswith(self.base)) and not u.startswith("file:")
+                   and not u.startswith("data:")]
+        assert outside == [], outside
+
+
+@pytest.fixture
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    assert Path(chromium_path()).exists(), f"Chromium not found at {chromium_path()} (apt-get install chromium)"
+    with sync_playwright() as p:
+        b = Browser(p, server.url)
+        try:
+            yield b
+        finally:
+            b.browser.close()
+
+
+def assert_not_blank(png: bytes, *, red: bool = False) -> None:
+    w, _ = png_size(png)
+    assert w == WIDTH
+    rows = png_rows(png)
+    bpp = len(rows[0]) // w
+    pixels = [r[i:i + 3] for r in rows[::4] for i in range(0, len(r), 4 * bpp)]
+    background = max(set(pixels), key=pixels.count)
+    share = sum(p != background for p in pixels) / len(pixels)
+    assert share > 0.04, f"screenshot nearly blank ({share:.1%} non-background)"
+    assert len(set(pixels)) > 40
+    if red:  # the OOM marks / failed fit test
+        assert any(p[0] > 150 and p[1] < 90 and p[2] < 90 for p in pixels)
+
+
+def shot(page, path: Path, **kw) -> bytes:
+    png = page.screenshot(path=str(path), **kw)
+    assert path.read_bytes() == png
+    return png
+
+
+def test_every_page_loads_clean(browser, web_history, tmp_path):
+    rid = None
+    pages = ["/runs", "/runs/seed_adamw", "/runs/capacity", "/runs/frag_synthetic", "/runs/frag_dyn",
+             f"/snapshots/{web_history.snapshot_id('seed_adamw')}", f"/snapshots/{web_history.snapshot_id('capacity')}",
+             f"/snapshots/{web_history.snapshot_id('frag_synthetic', 'oom')}",
+             f"/snapshots/{web_history.snapshot_id('frag_dyn')}",  # corrupt blob: says so, no console error
+             "/compare", "/compare?a=seed_adamw&b=seed_sgd", "/versions", "/versions?job=gpt", "/reports"]
+    for i, path in enumerate(pages):
+        page = browser.open(path)
+        assert page.title().endswith("· memq"), path
+        assert page.evaluate("document.body.scrollWidth") <= WIDTH, f"{path} overflows sideways"
+        png = shot(page, tmp_path / f"page{i:02d}.png")
+        assert_not_blank(png)
+        browser.clean()
+    rid = browser.page.eval_on_selector("a.report-link", "a => a.getAttribute('href')")
+    browser.page.click("a.report-link")
+    browser.page.wait_for_load_state("load")
+    assert browser.page.url.endswith(rid) and "memq report 2026-11-29" in browser.page.title()
+    browser.clean()
+
+
+def test_runs_table_filters_sorts_and_pages(browser, tmp_path):
+    page = browser.open("/runs")
+    assert page.locator("#runs-table tbody tr").count() == 5 and page.text_content("#total") == "5"
+    page.fill("input[name=cluster]", "b")
+    page.select_option("select[name=status]", "oom")
+    page.click("#apply-filters")
+    page.wait_for_selector("html[data-ready='1']")
+    runs = page.locator("a.run-link").all_text_contents()
+    assert sorted(runs) == ["capacity", "frag_dyn", "frag_synthetic"] and "cluster=b" in page.url
+    page.select_option("select[name=cause]", "fragmentation")
+    page.click("#apply-filters")
+    page.wait_for_selector("html[data-ready='1']")
+    assert sorted(page.locator("a.run-link").all_text_contents()) == ["frag_dyn", "frag_synthetic"]
+
+    page = browser.open("/runs?limit=2&sort=run&order=asc")
+    seen = page.locator("a.run-link").all_text_contents()
+    assert page.locator("#prev-page").count() == 0
+    while page.locator("#next-page").count():
+        page.click("#next-page")
+        page.wait_for_selector("html[data-ready='1']")
+        seen += page.locator("a.run-link").all_text_contents()
+    assert seen == sorted(["seed_adamw", "seed_sgd", "frag_synthetic", "capacity", "frag_dyn"])
+    assert "runs 5–5 of 5" in page.text_content("#pager")
+    page.click("th a[data-sort=peak_reserved]")  # sort by a column header (keeps the filters, first page)
+    page.wait_for_selector("html[data-ready='1']")
+    assert "sort=peak_reserved" in page.url and page.locator("a.run-link").count() == 2
+    assert_not_blank(shot(page, tmp_path / "runs.png"))
+    browser.clean()
+
+
+def test_run_timeline_marks_the_oom(browser, tmp_path):
+    page = browser.open("/runs/frag_synthetic")
+    marks = page.locator("#timeline-svg .oom-mark")
+    assert marks.count() == 1
+    assert page.locator("#timeline-svg .snap-mark").count() == 1  # the fragmented snapshot before it
+    assert page.locator("#timeline-svg .limit").count() == 1
+    assert "OOM" in page.text_content("#timeline-svg")
+    box = marks.first.bounding_box()
+    assert box and box["width"] > 4 and box["height"] > 4
+    assert page.locator("#lanes svg circle").count() == 2
+    assert_not_blank(shot(page, tmp_path / "run-frag.png", full_page=True), red=True)
+    marks.first.click()  # the mark links to the OOM snapshot's page
+    page.wait_for_selector("html[data-ready='1']")
+    assert "/snapshots/" in page.url and "oom" in page.text_content("#snap-title")
+
+    page = browser.open("/runs/seed_adamw")  # stat samples: reserved and allocated lines, 4 snapshot marks
+    assert page.locator("#timeline-svg path.reserved").count() == 1
+    assert page.locator("#timeline-svg path.allocated").count() == 1
+    assert page.locator("#timeline-svg .snap-mark").count() == 4 and page.locator("#timeline-svg .oom-mark").count() == 0
+    assert_not_blank(shot(page, tmp_path / "run-seed.png", full_page=True))
+    browser.clean()
+
+
+def test_click_a_block_shows_its_frames(browser, web_history, tmp_path):
+    page = browser.open(f"/snapshots/{web_history.snapshot_id('capacity')}")
+    assert page.locator("#segmap-svg rect.block").count() > 100
+    assert page.locator("#segmap-svg rect.stranded").count() > 0
+    assert page.locator("#fit-svg").count() == 1 and "does not fit" in page.text_content("#fit-svg")
+    assert page.locator("#cat-svg path.band.cat-activations").count() == 1
+    assert page.locator("#cat-svg .oom-mark").count() == 1
+    # the largest live block, by its drawn width
+    block = max(page.locator("#segmap-svg rect.block.cat-activations").all(),
+                key=lambda b: float(b.get_attribute("width")))
+    block.click()
+    frames = page.locator("#frame-list li")
+    assert frames.count() > 3
+    text = page.text_content("#frames")
+    assert "category activations" in text and ".py:" in text
+    assert_not_blank(shot(page, tmp_path / "snapshot-capacity.png", full_page=True), red=True)
+    # a band shows the stacks of its category (dispatched: a thin band's box centre may lie outside it)
+    page.dispatch_event("#cat-svg path.band.cat-activations", "click")
+    assert "band: activations" in page.text_content("#frames") and page.locator("#frames ol.stack li").count() > 0
+    browser.clean()
+
+
+def test_memq_view_is_self_contained_and_interactive(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "view.html"
+    files = [str(REAL / "frag_synthetic" / f"{s}.pickle.gz") for s in ("fragmented", "oom")]
+    res = subprocess.run([sys.executable, "-m", "profiler", "view", *files, "--limit", "8GiB", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    html = out.read_text()
+    assert "<link" not in html and "src=" not in html and "http://" not in html.split("<script type")[0]
+    with sync_playwright() as p:
+        b = Browser(p, None)
+        try:
+            page = b.open(out.as_uri())
+            assert b.requests == [out.as_uri()]
+            assert page.locator("nav").count() == 0 and "fragmentation" in page.text_content("#verdict")
+            assert page.locator("#segmap-svg rect.block").count() > 10
+            assert page.locator("#segmap-svg rect.largest-free").count() == 1
+            page.locator("#segmap-svg rect.block.cat-activations, #segmap-svg rect.block.cat-parameters,"
+                         " #segmap-svg rect.block.cat-other").first.click()
+            assert page.locator("#frame-list li").count() > 0
+            assert_not_blank(shot(page, tmp_path / "view.png", full_page=True), red=True)
+            b.clean()
+        finally:
+            b.browser.close()
+
+
+def test_memq_view_of_the_100k_entry_snapshot_renders_and_answers_a_click(tmp_path):
+    """The 100,000-entry fixture (benchmarks/data): the page draws its trace and a click shows frames.
+    How fast is measured by benchmarks/bench_web.py, not asserted here."""
+    from playwright.sync_api import sync_playwright
+
+    big = ROOT / "benchmarks" / "data" / "big.pickle.gz"
+    assert big.exists(), f"{big} is missing (the 100,000-entry fixture of benchmarks/)"
+    out = tmp_path / "big.html"
+    res = subprocess.run([sys.executable, "-m", "profiler", "view", str(big), "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    with sync_playwright() as p:
+        b = Browser(p, None)
+        try:
+            page = b.open(out.as_uri())
+            assert "100000 trace entries" in page.text_content("#cat-svg")
+            assert page.locator("#cat-svg path.band").count() >= 2
+            page.locator("#segmap-svg rect.block.cat-parameters").first.click()
+            page.wait_for_selector("#frame-list li")
+            assert_not_blank(shot(page, tmp_path / "big.png"))
+            b.clean()
+        finally:
+            b.browser.close()
