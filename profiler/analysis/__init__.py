@@ -19,7 +19,7 @@ from typing import Any
 from profiler.analysis import frames as fr
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
 from profiler.analysis.labels import agent_label
-from profiler.analysis.leak import detect_leak
+from profiler.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
 from profiler.analysis.limits import resolve_limits
 from profiler.analysis.memory import (
     largest_oversize_free_block,
@@ -95,6 +95,13 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
     leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit)
+    figs = (agents[-1] or {}).get("step_figures") or []
+    if not leak["holds"] and not leak["settled"] and figs:
+        # Too few comparable snapshots (e.g. `memq run` with no mark_epoch): the step boundaries the
+        # agent measured are comparable points too.
+        by_figures = detect_leak_from_figures(figure_points(figs), lim.limit)
+        if by_figures["settled"]:
+            leak = by_figures
     earlier_peak, steps_seen = _earlier_step_peak(per)
     projection, not_projected = _project(per, heads, tags, m["active_bytes"], S) if S else (None, None)
     opt_creation = _optimizer_creation(last, S, oom_ev.frames if oom_ev is not None else [], optimizer)

@@ -99,3 +99,55 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
 
 def _g(n: float) -> str:
     return f"{n / 1024**3:.2f} GiB" if abs(n) >= 1024**3 / 10 else f"{n / MiB:.1f} MiB"
+
+
+def figure_points(figs: list[dict]) -> list[dict]:
+    """Comparable points from the agent's per-step figures: live bytes (memory_allocated) at step
+    boundaries, the same point of every step. One per epoch (its last step) where the figures span
+    three epochs or more, else every k-th step (about six points). The first step, where gradients and
+    optimizer state are created, is warm-up."""
+    after = figs[1:]
+    by_epoch: dict = {}
+    for f in after:
+        if f.get("epoch") is not None:
+            by_epoch[f["epoch"]] = f
+    if len(by_epoch) >= 3:
+        picked = [by_epoch[e] for e in sorted(by_epoch)]
+        return [{"name": f"the end of epoch {f['epoch']} (step {f['step']})", "active": f["allocated"]}
+                for f in picked]
+    k = max(1, len(after) // 6)
+    picked = after[::k] if after else []
+    if after and picked[-1] is not after[-1]:
+        picked.append(after[-1])
+    return [{"name": f"the end of step {f['step']}", "active": f["allocated"]} for f in picked]
+
+
+def detect_leak_from_figures(points: list[dict], limit: int | None) -> dict:
+    """The leak test on `figure_points`: live bytes grow in at least two consecutive intervals, each by
+    more than max(64 MiB, 1% of LIMIT or of A), and never fall back below what an interval reached
+    (the growth stays live: the figures have no blocks to check it by)."""
+    result = {"holds": False, "evidence": [], "growth_by_site": [], "allocating_site": None, "intervals": [],
+              "points": len(points), "settled": len(points) >= 3, "source": "the agent's per-step figures"}
+    if len(points) < 3:
+        return result
+    streak = best = 0
+    for j, (a, b) in enumerate(zip(points, points[1:], strict=False)):
+        grow = b["active"] - a["active"]
+        thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
+        stays = min(p["active"] for p in points[j + 1:]) >= b["active"] - thresh // 2
+        ok = grow > thresh and stays
+        result["intervals"].append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
+                                    "threshold_bytes": thresh, "grew": ok})
+        streak = streak + 1 if ok else 0
+        best = max(best, streak)
+    if best < 2:
+        return result
+    first, last = points[0], points[-1]
+    result["holds"] = True
+    per = (last["active"] - first["active"]) / max(1, len(points) - 1)
+    result["evidence"].append(
+        f"live bytes at step boundaries (the agent's per-step figures) grew from {_g(first['active'])} at "
+        f"{first['name']} to {_g(last['active'])} at {last['name']} ({_g(per)} per interval, {best} "
+        "consecutive intervals above threshold, never falling back)")
+    result["evidence"].append(f"which line allocates the growth is not known from the figures: {HOW_TO_GET_FRAMES}")
+    return result

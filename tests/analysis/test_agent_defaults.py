@@ -283,3 +283,48 @@ def test_digests_carry_the_agent_facts(spool):
     assert json.dumps(json_safe(got), sort_keys=True) == json.dumps(json_safe(full), sort_keys=True)
     assert full["diagnosis"]["primary_cause"] == "activation_spike"
     assert "periodic snapshot at step 2 (epoch 0)" in full["details"]["step_projection"]["ref_source"]
+
+
+# -- leak from the agent's per-step figures (one snapshot: `memq run` with no epoch marks) -----------
+
+def _figures(snaps, steps, epochs) -> list[dict]:
+    """Per-step figures as the agent sends them, from the real snapshots' own numbers: allocated at
+    the boundary = the snapshot's active bytes, peak = its trace's peak (or active)."""
+    out = []
+    for s, step, epoch in zip(snaps, steps, epochs, strict=True):
+        p = _per(s)
+        a = p["metrics"]["active_bytes"]
+        out.append({"step": step, "epoch": epoch, "allocated": a, "reserved": p["metrics"]["reserved_bytes"],
+                    "peak_allocated": max(a, p["timeline"].get("peak_live_bytes") or 0),
+                    "peak_reserved": p["metrics"]["reserved_bytes"], "retries": 0, "ms": 40.0})
+    return out
+
+
+def test_a_leak_shows_in_the_step_figures_of_the_oom_snapshot_alone():
+    """leak_epochs' OOM snapshot with no other snapshot; the agent's figures at the epoch ends carry
+    the real live bytes of those boundaries (the epoch-end snapshots')."""
+    epochs = [parse(_raw(LEAK / f"epoch{i}.pickle.gz")) for i in range(5)]
+    figs = _figures(epochs, [8 * i + 7 for i in range(5)], list(range(5)))
+    oom = agent_default(_raw(LEAK / "oom.pickle.gz"), keep=lambda b: False)
+    snap = parse(with_agent(oom, trigger="oom", step=44, epoch=5, step_in_progress=44, step_figures=figs))
+    r = analyze([snap], OomContext(limit_bytes=LEAK_CAP, requested_bytes=262144000))
+    d = r["diagnosis"]
+    assert d["primary_cause"] == "leak", d["causes"][0]
+    assert r["details"]["leak"]["source"] == "the agent's per-step figures"
+    text = _evidence(r) + _advice(r)
+    assert "the end of epoch 1 (step 15)" in text and 'history="on"' in text and "<no frames>" not in text
+    only = analyze([parse(oom)], OomContext(limit_bytes=LEAK_CAP, requested_bytes=262144000))
+    assert only["diagnosis"]["primary_cause"] != "leak"  # without the figures: not settled
+
+
+def test_flat_step_figures_are_no_leak():
+    from tests.helpers import REAL_RUNS, run_files
+
+    stems, opts = REAL_RUNS["kept_loss_no_leak"]
+    snaps = [parse(_raw(p)) for p in run_files("kept_loss_no_leak")]
+    figs = _figures(snaps, [int(s[4:]) for s in stems], [None] * len(stems))
+    last = parse(with_agent(_raw(run_files("kept_loss_no_leak")[-1]), trigger="periodic", step=400,
+                            step_figures=figs))
+    r = analyze([last], OomContext(limit_bytes=opts["limit"]))
+    assert r["details"]["leak"]["holds"] is False and r["details"]["leak"]["settled"] is True
+    assert r["diagnosis"]["primary_cause"] == "healthy"
