@@ -20,7 +20,14 @@ from profiler.analysis.labels import agent_label, snapshot_label
 from profiler.analysis.per_snapshot import SnapshotDigest, digest
 from profiler.model import OomContext
 from profiler.store.repository import json_safe
-from tests.analysis.agent_data import agent_default, live_keys, oom_context, parse, spool_snapshots, with_agent
+from tests.analysis.agent_data import (
+    agent_default,
+    live_keys,
+    oom_context,
+    parse,
+    spool_snapshots,
+    with_agent,
+)
 from tests.helpers import FIXTURES, REAL
 
 GiB = 1024**3
