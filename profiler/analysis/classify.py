@@ -213,7 +213,7 @@ def test_activation_spike(f: Facts) -> Finding:
 def _projection_text(p: Any, limit: int) -> str:
     verdict = "over" if p.need > limit else "within"
     if p.progress:
-        how = (f"at the same point of {p.ref_source} (as many of its largest tensors live) that step had reached "
+        how = (f"at the same point (as many of its largest tensors live) that step had reached "
                f"{100 * p.progress:.0f}% of its peak above its floor, so from the {g(p.floor_now)} it started with")
     else:
         how = (f"it had not reached its largest tensors yet, so it needs at least what {p.ref_source} needed "
