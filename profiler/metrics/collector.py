@@ -133,8 +133,9 @@ class MemqCollector(Collector):
         try:
             store = self._store_or_open()
             with store.session() as s:
-                snaps = q.snapshot_counts(s)
-                buckets, count, total = q.analysis_latency(s)
+                snaps = q.snapshot_states(s)
+                ooms = q.oom_snapshots(s)
+                buckets, _, total = q.analysis_latency(s)
                 runs = q.run_counts(s)
                 verdicts = q.verdict_counts(s)
                 since = repo.utcnow() - dt.timedelta(minutes=self.st.exporter_active_minutes)
@@ -145,19 +146,16 @@ class MemqCollector(Collector):
             return False
         analysed: dict[tuple, int] = defaultdict(int)
         states: dict[str, int] = dict.fromkeys(SNAPSHOT_STATES, 0)
-        ooms: dict[tuple, int] = defaultdict(int)
-        for cluster, job, state, oom_cause, n in snaps:
+        for cluster, job, state, n in snaps:
             states[state] = states.get(state, 0) + int(n)
             if state == "done":
                 analysed[(_s(cluster), _s(job))] += int(n)
-            if oom_cause is not None:
-                ooms[(_s(cluster), _s(job), str(oom_cause))] += int(n)
         for labels, n in sorted(analysed.items()):
             f["memq_snapshots_analysed"].add_metric(list(labels), n)
         for state, n in sorted(states.items()):
             f["memq_snapshots"].add_metric([state], n)
-        for labels, n in sorted(ooms.items()):
-            f["memq_oom_snapshots"].add_metric(list(labels), n)
+        for cluster, job, cause, n in sorted(ooms, key=lambda r: tuple(map(_s, r[:3]))):
+            f["memq_oom_snapshots"].add_metric([_s(cluster), _s(job), str(cause)], int(n))
         bounds = [str(b) for b in q.LATENCY_BUCKETS] + ["+Inf"]
         f["memq_analysis_latency_seconds"].add_metric([], list(zip(bounds, buckets, strict=True)), total)
         for cluster, status, n in sorted(runs, key=lambda r: (_s(r[0]), r[1])):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import and_, case, func, literal, or_, select
+from sqlalchemy import Float, and_, case, func, literal, or_, select
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session
 
 from profiler.store import repository as repo
@@ -23,34 +24,62 @@ LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900
 
 def _seconds_between(session: Session, later, earlier):
     if session.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", later - earlier)
-    return (func.julianday(later) - func.julianday(earlier)) * 86400.0
+        # date_part is double precision; EXTRACT returns numeric since PostgreSQL 14 (several times slower)
+        return func.date_part("epoch", later - earlier)
+    # julianday is a double of days: rounded to the millisecond so that bucket edges hold
+    return func.round((func.julianday(later) - func.julianday(earlier)) * 86400.0, 3)
 
 
-def snapshot_counts(session: Session) -> list[tuple]:
-    """(cluster, job, state, cause_of_analysed_oom_or_None, count) over every snapshot row."""
-    is_oom = or_(Snapshot.trigger == "oom", AnalysisResult.oom_requested_bytes.is_not(None))
-    oom_cause = case((and_(Snapshot.state == "done", is_oom),
-                      func.coalesce(AnalysisResult.primary_cause, literal("unknown"))), else_=None)
-    q = (select(Run.cluster, Run.job, Snapshot.state, oom_cause.label("oom_cause"), func.count())
-         .select_from(Snapshot).join(Run, Run.id == Snapshot.run_id)
-         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-         .group_by(Run.cluster, Run.job, Snapshot.state, oom_cause))
-    return [tuple(r) for r in session.execute(q)]
+def snapshot_states(session: Session) -> list[tuple]:
+    """(cluster, job, state, count) of every snapshot row: counted per run on the snapshots table
+    alone, then joined to the run rows."""
+    per_run = (select(Snapshot.run_id, Snapshot.state, func.count().label("n"))
+               .group_by(Snapshot.run_id, Snapshot.state).subquery())
+    return [tuple(r) for r in session.execute(
+        select(Run.cluster, Run.job, per_run.c.state, func.sum(per_run.c.n))
+        .join(Run, Run.id == per_run.c.run_id).group_by(Run.cluster, Run.job, per_run.c.state))]
+
+
+def oom_snapshots(session: Session) -> list[tuple]:
+    """(cluster, job, cause, count) of analysed snapshots taken at an OOM (trigger `oom`, or an
+    analysis that found the failed request), by the snapshot's own primary cause."""
+    oom_analyses = select(AnalysisResult.id).where(AnalysisResult.oom_requested_bytes.is_not(None))
+    cause = func.coalesce(AnalysisResult.primary_cause, literal("unknown"))
+    return [tuple(r) for r in session.execute(
+        select(Run.cluster, Run.job, cause, func.count()).select_from(Snapshot)
+        .join(Run, Run.id == Snapshot.run_id)
+        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.state == "done", or_(Snapshot.trigger == "oom", Snapshot.analysis_id.in_(oom_analyses)))
+        .group_by(Run.cluster, Run.job, cause))]
 
 
 def analysis_latency(session: Session, buckets: Sequence[float] = LATENCY_BUCKETS) -> tuple[list[int], int, float]:
     """Cumulative bucket counts (one per bound, then +Inf), count and sum of seconds from a snapshot
-    row's creation to its analysis' creation, over snapshots whose analysis was computed for them
-    (an analysis reused from identical bytes stored earlier took no time for this row)."""
-    lat = _seconds_between(session, AnalysisResult.created_at, Snapshot.created_at)
-    cols = [func.sum(case((lat <= b, 1), else_=0)) for b in buckets]
-    q = (select(*cols, func.count(), func.sum(lat)).select_from(Snapshot)
-         .join(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-         .where(Snapshot.state == "done", AnalysisResult.created_at >= Snapshot.created_at))
-    row = session.execute(q).one()
-    n = int(row[len(buckets)] or 0)
-    return [int(v or 0) for v in row[:len(buckets)]] + [n], n, float(row[len(buckets) + 1] or 0.0)
+    row's creation (the dispatcher) to its analysis' creation, over snapshots whose analysis was
+    computed for them (an analysis reused from identical bytes stored earlier took no time for this
+    row). One pass: each row's bucket index is computed once (width_bucket on PostgreSQL)."""
+    lat = (select(_seconds_between(session, AnalysisResult.created_at, Snapshot.created_at).label("s"))
+           .select_from(Snapshot).join(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+           .where(Snapshot.state == "done", AnalysisResult.created_at >= Snapshot.created_at).subquery())
+    n_bounds = len(buckets)
+    if session.get_bind().dialect.name == "postgresql":
+        # width_bucket counts the thresholds <= its operand; on negated values that is the number of
+        # bounds >= the latency, so (n - it) is the first `le` bucket that holds it (n: +Inf), exactly
+        # as Prometheus' inclusive upper bounds want
+        negated = array([-b for b in reversed(buckets)], type_=Float)
+        idx = (n_bounds - func.width_bucket(-lat.c.s, negated)).label("i")
+    else:
+        idx = case(*((lat.c.s <= b, i) for i, b in enumerate(buckets)), else_=n_bounds).label("i")
+    per = [0] * (n_bounds + 1)
+    total = 0.0
+    for i, n, s in session.execute(select(idx, func.count(), func.sum(lat.c.s)).group_by(idx)):
+        per[int(i)] += int(n)
+        total += float(s or 0.0)
+    cumulative, acc = [], 0
+    for n in per:
+        acc += n
+        cumulative.append(acc)
+    return cumulative, acc, total
 
 
 def run_counts(session: Session) -> list[tuple]:

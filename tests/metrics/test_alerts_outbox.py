@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -21,7 +22,7 @@ from tests.metrics.receiver import Receiver
 
 
 def _st(store, url: str = "http://127.0.0.1:9/none", **kw):
-    env = memq_environ(store.settings.database_url, __import__("pathlib").Path(store.settings.data_dir).parent)
+    env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
     env.update({"MEMQ_ALERT_WEBHOOK_URL": url, "MEMQ_PUBLIC_URL": "https://memq.example/ui/",
                 "MEMQ_ALERT_TIMEOUT_S": "3", "MEMQ_ALERT_LEASE_S": "6"})
     env.update({k: str(v) for k, v in kw.items()})

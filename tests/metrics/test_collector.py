@@ -1,0 +1,92 @@
+"""The collector's SQL aggregates on both databases (SQLite, PostgreSQL), over rows written with the
+repository the workers use: exact latency bucket edges (Prometheus' `le` is inclusive), reused
+analyses left out of the latency, OOM snapshots by cause, active runs bounded to the top K, and a
+scrape that reports a database outage as memq_up 0 instead of failing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+from prometheus_client import generate_latest
+from sqlalchemy import update
+
+from profiler.config import load_settings
+from profiler.metrics import queries as q
+from profiler.metrics.exporter import registry_for
+from profiler.store import repository as repo
+from profiler.store.orm import AnalysisResult, Snapshot
+from tests.conftest import memq_environ
+from tests.metrics.history import GIB, add_run, set_run
+from tests.metrics.scrape import Samples
+
+T0 = dt.datetime(2026, 11, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def _snapshot(s, run_id: int, tag: str, latency_s: float | None, *, trigger: str = "epoch_end",
+              cause: str = "healthy", oom: bool = False, state: str = "done") -> None:
+    sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(run_id=run_id, sha256=tag.ljust(64, "0"), size_bytes=1,
+                                                      trigger=trigger))
+    created = T0 + dt.timedelta(minutes=len(tag))
+    s.execute(update(Snapshot).where(Snapshot.id == sid).values(state=state, created_at=repo.db_time(s, created)))
+    if latency_s is None:
+        return
+    doc = {"schema": 1, "metrics": {}, "oom": {"requested_bytes": 2 * GIB} if oom else None,
+           "diagnosis": {"primary_cause": cause, "confidence": 0.9}}
+    aid = repo.store_analysis(s, tag.ljust(64, "0"), "v1", doc)
+    s.execute(update(AnalysisResult).where(AnalysisResult.id == aid).values(
+        created_at=repo.db_time(s, created + dt.timedelta(seconds=latency_s))))
+    s.execute(update(Snapshot).where(Snapshot.id == sid).values(analysis_id=aid))
+
+
+def test_aggregates(store):
+    with store.session() as s:
+        a = add_run(s, "a", cluster="c1", job="train")
+        b = add_run(s, "b", cluster="c1", job="train", status="oom", cause="capacity", oom_count=1)
+        c = add_run(s, "c", cluster="c2", job="eval", peak=None)
+        _snapshot(s, a, "a1", 0.25)      # exactly on a bound: counted in le=0.25
+        _snapshot(s, a, "a2", 0.251)
+        _snapshot(s, a, "a3", 7.0)
+        _snapshot(s, a, "a4", 5000.0)    # beyond the last bound: +Inf only
+        _snapshot(s, b, "b1", 1.0)
+        _snapshot(s, b, "b2", 2.0, trigger="oom", cause="capacity")
+        _snapshot(s, b, "b3", 3.0, cause="fragmentation", oom=True)  # found by the analysis, not the trigger
+        _snapshot(s, c, "c1", -4.0)      # the analysis predates the row: reused, not a latency
+        _snapshot(s, c, "c2", None, state="pending")
+    with store.session() as s:
+        buckets, count, total = q.analysis_latency(s)
+        states = {(r[0], r[1], r[2]): int(r[3]) for r in q.snapshot_states(s)}
+        ooms = {(r[0], r[1], r[2]): int(r[3]) for r in q.oom_snapshots(s)}
+    le = dict(zip(q.LATENCY_BUCKETS + (math.inf,), buckets, strict=True))
+    assert count == 7 and math.isclose(total, 0.25 + 0.251 + 7 + 5000 + 1 + 2 + 3, rel_tol=1e-6)
+    assert (le[0.25], le[0.5], le[1.0], le[2.5], le[5.0], le[10.0], le[3600.0], le[math.inf]) == (1, 2, 3, 4, 5, 6, 6, 7)
+    assert states == {("c1", "train", "done"): 7, ("c2", "eval", "done"): 1, ("c2", "eval", "pending"): 1}
+    assert ooms == {("c1", "train", "capacity"): 1, ("c1", "train", "fragmentation"): 1}
+
+
+def test_active_runs_are_bounded_to_top_k(store):
+    with store.session() as s:
+        for i in range(6):
+            add_run(s, f"live-{i}", job=f"j{i % 2}", peak=(70 + i) * GIB, limit=80 * GIB, frag=i / 10)
+        old = add_run(s, "stale", job="j0", peak=79 * GIB, limit=80 * GIB)
+        set_run(s, old, updated_at=repo.db_time(s, repo.utcnow() - dt.timedelta(hours=3)))
+        add_run(s, "finished", job="j0", status="completed", peak=79 * GIB, limit=80 * GIB)
+    env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
+    env |= {"MEMQ_EXPORTER_TOP_K": "3", "MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    m = Samples(generate_latest(registry_for(load_settings(env), store)).decode())
+    assert m.get("memq_active_runs", job_name="j0") == 3 and m.get("memq_active_runs", job_name="j1") == 3
+    assert [lab["run"] for lab, _ in m.all("memq_run_headroom_ratio")] == ["live-5", "live-4", "live-3"]
+    assert math.isclose(m.get("memq_run_headroom_ratio", run="live-5"), 1 - 75 / 80)
+    assert math.isclose(m.get("memq_job_headroom_min_ratio", job_name="j1"), 1 - 75 / 80)
+    assert math.isclose(m.get("memq_job_fragmentation_max_ratio", job_name="j0"), 0.4)
+    assert m.get("memq_up", component="database") == 1
+    assert m.get("memq_up", component="redis") == 0  # nothing listens there: reported, not raised
+    assert m.get("memq_stream_lag") is None
+
+
+def test_a_database_outage_is_a_metric_not_an_error(tmp_path):
+    env = memq_environ("postgresql://postgres@127.0.0.1:1/none", tmp_path) | {"MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    m = Samples(generate_latest(registry_for(load_settings(env))).decode())
+    assert m.get("memq_up", component="database") == 0 and m.get("memq_up", component="redis") == 0
+    assert m.get("memq_snapshots_analysed_total") is None
