@@ -507,39 +507,73 @@ def stored_summary(doc: dict) -> dict:
 
 def whatif_simulator(store, max_trace_entries: int = 200_000) -> Simulator:
     """A `simulate` for build_report: the run's last snapshot (its OOM snapshot when it has one)
-    from the blob store, replayed by the allocator model (`profiler.analysis.whatif`) under the
-    recorded settings and under `setting`, at the run's cap (else the device-bound limit the model
-    derives). Returns None when the blob is not stored or the trace is too long to replay here."""
+    under the recorded settings and under `setting`, at the run's limit: the sweep the worker stored
+    for it (profiler/store/sweeps.py) when it holds the setting, else replayed here from the blob
+    store with the rank's earlier snapshots as seeds. The result carries the verdict and its reason
+    (not assessable, or a success over the recorded window only), never an outcome alone. Returns
+    None when the blob is not stored or the trace is too long to replay here."""
     from sqlalchemy import case, select
 
     from profiler.errors import MemqError
     from profiler.store.orm import Snapshot
 
     def simulate(session: Session, run: dict, setting: str) -> dict | None:
+        from profiler.store import sweeps
+
         row = session.execute(
-            select(Snapshot.sha256, Snapshot.source, Snapshot.trigger)
+            select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger)
             .where(Snapshot.run_id == run["id"])
             .order_by(case((Snapshot.trigger == "oom", 0), else_=1), Snapshot.taken_at.desc(), Snapshot.id.desc())
             .limit(1)).one_or_none()
-        if row is None or not store.blobs.exists(row.sha256):
+        if row is None:
             return None
-        try:
-            from profiler.analysis.whatif import simulate_whatif
-            from profiler.store.service import load_blob
-
-            snap = load_blob(store, row.sha256, row.source).snapshot
-            if sum(len(t) for t in snap.traces) > max_trace_entries:
+        stored = sweeps.sweeps_by_sha(session, [row.sha256]).get(row.sha256)
+        results = {r["conf"]: r for r in (stored or {}).get("results") or []}
+        source = "stored sweep"
+        if "" not in results or setting not in results:
+            if not store.blobs.exists(row.sha256):
                 return None
-            recorded, proposed = simulate_whatif(snap, run["memory_limit_bytes"], ["", setting])
-        except (MemqError, ValueError) as exc:
-            return {"conf": setting, "error": f"{type(exc).__name__}: {exc}"[:300]}
-        return {"conf": setting, "snapshot": row.sha256[:12], "trigger": row.trigger,
-                "limit_bytes": proposed.get("limit_bytes"),
+            try:
+                from profiler.store.service import load_blob
+
+                def load(sha, src):
+                    ld = load_blob(store, sha, src)
+                    if sum(len(t) for t in ld.snapshot.traces) > max_trace_entries:
+                        raise ValueError("trace too long to replay in the report")
+                    return ld
+
+                plan = sweeps.plan_for(session, int(row.id))
+                doc = sweeps.run_plan(plan, load, confs=[setting],
+                                      limit_bytes=run["memory_limit_bytes"] or plan.limit_bytes)
+            except ValueError as exc:
+                if "too long" in str(exc):
+                    return None
+                return {"conf": setting, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            except MemqError as exc:
+                return {"conf": setting, "error": f"{type(exc).__name__}: {exc}"[:300]}
+            results = {r["conf"]: r for r in doc["results"]}
+            source = "replayed for this report"
+        recorded, proposed = results[""], results[setting]
+        return {"conf": setting, "snapshot": row.sha256[:12], "trigger": row.trigger, "source": source,
+                "limit_bytes": proposed.get("limit_bytes", (stored or {}).get("limit_bytes")),
                 "recorded_predicted_oom": recorded.get("predicted_oom"),
                 "predicted_oom": proposed.get("predicted_oom"),
+                "verdict": proposed.get("verdict"),
+                "reason": proposed.get("reason"),
+                "recorded_reason": recorded.get("reason"),
                 "recorded_peak_reserved_bytes": recorded.get("peak_reserved_bytes"),
                 "peak_reserved_bytes": proposed.get("peak_reserved_bytes"),
                 "confidence": proposed.get("confidence"),
                 "note": (proposed.get("notes") or [None])[-1]}
 
     return simulate
+
+
+def simulated_outcome(sim: dict) -> str:
+    """One phrase for a simulated setting, with its basis: what the html and markdown reports print."""
+    v = sim.get("verdict")
+    if sim.get("predicted_oom") is None:
+        return "not assessable"
+    if v == "survives_window":
+        return f"no OOM within the recorded window only (confidence {sim.get('confidence')})"
+    return ("still OOM" if sim["predicted_oom"] else "no OOM") + f" (confidence {sim.get('confidence')})"

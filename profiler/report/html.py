@@ -86,8 +86,8 @@ TEMPLATE = r"""<!DOCTYPE html>
 {% for r in d.fragmented %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td><span class="cause">{{ r.primary_cause or '-' }}</span></td>
 <td class="n">{{ '%.2f'|format(r.fragmentation_ratio) }}</td><td class="n">{{ b(r.fragmented_free_bytes) }}</td><td class="n">{{ b(r.reserved_bytes) }}</td>
 <td>{% if r.setting %}<code>PYTORCH_CUDA_ALLOC_CONF={{ r.setting }}</code>{% else %}-{% endif %}<div class="muted">{{ r.why or '' }}</div>
-{% if r.simulated and r.simulated.predicted_oom is defined %}<div class="sim">allocator model on snapshot {{ r.simulated.snapshot }}: {{ 'OOM as recorded' if r.simulated.recorded_predicted_oom else 'no OOM as recorded' }}; with the setting
-{{ '<b>still OOM</b>'|safe if r.simulated.predicted_oom else '<b>no OOM</b>'|safe }}, peak reserved {{ b(r.simulated.recorded_peak_reserved_bytes) }} &rarr; {{ b(r.simulated.peak_reserved_bytes) }} (confidence {{ r.simulated.confidence }})</div>{% endif %}</td></tr>{% endfor %}</table>
+{% if r.simulated and r.simulated.predicted_oom is defined %}<div class="sim">allocator model on snapshot {{ r.simulated.snapshot }}: {{ 'recorded run not reproduced' if r.simulated.recorded_predicted_oom is none else ('OOM as recorded' if r.simulated.recorded_predicted_oom else 'no OOM as recorded') }}; with the setting
+<b>{{ sim_outcome(r.simulated) }}</b>{% if r.simulated.predicted_oom is not none %}, peak reserved {{ b(r.simulated.recorded_peak_reserved_bytes) }} &rarr; {{ b(r.simulated.peak_reserved_bytes) }}{% endif %}{% if r.simulated.get('reason') %}<div class="muted">{{ r.simulated.get('reason') }}</div>{% endif %}</div>{% endif %}</td></tr>{% endfor %}</table>
 {% else %}<p class="muted">No run has much cached memory in pieces.</p>{% endif %}
 
 <h2 id="growing">Memory that grows across epochs</h2>
@@ -116,6 +116,9 @@ def _env():
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["gib"] = lambda v: f"{(v or 0) / 1024**3:.2f}"
     env.globals["b"] = lambda v: "-" if v is None else fmt_bytes(v)
+    from profiler.report.data import simulated_outcome
+
+    env.globals["sim_outcome"] = simulated_outcome
     return env
 
 

@@ -15,8 +15,12 @@ def _sim(r: dict) -> str:
     sim = r.get("simulated") or {}
     if "predicted_oom" not in sim:
         return "-"
-    return (("still OOM" if sim["predicted_oom"] else "no OOM") + f", peak reserved {_b(sim['peak_reserved_bytes'])}"
-            f" (confidence {sim['confidence']})")
+    from profiler.report.data import simulated_outcome
+
+    out = simulated_outcome(sim)
+    if sim["predicted_oom"] is not None:
+        out += f", peak reserved {_b(sim['peak_reserved_bytes'])}"
+    return out + (f": {sim['reason']}" if sim.get("reason") else "")
 
 
 def _cell(v: Any) -> str:
