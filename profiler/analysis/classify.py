@@ -198,6 +198,10 @@ def test_activation_spike(f: Facts) -> Finding:
         out.strength = min(1.0, need / (3 * earlier)) * (0.85 if projected else 1.0)
         if projected:
             out.evidence.append(_projection_text(p, f.limit))
+            if need < PROJECTION_MARGIN * f.limit:
+                out.strength *= 0.6
+                out.evidence.append(f"the projection is within {100 * (PROJECTION_MARGIN - 1):.0f}% of the limit: "
+                                    "an estimate that close could go either way")
             out.evidence.append(f"the step needs ~{g(need)}, {need / earlier:.1f}x the {g(earlier)} peak of the "
                                 "earlier steps: one input needs far more than the others")
         else:
@@ -208,6 +212,10 @@ def test_activation_spike(f: Facts) -> Finding:
         out.evidence.append(f"this step needs {'~' if projected else ''}{g(need)}, {need / earlier:.2f}x the "
                             f"earlier steps' peak of {g(earlier)} (a spike is > 1.5x)")
     return out
+
+
+# A projected need this close to the limit (either side) is not evidence enough to be confident.
+PROJECTION_MARGIN = 1.1
 
 
 def _projection_text(p: Any, limit: int) -> str:
@@ -296,6 +304,10 @@ def test_fragmentation(f: Facts) -> Finding:
                             f"{g(pieces)} of cached free memory in the request's pool is in pieces")
         if p is not None:
             out.evidence.append(_projection_text(p, limit))
+            if p.need * PROJECTION_MARGIN > limit and p.need > total:
+                out.strength -= 0.2
+                out.evidence.append(f"the projection is within {100 * (PROJECTION_MARGIN - 1):.0f}% of the limit: "
+                                    "an estimate that close could go either way")
         elif f.not_projected:
             out.evidence.append(f"whether the rest of the failing step fits is not known: {f.not_projected}; "
                                 "an earlier recorded step (or history=\"on\") would settle it")
