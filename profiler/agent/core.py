@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from profiler.agent.policy import RecordingPolicy
-from profiler.agent.steps import StepTracker, stride_for
 from profiler.agent.source import (
     ReplaySource,
     TorchSource,
@@ -33,6 +32,7 @@ from profiler.agent.source import (
     scheduler_ids,
 )
 from profiler.agent.spool import Spool
+from profiler.agent.steps import StepTracker, stride_for
 from profiler.agent.transport import Counters, Item, Transport
 
 log = logging.getLogger("memq.agent")

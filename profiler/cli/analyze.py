@@ -59,7 +59,7 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
     max_b = min(max_bytes or cap, cap)
     ctx = build_context(limit, device_total, oom_message)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
-    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx),
+    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
                           labels=[_label(f) for f in files])
     _emit(result, as_json, no_details)
 
@@ -73,9 +73,10 @@ def _label(path: str) -> str | None:
     return snapshot_label(got.get("trigger"), got.get("step"), got.get("epoch")) if got else None
 
 
-def _whatif(loaded, ctx) -> list[dict] | None:
+def _whatif(loaded, ctx, earlier=()) -> list[dict] | None:
     """Replay the last trace through the allocator model when it recorded an OOM and a limit is
-    known, so recommendations can cite a simulated outcome. The diagnosis never depends on it."""
+    known, so recommendations can cite a simulated outcome, or why there is none (the earlier files
+    join or seed the replay: docs/whatif.md). The diagnosis never depends on it."""
     from profiler.analysis.limits import resolve_limits
     from profiler.analysis.recommend import DEFAULTS_CONF
     from profiler.analysis.whatif import simulate_whatif
@@ -89,7 +90,7 @@ def _whatif(loaded, ctx) -> list[dict] | None:
     confs = ["", "expandable_segments:True", "max_split_size_mb:128"]
     if snap.settings.non_default:
         confs.append(DEFAULTS_CONF)
-    return simulate_whatif(snap, limit, confs)
+    return simulate_whatif(snap, limit, confs, earlier=earlier)
 
 
 def _emit(result: dict, as_json: bool, no_details: bool) -> None:
