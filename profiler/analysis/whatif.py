@@ -1052,11 +1052,13 @@ def sweep_confs(snapshot: Snapshot) -> list[str]:
     return confs
 
 
-def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | None = None) -> list[dict]:
-    """JSON-ready results for the analysis recommendations: [{"conf", "predicted_oom",
-    "peak_reserved_bytes", "headroom_bytes", ...}]. `confs=None` runs the sweep."""
+def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | None = None,
+                    earlier: list | tuple = (), recorded_oom: bool | None = None) -> list[dict]:
+    """JSON-ready results for the analysis recommendations: [{"conf", "predicted_oom", "verdict",
+    "reason", "peak_reserved_bytes", "headroom_bytes", ...}]. `confs=None` runs the sweep."""
     return [r.to_dict() for r in run_whatif(snapshot, limit_bytes, confs if confs is not None
-                                             else sweep_confs(snapshot))]
+                                             else sweep_confs(snapshot), earlier=earlier,
+                                             recorded_oom=recorded_oom)]
 
 
 run_whatif_dicts = simulate_whatif  # the name profiler.cli.analyze looks up
