@@ -214,10 +214,18 @@ class Transport:
                 self._busy = 0
                 self._idle.set()
 
+    def _idle_wait(self) -> float:
+        """How long to wait for the next message: while Redis is down with messages spooled, wake
+        when the back-off ends, so each agent's replay starts at its own jittered moment rather
+        than at the next message (which the ranks of a job submit together)."""
+        if self._client is None and len(self.spool):
+            return min(0.5, max(0.005, self._next_try - time.monotonic()))
+        return 0.5
+
     def _run(self) -> None:
         while True:
             try:
-                item = self._q.get(timeout=0.5)
+                item = self._q.get(timeout=self._idle_wait())
             except queue.Empty:
                 item = None
             if item is _STOP:
