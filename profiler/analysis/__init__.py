@@ -232,7 +232,7 @@ def _project(per, heads, tags, A: int, S: int) -> tuple[Projection | None, str |
     if not ref:
         for i in range(len(per) - 2, -1, -1):
             if per[i]["timeline"].get("last_cycle"):
-                ref, src = per[i]["timeline"]["last_cycle"], f"the last step recorded in the {tags[i]} trace"
+                ref, src = per[i]["timeline"]["last_cycle"], f"the last step in the trace of the {tags[i]}"
                 break
     if not ref:
         return None, ("no earlier training step of this run was recorded (no trace with two optimizer steps), "
