@@ -478,11 +478,13 @@ def doctor(strict: bool, as_json: bool) -> None:
                "checks": [{k: v for k, v in asdict(c).items() if k != "code"} for c in checks]}
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
+        from profiler.render.safe import safe_text
+
         width = max(len(c.name) for c in checks)
         for c in checks:
-            click.echo(f"{c.status.upper():7} {c.name:{width}}  {c.detail}")
+            click.echo(f"{c.status.upper():7} {c.name:{width}}  {safe_text(c.detail)}")  # may quote Redis data
             if c.fix and c.status in (WARN, ERROR):
-                click.echo(f"{'':7} {'':{width}}  fix: {c.fix}")
+                click.echo(f"{'':7} {'':{width}}  fix: {safe_text(c.fix)}")
         verdict = "healthy" if not summary["errors"] and not summary["warnings"] else \
             f"{summary['errors']} error(s), {summary['warnings']} warning(s)"
         click.echo(f"memq doctor: {verdict}" + (" (--strict)" if strict and code else ""))
