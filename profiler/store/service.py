@@ -474,8 +474,11 @@ def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
         if progress:
             progress(f"snapshot {sn.id}")
     todo = {p for p in pairs if force or p in touched or tuple(p) not in current}
+    from profiler.store.sweeps import sweep_rank
+
     for run_id, rank in sorted(todo):
         recompute_run(store, run_id, rank)
+        sweep_rank(store, run_id, rank)  # OOM snapshots' what-if sweeps under the current version
         rep.runs_recomputed += 1
         if progress:
             progress(f"run {run_id} rank {rank}")

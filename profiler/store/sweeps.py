@@ -183,6 +183,17 @@ def sweep_snapshot(store: Store, snapshot_id: int, load: Loader | None = None) -
         return store_sweep(s, plan.target.sha256, version, key, plan.limit_bytes, doc), True
 
 
+def sweep_rank(store: Store, run_id: int, rank: int, load: Loader | None = None) -> int:
+    """Sweep every analysed OOM snapshot of one run's rank (stored ones are reused); returns how many
+    were computed now."""
+    with store.session() as s:
+        rows = s.execute(select(Snapshot.id, Snapshot.trigger, AnalysisResult.oom_requested_bytes)
+                         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+                         .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
+    ids = [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
+    return sum(sweep_snapshot(store, sid, load)[1] for sid in ids)
+
+
 def store_sweep(session, sha256: str, version: str, key: str, limit_bytes: int | None, doc: dict) -> int:
     values = {"sha256": sha256, "analyzer_version": version, "context_key": key, "limit_bytes": limit_bytes,
               "result": repo.json_safe(doc)}
@@ -258,4 +269,4 @@ def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[st
 
 
 __all__ = ["MAX_SEEDS", "SweepPlan", "attach_sweeps", "plan_for", "replay_for_run", "run_plan", "store_sweep",
-           "sweep_snapshot", "sweep_version", "sweeps_by_sha", "target_for_run"]
+           "sweep_rank", "sweep_snapshot", "sweep_version", "sweeps_by_sha", "target_for_run"]

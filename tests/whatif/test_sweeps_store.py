@@ -1,0 +1,84 @@
+"""Stored what-if sweeps through `memq ingest` (inline, no worker), on SQLite and PostgreSQL: one sweep per
+OOM snapshot keyed by its bytes + version + inputs, shown by `memq history`, replayed by `memq whatif --run`.
+The worker path is tests/workers/test_worker_whatif.py."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from profiler.cli import cli
+from profiler.store import repository as repo
+from profiler.store import service
+from profiler.store.orm import WhatIfSweep
+from tests.helpers import FIXTURES
+
+GC = FIXTURES / "captured" / "dynamic_settings" / "gc_0.6"
+CAP = 18484297728
+
+
+def _ingest(store, name="gc"):
+    inputs = [service.SnapshotInput(path=str(GC / f)) for f in ("epoch0.pickle.gz", "epoch1.pickle.gz",
+                                                                  "oom.pickle.gz")]
+    return service.ingest_files(store, repo.RunMeta(name=name), inputs, limit_bytes=CAP)
+
+
+def _sweeps(store) -> int:
+    with store.session() as s:
+        return s.execute(select(func.count()).select_from(WhatIfSweep)).scalar_one()
+
+
+def test_ingest_stores_one_sweep_per_oom_snapshot_and_history_shows_it(store, memq_env):
+    _ingest(store)
+    assert _sweeps(store) == 1
+    _ingest(store)  # the same files again: the stored sweep is found, nothing added
+    _ingest(store, name="gc-again")  # the same bytes under another run: the same sweep is shared
+    assert _sweeps(store) == 1
+    service.reanalyze(store, "gc", force=True)
+    assert _sweeps(store) == 1
+
+    r = CliRunner().invoke(cli, ["history", "--run", "gc", "--json"])
+    assert r.exit_code == 0, r.output
+    snaps = json.loads(r.output)["snapshots"]
+    assert [s["whatif"] is None for s in snaps] == [True, True, False]
+    w = snaps[-1]["whatif"]
+    assert w["limit_bytes"] == CAP and [s["epoch"] for s in w["seeds"]] == [0, 1]
+    by = {x["conf"]: x for x in w["results"]}
+    assert by[""]["verdict"] == "oom" and by[""]["confidence"] == "high"
+    assert by["expandable_segments:True"]["verdict"] == "survives_window" and by["expandable_segments:True"]["reason"]
+    na = [x for x in w["results"] if x["predicted_oom"] is None]
+    assert na and all(x["reason"] and x["confidence"] == "none" for x in na)
+
+    text = CliRunner().invoke(cli, ["history", "--run", "gc"]).output
+    assert "what-if at the oom snapshot" in text and "not assessable" in text
+
+
+def test_whatif_run_takes_snapshot_and_limit_from_the_history(store, memq_env):
+    _ingest(store)
+    r = CliRunner().invoke(cli, ["whatif", "--run", "gc", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert [x["conf"] for x in out] == [""]
+    assert out[0]["limit_bytes"] == CAP and out[0]["predicted_oom"] is True
+    assert out[0]["snapshot"]["trigger"] == "oom" and out[0]["inputs"]["seeds"][0]["epoch"] == 0
+    r = CliRunner().invoke(cli, ["whatif", "--run", "gc", "--sweep", "--conf", "max_split_size_mb:256", "--json"])
+    confs = [x["conf"] for x in json.loads(r.output)]
+    assert confs[0] == "" and "max_split_size_mb:256" in confs and "expandable_segments:True" in confs
+    text = CliRunner().invoke(cli, ["whatif", "--run", "gc", "--rank", "0", "--sweep"]).output
+    assert "run gc rank 0, oom snapshot" in text and "window ok" in text
+
+
+def test_whatif_run_errors(store, memq_env):
+    r = CliRunner().invoke(cli, ["whatif", "--run", "nope", "--json"])
+    assert r.exit_code == 4 and "no run named 'nope'" in r.output and "Traceback" not in r.output
+    with store.session() as s:
+        repo.upsert_run(s, repo.RunMeta(name="empty"))
+    r = CliRunner().invoke(cli, ["whatif", "--run", "empty"])
+    assert r.exit_code == 4 and "has no snapshot" in r.output
+    _ingest(store)
+    r = CliRunner().invoke(cli, ["whatif", "--run", "gc", "--rank", "3"])
+    assert r.exit_code == 4 and "rank 3" in r.output
+    r = CliRunner().invoke(cli, ["whatif"])
+    assert r.exit_code == 2 and "--run" in r.output
