@@ -218,7 +218,10 @@ class Runner:
             log("SAVE failed", exc)
         self.meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.save_meta()
-        self.summary()
+        try:
+            self.summary()
+        except Exception as exc:  # noqa: BLE001 - the dump matters more than this listing
+            log("summary failed", exc)
         dump = os.path.join(self.out, "redis", "dump.rdb")
         if self.args.ship and os.path.exists(dump):
             gz = os.path.join(self.out, "dump.rdb.gz")
