@@ -337,3 +337,35 @@ def test_good_snapshot_behind_the_poison_is_analysed_within_seconds_also_after_a
     assert all(x["reason"] for x in dead)
     wait_for(lambda: _pending(r, st) == 0, 10, 0.2, "nothing pending")
     assert s.rows("SELECT count(*) FROM snapshots WHERE state <> 'done'")[0][0] == 0
+
+
+@pytest.mark.parametrize("error", [RecursionError("maximum recursion depth exceeded"), MemoryError()])
+def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world, monkeypatch, error):
+    """Issue 13 item 9 (worker side): the same input raises the same RecursionError / MemoryError
+    every time: the snapshot is failed with the reason after one attempt (not retried five times),
+    and a dead letter records it. The snapshot row comes from the real dispatcher; the analysis
+    itself is made to raise (no real snapshot recurses that deep past the decoder's nesting check)."""
+    from profiler.store import service
+    from workers import jobs
+
+    env, st, r = world
+    r.set(envelope.blob_key(sha(SNAP), st.key_prefix), (REAL / "capacity" / "oom.pickle.gz").read_bytes())
+    r.xadd(st.stream_key, _fields("snapshot", run="deep"))
+    enqueued: list[int] = []
+    Dispatcher(st, consumer="c1", block_ms=50, enqueue=enqueued.append).run(install_signals=False, idle_exit_s=0.3)
+    (sid,) = enqueued
+
+    def boom(*_a, **_k):
+        raise error
+
+    monkeypatch.setattr(service, "analyse_snapshot", boom)
+    assert jobs.analyze(st, sid, task_id="t1") == "quarantined"
+    with jobs._store(st).session() as s:
+        from sqlalchemy import select
+
+        from profiler.store.orm import Snapshot
+
+        row = s.execute(select(Snapshot.state, Snapshot.attempts, Snapshot.last_error).where(Snapshot.id == sid)).one()
+    assert row.state == "failed" and row.attempts == 1 and type(error).__name__ in row.last_error
+    (letter,) = _dead(r, st)
+    assert letter["stage"] == "analyze" and type(error).__name__ in letter["reason"]
