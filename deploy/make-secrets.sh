@@ -14,6 +14,7 @@ rand() { python3 -c 'import secrets; print(secrets.token_urlsafe(24))'; }
 [ -f secrets/memq_redis_password ] || rand > secrets/memq_redis_password
 [ -f secrets/agent_redis_password ] || rand > secrets/agent_redis_password
 [ -f secrets/grafana_admin_password ] || rand > secrets/grafana_admin_password
+[ -f secrets/memq_serve_token ] || rand > secrets/memq_serve_token
 PG=$(cat secrets/postgres_password)
 RP=$(cat secrets/memq_redis_password)
 AP=$(cat secrets/agent_redis_password)

@@ -354,6 +354,15 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             text = resolved.read_text(encoding="utf-8") if inside and doc["path"] else None
         except OSError:
             text = None
+        if text is None and doc["summary"]:
+            # Not on this machine's disk (a worker pod wrote it to its own volume): drawn again from
+            # the stored figures, without the per-run timelines the table does not keep.
+            from profiler.report.html import render_html
+
+            try:
+                text = render_html(doc["summary"])
+            except (KeyError, TypeError, ValueError):
+                text = None
         if text is None:
             raise NotFound(f"the HTML of report {doc['id']} ({doc['date']}, {doc['scope']}) is not in "
                            f"the report directory", hint=f"its figures: /api/reports/{doc['id']}")

@@ -65,7 +65,9 @@ class History:
         import sqlite3
 
         with sqlite3.connect(self.root / "memq.db") as c:
-            return c.execute(query, params).fetchall()
+            rows = c.execute(query, params).fetchall()
+            c.commit()
+            return rows
 
     def snapshot_id(self, run: str, trigger: str | None = None) -> int:
         rows = self.sql("SELECT s.id, s.trigger FROM snapshots s JOIN runs r ON r.id = s.run_id WHERE r.name = ? "
@@ -81,6 +83,9 @@ def web_history(tmp_path_factory) -> History:
     for args in _ingest_args():
         h.cli("ingest", *args, "--json")
     h.cli("report", "--date", "2026-11-29", "--format", "html", "--out", str(root / "report.html"))
+    # A second report whose stored path points outside the report directory: never read, redrawn.
+    h.cli("report", "--date", "2026-11-30", "--format", "html", "--out", str(root / "report2.html"))
+    h.sql("UPDATE reports SET path = '/etc/passwd' WHERE report_date = '2026-11-30'")
     # Corrupt the blob of frag_dyn's snapshot on disk (the database still points at it).
     sha = h.sql("SELECT s.sha256 FROM snapshots s JOIN runs r ON r.id = s.run_id WHERE r.name = 'frag_dyn'")[0][0]
     blob = next((root / "blobs" / sha[:2]).glob(f"{sha}.*"))

@@ -195,12 +195,16 @@ def test_corrupt_blob_is_reported_and_the_server_keeps_serving(server, web_histo
 
 def test_reports_listed_and_opened(server):
     doc = server.json("/api/reports")
-    assert doc["count"] == 1 and doc["reports"][0]["date"] == "2026-11-29" and doc["reports"][0]["scope"] == "all"
-    rid = doc["reports"][0]["id"]
+    assert doc["count"] == 2 and [r["date"] for r in doc["reports"]] == ["2026-11-30", "2026-11-29"]
+    assert all(r["scope"] == "all" for r in doc["reports"])
+    rid = doc["reports"][1]["id"]
     code, headers, body = server.get(f"/reports/{rid}")
     assert code == 200 and b"memq report 2026-11-29" in body
     assert "unsafe-inline" in headers["content-security-policy"] and "script-src" not in headers["content-security-policy"]
     assert server.json(f"/api/reports/{rid}")["summary"]["totals"]["runs"] >= 1
+    # the other's stored path lies outside the report directory: not read, drawn from its figures
+    code, _, body = server.get(f"/reports/{doc['reports'][0]['id']}")
+    assert code == 200 and b"memq report 2026-11-30" in body and b"root:" not in body
 
 
 def test_read_only_and_security_headers(server):

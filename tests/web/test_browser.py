@@ -98,7 +98,7 @@ def test_every_page_loads_clean(browser, web_history, tmp_path):
     rid = browser.page.eval_on_selector("a.report-link", "a => a.getAttribute('href')")
     browser.page.click("a.report-link")
     browser.page.wait_for_load_state("load")
-    assert browser.page.url.endswith(rid) and "memq report 2026-11-29" in browser.page.title()
+    assert browser.page.url.endswith(rid) and "memq report 2026-11-30" in browser.page.title()
     browser.clean()
 
 

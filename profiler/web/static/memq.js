@@ -80,7 +80,7 @@
     yAxis(svg, L, W - R, y, ymax, 4);
     for (var i = 0; i <= 4; i++) {
       var tt = t0 + (t1 - t0) * i / 4;
-      el("text", {x: x(tt), y: H - 10, "class": "tick", "text-anchor": "middle"}, svg,
+      el("text", {x: x(tt), y: H - 10, "class": "tick", "text-anchor": i === 0 ? "start" : (i === 4 ? "end" : "middle")}, svg,
          useIndex ? "#" + Math.round(tt) : (i === 0 ? fmtDay(tt) + " " : "") + fmtTime(tt));
     }
     function line(points, cls) {
