@@ -16,6 +16,7 @@ import click
 
 from profiler.cli.analyze import SIZE
 from profiler.errors import BadInput, MemqError
+from profiler.render.safe import safe_text
 
 OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "window ok", "not_assessable": "n/a"}
 
@@ -55,7 +56,7 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
         else:
             results, title = _from_files(files, limit, confs, sweep, max_bytes)
     except MemqError as exc:  # one line, the exit code of the error (2 bad input, 4 unknown run), no traceback
-        click.echo(f"memq: error: {exc}", err=True)
+        click.echo(f"memq: error: {safe_text(exc)}", err=True)
         sys.exit(exc.exit_code)
     if as_json:
         json.dump(results, sys.stdout, indent=1)
@@ -79,7 +80,8 @@ def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]
     from profiler.config import load_settings
     from profiler.load import load_snapshot_file
 
-    max_b = max_bytes or load_settings().max_snapshot_bytes
+    cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
+    max_b = min(max_bytes or cap, cap)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
     last = loaded[-1].snapshot
     results = run_whatif(last, limit, _wanted(confs, sweep, last), earlier=[x.snapshot for x in loaded[:-1]])

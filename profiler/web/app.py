@@ -236,7 +236,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         snap, err = None, None
         try:
             raw = store.blobs.get(row["sha256"])
-            snap = decode_snapshot_bytes(raw, settings.max_snapshot_bytes, name=row["sha256"]).snapshot
+            snap = decode_snapshot_bytes(raw, settings.decode_max_bytes, name=row["sha256"]).snapshot
         except NotFound as exc:
             err = f"the raw snapshot is no longer stored ({exc.message}); figures below are from the stored analysis"
         except SnapshotError as exc:
