@@ -93,6 +93,30 @@ def test_inflating_past_the_cap_stops_there():
     assert len(codec.decompress(data, size)) == size
 
 
+def test_zstd_bomb_stops_at_the_cap_and_frames_concatenate():
+    import hashlib
+
+    zeros = bytes(64 * MIB)
+    data = codec.compress(zeros, "zstd")
+    assert len(data) < 64 * 1024
+    with pytest.raises(TooLarge):
+        codec.decompress(data, 16 * MIB)
+    assert codec.inflated_digest(data, 64 * MIB) == (hashlib.sha256(zeros).hexdigest(), 64 * MIB)
+    two = codec.compress(b"a" * 1000, "zstd") + codec.compress(b"b" * 1000, "zstd")
+    assert codec.decompress(two) == b"a" * 1000 + b"b" * 1000
+    with pytest.raises(SnapshotError, match="zstd"):
+        codec.decompress(data[:-10] + b"\xff" * 10)
+
+
+def test_json_memory_bomb_is_too_large(tmp_path):
+    """[{}, {}, ...]: 3 bytes of JSON per 64-byte dict, past 16x the input."""
+    path = tmp_path / "dicts.json"
+    path.write_bytes(b"[" + b"{}," * (4 * MIB) + b"{}]")
+    rc, _out, err, rss = peak_rss(memq_cmd("analyze", str(path)), env=_env(tmp_path), timeout=120)
+    assert "memory" in _one_line_refusal(rc, err)
+    assert rss < BUDGET + 64 * MIB
+
+
 def test_multi_member_gzip_and_trailing_garbage_still_inflate():
     a, b = b"first member " * 1000, b"second member" * 1000
     assert codec.decompress(gz(a) + gz(b) + b"\x00\x00junk") == a + b
