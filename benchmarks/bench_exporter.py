@@ -8,8 +8,8 @@ What it does:
    server-side (INSERT ... SELECT generate_series): runs on 20 clusters and 500 jobs, every 17th an
    OOM (its last snapshot taken at the OOM, and a `oom:<cause>` verdict in the alert outbox), 5% of
    them running and updated in the last 10 minutes (the exporter's per-job and top-K gauges), each
-   run with `--snapshots-per-run` analysed snapshots whose analyses were stored 0.5-60 s after the
-   snapshot rows (the latency histogram).
+   run with `--snapshots-per-run` analysed snapshots attached to their analyses 0.5-60 s after the
+   snapshot rows were written (the latency histogram).
 2. Gives the Redis part something to read on the shared Redis under a unique key prefix: an ingest
    stream with a consumer group, 100 dead letters, a worker and a dispatcher heartbeat (deleted at
    the end).
@@ -64,10 +64,10 @@ GENERATE = [
               r.started_at + k * interval '10 minutes' + (0.5 + (r.id * 7 + k) % 60) * interval '1 second'
        FROM runs r CROSS JOIN generate_series(1, :per_run) k""",
     """INSERT INTO snapshots (run_id, rank, sha256, trigger, taken_at, size_bytes, context, state, analyzer_version,
-                             analysis_id, attempts, created_at)
+                             analysis_id, attempts, created_at, analysed_at)
        SELECT r.id, 0, a.sha256, CASE WHEN a.oom_requested_bytes IS NOT NULL THEN 'oom' ELSE 'epoch_end' END,
               r.started_at + k * interval '10 minutes', 1800000, '{}'::jsonb, 'done', 'bench', a.id, 1,
-              r.started_at + k * interval '10 minutes'
+              r.started_at + k * interval '10 minutes', a.created_at
        FROM runs r CROSS JOIN generate_series(1, :per_run) k
        JOIN analysis_results a ON a.sha256 = md5(r.id::text || '/' || k)""",
     """INSERT INTO alerts (run_id, verdict, kind, cause, cluster, job, idem_key, body, state, attempts, created_at,

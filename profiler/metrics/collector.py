@@ -11,7 +11,7 @@ from SQL (counters are row counts, so restarts and several exporters agree)
                                                                  by run-level cause; one per verdict change
 - memq_alerts{state}                                            the alert outbox per state (gauge)
 - memq_runs{cluster, status}                                    runs per status (gauge)
-- memq_analysis_latency_seconds (histogram)                     snapshot row -> its analysis stored
+- memq_analysis_latency_seconds (histogram)                     snapshot row -> its analysis attached
 - memq_active_runs{cluster, job_name}                           running runs updated in the last
                                                                  MEMQ_EXPORTER_ACTIVE_MINUTES
 - memq_job_headroom_min_ratio{cluster, job_name}                least headroom among them (1 - peak reserved / limit)
@@ -61,8 +61,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                                  "by run-level cause.", ("cluster", "job_name", "kind", "cause")),
     "memq_alerts": ("gauge", "Alerts in the outbox per delivery state.", ("state",)),
     "memq_runs": ("gauge", "Runs per status.", ("cluster", "status")),
-    "memq_analysis_latency_seconds": ("histogram", "Seconds from a snapshot's row (dispatcher) to its stored "
-                                                   "analysis, for analyses computed for that row.", ()),
+    "memq_analysis_latency_seconds": ("histogram", "Seconds from a snapshot's row (dispatcher) to its analysis "
+                                                   "attached (computed, or reused for identical bytes).", ()),
     "memq_active_runs": ("gauge", "Running runs updated within MEMQ_EXPORTER_ACTIVE_MINUTES.",
                          ("cluster", "job_name")),
     "memq_job_headroom_min_ratio": ("gauge", "Least headroom (1 - peak reserved / limit) among the job's active "

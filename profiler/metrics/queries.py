@@ -1,8 +1,9 @@
 """Aggregate queries of one scrape. Each returns plain rows; the collector names the metrics.
 
-Cost: one GROUP BY over snapshots joined to runs and analysis_results (snapshot counts, OOMs,
-analysis latency buckets in one pass), one over runs, one over alerts, and two small ones over the
-runs active in the last minutes. Measured by benchmarks/bench_exporter.py.
+Cost: two passes over the snapshots table alone (states per run, then joined to runs; the latency
+histogram from its own two timestamps), the OOM snapshots (few) with their analyses, one GROUP BY
+over runs, one over alerts, and two small ones over the runs active in the last minutes. Measured
+by benchmarks/bench_exporter.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from profiler.store import repository as repo
 from profiler.store.orm import Alert, AnalysisResult, Run, Snapshot
 
 #: Upper bounds (seconds) of the analysis latency histogram: from the dispatcher's snapshot row to its
-#: stored analysis. Seconds for a quiet pipeline, minutes under a backlog.
+#: analysis attached. Seconds for a quiet pipeline, minutes under a backlog.
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 
 
@@ -55,12 +56,11 @@ def oom_snapshots(session: Session) -> list[tuple]:
 
 def analysis_latency(session: Session, buckets: Sequence[float] = LATENCY_BUCKETS) -> tuple[list[int], int, float]:
     """Cumulative bucket counts (one per bound, then +Inf), count and sum of seconds from a snapshot
-    row's creation (the dispatcher) to its analysis' creation, over snapshots whose analysis was
-    computed for them (an analysis reused from identical bytes stored earlier took no time for this
-    row). One pass: each row's bucket index is computed once (width_bucket on PostgreSQL)."""
-    lat = (select(_seconds_between(session, AnalysisResult.created_at, Snapshot.created_at).label("s"))
-           .select_from(Snapshot).join(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-           .where(Snapshot.state == "done", AnalysisResult.created_at >= Snapshot.created_at).subquery())
+    row's creation (the dispatcher, or `memq ingest`) to its analysis being attached (`analysed_at`:
+    computed, or reused from identical bytes analysed before), over the snapshots table alone. One
+    pass: each row's bucket index is computed once (width_bucket on PostgreSQL)."""
+    lat = (select(_seconds_between(session, Snapshot.analysed_at, Snapshot.created_at).label("s"))
+           .where(Snapshot.state == "done", Snapshot.analysed_at.is_not(None)).subquery())
     n_bounds = len(buckets)
     if session.get_bind().dialect.name == "postgresql":
         # width_bucket counts the thresholds <= its operand; on negated values that is the number of

@@ -190,6 +190,8 @@ class Snapshot(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+    #: When it first became done (analysis attached; a reanalysis keeps it): the exporter's latency.
+    analysed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
     run: Mapped[Run] = relationship(back_populates="snapshots", lazy="raise")
 

@@ -297,7 +297,7 @@ def requeue_expired(session: Session) -> list[int]:
 def complete_snapshot(session: Session, snapshot_id: int, analysis_id: int, analyzer_version: str) -> None:
     session.execute(update(Snapshot).where(Snapshot.id == snapshot_id).values(
         state="done", analysis_id=analysis_id, analyzer_version=analyzer_version, lease_until=None,
-        last_error=None))
+        last_error=None, analysed_at=func.coalesce(Snapshot.analysed_at, func.current_timestamp())))
 
 
 def fail_snapshot(session: Session, snapshot_id: int, error: str, retry: bool = True,

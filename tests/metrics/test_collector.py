@@ -10,13 +10,13 @@ import math
 from pathlib import Path
 
 from prometheus_client import generate_latest
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from profiler.config import load_settings
 from profiler.metrics import queries as q
 from profiler.metrics.exporter import registry_for
 from profiler.store import repository as repo
-from profiler.store.orm import AnalysisResult, Snapshot
+from profiler.store.orm import Snapshot
 from tests.conftest import memq_environ
 from tests.metrics.history import GIB, add_run, set_run
 from tests.metrics.scrape import Samples
@@ -30,14 +30,26 @@ def _snapshot(s, run_id: int, tag: str, latency_s: float | None, *, trigger: str
                                                       trigger=trigger))
     created = T0 + dt.timedelta(minutes=len(tag))
     s.execute(update(Snapshot).where(Snapshot.id == sid).values(state=state, created_at=repo.db_time(s, created)))
-    if latency_s is None:
+    if latency_s is None and state != "done":
         return
     doc = {"schema": 1, "metrics": {}, "oom": {"requested_bytes": 2 * GIB} if oom else None,
            "diagnosis": {"primary_cause": cause, "confidence": 0.9}}
     aid = repo.store_analysis(s, tag.ljust(64, "0"), "v1", doc)
-    s.execute(update(AnalysisResult).where(AnalysisResult.id == aid).values(
-        created_at=repo.db_time(s, created + dt.timedelta(seconds=latency_s))))
-    s.execute(update(Snapshot).where(Snapshot.id == sid).values(analysis_id=aid))
+    done = None if latency_s is None else repo.db_time(s, created + dt.timedelta(seconds=latency_s))
+    s.execute(update(Snapshot).where(Snapshot.id == sid).values(analysis_id=aid, analysed_at=done))
+
+
+def test_analysed_at_is_set_once(store):
+    with store.session() as s:
+        rid = add_run(s, "once")
+        sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(run_id=rid, sha256="e" * 64, size_bytes=1))
+        aid = repo.store_analysis(s, "e" * 64, "v1", {"schema": 1})
+        repo.complete_snapshot(s, sid, aid, "v1")
+        first = s.execute(select(Snapshot.analysed_at).where(Snapshot.id == sid)).scalar_one()
+        s.execute(update(Snapshot).where(Snapshot.id == sid).values(analysed_at=first - dt.timedelta(hours=1)))
+        repo.complete_snapshot(s, sid, aid, "v2")  # a reanalysis keeps the first time: buckets only grow
+        again = s.execute(select(Snapshot.analysed_at).where(Snapshot.id == sid)).scalar_one()
+    assert first is not None and again == first - dt.timedelta(hours=1)
 
 
 def test_aggregates(store):
@@ -52,7 +64,7 @@ def test_aggregates(store):
         _snapshot(s, b, "b1", 1.0)
         _snapshot(s, b, "b2", 2.0, trigger="oom", cause="capacity")
         _snapshot(s, b, "b3", 3.0, cause="fragmentation", oom=True)  # found by the analysis, not the trigger
-        _snapshot(s, c, "c1", -4.0)      # the analysis predates the row: reused, not a latency
+        _snapshot(s, c, "c1", None)      # done before analysed_at existed (migration 0007): left out
         _snapshot(s, c, "c2", None, state="pending")
     with store.session() as s:
         buckets, count, total = q.analysis_latency(s)
