@@ -431,6 +431,12 @@ def sweep(st: Settings, snapshot_id: int) -> str:
     except (NotFound, BadInput) as exc:
         log.info("what-if sweep of snapshot %s skipped: %s", snapshot_id, exc)
         return "skipped"
+    except MemqError:
+        raise  # an outage: the task retries
+    except Exception as exc:  # noqa: BLE001 - a model bug on this input must not loop: the analysis stands
+        log.warning("what-if sweep of snapshot %s failed: %s: %s", snapshot_id, type(exc).__name__, exc,
+                    exc_info=not _is_soft_limit(exc))
+        return "failed"
     return "swept" if computed else ("reused" if sid is not None else "skipped")
 
 

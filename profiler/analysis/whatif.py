@@ -922,6 +922,8 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
             w = compile_trace(earlier_snaps[i], limit_bytes)
             if _seedable(w, rep.streams):
                 seed_reps.append((i, w))
+        if rep.foreign_start or OP_FOREIGN in rep.program.ops:
+            seed_reps = []  # private pools (CUDA graphs) are only counted, never carried across windows
         if seed_reps:
             base, failed = _simulate_seeded([w for _i, w in seed_reps], rep, rec_cfg, limit_bytes, per_process)
             if failed is None and matches_record(base):
