@@ -46,7 +46,7 @@ def main():
     model, opt = train.make(dev)
     data = [train.batch(32, 256, dev) for _ in range(4)]
     step = 0
-    for _ in range(10):  # warm-up: kernels, cuBLAS; the agent's recorded warm-up steps happen here
+    for _ in range(30):  # warm-up: kernels, cuBLAS; the agent's recorded warm-up steps happen here
         train.train_step(model, opt, *data[step % 4])
         agent.mark_step(step, 0)
         step += 1
@@ -92,8 +92,10 @@ def main():
            "mark_step_us_p99": sorted(mark_costs)[int(0.99 * len(mark_costs))] * 1e6,
            "mark_step_us_max": max(mark_costs) * 1e6,
            "stride": a._stride, "figures": len(a.tracker.figures),
-           "policy": a.policy.reason, "recording_at_end": bool(a.recording)}
-    print("BENCH", json.dumps(res), flush=True)
+           "policy": a.policy.reason, "recording_at_end": bool(a.recording),
+           "block_ms_off": [round(x * 1e3, 3) for x in times["off"]],
+           "block_ms_agent": [round(x * 1e3, 3) for x in times["agent"]]}
+    print("BENCH", json.dumps({k: v for k, v in res.items() if not k.startswith("block_ms")}), flush=True)
     # per-call costs
     src = a.source
     n = 2000
@@ -101,6 +103,19 @@ def main():
     for _ in range(n):
         src.step_signals(reset=False)
     res["boundary_reading_us"] = (time.perf_counter() - c0) / n * 1e6
+    c0 = time.perf_counter()
+    for _ in range(n):
+        src.step_signals(reset=True)
+    res["boundary_reading_with_peak_reset_us"] = (time.perf_counter() - c0) / n * 1e6
+    torch.cuda.synchronize()
+    tl = []
+    for i in range(n):  # mark_step in a tight loop (no training between): its own Python cost, warm caches
+        c0 = time.perf_counter()
+        agent.mark_step(step + i, 0)
+        tl.append(time.perf_counter() - c0)
+    step += n
+    res["mark_step_tight_loop_us_mean"] = statistics.fmean(tl) * 1e6
+    res["mark_step_tight_loop_us_median"] = statistics.median(tl) * 1e6
     c0 = time.perf_counter()
     for _ in range(200):
         torch.cuda.memory_stats(dev)
@@ -142,7 +157,7 @@ def main():
     res["counters"] = agent.stop(30)
     with open(os.path.join(args.out, "overhead.json"), "w") as fh:
         json.dump(res, fh, indent=1)
-    print("OVERHEAD", json.dumps(res), flush=True)
+    print("OVERHEAD", json.dumps({k: v for k, v in res.items() if not k.startswith("block_ms")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ def dyn_schedule(steps):
 
 
 def set_cap(dev, cap):
-    total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), dev)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(idx).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), idx)
     return int(min(1.0, cap / total) * total)
 
 

@@ -73,8 +73,9 @@ def main():
                     agent.mark_step(step, epoch)
                 if step == 0 and cuda:
                     cap = torch.cuda.memory_reserved(dev) + int(args.grow_epochs * growth)
-                    total = torch.cuda.get_device_properties(dev).total_memory
-                    torch.cuda.set_per_process_memory_fraction(cap / total, dev)
+                    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+                    total = torch.cuda.get_device_properties(idx).total_memory
+                    torch.cuda.set_per_process_memory_fraction(cap / total, idx)
                     res["cap_bytes"] = int(cap / total * total)
                 step += 1
             model.eval()

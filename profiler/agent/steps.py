@@ -7,10 +7,12 @@ allocator's retry count. `StepTracker` keeps them in a ring buffer (sent with th
 in every snapshot) and decides:
 
 - comparable points: the agent takes a snapshot at the same point of a step (trigger `periodic`,
-  payload `comparable: true`) at the end of warm-up ("baseline"), every `comparable_every` steps
-  ("every_n"), and whenever live bytes at a boundary exceed those of the last comparable point by more
-  than max(64 MiB, 1% of the limit) ("growth"). A leak then shows between comparable points without
-  `mark_epoch`, which is what the analysis' leak test compares.
+  payload `comparable: true`) at the end of warm-up ("baseline"), every `comparable_every` steps but
+  at most one per `comparable_min_s` seconds ("every_n": a job of 5 ms steps must not send one every
+  half second), and whenever live bytes at a boundary exceed those of the last comparable point by
+  more than max(64 MiB, 1% of the limit), at least `growth_min_steps` boundaries after the last one
+  ("growth"). A leak then shows between comparable points without `mark_epoch`, which is what the
+  analysis' leak test compares.
 - a recording window on growth: the blocks that grew were allocated while recording was paused, so
   they carry no frames; recording Python stacks until the next comparable point makes the NEXT
   increment carry its allocating line. At most `max_growth_windows` windows of at most
@@ -46,9 +48,13 @@ def growth_threshold(limit: int | None, live: int) -> int:
 
 
 class StepTracker:
-    def __init__(self, *, warmup_steps: int = 3, comparable_every: int = 100, window_steps: int = 500,
-                 max_growth_windows: int = 2, large_factor: float = 1.5, large_window_steps: int = 10,
-                 maxlen: int = 512):
+    def __init__(self, *, warmup_steps: int = 3, comparable_every: int = 100, comparable_min_s: float = 300.0,
+                 growth_min_steps: int = 10, window_steps: int = 500, max_growth_windows: int = 2,
+                 large_factor: float = 1.5, large_window_steps: int = 10, maxlen: int = 512):
+        self.comparable_min_s = float(comparable_min_s)
+        self.growth_min_steps = int(growth_min_steps)
+        self._last_comparable_t = float("-inf")
+        self._last_comparable_b = 0
         self.warmup_steps = max(1, int(warmup_steps))
         self.comparable_every = int(comparable_every)
         self.window_steps = int(window_steps)
@@ -91,7 +97,7 @@ class StepTracker:
 
     # -- decisions -------------------------------------------------------------------------------
     def on_boundary(self, fig: dict | None, limit: int | None, *, recording: bool,
-                    epochs_marked: bool = False) -> Decision:
+                    epochs_marked: bool = False, now: float = 0.0) -> Decision:
         """Called once per step boundary, after `figure()`. `fig` None: no reading this time."""
         self.boundaries += 1
         d = Decision()
@@ -103,6 +109,7 @@ class StepTracker:
         if self.base_live is None:
             self.base_live = live
             d.comparable = "baseline"
+            self._last_comparable_t, self._last_comparable_b = now, self.boundaries
             return d
         peak = fig["peak_allocated"]
         if len(self._peaks) >= 3 and peak > self.large_factor * statistics.median(self._peaks) \
@@ -110,16 +117,19 @@ class StepTracker:
             d.record, d.window_steps = "large_step", self.large_window_steps
         self._peaks.append(peak)
         self._max_peak = max(self._max_peak, peak)
-        if live - self.base_live > growth_threshold(limit, live):
+        since = self.boundaries - self._last_comparable_b
+        if live - self.base_live > growth_threshold(limit, live) and since >= self.growth_min_steps:
             d.comparable = "growth"
             if self.window == "growth":
                 d.end_window = True
             elif self.growth_windows < self.max_growth_windows and not recording:
                 d.record, d.window_steps = "growth", self.window_steps
-        elif not epochs_marked and self.comparable_every > 0 and self.boundaries % self.comparable_every == 0:
+        elif not epochs_marked and self.comparable_every > 0 and since >= self.comparable_every \
+                and now - self._last_comparable_t >= self.comparable_min_s:
             d.comparable = "every_n"
         if d.comparable:
             self.base_live = live
+            self._last_comparable_t, self._last_comparable_b = now, self.boundaries
         return d
 
     def on_epoch_end(self, live: int | None, limit: int | None, *, recording: bool) -> Decision:
@@ -129,6 +139,7 @@ class StepTracker:
             return d
         prev, self.epoch_live = self.epoch_live, live
         self.base_live = live
+        self._last_comparable_b = self.boundaries
         if self.window == "growth":
             d.end_window = True  # this epoch-end snapshot holds the frames of the window's growth
         elif prev is not None and live - prev > growth_threshold(limit, live) \

@@ -19,25 +19,25 @@ def sig(live, peak=None, retries=0):
 
 
 def test_tracker_baseline_growth_window_and_every_n():
-    t = StepTracker(warmup_steps=3, comparable_every=10, window_steps=50)
+    t = StepTracker(warmup_steps=3, comparable_every=10, comparable_min_s=0, growth_min_steps=1, window_steps=50)
     decisions = []
-    for i in range(12):
+    for i in range(17):
         live = GIB + (0 if i < 6 else 200 << 20)  # live bytes jump by 200 MiB after step 5
         fig = t.figure(i, 0, sig(live), 50.0)
-        decisions.append(t.on_boundary(fig, 10 * GIB, recording=False))
+        decisions.append(t.on_boundary(fig, 10 * GIB, recording=False, now=float(i)))
         if decisions[-1].record:
             t.opened(decisions[-1].record)
     assert [d.comparable for d in decisions[:3]] == [None, None, "baseline"]
     assert decisions[6].comparable == "growth" and decisions[6].record == "growth"
-    assert decisions[9].comparable == "every_n"  # the 10th boundary
+    assert decisions[-1].comparable == "every_n"  # 10 boundaries after the growth point
     # in the window, the next growth is its end (that snapshot carries the frames)
-    d = t.on_boundary(t.figure(12, 0, sig(GIB + (400 << 20)), 50.0), 10 * GIB, recording=True)
+    d = t.on_boundary(t.figure(17, 0, sig(GIB + (400 << 20)), 50.0), 10 * GIB, recording=True)
     assert d.comparable == "growth" and d.end_window and not d.record
-    assert len(t.figures) == 13 and t.figures[-1]["allocated"] == GIB + (400 << 20)
+    assert len(t.figures) == 18 and t.figures[-1]["allocated"] == GIB + (400 << 20)
 
 
 def test_tracker_no_growth_below_threshold_and_large_step():
-    t = StepTracker(warmup_steps=1, comparable_every=0)
+    t = StepTracker(warmup_steps=1, comparable_every=0, growth_min_steps=1)
     got = [t.on_boundary(t.figure(i, 0, sig(GIB + i * (GROWTH_MIN_BYTES // 8), peak=3 * GIB), 10.0), None,
                          recording=False) for i in range(6)]
     assert [d.comparable for d in got] == ["baseline"] + [None] * 5  # 5 x 8 MiB: under 64 MiB
@@ -86,13 +86,13 @@ def _tiny_training(steps, agent=None, mark=False):
 def test_optimizer_hook_finds_steps_without_mark_step(shared):
     r, prefix, stream = shared
     src = DictSource(REAL / "capacity")
-    live = [GIB] * 5 + [GIB + (300 << 20)] * 3 + [GIB + (700 << 20)] * 4
+    live = [GIB] * 14 + [GIB + (300 << 20)] * 12 + [GIB + (700 << 20)] * 4
     src.signals = [sig(x) for x in live]
     a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, optimizer="AdamW",
                    model="Net", comparable_every_steps=0, step_budget=1.0)
-    _tiny_training(12)
-    assert a.steps_source == "optimizer_hook" and a.step == 11
-    assert a.policy.steps_seen == 12
+    _tiny_training(30)
+    assert a.steps_source == "optimizer_hook" and a.step == 29
+    assert a.policy.steps_seen == 30
     # the OOM comes in the step after the last completed one
     src.fire_oom()
     a.note_exception(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -101,24 +101,24 @@ def test_optimizer_hook_finds_steps_without_mark_step(shared):
     assert got[0].payload["optimizer"] == "AdamW" and got[0].payload["model"] == "Net"  # strings, not "str"
     snaps = [e for e in got if e.kind == "snapshot"]
     reasons = [(s.trigger, s.payload.get("reason"), s.step) for s in snaps]
-    assert reasons == [("periodic", "warmup", 2), ("periodic", "growth", 5), ("periodic", "growth", 8),
-                       ("oom", None, 12)], reasons
+    assert reasons == [("periodic", "warmup", 2), ("periodic", "growth", 14), ("periodic", "growth", 26),
+                       ("oom", None, 30)], reasons
     assert all(s.payload.get("comparable") for s in snaps[:3])
     meta = [codec.loads_restricted(blob_of(r, s, prefix))["memq_agent"] for s in snaps]
     assert meta[0]["recording"]["on"] is True and meta[0]["recording"]["reason"] == "warmup"
-    # the first growth opens a recording window; the second growth closes it with frames recorded since step 6
+    # the first growth opens a recording window; the second growth closes it with frames recorded since step 15
     assert meta[1]["recording"]["on"] is False
-    assert meta[2]["recording"] == {"on": True, "since_step": 6, "reason": "growth"}
+    assert meta[2]["recording"] == {"on": True, "since_step": 15, "reason": "growth"}
     oom = meta[3]
-    assert (oom["step_in_progress"], oom["step_completed"], oom["steps_source"]) == (12, 11, "optimizer_hook")
+    assert (oom["step_in_progress"], oom["step_completed"], oom["steps_source"]) == (30, 29, "optimizer_hook")
     assert oom["optimizer"] == "AdamW" and oom["model"] == "Net" and oom["comparable"] is False
     figs = oom["step_figures"]
-    assert [f["step"] for f in figs] == list(range(12))
+    assert [f["step"] for f in figs] == list(range(30))
     assert [f["allocated"] for f in figs] == live
     assert set(figs[0]) >= {"step", "epoch", "peak_allocated", "peak_reserved", "allocated", "reserved",
                             "retries", "ms"}
     sent = [f for e in got if e.kind == "stats" for f in e.payload.get("step_figures", [])]
-    assert [f["step"] for f in sent] == list(range(12))  # the figures also travel with the stats
+    assert [f["step"] for f in sent] == list(range(30))  # the figures also travel with the stats
 
 
 def test_mark_step_wins_over_the_hook(shared):
