@@ -718,7 +718,7 @@ def _simulate_seeded(seeds: list, rep: Replay, cfg: AllocatorConfig, limit: int 
                 handles[h] = b
         for b in carried.values():
             m.free_block(b)
-        for a, h, req, stream in w.start_live:
+        for _a, h, req, stream in w.start_live:
             if handles[h] is None:
                 b = m.malloc(req, stream)
                 if b is None:
