@@ -293,18 +293,21 @@ def pg_stack(tmp_path, private_redis, pg_server):
     from tests.conftest import temp_pg_database
 
     srv = private_redis()
+    # generous task limits: on a loaded test machine a cold first analysis can take longer than
+    # the FAST 8 s soft limit, and what is measured here is the dispatcher, not the analysis
     with temp_pg_database("poison") as url:
-        s = Stack(tmp_path, srv.url, url)
+        s = Stack(tmp_path, srv.url, url, MEMQ_TASK_SOFT_TIME_LIMIT_S="90", MEMQ_TASK_TIME_LIMIT_S="100",
+                  MEMQ_ANALYSIS_LEASE_S="120", MEMQ_VISIBILITY_TIMEOUT_S="400")
         try:
             s.upgrade()
-            s.start_worker(concurrency=1, beat=False)
+            s.start_worker(concurrency=1)
             yield s
         finally:
             s.close()
 
 
 @pytest.mark.postgres
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(400)
 def test_good_snapshot_behind_the_poison_is_analysed_within_seconds_also_after_a_restart(pg_stack):
     s = pg_stack
     st, r = s.settings, s.redis
@@ -319,22 +322,29 @@ def test_good_snapshot_behind_the_poison_is_analysed_within_seconds_also_after_a
         rows = s.rows("SELECT s.state FROM snapshots s JOIN runs r ON r.id = s.run_id WHERE r.name = :n", n=run)
         return [x.state for x in rows] == ["done"]
 
+    # a warm worker and dispatcher first (imports, the first analysis): what is timed below is the
+    # way past the poison, not a cold start
+    d1 = s.start_dispatcher(consumer="poison-d", wait=True)
+    s.memq("push", f, "--run", "warm-up", "--cluster", "c")
+    wait_for(lambda: analysed("warm-up"), 180, 0.2, "the warm-up snapshot analysed")
+
+    # 1. poison, then a good snapshot, all in the stream before the dispatcher (same consumer name)
+    #    starts again: the good one is behind every poison entry
+    assert s.stop(d1) == 0
     r.set(envelope.blob_key(sha(SNAP), st.key_prefix), (REAL / "capacity" / "oom.pickle.gz").read_bytes())
     push_poison()
-    d1 = s.start_dispatcher(consumer="poison-d", wait=True)
     s.memq("push", f, "--run", "after-poison", "--cluster", "c")
+    s.start_dispatcher(consumer="poison-d", wait=True)
     wait_for(lambda: analysed("after-poison"), 30, 0.2, "the good snapshot behind the poison analysed")
     assert len(s.dead()) == len(POISON) + 1
 
-    # the dispatcher restarted on the same stream (same consumer name), more poison, then good
-    assert s.stop(d1) == 0
+    # 2. the same while it runs
     push_poison()
-    s.memq("push", f, "--run", "after-restart", "--cluster", "c")
-    s.start_dispatcher(consumer="poison-d", wait=True)
-    wait_for(lambda: analysed("after-restart"), 30, 0.2, "the good snapshot analysed after the restart")
+    s.memq("push", f, "--run", "while-running", "--cluster", "c")
+    wait_for(lambda: analysed("while-running"), 30, 0.2, "the good snapshot analysed")
     dead = s.dead()
     assert len(dead) == 2 * (len(POISON) + 1)
-    assert all(x["reason"] for x in dead)
+    assert all(x["reason"] and x["stage"] == "dispatch" for x in dead)
     wait_for(lambda: _pending(r, st) == 0, 10, 0.2, "nothing pending")
     assert s.rows("SELECT count(*) FROM snapshots WHERE state <> 'done'")[0][0] == 0
 
