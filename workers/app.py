@@ -238,7 +238,19 @@ def _worker_shutdown(**_):
 
 @signals.worker_process_init.connect
 def _child_init(**_):
-    """A forked pool process must not share the parent's database or Redis connections."""
+    """A forked pool process must not share the parent's database or Redis connections. Its ORM
+    mappers are configured here, before any task runs: configured lazily inside the first task, a soft
+    time limit (SoftTimeLimitExceeded) could interrupt SQLAlchemy's one-time configuration and leave
+    every later task of the process failing with "mappers failed to initialize"."""
     from workers import runtime
 
     runtime.reset()
+    configure_orm()
+
+
+def configure_orm() -> None:
+    from sqlalchemy.orm import configure_mappers
+
+    import profiler.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
+
+    configure_mappers()
