@@ -164,3 +164,24 @@ def test_safe_text_escapes_every_kind_of_control():
     assert safe_text("x\u202ey\u2066z\u2028") == "x\\u202ey\\u2066z\\u2028"
     assert safe_text("line1\nline2\r", keep_newlines=True) == "line1\nline2\\r"
     assert safe_text("résumé 模型 🚀 [bold]") == "résumé 模型 🚀 [bold]"  # printable text is left alone
+
+
+def test_analyze_report_escapes_frames_from_the_snapshot(env, tmp_path):
+    """Frames are text from a foreign process: function names carrying escapes (and rich markup)
+    are shown escaped in the terminal report of `memq analyze`."""
+    import pickle
+
+    from profiler import codec
+
+    snap = codec.loads_restricted(codec.decompress((REAL / "seed_adamw" / "epoch0.pickle.gz").read_bytes()))
+    frames = [f for seg in snap["segments"] for b in seg["blocks"] for f in b.get("frames") or []]
+    frames += [f for tr in snap.get("device_traces") or [] for e in tr for f in e.get("frames") or []]
+    for f in frames:
+        f["name"] = "fn\x1b]0;TITLE\x07[/bold]" + str(f.get("name"))
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))  # our own data, pickled here
+    p = _memq(env, "analyze", str(path))
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    _no_raw_controls(out)
+    assert "fn\\x1b]0;TITLE\\x07[/bold]" in out
