@@ -154,6 +154,10 @@ def _print_whatif(con, snaps: list[dict]) -> None:
         con.print(f"[bold]what-if at the {escape(s['trigger'])} snapshot[/bold] (rank {s['rank']}"
                   f"{', ' + where if where else ''}; limit {cell(w['limit_bytes'], 'bytes')} from "
                   f"{escape(str(w.get('limit_source') or '-'))}; {seeds} earlier snapshot(s) used)")
+        reasons = {r.get("reason") for r in w["results"]}
+        if all(r.get("predicted_oom") is None for r in w["results"]) and len(reasons) == 1:
+            con.print(f"  every setting: not assessable ({escape(str(reasons.pop()))})")  # e.g. no trace
+            continue
         for r in w["results"]:
             outcome = WHATIF_OUTCOME.get(r.get("verdict"), str(r.get("predicted_oom")))
             line = f"  {escape(r['conf'] or '(recorded)')}: {outcome}"
