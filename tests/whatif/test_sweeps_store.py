@@ -82,3 +82,29 @@ def test_whatif_run_errors(store, memq_env):
     assert r.exit_code == 4 and "rank 3" in r.output
     r = CliRunner().invoke(cli, ["whatif"])
     assert r.exit_code == 2 and "--run" in r.output
+
+
+def test_agent_default_oom_without_trace_is_stored_as_not_assessable(store, memq_env, tmp_path):
+    """The agent's real OOM snapshot (tests/fixtures/agent_gpu/spool_oom: recording was off at the OOM),
+    written out as a file here (decoded with the restricted decoder, pickled again) and ingested."""
+    import pickle
+
+    from profiler import codec
+    from profiler.agent.spool import decode as decode_spool
+
+    spool = FIXTURES / "agent_gpu" / "spool_oom" / "gpu-oom" / "rank0-vm-560"
+    msgs = [decode_spool(f.read_bytes()) for f in sorted(spool.glob("*.mqs"))]
+    oom = [m for m in msgs if m.fields.get("trigger") == "oom"][-1]
+    path = tmp_path / "oom.pickle"
+    path.write_bytes(pickle.dumps(codec.decode(oom.blob), protocol=4))
+    payload = json.loads(oom.fields["payload"])["oom"]
+    service.ingest_files(store, repo.RunMeta(name="agent-oom"), [service.SnapshotInput(
+        path=str(path), oom_message=payload["message"], requested_bytes=payload["alloc"])],
+        limit_bytes=payload["device_alloc"])
+    doc = json.loads(CliRunner().invoke(cli, ["history", "--run", "agent-oom", "--json"]).output)
+    w = doc["snapshots"][-1]["whatif"]
+    assert w and len(w["results"]) >= 8
+    for r in w["results"]:  # never "(recorded) fits, confidence high" for a run that ran out of memory
+        assert r["predicted_oom"] is None and r["confidence"] == "none" and "no trace" in r["reason"]
+    text = CliRunner().invoke(cli, ["history", "--run", "agent-oom"]).output
+    assert "every setting: not assessable (no trace" in text
