@@ -102,6 +102,7 @@ class Settings:
     alert_backoff_max_s: int = 300
     exporter_active_minutes: int = 60
     exporter_top_k: int = 10
+    exporter_resync_s: int = 600
     extra: dict = field(default_factory=dict)
 
     @property
@@ -251,6 +252,9 @@ SETTINGS: tuple[Spec, ...] = (
     Spec("exporter_top_k", "MEMQ_EXPORTER_TOP_K", int, 10,
          "`memq exporter`: the active runs with the least headroom are exported with a `run` label (the rest "
          "only per cluster and job), which bounds the number of series."),
+    Spec("exporter_resync_s", "MEMQ_EXPORTER_RESYNC_S", int, 600,
+         "`memq exporter`: seconds between full recounts of the snapshot counters (between them a scrape adds "
+         "the snapshots done since the last one; a recount also sees rows retention deleted)."),
 )
 
 #: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or

@@ -3,7 +3,9 @@
 Metric families (label `job_name` is the training job: Prometheus attaches its own `job`, the
 scrape job, to every series, and a metric label of that name would be renamed `exported_job`):
 
-from SQL (counters are row counts, so restarts and several exporters agree)
+from SQL (counters are row counts, so restarts and several exporters agree; the done snapshots'
+counts are kept up to date from the rows done since the last scrape, with a full recount every
+MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
 - memq_snapshots_analysed_total{cluster, job_name}             snapshot rows analysed (state done)
 - memq_snapshots{state}                                         snapshot rows per state (gauge)
 - memq_oom_snapshots_total{cluster, job_name, cause}            analysed OOM snapshots, by the snapshot's cause
@@ -46,6 +48,7 @@ from prometheus_client.registry import Collector
 
 from profiler.config import Settings
 from profiler.metrics import queries as q
+from profiler.metrics.tally import SnapshotTally, not_done
 from profiler.store import repository as repo
 from profiler.store.orm import ALERT_STATES, SNAPSHOT_STATES
 
@@ -100,6 +103,7 @@ def _s(v) -> str:
 class MemqCollector(Collector):
     def __init__(self, st: Settings, store=None, redis_client=None):
         self.st, self._store, self._redis = st, store, redis_client
+        self.tally = SnapshotTally(st.exporter_resync_s)
 
     def describe(self):
         # families without samples: registering must not run the queries
@@ -133,9 +137,12 @@ class MemqCollector(Collector):
         try:
             store = self._store_or_open()
             with store.session() as s:
-                snaps = q.snapshot_states(s)
-                ooms = q.oom_snapshots(s)
-                buckets, _, total = q.analysis_latency(s)
+                if s.get_bind().dialect.name == "postgresql":
+                    # one snapshot of the database for every query of the scrape (the tally's
+                    # recount and its high-water mark must see the same rows)
+                    s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+                totals = self.tally.refresh(s)
+                pending = not_done(s)
                 runs = q.run_counts(s)
                 verdicts = q.verdict_counts(s)
                 since = repo.utcnow() - dt.timedelta(minutes=self.st.exporter_active_minutes)
@@ -144,18 +151,23 @@ class MemqCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - a scrape reports memq_up{component="database"} 0, never a 500
             log.warning("exporter: database part failed: %s: %s", type(exc).__name__, exc)
             return False
-        analysed: dict[tuple, int] = defaultdict(int)
         states: dict[str, int] = dict.fromkeys(SNAPSHOT_STATES, 0)
-        for cluster, job, state, n in snaps:
+        states["done"] = sum(totals.done.values())
+        for _cluster, _job, state, n in pending:
             states[state] = states.get(state, 0) + int(n)
-            if state == "done":
-                analysed[(_s(cluster), _s(job))] += int(n)
+        analysed: dict[tuple, int] = defaultdict(int)
+        for (cluster, job), n in totals.done.items():
+            analysed[(_s(cluster), _s(job))] += n
         for labels, n in sorted(analysed.items()):
             f["memq_snapshots_analysed"].add_metric(list(labels), n)
         for state, n in sorted(states.items()):
             f["memq_snapshots"].add_metric([state], n)
-        for cluster, job, cause, n in sorted(ooms, key=lambda r: tuple(map(_s, r[:3]))):
-            f["memq_oom_snapshots"].add_metric([_s(cluster), _s(job), str(cause)], int(n))
+        ooms: dict[tuple, int] = defaultdict(int)
+        for (cluster, job, cause), n in totals.ooms.items():
+            ooms[(_s(cluster), _s(job), cause)] += n
+        for labels, n in sorted(ooms.items()):
+            f["memq_oom_snapshots"].add_metric(list(labels), n)
+        buckets, _, total = totals.latency()
         bounds = [str(b) for b in q.LATENCY_BUCKETS] + ["+Inf"]
         f["memq_analysis_latency_seconds"].add_metric([], list(zip(bounds, buckets, strict=True)), total)
         for cluster, status, n in sorted(runs, key=lambda r: (_s(r[0]), r[1])):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from sqlalchemy import Float, and_, case, func, literal, or_, select
+from sqlalchemy import Float, and_, case, func, literal, select, union
 from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session
 
@@ -43,14 +43,19 @@ def snapshot_states(session: Session) -> list[tuple]:
 
 def oom_snapshots(session: Session) -> list[tuple]:
     """(cluster, job, cause, count) of analysed snapshots taken at an OOM (trigger `oom`, or an
-    analysis that found the failed request), by the snapshot's own primary cause."""
-    oom_analyses = select(AnalysisResult.id).where(AnalysisResult.oom_requested_bytes.is_not(None))
+    analysis that found the failed request), by the snapshot's own primary cause. The few OOM rows
+    are found first (each side filtered on its own table), then joined to runs and analyses by key."""
+    cols = (Snapshot.id, Snapshot.run_id, Snapshot.analysis_id)
+    by_trigger = select(*cols).where(Snapshot.state == "done", Snapshot.trigger == "oom")
+    by_analysis = (select(*cols).select_from(AnalysisResult)
+                   .join(Snapshot, Snapshot.analysis_id == AnalysisResult.id)
+                   .where(AnalysisResult.oom_requested_bytes.is_not(None), Snapshot.state == "done"))
+    ooms = union(by_trigger, by_analysis).subquery()
     cause = func.coalesce(AnalysisResult.primary_cause, literal("unknown"))
     return [tuple(r) for r in session.execute(
-        select(Run.cluster, Run.job, cause, func.count()).select_from(Snapshot)
-        .join(Run, Run.id == Snapshot.run_id)
-        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-        .where(Snapshot.state == "done", or_(Snapshot.trigger == "oom", Snapshot.analysis_id.in_(oom_analyses)))
+        select(Run.cluster, Run.job, cause, func.count()).select_from(ooms)
+        .join(Run, Run.id == ooms.c.run_id)
+        .outerjoin(AnalysisResult, AnalysisResult.id == ooms.c.analysis_id)
         .group_by(Run.cluster, Run.job, cause))]
 
 

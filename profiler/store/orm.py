@@ -203,6 +203,7 @@ class Snapshot(Base):
         Index(None, "sha256"),
         Index(None, "state", "lease_until"),
         Index(None, "analysis_id"),
+        Index(None, "analysed_at"),
     )
 
 

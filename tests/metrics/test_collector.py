@@ -102,3 +102,39 @@ def test_a_database_outage_is_a_metric_not_an_error(tmp_path):
     m = Samples(generate_latest(registry_for(load_settings(env))).decode())
     assert m.get("memq_up", component="database") == 0 and m.get("memq_up", component="redis") == 0
     assert m.get("memq_snapshots_analysed_total") is None
+
+
+def test_the_tally_adds_new_done_snapshots_once_and_agrees_with_a_recount(store):
+    from profiler.metrics.tally import SnapshotTally
+
+    incremental, recount = SnapshotTally(resync_s=3600), SnapshotTally(resync_s=0)
+    with store.session() as s:
+        a = add_run(s, "t-a", job="ja")
+        _snapshot(s, a, "t1", 0.5)
+        _snapshot(s, a, "t2", 40.0, trigger="oom", cause="capacity")
+
+    def both():
+        with store.session() as s:
+            x = incremental.refresh(s)
+            x = (dict(x.done), dict(x.ooms), x.latency())
+        with store.session() as s:
+            y = recount.refresh(s)
+            y = (dict(y.done), dict(y.ooms), y.latency())
+        return x, y
+
+    x, y = both()
+    assert x == y and x[0] == {("c1", "ja"): 2}
+    now = repo.utcnow()
+    with store.session() as s:
+        b = add_run(s, "t-b", job="jb")
+        sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(run_id=b, sha256="f" * 64, size_bytes=1, trigger="oom"))
+        aid = repo.store_analysis(s, "f" * 64, "v1", {"schema": 1, "oom": {"requested_bytes": 1},
+                                                     "diagnosis": {"primary_cause": "fragmentation"}})
+        s.execute(update(Snapshot).where(Snapshot.id == sid).values(created_at=repo.db_time(s, now)))
+        repo.complete_snapshot(s, sid, aid, "v1")  # analysed_at = the database's now
+    for _ in range(3):  # scraped again and again: counted once
+        x, y = both()
+        assert x == y
+    assert x[0] == {("c1", "ja"): 2, ("c1", "jb"): 1}
+    assert x[1] == {("c1", "ja", "capacity"): 1, ("c1", "jb", "fragmentation"): 1}
+    assert x[2][1] == 3 and incremental.full_recounts == 1 and recount.full_recounts == 4
