@@ -17,6 +17,7 @@ import contextlib
 import hmac
 import json
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,15 @@ class SecurityMiddleware:
             await send({"type": "http.response.body", "body": b""})
             return None
 
+        started = time.perf_counter()
+
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self._headers(scope)]}
+                # Server-Timing: the handler's time up to the headers (queries and rendering; pages
+                # are rendered whole before they start), for browsers' dev tools and the benchmark.
+                took = f"app;dur={(time.perf_counter() - started) * 1000:.1f}".encode()
+                message = {**message, "headers": [*message.get("headers", []), *self._headers(scope),
+                                                  (b"server-timing", took)]}
             await send(message)
 
         return await self.app(scope, receive, send_with_headers)
@@ -187,11 +194,11 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         f = RunFilter(cluster=p["cluster"], job=p["job"], torch_version=p["torch_version"], status=p["status"],
                       cause=p["cause"], since=p["since"])
         page = RunPage(filter=f, until=p["until"], sort=p["sort"], order=p["order"], limit=p["limit"],
-                       offset=p["offset"])
+                       offset=p["offset"], after=p["after"], before=p["before"])
         with store.session() as s:
             doc = page_runs(s, page)
         doc["filters"] = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in p.items()
-                          if k in P.RUN_PARAMS or k == "torch_version"}
+                          if k in P.RUN_PARAMS and k not in ("after", "before") or k == "torch_version"}
         return doc
 
     def run_doc(request: Request) -> dict:

@@ -64,7 +64,23 @@ def date(query: Mapping[str, str], name: str) -> dt.datetime | None:
     return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t
 
 
-RUN_PARAMS = ("cluster", "job", "status", "cause", "torch", "since", "until", "sort", "order", "limit", "offset")
+RUN_PARAMS = ("cluster", "job", "status", "cause", "torch", "since", "until", "sort", "order", "limit", "offset",
+              "after", "before")
+
+
+def cursor(query: Mapping[str, str], name: str) -> tuple[dt.datetime, int] | None:
+    """A keyset cursor `ISO-time~run-id`, as the runs listing hands them out."""
+    v = query.get(name)
+    if v is None or v == "":
+        return None
+    t, sep, rid = v.rpartition("~")
+    try:
+        if not sep or not rid.isdigit() or len(rid) > 18:
+            raise ValueError
+        when = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadInput(f"{name}: {v[:60]!r} is not a cursor (TIME~ID, from next_cursor/prev_cursor)") from None
+    return (when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when), int(rid)
 
 
 def run_page(query: Mapping[str, str], sorts: Iterable[str]) -> dict[str, Any]:
@@ -73,10 +89,19 @@ def run_page(query: Mapping[str, str], sorts: Iterable[str]) -> dict[str, Any]:
     since, until = date(query, "since"), date(query, "until")
     if since and until and until <= since:
         raise BadInput("until must be later than since")
+    after, before = cursor(query, "after"), cursor(query, "before")
+    if after and before:
+        raise BadInput("give after or before, not both")
+    sort = choice(query, "sort", sorts, "started")
+    if (after or before) and sort != "started":
+        raise BadInput("cursors page the listing sorted by start time only (sort=started)")
     return {
+        "after": after, "before": before,
         "cluster": text(query, "cluster"), "job": text(query, "job"),
         "status": choice(query, "status", RUN_STATUSES), "cause": choice(query, "cause", CAUSES),
         "torch_version": text(query, "torch"), "since": since, "until": until,
-        "sort": choice(query, "sort", sorts, "started"), "order": choice(query, "order", ("asc", "desc"), "desc"),
-        "limit": integer(query, "limit", 50, 1, MAX_PAGE), "offset": integer(query, "offset", 0, 0, MAX_OFFSET),
+        "sort": sort, "order": choice(query, "order", ("asc", "desc"), "desc"),
+        "limit": integer(query, "limit", 50, 1, MAX_PAGE),
+        # with a cursor the offset only numbers the rows shown, so it is not capped
+        "offset": integer(query, "offset", 0, 0, 10**12 if after or before else MAX_OFFSET),
     }

@@ -84,6 +84,22 @@ def test_runs_paging_covers_every_run_once(server):
     assert last["prev_offset"] == 2 and last["next_offset"] is None
 
 
+def test_runs_keyset_cursors_walk_forward_and_back(server):
+    """Sorted by start time, pages carry cursors: forward through every run, then back again."""
+    first = server.json("/api/runs?limit=2")
+    pages, doc = [names(first)], first
+    while doc["next_cursor"]:
+        doc = server.json(f"/api/runs?limit=2&after={doc['next_cursor']}&offset={doc['next_offset']}")
+        pages.append(names(doc))
+    assert sum(pages, []) == names(server.json("/api/runs")) and [len(p) for p in pages] == [2, 2, 1]
+    assert doc["next_cursor"] is None and doc["offset"] == 4
+    back = server.json(f"/api/runs?limit=2&before={doc['prev_cursor']}&offset={doc['prev_offset']}")
+    assert names(back) == pages[1]
+    asc = server.json("/api/runs?limit=3&order=asc")
+    more = server.json(f"/api/runs?limit=3&order=asc&after={asc['next_cursor']}&offset=3")
+    assert names(asc) + names(more) == list(reversed(names(server.json("/api/runs"))))
+
+
 @pytest.mark.parametrize("query,reason", [
     ("limit=0", "limit: 0 is outside 1..500"),
     ("limit=abc", "limit: 'abc' is not an integer"),
@@ -96,6 +112,9 @@ def test_runs_paging_covers_every_run_once(server):
     ("since=yesterday", "since: 'yesterday' is not a date"),
     ("since=2026-11-02&until=2026-11-01", "until must be later than since"),
     ("colour=red", "unknown query parameter 'colour'"),
+    ("after=yesterday", "after: 'yesterday' is not a cursor"),
+    ("after=2026-11-29T20:00:00Z~1&before=2026-11-29T20:00:00Z~2", "give after or before, not both"),
+    ("after=2026-11-29T20:00:00Z~1&sort=run", "cursors page the listing sorted by start time only"),
     ("cluster=" + "x" * 201, "cluster: at most 200 printable characters"),
 ])
 def test_bad_parameters_answer_400_with_the_reason(server, query, reason):

@@ -125,6 +125,17 @@ def test_runs_table_filters_sorts_and_pages(browser, tmp_path):
         seen += page.locator("a.run-link").all_text_contents()
     assert seen == sorted(["seed_adamw", "seed_sgd", "frag_synthetic", "capacity", "frag_dyn"])
     assert "runs 5–5 of 5" in page.text_content("#pager")
+    page = browser.open("/runs?limit=2")  # newest first: the links carry keyset cursors
+    newest = page.locator("a.run-link").all_text_contents()
+    while page.locator("#next-page").count():
+        assert "after=" in page.get_attribute("#next-page", "href")
+        page.click("#next-page")
+        page.wait_for_selector("html[data-ready='1']")
+        newest += page.locator("a.run-link").all_text_contents()
+    assert sorted(newest) == sorted(seen) and len(newest) == 5
+    page.click("#prev-page")
+    page.wait_for_selector("html[data-ready='1']")
+    assert page.locator("a.run-link").all_text_contents() == newest[2:4]
     page.click("th a[data-sort=peak_reserved]")  # sort by a column header (keeps the filters, first page)
     page.wait_for_selector("html[data-ready='1']")
     assert "sort=peak_reserved" in page.url and page.locator("a.run-link").count() == 2
