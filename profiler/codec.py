@@ -175,7 +175,8 @@ def check_shape(obj: Any, nbytes: int) -> None:
     Only containers the garbage collector tracks can hold other containers (a dict of scalars is
     untracked), so each level keeps just those. A tree built from `nbytes` bytes has at most
     `nbytes` references in all (every value costs at least one opcode byte or JSON character);
-    more means the input reuses containers, which snapshots never do."""
+    more means the input reuses containers, which snapshots never do. Cost: ~0.2 s for the
+    100k-entry snapshot (1.4M references), about a quarter of its inflate + unpickle time."""
     level = [obj]
     depth = 0
     seen = 0
