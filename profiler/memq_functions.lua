@@ -18,6 +18,7 @@ local MAX_ELEMENT_BYTES = 2 * 1024 * 1024  -- an envelope is < 1.1 MiB (payload 
 local MAX_PAIRS = 32                      -- envelopes have 15 fields
 local MAX_NAME_BYTES = 64
 local MAX_VALUE_BYTES = 1100000
+local MAX_CALL_BYTES = 16 * 1024 * 1024   -- per memq_relay call: Redis serves nobody else meanwhile
 
 local function decode(raw)
   if type(raw) ~= 'string' then return nil, 'not a string' end
@@ -45,8 +46,10 @@ local function is_sha256(s)
 end
 
 -- memq_relay KEYS: inbox (list), stream; ARGV: max elements, stream MAXLEN (~), blob key prefix,
--- blob TTL cap (s). Returns {moved, refused, error-or-empty}. Stops at the first element the stream
--- does not take (wrong type, exhausted IDs, OOM) and leaves it and the rest in the inbox.
+-- blob TTL cap (s). Returns {moved, refused, error-or-empty}. Elements are popped one at a time (a
+-- huge one is in memory once, then garbage) and a call stops after MAX_CALL_BYTES, so one call
+-- blocks Redis briefly. An element the stream does not take (wrong type, exhausted IDs, OOM) goes
+-- back to the head of the inbox and the call stops there.
 local function relay(keys, args)
   local inbox, stream = keys[1], keys[2]
   local count = tonumber(args[1])
@@ -56,14 +59,16 @@ local function relay(keys, args)
   if not (inbox and stream and count and maxlen and prefix and ttl) or count < 1 or maxlen < 1 or ttl < 1 then
     return redis.error_reply('memq_relay: KEYS inbox stream; ARGV count maxlen blob-prefix ttl-cap')
   end
-  local items = redis.call('LRANGE', inbox, 0, math.floor(count) - 1)
-  local moved, refused, err = 0, 0, ''
-  for _, raw in ipairs(items) do
+  local moved, refused, err, used = 0, 0, '', 0
+  for _ = 1, math.floor(count) do
+    local raw = redis.call('LPOP', inbox)
+    if not raw then break end
     local fields, why = decode(raw)
     local stub = not fields
     if stub then fields = {'v', '0', 'relay_error', why, 'bytes', tostring(#raw)} end
     local res = redis.pcall('XADD', stream, 'MAXLEN', '~', tostring(math.floor(maxlen)), '*', unpack(fields))
     if type(res) == 'table' and res.err then
+      redis.call('LPUSH', inbox, raw)
       err = res.err
       break
     end
@@ -80,8 +85,9 @@ local function relay(keys, args)
       local left = redis.call('TTL', key)
       if left == -1 or left > ttl then redis.call('EXPIRE', key, math.floor(ttl)) end
     end
+    used = used + #raw
+    if used >= MAX_CALL_BYTES then break end
   end
-  if moved > 0 then redis.call('LTRIM', inbox, moved, -1) end
   return {moved, refused, err}
 end
 

@@ -134,8 +134,23 @@ def test_relay_refuses_bad_arguments_and_keeps_what_the_stream_refuses(server):
     memq.set("memq:t", b"not a stream")
     relay = Relay(memq, stream="memq:t", key_prefix="memq:", maxlen=10, blob_ttl_s=10)
     assert relay.step() == 0 and relay.counts["errors"] == 1 and "WRONGTYPE" in relay.last_error
-    assert memq.llen("memq:t:inbox") == 2
+    assert [json.loads(e)[5] for e in memq.lrange("memq:t:inbox", 0, -1)] == ["x", "y"]  # kept, in order
     memq.delete("memq:t:inbox", "memq:t")
+
+
+def test_one_relay_call_moves_a_bounded_number_of_bytes(server):
+    """Redis serves nobody while a function runs: a call stops after 16 MiB, the next goes on."""
+    memq, agent = server["memq"], server["agents"]["file"]
+    big = json.dumps(["v", "1", "kind", "stats", "run", "big", "payload", "z" * 1_000_000])
+    for _ in range(40):
+        agent.rpush(INBOX, big)
+    relay = _relay(memq)
+    first = relay.step()
+    assert 10 <= first < 40 and memq.llen(INBOX) == 40 - first
+    while relay.step():
+        pass
+    assert memq.llen(INBOX) == 0 and relay.counts["moved"] == 40
+    memq.xtrim(STREAM, maxlen=100)
 
 
 def test_relayed_snapshot_blob_gets_the_deployment_ttl(server):
