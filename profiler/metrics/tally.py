@@ -5,7 +5,7 @@ A done snapshot never changes what it contributes (its run's cluster and job, wh
 OOM and its cause, `analysed_at - created_at`: `analysed_at` is set once), so the done rows'
 totals only grow. A scrape reads the rows whose `analysed_at` is at or after the high-water mark
 minus an overlap (index ix_snapshots__analysed_at) and adds those it has not counted yet (their ids
-within the overlap are remembered). The overlap covers transactions that stamped `analysed_at`
+within the overlap are remembered; the mark never runs ahead of the database's clock). The overlap covers transactions that stamped `analysed_at`
 (their start time) before the mark but committed after the previous scrape read; it is far longer
 than the short transaction that marks a snapshot done. A full recount runs at the first scrape and
 then every MEMQ_EXPORTER_RESYNC_S, so what the increments cannot see (rows deleted by retention, a
@@ -77,7 +77,7 @@ class SnapshotTally:
     def _recount(self, session: Session) -> None:
         t = Totals()
         # the mark first: rows done meanwhile are found again by the next increment (ids dedupe)
-        mark = repo.to_utc(session.execute(select(func.max(Snapshot.analysed_at))).scalar_one())
+        mark = self._clamp(session, session.execute(select(func.max(Snapshot.analysed_at))).scalar_one())
         recent = {} if mark is None else self._recent_ids(session, mark)
         for cluster, job, state, n in q.snapshot_states(session):
             if state == "done":
@@ -89,6 +89,15 @@ class SnapshotTally:
         self.totals, self.mark, self.recent = t, mark, recent
         self.last_full = time.monotonic()
         self.full_recounts += 1
+
+    @staticmethod
+    def _clamp(session: Session, at) -> dt.datetime | None:
+        """A mark never ahead of the database's clock: a row stamped in the future (a clock that
+        jumped back) must not hide the rows done after it."""
+        if at is None:
+            return None
+        now = repo.to_utc(session.execute(select(func.current_timestamp())).scalar_one())
+        return min(repo.to_utc(at), now)
 
     def _recent_ids(self, session: Session, mark: dt.datetime) -> dict[int, dt.datetime]:
         rows = session.execute(select(Snapshot.id, Snapshot.analysed_at).where(
@@ -108,6 +117,7 @@ class SnapshotTally:
                 .where(Snapshot.state == "done", Snapshot.analysed_at.is_not(None)))
         if since is not None:
             stmt = stmt.where(Snapshot.analysed_at >= repo.db_time(session, since))
+        newest = None
         for r in session.execute(stmt):
             sid = int(r.id)
             if sid in self.recent:
@@ -120,8 +130,9 @@ class SnapshotTally:
             seconds = float(r.lat)
             t.per_bucket[bucket_index(seconds)] += 1
             t.latency_sum += seconds
-            if self.mark is None or at > self.mark:
-                self.mark = at
+            newest = at if newest is None or at > newest else newest
+        if newest is not None and (self.mark is None or newest > self.mark):
+            self.mark = self._clamp(session, newest)
         if self.mark is not None:
             floor = self.mark - OVERLAP
             self.recent = {i: a for i, a in self.recent.items() if a >= floor}
