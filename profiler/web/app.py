@@ -226,14 +226,18 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return int(raw)
 
     def snapshot_doc(request: Request) -> dict:
+        from profiler.store.sweeps import sweeps_by_sha
         from profiler.web.queries import snapshot_row
 
         P.check_known(query(request), ())
         with store.session() as s:
             row = snapshot_row(s, snapshot_id(request))
+            sweep = sweeps_by_sha(s, [row["sha256"]]).get(row["sha256"])
         analysis = row.pop("analysis")
         key = (row["sha256"], row["id"], row["analyzer_version"], row["state"])
         view = views.get(key, lambda: _snapshot_view(row, analysis))
+        if sweep:  # the stored what-if sweep (memq whatif --sweep, made at ingest / by the workers)
+            view = {**view, "whatif": sweep["results"], "whatif_meta": {k: v for k, v in sweep.items() if k != "results"}}
         return {"snapshot": row, "analysis": analysis, "view": view}
 
     def _snapshot_view(row: dict, analysis: dict | None) -> dict:

@@ -189,6 +189,19 @@ def test_snapshot_detail_segments_blocks_frames_and_fit_test(server, web_history
     assert tl["oom_index"] is not None
 
 
+def test_what_if_outcomes_shown_where_stored(server, web_history):
+    hist = server.json("/api/runs/frag_synthetic")
+    oom = [s for s in hist["snapshots"] if s["trigger"] == "oom"][0]
+    assert oom["whatif"] and oom["whatif"]["results"]  # stored at ingest (the workers' sweep)
+    confs = [r["conf"] for r in oom["whatif"]["results"]]
+    view = server.json(f"/api/snapshots/{oom['id']}")["view"]
+    assert [r["conf"] for r in view["whatif"]] == confs
+    for path in ("/runs/frag_synthetic", f"/snapshots/{oom['id']}"):
+        code, _, page = server.get(path)
+        assert code == 200 and b'class="grid whatif"' in page
+        assert all(c.encode() in page for c in confs if c)
+
+
 def test_raw_download_is_the_original_pickle(server, web_history):
     sid = web_history.snapshot_id("capacity")
     code, headers, body = server.get(f"/api/snapshots/{sid}/raw")
