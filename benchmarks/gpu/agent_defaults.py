@@ -163,7 +163,7 @@ class Runner:
             log("no probe peak: dynamic skipped")
             return
         chosen = None
-        for ratio in DYN_RATIOS:
+        for ratio in [float(x) for x in self.args.dyn_ratios.split(",")]:
             cap = int(ratio * peak) if peak else 0
             run = f"ad-dyn-default-{ratio:.2f}"
             rec = self.run(f"dyn_default_{ratio:.2f}", [script, "dynamic", "--name", run, "--cap-bytes", str(cap)],
@@ -245,6 +245,8 @@ def main():
     ap.add_argument("--budget", type=float, default=560)
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--only", default="leak,jobs,dynamic,bench")
+    ap.add_argument("--dyn-ratios", default=",".join(map(str, DYN_RATIOS)),
+                    help="caps (x the probe's peak allocated) for the default allocator, until one runs out")
     args = ap.parse_args()
     if args.ship:
         os.makedirs(args.ship, exist_ok=True)

@@ -39,7 +39,7 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--d", type=int, default=512)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--grow-epochs", type=float, default=4.5)
+    ap.add_argument("--grow-epochs", type=float, default=8.0)
     args = ap.parse_args()
     agent = None
     if args.memq:
