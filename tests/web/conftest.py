@@ -3,7 +3,7 @@ stored nightly report, one snapshot whose blob is then corrupted on disk, and `m
 as a real subprocess on a free port (one server without a token, one with).
 
 Runs (all from tests/fixtures/real): seed_adamw (4 epoch snapshots + stat samples, healthy),
-seed_sgd (same, another job/cluster), frag_synthetic (fragmented + OOM, limit 8 GiB),
+seed_sgd (same, another job, and rank 1 with three of the same files), frag_synthetic (fragmented + OOM, limit 8 GiB),
 capacity (one OOM snapshot, limit 16 GiB, the OOM message), frag_dyn (one OOM snapshot whose blob
 is corrupted after ingest)."""
 
@@ -39,6 +39,9 @@ def _ingest_args() -> list[list[str]]:
         [*(str(sg / f"{s}.pickle.gz") for s in ("before_training", "epoch0", "epoch1", "epoch2")),
          "--run", "seed_sgd", "--cluster", "a", "--job", "gpt-sgd", "--torch-version", "2.11.0",
          "--stats", str(sg / "stats.jsonl")],
+        # rank 1 of the same run (the same files: rows are unique per run, rank and bytes)
+        [*(str(sg / f"{s}.pickle.gz") for s in ("epoch0", "epoch1", "epoch2")),
+         "--run", "seed_sgd", "--rank", "1", "--stats", str(sg / "stats.jsonl")],
         [str(REAL / "frag_synthetic" / "fragmented.pickle.gz"), str(REAL / "frag_synthetic" / "oom.pickle.gz"),
          "--run", "frag_synthetic", "--cluster", "b", "--job", "synth", "--torch-version", "2.11.0",
          "--limit", "8589934592"],

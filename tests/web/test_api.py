@@ -152,6 +152,15 @@ def test_run_detail_is_memq_history_json(server, web_history):
     assert [s["id"] for s in lanes["lanes"][0]["snapshots"]] == [s["id"] for s in api["snapshots"]]
 
 
+def test_per_rank_lanes(server):
+    lanes = server.json("/api/lanes/seed_sgd")
+    assert lanes["ranks"] == [0, 1]
+    assert [len(x["snapshots"]) for x in lanes["lanes"]] == [4, 3]
+    assert all(x["stats"]["count"] > 0 for x in lanes["lanes"])
+    hist = server.json("/api/runs/seed_sgd?rank=1")
+    assert [s["rank"] for s in hist["snapshots"]] == [1, 1, 1] and hist["stats"]["rank"] == 1
+
+
 def test_compare_and_versions_are_the_cli_json(server, web_history):
     api = server.json("/api/compare?a=seed_adamw&b=seed_sgd")
     assert api == json.loads(web_history.cli("compare", "seed_adamw", "seed_sgd", "--json"))
