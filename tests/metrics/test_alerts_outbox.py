@@ -269,3 +269,12 @@ def test_lease_must_outlive_the_timeout(store):
     assert payload.render("slack", {"title": "t", "verdict": "leak", "cause": "leak", "evidence": "e",
                                     "recommendation": "r", "run": "x"}, "k", "2026-01-01T00:00:00Z") == \
         {"text": "*t*\ncause: leak (verdict leak)\nevidence: e\nrecommendation: r"}
+
+
+def test_post_refuses_other_schemes_and_redirects():
+    assert send.post("file:///etc/passwd", {}, "k", 1).result == "refused"
+    with Receiver(statuses=[302, 503]) as rx:
+        out = send.post(rx.url, {"text": "x"}, "k", 3)
+        assert (out.result, out.status) == ("refused", 302)  # not followed
+        assert send.post(rx.url, {"text": "x"}, "k", 3).result == "retry"
+    assert len(rx.requests) == 2
