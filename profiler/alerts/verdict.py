@@ -6,6 +6,8 @@ A verdict is the part of a run's state that is worth a page:
 - `leak`: no OOM (yet), and the run-level diagnosis is a leak;
 - `near_miss`: no OOM and no leak, and the run's peak reserved bytes left less than the threshold
   (MEMQ_ALERT_HEADROOM_PCT) of its limit (the per-process cap, else the device's memory).
+"Once per verdict change" is once per distinct verdict of a run: a run that goes back to an
+earlier verdict (A -> B -> A) is not alerted for A a second time (the outbox key is (run, verdict)).
 Anything else (healthy with headroom, no diagnosis yet) is no verdict. A run with an OOM but no
 diagnosis yet, or one still saying `healthy` (made before the OOM snapshot was analysed: the run's
 status is promoted first), waits for it: the alert is worth sending only with its cause.
