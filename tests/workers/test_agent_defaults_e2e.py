@@ -27,7 +27,7 @@ from tests.workers.stack import ROOT, Stack, free_port, wait_for
 FIX = ROOT / "tests" / "fixtures" / "agent_defaults"
 META = json.loads((FIX / "meta.json").read_text()) if (FIX / "meta.json").exists() else {"scenarios": {}}
 SCEN = {k: v for k, v in META["scenarios"].items() if v.get("run") and not v.get("skipped")}
-CAUSES = {"leak", "optimizer_state", "activation_spike", "healthy", "fragmentation", "capacity"}
+CAUSES = {"leak", "optimizer_state", "activation_spike", "healthy", "fragmentation", "capacity", "allocator_config"}
 PENDING = "the analysis part of issue 12 (engineers F and G) is not in yet"
 ANALYSIS_PENDING: set[str] = set()  # scenarios whose verdict waits on that work (filled from the first run)
 
