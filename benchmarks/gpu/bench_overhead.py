@@ -34,6 +34,9 @@ def main():
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--deadline-s", type=float, default=240)
     ap.add_argument("--window-rounds", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--no-ckpt", action="store_true", help="no activation checkpointing (a GPU-bound step)")
     args = ap.parse_args()
     t_start = time.monotonic()
     import gpt_agent_train as train
@@ -44,7 +47,8 @@ def main():
     dev = torch.device("cuda", 0)
     a = agent.start(run="ad-bench", cluster="h200")
     model, opt = train.make(dev)
-    data = [train.batch(32, 256, dev) for _ in range(4)]
+    model.ckpt = not args.no_ckpt
+    data = [train.batch(args.batch, args.seq, dev) for _ in range(4)]
     step = 0
     for _ in range(30):  # warm-up: kernels, cuBLAS; the agent's recorded warm-up steps happen here
         train.train_step(model, opt, *data[step % 4])
@@ -81,7 +85,8 @@ def main():
         rounds_done += 1
     off, on = statistics.fmean(times["off"]), statistics.fmean(times["agent"])
     diffs = [(b - o) / off for o, b in zip(times["off"], times["agent"], strict=True)]
-    res = {"rounds": rounds_done, "block": args.block, "steps_per_mode": rounds_done * args.block,
+    res = {"config": {"batch": args.batch, "seq": args.seq, "ckpt": not args.no_ckpt},
+           "rounds": rounds_done, "block": args.block, "steps_per_mode": rounds_done * args.block,
            "mean_step_ms_off": off * 1e3, "mean_step_ms_agent": on * 1e3,
            "overhead_mean_pct": (on / off - 1) * 100,
            "overhead_paired_mean_pct": statistics.fmean(diffs) * 100,
