@@ -228,6 +228,7 @@ def test_corrupt_blob_is_reported_and_the_server_keeps_serving(server, web_histo
     assert doc["analysis"]["diagnosis"]["primary_cause"]  # the stored analysis is still there
     code, _, page = server.get(f"/snapshots/{sid}")
     assert code == 200 and b'id="blob-error"' in page and b"cannot be read" in page
+    assert b'id="raw-download"' not in page
     code, _, body = server.get(f"/api/snapshots/{sid}/raw")
     assert code == 500 and "cannot be read" in json.loads(body)["error"]
     assert server.json("/api/runs")["total"] == 5  # still serving
