@@ -38,7 +38,7 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float
     never send. So the file is opened without blocking, checked with fstat on the open descriptor,
     and read in a loop that stops one byte past the cap. Devices, sockets and directories are
     refused; a FIFO or pipe is read under the same cap and abandoned when idle for `idle_timeout_s`
-    (a FIFO with no writer at all reads as empty)."""
+    (also when no writer ever comes)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -69,12 +69,14 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float
 def _read_capped(fd: int, p: Path, max_bytes: int, idle_timeout_s: float | None) -> bytes:
     buf = bytearray()
     while True:
+        # A FIFO is polled before every read: until a writer connects and writes (POLLIN) or goes
+        # away (POLLHUP), a non-blocking read would say EOF; nothing for idle_timeout_s ends it.
+        if idle_timeout_s is not None and not _readable_within(fd, idle_timeout_s):
+            raise SnapshotError(f"{p}: nothing to read for {idle_timeout_s:g} s (a FIFO or pipe with no writer, "
+                                "or one that stalled)")
         try:
             chunk = os.read(fd, min(_READ_CHUNK, max_bytes + 1 - len(buf)))
-        except BlockingIOError:  # a pipe whose writer has sent nothing yet: wait, but not forever
-            if not _readable_within(fd, idle_timeout_s or 0.0):
-                raise SnapshotError(f"{p}: nothing to read for {idle_timeout_s:g} s (a FIFO or pipe whose "
-                                    "writer stalled)") from None
+        except BlockingIOError:
             continue
         if not chunk:
             return bytes(buf)

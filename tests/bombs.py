@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -69,32 +70,44 @@ def gz(data: bytes) -> bytes:
     return gzip.compress(data, compresslevel=1)
 
 
+# Linux carries a process's peak RSS across fork and exec (the forked copy of the parent's memory
+# counts), so a child forked straight from a big pytest process reports pytest's peak. A small
+# wrapper process forks the command instead and reports the command's own peak (wait4's rusage).
+_WRAPPER = """
+import os, sys
+out, args = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(args[0], args)
+    finally:
+        os._exit(127)
+_pid, status, usage = os.wait4(pid, 0)
+with open(out, "w") as fh:
+    fh.write(str(usage.ru_maxrss * 1024))
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def peak_rss(args: list[str], env: dict | None = None, timeout: float = 120,
              stdin=None) -> tuple[int, str, str, int]:
-    """Run `args`; (exit code, stdout, stderr, peak RSS of that one process in bytes). The child is
-    reaped with wait4, whose rusage is the child's own (getrusage(RUSAGE_CHILDREN) would be the
-    largest of every child this test process ever had)."""
+    """Run `args`; (exit code, stdout, stderr, peak RSS of that one process in bytes). A command
+    killed by signal N exits 128 + N."""
     import tempfile
-    import time
 
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(args, env=env, stdout=out, stderr=err, stdin=stdin, cwd=ROOT)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                p.kill()
-                os.wait4(p.pid, 0)
-                p.returncode = -9
-                raise subprocess.TimeoutExpired(args, timeout)
-            time.sleep(0.05)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return (p.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                usage.ru_maxrss * 1024)
+    with tempfile.TemporaryDirectory() as tmp:
+        rss_file = os.path.join(tmp, "rss")
+        p = subprocess.Popen([sys.executable, "-c", _WRAPPER, rss_file, *args], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=stdin, cwd=ROOT, start_new_session=True)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the wrapper and the command
+            p.communicate()
+            raise
+        rss = int(Path(rss_file).read_text()) if os.path.exists(rss_file) else -1
+    return p.returncode, out.decode(errors="replace"), err.decode(errors="replace"), rss
 
 
 def memq_cmd(*args: str) -> list[str]:

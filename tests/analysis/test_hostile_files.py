@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -148,11 +149,28 @@ def test_dev_zero_is_refused_at_once(tmp_path, command):
 
 
 def test_fifo_without_a_writer_does_not_hang(tmp_path):
+    """It waits PIPE_IDLE_TIMEOUT_S (30 s) for a writer, then gives up with one line."""
     fifo = tmp_path / "snap.fifo"
     os.mkfifo(fifo)
     for command in (["analyze", str(fifo)], ["push", str(fifo), "--run", "r"]):
-        rc, _out, err, _rss = peak_rss(memq_cmd(*command), env=_env(tmp_path), timeout=60)
-        assert "empty input" in _one_line_refusal(rc, err)
+        rc, _out, err, _rss = peak_rss(memq_cmd(*command), env=_env(tmp_path), timeout=120)
+        assert "nothing to read for 30 s" in _one_line_refusal(rc, err)
+
+
+def test_fifo_whose_writer_comes_late_is_read(tmp_path):
+    fifo = tmp_path / "late.fifo"
+    os.mkfifo(fifo)
+    data = (REAL / "frag_synthetic" / "oom.pickle.gz").read_bytes()
+
+    def write_later():
+        time.sleep(0.5)  # the reader is already waiting
+        with open(fifo, "wb") as fh:
+            fh.write(data)
+
+    t = threading.Thread(target=write_later, daemon=True)
+    t.start()
+    assert read_bytes(fifo, 10 * MIB) == data
+    t.join(10)
 
 
 def test_fifo_with_a_writer_is_read(tmp_path):
