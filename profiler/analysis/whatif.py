@@ -538,8 +538,12 @@ def _add(ranges, lo, hi):
 
 # ----- running -----------------------------------------------------------------------------------------
 def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, record: bool = False,
-              per_process: bool = True) -> SimResult:
+              per_process: bool = True, limit_from: int = 0) -> SimResult:
+    """`limit_from`: the op from which the limit holds (the run set its cap inside the trace)."""
     prog = rep.program
+    later = limit if limit_from else None
+    if limit_from:
+        limit = None
     if start == "recorded":
         m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, addr_hints=rep.addr_hints,
                            per_process_limit=per_process, map_hints=rep.map_hints)
@@ -548,7 +552,7 @@ def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, 
             m.add_foreign(rep.foreign_start)
             m.events.clear()
             m.peak = m.reserved
-        return m.run(prog)
+        return _run_phased(m, prog, later, limit_from, per_process)
     m = AllocatorModel(cfg, limit, record=record, n_handles=prog.n_handles, per_process_limit=per_process)
     handles = m.handles
     if rep.foreign_start:
@@ -562,7 +566,35 @@ def _simulate(rep: Replay, cfg: AllocatorConfig, limit: int | None, start: str, 
         handles[h] = b
     m.events.clear()
     m.peak = m.reserved
-    return m.run(prog)
+    return _run_phased(m, prog, later, limit_from, per_process)
+
+
+def _slice(prog: Program, a: int, b: int) -> Program:
+    return Program(ops=prog.ops[a:b], hid=prog.hid[a:b], size=prog.size[a:b], stream=prog.stream[a:b],
+                   n_handles=prog.n_handles)
+
+
+def _run_phased(m: AllocatorModel, prog: Program, limit: int | None, limit_from: int, per_process: bool) -> SimResult:
+    """Run `prog`, with `limit` (and garbage collection, which needs it) in force from op `limit_from` on."""
+    if not limit_from:
+        return m.run(prog)
+    first = m.run(_slice(prog, 0, limit_from))
+    n_events = len(m.events)
+    m.limit = limit
+    m.gc_on = m.cfg.garbage_collection_threshold > 0.0 and limit is not None and per_process
+    second = m.run(_slice(prog, limit_from, len(prog.ops)))
+    k = limit_from
+    second.start_reserved = first.start_reserved
+    second.oom_op = None if second.oom_op is None else second.oom_op + k
+    second.failed_ops = first.failed_ops + [i + k for i in second.failed_ops]
+    if first.oom_op is not None:
+        second.oom_op, second.oom_request = first.oom_op, first.oom_request
+    second.segment_events = (second.segment_events[:n_events]
+                             + [(i + k, kind, size) for i, kind, size in second.segment_events[n_events:]])
+    second.reserved_after = first.reserved_after + second.reserved_after
+    second.alloc_addr = first.alloc_addr + second.alloc_addr
+    second.ops_done = second.ops_done + k
+    return second
 
 
 def fidelity(rep: Replay, sim: SimResult) -> dict:
@@ -890,7 +922,22 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                     r.fidelity = fidelity(rep, rec_sim)
                 out.append(r)
             return out
-    rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True, per_process=per_process)
+    # A cap set (or lowered) inside the trace: the recorded run reserved more than it before that point,
+    # which it could not have under the cap. It holds from the first entry after the last such point.
+    # Without a recorded OOM, a limit the recorded run exceeded is a hypothetical cap ("what if the cap
+    # were N"): the replay then predicts, it does not reproduce.
+    limit_from = 0
+    rec_reserved = rep.recorded_reserved_after()
+    hypothetical = not rec_oom and max(rec_reserved, default=0) > limit_bytes
+    if per_process and rep.recorded_oom_ops:
+        over = [i for i, v in enumerate(rec_reserved[:rep.recorded_oom_ops[0]]) if v > limit_bytes]
+        if over:
+            limit_from = over[-1] + 1
+            common.append(f"the recorded run reserved more than the limit of {limit_bytes} bytes until trace entry "
+                          f"{rep.op_event[over[-1]]} (the cap was set or lowered later in the run): the limit is "
+                          "applied from there on")
+    rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True, per_process=per_process,
+                        limit_from=limit_from)
     fid = fidelity(rep, rec_sim)
     first_rec = rep.recorded_oom_ops[0] if rep.recorded_oom_ops else None
     if rec_oom and rec_sim.oom_op != first_rec:
@@ -899,13 +946,16 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
         return all_na(f"the recorded settings do not reproduce the recorded OOM: under the limit of "
                       f"{limit_bytes} bytes the model {what}; the limit must be the per-process cap the run had",
                       rec_sim, fid)
-    if not rec_oom and rec_sim.oom_op is not None:
+    if hypothetical:
+        common.append(f"the recorded run reserved up to {max(rec_reserved)} bytes, more than this limit: the replay "
+                      "predicts what a lower cap would have done")
+    if not rec_oom and rec_sim.oom_op is not None and not hypothetical:
         return all_na(f"under the recorded settings the model runs out of memory at trace entry "
                       f"{rep.op_event[rec_sim.oom_op] if rec_sim.oom_op >= 0 else 0} where the recorded run did "
                       f"not: the limit of {limit_bytes} bytes is below what the run had", rec_sim, fid)
 
     def matches_record(sim: SimResult | None) -> bool:
-        if sim is None:
+        if sim is None or hypothetical:  # under a hypothetical cap there is no recorded outcome to match
             return False
         return sim.oom_op == first_rec if rec_oom else sim.oom_op is None
 
@@ -922,7 +972,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
             w = compile_trace(earlier_snaps[i], limit_bytes)
             if _seedable(w, rep.streams):
                 seed_reps.append((i, w))
-        if rep.foreign_start or OP_FOREIGN in rep.program.ops:
+        if rep.foreign_start or OP_FOREIGN in rep.program.ops or limit_from:
             seed_reps = []  # private pools (CUDA graphs) are only counted, never carried across windows
         if seed_reps:
             base, failed = _simulate_seeded([w for _i, w in seed_reps], rep, rec_cfg, limit_bytes, per_process)
@@ -937,7 +987,8 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                               "settings, but the recorded settings replayed through them do not give the recorded "
                               "outcome: not used")
         if start == "compact":
-            calibrated = matches_record(_simulate(rep, rec_cfg, limit_bytes, "compact", per_process=per_process))
+            calibrated = matches_record(_simulate(rep, rec_cfg, limit_bytes, "compact", per_process=per_process,
+                                                  limit_from=limit_from))
             common.append("the trace starts mid-run: other settings start from the live blocks at the first trace "
                           "entry, allocated afresh, without the cache history before it"
                           + ("" if calibrated else "; the recorded settings replayed from that start do not give "
@@ -956,25 +1007,28 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
             out = _simulate(r, cfg, limit_bytes, "compact", per_process=per_process)
             out.oom_op, out.oom_request, out.failed_ops = -1, failed["requested_bytes"], [-1]
             return out
-        return _simulate(r, cfg, limit_bytes, "recorded" if from_start else "compact", per_process=per_process)
+        return _simulate(r, cfg, limit_bytes, "recorded" if from_start else "compact", per_process=per_process,
+                         limit_from=limit_from)
 
     out = []
     for conf, cfg in parsed:
         notes = list(common)
-        if cfg is None:
+        if cfg is None or cfg == rec_cfg:  # (or the recorded settings under another name): the recorded replay
             ok = fid["segment_event_share"] >= 0.95 and fid["reserved_within_5pct"]
             r = _result(conf, rec_cfg, rep, rec_sim, limit_bytes, "recorded", "high" if ok else "medium", notes)
-            r.fidelity = fid
-            r.verdict = VERDICT_OOM if rec_oom else VERDICT_FITS
+            if cfg is None:
+                r.fidelity = fid
             r.coverage, r.inputs = coverage, dict(inputs)
-            if not rec_oom and not from_start:
-                r.reason = "the recorded run itself, replayed over its window"
-            out.append(r)
-            continue
-        if cfg == rec_cfg:  # the recorded settings under another name: the recorded replay is exact
-            r = _result(conf, cfg, rep, rec_sim, limit_bytes, "recorded", "high", notes)
-            r.verdict = VERDICT_OOM if rec_oom else VERDICT_FITS
-            r.coverage, r.inputs = coverage, dict(inputs)
+            if hypothetical:  # a prediction under a lower cap, not a reproduction
+                oom = rec_sim.oom_op is not None
+                r.verdict = VERDICT_OOM if oom else (VERDICT_FITS if from_start else VERDICT_WINDOW)
+                if not from_start:
+                    r.confidence = "low"
+                    r.reason = "a cap below what the recorded run reserved, replayed over a window that starts mid-run"
+            else:
+                r.verdict = VERDICT_OOM if rec_oom else VERDICT_FITS
+                if not rec_oom and not from_start:
+                    r.reason = "the recorded run itself, replayed over its window"
             out.append(r)
             continue
         sim = simulate(cfg, rep)
