@@ -402,15 +402,11 @@ def recompute(st: Settings, run_id: int, rank: int, send=None, send_sweep=None) 
 
 
 def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
-    """Ids of the rank's analysed OOM snapshots (trigger oom, or an OOM in their analysis)."""
-    from profiler.store.orm import AnalysisResult
+    """Ids of the rank's analysed OOM snapshots (profiler.store.sweeps.oom_snapshot_ids)."""
+    from profiler.store.sweeps import oom_snapshot_ids
 
-    store = _store(st)
-    with store.session() as s:
-        rows = s.execute(select(Snapshot.id, Snapshot.trigger, AnalysisResult.oom_requested_bytes)
-                         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-                         .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
-    return [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
+    with _store(st).session() as s:
+        return oom_snapshot_ids(s, run_id, rank)
 
 
 def _send_sweep(snapshot_id: int) -> None:

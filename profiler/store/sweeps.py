@@ -183,14 +183,19 @@ def sweep_snapshot(store: Store, snapshot_id: int, load: Loader | None = None) -
         return store_sweep(s, plan.target.sha256, version, key, plan.limit_bytes, doc), True
 
 
+def oom_snapshot_ids(session, run_id: int, rank: int) -> list[int]:
+    """The rank's analysed OOM snapshots (trigger oom, or an OOM in their analysis): what gets swept."""
+    rows = session.execute(select(Snapshot.id, Snapshot.trigger, AnalysisResult.oom_requested_bytes)
+                           .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+                           .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
+    return [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
+
+
 def sweep_rank(store: Store, run_id: int, rank: int, load: Loader | None = None) -> int:
     """Sweep every analysed OOM snapshot of one run's rank (stored ones are reused); returns how many
     were computed now."""
     with store.session() as s:
-        rows = s.execute(select(Snapshot.id, Snapshot.trigger, AnalysisResult.oom_requested_bytes)
-                         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-                         .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
-    ids = [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
+        ids = oom_snapshot_ids(s, run_id, rank)
     return sum(sweep_snapshot(store, sid, load)[1] for sid in ids)
 
 
@@ -268,5 +273,5 @@ def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[st
     return run_plan(plan, load or _default_load(store), confs=list(confs), limit_bytes=limit_bytes, sweep=sweep)
 
 
-__all__ = ["MAX_SEEDS", "SweepPlan", "attach_sweeps", "plan_for", "replay_for_run", "run_plan", "store_sweep",
+__all__ = ["MAX_SEEDS", "SweepPlan", "attach_sweeps", "oom_snapshot_ids", "plan_for", "replay_for_run", "run_plan", "store_sweep",
            "sweep_rank", "sweep_snapshot", "sweep_version", "sweeps_by_sha", "target_for_run"]
