@@ -21,19 +21,30 @@ reachable Redis every call returns at once. Undeliverable messages go to a bound
 replayed in order when Redis answers again. `agent.counters()` says what was sent, spooled, dropped,
 replayed and how many errors were absorbed.
 
-Recording at default settings (`history="auto"`, see profiler/agent/policy.py): Python-stack history
-during the first 3 marked steps (then a snapshot of them), one recorded step per periodic snapshot
-(every 30 min), continuously when headroom drops under 10% or the allocator starts retrying, and
-after an OOM.
+Step boundaries: `mark_step` calls, or, when the job makes none (`memq run` with no memq line),
+torch's global optimizer step hook (`steps_source` says which; `mark_step` wins when both happen). At
+each boundary the agent reads the allocator's counters (~15 us: live and reserved bytes, the step's
+peak, which it resets there, so a job's own `max_memory_allocated()` reads per step, and retries),
+keeps them in a ring buffer of per-step figures (512), sends them with the stats, and embeds them in
+every snapshot (`memq_agent`: step_figures, step_in_progress, step_completed, steps_source, recording,
+comparable, optimizer, model). Boundary work is thinned to stay under `step_budget` of step time.
+
+Recording at default settings (`history="auto"`, profiler/agent/policy.py and steps.py): Python-stack
+history during the first 3 steps (then a snapshot of them); continuously when headroom (checked at
+every boundary and every stats sample) drops under 10% or the allocator starts retrying, and after an
+OOM; one recorded step per periodic snapshot (every 30 min); a window from a growth of live bytes
+between comparable points until the next one (at most 2 a run), and 10 steps after a step far larger
+than the earlier ones. Comparable points: epoch ends when the job calls `mark_epoch`; otherwise the
+agent's own snapshots (trigger `periodic`, payload `comparable`) after warm-up, at most every 5 min,
+and on growth. The OOM snapshot's step is the step in progress (last completed + 1).
 What a default-settings OOM snapshot can tell: every segment and block (sizes, states, streams,
 pools, so fragmentation, stranded bytes, the fit test), the observer's request size, the allowed
 maximum and the device's free and total bytes (so LIMIT and non-PyTorch memory), the exception
-text, and frames for blocks allocated while recording was on: parameters and optimizer state
-(measured on the H200: 100% of their bytes keep frames after the pause). What it cannot: frames of
-activations allocated in the failing step and the alloc/free trace of that step (pausing empties
-the trace), unless headroom was already low and recording had switched on. Earlier steps' peaks
-come from the warm-up and periodic snapshots and the stats samples. Set `history="on"` when the
-failing step's trace matters more than ~12% of step time.
+text, the per-step peaks of earlier steps, and frames for blocks allocated while recording was on:
+parameters and optimizer state (measured on the H200: 100% of their bytes keep frames after the
+pause), leaked blocks once growth opened a window. What it cannot: frames of activations allocated in
+the failing step and the alloc/free trace of that step, unless headroom was already low. Set
+`history="on"` when the failing step's trace matters more than ~9-13% of a CPU-bound step.
 """
 
 from __future__ import annotations
@@ -71,7 +82,9 @@ def start(run: str, cluster: str, **options: Any) -> Agent:
     spool_dir, spool_max_bytes, stats_interval_s, snapshot_every_s, snapshot_on_epoch, history
     ("auto"|"on"|"off"), stacks ("python"|"all"), max_entries, warmup_steps, headroom,
     signal (name, number or None), oom, codec, send_timeout_s, stop_timeout_s, job, rank, host,
-    metadata, model, optimizer, device, source (a ReplaySource for replays and tests).
+    metadata, model, optimizer (objects or class names as strings), device, source (a ReplaySource for
+    replays and tests), comparable_every_steps, comparable_min_s, growth_window_steps, step_hook,
+    step_budget.
     """
     global _current
     try:
