@@ -62,3 +62,14 @@ def test_modes():
     assert not off.initial() and not any(off.on_step() for _ in range(5))
     with pytest.raises(ValueError):
         RecordingPolicy(mode="sometimes")
+
+
+def test_window_records_its_steps_then_pauses():
+    p = RecordingPolicy(warmup_steps=1)
+    assert p.on_step() is False
+    p.start_window("growth", 2)
+    assert p.in_window and [p.on_step(), p.on_step(), p.on_step()] == [True, True, False]
+    assert p.reason == "growth" and not p.in_window
+    p.start_window("large_step", 10)
+    p.end_window()  # the next comparable point closes a growth window early
+    assert p.on_step() is False
