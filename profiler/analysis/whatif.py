@@ -79,10 +79,11 @@ SWEEP = (
     "garbage_collection_threshold:0.8",
     "roundup_power2_divisions:4",
     "max_split_size_mb:128,garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:0.6,max_split_size_mb:256",
 )
 TORCH_VERSION_MODELLED = "2.11"
 #: Part of the key of stored sweeps (profiler/store/sweeps.py): bump when the replay's answers change.
-WHATIF_MODEL_VERSION = "2"
+WHATIF_MODEL_VERSION = "3"
 RESERVED_TOLERANCE = 0.05
 
 
