@@ -14,14 +14,12 @@ import gzip
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import redis
 
 from profiler import codec, envelope
-
 from tests.workers.stack import ROOT, Stack, free_port, wait_for
 
 FIX = ROOT / "tests" / "fixtures" / "agent_defaults"
@@ -29,7 +27,7 @@ META = json.loads((FIX / "meta.json").read_text()) if (FIX / "meta.json").exists
 SCEN = {k: v for k, v in META["scenarios"].items() if v.get("run") and not v.get("skipped")}
 CAUSES = {"leak", "optimizer_state", "activation_spike", "healthy", "fragmentation", "capacity", "allocator_config"}
 PENDING = "the analysis part of issue 12 (engineers F and G) is not in yet"
-ANALYSIS_PENDING: set[str] = set()  # scenarios whose verdict waits on that work (filled from the first run)
+ANALYSIS_PENDING: set[str] = set()  # scenarios whose verdict still waits on that work (none on 2026-12-01)
 
 
 def _dump_bytes() -> bytes:
@@ -177,10 +175,11 @@ def history(dump, tmp_path_factory, pg_server):
             except AssertionError:
                 raise AssertionError(f"{s.rows('SELECT state, count(*) FROM snapshots GROUP BY state')}\n"
                                      f"{s.log_tail('worker')}\n{s.dead()}") from None
-            time.sleep(1.5)  # the run diagnoses follow each analysis (MEMQ_RUN_DIAGNOSIS_DELAY_MS)
             out = {}
             for key, sc in SCEN.items():
-                out[key] = s.memq_json("history", "--run", sc["run"])
+                # the run diagnosis follows the run's last analysis (MEMQ_RUN_DIAGNOSIS_DELAY_MS)
+                out[key] = wait_for(lambda run=sc["run"]: (lambda d: d if d.get("diagnosis") else None)(
+                    s.memq_json("history", "--run", run)), 120, 1.0, f"the diagnosis of {sc['run']}")
             yield out
         finally:
             s.close()
@@ -212,10 +211,7 @@ def test_primary_cause_per_scenario(history, key):
 def test_leak_growth_attributed_to_the_allocating_line(history, key):
     d = _diag(history[key])
     assert d.get("primary_cause") == "leak", d
-    text = json.dumps(d)
-    if _line_of_leak() not in text:
-        pytest.xfail(f"{_line_of_leak()} not named in the {key} diagnosis: {PENDING}")
-    assert _line_of_leak() in text
+    assert _line_of_leak() in json.dumps(d), d
 
 
 @pytest.mark.postgres
@@ -224,8 +220,7 @@ def test_no_code_change_run_reaches_the_same_verdict(history):
     a, b = _diag(history["leak"]), _diag(history["leak_run"])
     assert a.get("primary_cause") == b.get("primary_cause") == "leak", (a, b)
     line = _line_of_leak()
-    if not (line in json.dumps(a) and line in json.dumps(b)):
-        pytest.xfail(f"{line} not named in both diagnoses: {PENDING}")
+    assert line in json.dumps(a) and line in json.dumps(b)
 
 
 def _whatif_answers(doc: dict) -> dict[str, dict]:
@@ -244,8 +239,7 @@ def test_twins_predicted_or_not_assessable_never_confidently_wrong(history):
     if default_key not in SCEN or SCEN[default_key].get("outcome") != "oom":
         pytest.skip("the default allocator did not run out of memory at any cap tried: no OOM to ask about")
     answers = _whatif_answers(history[default_key])
-    if not answers:
-        pytest.xfail(f"no stored what-if sweep on {default_key}'s OOM snapshot: {PENDING}")
+    assert answers, f"no stored what-if sweep on {default_key}'s OOM snapshot"
     wrong = []
     for key, sc in SCEN.items():
         if not key.startswith("dyn_") or key.startswith("dyn_default") or not sc.get("alloc_conf"):
@@ -256,7 +250,8 @@ def test_twins_predicted_or_not_assessable_never_confidently_wrong(history):
         real_oom = sc.get("outcome") == "oom"
         if res.get("predicted_oom") is not None and res["predicted_oom"] != real_oom:
             wrong.append((sc["alloc_conf"], res, "real outcome: " + ("OOM" if real_oom else "completed")))
-    if wrong:
-        pytest.xfail(f"confidently wrong what-if answers {wrong}: {PENDING}")
+    assert not wrong, wrong
+    asked = {sc["alloc_conf"] for k, sc in SCEN.items() if k.startswith("dyn_") and sc.get("twin_of")}
+    assert asked & set(answers), (sorted(answers), asked)  # the sweep answered at least one real twin
     recorded = answers.get("")
     assert recorded is None or recorded.get("predicted_oom") in (True, None), recorded
