@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler import codec
+from profiler.launcher_ids import real_id
 
 STAT_KEYS = (
     "allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
@@ -57,8 +58,9 @@ def scheduler_ids(env: dict | None = None) -> dict:
 def default_job(env: dict | None = None) -> str:
     env = os.environ if env is None else env
     for k in ("MEMQ_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "JOB_NAME", "LSB_JOBID", "PBS_JOBID"):
-        if env.get(k):
-            return env[k]
+        job = real_id(env.get(k))
+        if job:  # torchrun's default "none" and friends are skipped: the next launcher id may be real
+            return job
     return ""
 
 
