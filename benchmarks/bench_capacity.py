@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     from profiler.config import load_settings
     from profiler.store import schema
     from profiler.store import service as svc
+    from profiler.store.connection import open_store
     from profiler.store.db import make_engine
-    from profiler.store.store import open_store
     from workers.dispatcher import Dispatcher
 
     t_all = time.monotonic()

@@ -183,8 +183,8 @@ def main() -> int:
 
     from profiler.config import load_settings
     from profiler.metrics.exporter import start
+    from profiler.store.connection import open_store
     from profiler.store.db import make_engine
-    from profiler.store.store import open_store
 
     print(f"machine: {machine()}", flush=True)
     prefix = f"memqbench:exp:{secrets.token_hex(4)}:"

@@ -199,8 +199,8 @@ def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
     from profiler.config import load_settings
     from profiler.report import generate
     from profiler.report.data import build_report
+    from profiler.store.connection import open_store
     from profiler.store.report_queries import Scope
-    from profiler.store.store import open_store
 
     t = time.perf_counter()
     counts = fill(url, runs, tmpl)

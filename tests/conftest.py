@@ -107,7 +107,7 @@ def memq_environ(db_url: str, tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def store(db_url, tmp_path):
     from profiler.config import load_settings
-    from profiler.store.store import open_store
+    from profiler.store.connection import open_store
 
     settings = load_settings(memq_environ(db_url, tmp_path))
     st = open_store(settings, auto_migrate=True)

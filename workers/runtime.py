@@ -56,7 +56,7 @@ def store(st: Settings | None = None, *, async_commit: bool = False):
     key = (st.database_url, st.blob_dir, async_commit)
     found = _stores.get(key)
     if found is None:
-        from profiler.store.store import open_store
+        from profiler.store.connection import open_store
 
         found = open_store(st)
         if async_commit and found.engine.dialect.name == "postgresql":

@@ -42,6 +42,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field, replace
 
+from profiler.alloc_conf import parse_alloc_conf
 from profiler.analysis.allocator_model import (
     EV_SEGMENT_ALLOC,
     EV_SEGMENT_FREE,
@@ -66,7 +67,6 @@ from profiler.analysis.allocator_model import (
     allocation_size,
     round_size,
 )
-from profiler.conf import parse_alloc_conf
 from profiler.errors import BadInput
 from profiler.model import INACTIVE, AllocatorSettings, Snapshot
 

@@ -44,7 +44,7 @@ def out_format(as_json: bool, as_csv: bool = False) -> str:
 
 def open_cli_store():
     """The configured store, closed when the click command ends."""
-    from profiler.store.store import open_store
+    from profiler.store.connection import open_store
 
     store = open_store()
     ctx = click.get_current_context(silent=True)

@@ -26,7 +26,7 @@ def load_manifest() -> dict:
 
 def demo_store(database_url: str | None = None):
     from profiler.config import load_settings
-    from profiler.store.store import open_store
+    from profiler.store.connection import open_store
 
     settings = load_settings()
     url = database_url or settings.database_url

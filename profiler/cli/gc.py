@@ -18,8 +18,8 @@ import click
 def gc(dry_run: bool, as_json: bool) -> None:
     """Remove raw blobs and stat samples past the retention policy."""
     from profiler.config import load_settings
+    from profiler.store.connection import open_store
     from profiler.store.retention import Policy, collect
-    from profiler.store.store import open_store
 
     st = load_settings()
     policy = Policy.from_settings(st)

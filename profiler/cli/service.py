@@ -118,8 +118,8 @@ def _db_states(st) -> dict:
     from sqlalchemy import func, select
 
     from profiler.errors import MemqError
+    from profiler.store.connection import open_store
     from profiler.store.orm import Snapshot
-    from profiler.store.store import open_store
 
     try:
         store = open_store(st)

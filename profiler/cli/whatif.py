@@ -48,7 +48,7 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
         if rank is not None and not run_name:
             raise BadInput("--rank goes with --run")
         for c in confs:  # refuse bad settings before reading anything
-            from profiler.conf import parse_alloc_conf
+            from profiler.alloc_conf import parse_alloc_conf
 
             parse_alloc_conf(c)
         if run_name:

@@ -128,7 +128,7 @@ class MemqCollector(Collector):
 
     def _store_or_open(self):
         if self._store is None:
-            from profiler.store.store import open_store
+            from profiler.store.connection import open_store
 
             self._store = open_store(self.st)
         return self._store

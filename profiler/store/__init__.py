@@ -9,6 +9,7 @@ Modules
   used by `memq ingest` and the workers.
 - `queries`: read side behind `memq runs / history / compare / versions`.
 - `service`: analyse and store (ingest, run-level diagnosis, reanalyze), no Redis, no worker.
-- `store`: `open_store(settings)` -> `Store(engine, blobs, settings)`, the entry point.
+- `connection`: `open_store(settings)` -> `Store(engine, blobs, settings)`: the connection to both
+  (engine, sessions, blob store), the entry point.
 Nothing here is imported by `import profiler`; sqlalchemy loads only when a command needs it.
 """

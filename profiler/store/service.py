@@ -28,8 +28,8 @@ from profiler.errors import BadInput, MemqError, NotFound, SnapshotError
 from profiler.load import LoadedSnapshot, decode_snapshot_bytes, load_snapshot_file
 from profiler.model import OomContext
 from profiler.store import repository as repo
+from profiler.store.connection import Store
 from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
-from profiler.store.store import Store
 
 #: A run-level diagnosis reads at most this many of a rank's most recent snapshots, and stops adding
 #: older ones once their uncompressed sizes pass MAX_RUN_BYTES (parsed, a snapshot takes ~6x its

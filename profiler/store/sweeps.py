@@ -22,8 +22,8 @@ from sqlalchemy import select
 
 from profiler.errors import MemqError, NotFound
 from profiler.store import repository as repo
+from profiler.store.connection import Store
 from profiler.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
-from profiler.store.store import Store
 
 #: Earlier snapshots (newest first, with a trace) a sweep replays before the OOM snapshot's window.
 MAX_SEEDS = 8

@@ -173,7 +173,7 @@ class _Views:
 
 def create_app(settings: Settings | None = None, *, token: str | None = None, store=None) -> Starlette:
     """The ASGI app over the configured history. `token` defaults to MEMQ_SERVE_TOKEN ('' = none)."""
-    from profiler.store.store import open_store
+    from profiler.store.connection import open_store
 
     settings = settings or load_settings()
     store = store or open_store(settings)

@@ -106,7 +106,7 @@ class History:
 
     def store(self):
         from profiler.config import load_settings
-        from profiler.store.store import open_store
+        from profiler.store.connection import open_store
 
         return open_store(load_settings(self.env))
 

@@ -182,7 +182,7 @@ def test_reports_on_postgresql(pg_server, tmp_path):
         assert d2["growing"][0]["mean_growth_per_epoch_bytes"] == 8 * 131072000
         assert d2["changes"]["previous_date"] == DAY1 and d2["changes"]["ooms_by_cause"]["leak"]["now"] == 1
         from profiler.config import load_settings
-        from profiler.store.store import open_store
+        from profiler.store.connection import open_store
 
         store = open_store(load_settings(env))
         try:

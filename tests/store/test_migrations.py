@@ -99,7 +99,7 @@ def test_models_and_migrations_do_not_drift(kind, tmp_path, request):
 @pytest.mark.postgres
 def test_server_schema_out_of_date_is_refused_with_fix(pg_server, tmp_path):
     from profiler.config import load_settings
-    from profiler.store.store import open_store
+    from profiler.store.connection import open_store
     from tests.conftest import memq_environ
 
     with temp_pg_database("g") as url:
@@ -125,7 +125,7 @@ def test_server_schema_out_of_date_is_refused_with_fix(pg_server, tmp_path):
 
 def test_embedded_sqlite_migrates_itself(tmp_path):
     from profiler.config import load_settings
-    from profiler.store.store import open_store
+    from profiler.store.connection import open_store
 
     settings = load_settings({"MEMQ_DATA_DIR": str(tmp_path / "data"), "MEMQ_CONFIG": str(tmp_path / "x.toml")})
     assert settings.database_url.startswith("sqlite:///")

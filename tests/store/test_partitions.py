@@ -12,10 +12,10 @@ from sqlalchemy import func, inspect, select, text
 from profiler.config import load_settings
 from profiler.store import partitions, schema
 from profiler.store import repository as repo
+from profiler.store.connection import open_store
 from profiler.store.db import make_engine
 from profiler.store.orm import StatSample
 from profiler.store.retention import Policy, collect
-from profiler.store.store import open_store
 from tests.conftest import memq_environ, temp_pg_database
 
 pytestmark = pytest.mark.postgres

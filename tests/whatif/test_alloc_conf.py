@@ -1,11 +1,11 @@
-"""PYTORCH_CUDA_ALLOC_CONF parsing (profiler.conf), as torch's AllocatorConfig::parseArgs reads it."""
+"""PYTORCH_CUDA_ALLOC_CONF parsing (profiler.alloc_conf), as torch's AllocatorConfig::parseArgs reads it."""
 
 from __future__ import annotations
 
 import pytest
 
+from profiler.alloc_conf import parse_alloc_conf, split_settings
 from profiler.analysis.allocator_model import K_LARGE_BUFFER, N_INTERVALS, SIZE_MAX, AllocatorConfig
-from profiler.conf import parse_alloc_conf, split_settings
 from profiler.errors import EXIT_BAD_INPUT, BadInput
 
 MiB = 1 << 20

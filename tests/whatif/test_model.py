@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from profiler.alloc_conf import parse_alloc_conf
 from profiler.analysis.allocator_model import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
@@ -15,7 +16,6 @@ from profiler.analysis.allocator_model import (
     round_size,
     roundup_power2_next_division,
 )
-from profiler.conf import parse_alloc_conf
 
 MiB = 1 << 20
 

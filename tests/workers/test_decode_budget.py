@@ -46,8 +46,8 @@ def _push(r: redis.Redis, st, run: str, data: bytes, sha256: str, size: int) -> 
 def _runs(st) -> dict[str, int]:
     from sqlalchemy import func, select
 
+    from profiler.store.connection import open_store
     from profiler.store.orm import Run, Snapshot
-    from profiler.store.store import open_store
 
     store = open_store(st)
     try:
@@ -105,7 +105,7 @@ def test_worker_decode_of_a_stored_bomb_is_bad_input_in_bounded_memory(tmp_path)
     from profiler.store.blobs import BlobStore
 
     BlobStore(tmp_path / "blobs", max_bytes=2 * size).put_encoded(bomb_sha, data, "gzip", size=size)
-    script = ("from profiler.store.store import open_store; from profiler.store import service; "
+    script = ("from profiler.store.connection import open_store; from profiler.store import service; "
               "from profiler.errors import TooLarge\n"
               "try:\n"
               f"    service.load_blob(open_store(), {bomb_sha!r})\n"
