@@ -15,6 +15,7 @@ Tables
   context (limit, device total, OOM message: `context_key`, "" when none). Contract JSON plus the
   figures listings filter on.
 - run_diagnoses: the diagnosis of a run's snapshots taken together, per rank.
+- rank_figures: one rank's own exit figures (run peaks, last step, limit, per-step peaks), per rank.
 - stat_samples: light `torch.cuda.memory_stats()` samples for timelines; primary key
   (run, rank, time) so a redelivered batch inserts nothing twice. No foreign key (see the column).
 - reports: one nightly report per (date, scope); a rerun replaces it.
@@ -223,6 +224,23 @@ class RunDiagnosis(Base):
     #: Contract JSON of analyze() over all the rank's snapshots in time order.
     result: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
     computed_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+
+
+class RankFigures(Base):
+    """What one rank's agent reported of itself at exit or teardown (run_end, and the stats flush
+    before it): run peaks, the last step, the limit, a summary of its per-step peaks. Ranks torn down
+    by the launcher send these even though they took no snapshot (profiler/analysis/ranks.py)."""
+
+    __tablename__ = "rank_figures"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str | None] = mapped_column(String(16))
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: {"last_step", "limit_bytes", "end_reason", "steps", "step_peaks": {...}} as the agent sent them.
+    figures: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    updated_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
 
 
 class StatSample(Base):
