@@ -59,7 +59,9 @@ from profiler.errors import (
     TooLarge,
 )
 from profiler.redis_functions import Relay
+from profiler.store import rank_figures
 from profiler.store import repository as repo
+from profiler.launcher_ids import real_id
 from workers import jobs, runtime
 
 log = logging.getLogger("memq.dispatcher")
@@ -479,7 +481,7 @@ class Dispatcher:
     def _run_id(self, session, env: envelope.Envelope) -> int:
         rid = self._run_ids.get(env.run)
         if rid is None:
-            rid = repo.upsert_run(session, repo.RunMeta(name=env.run, cluster=env.cluster, job=env.job or None,
+            rid = repo.upsert_run(session, repo.RunMeta(name=env.run, cluster=env.cluster, job=real_id(env.job),
                                                         host=env.host or None, started_at=_ts(env.ts)))
             self.counts["runs"] += 1
             self._uncommitted[env.run] = rid
@@ -508,7 +510,7 @@ class Dispatcher:
             if isinstance(conf, dict) else None
         labels = p.get("labels") if isinstance(p.get("labels"), dict) else {}
         meta = repo.RunMeta(
-            name=env.run, cluster=env.cluster, job=env.job or None, host=env.host or None, rank=env.rank,
+            name=env.run, cluster=env.cluster, job=real_id(env.job), host=env.host or None, rank=env.rank,
             labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
             driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
             memory_limit_bytes=_real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
@@ -526,12 +528,17 @@ class Dispatcher:
             rid = self._run_id(s, env)
             repo.upsert_run(s, repo.RunMeta(name=env.run, ended_at=_ts(env.ts)))
             jobs.promote_run_status(s, rid, status)
+            figures = env.payload.get("figures")
+            if isinstance(figures, dict):  # the rank's own peaks, also of a rank torn down by the launcher
+                rank_figures.upsert(s, rid, env.rank, figures, env.payload.get("status"), _ts(env.ts))
 
     def on_stats(self, items: list[envelope.Envelope]) -> None:
         rows: list[dict] = []
         with self._tx() as s:
             for env in items:
                 rid = self._run_id(s, env)
+                if isinstance(env.payload.get("rank_figures"), dict):
+                    rank_figures.upsert(s, rid, env.rank, env.payload["rank_figures"], None, _ts(env.ts))
                 samples = env.payload.get("samples")
                 for smp in samples if isinstance(samples, list) else []:
                     if not isinstance(smp, dict) or "device_metadata" in smp:
