@@ -141,6 +141,11 @@ class Agent:
         self.oom_snapshots = 0
         self.exception_text: str | None = None
         self.status = "running"
+        self.end_reason: str | None = None  # sigterm, process_group_aborted, exception: why a rank ended early
+        self._peak_alloc: int | None = None  # the run's peaks: per-step figures live in a bounded ring
+        self._peak_reserved: int | None = None
+        self._prev_term: Any = None
+        self._term_handler: Any = None
         self._lock = threading.RLock()
         self._t0 = time.monotonic()
         self._last_step_t = 0.0
@@ -197,6 +202,7 @@ class Agent:
         if not self.available or self._hook_handle is None:  # also for the optimizer step hook
             _after_torch_import(self._check_source)
         self._install_signal()
+        self._install_term()
         self._install_excepthooks()
         atexit.register(self._atexit)
         self._ticker.start()
@@ -214,6 +220,7 @@ class Agent:
             self._stop_evt.set()
             self._wake.set()
             self._uninstall_signal()
+            self._uninstall_term()
             self._uninstall_excepthooks()
             if self._hook_handle is not None:
                 self._safe_call(self._hook_handle.remove)
@@ -222,12 +229,15 @@ class Agent:
                 self._safe_call(lambda: self.source.set_history(False))  # at exit: no need
             if self.status == "running":
                 self.status = "completed"
-            self._flush_stats()
             if not self.announced:  # nothing was sent for this process (no CUDA used): stay silent
+                self._flush_stats()
                 self.transport.stop(max(0.0, deadline - time.monotonic()))
                 return self.counters()
+            figures = self.rank_figures()
+            # in the stats flush too: a rank killed right after it still has its figures stored
+            self._flush_stats(rank_figures=figures)
             payload = {"status": self.status, "steps": self.policy.steps_seen, "step": self.step,
-                       "epoch": self.epoch, "counters": self.counters()}
+                       "epoch": self.epoch, "counters": self.counters(), "figures": figures}
             if self.exception_text:
                 payload["exception"] = self.exception_text[:4000]
             self.transport.submit(Item("run_end", payload=payload))
@@ -337,6 +347,8 @@ class Agent:
         if self.tracker.boundaries <= self.tracker.warmup_steps:  # the cap is usually set by now
             self._limit = self._safe_call(self.source.limit_bytes) or self._limit
         fig = self._read_boundary(ms)
+        if fig is not None:
+            self._note_peaks(fig["peak_allocated"], fig["peak_reserved"])
         dec = self.tracker.on_boundary(fig, self._limit, recording=bool(self.recording),
                                        epochs_marked=self._epochs_marked, now=now)
         if fig is not None:
@@ -533,6 +545,7 @@ class Agent:
         # re-read: a job may set its memory fraction after CUDA is initialised (and the agent armed)
         limit = self._safe_call(self.source.limit_bytes) or self._limit
         self._limit = limit
+        self._note_peaks(sample.get("allocated_bytes.all.peak"), sample.get("reserved_bytes.all.peak"))
         self.policy.on_stats(sample, limit)
         with self._lock:
             self._samples.append(sample)
@@ -540,16 +553,47 @@ class Agent:
                 del self._samples[:-1000]
                 self.counters_obj.add("dropped")
 
-    def _flush_stats(self) -> None:
+    def _flush_stats(self, rank_figures: dict | None = None) -> None:
         with self._lock:
             samples, self._samples = self._samples, []
             figures = self.tracker.unsent()
             self._next_flush = time.monotonic() + self.stats_flush_s
-        if samples or figures:
+        if samples or figures or rank_figures:
             payload: dict[str, Any] = {"samples": samples}
             if figures:
                 payload["step_figures"] = figures
+            if rank_figures:
+                payload["rank_figures"] = rank_figures
             self.transport.submit(Item("stats", payload=payload))
+
+    def _note_peaks(self, alloc: Any, reserved: Any) -> None:
+        if isinstance(alloc, int):
+            self._peak_alloc = max(alloc, self._peak_alloc or 0)
+        if isinstance(reserved, int):
+            self._peak_reserved = max(reserved, self._peak_reserved or 0)
+
+    def rank_figures(self) -> dict:
+        """This rank's own figures for the cross-rank diagnosis: the run's peaks (the step in progress
+        included: its peak counters were not reset yet), the last step, the limit, the per-step
+        peaks' summary. Cheap: one counters read, no snapshot."""
+        if self.armed:
+            read = getattr(self.source, "step_signals", None)
+            sig = self._safe_call(lambda: read(reset=False)) if read is not None else None
+            if sig:
+                self._note_peaks(int(max(sig[0], sig[2])), int(max(sig[1], sig[3])))
+        with self._lock:
+            figs = [f for f in self.tracker.figures if f.get("peak_allocated") is not None]
+        summary = None
+        if figs:
+            top = max(figs, key=lambda f: f["peak_allocated"])
+            peaks = sorted(f["peak_allocated"] for f in figs)
+            summary = {"count": len(figs), "median_peak_allocated": peaks[len(peaks) // 2],
+                       "max_peak_allocated": top["peak_allocated"],
+                       "max_peak_reserved": max(f["peak_reserved"] for f in figs),
+                       "max_step": top.get("step"), "last_peak_allocated": figs[-1]["peak_allocated"]}
+        return {"peak_allocated_bytes": self._peak_alloc, "peak_reserved_bytes": self._peak_reserved,
+                "limit_bytes": self._limit, "last_step": self.step, "steps": self.policy.steps_seen,
+                "end_reason": self.end_reason, "step_peaks": summary}
 
     def take_snapshot(self, trigger: str, payload: dict | None = None, wait: threading.Event | None = None,
                       finish=None, comparable: bool = False, at_boundary: bool = False) -> bool:
@@ -637,8 +681,9 @@ class Agent:
                 self.status = "oom"
                 self.exception_text = str(exc)
             else:
-                self.status = "error"
+                self.status = "crashed"  # the envelope's run statuses: "error" would be dead-lettered
                 self.exception_text = self.exception_text or text
+                self.end_reason = self.end_reason or _end_reason(exc)
             with self._lock:
                 waits, self._oom_waits = self._oom_waits, []
             for evt in waits:
@@ -672,6 +717,58 @@ class Agent:
         try:
             if _signal.getsignal(self._signum) is self._handler:
                 _signal.signal(self._signum, self._prev_signal if self._prev_signal is not None else _signal.SIG_DFL)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _install_term(self) -> None:
+        """SIGTERM (the launcher tearing the ranks down after one failed): send this rank's figures and
+        run_end, bounded, then do what the previous handler did (default: die of SIGTERM). Main
+        thread only; not when SIGTERM is the snapshot signal or was ignored."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if self._signum == _signal.SIGTERM:
+                return
+            prev = _signal.getsignal(_signal.SIGTERM)
+            if prev == _signal.SIG_IGN or prev is None:  # None: installed from C; leave it alone
+                return
+
+            def on_term(sig, frame):
+                self._on_term()
+                if callable(prev) and prev is not _signal.SIG_DFL:
+                    prev(sig, frame)
+                elif prev == _signal.SIG_DFL:
+                    _signal.signal(sig, _signal.SIG_DFL)
+                    os.kill(os.getpid(), sig)
+
+            _signal.signal(_signal.SIGTERM, on_term)
+            self._prev_term, self._term_handler = prev, on_term
+        except Exception:  # noqa: BLE001
+            self.counters_obj.add("errors")
+
+    def _on_term(self) -> None:
+        """Never blocks past a bound and never raises: stop() runs in a helper thread, so a lock the
+        interrupted main thread holds (a queue's mutex) costs at most the wait, not a hang."""
+        try:
+            if self.stopped or not self.started:
+                return
+            if self.status == "running":
+                self.status = "crashed"
+            self.end_reason = self.end_reason or "sigterm"
+            self._exiting = True
+            wait = min(self.stop_timeout_s, 2.0)
+            t = threading.Thread(target=self.stop, args=(wait,), name="memq-agent-term", daemon=True)
+            t.start()
+            t.join(wait + 0.5)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _uninstall_term(self) -> None:
+        if self._term_handler is None or threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if _signal.getsignal(_signal.SIGTERM) is self._term_handler:
+                _signal.signal(_signal.SIGTERM, self._prev_term)
         except Exception:  # noqa: BLE001
             pass
 
@@ -732,6 +829,18 @@ class Agent:
                 self._sample_stats(now)
         if now >= self._next_flush:
             self._flush_stats()
+
+
+def _end_reason(exc: BaseException) -> str:
+    """Why a rank ended, from the exception that ended it: a collective that failed because another
+    rank died (the process group was aborted) is not this rank's own error."""
+    name, text = type(exc).__name__, str(exc).lower()
+    if name in ("DistBackendError", "DistNetworkError", "DistStoreError") or "nccl" in text \
+            or ("process group" in text or "processgroup" in text) and ("abort" in text or "timeout" in text):
+        return "process_group_aborted"
+    if name == "SignalException":  # torchelastic's: the agent was signalled to stop
+        return "sigterm"
+    return "exception"
 
 
 class _TorchImportHook:
