@@ -6,13 +6,18 @@
                                                               analysis_results, run_diagnoses, runs
 
 Modules
+- `queues`: the names everyone agrees on (Celery queues, the stream's consumer group); no imports.
+- `heartbeat`: the heartbeat key of workers and dispatchers (no Celery app needed).
 - `app`: the Celery app factory (`make_app(settings)`, module-level `app` for `celery -A workers.app`),
-  queues, routes, time limits, the beat schedule (`beat_schedule(settings)`), worker heartbeats.
+  routes, time limits, the beat schedule (`beat_schedule(settings)`), the worker's heartbeat signals.
 - `base`: `MemqTask`, the base task: retries with back-off on outages only; bad data is quarantined.
-- `runtime`: per-process resources (store, Redis client), dead letters, debounce keys, heartbeats.
-- `jobs`: the work itself as plain functions over ids (what the tasks call).
-- `tasks`: thin Celery tasks: analyze_snapshot, recompute_run, reap.
+- `runtime`: per-process resources (settings, store, Redis client), dead letters, debounce keys.
+- `jobs`: the work itself as plain functions over ids (what the tasks call); what they send next
+  goes through `jobs.Senders`, callbacks the tasks pass in.
+- `tasks`: thin Celery tasks: analyze_snapshot, recompute_run, whatif_sweep, reap.
 - `dispatcher`: stream consumer: insert, store blob, commit, enqueue, acknowledge; reclaim; dead letters.
+Imports go one way (tests/workers/test_import_graph.py): queues <- runtime <- heartbeat <- app <- base
+<- tasks, and jobs <- tasks; nothing imports the tasks but the dispatcher (to send an analysis).
 
 Running it (one Redis, one database, a blob directory all processes share):
     memq db upgrade

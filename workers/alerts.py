@@ -20,7 +20,7 @@ from profiler.alerts import delivery
 from workers import runtime
 from workers.app import app, settings_of
 from workers.base import MemqTask
-from workers.runtime import QUEUE_INGEST
+from workers.queues import QUEUE_INGEST
 
 log = logging.getLogger("memq.alerts")
 

@@ -22,19 +22,17 @@ Beat: `beat_schedule(settings)` builds the schedule. The report engineer extends
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
-import os
 import socket
-import threading
-import time
 
 from celery import Celery, signals
 from kombu import Queue
 
 from profiler.config import Settings, load_settings
 from profiler.errors import ConfigError
-from workers.runtime import QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES
+from workers import runtime
+from workers.heartbeat import Heartbeat, heartbeat_key
+from workers.queues import QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES
 
 log = logging.getLogger("memq.workers")
 
@@ -151,10 +149,10 @@ def make_app(settings: Settings | None = None) -> Celery:
 
 
 def settings_of(celery_app: Celery) -> Settings:
-    """The memq settings of `celery_app` (read from the environment once, for the default app)."""
+    """The memq settings of `celery_app` (for the default app: the process's, `runtime.settings()`)."""
     st = getattr(celery_app, "memq_settings", None)
     if st is None:
-        st = celery_app.memq_settings = load_settings()
+        st = celery_app.memq_settings = runtime.settings()
     return st
 
 
@@ -162,54 +160,10 @@ app = make_app()
 
 
 # ----------------------------------------------------------------------------- worker heartbeats
-
-
-def heartbeat_key(st: Settings, kind: str, name: str) -> str:
-    return f"{st.key_prefix}heartbeat:{kind}:{name}"
-
-
-class Heartbeat:
-    """A key `<prefix>heartbeat:<kind>:<name>` refreshed every heartbeat_s with a TTL of three
-    periods, holding what `memq status` shows. Redis errors are ignored (it is only a heartbeat)."""
-
-    def __init__(self, st: Settings, kind: str, name: str, info: dict | None = None):
-        self.st, self.key = st, heartbeat_key(st, kind, name)
-        self.info = {"kind": kind, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
-                     "started": time.time(), **(info or {})}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._client = None
-
-    def beat(self, **extra) -> None:
-        try:
-            if self._client is None:
-                from workers.runtime import redis_client
-
-                self._client = redis_client(self.st.redis_url)
-            self.info.update(extra, last=time.time())
-            self._client.set(self.key, json.dumps(self.info, default=str), ex=max(3, 3 * self.st.heartbeat_s))
-        except Exception as exc:  # noqa: BLE001 - a missed heartbeat is what status reports
-            log.debug("heartbeat failed: %s", exc)
-            self._client = None
-
-    def start(self) -> Heartbeat:
-        def loop():
-            while not self._stop.is_set():
-                self.beat()
-                self._stop.wait(self.st.heartbeat_s)
-
-        self._thread = threading.Thread(target=loop, name="memq-heartbeat", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        try:
-            if self._client is not None:
-                self._client.delete(self.key)
-        except Exception:  # noqa: BLE001
-            pass
-
+# Heartbeat lives in workers.heartbeat (the dispatcher beats without a Celery app); named here too
+# for the callers that know it from this module.
+__all__ = ["app", "make_app", "settings_of", "celery_config", "beat_schedule", "check_limits", "Heartbeat",
+           "heartbeat_key", "configure_orm"]
 
 _heartbeat: Heartbeat | None = None
 
@@ -242,8 +196,6 @@ def _child_init(**_):
     mappers are configured here, before any task runs: configured lazily inside the first task, a soft
     time limit (SoftTimeLimitExceeded) could interrupt SQLAlchemy's one-time configuration and leave
     every later task of the process failing with "mappers failed to initialize"."""
-    from workers import runtime
-
     runtime.reset()
     configure_orm()
 

@@ -58,15 +58,16 @@ from profiler.errors import (
     StorageError,
     TooLarge,
 )
+from profiler.launcher_ids import real_id
 from profiler.redis_functions import Relay
 from profiler.store import rank_figures
 from profiler.store import repository as repo
-from profiler.launcher_ids import real_id
 from workers import jobs, runtime
+from workers.heartbeat import Heartbeat
+from workers.queues import GROUP
 
 log = logging.getLogger("memq.dispatcher")
 
-GROUP = runtime.GROUP
 #: Snapshot entries per transaction: small enough that analyses start while a burst is still being
 #: moved in, large enough to share one commit (fsync) among several rows.
 SNAPSHOT_GROUP = 8
@@ -179,8 +180,6 @@ class Dispatcher:
 
     def run(self, install_signals: bool = True, idle_exit_s: float | None = None) -> dict[str, int]:
         """Process until stopped (SIGTERM/SIGINT, or `idle_exit_s` with nothing to do)."""
-        from workers.app import Heartbeat
-
         if install_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)

@@ -37,6 +37,7 @@ import gc
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from profiler.errors import BadInput, BrokerUnavailable, MemqError, NotFound
 from profiler.store import repository as repo
 from profiler.store.orm import Run, RunDiagnosis, Snapshot
 from workers import runtime
+from workers.queues import QUEUE_ANALYZE
 
 log = logging.getLogger("memq.workers")
 
@@ -55,6 +57,27 @@ MAX_ATTEMPTS = repo.DEFAULT_MAX_ATTEMPTS
 
 def _store(st: Settings):
     return runtime.store(st, async_commit=True)
+
+
+@dataclass(frozen=True)
+class Senders:
+    """How the jobs hand work on to the next task. `workers.tasks` passes Celery's; the jobs never
+    import the tasks (which import them), and tests may pass their own."""
+
+    #: analysis(snapshot_id, countdown or None): analyse a snapshot (again).
+    analysis: Callable[[int, float | None], None]
+    #: recompute(run_id, rank, countdown): the run-level diagnosis of one rank.
+    recompute: Callable[[int, int, float], None]
+    #: sweep(snapshot_id): the what-if sweep of an OOM snapshot.
+    sweep: Callable[[int], None]
+
+
+def _need(senders: Senders | None, what: str) -> Senders:
+    if senders is None:
+        raise TypeError(f"{what} sends follow-up work: pass senders (workers.tasks.SENDERS)")
+    return senders
+
+
 #: running < completed < crashed < oom: a run's status only moves up this order.
 STATUS_ORDER = ("running", "completed", "crashed", "oom")
 
@@ -193,15 +216,16 @@ def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease |
         return None, {"done": "done", "failed": "failed", "running": "leased"}.get(row.state, row.state)
 
 
-def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, enqueue=None) -> str:
-    """See the module docstring. `enqueue(snapshot_id, countdown)` re-enqueues (tasks pass theirs)."""
+def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders: Senders | None = None) -> str:
+    """See the module docstring. `senders` re-enqueue it and schedule the run diagnosis (tasks pass
+    theirs); only an outcome that sends work needs them."""
     from profiler.store import service
 
     store = _store(st)
     lease, how = _claim(st, snapshot_id, task_id)
     if lease is None:
         if how == "done":
-            _after_done(st, snapshot_id)
+            _after_done(st, snapshot_id, _need(senders, "analyze"))
         elif how == "out of attempts":
             quarantine(st, snapshot_id, f"gave up after {MAX_ATTEMPTS} attempts")
             return "failed"
@@ -236,10 +260,10 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, enqueue=
         if state == "failed":
             _dead(st, snapshot_id, f"gave up after {lease.attempts} attempts: {reason}")
             return "failed"
-        if enqueue is not None:
-            enqueue(snapshot_id, min(2 ** lease.attempts, st.retry_backoff_max_s))
+        if senders is not None:
+            senders.analysis(snapshot_id, min(2 ** lease.attempts, st.retry_backoff_max_s))
         return "retry"
-    _after_done(st, snapshot_id)
+    _after_done(st, snapshot_id, _need(senders, "analyze"))
     _release(st, snapshot_id, task_id)
     return "analysed" if computed else "reused"
 
@@ -256,7 +280,7 @@ def _is_soft_limit(exc: BaseException) -> bool:
     return type(exc).__name__ == "SoftTimeLimitExceeded"
 
 
-def _after_done(st: Settings, snapshot_id: int) -> None:
+def _after_done(st: Settings, snapshot_id: int, senders: Senders) -> None:
     """An analysed snapshot: an OOM marks its run `oom`; the run-level diagnosis is scheduled."""
     from profiler.store.orm import AnalysisResult
 
@@ -268,7 +292,7 @@ def _after_done(st: Settings, snapshot_id: int) -> None:
                         .where(Snapshot.id == snapshot_id)).one()
         if row.trigger == "oom" or row.oom_requested_bytes is not None or row.oom:
             promote_run_status(s, row.run_id, "oom")
-    schedule_recompute(st, row.run_id, row.rank)
+    schedule_recompute(st, row.run_id, row.rank, senders.recompute)
 
 
 def quarantine(st: Settings, snapshot_id: int, reason: str) -> None:
@@ -325,14 +349,14 @@ def _timing(st: Settings, r, run_id: int, rank: int) -> tuple[float, float, floa
 def analysis_backlog(st: Settings) -> int:
     """Analysis tasks waiting in the broker (not yet taken by a worker)."""
     broker = runtime.redis_client(st.broker_url or st.redis_url)
-    q = st.broker_key_prefix + runtime.QUEUE_ANALYZE
+    q = st.broker_key_prefix + QUEUE_ANALYZE
     pipe = broker.pipeline(transaction=False)
     for k in (q, *(f"{q}\x06\x16{p}" for p in (3, 6, 9))):
         pipe.llen(k)
     return int(sum(pipe.execute()))
 
 
-def schedule_recompute(st: Settings, run_id: int, rank: int, send=None) -> bool:
+def schedule_recompute(st: Settings, run_id: int, rank: int, send: Callable[[int, int, float], None]) -> bool:
     """Note that a snapshot of (run, rank) is done, and enqueue one `recompute_run(run_id, rank)`
     unless one is already pending (a trailing debounce: see `recompute`). Returns whether this call
     enqueued it. Redis errors raise BrokerUnavailable (the caller retries)."""
@@ -345,20 +369,14 @@ def schedule_recompute(st: Settings, run_id: int, rank: int, send=None) -> bool:
         if not r.set(key, f"{now:.3f}", nx=True, px=int((cap + quiet + st.task_time_limit_s) * 1000)):
             return False
     try:
-        (send or _send_recompute)(run_id, rank, quiet)
+        send(run_id, rank, quiet)
     except BaseException:
         r.delete(key)
         raise
     return True
 
 
-def _send_recompute(run_id: int, rank: int, countdown: float) -> None:
-    from workers.tasks import recompute_run
-
-    recompute_run.apply_async((int(run_id), int(rank)), countdown=countdown)
-
-
-def recompute(st: Settings, run_id: int, rank: int, send=None, send_sweep=None) -> str | None:
+def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | None:
     """The run-level diagnosis of one rank; returns its primary cause, or "deferred" when the run
     is still receiving snapshots (then it is enqueued again for when it goes quiet, within the
     longest wait counted from the first snapshot it waits for)."""
@@ -372,10 +390,10 @@ def recompute(st: Settings, run_id: int, rank: int, send=None, send_sweep=None) 
         now = time.time()
         waited = now - float(first) if first else cap
         if last and now - float(last) < quiet and waited < longest:
-            (send or _send_recompute)(run_id, rank, max(0.2, quiet - (now - float(last))))
+            senders.recompute(run_id, rank, max(0.2, quiet - (now - float(last))))
             return "deferred"
         if waited < cap and (analysis_backlog(st) > 0 or _snapshots_waiting(st)):
-            (send or _send_recompute)(run_id, rank, quiet)  # snapshots first
+            senders.recompute(run_id, rank, quiet)  # snapshots first
             return "deferred"
         r.delete(key)  # snapshots done from now on schedule a new recompute
     except Exception:  # noqa: BLE001 - without Redis: recompute now (the key expires by itself)
@@ -394,7 +412,7 @@ def recompute(st: Settings, run_id: int, rank: int, send=None, send_sweep=None) 
     # After the run diagnosis (which waits for the rank's analyses to settle), so that a sweep finds
     # the earlier snapshots it seeds its replay with already analysed.
     for sid in oom_snapshots(st, run_id, rank):
-        (send_sweep or _send_sweep)(sid)
+        senders.sweep(sid)
     return ((result or {}).get("diagnosis") or {}).get("primary_cause")
 
 
@@ -407,12 +425,6 @@ def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
 
     with _store(st).session() as s:
         return oom_snapshot_ids(s, run_id, rank)
-
-
-def _send_sweep(snapshot_id: int) -> None:
-    from workers.tasks import whatif_sweep
-
-    whatif_sweep.apply_async((int(snapshot_id),), queue=runtime.QUEUE_ANALYZE)
 
 
 def sweep(st: Settings, snapshot_id: int) -> str:
@@ -448,8 +460,8 @@ def _snapshots_waiting(st: Settings) -> bool:
 # ------------------------------------------------------------------------------------------ reaper
 
 
-def reap(st: Settings, enqueue=None, limit: int = 1000) -> dict[str, int]:
-    """See the module docstring. `enqueue(snapshot_id)` sends an analysis (the task passes its own)."""
+def reap(st: Settings, senders: Senders, limit: int = 1000) -> dict[str, int]:
+    """See the module docstring. `senders` send the analyses and diagnoses (the task passes its own)."""
     store = _store(st)
     r = runtime.redis_client(st.redis_url)
     now = repo.utcnow()
@@ -468,12 +480,12 @@ def reap(st: Settings, enqueue=None, limit: int = 1000) -> dict[str, int]:
     for sid in sorted({p.id for p in pending if p.attempts < MAX_ATTEMPTS}):
         with runtime.redis_errors(st.redis_url):
             fresh = sid in expired or runtime.debounce(r, runtime.enqueue_key(st, sid), st.pending_requeue_s * 1000)
-        if fresh and enqueue is not None:
-            enqueue(sid)
+        if fresh:
+            senders.analysis(sid, None)
             sent += 1
     stale = stale_diagnoses(st)
     for run_id, rank in stale:
-        schedule_recompute(st, run_id, rank)
+        schedule_recompute(st, run_id, rank, senders.recompute)
     out = {"expired": len(expired), "enqueued": sent, "failed": len(exhausted), "diagnoses": len(stale)}
     if any(out.values()):
         log.info("reaper: %s", out)
@@ -502,5 +514,5 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     return [(int(r.run_id), int(r.rank)) for r in rows]
 
 
-__all__ = ["analyze", "recompute", "reap", "sweep", "oom_snapshots", "schedule_recompute", "promote_run_status", "quarantine",
+__all__ = ["Senders", "analyze", "recompute", "reap", "sweep", "oom_snapshots", "schedule_recompute", "promote_run_status", "quarantine",
            "BrokerUnavailable"]

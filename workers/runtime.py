@@ -23,25 +23,24 @@ from typing import Any
 
 from profiler.config import Settings, load_settings, redact_url
 from profiler.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
+from workers.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
 
 log = logging.getLogger("memq.workers")
 
 DEAD_MAXLEN = 100_000
-#: The dispatcher's consumer group on the ingest stream.
-GROUP = "memq-dispatch"
-QUEUE_INGEST = "memq.ingest"
-QUEUE_ANALYZE = "memq.analyze"
-QUEUE_REPORT = "memq.report"
-QUEUES = (QUEUE_INGEST, QUEUE_ANALYZE, QUEUE_REPORT)
 
 _stores: dict[tuple, object] = {}
 _clients: dict[str, Any] = {}
+_settings: Settings | None = None
 
 
 def settings() -> Settings:
-    from workers.app import app, settings_of
-
-    return settings_of(app)
+    """The process's settings, read from the environment once (the default Celery app's too:
+    `workers.app.settings_of`)."""
+    global _settings
+    if _settings is None:
+        _settings = load_settings()
+    return _settings
 
 
 def store(st: Settings | None = None, *, async_commit: bool = False):

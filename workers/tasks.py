@@ -12,6 +12,7 @@ from __future__ import annotations
 from workers import jobs, runtime
 from workers.app import app, settings_of
 from workers.base import MemqTask
+from workers.queues import QUEUE_ANALYZE
 
 
 def _st():
@@ -22,14 +23,26 @@ def enqueue_analysis(snapshot_id: int, countdown: float | None = None) -> None:
     analyze_snapshot.apply_async((int(snapshot_id),), countdown=countdown)
 
 
+def send_recompute(run_id: int, rank: int, countdown: float) -> None:
+    recompute_run.apply_async((int(run_id), int(rank)), countdown=countdown)
+
+
+def send_sweep(snapshot_id: int) -> None:
+    whatif_sweep.apply_async((int(snapshot_id),), queue=QUEUE_ANALYZE)
+
+
+#: What the jobs send next, passed in (workers.jobs never imports this module).
+SENDERS = jobs.Senders(analysis=enqueue_analysis, recompute=send_recompute, sweep=send_sweep)
+
+
 @app.task(base=MemqTask, bind=True, name="workers.tasks.analyze_snapshot")
 def analyze_snapshot(self, snapshot_id: int) -> str:
-    return jobs.analyze(_st(), int(snapshot_id), task_id=self.request.id, enqueue=enqueue_analysis)
+    return jobs.analyze(_st(), int(snapshot_id), task_id=self.request.id, senders=SENDERS)
 
 
 @app.task(base=MemqTask, bind=True, name="workers.tasks.recompute_run")
 def recompute_run(self, run_id: int, rank: int = 0) -> str | None:
-    return jobs.recompute(_st(), int(run_id), int(rank))
+    return jobs.recompute(_st(), int(run_id), int(rank), SENDERS)
 
 
 @app.task(base=MemqTask, bind=True, name="workers.tasks.whatif_sweep")
@@ -39,7 +52,8 @@ def whatif_sweep(self, snapshot_id: int) -> str:
 
 @app.task(base=MemqTask, bind=True, name="workers.tasks.reap", retry_on_outage=False)
 def reap(self) -> dict:
-    return jobs.reap(_st(), enqueue=lambda sid: enqueue_analysis(sid))
+    return jobs.reap(_st(), SENDERS)
 
 
-__all__ = ["analyze_snapshot", "recompute_run", "whatif_sweep", "reap", "enqueue_analysis", "runtime"]
+__all__ = ["analyze_snapshot", "recompute_run", "whatif_sweep", "reap", "enqueue_analysis", "send_recompute",
+           "send_sweep", "SENDERS", "runtime"]
