@@ -1,4 +1,4 @@
-"""Write deploy/CONFIG.md from profiler.config.SETTINGS (the one table of settings).
+"""Write deploy/CONFIG.md from the declaration of profiler.config.Settings (seen through SETTINGS).
 
     python deploy/gen_config.py > deploy/CONFIG.md      # regenerate
     python deploy/gen_config.py --check                 # exit 1 when CONFIG.md is stale
@@ -14,14 +14,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from profiler.config import FILE_SETTINGS, SETTINGS  # noqa: E402
+from profiler.config import FILE_SETTINGS, OTHER_VARIABLES, SETTINGS  # noqa: E402
 
 DOC = Path(__file__).with_name("CONFIG.md")
 
 HEADER = """# memq configuration reference
 
-Generated from `profiler.config.SETTINGS` by `python deploy/gen_config.py > deploy/CONFIG.md`; do not
-edit by hand (tests/ops/test_config_doc.py fails when this file and the table differ).
+Generated from the declaration of `profiler.config.Settings` by `python deploy/gen_config.py >
+deploy/CONFIG.md`; do not edit by hand (tests/ops/test_config_doc.py fails when this file and the
+declaration differ). A value outside what "allowed" says is refused at start with the variable named.
 
 Precedence: environment variable > config file > default. The config file is TOML at `MEMQ_CONFIG`
 (default `<data dir>/memq.toml`), keys are the setting names below, either at the top level or
@@ -48,11 +49,12 @@ def _default(spec) -> str:
 
 def render() -> str:
     out = [HEADER, "", "## Settings", "",
-           "| setting (file key) | environment variable | type | default | meaning |",
-           "|---|---|---|---|---|"]
+           "| setting (file key) | environment variable | type | default | allowed | meaning |",
+           "|---|---|---|---|---|---|"]
     for spec in SETTINGS:
         doc = spec.doc.replace("|", "\\|")
-        out.append(f"| `{spec.name}` | `{spec.env}` | {spec.type.__name__} | {_default(spec)} | {doc} |")
+        allowed = spec.allowed().replace("|", "\\|")
+        out.append(f"| `{spec.name}` | `{spec.env}` | {spec.type.__name__} | {_default(spec)} | {allowed} | {doc} |")
     out += ["", "## Values read from files", "",
             "Each of these may be given as a file holding the value (a Kubernetes Secret or Docker secret",
             "mounted read-only), used when the variable itself is unset or empty. Leading and trailing",
@@ -62,10 +64,11 @@ def render() -> str:
     for name in FILE_SETTINGS:
         out.append(f"| `{envs[name]}` | `{envs[name]}_FILE` |")
     out += ["", "## Other variables", "",
-            "| variable | meaning |", "|---|---|",
-            "| `MEMQ_CONFIG` | Path of the TOML config file (default `<data dir>/memq.toml`). |",
-            "| `MEMQ_DEBUG` | Set to show Python tracebacks instead of one-line errors. |",
-            "| `PGPASSWORD`, `PGPASSFILE`, `PGSSLMODE`, ... | libpq variables, honoured by the psycopg 3 driver "
+            "| variable | meaning |", "|---|---|"]
+    for name, doc in OTHER_VARIABLES:
+        meaning = doc.replace("|", "\\|")
+        out.append(f"| `{name}` | {meaning} |")
+    out += ["| `PGPASSWORD`, `PGPASSFILE`, `PGSSLMODE`, ... | libpq variables, honoured by the psycopg 3 driver "
             "(a password need not be in `MEMQ_DATABASE_URL`). |",
             ""]
     return "\n".join(out)

@@ -1,8 +1,11 @@
 """Typed settings, read from the environment and an optional TOML file, in one place.
 
 Precedence: environment variable > config file (`MEMQ_CONFIG`, default `<data dir>/memq.toml`)
-> default. Every setting is declared once in `SETTINGS` with its type, default and meaning; the
-configuration reference in deploy/CONFIG.md is written from the same table.
+> default. Every setting is declared once, as a field of `Settings` made by `setting(...)`: its
+default, environment variable, meaning and allowed values. The loader (`load_settings`), its
+validation (a value outside its range or choices is a ConfigError naming the variable and what is
+allowed) and the configuration reference deploy/CONFIG.md (deploy/gen_config.py) all read that one
+declaration; `SETTINGS` is its read-only view.
 Secrets (passwords in URLs) are never printed: use `redact_url` for anything shown to people.
 """
 
@@ -15,6 +18,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from profiler.errors import ConfigError
 
@@ -25,84 +29,273 @@ def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "memq"
 
 
+def setting(default: object, env: str, doc: str, *, shown: str | None = None, minimum: int | None = None,
+            maximum: int | None = None, choices: tuple[str, ...] = (), url: bool = False,
+            from_file: bool = False):
+    """A field of `Settings`, with all that is said about it: `env` its variable, `doc` its meaning,
+    `shown` the default as documented where the real one is computed at load time (paths under the
+    data dir), `minimum`/`maximum`/`choices` what is allowed, `url` a URL whose port is checked,
+    `from_file` also readable from `<env>_FILE` (a mounted secret)."""
+    return field(default=default, metadata={"env": env, "doc": doc, "shown": shown, "minimum": minimum,
+                                            "maximum": maximum, "choices": tuple(choices), "url": url,
+                                            "from_file": from_file})
+
+
 @dataclass(frozen=True)
 class Spec:
+    """One setting as declared on `Settings` (read-only view, for the loader and the docs)."""
+
     name: str
     env: str
     type: type
     default: object
     doc: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    url: bool = False
+    from_file: bool = False
+
+    def allowed(self) -> str:
+        """What the loader accepts, as the docs and the error messages say it."""
+        if self.choices:
+            return " | ".join(self.choices)
+        if self.url:
+            return "URL, port 1..65535"
+        if self.minimum is not None and self.maximum is not None:
+            return f"{self.minimum}..{self.maximum}"
+        if self.minimum is not None:
+            return f">= {self.minimum}"
+        if self.maximum is not None:
+            return f"<= {self.maximum}"
+        return ""
 
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str = ""
-    blob_dir: str = ""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    stream_key: str = "memq:ingest"
-    dead_letter_key: str = "memq:dead"
-    key_prefix: str = "memq:"
-    stream_maxlen: int = 1_000_000
-    blob_ttl_s: int = 7 * 24 * 3600
-    max_deliveries: int = 5
-    max_snapshot_bytes: int = 4 * 1024**3
-    decode_budget_bytes: int = 768 * 1024**2
-    max_clock_skew_s: int = 86_400
-    report_dir: str = ""
-    report_scopes: str = "all"
-    report_hour_utc: int = 0
-    report_minute_utc: int = 30
-    report_catchup_days: int = 7
-    report_webhook_url: str = ""
-    report_webhook_timeout_s: int = 10
-    data_dir: str = ""
-    spool_dir: str = ""
-    spool_max_bytes: int = 1024**3
-    stats_interval_s: int = 10
-    snapshot_every_s: int = 1800
-    agent_history: str = "auto"
-    agent_max_entries: int = 50_000
-    agent_signal: str = "SIGUSR2"
-    broker_url: str = ""
-    broker_key_prefix: str = ""
-    visibility_timeout_s: int = 3600
-    task_soft_time_limit_s: int = 300
-    task_time_limit_s: int = 360
-    analysis_lease_s: int = 420
-    task_max_retries: int = 10
-    retry_backoff_max_s: int = 60
-    reaper_interval_s: int = 60
-    pending_requeue_s: int = 600
-    claim_idle_s: int = 60
-    run_diagnosis_delay_ms: int = 2000
-    heartbeat_s: int = 10
-    worker_max_tasks_per_child: int = 500
-    worker_max_memory_per_child_kb: int = 4_000_000
-    worker_cache_mb: int = 256
-    retention_days: int = 30
-    stat_partition_days_ahead: int = 7
-    retention_clusters: str = ""
-    gc_hour_utc: int = 3
-    gc_minute_utc: int = 15
-    doctor_max_lag: int = 10_000
-    stream_trim_interval_s: int = 60
-    stream_keep_s: int = 600
-    serve_token: str = ""
-    public_url: str = ""
-    alert_webhook_url: str = ""
-    alert_format: str = "slack"
-    alert_headroom_pct: int = 5
-    alert_run_interval_s: int = 600
-    alert_job_max_per_hour: int = 10
-    alert_lookback_h: int = 24
-    alert_sweep_s: int = 15
-    alert_timeout_s: int = 10
-    alert_lease_s: int = 60
-    alert_max_attempts: int = 8
-    alert_backoff_max_s: int = 300
-    exporter_active_minutes: int = 60
-    exporter_top_k: int = 10
-    exporter_resync_s: int = 600
+    database_url: str = setting('', 'MEMQ_DATABASE_URL',
+        'SQL database. postgresql:// URLs use the psycopg 3 driver; the SQLite default migrates itself.',
+        shown='sqlite:///<data dir>/memq.db', url=True, from_file=True)
+    blob_dir: str = setting('', 'MEMQ_BLOB_DIR',
+        'Content-addressed store of raw snapshots.',
+        shown='<data dir>/blobs')
+    redis_url: str = setting('redis://127.0.0.1:6379/0', 'MEMQ_REDIS_URL',
+        'Redis for the ingest stream, blobs and the Celery broker. rediss:// for TLS.',
+        url=True, from_file=True)
+    stream_key: str = setting('memq:ingest', 'MEMQ_STREAM',
+        'Redis stream the agents append to.')
+    dead_letter_key: str = setting('memq:dead', 'MEMQ_DEAD_STREAM',
+        'Redis stream of entries that failed.')
+    key_prefix: str = setting('memq:', 'MEMQ_KEY_PREFIX',
+        'Prefix of every other Redis key memq writes.')
+    stream_maxlen: int = setting(1_000_000, 'MEMQ_STREAM_MAXLEN',
+        'Approximate cap of the ingest stream.',
+        minimum=1)
+    blob_ttl_s: int = setting(7 * 24 * 3600, 'MEMQ_BLOB_TTL_S',
+        'TTL of snapshot blobs waiting in Redis.',
+        minimum=1)
+    max_deliveries: int = setting(5, 'MEMQ_MAX_DELIVERIES',
+        'Deliveries before an entry is dead-lettered.',
+        minimum=1)
+    max_snapshot_bytes: int = setting(4 * 1024**3, 'MEMQ_MAX_SNAPSHOT_BYTES',
+        'Largest uncompressed snapshot accepted anywhere (bytes).',
+        minimum=1)
+    # Below every deploy/ memory limit of a process that decodes (dispatcher 1-2 GiB, worker pool
+    # process ~4 GiB): a decode needs up to 16x the pickle (profiler/codec.py), so 768 MiB admits
+    # pickles up to 48 MiB (~230k trace entries; the agent's default 50k entries make ~10 MB).
+    decode_budget_bytes: int = setting(768 * 1024**2, 'MEMQ_DECODE_BUDGET_BYTES',
+        ('Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/16 of it '
+         '(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under the '
+         "process's memory limit."),
+        minimum=1)
+    max_clock_skew_s: int = setting(86_400, 'MEMQ_MAX_CLOCK_SKEW_S',
+        ('Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock '
+         '(or before 2020) are dead-lettered.'),
+        minimum=0)
+    report_dir: str = setting('', 'MEMQ_REPORT_DIR',
+        'Where nightly reports are written.',
+        shown='<data dir>/reports')
+    report_scopes: str = setting('all', 'MEMQ_REPORT_SCOPES',
+        'Nightly report scopes, comma separated: all, cluster=NAME, job=NAME.')
+    report_hour_utc: int = setting(0, 'MEMQ_REPORT_HOUR_UTC',
+        'Beat: UTC hour of the nightly report (of the day before).',
+        minimum=0, maximum=23)
+    report_minute_utc: int = setting(30, 'MEMQ_REPORT_MINUTE_UTC',
+        'Beat: UTC minute of the nightly report.',
+        minimum=0, maximum=59)
+    report_catchup_days: int = setting(7, 'MEMQ_REPORT_CATCHUP_DAYS',
+        'Nightly report: days back it fills in when a report is missing (missed ticks, downtime).',
+        minimum=0)
+    report_webhook_url: str = setting('', 'MEMQ_REPORT_WEBHOOK_URL',
+        'Optional http(s) URL that receives the Markdown summary as JSON {"text": ...}; \'\' = none.',
+        url=True)
+    report_webhook_timeout_s: int = setting(10, 'MEMQ_REPORT_WEBHOOK_TIMEOUT_S',
+        'Webhook POST timeout (seconds).',
+        minimum=1)
+    data_dir: str = setting('', 'MEMQ_DATA_DIR',
+        'Base of the embedded defaults.',
+        shown='~/.local/share/memq')
+    # In-job agent (profiler.agent). Options given to agent.start() override these.
+    spool_dir: str = setting('', 'MEMQ_SPOOL_DIR',
+        'Agent: on-disk spool for messages Redis could not take (one subfolder per process).',
+        shown='<data dir>/spool')
+    spool_max_bytes: int = setting(1024**3, 'MEMQ_SPOOL_MAX_BYTES',
+        'Agent: spool size cap per process; the oldest messages are dropped (and counted) beyond it.',
+        minimum=0)
+    stats_interval_s: int = setting(10, 'MEMQ_STATS_INTERVAL_S',
+        'Agent: seconds between memory_stats samples.',
+        minimum=1)
+    snapshot_every_s: int = setting(1800, 'MEMQ_SNAPSHOT_EVERY_S',
+        'Agent: seconds between periodic snapshots (0 = none).',
+        minimum=0)
+    agent_history: str = setting('auto', 'MEMQ_AGENT_HISTORY',
+        ('Agent: allocator history recording: auto (first steps, one step per periodic snapshot, on near '
+         'the limit) | on | off.'),
+        choices=('auto', 'on', 'off'))
+    agent_max_entries: int = setting(50_000, 'MEMQ_AGENT_MAX_ENTRIES',
+        'Agent: history ring-buffer entries.',
+        minimum=0)
+    agent_signal: str = setting('SIGUSR2', 'MEMQ_AGENT_SIGNAL',
+        "Agent: signal that takes a snapshot ('' = none).")
+    # Dispatcher and Celery workers (workers/). Soft limit < hard limit < lease, and hard limit <
+    # visibility timeout: workers refuse to start otherwise.
+    broker_url: str = setting('', 'MEMQ_BROKER_URL',
+        'Workers: Celery broker (Redis).',
+        shown='<MEMQ_REDIS_URL>', url=True, from_file=True)
+    broker_key_prefix: str = setting('', 'MEMQ_BROKER_KEY_PREFIX',
+        'Workers: prefix of every Celery key and channel in the broker Redis.',
+        shown='<key prefix>celery:')
+    visibility_timeout_s: int = setting(3600, 'MEMQ_VISIBILITY_TIMEOUT_S',
+        'Workers: seconds before an unacknowledged task is redelivered by the broker.',
+        minimum=1)
+    task_soft_time_limit_s: int = setting(300, 'MEMQ_TASK_SOFT_TIME_LIMIT_S',
+        'Workers: an analysis is asked to stop after this many seconds (recorded as a failed attempt).',
+        minimum=1)
+    task_time_limit_s: int = setting(360, 'MEMQ_TASK_TIME_LIMIT_S',
+        'Workers: an analysis is killed after this.',
+        minimum=1)
+    analysis_lease_s: int = setting(420, 'MEMQ_ANALYSIS_LEASE_S',
+        'Workers: lease of a snapshot being analysed; the reaper re-enqueues it once expired.',
+        minimum=1)
+    task_max_retries: int = setting(10, 'MEMQ_TASK_MAX_RETRIES',
+        'Workers: retries of a task on database/Redis outages (exponential back-off with jitter).',
+        minimum=0)
+    retry_backoff_max_s: int = setting(60, 'MEMQ_RETRY_BACKOFF_MAX_S',
+        'Workers: longest back-off between retries.',
+        minimum=0)
+    reaper_interval_s: int = setting(60, 'MEMQ_REAPER_INTERVAL_S',
+        'Workers: beat period of the lease reaper.',
+        minimum=1)
+    pending_requeue_s: int = setting(600, 'MEMQ_PENDING_REQUEUE_S',
+        'Workers: a snapshot pending longer than this is enqueued again by the reaper (lost messages).',
+        minimum=1)
+    claim_idle_s: int = setting(60, 'MEMQ_CLAIM_IDLE_S',
+        ('Dispatcher: stream entries unacknowledged this long by another consumer are claimed '
+         '(XAUTOCLAIM).'),
+        minimum=1)
+    run_diagnosis_delay_ms: int = setting(2000, 'MEMQ_RUN_DIAGNOSIS_DELAY_MS',
+        'Workers: run-level diagnoses are recomputed at most once per this delay per run and rank.',
+        minimum=0)
+    heartbeat_s: int = setting(10, 'MEMQ_HEARTBEAT_S',
+        'Workers/dispatcher: heartbeat period shown by `memq status`.',
+        minimum=1)
+    worker_max_tasks_per_child: int = setting(500, 'MEMQ_WORKER_MAX_TASKS_PER_CHILD',
+        'Workers: a pool process is replaced after this many tasks.',
+        minimum=0)
+    worker_max_memory_per_child_kb: int = setting(4_000_000, 'MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB',
+        'Workers: a pool process is replaced once its resident memory exceeds this (KiB).',
+        minimum=0)
+    worker_cache_mb: int = setting(256, 'MEMQ_WORKER_CACHE_MB',
+        ("Workers: decoded snapshots kept per pool process for the run diagnosis, which decodes a run's "
+         'newest snapshot (estimated MiB; 0 = none).'),
+        minimum=0)
+    # Retention (`memq gc` and the beat task workers.retention.gc). Snapshot rows and their analyses
+    # stay; raw blobs of OOM / non-healthy snapshots stay; nothing still referenced is removed.
+    retention_days: int = setting(30, 'MEMQ_RETENTION_DAYS',
+        'Retention: days raw snapshot blobs and stat samples are kept (0 = keep forever).',
+        minimum=0)
+    retention_clusters: str = setting('', 'MEMQ_RETENTION_CLUSTERS',
+        'Retention: per-cluster overrides, comma separated `cluster=days` (e.g. `dev=7,prod=90`).')
+    stat_partition_days_ahead: int = setting(7, 'MEMQ_STAT_PARTITION_DAYS_AHEAD',
+        ('PostgreSQL: stat_samples has a partition per UTC day; the dispatcher (at start, then hourly) and '
+         '`memq gc` make them this many days ahead. Samples outside them land in the default partition.'),
+        minimum=0)
+    gc_hour_utc: int = setting(3, 'MEMQ_GC_HOUR_UTC',
+        'Beat: UTC hour of the daily retention run (`memq gc`).',
+        minimum=0, maximum=23)
+    gc_minute_utc: int = setting(15, 'MEMQ_GC_MINUTE_UTC',
+        'Beat: UTC minute of the daily retention run.',
+        minimum=0, maximum=59)
+    doctor_max_lag: int = setting(10_000, 'MEMQ_DOCTOR_MAX_LAG',
+        '`memq doctor`: stream entries not yet read by the dispatcher above which it warns.',
+        minimum=0)
+    stream_trim_interval_s: int = setting(60, 'MEMQ_STREAM_TRIM_INTERVAL_S',
+        ('Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; '
+         "the agents' MAXLEN is then the only bound)."),
+        minimum=0)
+    stream_keep_s: int = setting(600, 'MEMQ_STREAM_KEEP_S',
+        ('Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, '
+         'debugging).'),
+        minimum=0)
+    serve_token: str = setting('', 'MEMQ_SERVE_TOKEN',
+        ('`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page '
+         "once with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),
+        from_file=True)
+    # Live metrics (`memq exporter`) and alerts (workers/alerts.py, profiler/alerts/).
+    public_url: str = setting('', 'MEMQ_PUBLIC_URL',
+        ("Base URL of the memq web pages; alerts link to `<MEMQ_PUBLIC_URL>/runs/<run name>` ('' = no "
+         'link).'),
+        url=True)
+    alert_webhook_url: str = setting('', 'MEMQ_ALERT_WEBHOOK_URL',
+        ("Alerts: http(s) webhook that receives OOM, leak and near-miss verdicts ('' = verdicts are "
+         'recorded, not sent). Holds a token for Slack: prefer MEMQ_ALERT_WEBHOOK_URL_FILE.'),
+        url=True, from_file=True)
+    alert_format: str = setting('slack', 'MEMQ_ALERT_FORMAT',
+        ('Alerts: body of the webhook POST: slack (`{"text": ...}`) or alertmanager (Alertmanager\'s '
+         'webhook shape).'),
+        choices=('slack', 'alertmanager'))
+    alert_headroom_pct: int = setting(5, 'MEMQ_ALERT_HEADROOM_PCT',
+        ('Alerts: a run without an OOM whose peak reserved bytes leave less than this % of its limit is a '
+         'near miss.'),
+        minimum=0, maximum=100)
+    alert_run_interval_s: int = setting(600, 'MEMQ_ALERT_RUN_INTERVAL_S',
+        "Alerts: a run's next verdict waits until this long after its previous alert was sent.",
+        minimum=0)
+    alert_job_max_per_hour: int = setting(10, 'MEMQ_ALERT_JOB_MAX_PER_HOUR',
+        ('Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as '
+         'suppressed.'),
+        minimum=0)
+    alert_lookback_h: int = setting(24, 'MEMQ_ALERT_LOOKBACK_H',
+        'Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.',
+        minimum=1)
+    alert_sweep_s: int = setting(15, 'MEMQ_ALERT_SWEEP_S',
+        'Beat: seconds between alert sweeps (new verdicts, due retries, expired send leases).',
+        minimum=1)
+    alert_timeout_s: int = setting(10, 'MEMQ_ALERT_TIMEOUT_S',
+        'Alerts: webhook POST timeout (seconds).',
+        minimum=1)
+    alert_lease_s: int = setting(60, 'MEMQ_ALERT_LEASE_S',
+        ('Alerts: a claimed alert is sent again (same Idempotency-Key) when its sender has not finished '
+         'after this long; must exceed MEMQ_ALERT_TIMEOUT_S.'),
+        minimum=1)
+    alert_max_attempts: int = setting(8, 'MEMQ_ALERT_MAX_ATTEMPTS',
+        'Alerts: sends of one alert before it is recorded as failed.',
+        minimum=1)
+    alert_backoff_max_s: int = setting(300, 'MEMQ_ALERT_BACKOFF_MAX_S',
+        'Alerts: longest wait between retries (exponential back-off with full jitter).',
+        minimum=0)
+    exporter_active_minutes: int = setting(60, 'MEMQ_EXPORTER_ACTIVE_MINUTES',
+        ('`memq exporter`: running runs updated within this many minutes get headroom and fragmentation '
+         'gauges (the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S).'),
+        minimum=1)
+    exporter_top_k: int = setting(10, 'MEMQ_EXPORTER_TOP_K',
+        ('`memq exporter`: the active runs with the least headroom are exported with a `run` label (the '
+         'rest only per cluster and job), which bounds the number of series.'),
+        minimum=0)
+    exporter_resync_s: int = setting(600, 'MEMQ_EXPORTER_RESYNC_S',
+        ('`memq exporter`: seconds between full recounts of the snapshot counters (between them a scrape '
+         'adds the snapshots done since the last one; a recount also sees rows retention deleted).'),
+        minimum=0)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -121,158 +314,79 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-SETTINGS: tuple[Spec, ...] = (
-    Spec("database_url", "MEMQ_DATABASE_URL", str, "sqlite:///<data dir>/memq.db",
-         "SQL database. postgresql:// URLs use the psycopg 3 driver; the SQLite default migrates itself."),
-    Spec("blob_dir", "MEMQ_BLOB_DIR", str, "<data dir>/blobs", "Content-addressed store of raw snapshots."),
-    Spec("redis_url", "MEMQ_REDIS_URL", str, "redis://127.0.0.1:6379/0",
-         "Redis for the ingest stream, blobs and the Celery broker. rediss:// for TLS."),
-    Spec("stream_key", "MEMQ_STREAM", str, "memq:ingest", "Redis stream the agents append to."),
-    Spec("dead_letter_key", "MEMQ_DEAD_STREAM", str, "memq:dead", "Redis stream of entries that failed."),
-    Spec("key_prefix", "MEMQ_KEY_PREFIX", str, "memq:", "Prefix of every other Redis key memq writes."),
-    Spec("stream_maxlen", "MEMQ_STREAM_MAXLEN", int, 1_000_000, "Approximate cap of the ingest stream."),
-    Spec("blob_ttl_s", "MEMQ_BLOB_TTL_S", int, 7 * 24 * 3600, "TTL of snapshot blobs waiting in Redis."),
-    Spec("max_deliveries", "MEMQ_MAX_DELIVERIES", int, 5, "Deliveries before an entry is dead-lettered."),
-    Spec("max_snapshot_bytes", "MEMQ_MAX_SNAPSHOT_BYTES", int, 4 * 1024**3,
-         "Largest uncompressed snapshot accepted anywhere (bytes)."),
-    # Below every deploy/ memory limit of a process that decodes (dispatcher 1-2 GiB, worker pool
-    # process ~4 GiB): a decode needs up to 16x the pickle (profiler/codec.py), so 768 MiB admits
-    # pickles up to 48 MiB (~230k trace entries; the agent's default 50k entries make ~10 MB).
-    Spec("decode_budget_bytes", "MEMQ_DECODE_BUDGET_BYTES", int, 768 * 1024**2,
-         "Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/16 of it "
-         "(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under "
-         "the process's memory limit."),
-    Spec("max_clock_skew_s", "MEMQ_MAX_CLOCK_SKEW_S", int, 86_400,
-         "Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock "
-         "(or before 2020) are dead-lettered."),
-    Spec("report_dir", "MEMQ_REPORT_DIR", str, "<data dir>/reports", "Where nightly reports are written."),
-    Spec("report_scopes", "MEMQ_REPORT_SCOPES", str, "all",
-         "Nightly report scopes, comma separated: all, cluster=NAME, job=NAME."),
-    Spec("report_hour_utc", "MEMQ_REPORT_HOUR_UTC", int, 0, "Beat: UTC hour of the nightly report (of the day before)."),
-    Spec("report_minute_utc", "MEMQ_REPORT_MINUTE_UTC", int, 30, "Beat: UTC minute of the nightly report."),
-    Spec("report_catchup_days", "MEMQ_REPORT_CATCHUP_DAYS", int, 7,
-         "Nightly report: days back it fills in when a report is missing (missed ticks, downtime)."),
-    Spec("report_webhook_url", "MEMQ_REPORT_WEBHOOK_URL", str, "",
-         "Optional http(s) URL that receives the Markdown summary as JSON {\"text\": ...}; '' = none."),
-    Spec("report_webhook_timeout_s", "MEMQ_REPORT_WEBHOOK_TIMEOUT_S", int, 10, "Webhook POST timeout (seconds)."),
-    Spec("data_dir", "MEMQ_DATA_DIR", str, "~/.local/share/memq", "Base of the embedded defaults."),
-    # In-job agent (profiler.agent). Options given to agent.start() override these.
-    Spec("spool_dir", "MEMQ_SPOOL_DIR", str, "<data dir>/spool",
-         "Agent: on-disk spool for messages Redis could not take (one subfolder per process)."),
-    Spec("spool_max_bytes", "MEMQ_SPOOL_MAX_BYTES", int, 1024**3,
-         "Agent: spool size cap per process; the oldest messages are dropped (and counted) beyond it."),
-    Spec("stats_interval_s", "MEMQ_STATS_INTERVAL_S", int, 10, "Agent: seconds between memory_stats samples."),
-    Spec("snapshot_every_s", "MEMQ_SNAPSHOT_EVERY_S", int, 1800,
-         "Agent: seconds between periodic snapshots (0 = none)."),
-    Spec("agent_history", "MEMQ_AGENT_HISTORY", str, "auto",
-         "Agent: allocator history recording: auto (first steps, one step per periodic snapshot, "
-         "on near the limit) | on | off."),
-    Spec("agent_max_entries", "MEMQ_AGENT_MAX_ENTRIES", int, 50_000, "Agent: history ring-buffer entries."),
-    Spec("agent_signal", "MEMQ_AGENT_SIGNAL", str, "SIGUSR2", "Agent: signal that takes a snapshot ('' = none)."),
-    # Dispatcher and Celery workers (workers/). Soft limit < hard limit < lease, and hard limit <
-    # visibility timeout: workers refuse to start otherwise.
-    Spec("broker_url", "MEMQ_BROKER_URL", str, "<MEMQ_REDIS_URL>", "Workers: Celery broker (Redis)."),
-    Spec("broker_key_prefix", "MEMQ_BROKER_KEY_PREFIX", str, "<key prefix>celery:",
-         "Workers: prefix of every Celery key and channel in the broker Redis."),
-    Spec("visibility_timeout_s", "MEMQ_VISIBILITY_TIMEOUT_S", int, 3600,
-         "Workers: seconds before an unacknowledged task is redelivered by the broker."),
-    Spec("task_soft_time_limit_s", "MEMQ_TASK_SOFT_TIME_LIMIT_S", int, 300,
-         "Workers: an analysis is asked to stop after this many seconds (recorded as a failed attempt)."),
-    Spec("task_time_limit_s", "MEMQ_TASK_TIME_LIMIT_S", int, 360, "Workers: an analysis is killed after this."),
-    Spec("analysis_lease_s", "MEMQ_ANALYSIS_LEASE_S", int, 420,
-         "Workers: lease of a snapshot being analysed; the reaper re-enqueues it once expired."),
-    Spec("task_max_retries", "MEMQ_TASK_MAX_RETRIES", int, 10,
-         "Workers: retries of a task on database/Redis outages (exponential back-off with jitter)."),
-    Spec("retry_backoff_max_s", "MEMQ_RETRY_BACKOFF_MAX_S", int, 60, "Workers: longest back-off between retries."),
-    Spec("reaper_interval_s", "MEMQ_REAPER_INTERVAL_S", int, 60, "Workers: beat period of the lease reaper."),
-    Spec("pending_requeue_s", "MEMQ_PENDING_REQUEUE_S", int, 600,
-         "Workers: a snapshot pending longer than this is enqueued again by the reaper (lost messages)."),
-    Spec("claim_idle_s", "MEMQ_CLAIM_IDLE_S", int, 60,
-         "Dispatcher: stream entries unacknowledged this long by another consumer are claimed (XAUTOCLAIM)."),
-    Spec("run_diagnosis_delay_ms", "MEMQ_RUN_DIAGNOSIS_DELAY_MS", int, 2000,
-         "Workers: run-level diagnoses are recomputed at most once per this delay per run and rank."),
-    Spec("heartbeat_s", "MEMQ_HEARTBEAT_S", int, 10, "Workers/dispatcher: heartbeat period shown by `memq status`."),
-    Spec("worker_max_tasks_per_child", "MEMQ_WORKER_MAX_TASKS_PER_CHILD", int, 500,
-         "Workers: a pool process is replaced after this many tasks."),
-    Spec("worker_max_memory_per_child_kb", "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB", int, 4_000_000,
-         "Workers: a pool process is replaced once its resident memory exceeds this (KiB)."),
-    Spec("worker_cache_mb", "MEMQ_WORKER_CACHE_MB", int, 256,
-         "Workers: decoded snapshots kept per pool process for the run diagnosis, which decodes a run's "
-         "newest snapshot (estimated MiB; 0 = none)."),
-    # Retention (`memq gc` and the beat task workers.retention.gc). Snapshot rows and their analyses
-    # stay; raw blobs of OOM / non-healthy snapshots stay; nothing still referenced is removed.
-    Spec("retention_days", "MEMQ_RETENTION_DAYS", int, 30,
-         "Retention: days raw snapshot blobs and stat samples are kept (0 = keep forever)."),
-    Spec("retention_clusters", "MEMQ_RETENTION_CLUSTERS", str, "",
-         "Retention: per-cluster overrides, comma separated `cluster=days` (e.g. `dev=7,prod=90`)."),
-    Spec("stat_partition_days_ahead", "MEMQ_STAT_PARTITION_DAYS_AHEAD", int, 7,
-         "PostgreSQL: stat_samples has a partition per UTC day; the dispatcher (at start, then hourly) and "
-         "`memq gc` make them this many days ahead. Samples outside them land in the default partition."),
-    Spec("gc_hour_utc", "MEMQ_GC_HOUR_UTC", int, 3, "Beat: UTC hour of the daily retention run (`memq gc`)."),
-    Spec("gc_minute_utc", "MEMQ_GC_MINUTE_UTC", int, 15, "Beat: UTC minute of the daily retention run."),
-    Spec("doctor_max_lag", "MEMQ_DOCTOR_MAX_LAG", int, 10_000,
-         "`memq doctor`: stream entries not yet read by the dispatcher above which it warns."),
-    Spec("stream_trim_interval_s", "MEMQ_STREAM_TRIM_INTERVAL_S", int, 60,
-         "Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; "
-         "the agents' MAXLEN is then the only bound)."),
-    Spec("stream_keep_s", "MEMQ_STREAM_KEEP_S", int, 600,
-         "Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, debugging)."),
-    Spec("serve_token", "MEMQ_SERVE_TOKEN", str, "",
-         "`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page once "
-         "with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),
-    # Live metrics (`memq exporter`) and alerts (workers/alerts.py, profiler/alerts/).
-    Spec("public_url", "MEMQ_PUBLIC_URL", str, "",
-         "Base URL of the memq web pages; alerts link to `<MEMQ_PUBLIC_URL>/runs/<run name>` ('' = no link)."),
-    Spec("alert_webhook_url", "MEMQ_ALERT_WEBHOOK_URL", str, "",
-         "Alerts: http(s) webhook that receives OOM, leak and near-miss verdicts ('' = verdicts are recorded, "
-         "not sent). Holds a token for Slack: prefer MEMQ_ALERT_WEBHOOK_URL_FILE."),
-    Spec("alert_format", "MEMQ_ALERT_FORMAT", str, "slack",
-         "Alerts: body of the webhook POST: slack (`{\"text\": ...}`) or alertmanager (Alertmanager's webhook shape)."),
-    Spec("alert_headroom_pct", "MEMQ_ALERT_HEADROOM_PCT", int, 5,
-         "Alerts: a run without an OOM whose peak reserved bytes leave less than this % of its limit is a near miss."),
-    Spec("alert_run_interval_s", "MEMQ_ALERT_RUN_INTERVAL_S", int, 600,
-         "Alerts: a run's next verdict waits until this long after its previous alert was sent."),
-    Spec("alert_job_max_per_hour", "MEMQ_ALERT_JOB_MAX_PER_HOUR", int, 10,
-         "Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as suppressed."),
-    Spec("alert_lookback_h", "MEMQ_ALERT_LOOKBACK_H", int, 24,
-         "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours."),
-    Spec("alert_sweep_s", "MEMQ_ALERT_SWEEP_S", int, 15,
-         "Beat: seconds between alert sweeps (new verdicts, due retries, expired send leases)."),
-    Spec("alert_timeout_s", "MEMQ_ALERT_TIMEOUT_S", int, 10, "Alerts: webhook POST timeout (seconds)."),
-    Spec("alert_lease_s", "MEMQ_ALERT_LEASE_S", int, 60,
-         "Alerts: a claimed alert is sent again (same Idempotency-Key) when its sender has not finished after "
-         "this long; must exceed MEMQ_ALERT_TIMEOUT_S."),
-    Spec("alert_max_attempts", "MEMQ_ALERT_MAX_ATTEMPTS", int, 8,
-         "Alerts: sends of one alert before it is recorded as failed."),
-    Spec("alert_backoff_max_s", "MEMQ_ALERT_BACKOFF_MAX_S", int, 300,
-         "Alerts: longest wait between retries (exponential back-off with full jitter)."),
-    Spec("exporter_active_minutes", "MEMQ_EXPORTER_ACTIVE_MINUTES", int, 60,
-         "`memq exporter`: running runs updated within this many minutes get headroom and fragmentation gauges "
-         "(the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S)."),
-    Spec("exporter_top_k", "MEMQ_EXPORTER_TOP_K", int, 10,
-         "`memq exporter`: the active runs with the least headroom are exported with a `run` label (the rest "
-         "only per cluster and job), which bounds the number of series."),
-    Spec("exporter_resync_s", "MEMQ_EXPORTER_RESYNC_S", int, 600,
-         "`memq exporter`: seconds between full recounts of the snapshot counters (between them a scrape adds "
-         "the snapshots done since the last one; a recount also sees rows retention deleted)."),
-)
+_TYPES = {"str": str, "int": int}
+
+
+def _spec_of(f: dataclasses.Field) -> Spec:
+    m = f.metadata
+    return Spec(f.name, m["env"], _TYPES[str(f.type)], f.default if m["shown"] is None else m["shown"], m["doc"],
+                m["minimum"], m["maximum"], m["choices"], m["url"], m["from_file"])
+
+
+#: Every setting, in declaration order (the fields of `Settings` made by `setting`).
+SETTINGS: tuple[Spec, ...] = tuple(_spec_of(f) for f in dataclasses.fields(Settings) if "env" in f.metadata)
 
 #: Settings that may also be given as a file holding the value (`<ENV>_FILE`, e.g. a Kubernetes or
 #: Docker secret mounted as a file), used when the variable itself is not set.
-FILE_SETTINGS: tuple[str, ...] = ("redis_url", "database_url", "broker_url", "serve_token", "alert_webhook_url")
+FILE_SETTINGS: tuple[str, ...] = tuple(s.name for s in SETTINGS if s.from_file)
+
+#: Variables memq reads that are not settings (no file key, not in `Settings`); documented with them.
+OTHER_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("MEMQ_CONFIG", "Path of the TOML config file (default `<data dir>/memq.toml`)."),
+    ("MEMQ_DEBUG", "Set to show Python tracebacks instead of one-line errors."),
+    ("MEMQ_AGENT_RUN", "Set by `memq run --run R`: the run name the agent started in every process of the job "
+                       "reports under (profiler/agent/bootstrap.py); unset = no automatic agent."),
+    ("MEMQ_AGENT_CLUSTER", "Set by `memq run --cluster C`: the cluster of that run (default `default`)."),
+    ("MEMQ_AGENT_JOB", "Set by `memq run --job J`: the job of that run."),
+    ("MEMQ_AGENT_OPTIONS", "Set by `memq run`: further `agent.start()` options as a JSON object."),
+    ("MEMQ_AGENT_DISABLE", "`1` turns the automatic agent of `memq run` off in a process that inherits its "
+                           "environment."),
+    ("MEMQ_AGENT_SOURCE", "`replay:<folder>` makes the agent replay a recording instead of reading torch.cuda "
+                          "(tests and benchmarks)."),
+    ("MEMQ_JOB", "The job name the agent reports when `agent.start()` gets none (before SLURM_JOB_ID, "
+                 "TORCHELASTIC_RUN_ID, JOB_NAME, LSB_JOBID, PBS_JOBID)."),
+    ("MEMQ_DEVICE_FROM_LOCAL_RANK", "`1` (default): with several GPUs visible, the agent watches the GPU of "
+                                    "LOCAL_RANK; `0`: the current CUDA device."),
+    ("MEMQ_TEST_FAULT", "Test harness only: a point where `memq dispatcher` kills itself (crash tests). Ignored "
+                        "unless MEMQ_TEST_HARNESS also holds (workers/faults.py); never set it in production."),
+    ("MEMQ_TEST_HARNESS", "Test harness only: the marker file that the test harness writes for the processes it "
+                          "starts (workers/faults.py); without a valid one MEMQ_TEST_FAULT is ignored."),
+)
 
 
-def _spec(name: str) -> Spec:
-    return next(s for s in SETTINGS if s.name == name)
-
-
-def _coerce(spec: Spec, raw: object) -> object:
+def _coerce(spec: Spec, raw: object, origin: str) -> object:
     if spec.type is int:
         try:
             return int(str(raw).replace("_", ""))
         except ValueError as exc:
-            raise ConfigError(f"{spec.env} must be an integer, got {raw!r}") from exc
+            raise ConfigError(f"{spec.env} must be an integer{origin}, got {raw!r}") from exc
     return str(raw)
+
+
+def _port_ok(url: str) -> bool:
+    try:
+        port = urlsplit(url).port
+    except ValueError:  # out of 0..65535, or not a number
+        return False
+    return port is None or port >= 1
+
+
+def check(spec: Spec, value: object, origin: str = "") -> None:
+    """ConfigError naming the variable and what is allowed, when `value` is not (the URL itself is
+    not shown: it may hold a password)."""
+    bad = False
+    if spec.type is int:
+        bad = (spec.minimum is not None and value < spec.minimum) or (spec.maximum is not None
+                                                                       and value > spec.maximum)
+    elif spec.choices:
+        bad = value not in spec.choices
+    elif spec.url and value:
+        if not _port_ok(str(value)):
+            raise ConfigError(f"{spec.env}{origin}: the port must be a number in 1..65535")
+    if bad:
+        rule = spec.allowed()
+        rule = f"one of {rule}" if spec.choices else (f"in {rule}" if ".." in rule else rule)
+        raise ConfigError(f"{spec.env}{origin} must be {rule}, got {value!r}")
 
 
 def normalize_database_url(url: str) -> str:
@@ -306,18 +420,22 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     file_values = _read_file(cfg_path)
     values: dict[str, object] = {}
     for spec in SETTINGS:
+        origin = ""  # said in an error: where the refused value came from, when not the variable
         if spec.env in env and env[spec.env] != "":
-            values[spec.name] = _coerce(spec, env[spec.env])
+            values[spec.name] = _coerce(spec, env[spec.env], origin)
         elif spec.name in file_values:
-            values[spec.name] = _coerce(spec, file_values[spec.name])
-    # Credentials may live in files (Kubernetes / Docker secrets) rather than in the environment.
-    for url_key in FILE_SETTINGS:
-        file_env = _spec(url_key).env + "_FILE"
-        if url_key not in values and env.get(file_env):
+            origin = f" ({spec.name} in {cfg_path})"
+            values[spec.name] = _coerce(spec, file_values[spec.name], origin)
+        elif spec.from_file and env.get(spec.env + "_FILE"):
+            # Credentials may live in files (Kubernetes / Docker secrets) rather than in the environment.
+            file_env = spec.env + "_FILE"
+            origin = f" (from {file_env})"
             try:
-                values[url_key] = Path(env[file_env]).read_text().strip()
+                values[spec.name] = Path(env[file_env]).read_text().strip()
             except OSError as exc:
                 raise ConfigError(f"cannot read {file_env}={env[file_env]}: {exc}") from exc
+        if spec.name in values:
+            check(spec, values[spec.name], origin)
     values["data_dir"] = str(data_dir)
     values.setdefault("database_url", f"sqlite:///{data_dir / 'memq.db'}")
     values.setdefault("blob_dir", str(data_dir / "blobs"))
