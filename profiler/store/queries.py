@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
+from profiler.analysis.ranks import RankFacts, diagnose_ranks
 from profiler.errors import NotFound
 from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from profiler.store.repository import to_utc
@@ -161,16 +162,89 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
 
     attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
     main = _main_diagnosis(session, run.id, rank)
+    ranks = rank_section(session, run.id)
+    if rank is None and ranks["failed_rank"] is not None:  # the run's verdict is the first failing rank's
+        main = _main_diagnosis(session, run.id, ranks["failed_rank"]) or main
     stat_rank = rank if rank is not None else (main.rank if main is not None else (snaps[0]["rank"] if snaps else 0))
     return {
         "run": run_dict(run),
         "rank": rank,
         "snapshots": snaps,
-        "diagnosis": (main.result or {}).get("diagnosis") if main else None,
+        "diagnosis": with_rank_advice((main.result or {}).get("diagnosis") if main else None, ranks),
         "run_analysis": _diag_dict(main),
+        "ranks": ranks,
         "changes": changes_between(snaps),
         "stats": stat_series(session, run.id, stat_rank, points),
     }
+
+
+def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
+    """What is stored of each rank of a run: its run-level diagnosis, its own exit figures, its first
+    OOM snapshot, and its stat samples' maxima (for ranks that sent nothing else)."""
+    from profiler.store import rank_figures
+
+    diags = {d.rank: d for d in session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars()}
+    figs = rank_figures.for_run(session, run_id)
+    first_oom: dict[int, Any] = {}
+    for r in session.execute(
+            select(Snapshot.rank, Snapshot.step, Snapshot.taken_at, AnalysisResult.allocated_bytes,
+                   AnalysisResult.oom_requested_bytes, AnalysisResult.result["composition"].label("composition"))
+            .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+            .where(Snapshot.run_id == run_id, Snapshot.trigger == "oom")
+            .order_by(Snapshot.taken_at, Snapshot.id)):
+        first_oom.setdefault(r.rank, r)
+    stats = {r[0]: r for r in session.execute(
+        select(StatSample.rank, func.max(StatSample.allocated_bytes), func.max(StatSample.reserved_bytes))
+        .where(StatSample.run_id == run_id).group_by(StatSample.rank))}
+    snap_ranks = set(session.execute(select(Snapshot.rank).where(Snapshot.run_id == run_id).distinct()).scalars())
+    out = []
+    for rank in sorted(set(diags) | set(figs) | set(first_oom) | set(stats) | snap_ranks):
+        d, f, o, st = diags.get(rank), figs.get(rank, {}), first_oom.get(rank), stats.get(rank)
+        res = (d.result or {}) if d is not None else {}
+        diag = res.get("diagnosis") or {}
+        sp = f.get("step_peaks") or {}
+        comp = (o.composition if o is not None and o.composition else None) or (d.peak_composition if d else None)
+        peak_a = [v for v in (f.get("peak_allocated_bytes"), d.peak_allocated_bytes if d else None,
+                              st[1] if st else None) if v is not None]
+        peak_r = [v for v in (f.get("peak_reserved_bytes"), d.peak_reserved_bytes if d else None,
+                              st[2] if st else None) if v is not None]
+        taken = to_utc(o.taken_at) if o is not None and o.taken_at is not None else None
+        out.append(RankFacts(
+            rank=rank, status=f.get("status"), end_reason=f.get("end_reason"),
+            cause=d.primary_cause if d else None, confidence=d.confidence if d else None,
+            leak=any(c.get("cause") == "leak" and (c.get("confidence") or 0) >= 0.5 for c in diag.get("causes") or []),
+            peak_allocated_bytes=max(peak_a) if peak_a else None, peak_reserved_bytes=max(peak_r) if peak_r else None,
+            limit_bytes=f.get("limit_bytes") or ((res.get("oom") or {}).get("limit_bytes")),
+            last_step=f.get("last_step"), step_peak_bytes=sp.get("max_peak_allocated"),
+            step_median_bytes=sp.get("median_peak_allocated"), steps=f.get("steps"),
+            composition={k: int(v or 0) for k, v in (comp or {}).items()},
+            oom_at=taken.timestamp() if taken else None, oom_step=o.step if o is not None else None,
+            oom_allocated_bytes=o.allocated_bytes if o is not None else None,
+            oom_requested_bytes=o.oom_requested_bytes if o is not None else None))
+    return out
+
+
+def rank_section(session: Session, run_id: int) -> dict[str, Any]:
+    """The cross-rank diagnosis of a run (profiler/analysis/ranks.py), computed from what is stored
+    whenever it is read, so a late run_end or a rank's new snapshot is in it at once."""
+    return diagnose_ranks(rank_facts(session, run_id))
+
+
+def with_rank_advice(diagnosis: dict[str, Any] | None, ranks: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's diagnosis with the cross-rank finding first: which rank, why that one, and advice that
+    fits it (rebalance the shards rather than a smaller batch for every rank)."""
+    if diagnosis is None or ranks.get("failed_rank") is None or ranks.get("imbalance") in (None, "none", "unknown"):
+        return diagnosis
+    out = dict(diagnosis)
+    out["failed_rank"] = ranks["failed_rank"]
+    out["recommendations"] = list(ranks["recommendations"]) + list(diagnosis.get("recommendations") or [])
+    causes = [dict(c) for c in diagnosis.get("causes") or []]
+    for c in causes:
+        if c.get("cause") == diagnosis.get("primary_cause"):
+            c["evidence"] = list(ranks["evidence"]) + list(c.get("evidence") or [])
+            break
+    out["causes"] = causes
+    return out
 
 
 def _diag_dict(d: RunDiagnosis | None) -> dict[str, Any] | None:
@@ -294,10 +368,14 @@ DRIVERS = {
 def _run_side(session: Session, name: str) -> dict[str, Any]:
     run = _run_row(session, name)
     main = _main_diagnosis(session, run.id, None)
+    ranks = rank_section(session, run.id)
+    if ranks["failed_rank"] is not None:
+        main = _main_diagnosis(session, run.id, ranks["failed_rank"]) or main
     comp = {c: int((main.peak_composition or {}).get(c, 0) or 0) for c in CATEGORIES} if main else None
     side = run_dict(run)
     side["composition"] = comp
-    side["diagnosis"] = (main.result or {}).get("diagnosis") if main else None
+    side["ranks"] = ranks
+    side["diagnosis"] = with_rank_advice((main.result or {}).get("diagnosis") if main else None, side["ranks"])
     return side
 
 
@@ -315,7 +393,7 @@ def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
     for k in sorted(set(A["labels"]) | set(B["labels"])):
         if A["labels"].get(k) != B["labels"].get(k):
             diffs.append({"field": f"labels.{k}", "a": A["labels"].get(k), "b": B["labels"].get(k)})
-    return {"runs": [a, b], "a": A, "b": B,
+    return {"runs": [a, b], "a": A, "b": B, "ranks": {"a": A["ranks"]["ranks"], "b": B["ranks"]["ranks"]},
             "composition": {"a": A["composition"], "b": B["composition"], "delta": comp_delta},
             "composition_delta": comp_delta, "peaks": peaks, "fragmentation": frag,
             "differences": diffs, "explanation": explain_gap(A, B, comp_delta, diffs)}

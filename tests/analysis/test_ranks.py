@@ -1,0 +1,136 @@
+"""The cross-rank diagnosis (profiler/analysis/ranks.py) on figures taken from real H200 recordings.
+
+No real multi-rank OOM was captured yet (that needs a GPU session), so the two-rank runs here are put
+together from real single-rank recordings of the same model (0.45 GiB of parameters in each), each
+analysed as the worker does, and say which file stands for which rank:
+- data imbalance: rank 1 = tests/fixtures/real/capacity/oom (the first step of a large input runs out
+  of memory under a 16 GiB cap, before any optimizer state exists), rank 0 = seed_adamw/epoch1 (the
+  same parameters, AdamW state, small inputs; it never failed);
+- state imbalance: rank 1 = frag_dynamic_1.15/oom (0.45 GiB of optimizer state), rank 0 = seed_adamw/epoch1
+  (0.91 GiB: AdamW's two moments) - the ranks hold different optimizer state;
+- balanced: the same OOM snapshot on both ranks, rank 0 one second earlier;
+- no OOM: the real two-rank DDP run tests/fixtures/agent_gpu/spool_ddp (each rank's last snapshot).
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+
+from profiler import codec
+from profiler.agent import spool
+from profiler.analysis import analyze
+from profiler.analysis.ranks import RankFacts, activation_bytes, diagnose_ranks, need_bytes
+from profiler.load import load_snapshot_file
+from profiler.model import OomContext
+from profiler.snapshot import parse_snapshot
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+REAL = FIX / "real"
+GIB = 1 << 30
+CAP = 17179869184  # the capacity recording's per-process cap (meta.json cap_bytes)
+
+
+def _facts(path: Path, rank: int, *, oom_at: float | None = None, limit: int | None = None,
+           requested: int | None = None) -> RankFacts:
+    snap = load_snapshot_file(path).snapshot
+    res = analyze([snap], OomContext(requested_bytes=requested, limit_bytes=limit) if requested else None)
+    oom = res.get("oom")
+    return RankFacts(rank=rank, cause=res["diagnosis"]["primary_cause"],
+                     peak_allocated_bytes=res["metrics"]["allocated_bytes"],
+                     peak_reserved_bytes=res["metrics"]["reserved_bytes"], limit_bytes=limit,
+                     composition=res["composition"], oom_at=oom_at if oom else None,
+                     oom_step=0 if oom else None,
+                     oom_allocated_bytes=res["metrics"]["allocated_bytes"] if oom else None,
+                     oom_requested_bytes=oom["requested_bytes"] if oom else None,
+                     status="oom" if oom else "crashed")
+
+
+@pytest.fixture(scope="module")
+def healthy0():
+    return _facts(REAL / "seed_adamw" / "epoch1.pickle.gz", 0)
+
+
+@pytest.fixture(scope="module")
+def capacity1():
+    return _facts(REAL / "capacity" / "oom.pickle.gz", 1, oom_at=1000.0, limit=CAP, requested=150994944)
+
+
+def test_data_imbalance_names_the_rank_and_advises_rebalancing(healthy0, capacity1):
+    out = diagnose_ranks([healthy0, capacity1])
+    assert out["failed_rank"] == 1 and out["failed_ranks"] == [1]
+    assert out["cause"] == "capacity"
+    assert out["imbalance"] == "data"
+    # the same parameters on both ranks; rank 1's step needs > 1.5x rank 0's beyond the state
+    rows = {r["rank"]: r for r in out["ranks"]}
+    assert rows[0]["parameters_bytes"] == rows[1]["parameters_bytes"]
+    assert rows[1]["activations_bytes"] > 10 * rows[0]["activations_bytes"]
+    assert rows[1]["need_bytes"] == capacity1.oom_allocated_bytes + 150994944 > CAP
+    text = " ".join(out["evidence"])
+    assert "rank 1 ran out of memory first" in text and "data imbalance" in text
+    assert "rank 0 ended without an OOM of its own" in text
+    advice = out["recommendations"][0]["action"]
+    assert "Rebalance" in advice and "rank 1" in advice and "bucket" in advice
+    assert "smaller batch for all ranks would only waste" in out["recommendations"][0]["expected_effect"]
+
+
+def test_state_imbalance_when_optimizer_state_differs(healthy0):
+    r1 = _facts(REAL / "frag_dynamic_1.15" / "oom.pickle.gz", 1, oom_at=5.0, requested=4423680000)
+    out = diagnose_ranks([healthy0, r1])
+    assert out["failed_rank"] == 1 and out["imbalance"] == "state"
+    assert "optimizer state" in " ".join(out["evidence"])
+    assert "sharding" in out["recommendations"][0]["action"]
+
+
+def test_balanced_failure_is_the_jobs_not_one_ranks(capacity1):
+    r0 = RankFacts(**{**capacity1.__dict__, "rank": 0, "oom_at": 999.0})
+    out = diagnose_ranks([capacity1, r0])
+    assert out["failed_rank"] == 0 and out["failed_ranks"] == [0, 1]  # the earlier OOM comes first
+    assert out["imbalance"] == "none"
+    assert "balanced" in " ".join(out["evidence"])
+
+
+def test_one_ranks_leak():
+    a = RankFacts(rank=0, cause="healthy", peak_allocated_bytes=4 * GIB, composition={"parameters": GIB})
+    b = RankFacts(rank=1, cause="leak", leak=True, oom_at=10.0, oom_allocated_bytes=15 * GIB,
+                  oom_requested_bytes=GIB, composition={"parameters": GIB, "other": 13 * GIB})
+    out = diagnose_ranks([a, b])
+    assert out["failed_rank"] == 1 and out["imbalance"] == "leak"
+    assert "rank 1 only" in out["recommendations"][0]["action"]
+
+
+def test_unknown_when_other_ranks_sent_nothing(capacity1):
+    out = diagnose_ranks([capacity1, RankFacts(rank=0)])
+    assert out["failed_rank"] == 1 and out["imbalance"] == "unknown"
+    assert out["recommendations"] == []
+
+
+def _last_snapshot_blob(rank_dir: Path) -> bytes:
+    """The rank's last snapshot in its spool, read in place (the fixture is never modified)."""
+    msgs = [spool.decode(p.read_bytes()) for p in sorted(rank_dir.glob("*.mqs"))]
+    return [m.blob for m in msgs if m.fields.get("kind") == "snapshot"][-1]
+
+
+def test_real_ddp_run_without_oom_is_balanced():
+    """tests/fixtures/agent_gpu/spool_ddp: the real two-rank run (world_size 2, H200, no OOM)."""
+    facts = []
+    for d in sorted(glob.glob(str(FIX / "agent_gpu" / "spool_ddp" / "gpu-ddp" / "rank*"))):
+        rank = int(Path(d).name[4])
+        blob = _last_snapshot_blob(Path(d))
+        snap = parse_snapshot(codec.decode(codec.decompress(blob)))
+        res = analyze([snap])
+        facts.append(RankFacts(rank=rank, cause=res["diagnosis"]["primary_cause"], composition=res["composition"],
+                               peak_allocated_bytes=res["metrics"]["allocated_bytes"]))
+    assert [f.rank for f in facts] == [0, 1]
+    out = diagnose_ranks(facts)
+    assert out["failed_rank"] is None and out["imbalance"] == "none"
+    a, b = (need_bytes(f) for f in facts)
+    assert max(a, b) < 1.3 * min(a, b)
+    assert activation_bytes(facts[0]) is not None
+
+
+def test_one_rank_is_nothing_to_compare(capacity1):
+    out = diagnose_ranks([capacity1])
+    assert out["failed_rank"] is None and out["world"] == 1
