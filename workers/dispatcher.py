@@ -63,6 +63,7 @@ from profiler.redis_functions import Relay
 from profiler.store import rank_figures
 from profiler.store import repository as repo
 from workers import jobs, runtime
+from workers.faults import armed_fault
 from workers.heartbeat import Heartbeat
 from workers.queues import GROUP
 
@@ -127,7 +128,7 @@ class Dispatcher:
         self._sized: dict[str, int] = {}  # sha256 -> size, of the blobs inflated in the batch in hand
         self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
         self._uncommitted: dict[str, int] = {}
-        self.fault = os.environ.get("MEMQ_TEST_FAULT", "")  # fault injection for the crash tests only
+        self.fault = armed_fault()  # the crash tests' kill points; '' unless the test harness started us
         self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
                                      "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None

@@ -228,10 +228,16 @@ class Stack:
         return p
 
     def start_dispatcher(self, consumer: str | None = None, fault: str | None = None,
-                         wait: bool = False) -> subprocess.Popen:
+                         wait: bool = False, harness: bool = True) -> subprocess.Popen:
+        """`fault`: a kill point (MEMQ_TEST_FAULT), armed by this harness's marker (workers/faults.py)
+        unless `harness=False` (then the dispatcher must ignore it)."""
         env = dict(self.env)
         if fault:
             env["MEMQ_TEST_FAULT"] = fault
+            if harness:
+                from workers.faults import HARNESS_ENV, write_marker
+
+                env[HARNESS_ENV] = str(write_marker(self.tmp / "test-harness.marker"))
         args = ["dispatcher", "--block-ms", "200", *(["--consumer", consumer] if consumer else [])]
         p = self._spawn("dispatcher", args, env)
         if wait:
