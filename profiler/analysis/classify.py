@@ -1,6 +1,7 @@
 """Root cause: the deciding tests of ARCHITECTURE.md ("Causes"), applied in their fixed precedence.
 
-Each test returns a `Finding`: whether it holds, how strongly, the evidence sentences (with the
+Each deciding test is a `check_<cause>` function (named so that pytest and readers do not take them
+for unit tests); each returns a `Finding`: whether it holds, how strongly, the evidence sentences (with the
 numbers), and what is missing when it cannot be settled. The first cause that holds, in
 `PRECEDENCE` order, is primary; the others that hold are listed with lower confidence; unsettled
 ones are listed with low confidence and the input that would settle them. Pure: facts in, findings out.
@@ -83,7 +84,7 @@ def _pct(a: float, b: float) -> str:
     return f"{100.0 * a / b:.1f}%" if b else "n/a"
 
 
-def test_external(f: Facts) -> Finding:
+def check_external(f: Facts) -> Finding:
     out = Finding("external_memory", False)
     if not f.has_oom:
         return out
@@ -105,7 +106,7 @@ def test_external(f: Facts) -> Finding:
     return out
 
 
-def test_leak(f: Facts) -> Finding:
+def check_leak(f: Facts) -> Finding:
     lk = f.leak
     out = Finding("leak", bool(lk.get("holds")), evidence=list(lk.get("evidence", [])))
     if out.holds:
@@ -117,7 +118,7 @@ def test_leak(f: Facts) -> Finding:
     return out
 
 
-def test_optimizer_state(f: Facts) -> Finding:
+def check_optimizer_state(f: Facts) -> Finding:
     out = Finding("optimizer_state", False)
     opt = f.composition.get(fr.OPTIMIZER_STATE, 0)
     creation = f.optimizer_creation
@@ -165,7 +166,7 @@ def optimizer_state_sizes(c: dict) -> str:
             f"a leaner optimizer needs less: {lean}")
 
 
-def test_activation_spike(f: Facts) -> Finding:
+def check_activation_spike(f: Facts) -> Finding:
     out = Finding("activation_spike", False)
     if not f.has_oom or f.S is None:
         return out
@@ -231,7 +232,7 @@ def _projection_text(p: Any, limit: int) -> str:
             f"{how}, the whole step needs ~{g(p.need)}, {verdict} the limit of {g(limit)}")
 
 
-def test_workspace(f: Facts) -> Finding:
+def check_workspace(f: Facts) -> Finding:
     out = Finding("workspace", False)
     ws = f.composition.get(fr.WORKSPACE_CAT, 0)
     if f.has_oom and f.oom_frames and fr.is_workspace(f.oom_frames):
@@ -251,7 +252,7 @@ def test_workspace(f: Facts) -> Finding:
     return out
 
 
-def test_allocator_config(f: Facts) -> Finding:
+def check_allocator_config(f: Facts) -> Finding:
     out = Finding("allocator_config", False)
     if not f.has_oom or not f.settings_non_default or f.S is None:
         return out
@@ -275,7 +276,7 @@ def test_allocator_config(f: Facts) -> Finding:
     return out
 
 
-def test_fragmentation(f: Facts) -> Finding:
+def check_fragmentation(f: Facts) -> Finding:
     out = Finding("fragmentation", False)
     if not f.has_oom or f.S is None:
         return out
@@ -324,7 +325,7 @@ def test_fragmentation(f: Facts) -> Finding:
     return out
 
 
-def test_capacity(f: Facts) -> Finding:
+def check_capacity(f: Facts) -> Finding:
     out = Finding("capacity", False)
     if not f.has_oom or f.S is None:
         return out
@@ -351,7 +352,7 @@ def test_capacity(f: Facts) -> Finding:
     return out
 
 
-def test_healthy(f: Facts) -> Finding:
+def check_healthy(f: Facts) -> Finding:
     out = Finding("healthy", not f.has_oom and not f.leak.get("holds"))
     if not out.holds:
         return out
@@ -374,12 +375,13 @@ def test_healthy(f: Facts) -> Finding:
     return out
 
 
-TESTS = (test_external, test_leak, test_optimizer_state, test_activation_spike, test_workspace,
-         test_allocator_config, test_fragmentation, test_capacity, test_healthy)
+#: The checks in ARCHITECTURE.md's precedence; `diagnose` runs them all.
+CHECKS = (check_external, check_leak, check_optimizer_state, check_activation_spike, check_workspace,
+          check_allocator_config, check_fragmentation, check_capacity, check_healthy)
 
 
 def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
-    findings = [t(f) for t in TESTS]
+    findings = [t(f) for t in CHECKS]
     primary = next((x for x in findings if x.holds), None)
     if primary is None:
         # An OOM with nothing settled (no limit): name the best-supported candidate, flagged as weak.
