@@ -14,13 +14,12 @@ from profiler.cli._listing import (
     output_options,
     parse_labels,
     parse_since,
-    sparkline,
     table,
     write_csv,
     write_json,
 )
 from profiler.render.safe import rich_text
-from profiler.units import fmt_bytes
+from profiler.units import fmt_bytes, sparkline
 
 CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
           "external_memory", "allocator_config", "healthy"]
@@ -117,6 +116,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
             head.append(f"-> {r['action']}")
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
     con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
+    _print_ranks(con, doc.get("ranks"))
     _print_whatif(con, doc["snapshots"])
     if doc["changes"]:
         con.print("[bold]what changed[/bold]")
@@ -128,13 +128,33 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
         top = max((x["reserved_bytes"] or 0 for x in ser), default=0)
         con.print(f"[bold]memory timeline[/bold] (rank {st['rank']}, {st['count']} samples, "
                   f"{st['first'][:19]} .. {st['last'][:19]} UTC, scale 0 .. {fmt_bytes(top)})")
-        con.print(f"  reserved  {sparkline([x['reserved_bytes'] for x in ser], top)}  "
+        con.print(f"  reserved  {sparkline([x['reserved_bytes'] for x in ser], base=0, top=top)}  "
                   f"max {cell(st['peak_reserved_bytes'], 'bytes')}")
-        con.print(f"  allocated {sparkline([x['allocated_bytes'] for x in ser], top)}  "
+        con.print(f"  allocated {sparkline([x['allocated_bytes'] for x in ser], base=0, top=top)}  "
                   f"max {cell(st['peak_allocated_bytes'], 'bytes')}")
         con.print(f"  retries {st['alloc_retries'] or 0}, OOMs {st['oom_count'] or 0}")
     else:
         con.print("no stat samples for this run (ingest --stats FILE, or the agent, adds them)")
+
+
+RANK_COLS = [Col("rank", "rank", "int"), Col("status", "status"), Col("cause", "cause"), Col("oom_step", "OOM step", "int"),
+             Col("last_step", "last step", "int"), Col("peak_allocated_bytes", "peak allocated", "bytes"),
+             Col("peak_reserved_bytes", "peak reserved", "bytes"), Col("need_bytes", "step need", "bytes"),
+             Col("parameters_bytes", "parameters", "bytes"), Col("optimizer_state_bytes", "optimizer", "bytes"),
+             Col("activations_bytes", "activations", "bytes")]
+
+
+def _print_ranks(con, ranks: dict | None) -> None:
+    """Ranks side by side, then which one failed first and why that one (several ranks only)."""
+    from rich.markup import escape
+
+    if not ranks or ranks.get("world", 0) < 2:
+        return
+    con.print(table("ranks side by side", RANK_COLS, ranks["ranks"]))
+    for ev in ranks.get("evidence") or []:
+        con.print(f"  {escape(ev)}")
+    for r in (ranks.get("recommendations") or [])[:1]:
+        con.print(f"  -> {escape(r['action'])}")
 
 
 WHATIF_OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "survives the window", "not_assessable": "not assessable"}
@@ -218,6 +238,11 @@ def compare(run_a, run_b, as_json, as_csv):
     else:
         con.print("no recorded setting or version differs")
     con.print(f"[bold]explanation[/bold]: {doc['explanation']['text']}")
+    for side, name in ((A, run_a), (B, run_b)):
+        if (side.get("ranks") or {}).get("world", 0) >= 2:
+            from rich.markup import escape
+
+            con.print(table(f"{escape(name)}: ranks side by side", RANK_COLS, side["ranks"]["ranks"]))
     for side, name in ((A, run_a), (B, run_b)):
         d = side.get("diagnosis")
         if d:
