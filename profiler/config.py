@@ -144,7 +144,7 @@ class Settings:
         minimum=0)
     stats_interval_s: int = setting(10, 'MEMQ_STATS_INTERVAL_S',
         'Agent: seconds between memory_stats samples.',
-        minimum=1)
+        minimum=0)
     snapshot_every_s: int = setting(1800, 'MEMQ_SNAPSHOT_EVERY_S',
         'Agent: seconds between periodic snapshots (0 = none).',
         minimum=0)
