@@ -73,228 +73,228 @@ class Spec:
 
 @dataclass(frozen=True)
 class Settings:
-    database_url: str = setting('', 'MEMQ_DATABASE_URL',
-        'SQL database. postgresql:// URLs use the psycopg 3 driver; the SQLite default migrates itself.',
-        shown='sqlite:///<data dir>/memq.db', url=True, from_file=True)
-    blob_dir: str = setting('', 'MEMQ_BLOB_DIR',
-        'Content-addressed store of raw snapshots.',
-        shown='<data dir>/blobs')
-    redis_url: str = setting('redis://127.0.0.1:6379/0', 'MEMQ_REDIS_URL',
-        'Redis for the ingest stream, blobs and the Celery broker. rediss:// for TLS.',
+    database_url: str = setting("", "MEMQ_DATABASE_URL",
+        "SQL database. postgresql:// URLs use the psycopg 3 driver; the SQLite default migrates itself.",
+        shown="sqlite:///<data dir>/memq.db", url=True, from_file=True)
+    blob_dir: str = setting("", "MEMQ_BLOB_DIR",
+        "Content-addressed store of raw snapshots.",
+        shown="<data dir>/blobs")
+    redis_url: str = setting("redis://127.0.0.1:6379/0", "MEMQ_REDIS_URL",
+        "Redis for the ingest stream, blobs and the Celery broker. rediss:// for TLS.",
         url=True, from_file=True)
-    stream_key: str = setting('memq:ingest', 'MEMQ_STREAM',
-        'Redis stream the agents append to.')
-    dead_letter_key: str = setting('memq:dead', 'MEMQ_DEAD_STREAM',
-        'Redis stream of entries that failed.')
-    key_prefix: str = setting('memq:', 'MEMQ_KEY_PREFIX',
-        'Prefix of every other Redis key memq writes.')
-    stream_maxlen: int = setting(1_000_000, 'MEMQ_STREAM_MAXLEN',
-        'Approximate cap of the ingest stream.',
+    stream_key: str = setting("memq:ingest", "MEMQ_STREAM",
+        "Redis stream the agents append to.")
+    dead_letter_key: str = setting("memq:dead", "MEMQ_DEAD_STREAM",
+        "Redis stream of entries that failed.")
+    key_prefix: str = setting("memq:", "MEMQ_KEY_PREFIX",
+        "Prefix of every other Redis key memq writes.")
+    stream_maxlen: int = setting(1_000_000, "MEMQ_STREAM_MAXLEN",
+        "Approximate cap of the ingest stream.",
         minimum=1)
-    blob_ttl_s: int = setting(7 * 24 * 3600, 'MEMQ_BLOB_TTL_S',
-        'TTL of snapshot blobs waiting in Redis.',
+    blob_ttl_s: int = setting(7 * 24 * 3600, "MEMQ_BLOB_TTL_S",
+        "TTL of snapshot blobs waiting in Redis.",
         minimum=1)
-    max_deliveries: int = setting(5, 'MEMQ_MAX_DELIVERIES',
-        'Deliveries before an entry is dead-lettered.',
+    max_deliveries: int = setting(5, "MEMQ_MAX_DELIVERIES",
+        "Deliveries before an entry is dead-lettered.",
         minimum=1)
-    max_snapshot_bytes: int = setting(4 * 1024**3, 'MEMQ_MAX_SNAPSHOT_BYTES',
-        'Largest uncompressed snapshot accepted anywhere (bytes).',
+    max_snapshot_bytes: int = setting(4 * 1024**3, "MEMQ_MAX_SNAPSHOT_BYTES",
+        "Largest uncompressed snapshot accepted anywhere (bytes).",
         minimum=1)
     # Below every deploy/ memory limit of a process that decodes (dispatcher 1-2 GiB, worker pool
     # process ~4 GiB): a decode needs up to 16x the pickle (profiler/codec.py), so 768 MiB admits
     # pickles up to 48 MiB (~230k trace entries; the agent's default 50k entries make ~10 MB).
-    decode_budget_bytes: int = setting(768 * 1024**2, 'MEMQ_DECODE_BUDGET_BYTES',
-        ('Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/16 of it '
-         '(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under the '
+    decode_budget_bytes: int = setting(768 * 1024**2, "MEMQ_DECODE_BUDGET_BYTES",
+        ("Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/16 of it "
+         "(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under the "
          "process's memory limit."),
         minimum=1)
-    max_clock_skew_s: int = setting(86_400, 'MEMQ_MAX_CLOCK_SKEW_S',
-        ('Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock '
-         '(or before 2020) are dead-lettered.'),
+    max_clock_skew_s: int = setting(86_400, "MEMQ_MAX_CLOCK_SKEW_S",
+        ("Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock "
+         "(or before 2020) are dead-lettered."),
         minimum=0)
-    report_dir: str = setting('', 'MEMQ_REPORT_DIR',
-        'Where nightly reports are written.',
-        shown='<data dir>/reports')
-    report_scopes: str = setting('all', 'MEMQ_REPORT_SCOPES',
-        'Nightly report scopes, comma separated: all, cluster=NAME, job=NAME.')
-    report_hour_utc: int = setting(0, 'MEMQ_REPORT_HOUR_UTC',
-        'Beat: UTC hour of the nightly report (of the day before).',
+    report_dir: str = setting("", "MEMQ_REPORT_DIR",
+        "Where nightly reports are written.",
+        shown="<data dir>/reports")
+    report_scopes: str = setting("all", "MEMQ_REPORT_SCOPES",
+        "Nightly report scopes, comma separated: all, cluster=NAME, job=NAME.")
+    report_hour_utc: int = setting(0, "MEMQ_REPORT_HOUR_UTC",
+        "Beat: UTC hour of the nightly report (of the day before).",
         minimum=0, maximum=23)
-    report_minute_utc: int = setting(30, 'MEMQ_REPORT_MINUTE_UTC',
-        'Beat: UTC minute of the nightly report.',
+    report_minute_utc: int = setting(30, "MEMQ_REPORT_MINUTE_UTC",
+        "Beat: UTC minute of the nightly report.",
         minimum=0, maximum=59)
-    report_catchup_days: int = setting(7, 'MEMQ_REPORT_CATCHUP_DAYS',
-        'Nightly report: days back it fills in when a report is missing (missed ticks, downtime).',
+    report_catchup_days: int = setting(7, "MEMQ_REPORT_CATCHUP_DAYS",
+        "Nightly report: days back it fills in when a report is missing (missed ticks, downtime).",
         minimum=0)
-    report_webhook_url: str = setting('', 'MEMQ_REPORT_WEBHOOK_URL',
+    report_webhook_url: str = setting("", "MEMQ_REPORT_WEBHOOK_URL",
         'Optional http(s) URL that receives the Markdown summary as JSON {"text": ...}; \'\' = none.',
         url=True)
-    report_webhook_timeout_s: int = setting(10, 'MEMQ_REPORT_WEBHOOK_TIMEOUT_S',
-        'Webhook POST timeout (seconds).',
+    report_webhook_timeout_s: int = setting(10, "MEMQ_REPORT_WEBHOOK_TIMEOUT_S",
+        "Webhook POST timeout (seconds).",
         minimum=1)
-    data_dir: str = setting('', 'MEMQ_DATA_DIR',
-        'Base of the embedded defaults.',
-        shown='~/.local/share/memq')
+    data_dir: str = setting("", "MEMQ_DATA_DIR",
+        "Base of the embedded defaults.",
+        shown="~/.local/share/memq")
     # In-job agent (profiler.agent). Options given to agent.start() override these.
-    spool_dir: str = setting('', 'MEMQ_SPOOL_DIR',
-        'Agent: on-disk spool for messages Redis could not take (one subfolder per process).',
-        shown='<data dir>/spool')
-    spool_max_bytes: int = setting(1024**3, 'MEMQ_SPOOL_MAX_BYTES',
-        'Agent: spool size cap per process; the oldest messages are dropped (and counted) beyond it.',
+    spool_dir: str = setting("", "MEMQ_SPOOL_DIR",
+        "Agent: on-disk spool for messages Redis could not take (one subfolder per process).",
+        shown="<data dir>/spool")
+    spool_max_bytes: int = setting(1024**3, "MEMQ_SPOOL_MAX_BYTES",
+        "Agent: spool size cap per process; the oldest messages are dropped (and counted) beyond it.",
         minimum=0)
-    stats_interval_s: int = setting(10, 'MEMQ_STATS_INTERVAL_S',
-        'Agent: seconds between memory_stats samples.',
+    stats_interval_s: int = setting(10, "MEMQ_STATS_INTERVAL_S",
+        "Agent: seconds between memory_stats samples.",
         minimum=0)
-    snapshot_every_s: int = setting(1800, 'MEMQ_SNAPSHOT_EVERY_S',
-        'Agent: seconds between periodic snapshots (0 = none).',
+    snapshot_every_s: int = setting(1800, "MEMQ_SNAPSHOT_EVERY_S",
+        "Agent: seconds between periodic snapshots (0 = none).",
         minimum=0)
-    agent_history: str = setting('auto', 'MEMQ_AGENT_HISTORY',
-        ('Agent: allocator history recording: auto (first steps, one step per periodic snapshot, on near '
-         'the limit) | on | off.'),
-        choices=('auto', 'on', 'off'))
-    agent_max_entries: int = setting(50_000, 'MEMQ_AGENT_MAX_ENTRIES',
-        'Agent: history ring-buffer entries.',
+    agent_history: str = setting("auto", "MEMQ_AGENT_HISTORY",
+        ("Agent: allocator history recording: auto (first steps, one step per periodic snapshot, on near "
+         "the limit) | on | off."),
+        choices=("auto", "on", "off"))
+    agent_max_entries: int = setting(50_000, "MEMQ_AGENT_MAX_ENTRIES",
+        "Agent: history ring-buffer entries.",
         minimum=0)
-    agent_signal: str = setting('SIGUSR2', 'MEMQ_AGENT_SIGNAL',
+    agent_signal: str = setting("SIGUSR2", "MEMQ_AGENT_SIGNAL",
         "Agent: signal that takes a snapshot ('' = none).")
     # Dispatcher and Celery workers (workers/). Soft limit < hard limit < lease, and hard limit <
     # visibility timeout: workers refuse to start otherwise.
-    broker_url: str = setting('', 'MEMQ_BROKER_URL',
-        'Workers: Celery broker (Redis).',
-        shown='<MEMQ_REDIS_URL>', url=True, from_file=True)
-    broker_key_prefix: str = setting('', 'MEMQ_BROKER_KEY_PREFIX',
-        'Workers: prefix of every Celery key and channel in the broker Redis.',
-        shown='<key prefix>celery:')
-    visibility_timeout_s: int = setting(3600, 'MEMQ_VISIBILITY_TIMEOUT_S',
-        'Workers: seconds before an unacknowledged task is redelivered by the broker.',
+    broker_url: str = setting("", "MEMQ_BROKER_URL",
+        "Workers: Celery broker (Redis).",
+        shown="<MEMQ_REDIS_URL>", url=True, from_file=True)
+    broker_key_prefix: str = setting("", "MEMQ_BROKER_KEY_PREFIX",
+        "Workers: prefix of every Celery key and channel in the broker Redis.",
+        shown="<key prefix>celery:")
+    visibility_timeout_s: int = setting(3600, "MEMQ_VISIBILITY_TIMEOUT_S",
+        "Workers: seconds before an unacknowledged task is redelivered by the broker.",
         minimum=1)
-    task_soft_time_limit_s: int = setting(300, 'MEMQ_TASK_SOFT_TIME_LIMIT_S',
-        'Workers: an analysis is asked to stop after this many seconds (recorded as a failed attempt).',
+    task_soft_time_limit_s: int = setting(300, "MEMQ_TASK_SOFT_TIME_LIMIT_S",
+        "Workers: an analysis is asked to stop after this many seconds (recorded as a failed attempt).",
         minimum=1)
-    task_time_limit_s: int = setting(360, 'MEMQ_TASK_TIME_LIMIT_S',
-        'Workers: an analysis is killed after this.',
+    task_time_limit_s: int = setting(360, "MEMQ_TASK_TIME_LIMIT_S",
+        "Workers: an analysis is killed after this.",
         minimum=1)
-    analysis_lease_s: int = setting(420, 'MEMQ_ANALYSIS_LEASE_S',
-        'Workers: lease of a snapshot being analysed; the reaper re-enqueues it once expired.',
+    analysis_lease_s: int = setting(420, "MEMQ_ANALYSIS_LEASE_S",
+        "Workers: lease of a snapshot being analysed; the reaper re-enqueues it once expired.",
         minimum=1)
-    task_max_retries: int = setting(10, 'MEMQ_TASK_MAX_RETRIES',
-        'Workers: retries of a task on database/Redis outages (exponential back-off with jitter).',
+    task_max_retries: int = setting(10, "MEMQ_TASK_MAX_RETRIES",
+        "Workers: retries of a task on database/Redis outages (exponential back-off with jitter).",
         minimum=0)
-    retry_backoff_max_s: int = setting(60, 'MEMQ_RETRY_BACKOFF_MAX_S',
-        'Workers: longest back-off between retries.',
+    retry_backoff_max_s: int = setting(60, "MEMQ_RETRY_BACKOFF_MAX_S",
+        "Workers: longest back-off between retries.",
         minimum=0)
-    reaper_interval_s: int = setting(60, 'MEMQ_REAPER_INTERVAL_S',
-        'Workers: beat period of the lease reaper.',
+    reaper_interval_s: int = setting(60, "MEMQ_REAPER_INTERVAL_S",
+        "Workers: beat period of the lease reaper.",
         minimum=1)
-    pending_requeue_s: int = setting(600, 'MEMQ_PENDING_REQUEUE_S',
-        'Workers: a snapshot pending longer than this is enqueued again by the reaper (lost messages).',
+    pending_requeue_s: int = setting(600, "MEMQ_PENDING_REQUEUE_S",
+        "Workers: a snapshot pending longer than this is enqueued again by the reaper (lost messages).",
         minimum=1)
-    claim_idle_s: int = setting(60, 'MEMQ_CLAIM_IDLE_S',
-        ('Dispatcher: stream entries unacknowledged this long by another consumer are claimed '
-         '(XAUTOCLAIM).'),
+    claim_idle_s: int = setting(60, "MEMQ_CLAIM_IDLE_S",
+        ("Dispatcher: stream entries unacknowledged this long by another consumer are claimed "
+         "(XAUTOCLAIM)."),
         minimum=1)
-    run_diagnosis_delay_ms: int = setting(2000, 'MEMQ_RUN_DIAGNOSIS_DELAY_MS',
-        'Workers: run-level diagnoses are recomputed at most once per this delay per run and rank.',
+    run_diagnosis_delay_ms: int = setting(2000, "MEMQ_RUN_DIAGNOSIS_DELAY_MS",
+        "Workers: run-level diagnoses are recomputed at most once per this delay per run and rank.",
         minimum=0)
-    heartbeat_s: int = setting(10, 'MEMQ_HEARTBEAT_S',
-        'Workers/dispatcher: heartbeat period shown by `memq status`.',
+    heartbeat_s: int = setting(10, "MEMQ_HEARTBEAT_S",
+        "Workers/dispatcher: heartbeat period shown by `memq status`.",
         minimum=1)
-    worker_max_tasks_per_child: int = setting(500, 'MEMQ_WORKER_MAX_TASKS_PER_CHILD',
-        'Workers: a pool process is replaced after this many tasks.',
+    worker_max_tasks_per_child: int = setting(500, "MEMQ_WORKER_MAX_TASKS_PER_CHILD",
+        "Workers: a pool process is replaced after this many tasks.",
         minimum=0)
-    worker_max_memory_per_child_kb: int = setting(4_000_000, 'MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB',
-        'Workers: a pool process is replaced once its resident memory exceeds this (KiB).',
+    worker_max_memory_per_child_kb: int = setting(4_000_000, "MEMQ_WORKER_MAX_MEMORY_PER_CHILD_KB",
+        "Workers: a pool process is replaced once its resident memory exceeds this (KiB).",
         minimum=0)
-    worker_cache_mb: int = setting(256, 'MEMQ_WORKER_CACHE_MB',
+    worker_cache_mb: int = setting(256, "MEMQ_WORKER_CACHE_MB",
         ("Workers: decoded snapshots kept per pool process for the run diagnosis, which decodes a run's "
-         'newest snapshot (estimated MiB; 0 = none).'),
+         "newest snapshot (estimated MiB; 0 = none)."),
         minimum=0)
     # Retention (`memq gc` and the beat task workers.retention.gc). Snapshot rows and their analyses
     # stay; raw blobs of OOM / non-healthy snapshots stay; nothing still referenced is removed.
-    retention_days: int = setting(30, 'MEMQ_RETENTION_DAYS',
-        'Retention: days raw snapshot blobs and stat samples are kept (0 = keep forever).',
+    retention_days: int = setting(30, "MEMQ_RETENTION_DAYS",
+        "Retention: days raw snapshot blobs and stat samples are kept (0 = keep forever).",
         minimum=0)
-    retention_clusters: str = setting('', 'MEMQ_RETENTION_CLUSTERS',
-        'Retention: per-cluster overrides, comma separated `cluster=days` (e.g. `dev=7,prod=90`).')
-    stat_partition_days_ahead: int = setting(7, 'MEMQ_STAT_PARTITION_DAYS_AHEAD',
-        ('PostgreSQL: stat_samples has a partition per UTC day; the dispatcher (at start, then hourly) and '
-         '`memq gc` make them this many days ahead. Samples outside them land in the default partition.'),
+    retention_clusters: str = setting("", "MEMQ_RETENTION_CLUSTERS",
+        "Retention: per-cluster overrides, comma separated `cluster=days` (e.g. `dev=7,prod=90`).")
+    stat_partition_days_ahead: int = setting(7, "MEMQ_STAT_PARTITION_DAYS_AHEAD",
+        ("PostgreSQL: stat_samples has a partition per UTC day; the dispatcher (at start, then hourly) and "
+         "`memq gc` make them this many days ahead. Samples outside them land in the default partition."),
         minimum=0)
-    gc_hour_utc: int = setting(3, 'MEMQ_GC_HOUR_UTC',
-        'Beat: UTC hour of the daily retention run (`memq gc`).',
+    gc_hour_utc: int = setting(3, "MEMQ_GC_HOUR_UTC",
+        "Beat: UTC hour of the daily retention run (`memq gc`).",
         minimum=0, maximum=23)
-    gc_minute_utc: int = setting(15, 'MEMQ_GC_MINUTE_UTC',
-        'Beat: UTC minute of the daily retention run.',
+    gc_minute_utc: int = setting(15, "MEMQ_GC_MINUTE_UTC",
+        "Beat: UTC minute of the daily retention run.",
         minimum=0, maximum=59)
-    doctor_max_lag: int = setting(10_000, 'MEMQ_DOCTOR_MAX_LAG',
-        '`memq doctor`: stream entries not yet read by the dispatcher above which it warns.',
+    doctor_max_lag: int = setting(10_000, "MEMQ_DOCTOR_MAX_LAG",
+        "`memq doctor`: stream entries not yet read by the dispatcher above which it warns.",
         minimum=0)
-    stream_trim_interval_s: int = setting(60, 'MEMQ_STREAM_TRIM_INTERVAL_S',
-        ('Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; '
+    stream_trim_interval_s: int = setting(60, "MEMQ_STREAM_TRIM_INTERVAL_S",
+        ("Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; "
          "the agents' MAXLEN is then the only bound)."),
         minimum=0)
-    stream_keep_s: int = setting(600, 'MEMQ_STREAM_KEEP_S',
-        ('Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, '
-         'debugging).'),
+    stream_keep_s: int = setting(600, "MEMQ_STREAM_KEEP_S",
+        ("Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, "
+         "debugging)."),
         minimum=0)
-    serve_token: str = setting('', 'MEMQ_SERVE_TOKEN',
-        ('`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page '
+    serve_token: str = setting("", "MEMQ_SERVE_TOKEN",
+        ("`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page "
          "once with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),
         from_file=True)
     # Live metrics (`memq exporter`) and alerts (workers/alerts.py, profiler/alerts/).
-    public_url: str = setting('', 'MEMQ_PUBLIC_URL',
+    public_url: str = setting("", "MEMQ_PUBLIC_URL",
         ("Base URL of the memq web pages; alerts link to `<MEMQ_PUBLIC_URL>/runs/<run name>` ('' = no "
-         'link).'),
+         "link)."),
         url=True)
-    alert_webhook_url: str = setting('', 'MEMQ_ALERT_WEBHOOK_URL',
+    alert_webhook_url: str = setting("", "MEMQ_ALERT_WEBHOOK_URL",
         ("Alerts: http(s) webhook that receives OOM, leak and near-miss verdicts ('' = verdicts are "
-         'recorded, not sent). Holds a token for Slack: prefer MEMQ_ALERT_WEBHOOK_URL_FILE.'),
+         "recorded, not sent). Holds a token for Slack: prefer MEMQ_ALERT_WEBHOOK_URL_FILE."),
         url=True, from_file=True)
-    alert_format: str = setting('slack', 'MEMQ_ALERT_FORMAT',
+    alert_format: str = setting("slack", "MEMQ_ALERT_FORMAT",
         ('Alerts: body of the webhook POST: slack (`{"text": ...}`) or alertmanager (Alertmanager\'s '
-         'webhook shape).'),
-        choices=('slack', 'alertmanager'))
-    alert_headroom_pct: int = setting(5, 'MEMQ_ALERT_HEADROOM_PCT',
-        ('Alerts: a run without an OOM whose peak reserved bytes leave less than this % of its limit is a '
-         'near miss.'),
+         "webhook shape)."),
+        choices=("slack", "alertmanager"))
+    alert_headroom_pct: int = setting(5, "MEMQ_ALERT_HEADROOM_PCT",
+        ("Alerts: a run without an OOM whose peak reserved bytes leave less than this % of its limit is a "
+         "near miss."),
         minimum=0, maximum=100)
-    alert_run_interval_s: int = setting(600, 'MEMQ_ALERT_RUN_INTERVAL_S',
+    alert_run_interval_s: int = setting(600, "MEMQ_ALERT_RUN_INTERVAL_S",
         "Alerts: a run's next verdict waits until this long after its previous alert was sent.",
         minimum=0)
-    alert_job_max_per_hour: int = setting(10, 'MEMQ_ALERT_JOB_MAX_PER_HOUR',
-        ('Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as '
-         'suppressed.'),
+    alert_job_max_per_hour: int = setting(10, "MEMQ_ALERT_JOB_MAX_PER_HOUR",
+        ("Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as "
+         "suppressed."),
         minimum=0)
-    alert_lookback_h: int = setting(24, 'MEMQ_ALERT_LOOKBACK_H',
-        'Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.',
+    alert_lookback_h: int = setting(24, "MEMQ_ALERT_LOOKBACK_H",
+        "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.",
         minimum=1)
-    alert_sweep_s: int = setting(15, 'MEMQ_ALERT_SWEEP_S',
-        'Beat: seconds between alert sweeps (new verdicts, due retries, expired send leases).',
+    alert_sweep_s: int = setting(15, "MEMQ_ALERT_SWEEP_S",
+        "Beat: seconds between alert sweeps (new verdicts, due retries, expired send leases).",
         minimum=1)
-    alert_timeout_s: int = setting(10, 'MEMQ_ALERT_TIMEOUT_S',
-        'Alerts: webhook POST timeout (seconds).',
+    alert_timeout_s: int = setting(10, "MEMQ_ALERT_TIMEOUT_S",
+        "Alerts: webhook POST timeout (seconds).",
         minimum=1)
-    alert_lease_s: int = setting(60, 'MEMQ_ALERT_LEASE_S',
-        ('Alerts: a claimed alert is sent again (same Idempotency-Key) when its sender has not finished '
-         'after this long; must exceed MEMQ_ALERT_TIMEOUT_S.'),
+    alert_lease_s: int = setting(60, "MEMQ_ALERT_LEASE_S",
+        ("Alerts: a claimed alert is sent again (same Idempotency-Key) when its sender has not finished "
+         "after this long; must exceed MEMQ_ALERT_TIMEOUT_S."),
         minimum=1)
-    alert_max_attempts: int = setting(8, 'MEMQ_ALERT_MAX_ATTEMPTS',
-        'Alerts: sends of one alert before it is recorded as failed.',
+    alert_max_attempts: int = setting(8, "MEMQ_ALERT_MAX_ATTEMPTS",
+        "Alerts: sends of one alert before it is recorded as failed.",
         minimum=1)
-    alert_backoff_max_s: int = setting(300, 'MEMQ_ALERT_BACKOFF_MAX_S',
-        'Alerts: longest wait between retries (exponential back-off with full jitter).',
+    alert_backoff_max_s: int = setting(300, "MEMQ_ALERT_BACKOFF_MAX_S",
+        "Alerts: longest wait between retries (exponential back-off with full jitter).",
         minimum=0)
-    exporter_active_minutes: int = setting(60, 'MEMQ_EXPORTER_ACTIVE_MINUTES',
-        ('`memq exporter`: running runs updated within this many minutes get headroom and fragmentation '
-         'gauges (the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S).'),
+    exporter_active_minutes: int = setting(60, "MEMQ_EXPORTER_ACTIVE_MINUTES",
+        ("`memq exporter`: running runs updated within this many minutes get headroom and fragmentation "
+         "gauges (the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S)."),
         minimum=1)
-    exporter_top_k: int = setting(10, 'MEMQ_EXPORTER_TOP_K',
-        ('`memq exporter`: the active runs with the least headroom are exported with a `run` label (the '
-         'rest only per cluster and job), which bounds the number of series.'),
+    exporter_top_k: int = setting(10, "MEMQ_EXPORTER_TOP_K",
+        ("`memq exporter`: the active runs with the least headroom are exported with a `run` label (the "
+         "rest only per cluster and job), which bounds the number of series."),
         minimum=0)
-    exporter_resync_s: int = setting(600, 'MEMQ_EXPORTER_RESYNC_S',
-        ('`memq exporter`: seconds between full recounts of the snapshot counters (between them a scrape '
-         'adds the snapshots done since the last one; a recount also sees rows retention deleted).'),
+    exporter_resync_s: int = setting(600, "MEMQ_EXPORTER_RESYNC_S",
+        ("`memq exporter`: seconds between full recounts of the snapshot counters (between them a scrape "
+         "adds the snapshots done since the last one; a recount also sees rows retention deleted)."),
         minimum=0)
     extra: dict = field(default_factory=dict)
 
