@@ -193,12 +193,25 @@ class Snapshot:
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
-    def trace(self) -> list[TraceEvent]:
-        """Events of the device that owns the segments (the first non-empty trace)."""
-        for t in self.traces:
+    def trace_device(self) -> int:
+        """The device whose trace describes these segments: the segments' device when they are all on
+        one (a DDP rank's snapshot lists every device, and another device's trace may hold a few
+        events of the process-group setup), else the first device with a trace."""
+        devs = {s.device for s in self.segments}
+        if len(devs) == 1:
+            d = next(iter(devs))
+            if 0 <= d < len(self.traces) and self.traces[d]:
+                return d
+        for d, t in enumerate(self.traces):
             if t:
-                return t
-        return []
+                return d
+        return next(iter(devs)) if len(devs) == 1 else 0
+
+    @property
+    def trace(self) -> list[TraceEvent]:
+        """Events of the device that owns the segments (see trace_device)."""
+        d = self.trace_device
+        return self.traces[d] if 0 <= d < len(self.traces) else []
 
     @property
     def expandable_segments(self) -> bool | None:
