@@ -138,6 +138,10 @@ def test_gpu_spools_end_to_end_history(spools, tmp_path, pg_server):
                 raise AssertionError(f"{rows}\n{s.log_tail('dispatcher')}\n{s.dead()}") from None
             ddp = s.memq_json("history", "--run", "gpu-ddp")
             assert sorted({snap["rank"] for snap in ddp["snapshots"]}) == [0, 1]
+            assert ddp["run"]["job"] is None  # the envelopes carry torchrun's placeholder run id "none"
+            ranks = ddp["ranks"]  # a balanced run that did not fail: both ranks, nobody singled out
+            assert [r["rank"] for r in ranks["ranks"]] == [0, 1] and ranks["failed_rank"] is None
+            assert ranks["imbalance"] == "none", ranks
             oom = s.memq_json("history", "--run", "gpu-oom")
             assert oom["snapshots"][-1]["trigger"] == "oom"
             # the doubled batch's step, cut off early, projects past the cap (tests/analysis/test_agent_defaults.py)

@@ -134,3 +134,18 @@ def test_real_ddp_run_without_oom_is_balanced():
 def test_one_rank_is_nothing_to_compare(capacity1):
     out = diagnose_ranks([capacity1])
     assert out["failed_rank"] is None and out["world"] == 1
+
+
+def test_each_ddp_rank_is_read_on_its_own_device():
+    """spool_ddp's warm-up snapshots: each rank recorded on its own device, and the other device's trace
+    holds 2 events of the process-group setup. Rank 1's peak comes from device 1's trace, so the two
+    ranks of this balanced run peak alike (before, rank 1 was read on device 0: 1.99 GB against 7.57 GB)."""
+    peaks = []
+    for rank in (0, 1):
+        d = next((FIX / "agent_gpu" / "spool_ddp" / "gpu-ddp").glob(f"rank{rank}-*"))
+        msgs = [spool.decode(p.read_bytes()) for p in sorted(d.glob("*.mqs"))]
+        warm = [m.blob for m in msgs if m.fields.get("kind") == "snapshot"][0]
+        snap = parse_snapshot(codec.decode(codec.decompress(warm)))
+        assert snap.trace_device == rank and len(snap.trace) > 10_000
+        peaks.append(analyze([snap])["details"]["timeline"]["peak_live_bytes"])
+    assert peaks[0] == peaks[1] > 7_000_000_000
