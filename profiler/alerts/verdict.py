@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from profiler.units import fmt_bytes
+
 KINDS = ("oom", "leak", "near_miss")
 
 
@@ -78,7 +80,7 @@ def run_link(public_url: str, run_name: str) -> str | None:
 
 
 def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 1024**3:.2f} GiB"
+    return fmt_bytes(n, "GiB", unknown="?")
 
 
 def _evidence(diagnosis: Mapping[str, Any], cause: str | None) -> str | None:

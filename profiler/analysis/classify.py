@@ -14,6 +14,7 @@ from typing import Any
 
 from profiler.analysis import frames as fr
 from profiler.analysis.memory import segment_needed
+from profiler.units import fmt_bytes
 
 GiB = 1024**3
 MiB = 1024**2
@@ -75,9 +76,8 @@ class Facts:
 
 
 def g(n: float | None) -> str:
-    if n is None:
-        return "unknown"
-    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB / 10 else f"{n / MiB:.1f} MiB"
+    """Bytes in an evidence sentence (short: it sits in dozens of f-strings here and in recommend)."""
+    return fmt_bytes(n, "brief", unknown="unknown")
 
 
 def _pct(a: float, b: float) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from profiler.analysis import frames as fr
+from profiler.units import fmt_bytes
 
 MiB = 1024 * 1024
 
@@ -98,7 +99,7 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
 
 
 def _g(n: float) -> str:
-    return f"{n / 1024**3:.2f} GiB" if abs(n) >= 1024**3 / 10 else f"{n / MiB:.1f} MiB"
+    return fmt_bytes(n, "brief")
 
 
 def figure_points(figs: list[dict]) -> list[dict]:

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiler.units import fmt_bytes
+
 MIB = 1 << 20
 #: Two ranks' state (parameters, optimizer state) differ when they differ by more than this much and
 #: by more than STATE_REL of the larger one: DDP replicas are identical to the byte.
@@ -88,7 +90,7 @@ def _differs(a: int, b: int) -> bool:
 
 
 def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / (1 << 30):.2f} GiB"
+    return fmt_bytes(n, "GiB", unknown="?")
 
 
 def _failed(facts: list[RankFacts]) -> list[RankFacts]:

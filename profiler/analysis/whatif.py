@@ -69,6 +69,7 @@ from profiler.analysis.allocator_model import (
 )
 from profiler.errors import BadInput
 from profiler.model import INACTIVE, AllocatorSettings, Snapshot
+from profiler.units import fmt_bytes
 
 SWEEP = (
     "",
@@ -815,9 +816,7 @@ def _live_bytes_before(rep: Replay, op_index: int, cfg: AllocatorConfig) -> int:
 
 # ----- running the settings ------------------------------------------------------------------------------
 def _fmt(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    return f"{n / (1 << 30):.2f} GiB"
+    return fmt_bytes(n, "GiB", unknown="unknown")
 
 
 def _not_assessable(conf: str, cfg: AllocatorConfig, rep: Replay, limit: int | None, reason: str, notes: list,

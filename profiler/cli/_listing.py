@@ -23,8 +23,6 @@ from profiler.errors import BadInput
 from profiler.render.safe import rich_text, safe_text
 from profiler.units import fmt_bytes
 
-SPARK = "▁▂▃▄▅▆▇█"
-
 
 def output_options(csv_ok: bool = True):
     def deco(f):
@@ -125,15 +123,6 @@ def emit(fmt: str, doc: Any, rows: list[dict[str, Any]], cols: Sequence[Col], ti
             con.print(empty)
         else:
             con.print(table(title, cols, rows))
-
-
-def sparkline(values: Sequence[float | None], top: float | None = None) -> str:
-    """One character per value, scaled from 0 to `top` (default: the largest value)."""
-    vals = [v or 0 for v in values]
-    hi = top if top else max(vals, default=0)
-    if not vals or not hi:
-        return SPARK[0] * len(vals)
-    return "".join(SPARK[min(7, max(0, int(v / hi * 7.999)))] for v in vals)
 
 
 def parse_labels(items: Iterable[str]) -> dict[str, str]:

@@ -12,19 +12,7 @@ from rich.table import Table
 
 from profiler.render.safe import rich_text as v
 from profiler.render.safe import safe_console
-from profiler.units import fmt_bytes
-
-SPARK = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: list[float], width: int = 60) -> str:
-    if not values:
-        return ""
-    step = max(1, len(values) // width)
-    pts = [max(values[i:i + step]) for i in range(0, len(values), step)]
-    lo, hi = min(pts), max(pts)
-    span = (hi - lo) or 1
-    return "".join(SPARK[min(7, int((v - lo) / span * 7.999))] for v in pts)
+from profiler.units import fmt_bytes, sparkline
 
 
 def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
@@ -107,7 +95,7 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     tl = det.get("timeline") or {}
     if tl.get("series"):
         con.print(f"[bold]Timeline[/bold] ({tl['events']} trace events, live bytes): "
-                  f"{sparkline([p[1] for p in tl['series']])}")
+                  f"{sparkline([p[1] for p in tl['series']], width=60)}")
         con.print(f"  peak {fmt_bytes(tl['peak_live_bytes'])} in phase {v(tl.get('peak_phase') or 'unknown')} "
                   f"at {v(tl.get('peak_site'))}; {tl.get('optimizer_steps', 0)} optimizer step(s) in the trace")
         for item in tl.get("live_at_peak", [])[:5]:

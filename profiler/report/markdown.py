@@ -8,7 +8,7 @@ from profiler.units import fmt_bytes
 
 
 def _b(v) -> str:
-    return "-" if v is None else fmt_bytes(v)
+    return fmt_bytes(v, unknown="-")
 
 
 def _sim(r: dict) -> str:

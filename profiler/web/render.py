@@ -36,7 +36,7 @@ def _time(v: Any) -> str:
 
 
 def _bytes(v: Any) -> str:
-    return "-" if v is None else fmt_bytes(v)
+    return fmt_bytes(v, unknown="-")
 
 
 @functools.lru_cache(maxsize=1)
