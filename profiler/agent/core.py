@@ -235,7 +235,8 @@ class Agent:
                 return self.counters()
             figures = self.rank_figures()
             # in the stats flush too: a rank killed right after it still has its figures stored
-            self._flush_stats(rank_figures=figures)
+            measured = figures["peak_allocated_bytes"] is not None or figures["step_peaks"] is not None
+            self._flush_stats(rank_figures=figures if measured else None)
             payload = {"status": self.status, "steps": self.policy.steps_seen, "step": self.step,
                        "epoch": self.epoch, "counters": self.counters(), "figures": figures}
             if self.exception_text:

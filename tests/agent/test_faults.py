@@ -294,7 +294,7 @@ a = agent.start(run='noredis', cluster='c', source=ReplaySource({str(REAL / 'see
                 spool_dir={str(tmp_path)!r})
 agent.mark_step(0, 0); agent.mark_epoch(0)
 c = agent.stop(5)
-assert c['spooled'] == 4 and c['sent'] == 0, c
+assert c['spooled'] == 5 and c['sent'] == 0, c
 print(a.transport.codec)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -304,7 +304,9 @@ print(a.transport.codec)
 
     (d,) = list(iter_spool_dirs(tmp_path))
     msgs = [m for _, m in Spool(d, 1 << 30)]
-    assert [m.fields["kind"] for m in msgs] == ["run_start", "snapshot", "stats", "run_end"]
+    # the second stats message is the rank's exit figures, flushed before run_end
+    assert [m.fields["kind"] for m in msgs] == ["run_start", "snapshot", "stats", "stats", "run_end"]
+    assert "rank_figures" in msgs[3].fields["payload"]
     assert msgs[1].fields["codec"] == "gzip" and msgs[1].blob[:2] == b"\x1f\x8b"
 
 
