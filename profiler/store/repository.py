@@ -59,6 +59,7 @@ from profiler.store.orm import (
     RUN_STATUSES,
     TRIGGERS,
     AnalysisResult,
+    RankFigures,
     Report,
     Run,
     RunDiagnosis,
@@ -567,6 +568,7 @@ def delete_run(session: Session, run_name: str) -> None:
     run_id = run_id_for(session, run_name)
     session.execute(StatSample.__table__.delete().where(StatSample.run_id == run_id))
     session.execute(RunDiagnosis.__table__.delete().where(RunDiagnosis.run_id == run_id))
+    session.execute(RankFigures.__table__.delete().where(RankFigures.run_id == run_id))
     session.execute(Snapshot.__table__.delete().where(Snapshot.run_id == run_id))
     session.execute(Run.__table__.delete().where(Run.id == run_id))
 
