@@ -836,7 +836,8 @@ def _end_reason(exc: BaseException) -> str:
     """Why a rank ended, from the exception that ended it: a collective that failed because another
     rank died (the process group was aborted) is not this rank's own error."""
     name, text = type(exc).__name__, str(exc).lower()
-    if name in ("DistBackendError", "DistNetworkError", "DistStoreError") or "nccl" in text \
+    if name in ("DistBackendError", "DistNetworkError", "DistStoreError") or "nccl" in text or "gloo" in text \
+            or "connection closed by peer" in text or "connection reset by peer" in text \
             or ("process group" in text or "processgroup" in text) and ("abort" in text or "timeout" in text):
         return "process_group_aborted"
     if name == "SignalException":  # torchelastic's: the agent was signalled to stop

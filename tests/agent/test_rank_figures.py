@@ -5,7 +5,6 @@ launcher kills the rank with SIGTERM or the process group was aborted: a real ag
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -9,7 +9,7 @@ from profiler.store import rank_figures
 from profiler.store import repository as repo
 from profiler.store.queries import run_history
 
-T = dt.datetime(2026, 12, 1, 12, tzinfo=dt.timezone.utc)
+T = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 
 
 def test_stats_then_run_end_merge_and_peaks_only_grow(store):
