@@ -7,7 +7,7 @@
 joined by commas; keys not named take torch's defaults); `""` is the configuration the snapshot
 recorded (`allocator_settings`).
 
-How a replay is built (`compile_trace`):
+How a replay is built (`compile_trace`, by `_TraceCompiler`: one `_on_*` method per kind of entry):
 1. The program: the trace's `alloc` (requested bytes, stream), `free_completed` and `oom` entries in
    order. `free_requested` is ignored (the block returns to the pool at free_completed). A run of
    `segment_free`/`segment_unmap` entries that no request follows (the next entry is not a
@@ -211,255 +211,304 @@ def _is_empty_cache(frames: list) -> bool:
 def compile_trace(snap: Snapshot, limit_bytes: int | None = None) -> Replay:
     """`limit_bytes` (the per-process cap, when known) tells releases inside a request from
     empty_cache() calls when the trace has no frames to say which is which."""
-    warnings: list[str] = []
-    device = _device_index(snap)
-    trace = snap.traces[device] if device < len(snap.traces) else []
-    cfg, notes = config_from_settings(snap.settings)
-    warnings += notes
-    if not snap.settings.known and any(s.is_expandable for s in snap.segments):
-        cfg = AllocatorConfig(expandable_segments=True)
-        warnings.append("the snapshot's segments are expandable: the recorded run is taken to use "
-                        "expandable_segments:True")
-    divs = cfg.roundup_power2_divisions
+    return _TraceCompiler(snap, limit_bytes).compile()
 
-    segments = [s for s in snap.segments if s.device == device]
-    private = [s for s in segments if tuple(s.pool_id) != (0, 0)]
-    priv_starts: list = []
-    priv_ends: list = []
-    if private:
-        warnings.append(f"{len(private)} segments belong to private pools (CUDA graphs / MemPool): left out "
-                        "of the model, with the trace entries inside them")
-        segments = [s for s in segments if tuple(s.pool_id) == (0, 0)]
-        for seg in sorted(private, key=lambda x: x.address):
-            priv_starts.append(seg.address)
-            priv_ends.append(seg.address + seg.total_size)
-    priv_set = {seg.address for seg in private}
 
-    def in_private(addr) -> bool:
-        if not priv_starts or addr is None:
+class _TraceCompiler:
+    """Steps 1 and 2 of the module docstring, for one snapshot. `compile()` once:
+
+    - `_program()`: one pass over the trace, one `_on_*` method per kind of entry, appending ops through
+      `_emit` and collecting what the start state needs (blocks freed but never allocated in the trace,
+      segments freed but never created, expandable map/unmap entries);
+    - `_start_segments()` and `_start_live()`: the allocator as it was at the first trace entry.
+    Segment releases are held in `pending` until the next entry says whether they were an empty_cache()
+    of their own or the release-and-retry inside a request (`_attach_pending`).
+    """
+
+    def __init__(self, snap: Snapshot, limit_bytes: int | None):
+        self.snap = snap
+        self.limit_bytes = limit_bytes
+        self.warnings: list[str] = []
+        self.device = _device_index(snap)
+        self.trace = snap.traces[self.device] if self.device < len(snap.traces) else []
+        self.cfg = self._recorded_config()
+        self._split_private_pools()
+        self.rec_reserved = self._reserved_before_trace()
+        raw_streams = sorted({s.stream for s in self.segments} | {e.stream for e in self.trace} | {0})
+        self.smap = {s: i for i, s in enumerate(raw_streams)}
+
+        self.prog = Program()
+        self.op_event: list[int] = []
+        self.rec_alloc_addr: list = []
+        self.rec_events: list = []
+        self.pending: list = []  # segment releases not yet tied to a request: (kind, bytes)
+        self.pending_empty_cache = False  # the pending releases' frames say emptyCache
+        self.pending_reserved_before = 0  # reserved bytes before the first pending release
+        self.live: dict[int, int] = {}  # address -> handle of blocks allocated in the trace and not freed
+        self.pre_freed: list = []  # (address, handle, requested, stream) freed in the trace, allocated before it
+        self.seg_created: dict[int, int] = {}  # segments allocated in the trace, still alive
+        self.seg_freed_pre: list = []  # (address, size, stream) segments the trace frees that existed before it
+        self.exp_changes: list = []  # (kind, address, size, stream) map/unmap entries, in order
+        self.hints: list = []
+        self.map_hints: list = []
+        self.oom_ops: list = []
+        self.priv_created: set = set()
+        self.n = 0  # handles handed out so far
+
+    # --- set-up
+    def _recorded_config(self) -> AllocatorConfig:
+        snap = self.snap
+        cfg, notes = config_from_settings(snap.settings)
+        self.warnings += notes
+        if not snap.settings.known and any(s.is_expandable for s in snap.segments):
+            cfg = AllocatorConfig(expandable_segments=True)
+            self.warnings.append("the snapshot's segments are expandable: the recorded run is taken to use "
+                                 "expandable_segments:True")
+        return cfg
+
+    def _split_private_pools(self) -> None:
+        segments = [s for s in self.snap.segments if s.device == self.device]
+        self.private = [s for s in segments if tuple(s.pool_id) != (0, 0)]
+        self.priv_starts: list = []
+        self.priv_ends: list = []
+        if self.private:
+            self.warnings.append(f"{len(self.private)} segments belong to private pools (CUDA graphs / MemPool): "
+                                 "left out of the model, with the trace entries inside them")
+            segments = [s for s in segments if tuple(s.pool_id) == (0, 0)]
+            for seg in sorted(self.private, key=lambda x: x.address):
+                self.priv_starts.append(seg.address)
+                self.priv_ends.append(seg.address + seg.total_size)
+        self.segments = segments
+        self.priv_set = {seg.address for seg in self.private}
+
+    def _reserved_before_trace(self) -> int:
+        """Reserved bytes the recorded run had at the first entry (for telling empty_cache from a
+        release inside a request): the end's reserved bytes minus the trace's net segment change."""
+        net = 0
+        for e in self.trace:
+            if e.action in ("segment_alloc", "segment_map"):
+                net += e.size
+            elif e.action in ("segment_free", "segment_unmap"):
+                net -= e.size
+        return sum(s.total_size for s in self.segments) + sum(s.total_size for s in self.private) - net
+
+    def _in_private(self, addr) -> bool:
+        if not self.priv_starts or addr is None:
             return False
-        j = bisect_right(priv_starts, addr) - 1
-        return j >= 0 and addr < priv_ends[j]
+        j = bisect_right(self.priv_starts, addr) - 1
+        return j >= 0 and addr < self.priv_ends[j]
 
-    # reserved bytes the recorded run had before each entry (for telling empty_cache from a release
-    # inside a request): the end's reserved bytes minus the trace's net segment change
-    net = 0
-    for e in trace:
-        if e.action in ("segment_alloc", "segment_map"):
-            net += e.size
-        elif e.action in ("segment_free", "segment_unmap"):
-            net -= e.size
-    rec_reserved = sum(s.total_size for s in segments) + sum(s.total_size for s in private) - net
-    gc_thr = cfg.garbage_collection_threshold
+    def _new_handle(self) -> int:
+        h = self.n
+        self.n += 1
+        return h
 
-    raw_streams = sorted({s.stream for s in segments} | {e.stream for e in trace} | {0})
-    smap = {s: i for i, s in enumerate(raw_streams)}
+    def _emit(self, op: int, handle: int, size: int, stream: int, ev_index: int, recorded_addr=None) -> int:
+        """Append one op to the program; returns its index."""
+        p = self.prog
+        i = len(p.ops)
+        p.ops.append(op)
+        p.hid.append(handle)
+        p.size.append(size)
+        p.stream.append(stream)
+        self.op_event.append(ev_index)
+        self.rec_alloc_addr.append(recorded_addr)
+        return i
 
-    prog = Program()
-    ops, hid, size_l, stream_l = prog.ops, prog.hid, prog.size, prog.stream
-    op_event: list[int] = []
-    rec_alloc_addr: list = []
-    rec_events: list = []
-    pending: list = []  # segment releases not yet tied to a request: (kind, bytes)
-    pending_ec = [False, 0]  # [frames say emptyCache, reserved before the first pending release]
-    live: dict[int, int] = {}  # address -> handle of blocks allocated in the trace and not freed
-    pre_freed: list = []  # (address, handle, requested, stream) freed in the trace, allocated before it
-    seg_created: dict[int, int] = {}  # segments allocated in the trace, still alive
-    seg_freed_pre: list = []  # (address, size, stream) segments the trace frees that existed before it
-    exp_changes: list = []  # (kind, address, size, stream) map/unmap entries, in order
-    hints: list = []
-    map_hints: list = []
-    oom_ops: list = []
-    n = 0
+    # --- segment releases: an empty_cache() of their own, or part of the next request
+    def _flush_as_empty_cache(self, ev_index: int) -> None:
+        if self.pending:
+            i = self._emit(OP_EMPTY_CACHE, -1, 0, 0, ev_index)
+            self.rec_events.extend((i, k, s) for k, s in self.pending)
+            self.pending = []
 
-    def flush_as_empty_cache(ev_index: int) -> None:
-        nonlocal pending
-        if pending:
-            i = len(ops)
-            ops.append(OP_EMPTY_CACHE)
-            hid.append(-1)
-            size_l.append(0)
-            stream_l.append(0)
-            op_event.append(ev_index)
-            rec_alloc_addr.append(None)
-            rec_events.extend((i, k, s) for k, s in pending)
-            pending = []
-
-    def attach_pending(ev_index: int, next_segment: int | None) -> None:
+    def _attach_pending(self, ev_index: int, next_segment: int | None) -> None:
         """Releases right before a segment_alloc/map or an oom: inside the request (release and retry,
         GC) unless the frames say empty_cache, or the limit shows the request did not need them."""
-        nonlocal pending
-        if not pending:
+        if not self.pending:
             return
-        empty = pending_ec[0]
-        if not empty and limit_bytes is not None and next_segment is not None:
-            before = pending_ec[1]
-            needed = before + next_segment > limit_bytes
-            gc = gc_thr > 0 and before > gc_thr * limit_bytes
+        empty = self.pending_empty_cache
+        limit = self.limit_bytes
+        if not empty and limit is not None and next_segment is not None:
+            before = self.pending_reserved_before
+            needed = before + next_segment > limit
+            gc_thr = self.cfg.garbage_collection_threshold
+            gc = gc_thr > 0 and before > gc_thr * limit
             empty = not needed and not gc
         if empty:
-            flush_as_empty_cache(ev_index)
+            self._flush_as_empty_cache(ev_index)
             return
-        i = len(ops)
-        rec_events.extend((i, k, s) for k, s in pending)
-        pending = []
+        i = len(self.prog.ops)
+        self.rec_events.extend((i, k, s) for k, s in self.pending)
+        self.pending = []
 
-    priv_created: set = set()
-    for ei, e in enumerate(trace):
-        a = e.action
-        if private and in_private(e.addr):
-            if a in ("segment_alloc", "segment_free") and e.addr in priv_set:
-                # a private pool's segment: its bytes count against the limit, nothing else is modelled
-                if a == "segment_alloc":
-                    attach_pending(ei, None)
-                i = len(ops)
-                ops.append(OP_FOREIGN)
-                hid.append(-1)
-                size_l.append(e.size if a == "segment_alloc" else -e.size)
-                stream_l.append(0)
-                op_event.append(ei)
-                rec_alloc_addr.append(None)
-                rec_events.append((i, EV_SEGMENT_ALLOC if a == "segment_alloc" else EV_SEGMENT_FREE, e.size))
-                if a == "segment_alloc":
-                    priv_created.add(e.addr)
-                rec_reserved += e.size if a == "segment_alloc" else -e.size
-            continue
-        if a == "segment_alloc" or a == "segment_map":
-            attach_pending(ei, e.size)
-            rec_reserved += e.size
-            rec_events.append((len(ops), EV_SEGMENT_ALLOC if a == "segment_alloc" else EV_SEGMENT_MAP, e.size))
-            if a == "segment_alloc":
-                seg_created[e.addr] = e.size
-                hints.append((e.size, e.addr))
+    # --- step 1: the program
+    def _program(self) -> None:
+        for ei, e in enumerate(self.trace):
+            a = e.action
+            if self.private and self._in_private(e.addr):
+                if a in ("segment_alloc", "segment_free") and e.addr in self.priv_set:
+                    self._on_private_segment(ei, e)
+                continue
+            if a == "segment_alloc" or a == "segment_map":
+                self._on_segment_added(ei, e)
+            elif a == "segment_free" or a == "segment_unmap":
+                self._on_segment_released(e)
+            elif a == "oom":
+                self._on_oom(ei, e)
             else:
-                exp_changes.append((EV_SEGMENT_MAP, e.addr, e.size, e.stream))
-                map_hints.append(e.addr)
-            continue
-        if a == "segment_free" or a == "segment_unmap":
-            if not pending:
-                pending_ec[0] = False
-                pending_ec[1] = rec_reserved
-            pending_ec[0] = pending_ec[0] or _is_empty_cache(e.frames)
-            rec_reserved -= e.size
-            pending.append((EV_SEGMENT_FREE if a == "segment_free" else EV_SEGMENT_UNMAP, e.size))
-            if a == "segment_free":
-                if e.addr in seg_created:
-                    del seg_created[e.addr]
-                else:
-                    seg_freed_pre.append((e.addr, e.size, e.stream))
+                self._flush_as_empty_cache(ei)
+                if a == "alloc":
+                    self._on_alloc(ei, e)
+                elif a == "free_completed":
+                    self._on_free(ei, e)
+        self._flush_as_empty_cache(len(self.trace))
+
+    def _on_private_segment(self, ei: int, e) -> None:
+        """A private pool's segment: its bytes count against the limit, nothing else is modelled."""
+        created = e.action == "segment_alloc"
+        if created:
+            self._attach_pending(ei, None)
+        i = self._emit(OP_FOREIGN, -1, e.size if created else -e.size, 0, ei)
+        self.rec_events.append((i, EV_SEGMENT_ALLOC if created else EV_SEGMENT_FREE, e.size))
+        if created:
+            self.priv_created.add(e.addr)
+        self.rec_reserved += e.size if created else -e.size
+
+    def _on_segment_added(self, ei: int, e) -> None:
+        self._attach_pending(ei, e.size)
+        self.rec_reserved += e.size
+        if e.action == "segment_alloc":
+            self.rec_events.append((len(self.prog.ops), EV_SEGMENT_ALLOC, e.size))
+            self.seg_created[e.addr] = e.size
+            self.hints.append((e.size, e.addr))
+        else:
+            self.rec_events.append((len(self.prog.ops), EV_SEGMENT_MAP, e.size))
+            self.exp_changes.append((EV_SEGMENT_MAP, e.addr, e.size, e.stream))
+            self.map_hints.append(e.addr)
+
+    def _on_segment_released(self, e) -> None:
+        if not self.pending:
+            self.pending_empty_cache = False
+            self.pending_reserved_before = self.rec_reserved
+        self.pending_empty_cache = self.pending_empty_cache or _is_empty_cache(e.frames)
+        self.rec_reserved -= e.size
+        if e.action == "segment_free":
+            self.pending.append((EV_SEGMENT_FREE, e.size))
+            if e.addr in self.seg_created:
+                del self.seg_created[e.addr]
             else:
-                exp_changes.append((EV_SEGMENT_UNMAP, e.addr, e.size, e.stream))
-            continue
-        if a == "oom":
-            attach_pending(ei, None)
-            oom_ops.append(len(ops))
-            ops.append(OP_OOM)
-            hid.append(n)
-            n += 1
-            size_l.append(e.size)
-            stream_l.append(smap.get(e.stream, 0))
-            op_event.append(ei)
-            rec_alloc_addr.append(None)
-            continue
-        flush_as_empty_cache(ei)
-        if a == "alloc":
-            if e.addr is None:
+                self.seg_freed_pre.append((e.addr, e.size, e.stream))
+        else:
+            self.pending.append((EV_SEGMENT_UNMAP, e.size))
+            self.exp_changes.append((EV_SEGMENT_UNMAP, e.addr, e.size, e.stream))
+
+    def _on_oom(self, ei: int, e) -> None:
+        self._attach_pending(ei, None)
+        self.oom_ops.append(len(self.prog.ops))
+        self._emit(OP_OOM, self._new_handle(), e.size, self.smap.get(e.stream, 0), ei)
+
+    def _on_alloc(self, ei: int, e) -> None:
+        if e.addr is None:
+            return
+        h = self._new_handle()
+        self.live[e.addr] = h
+        self._emit(OP_ALLOC, h, e.size, self.smap.get(e.stream, 0), ei, e.addr)
+
+    def _on_free(self, ei: int, e) -> None:
+        if e.addr is None:
+            return
+        h = self.live.pop(e.addr, None)
+        if h is None:  # allocated before the trace began: part of the start state
+            h = self._new_handle()
+            self.pre_freed.append((e.addr, h, e.size, self.smap.get(e.stream, 0)))
+        self._emit(OP_FREE, h, 0, 0, ei)
+
+    # --- step 2: the start state
+    def _start_segments(self) -> tuple[list[SegmentSpec], int]:
+        """Segments at the first trace entry, and the private pools' bytes then (counted, not modelled)."""
+        smap = self.smap
+        start_segs: list[SegmentSpec] = []
+        for s in self.segments:
+            if s.is_expandable or s.address in self.seg_created:
                 continue
-            live[e.addr] = n
-            ops.append(OP_ALLOC)
-            hid.append(n)
-            n += 1
-            size_l.append(e.size)
-            stream_l.append(smap.get(e.stream, 0))
-            op_event.append(ei)
-            rec_alloc_addr.append(e.addr)
-        elif a == "free_completed":
-            if e.addr is None:
-                continue
-            h = live.pop(e.addr, None)
-            if h is None:
-                h = n
-                n += 1
-                pre_freed.append((e.addr, h, e.size, smap.get(e.stream, 0)))
-            ops.append(OP_FREE)
-            hid.append(h)
-            size_l.append(0)
-            stream_l.append(0)
-            op_event.append(ei)
-            rec_alloc_addr.append(None)
-    flush_as_empty_cache(len(trace))
+            start_segs.append(SegmentSpec(s.address, s.total_size, s.segment_type == "small",
+                                          smap.get(s.stream, 0), False, []))
+        for addr, size, stream in self.seg_freed_pre:
+            start_segs.append(SegmentSpec(addr, size, size == K_SMALL_BUFFER, smap.get(stream, 0), False, []))
+        start_segs += _expandable_start(self.segments, self.exp_changes, smap, self.warnings)
+        start_segs.sort(key=lambda s: s.address)
+        foreign_start = sum(seg.total_size for seg in self.private if seg.address not in self.priv_created)
+        return start_segs, foreign_start
 
-    # --- segments at the start of the trace
-    start_segs: list[SegmentSpec] = []
-    reserved_start = 0
-    plain_end = [s for s in segments if not s.is_expandable]
-    for s in plain_end:
-        if s.address in seg_created:
-            continue
-        start_segs.append(SegmentSpec(s.address, s.total_size, s.segment_type == "small", smap.get(s.stream, 0),
-                                      False, []))
-    for addr, size, stream in seg_freed_pre:
-        start_segs.append(SegmentSpec(addr, size, size == K_SMALL_BUFFER, smap.get(stream, 0), False, []))
-    start_segs += _expandable_start(segments, exp_changes, smap, warnings)
-    start_segs.sort(key=lambda s: s.address)
-    foreign_start = sum(seg.total_size for seg in private if seg.address not in priv_created)
-    reserved_start = sum(s.size for s in start_segs) + foreign_start
+    def _start_live(self, start_segs: list[SegmentSpec]) -> list:
+        """Blocks live at the first trace entry, placed into `start_segs`: (address, handle, requested,
+        stream) sorted by address."""
+        starts = [s.address for s in start_segs]
+        start_live: list = []
 
-    # --- live blocks at the start
-    starts = [s.address for s in start_segs]
-    start_live: list = []
+        def owner(addr: int):
+            j = bisect_right(starts, addr) - 1
+            if j >= 0 and addr < start_segs[j].address + start_segs[j].size:
+                return start_segs[j]
+            return None
 
-    def owner(addr: int):
-        j = bisect_right(starts, addr) - 1
-        if j >= 0 and addr < start_segs[j].address + start_segs[j].size:
-            return start_segs[j]
-        return None
-
-    for s in segments:
-        for b in s.blocks:
-            if b.state == INACTIVE or b.address in live:
-                continue
-            seg = owner(b.address)
+        for s in self.segments:
+            for b in s.blocks:
+                if b.state == INACTIVE or b.address in self.live:
+                    continue
+                seg = owner(b.address)
+                if seg is None:
+                    continue
+                h = self._new_handle()
+                seg.blocks.append((b.address, b.size, h, b.requested_size))
+                start_live.append((b.address, h, b.requested_size, self.smap.get(s.stream, 0)))
+        lost = 0
+        for addr, h, req, stream in self.pre_freed:
+            seg = owner(addr)
             if seg is None:
+                lost += 1
                 continue
-            h = n
-            n += 1
-            seg.blocks.append((b.address, b.size, h, b.requested_size))
-            start_live.append((b.address, h, b.requested_size, smap.get(s.stream, 0)))
-    lost = 0
-    for addr, h, req, stream in pre_freed:
-        seg = owner(addr)
-        if seg is None:
-            lost += 1
-            continue
-        seg.blocks.append((addr, round_size(req, divs), h, req))
-        start_live.append((addr, h, req, stream))
-    if lost:
-        warnings.append(f"{lost} blocks freed in the trace lie in no segment known at its start: ignored")
-    estimated = {h for _a, h, _r, _s in pre_freed}
-    free_op: dict = {}
-    first_alloc: dict = {}  # recorded address -> first op that allocated there
-    if estimated:
-        for i, (o, h) in enumerate(zip(ops, hid, strict=True)):
-            if o == OP_FREE and h in estimated:
-                free_op[h] = i
-        for i, a in enumerate(rec_alloc_addr):
-            if a is not None and a not in first_alloc:
-                first_alloc[a] = i
-    allocs = (sorted(first_alloc), first_alloc)
-    for seg in start_segs:
-        seg.blocks.sort()
-        if not seg.small and not seg.expandable:
-            _absorb_unsplittable_gaps(seg, estimated, free_op, allocs)
-    start_live.sort()
-    prog.n_handles = n
-    if not trace:
-        warnings.append("the snapshot has no trace (record_memory_history was off): nothing to replay")
-    return Replay(program=prog, start_segments=start_segs, start_live=start_live, recorded_events=rec_events,
-                  recorded_reserved_start=reserved_start, recorded_alloc_addr=rec_alloc_addr, op_event=op_event,
-                  addr_hints=hints, map_hints=map_hints, recorded_config=cfg, recorded_oom_ops=oom_ops, foreign_start=foreign_start,
-                  trace_entries=len(trace),
-                  streams=smap, warnings=warnings)
+            seg.blocks.append((addr, round_size(req, self.cfg.roundup_power2_divisions), h, req))
+            start_live.append((addr, h, req, stream))
+        if lost:
+            self.warnings.append(f"{lost} blocks freed in the trace lie in no segment known at its start: ignored")
+        self._settle_estimated_sizes(start_segs)
+        start_live.sort()
+        return start_live
+
+    def _settle_estimated_sizes(self, start_segs: list[SegmentSpec]) -> None:
+        """Blocks known only from their free entry get the bytes no split could have left beside them."""
+        estimated = {h for _a, h, _r, _s in self.pre_freed}
+        free_op: dict = {}
+        first_alloc: dict = {}  # recorded address -> first op that allocated there
+        if estimated:
+            for i, (o, h) in enumerate(zip(self.prog.ops, self.prog.hid, strict=True)):
+                if o == OP_FREE and h in estimated:
+                    free_op[h] = i
+            for i, a in enumerate(self.rec_alloc_addr):
+                if a is not None and a not in first_alloc:
+                    first_alloc[a] = i
+        allocs = (sorted(first_alloc), first_alloc)
+        for seg in start_segs:
+            seg.blocks.sort()
+            if not seg.small and not seg.expandable:
+                _absorb_unsplittable_gaps(seg, estimated, free_op, allocs)
+
+    def compile(self) -> Replay:
+        self._program()
+        start_segs, foreign_start = self._start_segments()
+        reserved_start = sum(s.size for s in start_segs) + foreign_start
+        start_live = self._start_live(start_segs)
+        self.prog.n_handles = self.n
+        if not self.trace:
+            self.warnings.append("the snapshot has no trace (record_memory_history was off): nothing to replay")
+        return Replay(program=self.prog, start_segments=start_segs, start_live=start_live,
+                      recorded_events=self.rec_events, recorded_reserved_start=reserved_start,
+                      recorded_alloc_addr=self.rec_alloc_addr, op_event=self.op_event, addr_hints=self.hints,
+                      map_hints=self.map_hints, recorded_config=self.cfg, recorded_oom_ops=self.oom_ops,
+                      foreign_start=foreign_start, trace_entries=len(self.trace), streams=self.smap,
+                      warnings=self.warnings)
 
 
 def _absorb_unsplittable_gaps(seg: SegmentSpec, estimated: set, free_op: dict, allocs: tuple) -> None:
