@@ -194,10 +194,7 @@ def config_from_settings(settings: AllocatorSettings) -> tuple[AllocatorConfig, 
 
 # ----- compiling a trace -----------------------------------------------------------------------------
 def _device_index(snap: Snapshot) -> int:
-    for d, t in enumerate(snap.traces):
-        if t:
-            return d
-    return snap.segments[0].device if snap.segments else 0
+    return snap.trace_device  # the segments' device (a DDP rank's snapshot lists other devices' traces too)
 
 
 def _is_empty_cache(frames: list) -> bool:
