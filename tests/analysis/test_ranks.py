@@ -93,12 +93,26 @@ def test_balanced_failure_is_the_jobs_not_one_ranks(capacity1):
 
 
 def test_one_ranks_leak():
-    a = RankFacts(rank=0, cause="healthy", peak_allocated_bytes=4 * GIB, composition={"parameters": GIB})
-    b = RankFacts(rank=1, cause="leak", leak=True, oom_at=10.0, oom_allocated_bytes=15 * GIB,
-                  oom_requested_bytes=GIB, composition={"parameters": GIB, "other": 13 * GIB})
-    out = diagnose_ranks([a, b])
-    assert out["failed_rank"] == 1 and out["imbalance"] == "leak"
+    """rank 1 = tests/fixtures/captured/leak_epochs (epoch ends 0-4 and the OOM, analysed together: the
+    kept logits grow by 1 GB an epoch); rank 0 = the same job's epoch0 snapshot alone (same model and
+    AdamW state, before anything piled up)."""
+    d = FIX / "captured" / "leak_epochs"
+    cap = 7516192768
+    snaps = [load_snapshot_file(d / f"{n}.pickle.gz").snapshot for n in
+             ("epoch0", "epoch1", "epoch2", "epoch3", "epoch4", "oom")]
+    res1 = analyze(snaps, OomContext(limit_bytes=cap))
+    assert res1["diagnosis"]["primary_cause"] == "leak"
+    r1 = RankFacts(rank=1, cause="leak", leak=True, oom_at=50.0, oom_step=44, limit_bytes=cap,
+                   composition=res1["composition"], oom_allocated_bytes=res1["metrics"]["allocated_bytes"],
+                   oom_requested_bytes=res1["oom"]["requested_bytes"])
+    r0 = _facts(d / "epoch0.pickle.gz", 0)
+    assert r0.cause == "healthy"
+    out = diagnose_ranks([r0, r1])
+    assert out["failed_rank"] == 1 and out["cause"] == "leak" and out["imbalance"] == "leak"
     assert "rank 1 only" in out["recommendations"][0]["action"]
+    rows = {r["rank"]: r for r in out["ranks"]}
+    assert rows[0]["parameters_bytes"] == rows[1]["parameters_bytes"]
+    assert rows[0]["optimizer_state_bytes"] == rows[1]["optimizer_state_bytes"]
 
 
 def test_unknown_when_other_ranks_sent_nothing(capacity1):
