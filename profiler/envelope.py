@@ -149,6 +149,9 @@ MAX_EXTRA_FIELDS = 32
 MAX_EXTRA_VALUE = 4096
 MAX_JSON_DEPTH = 32
 RUN_STATUSES = ("running", "completed", "crashed", "oom")
+#: What agents before 2026-12-01 sent for a run that died of a non-OOM exception: accepted at the door
+#: (a fleet upgrades slowly; their run_end must not be dead-lettered) and stored as "crashed".
+LEGACY_RUN_STATUSES = {"error": "crashed"}
 #: Stat sample keys the dispatcher stores (repository.stat_row) and the largest value of each column.
 STAT_KEYS = {
     **dict.fromkeys(("allocated_bytes.all.current", "allocated_bytes", "reserved_bytes.all.current",
@@ -328,7 +331,7 @@ def _check_kind_payload(kind: str, payload: dict, lo_ms: int, hi_ms: int) -> Non
         _count(payload, "world_size", "payload", INT32_MAX)
     elif kind == "run_end":
         status = payload.get("status")
-        if status is not None and status not in RUN_STATUSES:
+        if status is not None and status not in RUN_STATUSES and status not in LEGACY_RUN_STATUSES:
             raise EnvelopeError(f"payload.status must be one of {', '.join(RUN_STATUSES)}, got {_shown(status)}")
     elif kind == "snapshot":
         oom = payload.get("oom")

@@ -521,7 +521,7 @@ class Dispatcher:
         self.counts["runs"] += 1
 
     def on_run_end(self, env: envelope.Envelope) -> None:
-        status = env.payload.get("status")
+        status = envelope.LEGACY_RUN_STATUSES.get(env.payload.get("status"), env.payload.get("status"))
         if status not in jobs.STATUS_ORDER:
             status = "completed"
         with self._tx() as s:

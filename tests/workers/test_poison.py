@@ -379,3 +379,24 @@ def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world,
     assert row.state == "failed" and row.attempts == 1 and type(error).__name__ in row.last_error
     (letter,) = _dead(r, st)
     assert letter["stage"] == "analyze" and type(error).__name__ in letter["reason"]
+
+
+def test_run_end_of_an_older_agent_is_kept(world):
+    """Agents before 2026-12-01 ended a run that died of a non-OOM exception with status "error": the
+    door accepts it (a fleet upgrades slowly) and the run is stored as crashed, not dead-lettered."""
+    from sqlalchemy import select
+
+    from profiler.store.orm import Run
+
+    env, st, r = world
+    r.xadd(st.stream_key, _fields("run_start", run="old-agent"))
+    r.xadd(st.stream_key, _fields("run_end", run="old-agent", payload=json.dumps({"status": "error"})))
+    r.xadd(st.stream_key, _fields("run_end", run="bad-status", payload=json.dumps({"status": "exploded"})))
+    d = Dispatcher(st, consumer="c1", block_ms=50, enqueue=lambda sid: None)
+    d.run(install_signals=False, idle_exit_s=0.5)
+    reasons = {x["run"]: x["reason"] for x in _dead(r, st)}
+    assert set(reasons) == {"bad-status"} and "payload.status must be one of" in reasons["bad-status"]
+    with d.store.session() as s:
+        status = s.execute(select(Run.status).where(Run.name == "old-agent")).scalar_one()
+    assert status == "crashed"
+    assert _pending(r, st) == 0
