@@ -1,0 +1,161 @@
+"""Analysis results keyed by (sha256, analyzer version, context), run-level diagnoses, run summaries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import func, null, or_, select, update
+from sqlalchemy.orm import Session
+
+from profiler.store.orm import (
+    AnalysisResult,
+    Run,
+    RunDiagnosis,
+    Snapshot,
+    StatSample,
+)
+from profiler.store.repository.common import _db_time, _insert, json_safe, utcnow
+
+
+def context_key(ctx: Mapping[str, Any] | None) -> str:
+    """Stable key of the outside facts an analysis used; "" when there are none."""
+    facts = {k: v for k, v in (ctx or {}).items() if v not in (None, "")}
+    if not facts:
+        return ""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def find_analysis(session: Session, sha256: str, analyzer_version: str, context_key: str = "") -> int | None:
+    rid = session.execute(select(AnalysisResult.id).where(
+        AnalysisResult.sha256 == sha256, AnalysisResult.analyzer_version == analyzer_version,
+        AnalysisResult.context_key == context_key)).scalar_one_or_none()
+    return None if rid is None else int(rid)
+
+
+def _figures(result: Mapping[str, Any]) -> dict[str, Any]:
+    metrics = result.get("metrics") or {}
+    diag = result.get("diagnosis") or {}
+    oom = result.get("oom") or {}
+    return {
+        "reserved_bytes": metrics.get("reserved_bytes"),
+        "allocated_bytes": metrics.get("allocated_bytes"),
+        "active_bytes": metrics.get("active_bytes"),
+        "largest_free_block_bytes": metrics.get("largest_free_block_bytes"),
+        "fragmentation_ratio": metrics.get("fragmentation_ratio"),
+        "oom_requested_bytes": oom.get("requested_bytes") if oom else None,
+        "primary_cause": diag.get("primary_cause"),
+        "confidence": diag.get("confidence"),
+    }
+
+
+CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis")
+MAX_DETAILS_CHARS = 512 * 1024
+
+
+def contract_only(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The analyze() result as stored: the JSON contract keys, plus `details` (timeline, limits,
+    leak evidence) when it is under MAX_DETAILS_CHARS of JSON."""
+    doc = {k: result.get(k) for k in CONTRACT_KEYS}
+    details = result.get("details")
+    if details is not None:
+        details = json_safe(details)
+        if len(json.dumps(details)) <= MAX_DETAILS_CHARS:
+            doc["details"] = details
+    return json_safe(doc)
+
+
+def store_analysis(session: Session, sha256: str, analyzer_version: str, result: Mapping[str, Any],
+                   context_key: str = "", digest: Mapping[str, Any] | None = None) -> int:
+    """Upsert the analysis of `sha256` by `analyzer_version` (with the snapshot's digest for run
+    diagnoses, analysis/per_snapshot.py); returns its id."""
+    doc = contract_only(result)
+    values = {"sha256": sha256, "analyzer_version": analyzer_version, "context_key": context_key,
+              "result": doc, "digest": null() if digest is None else json_safe(digest), **_figures(doc)}
+    stmt = _insert(session, AnalysisResult).values(**values)
+    set_ = {k: stmt.excluded[k] for k in values if k not in ("sha256", "analyzer_version", "context_key")}
+    stmt = stmt.on_conflict_do_update(index_elements=["sha256", "analyzer_version", "context_key"],
+                                      set_=set_).returning(AnalysisResult.id)
+    return int(session.execute(stmt).scalar_one())
+
+
+def fill_digest(session: Session, analysis_id: int, digest: Mapping[str, Any]) -> None:
+    """Attach a digest to an analysis stored without a usable one (before migration 0003, or of an
+    older digest format)."""
+    session.execute(update(AnalysisResult).where(AnalysisResult.id == analysis_id).values(digest=json_safe(digest)))
+
+
+def drop_digests_outside_window(session: Session, run_id: int, rank: int, window: int) -> int:
+    """Digests are read only for a rank's newest `window` snapshots (a run diagnosis); those of its
+    older snapshots are dropped, unless the same analysis is also a newer snapshot's of this rank or
+    any snapshot's of another (run, rank) (bytes shared across runs: kept, to be safe). A digest
+    dropped wrongly costs one decode, which fills it in again. Returns the digests dropped."""
+    order = (Snapshot.taken_at.desc(), Snapshot.id.desc())
+    mine = (Snapshot.run_id == run_id) & (Snapshot.rank == rank) & Snapshot.analysis_id.is_not(None)
+    newest = select(Snapshot.analysis_id).where(mine).order_by(*order).limit(window)
+    older = select(Snapshot.analysis_id).where(mine).order_by(*order).offset(window)
+    elsewhere = select(Snapshot.id).where(Snapshot.analysis_id == AnalysisResult.id,
+                                          ~((Snapshot.run_id == run_id) & (Snapshot.rank == rank)))
+    res = session.execute(update(AnalysisResult)
+                          .where(AnalysisResult.digest.is_not(None), AnalysisResult.id.in_(older.scalar_subquery()),
+                                 AnalysisResult.id.not_in(newest.scalar_subquery()), ~elsewhere.exists())
+                          .values(digest=null()).execution_options(synchronize_session=False))
+    return int(res.rowcount or 0)
+
+
+def store_run_diagnosis(session: Session, run_id: int, rank: int, analyzer_version: str,
+                        result: Mapping[str, Any], snapshot_count: int, peak_reserved_bytes: int | None,
+                        peak_allocated_bytes: int | None, peak_composition: Mapping[str, Any]) -> None:
+    doc = contract_only(result)
+    diag = doc.get("diagnosis") or {}
+    values = {"run_id": run_id, "rank": rank, "analyzer_version": analyzer_version,
+              "primary_cause": diag.get("primary_cause"), "confidence": diag.get("confidence"),
+              "snapshot_count": snapshot_count, "peak_reserved_bytes": peak_reserved_bytes,
+              "peak_allocated_bytes": peak_allocated_bytes, "peak_composition": dict(peak_composition),
+              "result": doc, "computed_at": _db_time(session, utcnow())}
+    stmt = _insert(session, RunDiagnosis).values(**values)
+    set_ = {k: stmt.excluded[k] for k in values if k not in ("run_id", "rank")}
+    session.execute(stmt.on_conflict_do_update(index_elements=["run_id", "rank"], set_=set_))
+
+
+def refresh_run_summary(session: Session, run_id: int) -> None:
+    """Copy the verdict of the rank that matters most onto the run row, with peaks over snapshots
+    and stat samples. The rank that matters: an OOM diagnosis first, then the highest peak."""
+    diags = session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
+    snap_peak = session.execute(
+        select(func.max(AnalysisResult.reserved_bytes), func.max(AnalysisResult.allocated_bytes),
+               func.count(Snapshot.id))
+        .select_from(Snapshot).outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.run_id == run_id)).one()
+    stat_peak = session.execute(
+        select(func.max(StatSample.reserved_bytes), func.max(StatSample.allocated_bytes),
+               func.max(StatSample.oom_count))
+        .where(StatSample.run_id == run_id)).one()
+    ooms = session.execute(
+        select(func.count()).select_from(Snapshot).outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.run_id == run_id,
+               or_(Snapshot.trigger == "oom", AnalysisResult.oom_requested_bytes.is_not(None)))).scalar_one()
+    values: dict[str, Any] = {
+        "peak_reserved_bytes": max_present(snap_peak[0], stat_peak[0], *(d.peak_reserved_bytes for d in diags)),
+        "peak_allocated_bytes": max_present(snap_peak[1], stat_peak[1], *(d.peak_allocated_bytes for d in diags)),
+        "snapshot_count": int(snap_peak[2] or 0),
+        "oom_count": max(int(ooms or 0), int(stat_peak[2] or 0)),
+        "updated_at": func.current_timestamp(),
+    }
+    if diags:
+        def weight(d: RunDiagnosis):
+            oom = bool((d.result or {}).get("oom"))
+            return (oom, d.peak_reserved_bytes or 0, -d.rank)
+
+        main = max(diags, key=weight)
+        values["primary_cause"] = main.primary_cause
+        values["cause_confidence"] = main.confidence
+        values["fragmentation_ratio"] = ((main.result or {}).get("metrics") or {}).get("fragmentation_ratio")
+    session.execute(update(Run).where(Run.id == run_id).values(**values))
+
+
+def max_present(*vals):
+    present = [int(v) for v in vals if v is not None]
+    return max(present) if present else None

@@ -1,0 +1,116 @@
+"""Runs: create or update by name (`upsert_run`), status, id lookup, delete."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import case, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from profiler.errors import BadInput, NotFound
+from profiler.store.orm import (
+    RUN_STATUSES,
+    RankFigures,
+    Run,
+    RunDiagnosis,
+    Snapshot,
+    StatSample,
+)
+from profiler.store.repository.common import _db_time, _insert, utcnow
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """What is known about a run; None means "unknown here, keep what is stored"."""
+
+    name: str
+    job: str | None = None
+    cluster: str | None = None
+    host: str | None = None
+    username: str | None = None
+    project: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    gpu_model: str | None = None
+    gpu_memory_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    allocator_conf: str | None = None
+    optimizer: str | None = None
+    param_count: int | None = None
+    world_size: int | None = None
+    rank: int | None = None
+    started_at: dt.datetime | None = None
+    ended_at: dt.datetime | None = None
+    status: str | None = None
+
+    def __post_init__(self):
+        if not self.name or len(self.name) > 200:
+            raise BadInput("a run needs a name of 1 to 200 characters", hint="pass --run NAME")
+        if self.status is not None and self.status not in RUN_STATUSES:
+            raise BadInput(f"run status {self.status!r} is not one of {', '.join(RUN_STATUSES)}")
+
+
+_KEEP_COLUMNS = ("job", "cluster", "host", "username", "project", "torch_version", "cuda_version",
+                 "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes", "allocator_conf",
+                 "optimizer", "param_count", "world_size", "rank", "status")
+
+
+def upsert_run(session: Session, meta: RunMeta) -> int:
+    """Create or update the run `meta.name`; returns its id (see module docstring)."""
+    values: dict[str, Any] = {k: v for k, v in asdict(meta).items() if v is not None and k != "labels"}
+    values["labels"] = {str(k): str(v) for k, v in dict(meta.labels).items()}
+    values["started_at"] = _db_time(session, meta.started_at) or _db_time(session, utcnow())
+    if meta.ended_at is not None:
+        values["ended_at"] = _db_time(session, meta.ended_at)
+    stmt = _insert(session, Run).values(**values)
+    ex = stmt.excluded
+    t = Run.__table__.c
+    dialect = session.get_bind().dialect.name
+    merged_labels = (t.labels.op("||")(ex.labels) if dialect == "postgresql"
+                     else func.json_patch(t.labels, ex.labels))
+    set_: dict[str, Any] = {c: ex[c] for c in _KEEP_COLUMNS if c in values}
+    set_["labels"] = merged_labels
+    if meta.started_at is not None:
+        set_["started_at"] = case((or_(t.started_at.is_(None), ex.started_at < t.started_at), ex.started_at),
+                                  else_=t.started_at)
+    if meta.ended_at is not None:
+        set_["ended_at"] = case((or_(t.ended_at.is_(None), ex.ended_at > t.ended_at), ex.ended_at),
+                                else_=t.ended_at)
+    set_["updated_at"] = func.current_timestamp()
+    stmt = stmt.on_conflict_do_update(index_elements=[t.name], set_=set_).returning(t.id)
+    return int(session.execute(stmt).scalar_one())
+
+
+def run_id_for(session: Session, run_name: str) -> int:
+    rid = session.execute(select(Run.id).where(Run.name == run_name)).scalar_one_or_none()
+    if rid is None:
+        raise NotFound(f"no run named {run_name!r}", hint="list runs with `memq runs`")
+    return int(rid)
+
+
+def set_run_status(session: Session, run_name: str, status: str, ended_at: dt.datetime | None = None) -> None:
+    if status not in RUN_STATUSES:
+        raise BadInput(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
+    values: dict[str, Any] = {"status": status, "updated_at": func.current_timestamp()}
+    if ended_at is not None or status != "running":
+        values["ended_at"] = _db_time(session, ended_at or utcnow())
+    res = session.execute(update(Run).where(Run.name == run_name).values(**values))
+    if res.rowcount == 0:
+        raise NotFound(f"no run named {run_name!r}", hint="list runs with `memq runs`")
+
+
+
+def delete_run(session: Session, run_name: str) -> None:
+    """Remove a run with its stat samples, snapshots and diagnoses (blobs and shared analysis
+    results stay: other runs may hold the same bytes)."""
+    run_id = run_id_for(session, run_name)
+    session.execute(StatSample.__table__.delete().where(StatSample.run_id == run_id))
+    session.execute(RunDiagnosis.__table__.delete().where(RunDiagnosis.run_id == run_id))
+    session.execute(RankFigures.__table__.delete().where(RankFigures.run_id == run_id))
+    session.execute(Snapshot.__table__.delete().where(Snapshot.run_id == run_id))
+    session.execute(Run.__table__.delete().where(Run.id == run_id))
