@@ -16,7 +16,6 @@ The analysis itself is `profiler.analysis.analyze`, imported when first needed.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
