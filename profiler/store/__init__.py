@@ -5,8 +5,8 @@ Modules
 - `db`: engines and the transactional scope that maps database errors to memq errors.
 - `schema`: upgrade / downgrade / current revision, and the out-of-date schema guard.
 - `blobs`: `BlobStore`, raw snapshots by sha256 in `MEMQ_BLOB_DIR`.
-- `repository`: write side (runs, snapshot work queue, analysis results, stat samples, reports),
-  used by `memq ingest` and the workers.
+- `repository`: write side, a package with one module per concern (runs, snapshot work queue,
+  analysis results, stat samples, reports), re-exported as `repository.X`; used by `memq ingest` and the workers.
 - `queries`: read side behind `memq runs / history / compare / versions`.
 - `service`: analyse and store (ingest, run-level diagnosis, reanalyze), no Redis, no worker.
 - `connection`: `open_store(settings)` -> `Store(engine, blobs, settings)`: the connection to both
