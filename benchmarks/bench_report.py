@@ -201,6 +201,7 @@ def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
     from profiler.report.data import build_report
     from profiler.store.connection import open_store
     from profiler.store.report_queries import Scope
+    from profiler.store.report_source import SqlReportSource
 
     t = time.perf_counter()
     counts = fill(url, runs, tmpl)
@@ -219,7 +220,7 @@ def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
         generate(store, DAY - dt.timedelta(days=1), scope)  # the nightly of the day before
         t = time.perf_counter()
         with store.session() as s:
-            build_report(s, DAY, scope)
+            build_report(SqlReportSource(s), DAY, scope)
         out["build_only_s"] = time.perf_counter() - t
         t = time.perf_counter()
         doc, texts = generate(store, DAY, scope)

@@ -82,6 +82,7 @@ def plot(run_name, out, points):
     """A run's memory timeline: reserved, allocated, the limit, snapshots and the OOM."""
     from profiler.report import plots
     from profiler.report.data import run_timeline
+    from profiler.store.report_source import SqlReportSource
 
     out = out or f"{''.join(c if c.isalnum() or c in '._-' else '_' for c in run_name)}.png"
     suffix = Path(out).suffix.lower()
@@ -90,7 +91,7 @@ def plot(run_name, out, points):
     check_output(out)
     store = open_cli_store()
     with store.session() as s:
-        tl = run_timeline(s, run_name, points=points)
+        tl = run_timeline(SqlReportSource(s), run_name, points=points)
     if not tl["series"] and not any(x["reserved_bytes"] is not None for x in tl["snapshots"]):
         raise NotFound(f"run {run_name!r} has no stat samples and no analysed snapshot to plot",
                        hint="ingest snapshots or --stats for it first")

@@ -1,6 +1,7 @@
 """Nightly and on-demand reports, and run timeline plots.
 
-- `data.build_report(session, date, scope)`: gathers the figures (the only module that queries).
+- `data.build_report(source, date, scope)`: gathers the figures from a source of plain dicts
+  (`profiler.store.report_source.SqlReportSource(session)`: the report's queries).
 - `html.render_html(doc)`, `markdown.render_markdown(doc)`, `render(doc, fmt)`: format them.
 - `plots`: matplotlib (Agg) figures, embedded as inline SVG in HTML.
 - `generate(store, date, scope, ...)`: build, store in the reports table (one row per date and
@@ -54,11 +55,13 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
     Returns (document, {format: rendered text}): every format when saving, else `formats`.
     `simulate`: replay the top fragmented runs under the proposed setting (needs their blobs)."""
-    from profiler.report.data import build_report, stored_summary, whatif_simulator
+    from profiler.report.data import build_report, stored_summary
     from profiler.store import repository as repo
+    from profiler.store.report_source import SqlReportSource, whatif_simulator
 
     with store.session() as s:
-        doc = build_report(s, day, scope, now=now, simulate=whatif_simulator(store) if simulate else None)
+        doc = build_report(SqlReportSource(s), day, scope, now=now,
+                           simulate=whatif_simulator(store, s) if simulate else None)
     texts = {fmt: render(doc, fmt) for fmt in (FORMATS if save else formats)}
     if save:
         base = Path(write_dir or store.settings.report_dir).expanduser() / scope.slug()

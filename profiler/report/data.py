@@ -1,6 +1,10 @@
 """Gather one report: the figures of one UTC day and one scope, as a plain JSON-able dict.
 
-    doc = build_report(session, dt.date(2026, 11, 29), Scope.parse("cluster=a"))
+    with store.session() as s:
+        doc = build_report(SqlReportSource(s), dt.date(2026, 11, 29), Scope.parse("cluster=a"))
+
+`source` (profiler/store/report_source.py) answers the report's queries with plain dicts: nothing
+here holds a database session, so the figures can be built from any source of those dicts.
 
 The renderers (html, markdown, JSON) only format this dict; nothing here formats for people
 beyond short `text` lines. Sections (all byte counts are integers):
@@ -27,12 +31,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
-from sqlalchemy.orm import Session
-
-from profiler.store import report_queries as rq
 from profiler.store.report_queries import Scope, Window
 
 SCHEMA = 1
@@ -47,47 +48,60 @@ MAX_LISTED = 50
 MAX_FRAGMENTED = 10
 MAX_TIMELINES = 12
 MAX_SIMULATED = 3
-Simulator = Callable[[Session, dict, str], "dict | None"]
+Simulator = Callable[[dict, str], "dict | None"]
 TREND_DAYS = 14
 ALLOC_SETTING = re.compile(r"(expandable_segments:True|max_split_size_mb:\d+|garbage_collection_threshold:[\d.]+|"
                            r"roundup_power2_divisions:\d+)")
 
 
-def build_report(session: Session, day: dt.date, scope: Scope, *, previous: dict | None = None,
+class ReportSource(Protocol):
+    """Where the figures come from: plain dicts (profiler.store.report_source.SqlReportSource)."""
+
+    def window_runs(self, window: Window, scope: Scope) -> list[dict[str, Any]]: ...
+    def run_metrics(self, window: Window, scope: Scope) -> dict[int, dict[str, Any]]: ...
+    def epoch_floors(self, window: Window, scope: Scope) -> dict[int, list[dict[str, Any]]]: ...
+    def diagnosis_parts(self, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]: ...
+    def version_stats(self, window: Window, scope: Scope) -> list[dict[str, Any]]: ...
+    def previous_report(self, day: dt.date, scope: Scope) -> dict[str, Any] | None: ...
+    def stored_reports(self, scope: Scope, first: dt.date, last: dt.date) -> list[dict[str, Any]]: ...
+    def run_history(self, run_name: str, points: int) -> dict[str, Any]: ...
+
+
+def build_report(source: ReportSource, day: dt.date, scope: Scope, *, previous: dict | None = None,
                  compute_previous: bool = True, timelines: int = MAX_TIMELINES,
                  now: dt.datetime | None = None, simulate: Simulator | None = None) -> dict[str, Any]:
     """The report of `day` (UTC) for `scope`. `previous`: the previous report's document; when
     None it is read from the reports table, or computed for the day before when none is stored
-    and `compute_previous`. `simulate` (see `whatif_simulator`): replays the top fragmented runs'
+    and `compute_previous`. `simulate` (see `report_source.whatif_simulator`): replays the top fragmented runs'
     last snapshot under the proposed setting with the allocator model."""
     window = Window.for_date(day)
-    runs = rq.window_runs(session, window, scope)
+    runs = source.window_runs(window, scope)
     by_id = {r["id"]: r for r in runs}
-    metrics = rq.run_metrics(session, window, scope)
+    metrics = source.run_metrics(window, scope)
 
     ooms = [r for r in runs if _is_oom(r)]
     near = [r for r in runs if not _is_oom(r) and _headroom(r) is not None and _headroom(r)[1] < NEAR_MISS_HEADROOM]
     fragmented = _fragmented(runs, metrics)
-    floors = rq.epoch_floors(session, window, scope)
+    floors = source.epoch_floors(window, scope)
     growing = _growing(runs, floors)
     listed_ids = ([r["id"] for r in ooms[:MAX_LISTED]] + [r["id"] for r in near[:MAX_LISTED]]
                   + [f["run_id"] for f in fragmented] + [g["run_id"] for g in growing[:MAX_LISTED]]
                   + [r["id"] for r in runs if r["primary_cause"] == "leak"][:MAX_LISTED])
-    parts = rq.diagnosis_parts(session, listed_ids)
+    parts = source.diagnosis_parts(listed_ids)
     growing = _add_leaks(growing, runs, parts, floors)
     for f in fragmented:
         f.update(_setting_for(by_id[f["run_id"]], parts.get(f["run_id"]) or {}, f))
         f["simulated"] = None
     if simulate is not None:
         for f in [f for f in fragmented if f["setting"]][:MAX_SIMULATED]:
-            f["simulated"] = simulate(session, by_id[f["run_id"]], f["setting"])
+            f["simulated"] = simulate(by_id[f["run_id"]], f["setting"])
 
     if previous is None:
-        stored = rq.previous_report(session, day, scope)
+        stored = source.previous_report(day, scope)
         if stored is not None:
             previous = stored["summary"] | {"_source": "stored"}
         elif compute_previous:
-            prev_doc = build_report(session, day - dt.timedelta(days=1), scope, compute_previous=False,
+            prev_doc = build_report(source, day - dt.timedelta(days=1), scope, compute_previous=False,
                                     previous={}, timelines=0)
             previous = (prev_doc | {"_source": "computed"}) if prev_doc["totals"]["runs"] else None
 
@@ -103,14 +117,14 @@ def build_report(session: Session, day: dt.date, scope: Scope, *, previous: dict
         "ooms": _incidents(ooms, parts, kind="oom"),
         "near_misses": _incidents(near, parts, kind="near_miss"),
         "breakdown": _breakdown(ooms, near),
-        "regressions": _regressions(rq.version_stats(session, window, scope), previous),
+        "regressions": _regressions(source.version_stats(window, scope), previous),
         "fragmented": [_public(f) for f in fragmented],
         "growing": [_public(g) for g in growing],
     }
     doc["flagged_runs"] = _flagged(doc)
     doc["changes"] = _changes(doc, previous) if previous else None
-    doc["trend"] = _trend(session, day, scope, doc)
-    doc["timelines"] = _timelines(session, doc, timelines) if timelines else []
+    doc["trend"] = _trend(source, day, scope, doc)
+    doc["timelines"] = _timelines(source, doc, timelines) if timelines else []
     doc["summary"] = summary_lines(doc)
     return doc
 
@@ -405,12 +419,12 @@ def _changes(doc: dict, prev: dict) -> dict[str, Any]:
     }
 
 
-def _trend(session: Session, day: dt.date, scope: Scope, doc: dict) -> list[dict]:
+def _trend(source: ReportSource, day: dt.date, scope: Scope, doc: dict) -> list[dict]:
     """Per day: OOMs, near misses and mean fragmentation of the listed fragmented runs, from the
     stored reports of the scope over the last TREND_DAYS days plus this one."""
     first = day - dt.timedelta(days=TREND_DAYS - 1)
     points = []
-    for rep in rq.stored_reports(session, scope, first, day - dt.timedelta(days=1)):
+    for rep in source.stored_reports(scope, first, day - dt.timedelta(days=1)):
         s = rep["summary"]
         points.append(_trend_point(str(rep["date"]), s))
     points.append(_trend_point(doc["date"], doc))
@@ -426,21 +440,23 @@ def _trend_point(date: str, s: dict) -> dict:
                                            / len(s.get("fragmented"))) if s.get("fragmented") else None)}
 
 
-def _timelines(session: Session, doc: dict, limit: int) -> list[dict]:
+def _timelines(source: ReportSource, doc: dict, limit: int) -> list[dict]:
     out = []
     for f in doc["flagged_runs"][:limit]:
-        tl = run_timeline(session, f["run"])
+        tl = run_timeline(source, f["run"])
         tl["why"] = f["why"]
         out.append(tl)
     return out
 
 
-def run_timeline(session: Session, run_name: str, points: int = 240) -> dict[str, Any]:
+def run_timeline(source: ReportSource, run_name: str, points: int = 240) -> dict[str, Any]:
     """What a memory timeline plot needs: stat samples (reserved, allocated; max per bucket), the
     snapshots (time, trigger, reserved, allocated), the limit and the OOM (time, request)."""
-    from profiler.store.queries import run_history
+    return timeline_from_history(source.run_history(run_name, points))
 
-    h = run_history(session, run_name, points=points, max_snapshots=500)
+
+def timeline_from_history(h: dict[str, Any]) -> dict[str, Any]:
+    """`run_timeline` from a run's `memq history --json` document."""
     run = h["run"]
     snaps = [{"t": s["taken_at"], "trigger": s["trigger"], "epoch": s["epoch"], "step": s["step"],
               "reserved_bytes": s["reserved_bytes"], "allocated_bytes": s["allocated_bytes"],
@@ -503,70 +519,6 @@ def stored_summary(doc: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- what-if of a setting
-
-
-def whatif_simulator(store, max_trace_entries: int = 200_000) -> Simulator:
-    """A `simulate` for build_report: the run's last snapshot (its OOM snapshot when it has one)
-    under the recorded settings and under `setting`, at the run's limit: the sweep the worker stored
-    for it (profiler/store/sweeps.py) when it holds the setting, else replayed here from the blob
-    store with the rank's earlier snapshots as seeds. The result carries the verdict and its reason
-    (not assessable, or a success over the recorded window only), never an outcome alone. Returns
-    None when the blob is not stored or the trace is too long to replay here."""
-    from sqlalchemy import case, select
-
-    from profiler.errors import MemqError
-    from profiler.store.orm import Snapshot
-
-    def simulate(session: Session, run: dict, setting: str) -> dict | None:
-        from profiler.store import sweeps
-
-        row = session.execute(
-            select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger)
-            .where(Snapshot.run_id == run["id"])
-            .order_by(case((Snapshot.trigger == "oom", 0), else_=1), Snapshot.taken_at.desc(), Snapshot.id.desc())
-            .limit(1)).one_or_none()
-        if row is None:
-            return None
-        stored = sweeps.sweeps_by_sha(session, [row.sha256]).get(row.sha256)
-        results = {r["conf"]: r for r in (stored or {}).get("results") or []}
-        source = "stored sweep"
-        if "" not in results or setting not in results:
-            if not store.blobs.exists(row.sha256):
-                return None
-            try:
-                from profiler.store.service import load_blob
-
-                def load(sha, src):
-                    ld = load_blob(store, sha, src)
-                    if sum(len(t) for t in ld.snapshot.traces) > max_trace_entries:
-                        raise ValueError("trace too long to replay in the report")
-                    return ld
-
-                plan = sweeps.plan_for(session, int(row.id))
-                doc = sweeps.run_plan(plan, load, confs=[setting],
-                                      limit_bytes=run["memory_limit_bytes"] or plan.limit_bytes)
-            except ValueError as exc:
-                if "too long" in str(exc):
-                    return None
-                return {"conf": setting, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            except MemqError as exc:
-                return {"conf": setting, "error": f"{type(exc).__name__}: {exc}"[:300]}
-            results = {r["conf"]: r for r in doc["results"]}
-            source = "replayed for this report"
-        recorded, proposed = results[""], results[setting]
-        return {"conf": setting, "snapshot": row.sha256[:12], "trigger": row.trigger, "source": source,
-                "limit_bytes": proposed.get("limit_bytes", (stored or {}).get("limit_bytes")),
-                "recorded_predicted_oom": recorded.get("predicted_oom"),
-                "predicted_oom": proposed.get("predicted_oom"),
-                "verdict": proposed.get("verdict"),
-                "reason": proposed.get("reason"),
-                "recorded_reason": recorded.get("reason"),
-                "recorded_peak_reserved_bytes": recorded.get("peak_reserved_bytes"),
-                "peak_reserved_bytes": proposed.get("peak_reserved_bytes"),
-                "confidence": proposed.get("confidence"),
-                "note": (proposed.get("notes") or [None])[-1]}
-
-    return simulate
 
 
 def simulated_outcome(sim: dict) -> str:

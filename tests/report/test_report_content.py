@@ -231,8 +231,9 @@ def test_plot_png_and_html_mark_the_limit_and_the_oom(history, tmp_path):
     assert "<svg" in text and "limit 7.00 GiB" in text and "OOM" in text and "<script" not in text
     with history.store().session() as s:
         from profiler.report.data import run_timeline
+        from profiler.store.report_source import SqlReportSource
 
-        tl = run_timeline(s, "leak_epochs")
+        tl = run_timeline(SqlReportSource(s), "leak_epochs")
     assert tl["limit_bytes"] == 7516192768 and tl["oom"]["requested_bytes"] == 262144000
     assert [x["trigger"] for x in tl["snapshots"]] == ["epoch_end"] * 5 + ["oom"]
     assert len(tl["series"]) == 44  # one stat sample per step until the OOM at step 44
@@ -241,9 +242,10 @@ def test_plot_png_and_html_mark_the_limit_and_the_oom(history, tmp_path):
 
 def test_build_report_directly_matches_the_cli(history):
     from profiler.report.data import build_report
+    from profiler.store.report_source import SqlReportSource
 
     with history.store().session() as s:
-        doc = build_report(s, dt.date.fromisoformat(DAY1), Scope.parse("all"), timelines=0)
+        doc = build_report(SqlReportSource(s), dt.date.fromisoformat(DAY1), Scope.parse("all"), timelines=0)
     assert doc["totals"]["oom_runs"] == 4 and doc["timelines"] == []
     assert CAPTURED.exists()
 
