@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,9 +37,10 @@ CODECS = ("zstd", "gzip")
 OOM_KEYS = ("alloc", "device_alloc", "device_free", "device_total", "message")
 
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+_NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
 _MAX_PAYLOAD = 1 << 20  # 1 MiB of JSON: stats batches are small; blobs never travel in the entry
 _IDENTITY = ("run", "cluster", "job", "host")
-_SNAPSHOT_ONLY = ("sha256", "size", "codec", "trigger", "step", "epoch")
+_SNAPSHOT_ONLY = ("sha256", "size", "codec", "trigger", "step", "epoch", "nonce")
 _KNOWN = ("v", "kind", "rank", "ts", "payload", *_IDENTITY, *_SNAPSHOT_ONLY)
 
 
@@ -62,6 +64,7 @@ class Envelope:
     trigger: str | None = None
     step: int | None = None
     epoch: int | None = None
+    nonce: str | None = None
     v: int = VERSION
     extra: dict = field(default_factory=dict)
 
@@ -74,14 +77,33 @@ class Envelope:
     def to_fields(self) -> dict[str, str]:
         return build(self.kind, run=self.run, cluster=self.cluster, rank=self.rank, job=self.job,
                      host=self.host, ts=self.ts, payload=self.payload, sha256=self.sha256, size=self.size,
-                     codec=self.codec, trigger=self.trigger, step=self.step, epoch=self.epoch)
+                     codec=self.codec, trigger=self.trigger, step=self.step, epoch=self.epoch,
+                     nonce=self.nonce)
+
+    def blob_key(self, prefix: str = "memq:") -> str:
+        """Where this snapshot's blob waits in Redis."""
+        return blob_key(self.sha256 or "", prefix, self.nonce)
 
 
-def blob_key(sha256: str, prefix: str = "memq:") -> str:
-    """Redis key of a snapshot blob: `<prefix>blob:<sha256>`."""
+def blob_key(sha256: str, prefix: str = "memq:", nonce: str | None = None) -> str:
+    """Redis key of a snapshot blob: `<prefix>blob:<sha256>`, or `<prefix>blob:<sha256>:<nonce>`.
+
+    Agents add a random nonce (sent only in the envelope, which the agent ACL cannot read back): every
+    agent shares one Redis user that may SET `memq:blob:*`, and with the bare sha256 as the key one job
+    could overwrite another job's blob in flight (identical snapshots are public knowledge: the
+    sha256 of a common model's warm-up) and have it dead-lettered as corrupt. Entries without a nonce
+    (`memq push` of older versions, tests) keep the bare key."""
     if not _SHA_RE.match(sha256 or ""):
         raise EnvelopeError(f"not a sha256 hex digest: {sha256!r}")
+    if nonce:
+        if not _NONCE_RE.match(nonce):
+            raise EnvelopeError(f"not a blob nonce (32 lowercase hex digits): {nonce!r}")
+        return f"{prefix}blob:{sha256}:{nonce}"
     return f"{prefix}blob:{sha256}"
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
 
 
 def now_ms() -> int:
@@ -99,7 +121,7 @@ def _opt_int(name: str, value: Any) -> str:
 def build(kind: str, *, run: str, cluster: str, rank: int = 0, job: str | None = "", host: str | None = "",
           ts: int | None = None, payload: Mapping | None = None, sha256: str | None = None,
           size: int | None = None, codec: str | None = None, trigger: str | None = None,
-          step: int | None = None, epoch: int | None = None) -> dict[str, str]:
+          step: int | None = None, epoch: int | None = None, nonce: str | None = None) -> dict[str, str]:
     """The stream fields of one envelope, validated. Raises EnvelopeError."""
     if kind not in KINDS:
         raise EnvelopeError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -128,6 +150,10 @@ def build(kind: str, *, run: str, cluster: str, rank: int = 0, job: str | None =
             raise EnvelopeError(f"size must be a positive int, got {size!r}")
         fields.update(sha256=sha256, size=str(size), codec=codec, trigger=trigger,
                       step=_opt_int("step", step), epoch=_opt_int("epoch", epoch))
+        if nonce:
+            if not _NONCE_RE.match(nonce):
+                raise EnvelopeError(f"nonce must be 32 lowercase hex digits, got {nonce!r}")
+            fields["nonce"] = nonce
     return fields
 
 
@@ -399,7 +425,11 @@ def parse(fields: Mapping[Any, Any], limits: Limits | None = None) -> Envelope:
             raise EnvelopeError(f"field codec must be one of {', '.join(CODECS)}, got {_shown(d.get('codec'))}")
         if d.get("trigger") not in TRIGGERS:
             raise EnvelopeError(f"field trigger must be one of {', '.join(TRIGGERS)}, got {_shown(d.get('trigger'))}")
-        snap = dict(sha256=sha, size=_int(d, "size", required=True, lo=1, hi=limits.max_snapshot_bytes),
+        nonce = d.get("nonce") or None
+        if nonce is not None and not _NONCE_RE.match(nonce):
+            raise EnvelopeError(f"field nonce is not 32 lowercase hex digits: {_shown(nonce, 70)}")
+        snap = dict(sha256=sha, nonce=nonce,
+                    size=_int(d, "size", required=True, lo=1, hi=limits.max_snapshot_bytes),
                     codec=d["codec"], trigger=d["trigger"], step=_int(d, "step", required=False, hi=MAX_STEP),
                     epoch=_int(d, "epoch", required=False, hi=MAX_EPOCH))
     else:

@@ -13,7 +13,7 @@
 -- Anything else (junk, numbers, too many or too long fields) is relayed as a stub entry with
 -- v=0 and a relay_error field, so the dispatcher dead-letters it with the reason and nothing blocks.
 
-local VERSION = 1
+local VERSION = 2
 local MAX_ELEMENT_BYTES = 2 * 1024 * 1024  -- an envelope is < 1.1 MiB (payload cap 1 MiB)
 local MAX_PAIRS = 32                      -- envelopes have 15 fields
 local MAX_NAME_BYTES = 64
@@ -43,6 +43,10 @@ end
 
 local function is_sha256(s)
   return type(s) == 'string' and #s == 64 and not s:find('[^0-9a-f]')
+end
+
+local function is_nonce(s)
+  return type(s) == 'string' and #s == 32 and not s:find('[^0-9a-f]')
 end
 
 -- memq_relay KEYS: inbox (list), stream; ARGV: max elements, stream MAXLEN (~), blob key prefix,
@@ -76,12 +80,15 @@ local function relay(keys, args)
     if stub then refused = refused + 1 end
     -- The agent SETs its blob itself; whatever TTL it chose (or none), a relayed snapshot's blob
     -- lives at most the deployment's TTL.
-    local kind, sha
+    local kind, sha, nonce
     for i = 1, #fields, 2 do
-      if fields[i] == 'kind' then kind = fields[i + 1] elseif fields[i] == 'sha256' then sha = fields[i + 1] end
+      if fields[i] == 'kind' then kind = fields[i + 1]
+      elseif fields[i] == 'sha256' then sha = fields[i + 1]
+      elseif fields[i] == 'nonce' then nonce = fields[i + 1] end
     end
     if kind == 'snapshot' and is_sha256(sha) then
       local key = prefix .. 'blob:' .. sha
+      if is_nonce(nonce) then key = key .. ':' .. nonce end  -- envelope.blob_key
       local left = redis.call('TTL', key)
       if left == -1 or left > ttl then redis.call('EXPIRE', key, math.floor(ttl)) end
     end

@@ -36,7 +36,7 @@ from typing import Any
 log = logging.getLogger("memq.redis_functions")
 
 LIBRARY = "memq"
-VERSION = 1  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
+VERSION = 2  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
 SOURCE = Path(__file__).with_name("memq_functions.lua")
 #: Elements moved per FCALL: the function blocks Redis while it runs, so keep each call short.
 RELAY_BATCH = 1000

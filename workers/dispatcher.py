@@ -592,7 +592,7 @@ class Dispatcher:
             if state in ("pending", "running"):
                 self.enqueue(sid)
         self._fault("after_enqueue")
-        return [eid for eid, *_ in ready], {envelope.blob_key(env.sha256, self.st.key_prefix)
+        return [eid for eid, *_ in ready], {env.blob_key(self.st.key_prefix)
                                             for _e, _f, env, _r in ready}
 
     def _insert_rows(self, ready: list) -> list[tuple[int, str, bool]]:
@@ -602,7 +602,7 @@ class Dispatcher:
     def move_blob(self, eid: str, fields: dict, env: envelope.Envelope) -> str | None:
         """The blob store key of the snapshot's bytes, moving them there from Redis if needed
         (verified: they must inflate to their sha256). None when dead-lettered (missing, corrupt)."""
-        key = envelope.blob_key(env.sha256, self.st.key_prefix)
+        key = env.blob_key(self.st.key_prefix)
         blobs = self.store.blobs
         ref = blobs.ref(env.sha256)
         if ref is not None:

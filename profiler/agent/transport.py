@@ -299,9 +299,10 @@ class Transport:
         data = bytes(obj) if isinstance(obj, (bytes, bytearray, memoryview)) else pickle.dumps(obj, protocol=4)
         sha = hashlib.sha256(data).hexdigest()
         blob = compress(data, self.codec)
+        nonce = envelope.new_nonce()  # the blob key other jobs cannot guess (envelope.blob_key)
         fields = envelope.build("snapshot", sha256=sha, size=len(data), codec=self.codec, trigger=item.trigger,
-                                step=item.step, epoch=item.epoch, **common)
-        return Message(fields=fields, blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix))
+                                step=item.step, epoch=item.epoch, nonce=nonce, **common)
+        return Message(fields=fields, blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix, nonce))
 
     def deliver(self, msg: Message, spool_only: bool = False) -> None:
         if not spool_only and self._connected():
@@ -418,7 +419,7 @@ def replay_spool(spool: Spool, client, *, stream: str = "memq:ingest", maxlen: i
     for name, msg in list(spool):
         env = envelope.parse(msg.fields)  # refuse anything that is not a valid envelope
         if msg.blob_key is not None:
-            key = envelope.blob_key(env.sha256, key_prefix) if key_prefix is not None else msg.blob_key
+            key = env.blob_key(key_prefix) if key_prefix is not None else msg.blob_key
             client.set(key, msg.blob, ex=blob_ttl_s)
         path = append_fields(client, msg.fields, stream=stream, maxlen=maxlen, path=path)
         if path == "inbox" and counters is not None:

@@ -115,7 +115,7 @@ def entries(r: redis.Redis, stream: str) -> list[envelope.Envelope]:
 
 def blob_of(r: redis.Redis, env: envelope.Envelope, prefix: str) -> bytes:
     """Uncompressed pickle bytes of a snapshot envelope's blob, checked against its sha256 and size."""
-    raw = r.get(envelope.blob_key(env.sha256, prefix))
+    raw = r.get(env.blob_key(prefix))
     assert raw is not None, "blob missing"
     assert codec.compression_of(raw) == env.codec
     data = codec.decompress(raw)

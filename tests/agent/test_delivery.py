@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from profiler import codec, envelope
+from profiler import codec
 from profiler.agent.source import ReplaySource
 
 from .conftest import REAL, blob_of, entries, fixture_sha, make_agent, wait_for
@@ -40,7 +40,7 @@ def test_seed_run_arrives_intact(shared):
         assert s.sha256 == fixture_sha("seed_adamw", f)
         snap = codec.decode(data)
         assert isinstance(snap, dict) and snap["segments"]
-        assert r.ttl(envelope.blob_key(s.sha256, prefix)) > 6 * 24 * 3600
+        assert r.ttl(s.blob_key(prefix)) > 6 * 24 * 3600
     samples = [x for e in got if e.kind == "stats" for x in e.payload["samples"]]
     steps = [x["step"] for x in samples if "step" in x]
     assert steps == list(range(45))

@@ -51,6 +51,24 @@ def test_blob_key():
     assert envelope.blob_key(SHA, "p:") == f"p:blob:{SHA}"
     with pytest.raises(EnvelopeError):
         envelope.blob_key("nothex")
+    nonce = envelope.new_nonce()
+    assert envelope.blob_key(SHA, "p:", nonce) == f"p:blob:{SHA}:{nonce}" and len(nonce) == 32
+    with pytest.raises(EnvelopeError):
+        envelope.blob_key(SHA, "p:", "../../x")
+
+
+def test_nonce_travels_in_the_envelope_and_names_the_blob():
+    nonce = envelope.new_nonce()
+    f = envelope.build("snapshot", run="r", cluster="c", sha256=SHA, size=10, codec="zstd", trigger="oom",
+                       nonce=nonce)
+    env = envelope.parse(f)
+    assert env.nonce == nonce and env.blob_key("p:") == f"p:blob:{SHA}:{nonce}"
+    assert envelope.parse(env.to_fields()).nonce == nonce
+    for bad in ("UPPER" * 6 + "ab", "0" * 31, "z" * 32):
+        with pytest.raises(EnvelopeError, match="nonce"):
+            envelope.parse({**f, "nonce": bad})
+    with pytest.raises(EnvelopeError, match="belong to snapshot"):
+        envelope.parse({**envelope.build("run_start", run="r", cluster="c"), "nonce": nonce})
 
 
 @pytest.mark.parametrize("mutate", [

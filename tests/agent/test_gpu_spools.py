@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import codec, envelope
+from profiler import codec
 from profiler.agent.replay import replay_dir
 
 from .conftest import blob_of, entries
@@ -94,7 +94,7 @@ def test_replay_cli_removes_sent_files(shared, spools, monkeypatch):
     assert r.xlen(stream) == 12 and not list((spools / "spool_ddp").rglob("*.mqs"))
     for e in entries(r, stream):
         if e.kind == "snapshot":
-            assert r.exists(envelope.blob_key(e.sha256, prefix))
+            assert r.exists(e.blob_key(prefix))
 
 
 @pytest.mark.postgres

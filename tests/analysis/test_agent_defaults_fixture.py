@@ -32,7 +32,7 @@ def runs(tmp_path_factory) -> dict[str, list]:
             env = envelope.parse(fields)
             if env.kind != "snapshot":
                 continue
-            blob = r.get(envelope.blob_key(env.sha256, "memq:"))
+            blob = r.get(env.blob_key("memq:"))
             out.setdefault(env.run, []).append((env, _id.decode(), decode_snapshot_bytes(codec.decompress(blob))))
         return out
     finally:

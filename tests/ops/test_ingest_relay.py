@@ -15,7 +15,7 @@ import time
 import pytest
 import redis
 
-from profiler import envelope, redis_functions
+from profiler import codec, envelope, redis_functions
 from profiler.redis_functions import Relay, doctor_checks, ensure_library, loaded_version
 from tests.ops.acl_redis import acl_redis
 
@@ -199,6 +199,44 @@ def test_real_agent_delivers_through_the_inbox_and_the_dispatcher_ingests(server
     dead = [f for _, f in memq.xrange(st.dead_letter_key)][dead_before:]
     assert len(dead) >= 6 and all(f.get(b"reason") for f in dead)
     assert any(b"relay_error" in f for f in dead)
+
+
+def test_another_job_cannot_overwrite_a_blob_in_flight(server, tmp_path):
+    """Every agent shares the memq-agent user, which may SET memq:blob:*. A victim's snapshot waits in
+    the inbox; the attacker knows its sha256 (a common model's snapshot is public knowledge) and SETs
+    junk at every key it can name. The blob's key carries the envelope's random nonce, which the agent
+    user cannot read back, so the victim's snapshot is still ingested intact."""
+    from profiler.agent.transport import Item, Transport, append_fields
+    from tests.agent.conftest import REAL
+    from workers.dispatcher import Dispatcher
+
+    memq, attacker = server["memq"], server["agents"]["file"]
+    victim = redis.Redis.from_url(server["agent_url"])
+    st = _settings(tmp_path, server["memq_url"])
+    snap = codec.decompress((REAL / "capacity" / "oom.pickle.gz").read_bytes())
+    tr = Transport.__new__(Transport)  # serialize() needs only these: no thread, no connection
+    tr.identity, tr.codec, tr.key_prefix = {"run": "victim", "cluster": "c", "rank": 0}, "gzip", "memq:"
+    msgs = [tr.serialize(Item("run_start", payload={})), tr.serialize(Item("snapshot", obj=snap, trigger="oom"))]
+    env = envelope.parse(msgs[1].fields)
+    assert env.nonce and msgs[1].blob_key == f"memq:blob:{env.sha256}:{env.nonce}"
+    for m in msgs:
+        if m.blob_key:
+            victim.set(m.blob_key, m.blob, ex=3600)
+        append_fields(victim, m.fields, stream=STREAM, maxlen=100_000)
+    # the attacker: the bare key, the key with a guessed nonce, and it cannot list keys to find the real one
+    attacker.set(f"memq:blob:{env.sha256}", b"junk")
+    attacker.set(f"memq:blob:{env.sha256}:{'0' * 32}", b"junk")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        attacker.scan(match="memq:blob:*")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        attacker.lrange(INBOX, 0, -1)
+    d = Dispatcher(st, consumer="nonce-test", batch=50, block_ms=50, enqueue=(enqueued := []).append)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (memq.llen(INBOX) or _lag(memq, st)):
+        d.step()
+    assert d.counts["snapshots"] == 1 and len(enqueued) == 1, d.counts
+    assert d.store.blobs.ref(env.sha256) is not None
+    assert not memq.exists(msgs[1].blob_key)  # moved to the blob store, then deleted from Redis
 
 
 def _lag(memq, st) -> int:

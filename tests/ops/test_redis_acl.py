@@ -139,7 +139,7 @@ def test_real_agent_transport_replays_a_gpu_spool_through_the_agent_user(server,
     for _, f in entries:
         env = envelope.parse(f)
         if env.kind == "snapshot":
-            assert server["memq"].exists(envelope.blob_key(env.sha256))
+            assert server["memq"].exists(env.blob_key())
     assert not list(spool.rglob("*.mqs"))  # all sent
 
 

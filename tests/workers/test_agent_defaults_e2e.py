@@ -74,7 +74,7 @@ def _envelopes(r: redis.Redis) -> list[envelope.Envelope]:
 
 
 def _agent_meta(r: redis.Redis, env: envelope.Envelope) -> dict:
-    raw = r.get(envelope.blob_key(env.sha256, "memq:"))
+    raw = r.get(env.blob_key("memq:"))
     assert raw is not None, f"blob of {env.run} {env.trigger} missing from the dump"
     return codec.decode(codec.decompress(raw))["memq_agent"]
 
