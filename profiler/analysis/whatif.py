@@ -67,6 +67,7 @@ from profiler.analysis.allocator_model import (
     allocation_size,
     round_size,
 )
+from profiler.analysis.memory import smallest_request_rounding_to
 from profiler.errors import BadInput
 from profiler.model import INACTIVE, AllocatorSettings, Snapshot
 from profiler.units import fmt_bytes
@@ -833,19 +834,6 @@ def _with_oom_requests(rep: Replay, size: int) -> Replay:
     return replace(rep, program=prog)
 
 
-def _smallest_request_rounding_to(size: int, divisions: tuple) -> int:
-    if round_size(size, divisions) != size:
-        return size
-    lo, hi = 1, size
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if round_size(mid, divisions) >= size:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
 def _live_bytes_before(rep: Replay, op_index: int, cfg: AllocatorConfig) -> int:
     """Bytes of the blocks live just before op `op_index` (rounded as `cfg` rounds them)."""
     divs = cfg.roundup_power2_divisions
@@ -1042,7 +1030,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
     inputs["start"] = start
     divs = rec_cfg.roundup_power2_divisions
     s_rec = rep.program.size[first_rec] if first_rec is not None else None
-    s_min = _smallest_request_rounding_to(s_rec, divs) if s_rec is not None and any(divs) else s_rec
+    s_min = smallest_request_rounding_to(s_rec, divs) if s_rec is not None and any(divs) else s_rec
 
     def simulate(cfg: AllocatorConfig, r: Replay) -> SimResult:
         if start == "seeded":
