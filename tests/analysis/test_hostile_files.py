@@ -150,10 +150,14 @@ def test_dev_zero_is_refused_at_once(tmp_path, command):
 
 def test_fifo_without_a_writer_does_not_hang(tmp_path):
     """It waits PIPE_IDLE_TIMEOUT_S (30 s) for a writer, then gives up with one line."""
+    from concurrent.futures import ThreadPoolExecutor
+
     fifo = tmp_path / "snap.fifo"
     os.mkfifo(fifo)
-    for command in (["analyze", str(fifo)], ["push", str(fifo), "--run", "r"]):
-        rc, _out, err, _rss = peak_rss(memq_cmd(*command), env=_env(tmp_path), timeout=120)
+    commands = (["analyze", str(fifo)], ["push", str(fifo), "--run", "r"])
+    with ThreadPoolExecutor(len(commands)) as pool:  # both wait out the 30 s at once
+        results = list(pool.map(lambda c: peak_rss(memq_cmd(*c), env=_env(tmp_path), timeout=120), commands))
+    for rc, _out, err, _rss in results:
         assert "nothing to read for 30 s" in _one_line_refusal(rc, err)
 
 
