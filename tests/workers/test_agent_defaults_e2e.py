@@ -176,10 +176,19 @@ def history(dump, tmp_path_factory, pg_server):
                 raise AssertionError(f"{s.rows('SELECT state, count(*) FROM snapshots GROUP BY state')}\n"
                                      f"{s.log_tail('worker')}\n{s.dead()}") from None
             out = {}
+
+            def complete(doc: dict, sc: dict) -> dict | None:
+                # the run diagnosis follows the run's last analysis (MEMQ_RUN_DIAGNOSIS_DELAY_MS), and
+                # the OOM snapshot's what-if sweep follows the run diagnosis (a task of its own)
+                if not doc.get("diagnosis"):
+                    return None
+                if sc.get("outcome") == "oom" and not _whatif_answers(doc):
+                    return None
+                return doc
+
             for key, sc in SCEN.items():
-                # the run diagnosis follows the run's last analysis (MEMQ_RUN_DIAGNOSIS_DELAY_MS)
-                out[key] = wait_for(lambda run=sc["run"]: (lambda d: d if d.get("diagnosis") else None)(
-                    s.memq_json("history", "--run", run)), 120, 1.0, f"the diagnosis of {sc['run']}")
+                out[key] = wait_for(lambda run=sc["run"], sc=sc: complete(s.memq_json("history", "--run", run), sc),
+                                    180, 1.0, f"the diagnosis (and any OOM's what-if sweep) of {sc['run']}")
             yield out
         finally:
             s.close()

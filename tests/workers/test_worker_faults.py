@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from profiler import codec
+from profiler import codec, envelope
 from profiler.agent.source import ReplaySource
 from tests.workers.stack import (
     BIG,
@@ -74,7 +74,8 @@ def test_same_envelope_twice_and_the_same_task_twice(fault_stack):
     # the blob store. One is sent with its blob back in Redis too.
     first = snaps[0]
     blob = codec.compress(fixture_bytes("seed_sgd", SGD[0]), first[b"codec"].decode())
-    r.set(f"{s.prefix}blob:{first[b'sha256'].decode()}", blob)
+    first_key = envelope.parse(first).blob_key(s.prefix)  # <prefix>blob:<sha256>:<nonce>, as the agent set it
+    r.set(first_key, blob)
     for f in snaps:
         r.xadd(s.stream, f)
     wait_for(lambda: _drained(s), 30, 0.2, "the duplicates read and acknowledged")
@@ -89,7 +90,7 @@ def test_same_envelope_twice_and_the_same_task_twice(fault_stack):
     wait_for(lambda: s.log_tail("worker", 10**7).count("'done'") >= 4, 30, 0.2, "4 duplicate tasks done")
     s.assert_exactly_once({sha(fixture_bytes("seed_sgd", f)) for f in SGD[:2]})
     assert s.dead() == []
-    assert int(r.exists(f"{s.prefix}blob:{first[b'sha256'].decode()}")) == 0  # moved, then removed
+    assert int(r.exists(first_key)) == 0  # moved, then removed
 
 
 def test_bad_data_is_quarantined_with_the_reason_and_workers_keep_going(fault_stack, tmp_path):
