@@ -67,12 +67,14 @@ def main():
                 if run not in keep or int(eid.split(b"-")[0]) < keep[run]:
                     continue
                 sha = fields.get(b"sha256")
-                if sha and not dst.exists(BLOB + sha.decode()):
-                    data = src.get(BLOB + sha.decode())
-                    if data is None:
-                        raise SystemExit(f"blob {sha.decode()} of {run} missing")
-                    dst.set(BLOB + sha.decode(), data)  # no TTL
-                    blobs += 1
+                if sha:  # agents since 2026-12-01 add a nonce: <BLOB><sha256>:<nonce> (envelope.blob_key)
+                    key = BLOB + sha.decode() + (":" + fields[b"nonce"].decode() if fields.get(b"nonce") else "")
+                    if not dst.exists(key):
+                        data = src.get(key)
+                        if data is None:
+                            raise SystemExit(f"blob {key} of {run} missing")
+                        dst.set(key, data)  # no TTL
+                        blobs += 1
                 dst.xadd(STREAM, fields, id=eid)
                 n += 1
             dst.save()
