@@ -36,7 +36,7 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 # Memory a decode takes per uncompressed pickle byte. Measured (tests/fixtures/real, all 41 files,
-# and /work/shared/fixtures/real/bench_100k/big.pickle.gz, 20.8 MB, 100k trace entries):
+# and benchmarks/data/big.pickle.gz (shared fixture bench_100k), 20.8 MB, 100k trace entries):
 #   - the unpickled object graph alone: 6.6x-9.5x the pickle bytes (tracemalloc, retained), peak
 #     8.2x-10.6x while building; address space grows 8.9x for the 100k-entry file;
 #   - a whole `load_snapshot_file` (compressed bytes + inflated bytes + objects + parsed model),

@@ -4,13 +4,11 @@ snapshots (this machine has no GPU); delivery goes to the shared Redis under a t
 
 from __future__ import annotations
 
-import pytest
+import torch  # the test extras install both: pip install -e '.[test]' torch==2.13.0
+import transformers
 
 from profiler.agent.source import ReplaySource
 from tests.agent.conftest import REAL, entries
-
-transformers = pytest.importorskip("transformers", reason="transformers is in the test extras: pip install -e '.[test]'")
-torch = pytest.importorskip("torch")
 
 
 class _Tokens(torch.utils.data.Dataset):

@@ -3,8 +3,6 @@ points, growth windows, and the OOM's step in progress. Real shared Redis, real 
 
 from __future__ import annotations
 
-import pytest
-
 from profiler import codec
 from profiler.agent.source import ReplaySource
 from profiler.agent.steps import GROWTH_MIN_BYTES, StepTracker, stride_for
@@ -69,7 +67,8 @@ class DictSource(ReplaySource):
 
 
 def _tiny_training(steps, agent=None, mark=False):
-    torch = pytest.importorskip("torch")
+    import torch  # the CPU build is part of the test set-up (tests/run.sh)
+
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
