@@ -8,10 +8,9 @@ import sys
 import time
 
 import pytest
+import torch  # the CPU build is part of the test set-up (tests/run.sh)
 
 from .conftest import entries, make_agent
-
-torch = pytest.importorskip("torch")
 
 
 def test_no_cuda_production_source_is_quiet_and_fast(shared, tmp_path):
