@@ -43,18 +43,11 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
             f"{len(pts)} comparable snapshot(s) after warm-up: leak detection needs at least 3 "
             "(snapshots at the same point of successive epochs or every N steps)")
         return result
-    streak = best = 0
-    for a, b in zip(pts, pts[1:], strict=False):
-        grow = b["active"] - a["active"]
-        thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
+    def stays(j: int, a: dict, b: dict, grow: int, thresh: int) -> bool:
         # Growth counts only when what appeared is still live at the later point (not churn).
-        appeared = set(b["blocks"]) - set(a["blocks"])
-        persistent = sum(k[1] for k in appeared)
-        ok = grow > thresh and persistent >= grow * 0.5
-        result["intervals"].append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
-                                    "threshold_bytes": thresh, "grew": ok})
-        streak = streak + 1 if ok else 0
-        best = max(best, streak)
+        return sum(k[1] for k in set(b["blocks"]) - set(a["blocks"])) >= grow * 0.5
+
+    best = _longest_growth_streak(pts, limit, stays, result["intervals"])
     if best < 2:
         return result
     first, last = pts[0], pts[-1]
@@ -131,16 +124,10 @@ def detect_leak_from_figures(points: list[dict], limit: int | None) -> dict:
               "points": len(points), "settled": len(points) >= 3, "source": "the agent's per-step figures"}
     if len(points) < 3:
         return result
-    streak = best = 0
-    for j, (a, b) in enumerate(zip(points, points[1:], strict=False)):
-        grow = b["active"] - a["active"]
-        thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
-        stays = min(p["active"] for p in points[j + 1:]) >= b["active"] - thresh // 2
-        ok = grow > thresh and stays
-        result["intervals"].append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
-                                    "threshold_bytes": thresh, "grew": ok})
-        streak = streak + 1 if ok else 0
-        best = max(best, streak)
+    def stays(j: int, a: dict, b: dict, grow: int, thresh: int) -> bool:
+        return min(p["active"] for p in points[j + 1:]) >= b["active"] - thresh // 2
+
+    best = _longest_growth_streak(points, limit, stays, result["intervals"])
     if best < 2:
         return result
     first, last = points[0], points[-1]
@@ -152,3 +139,18 @@ def detect_leak_from_figures(points: list[dict], limit: int | None) -> dict:
         "consecutive intervals above threshold, never falling back)")
     result["evidence"].append(f"which line allocates the growth is not known from the figures: {HOW_TO_GET_FRAMES}")
     return result
+
+
+def _longest_growth_streak(points: list[dict], limit: int | None, stays, intervals: list[dict]) -> int:
+    """The longest run of consecutive intervals whose live bytes grew by more than max(64 MiB, 1% of
+    LIMIT or of A) and whose growth `stays(j, a, b, grow, thresh)` live; each interval is recorded."""
+    streak = best = 0
+    for j, (a, b) in enumerate(zip(points, points[1:], strict=False)):
+        grow = b["active"] - a["active"]
+        thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
+        ok = grow > thresh and stays(j, a, b, grow, thresh)
+        intervals.append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
+                          "threshold_bytes": thresh, "grew": ok})
+        streak = streak + 1 if ok else 0
+        best = max(best, streak)
+    return best

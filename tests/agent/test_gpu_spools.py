@@ -102,12 +102,9 @@ def test_replay_cli_removes_sent_files(shared, spools, monkeypatch):
 def test_gpu_spools_end_to_end_history(spools, tmp_path, pg_server):
     """Replayed into the stack's stream: `memq history` shows both ranks of the DDP run, and the
     OOM run's diagnosis names the cause."""
-    try:
-        from tests.conftest import temp_pg_database
-        from tests.workers.stack import Stack, wait_for
-    except ImportError as exc:  # pragma: no cover - the workers' stack is part of this repository
-        pytest.skip(f"workers test stack unavailable: {exc}")
     from tests.agent.conftest import SHARED_URL
+    from tests.conftest import temp_pg_database
+    from tests.workers.stack import Stack, wait_for
 
     with temp_pg_database("agentgpu") as url:
         (tmp_path / "e2e").mkdir()
