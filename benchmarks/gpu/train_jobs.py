@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--cap-bytes", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="tiny sizes (CPU dry run)")
+    ap.add_argument("--empty-cache-every-step", action="store_true",
+                    help="dynamic: call torch.cuda.empty_cache() after every step (the forum advice)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -95,15 +97,22 @@ def main():
                     b, t = sched[step]
                     res["shape"] = [b, t]
                     x = torch.randint(0, vocab, (b // 4 if sm else b, t // 8 if sm else t), device=dev, generator=gen)
+                    ts = time.perf_counter()
                     lm_step(model, opt, x, vocab, cuda)
+                    if args.empty_cache_every_step and cuda:
+                        torch.cuda.empty_cache()
+                    if cuda:
+                        torch.cuda.synchronize(dev)
+                        res.setdefault("step_ms", []).append(round((time.perf_counter() - ts) * 1000, 3))
+                        # read before mark_step resets the peaks: the run's own peaks, step by step
+                        res["run_peak_reserved"] = max(res.get("run_peak_reserved", 0), torch.cuda.max_memory_reserved(dev))
+                        res["run_peak_allocated"] = max(res.get("run_peak_allocated", 0),
+                                                        torch.cuda.max_memory_allocated(dev))
                     if agent is not None:
                         agent.mark_step(step, epoch)
                     step += 1
                 if agent is not None:
                     agent.mark_epoch(epoch)
-            if cuda:
-                res["max_allocated"] = torch.cuda.max_memory_allocated(dev)
-                res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
         elif args.scenario in ("oversized", "healthy"):
             over = args.scenario == "oversized"
             vocab = 512 if sm else (45_000 if over else 32_000)
@@ -158,6 +167,15 @@ def main():
         raise
     finally:
         res["steps_completed"], res["secs"] = step, round(time.time() - t0, 1)
+        res["empty_cache_every_step"] = bool(args.empty_cache_every_step)
+        if cuda:
+            # the agent resets the peak counters at every step boundary: its per-step figures hold the
+            # run's peaks; these are the peaks since the last boundary (the whole run without an agent)
+            res["max_allocated"] = torch.cuda.max_memory_allocated(dev)
+            res["max_reserved"] = torch.cuda.max_memory_reserved(dev)
+            res["reserved_at_end"] = torch.cuda.memory_reserved(dev)
+            res["run_peak_reserved"] = max(res.get("run_peak_reserved", 0), res["max_reserved"])
+            res["run_peak_allocated"] = max(res.get("run_peak_allocated", 0), res["max_allocated"])
         with open(args.result, "w") as fh:
             json.dump(res, fh, indent=1)
 
