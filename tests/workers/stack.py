@@ -217,10 +217,14 @@ class Stack:
         self.procs[f"{name}-{self.n}"] = p
         return p
 
+    def beat_schedule_file(self) -> Path:
+        """The schedule file the next `start_worker(beat=True)` gives its beat."""
+        return self.tmp / f"beat-{self.n + 1}"
+
     def start_worker(self, concurrency: int = 1, beat: bool = True, wait: bool = True) -> subprocess.Popen:
         args = ["worker", "-c", str(concurrency), "-l", "INFO", "--without-mingle", "--without-gossip"]
         if beat:
-            args += ["-B", "-s", str(self.tmp / f"beat-{self.n + 1}"), "--pidfile", ""]
+            args += ["-B", "-s", str(self.beat_schedule_file()), "--pidfile", ""]
         p = self._spawn("worker", args)
         if wait:
             wait_for(lambda: self.heartbeats("worker") or p.poll() is not None, 60, 0.2, "worker heartbeat")
