@@ -23,6 +23,8 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 def slack(body: Mapping[str, Any]) -> dict[str, Any]:
     lines = [f"*{body['title']}*", f"cause: {body.get('cause') or '?'} (verdict {body['verdict']})",
              f"evidence: {body['evidence']}", f"recommendation: {body['recommendation']}"]
+    if body.get("playbook"):
+        lines.append(f"playbook: {body['playbook']}")
     if body.get("link"):
         lines.append(f"<{body['link']}|run {body['run']}>")
     return {"text": "\n".join(lines)}
@@ -36,6 +38,8 @@ def alertmanager(body: Mapping[str, Any], key: str, starts_at: str) -> dict[str,
                    "recommendation": body["recommendation"]}
     if body.get("link"):
         annotations["run_url"] = body["link"]
+    if body.get("playbook"):
+        annotations["playbook"] = body["playbook"]
     alert = {"status": "firing", "labels": labels, "annotations": annotations, "startsAt": starts_at,
              "endsAt": ZERO_TIME, "generatorURL": body.get("link") or "", "fingerprint": key[:16]}
     return {"version": "4", "groupKey": f"memq:{key}", "truncatedAlerts": 0, "status": "firing",

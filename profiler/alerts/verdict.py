@@ -101,6 +101,18 @@ def _recommendation(diagnosis: Mapping[str, Any]) -> str | None:
     return ": ".join(p for p in parts if p) or None
 
 
+def playbook_link(diagnosis: Mapping[str, Any], public_url: str) -> str | None:
+    """The playbook entry of the first recommendation: on `memq serve` when its public URL is set,
+    else the path in the repository; None for a diagnosis stored before recommendations named one."""
+    from profiler.playbook_doc import doc_link, web_href
+
+    recs = diagnosis.get("recommendations") or []
+    entry = recs[0].get("playbook") if recs and isinstance(recs[0], Mapping) else None
+    if not doc_link(entry):
+        return None
+    return f"{public_url.rstrip('/')}{web_href(entry)}" if public_url else doc_link(entry)
+
+
 TITLES = {"oom": "CUDA out of memory", "leak": "memory leak", "near_miss": "near miss (memory almost full)"}
 
 
@@ -121,6 +133,7 @@ def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public
         "cause": v.cause, "confidence": diagnosis.get("confidence"),
         "evidence": evidence or "no evidence line in the diagnosis",
         "recommendation": _recommendation(diagnosis) or "see the run's page",
+        "playbook": playbook_link(diagnosis, public_url),
         "link": run_link(public_url, f.name),
         "peak_reserved_bytes": f.peak_reserved_bytes, "limit_bytes": f.limit_bytes,
         "headroom_ratio": None if h is None else round(h, 4), "oom_count": f.oom_count,

@@ -28,7 +28,7 @@ from profiler.analysis.memory import (
 )
 from profiler.analysis.per_snapshot import SnapshotDigest, per_snapshot
 from profiler.analysis.projection import Projection, project_step_need
-from profiler.analysis.recommend import recommend
+from profiler.analysis.recommend import message_playbook, recommend
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
 ANALYZER_VERSION = "1.1.0"
@@ -37,7 +37,7 @@ CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "reques
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
                     "stranded_bytes")
 
-__all__ = ["ANALYZER_VERSION", "CAUSES", "PRECEDENCE", "analyze", "explain_message"]
+__all__ = ["ANALYZER_VERSION", "CAUSES", "PRECEDENCE", "analyze", "explain_message", "message_facts"]
 
 
 def _has_cpp_frames(frames: list) -> bool:
@@ -285,14 +285,15 @@ def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list
             "lean": {"SGD with momentum": params, "8-bit AdamW (bitsandbytes)": params // 2} if params else {}}
 
 
-def explain_message(ctx: OomContext) -> dict:
-    """The contract from an OOM message alone: what the message carries, null for the rest."""
+def message_facts(ctx: OomContext) -> Facts:
+    """The facts an OOM message (and the CLI's limits) give: no snapshot, so no composition, frames,
+    free blocks or history."""
     msg = ctx.message
     A = msg.allocated_bytes if msg else None
     R = msg.reserved_bytes if msg else None
     lim = resolve_limits(None, ctx, R)
     S = lim.requested
-    facts = Facts(
+    return Facts(
         has_oom=S is not None, S=S, S_min=S, A=A or 0, A_req=A or 0, R=R or 0,
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=0, device_total=lim.device_total,
         non_pytorch=lim.non_pytorch, largest_usable=0, largest_blocked_by_max_split=0, private_pool_free=0,
@@ -303,6 +304,16 @@ def explain_message(ctx: OomContext) -> dict:
                                                                  "evidence": ["one message, no snapshots"]},
         stacks_all=False,
     )
+
+
+def explain_message(ctx: OomContext) -> dict:
+    """The contract from an OOM message alone: what the message carries, null for the rest."""
+    msg = ctx.message
+    A = msg.allocated_bytes if msg else None
+    R = msg.reserved_bytes if msg else None
+    lim = resolve_limits(None, ctx, R)
+    S = lim.requested
+    facts = message_facts(ctx)
     primary, conf, causes, findings = diagnose(facts)
     # The largest free block is unknown from a message: fragmentation can only be suspected.
     if primary == "fragmentation":
@@ -324,6 +335,8 @@ def explain_message(ctx: OomContext) -> dict:
                                        else None},
         "composition": {c: None for c in fr.CATEGORIES},
         "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes, "recommendations": recs},
+        # The playbook entries the message's own figures point to (and popular advice they rule out).
+        "playbook": message_playbook(facts, unalloc, msg.text if msg else ""),
         "details": {"analyzer_version": ANALYZER_VERSION,
                     "limits": {"requested_bytes": S, "limit_bytes": lim.limit, "limit_source": lim.limit_source,
                                "device_total_bytes": lim.device_total, "device_free_bytes": lim.device_free,

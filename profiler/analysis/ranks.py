@@ -198,25 +198,30 @@ def _advice(kind: str | None, first: RankFacts, others: list[RankFacts]) -> list
                  "why": f"rank {r}'s step needs far more activation memory than the other ranks' with the "
                         "same parameters and optimizer state",
                  "expected_effect": f"every rank's step near the others' peak; rank {r} no longer runs out "
-                                    "of memory. A smaller batch for all ranks would only waste the others' memory"}]
+                                    "of memory. A smaller batch for all ranks would only waste the others' memory",
+                 "playbook": "rank-imbalance"}]
     if kind == "state":
         return [{"action": f"Even out what rank {r} holds: check the parameter/optimizer sharding (FSDP/ZeRO "
                            "partition sizes, uneven gradient buckets) and modules or buffers created on one "
                            "rank only (EMA copies, metrics, a rank-0 evaluation model)",
                  "why": f"rank {r} holds more parameter or optimizer bytes than the other ranks",
                  "expected_effect": "the same state bytes on every rank, and rank "
-                                    f"{r}'s headroom back to the others'"}]
+                                    f"{r}'s headroom back to the others'",
+                 "playbook": "rank-imbalance"}]
     if kind == "leak":
         return [{"action": f"Look for code that runs on rank {r} only (if rank == {r}: logging, metrics, "
                            "checkpoint or evaluation code keeping tensors or graphs alive) and release "
                            "what it keeps",
                  "why": f"rank {r}'s live bytes grow while the other ranks' stay flat",
-                 "expected_effect": f"rank {r} flat like the others; the OOM goes away"}]
+                 "expected_effect": f"rank {r} flat like the others; the OOM goes away",
+                 "playbook": "rank-imbalance"}]
     if kind == "none":
         return [{"action": "Follow the failing rank's diagnosis: every rank needs about the same memory, "
                            "so the fix applies to all of them",
                  "why": "no rank differs from the others in state, inputs or growth",
-                 "expected_effect": "see the rank's own recommendations"}]
+                 "expected_effect": "see the rank's own recommendations",
+                 # balanced ranks: the section says to compare them before shrinking every rank's batch
+                 "playbook": "rank-imbalance"}]
     return []
 
 

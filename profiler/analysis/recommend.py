@@ -3,16 +3,35 @@ advice will not help, a recommendation says so explicitly (so users stop trying 
 
 from __future__ import annotations
 
+import re
+
 from profiler.analysis import frames as fr
 from profiler.analysis.classify import Facts, g, optimizer_state_sizes
 from profiler.analysis.leak import HOW_TO_GET_FRAMES
+from profiler.playbook import BY_ID
 
 # A what-if conf string that names one default and so leaves every other key at torch's default.
 DEFAULTS_CONF = "expandable_segments:False"
 
 
-def _rec(action: str, why: str, effect: str) -> dict:
-    return {"action": action, "why": why, "expected_effect": effect}
+def _rec(action: str, why: str, effect: str, playbook: str) -> dict:
+    """One recommendation. `playbook` is the id of the playbook entry (profiler/playbook.py) whose
+    measured figures back the advice, chosen by the caller for this advice; an unknown id is a bug
+    here, so it fails loudly rather than printing a dead link."""
+    if playbook not in BY_ID:
+        raise ValueError(f"unknown playbook entry {playbook!r}")
+    return {"action": action, "why": why, "expected_effect": effect, "playbook": playbook}
+
+
+def _setting_entry(f: Facts) -> str:
+    """The playbook entry of the non-default setting that turned a fit into an OOM (the same tests as
+    classify.check_allocator_config): rounding, then an unsplittable block; else the section on
+    allocator settings in general."""
+    if f.roundup:
+        return "roundup-power2"
+    if f.max_split > 0:
+        return "max-split-size"
+    return "allocator-settings"
 
 
 def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif: list[dict] | None = None) -> list[dict]:
@@ -49,14 +68,14 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         recs.append(_rec("Find and stop what else holds the GPU (nvidia-smi --query-compute-apps=pid,used_memory "
                          "--format=csv); give each job its own device (CUDA_VISIBLE_DEVICES)",
                          f"{g(f.non_pytorch)} of the device is used outside PyTorch's cache",
-                         f"frees up to {g(f.non_pytorch)}; the request of {g(S)} then fits"))
+                         f"frees up to {g(f.non_pytorch)}; the request of {g(S)} then fits", playbook="external-memory"))
         recs.append(_rec("If JAX, CuPy or TensorFlow share the process, stop their preallocation "
                          "(XLA_PYTHON_CLIENT_PREALLOCATE=false; cupy's memory pool limit)",
                          "these libraries reserve most of the card at import time",
-                         "their memory drops to what they actually use"))
+                         "their memory drops to what they actually use", playbook="external-memory"))
         recs.append(_rec("Do not tune PyTorch's allocator for this OOM",
                          "expandable_segments, max_split_size_mb and empty_cache() act only on PyTorch's "
-                         f"own {g(R)}; the missing memory is outside it", "no change"))
+                         f"own {g(R)}; the missing memory is outside it", "no change", playbook="external-memory"))
     if primary == "leak":
         site = leak.get("allocating_site")
         top = next((x for x in leak.get("growth_by_site") or [] if x["site"] == site), {})
@@ -64,43 +83,43 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
             recs.append(_rec(f"Release the references kept at {site}: store .item() / .detach().cpu() instead "
                              "of tensors that keep GPU memory (and autograd graphs) alive",
                              f"{g(top.get('bytes'))} allocated there after the first comparable point is still "
-                             "live at the last one", "live memory stays flat across epochs; the OOM goes away"))
+                             "live at the last one", "live memory stays flat across epochs; the OOM goes away", playbook="kept-tensors"))
         else:
             recs.append(_rec("Find what keeps tensors alive from one epoch to the next (lists of outputs, "
                              "losses or logits kept for metrics, caches keyed by step): store .item() / "
                              ".detach().cpu() instead",
                              "the growing blocks carry no allocation frames, so the line is not known from these "
                              f"snapshots: {HOW_TO_GET_FRAMES}",
-                             "live memory stays flat across epochs; the OOM goes away"))
+                             "live memory stays flat across epochs; the OOM goes away", playbook="kept-tensors"))
         recs.append(_rec("Do not rely on torch.cuda.empty_cache() or gc.collect() for this",
-                         "the growing blocks are referenced, so neither can free them", "no change"))
+                         "the growing blocks are referenced, so neither can free them", "no change", playbook="empty-cache"))
     if primary == "optimizer_state":
         mult = "1x" if optimizer and "sgd" in optimizer.lower() else "2x"
         recs.append(_rec("Shard or shrink optimizer state: ZeroRedundancyOptimizer / FSDP, or an 8-bit or "
                          "factored optimizer (bitsandbytes AdamW8bit, Adafactor)",
                          f"{g(opt)} of optimizer state is created in the first step (AdamW keeps 2x parameter "
                          f"bytes, SGD momentum 1x; parameters are {g(params)}, this run keeps {mult})",
-                         f"saves up to {g(opt * 3 // 4)} with 8-bit state, or (N-1)/N of it across N ranks"))
+                         f"saves up to {g(opt * 3 // 4)} with 8-bit state, or (N-1)/N of it across N ranks", playbook="optimizer-state"))
         recs.append(_rec("Use foreach=False (or fused=True) in the optimizer constructor",
                          "the multi-tensor (foreach) path allocates temporaries for whole parameter groups "
-                         "during step()", "lowers the transient peak of the optimizer step"))
+                         "during step()", "lowers the transient peak of the optimizer step", playbook="optimizer-state"))
     if primary == "activation_spike":
         recs.append(_rec("Cap or bucket the largest inputs (max sequence length / batch by length), or split "
                          "big batches with gradient accumulation",
                          f"this step needs {'~' if need > A + S else ''}{g(need)}, over 1.5x the peak of earlier "
-                         f"steps ({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}"))
+                         f"steps ({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}", playbook="activation-checkpointing"))
         step_bytes = A - (proj.floor_now if proj is not None else A - acts)
         recs.append(_rec("Enable activation checkpointing for the largest blocks",
                          f"the failing step's own tensors are {g(step_bytes)} of the {g(A)} live set",
-                         "trades recompute time for memory"))
+                         "trades recompute time for memory", playbook="activation-checkpointing"))
         recs.append(_rec("Do not change allocator settings (expandable_segments, max_split_size_mb) for this",
                          f"the step needs more than the limit of {g(f.limit)}: no arrangement of the cache "
-                         "holds it", "no change"))
+                         "holds it", "no change", playbook="allocator-settings"))
     if primary == "workspace":
         recs.append(_rec("Set torch.backends.cudnn.benchmark=False (or limit workspace: "
                          "CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.backends.cudnn.benchmark_limit)",
                          f"the failing or peak allocation is a library workspace ({g(S)})",
-                         "kernel selection stops trying algorithms whose workspace does not fit"))
+                         "kernel selection stops trying algorithms whose workspace does not fit", playbook="workspace"))
     if primary == "allocator_config":
         recs.append(_rec(f"Remove or relax the non-default allocator settings ({', '.join(f.settings_non_default)})",
                          f"they add {g(f.A - f.A_req)} of rounding or leave oversize blocks unsplittable, which "
@@ -110,16 +129,18 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          f"live {g(f.A_req)} + request {g(f.S_min or S)} before rounding fits the limit of "
                          f"{g(f.limit)}" if f.roundup else
                          "the request fits the limit" + simulated(DEFAULTS_CONF).replace(DEFAULTS_CONF,
-                                                                                         "the default settings")))
+                                                                                         "the default settings"), playbook=_setting_entry(f)))
     graphs_hold_it = primary == "fragmentation" and f.private_pool_free > 0.5 * max(1, stranded)
     if graphs_hold_it:
+        # No entry measures CUDA-graph pools; the allocator-settings one shows what the cache can and
+        # cannot hand back, which is the point here.
         recs.append(_rec("Share one memory pool across the CUDA graphs (torch.cuda.graph(..., pool=g.pool())) "
                          "or release graphs you no longer replay",
                          f"{g(f.private_pool_free)} of the cached free memory belongs to private pools of CUDA "
                          "graphs that are still alive; eager code cannot use it",
-                         f"frees up to {g(f.private_pool_free)} for the {g(S)} request"))
+                         f"frees up to {g(f.private_pool_free)} for the {g(S)} request", playbook="allocator-settings"))
         recs.append(_rec("Do not expect expandable_segments or empty_cache() to help here",
-                         "private-pool memory stays reserved as long as its graphs exist", "no change"))
+                         "private-pool memory stays reserved as long as its graphs exist", "no change", playbook="expandable-segments"))
     elif not over_limit and (primary == "fragmentation" or (
             primary not in ("capacity", "activation_spike") and stranded > 0.2 * max(1, R) and f.has_oom
             and not f.settings_non_default)):
@@ -134,14 +155,14 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              + (f" (and the whole step, ~{g(proj.need)})" if proj is not None else
                                 "; whether the rest of the failing step fits is not known (no earlier step "
                                 "was recorded to project it from)" if f.not_projected else "")
-                             + simulated("expandable_segments:True")))
+                             + simulated("expandable_segments:True"), playbook="expandable-segments"))
         recs.append(_rec("Try max_split_size_mb:128 (or 512) if expandable segments are not available",
                          "stops large cached blocks from being split for small requests",
-                         "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128")))
+                         "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128"), playbook="max-split-size"))
         recs.append(_rec("Do not call torch.cuda.empty_cache() for this",
                          f"{g(stranded)} of free bytes sit in segments that still hold live blocks, which "
                          "empty_cache() cannot release (the allocator already released every fully free "
-                         "segment before raising the OOM)", "no change"))
+                         "segment before raising the OOM)", "no change", playbook="empty-cache"))
     if primary == "capacity":
         over = need - (f.limit or 0)
         biggest = max(((c, v) for c, v in f.composition.items() if c != fr.UNKNOWN), key=lambda kv: kv[1],
@@ -150,26 +171,91 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
             recs.append(_rec("Reduce activation memory: smaller micro-batch with gradient accumulation, "
                              "activation checkpointing, or shorter sequences",
                              f"activations are {g(acts)} of the {g(A)} live set; {g(over)} must go",
-                             f"halving the micro-batch frees about {g(acts // 2)}"))
+                             f"halving the micro-batch frees about {g(acts // 2)}", playbook="activation-checkpointing"))
         if opt:
             kind = "AdamW keeps 2x parameter bytes" if opt > 1.5 * max(1, params) else "SGD momentum keeps 1x"
             recs.append(_rec("Shrink optimizer state (8-bit or factored optimizers, ZeRO/FSDP sharding)",
                              f"{g(opt)} of optimizer state ({kind}; parameters {g(params)})",
-                             f"saves up to {g(opt * 3 // 4)}"))
+                             f"saves up to {g(opt * 3 // 4)}", playbook="optimizer-state"))
         recs.append(_rec("Do not expect allocator settings or empty_cache() to fix this",
                          f"the live set plus the request exceeds the limit by {g(over)}; "
                          "expandable_segments and max_split_size_mb only rearrange cached free memory",
-                         "no change" + simulated("expandable_segments:True")))
+                         "no change" + simulated("expandable_segments:True"), playbook="allocator-settings"))
     creation = f.optimizer_creation
     if creation is not None and primary != "optimizer_state":
         recs.append(_rec("Consider a leaner optimizer or sharded state (8-bit AdamW, SGD, ZeRO/FSDP)",
                          "the failing request was the optimizer state's own creation: "
-                         + optimizer_state_sizes(creation), "the first optimizer step needs that much less"))
+                         + optimizer_state_sizes(creation), "the first optimizer step needs that much less", playbook="optimizer-state"))
     if primary == "healthy":
+        # The playbook has no "healthy" entry: the batch-size section is where headroom is measured.
         if f.limit and f.limit - f.peak_reserved < 0.05 * f.limit:
             recs.append(_rec("Leave more headroom (smaller batch or expandable_segments:True)",
                              f"peak reserved {g(f.peak_reserved)} is within 5% of the {g(f.limit)} limit",
-                             "a larger input no longer runs out of memory"))
+                             "a larger input no longer runs out of memory", playbook="activation-checkpointing"))
         else:
-            recs.append(_rec("No change needed", "no OOM and no growth across snapshots", "-"))
+            recs.append(_rec("No change needed", "no OOM and no growth across snapshots", "-", playbook="activation-checkpointing"))
     return recs
+
+
+# What a pasted traceback says about the failing phase (the message itself names no frame). Only the
+# frames' own words: torch's optimizer modules, an optimizer's step() call; backward/forward/autograd.
+_OPTIMIZER_FRAMES = re.compile(r"torch/optim/|\b(?:opt|optim|optimizer)\.step\(|_multi_tensor_|\bexp_avg", re.I)
+_ACTIVATION_FRAMES = re.compile(r"\.backward\(|torch/autograd/|\bforward\(|\bin forward\b")
+_WORKSPACE_TEXT = re.compile(r"cudnn|cublas|CUBLAS_WORKSPACE", re.I)
+
+
+def message_playbook(f: Facts, unallocated: int | None, text: str) -> list[dict]:
+    """The playbook entries an OOM message points to, each with the message's figures behind it
+    (`memq explain`): [{"id", "title", "why", "helps"}], `helps` false for popular advice the figures
+    rule out. Reserved-but-unallocated memory that would hold the request -> the allocator settings
+    (not empty_cache(), which cannot release segments that hold live blocks); memory outside PyTorch
+    -> external-memory; a live set plus request over the limit -> what shrinks the step
+    (optimizer state or activations, as far as pasted frames tell)."""
+    out: list[dict] = []
+
+    def add(entry_id: str, why: str, helps: bool = True) -> None:
+        out.append({"id": entry_id, "title": BY_ID[entry_id].title, "why": why, "helps": helps})
+
+    S, A, L = f.S, f.A, f.limit
+    opt = _OPTIMIZER_FRAMES.search(text)
+    external = bool(f.non_pytorch is not None and f.device_total
+                    and f.non_pytorch > max(2 * 1024**3, f.device_total // 10))
+    if external:
+        add("external-memory", f"{g(f.non_pytorch)} of the {g(f.device_total)} device is used outside PyTorch's "
+                               f"cache (the message's device and process figures): no PyTorch setting frees it")
+    if S is not None and unallocated is not None and L:
+        over = A + S - L
+        if over <= 0 and unallocated > 0:
+            add("allocator-settings", f"{g(unallocated)} is reserved by PyTorch but unallocated, and allocated "
+                                      f"{g(A)} + the {g(S)} request fits the limit of {g(L)}: the cached free "
+                                      "memory is in pieces, which is what allocator settings rearrange")
+            add("expandable-segments", "expandable segments grow one mapping instead of leaving free space "
+                                       "stranded between split segments (the fix torch's message suggests)")
+            add("empty-cache", f"cannot help: empty_cache() releases only whole free segments, and the allocator "
+                               f"already released those before raising; the {g(unallocated)} sits in segments "
+                               "that hold live blocks", helps=False)
+        elif over > 0:
+            add("allocator-settings", f"cannot help: allocated {g(A)} + the {g(S)} request exceeds the limit of "
+                                      f"{g(L)} by {g(over)}, and only {g(unallocated)} is reserved but "
+                                      "unallocated; no arrangement of the cache makes room", helps=False)
+            add("empty-cache", f"cannot help: the live {g(A)} stays allocated; empty_cache() returns only "
+                               "unused cached segments", helps=False)
+            if not external:
+                act = _ACTIVATION_FRAMES.search(text)
+                if act or not opt:
+                    add("activation-checkpointing",
+                        (f"the pasted frames fail in {act.group(0).strip()!r}" if act else
+                         "the message names no phase (paste the traceback, or analyze a snapshot, to tell)")
+                        + f"; {g(over)} must go from the step: smaller batch, shorter inputs or checkpointing")
+    elif S is not None and unallocated is not None and unallocated >= S:
+        # No limit in the message ("allowed" absent, no --limit): the request would fit the free cache.
+        add("allocator-settings", f"{g(unallocated)} is reserved but unallocated, more than the {g(S)} request: "
+                                  "the free cache may be in pieces (the message gives no limit to confirm)")
+        add("expandable-segments", "expandable segments leave no free space stranded between split segments")
+    if opt and not external:
+        add("optimizer-state", f"the pasted frames fail in the optimizer ({opt.group(0).strip()!r}): its state "
+                               "is created in the first step, a fixed multiple of the parameter bytes")
+    if _WORKSPACE_TEXT.search(text):
+        add("workspace", "the text names cuDNN/cuBLAS: their workspaces are sized from the device's free "
+                         "memory, not the cap")
+    return out

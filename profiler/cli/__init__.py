@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "exporter": "profiler.cli.exporter:exporter",
     "serve": "profiler.cli.serve:serve",
     "view": "profiler.cli.view:view",
+    "playbook": "profiler.cli.playbook:playbook",
 }
 
 

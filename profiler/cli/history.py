@@ -18,6 +18,7 @@ from profiler.cli._listing import (
     write_csv,
     write_json,
 )
+from profiler.playbook_doc import doc_link
 from profiler.render.safe import rich_text
 from profiler.units import fmt_bytes, sparkline
 
@@ -113,7 +114,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
             for ev in c.get("evidence", [])[:1]:
                 head.append(f"  {c['cause']}: {ev}")
         for r in d.get("recommendations", [])[:2]:
-            head.append(f"-> {r['action']}")
+            link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one
+            head.append(f"-> {r['action']}" + (f"\n   playbook: {link}" if link else ""))
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
     con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
     _print_ranks(con, doc.get("ranks"))
@@ -155,6 +157,9 @@ def _print_ranks(con, ranks: dict | None) -> None:
         con.print(f"  {escape(ev)}")
     for r in (ranks.get("recommendations") or [])[:1]:
         con.print(f"  -> {escape(r['action'])}")
+        link = doc_link(r.get("playbook"))
+        if link:
+            con.print(f"     playbook: {escape(link)}")
 
 
 WHATIF_OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "survives the window", "not_assessable": "not assessable"}

@@ -10,6 +10,7 @@ from typing import TextIO
 from rich.panel import Panel
 from rich.table import Table
 
+from profiler.playbook_doc import doc_link
 from profiler.render.safe import rich_text as v
 from profiler.render.safe import safe_console
 from profiler.units import fmt_bytes, sparkline
@@ -119,6 +120,14 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
         con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}\n     effect: {v(rec['expected_effect'])}")
+        link = doc_link(rec.get("playbook"))  # "" for a result stored before recommendations had one
+        if link:
+            con.print(f"     playbook: {v(link)}")
+    applies = r.get("playbook") or []
+    if applies:  # memq explain: the entries the message's figures point to
+        con.print("[bold]Playbook[/bold]")
+        for e in applies:
+            con.print(f"  {v(doc_link(e['id']) or e['id'])} ({v(e['title'])}): {v(e['why'])}")
     for w in det.get("warnings", []):
         con.print(f"[yellow]note:[/yellow] {v(w)}")
 

@@ -171,9 +171,20 @@ def _totals(runs: list[dict], ooms: list[dict], near: list[dict]) -> dict[str, i
             "jobs": len({r["job"] for r in runs if r["job"]})}
 
 
-def _first_action(parts: dict) -> str | None:
+def _first_rec(parts: dict) -> dict:
     recs = ((parts.get("diagnosis") or {}).get("recommendations")) or []
-    return recs[0].get("action") if recs and isinstance(recs[0], dict) else None
+    return recs[0] if recs and isinstance(recs[0], dict) else {}
+
+
+def _first_action(parts: dict) -> str | None:
+    return _first_rec(parts).get("action")
+
+
+def _first_playbook(parts: dict) -> str | None:
+    """The playbook entry id of the first recommendation; "" for a result stored before
+    recommendations carried one (rendered without a link), None when there is no recommendation."""
+    rec = _first_rec(parts)
+    return str(rec.get("playbook") or "") if rec else None
 
 
 def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str, Any]:
@@ -197,7 +208,7 @@ def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str,
             "peak_reserved_bytes": r["peak_reserved_bytes"], "peak_allocated_bytes": r["peak_allocated_bytes"],
             "limit_bytes": limit, "limit_kind": limit_kind,
             "headroom_bytes": hr[0] if hr else None, "headroom_ratio": round(hr[1], 6) if hr else None,
-            "recommendation": _first_action(p),
+            "recommendation": _first_action(p), "recommendation_playbook": _first_playbook(p),
         }
         if kind == "oom":
             item["requested_bytes"] = oom.get("requested_bytes")
@@ -292,7 +303,7 @@ def _setting_for(run: dict, parts: dict, frag: dict) -> dict[str, Any]:
         m = ALLOC_SETTING.search(action)
         if m and ("PYTORCH_CUDA_ALLOC_CONF" in action or action.startswith("Try ")):
             return {"setting": m.group(1), "why": rec.get("why"), "expected_effect": rec.get("expected_effect"),
-                    "setting_source": "diagnosis"}
+                    "playbook": str(rec.get("playbook") or ""), "setting_source": "diagnosis"}
     conf = ((parts.get("allocator_settings") or {}).get("conf")) or run.get("allocator_conf") or ""
     gib = frag["fragmented_free_bytes"] / 1024**3
     if "expandable_segments:true" not in conf.lower().replace(" ", ""):
@@ -300,11 +311,11 @@ def _setting_for(run: dict, parts: dict, frag: dict) -> dict[str, Any]:
                 "why": f"{gib:.2f} GiB of cached free memory lies outside the largest free block; expandable "
                        "segments grow one mapping per stream instead of leaving split segments behind",
                 "expected_effect": f"up to {gib:.2f} GiB more usable for large requests at the same reserved size",
-                "setting_source": "rule"}
+                "playbook": "expandable-segments", "setting_source": "rule"}
     return {"setting": None,
             "why": "expandable_segments:True is already on; the free memory in pieces sits in segments that "
                    "hold live blocks (or in CUDA-graph private pools), which no allocator setting compacts",
-            "expected_effect": "-", "setting_source": "rule"}
+            "expected_effect": "-", "playbook": "allocator-settings", "setting_source": "rule"}
 
 
 def _growing(runs: list[dict], floors: dict[int, list[dict]]) -> list[dict]:

@@ -29,6 +29,7 @@ TEMPLATE = r"""<!DOCTYPE html>
  .new { color: #cf222e; font-weight: 600; } .muted { color: #59636e; }
  .plots { display: flex; flex-wrap: wrap; gap: 16px; } .plot svg { max-width: 100%; height: auto; }
  ul.summary li { margin: 2px 0; } .sim { font-size: 12px; color: #0a3069; } code { background: #f6f8fa; padding: 0 4px; border-radius: 4px; }
+ .playbook { font-size: 12px; color: #59636e; }
 </style>
 </head>
 <body><main>
@@ -65,13 +66,13 @@ TEMPLATE = r"""<!DOCTYPE html>
 <table id="oom-runs"><tr><th>run</th><th>job / cluster</th><th>torch</th><th>cause</th><th>request</th><th>limit</th><th>peak reserved</th><th>first recommendation</th></tr>
 {% for r in d.ooms.runs %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td>{{ r.torch_version or '-' }}</td>
 <td><span class="cause">{{ r.primary_cause or '-' }}</span> {{ '%.2f'|format(r.confidence) if r.confidence is not none }}</td>
-<td class="n">{{ b(r.requested_bytes) }}</td><td class="n">{{ b(r.limit_bytes) }}</td><td class="n">{{ b(r.peak_reserved_bytes) }}</td><td>{{ r.recommendation or '' }}</td></tr>{% endfor %}
+<td class="n">{{ b(r.requested_bytes) }}</td><td class="n">{{ b(r.limit_bytes) }}</td><td class="n">{{ b(r.peak_reserved_bytes) }}</td><td>{{ r.recommendation or '' }}{{ playbook(r.get('recommendation_playbook')) }}</td></tr>{% endfor %}
 </table>{% if d.ooms.count > d.ooms.listed %}<p class="muted">{{ d.ooms.count - d.ooms.listed }} more not listed.</p>{% endif %}
 {% endif %}
 {% if d.near_misses.runs %}
 <table id="near-runs"><tr><th>near miss</th><th>job / cluster</th><th>peak reserved</th><th>limit</th><th>headroom</th><th>cause</th><th>first recommendation</th></tr>
 {% for r in d.near_misses.runs %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td class="n">{{ b(r.peak_reserved_bytes) }}</td><td class="n">{{ b(r.limit_bytes) }} ({{ r.limit_kind }})</td>
-<td class="n">{{ b(r.headroom_bytes) }} ({{ '%.1f'|format(100 * r.headroom_ratio) }}%)</td><td><span class="cause">{{ r.primary_cause or '-' }}</span></td><td>{{ r.recommendation or '' }}</td></tr>{% endfor %}
+<td class="n">{{ b(r.headroom_bytes) }} ({{ '%.1f'|format(100 * r.headroom_ratio) }}%)</td><td><span class="cause">{{ r.primary_cause or '-' }}</span></td><td>{{ r.recommendation or '' }}{{ playbook(r.get('recommendation_playbook')) }}</td></tr>{% endfor %}
 </table>{% endif %}
 
 <h2 id="regressions">Regressions by torch version</h2>
@@ -85,7 +86,7 @@ TEMPLATE = r"""<!DOCTYPE html>
 {% if d.fragmented %}<table><tr><th>run</th><th>job / cluster</th><th>cause</th><th>fragmentation</th><th>free in pieces</th><th>reserved</th><th>setting that would help</th></tr>
 {% for r in d.fragmented %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td><span class="cause">{{ r.primary_cause or '-' }}</span></td>
 <td class="n">{{ '%.2f'|format(r.fragmentation_ratio) }}</td><td class="n">{{ b(r.fragmented_free_bytes) }}</td><td class="n">{{ b(r.reserved_bytes) }}</td>
-<td>{% if r.setting %}<code>PYTORCH_CUDA_ALLOC_CONF={{ r.setting }}</code>{% else %}-{% endif %}<div class="muted">{{ r.why or '' }}</div>
+<td>{% if r.setting %}<code>PYTORCH_CUDA_ALLOC_CONF={{ r.setting }}</code>{% else %}-{% endif %}<div class="muted">{{ r.why or '' }}</div>{{ playbook(r.get('playbook')) }}
 {% if r.simulated and r.simulated.predicted_oom is defined %}<div class="sim">allocator model on snapshot {{ r.simulated.snapshot }}: {{ 'recorded run not reproduced' if r.simulated.recorded_predicted_oom is none else ('OOM as recorded' if r.simulated.recorded_predicted_oom else 'no OOM as recorded') }}; with the setting
 <b>{{ sim_outcome(r.simulated) }}</b>{% if r.simulated.predicted_oom is not none %}, peak reserved {{ b(r.simulated.recorded_peak_reserved_bytes) }} &rarr; {{ b(r.simulated.peak_reserved_bytes) }}{% endif %}{% if r.simulated.get('reason') %}<div class="muted">{{ r.simulated.get('reason') }}</div>{% endif %}</div>{% endif %}</td></tr>{% endfor %}</table>
 {% else %}<p class="muted">No run has much cached memory in pieces.</p>{% endif %}
@@ -119,7 +120,20 @@ def _env():
     from profiler.report.data import simulated_outcome
 
     env.globals["sim_outcome"] = simulated_outcome
+    env.globals["playbook"] = _playbook_note
     return env
+
+
+def _playbook_note(entry_id: object):
+    """Where the advice is measured: the playbook entry as text, not a link, since this file is read
+    from mail or a share with no docs/ beside it (`memq playbook ID` prints the entry). Nothing for a
+    report stored before recommendations named an entry."""
+    from markupsafe import Markup, escape
+
+    from profiler.playbook_doc import doc_link
+
+    link = doc_link(entry_id)
+    return Markup(f'<div class="playbook">playbook: <code>{escape(link)}</code></div>') if link else ""
 
 
 def render_html(doc: dict[str, Any]) -> str:

@@ -23,6 +23,15 @@ def _sim(r: dict) -> str:
     return out + (f": {sim['reason']}" if sim.get("reason") else "")
 
 
+def _with_playbook(text: Any, entry_id: Any) -> Any:
+    """The advice and the playbook entry that measures it (nothing added for a report stored before
+    recommendations named one)."""
+    from profiler.playbook_doc import doc_link
+
+    link = doc_link(entry_id)
+    return f"{text} (playbook: {link})" if link and text else text
+
+
 def _cell(v: Any) -> str:
     return str("-" if v is None or v == "" else v).replace("|", "\\|").replace("\n", " ")
 
@@ -55,7 +64,8 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
         L += ["### OOM runs", ""]
         L += _table(["run", "job", "cluster", "torch", "cause", "request", "limit", "recommendation"],
                     [[r["run"], r["job"], r["cluster"], r["torch_version"], r["primary_cause"], _b(r["requested_bytes"]),
-                      _b(r["limit_bytes"]), r["recommendation"]] for r in doc["ooms"]["runs"]])
+                      _b(r["limit_bytes"]), _with_playbook(r["recommendation"], r.get("recommendation_playbook"))]
+                     for r in doc["ooms"]["runs"]])
     if doc["near_misses"]["runs"]:
         L += ["### Near misses (headroom under 5% of the limit)", ""]
         L += _table(["run", "job", "cluster", "peak reserved", "limit", "headroom"],
@@ -75,7 +85,8 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
         L += _table(["run", "job", "cause", "fragmentation", "free in pieces", "setting that would help",
                      "allocator model with it"],
                     [[r["run"], r["job"], r["primary_cause"], f"{r['fragmentation_ratio']:.2f}",
-                      _b(r["fragmented_free_bytes"]), f"`{r['setting']}`" if r["setting"] else "-", _sim(r)]
+                      _b(r["fragmented_free_bytes"]),
+                      _with_playbook(f"`{r['setting']}`" if r["setting"] else "-", r.get("playbook")), _sim(r)]
                      for r in doc["fragmented"]])
     else:
         L += ["None.", ""]

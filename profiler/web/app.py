@@ -3,7 +3,8 @@
 Every page is a view of one API document: `/runs` of `/api/runs`, `/runs/R` of `/api/runs/R`
 (= `memq history --run R --json`), `/snapshots/N` of `/api/snapshots/N`, `/compare` of
 `/api/compare` (= `memq compare A B --json`), `/versions` of `/api/versions` (= `memq versions`),
-`/reports` of `/api/reports`. Handlers are plain functions: Starlette runs them in its thread pool,
+`/reports` of `/api/reports`; `/playbook` is the packaged OOM playbook that recommendations link to
+(`/playbook#<entry id>`). Handlers are plain functions: Starlette runs them in its thread pool,
 so a slow query never blocks the event loop. There is no write endpoint.
 
 Errors: unknown run/snapshot/report -> 404, a bad query parameter -> 400 with the reason, the
@@ -171,8 +172,10 @@ class _Views:
         return value
 
 
-def create_app(settings: Settings | None = None, *, token: str | None = None, store=None) -> Starlette:
-    """The ASGI app over the configured history. `token` defaults to MEMQ_SERVE_TOKEN ('' = none)."""
+def create_app(settings: Settings | None = None, *, token: str | None = None, store=None,
+               playbook_path: Path | str | None = None) -> Starlette:
+    """The ASGI app over the configured history. `token` defaults to MEMQ_SERVE_TOKEN ('' = none).
+    `playbook_path`: the playbook Markdown /playbook shows (default: the packaged copy; tests give one)."""
     from profiler.store.connection import open_store
 
     settings = settings or load_settings()
@@ -379,6 +382,17 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                            f"the report directory", hint=f"its figures: /api/reports/{doc['id']}")
         return HTMLResponse(text)
 
+    def playbook_page(request: Request) -> HTMLResponse:
+        """The OOM playbook (the packaged docs/playbook.md) as HTML: every recommendation on the other
+        pages links to /playbook#<entry id>. The Markdown's own HTML is escaped, never passed through."""
+        from markupsafe import Markup
+
+        from profiler.playbook_doc import read_playbook, to_html
+
+        P.check_known(query(request), ())
+        body = Markup(to_html(read_playbook(playbook_path)))  # markdown-it's own output, raw HTML escaped
+        return HTMLResponse(render_page("playbook.html", data=None, body=body, title="OOM playbook"))
+
     def home(request: Request) -> Response:
         return RedirectResponse("/runs", status_code=307)
 
@@ -395,6 +409,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         Route("/versions", versions_page),
         Route("/reports", reports_page),
         Route("/reports/{rid}", report_html),
+        Route("/playbook", playbook_page),
         Route("/api/runs", api(runs_doc)),
         Route("/api/lanes/{name:path}", api(lanes_doc)),
         Route("/api/runs/{name:path}", api(run_doc)),

@@ -31,7 +31,7 @@ def test_primary_cause_matches_ground_truth(folder, loaded):
     assert all(c["confidence"] < diag["confidence"] for c in diag["causes"][1:])
     assert diag["recommendations"], "every diagnosis carries at least one recommendation"
     for rec in diag["recommendations"]:
-        assert set(rec) == {"action", "why", "expected_effect"}
+        assert set(rec) == {"action", "why", "expected_effect", "playbook"}  # playbook: the entry id
 
 
 @pytest.mark.parametrize("folder", sorted(f for f in REAL_RUNS if meta(f).get("oom_message")))

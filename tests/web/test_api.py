@@ -278,3 +278,63 @@ def test_token_in_the_url_sets_a_cookie_and_leaves_the_address_bar(token_server)
     assert cookie.startswith(f"memq_token={TOKEN}") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
     code, _, body = token_server.get("/runs?cluster=b", {"Cookie": cookie.split(";")[0]})
     assert code == 200 and b"capacity" in body and b"seed_adamw" not in body
+
+
+def test_recommendations_link_to_their_playbook_entry(server, web_history):
+    recs = server.json("/api/runs/frag_synthetic")["diagnosis"]["recommendations"]
+    assert recs and all(r["playbook"] for r in recs)
+    sid = web_history.snapshot_id("frag_synthetic", "oom")
+    for path in ("/runs/frag_synthetic", f"/snapshots/{sid}", "/runs/capacity"):
+        code, _, page = server.get(path)
+        doc = server.json("/api" + path)
+        ids = [r["playbook"] for r in (doc.get("diagnosis") or doc["analysis"]["diagnosis"])["recommendations"]]
+        assert code == 200 and ids
+        for i in ids:
+            assert f'<a href="/playbook#{i}">docs/playbook.md#{i}</a>'.encode() in page, (path, i)
+
+
+def _asgi_get(app, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One GET through the real ASGI app, in process (the served one reads the packaged playbook;
+    this one is given a placeholder of the same shape)."""
+    import asyncio
+
+    p, _, qs = path.partition("?")
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": p, "raw_path": p.encode(), "query_string": qs.encode(), "root_path": "",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    got: dict = {"body": b""}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(m):
+        if m["type"] == "http.response.start":
+            got["status"], got["headers"] = m["status"], {k.decode(): v.decode() for k, v in m["headers"]}
+        elif m["type"] == "http.response.body":
+            got["body"] += m.get("body", b"")
+
+    asyncio.run(app(scope, receive, send))
+    return got["status"], got["headers"], got["body"]
+
+
+def test_playbook_page_renders_the_text_escaped_behind_the_token(web_history, tmp_path):
+    from profiler.config import load_settings
+    from profiler.web.app import create_app
+    from tests.cli.test_playbook_cli import PLACEHOLDER
+
+    md = tmp_path / "playbook.md"
+    md.write_text(PLACEHOLDER + "\n[click](javascript:alert(1)) <img src=x onerror=alert(1)>\n")
+    app = create_app(load_settings(web_history.env), token=TOKEN, playbook_path=md)
+    assert _asgi_get(app, "/playbook")[0] == 401
+    code, headers, body = _asgi_get(app, "/playbook", {"Authorization": f"Bearer {TOKEN}"})
+    page = body.decode()
+    assert code == 200 and "script-src 'self'" in headers["content-security-policy"]
+    for entry in ("empty-cache", "allocator-settings", "expandable-segments", "kept-tensors"):
+        assert f'id="{entry}"' in page  # /playbook#<id> lands on the entry
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
+    assert "&lt;img src=x onerror" in page and 'href="javascript:' not in page
+    assert _asgi_get(app, "/playbook?x=1", {"Authorization": f"Bearer {TOKEN}"})[0] == 400
+    missing = create_app(load_settings(web_history.env), token="", playbook_path=tmp_path / "none.md")
+    code, _, body = _asgi_get(missing, "/playbook")
+    assert code == 500 and b"python benchmarks/playbook.py" in body
