@@ -108,6 +108,10 @@ class Settings:
          "(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under the "
          "process's memory limit."),
         minimum=1)
+    pipe_idle_timeout_s: int = setting(30, "MEMQ_PIPE_IDLE_TIMEOUT_S",
+        ("A FIFO or pipe given as a snapshot file (`memq analyze <(zcat x.gz)`) that sends nothing for this "
+         "many seconds (no writer ever came, or it stalled) is abandoned with an error."),
+        minimum=1)
     max_clock_skew_s: int = setting(86_400, "MEMQ_MAX_CLOCK_SKEW_S",
         ("Dispatcher: envelopes and stat samples stamped more than this many seconds ahead of its clock "
          "(or before 2020) are dead-lettered."),

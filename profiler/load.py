@@ -24,21 +24,18 @@ class LoadedSnapshot:
     raw: bytes | None = None  # the uncompressed bytes, kept only when asked for (blob store)
 
 
-#: A pipe (`memq analyze <(zcat x.gz)`, a FIFO) that gives nothing for this long is abandoned.
-PIPE_IDLE_TIMEOUT_S = 30.0
-
 _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
           stat.S_IFDIR: "a directory"}
 
 
-def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float = PIPE_IDLE_TIMEOUT_S) -> bytes:
+def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float | None = None) -> bytes:
     """The bytes of a snapshot file, at most `max_bytes` of them (TooLarge past that).
 
     The size stat() reports is not trusted: /dev/zero says 0 and never ends, a FIFO says 0 and may
     never send. So the file is opened without blocking, checked with fstat on the open descriptor,
     and read in a loop that stops one byte past the cap. Devices, sockets and directories are
     refused; a FIFO or pipe is read under the same cap and abandoned when idle for `idle_timeout_s`
-    (also when no writer ever comes)."""
+    (also when no writer ever comes; None: MEMQ_PIPE_IDLE_TIMEOUT_S, 30 s by default)."""
     p = Path(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -59,6 +56,10 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float
         if stat.S_ISREG(mode):
             os.set_blocking(fd, True)
             return _read_capped(fd, p, max_bytes, None)
+        if idle_timeout_s is None:  # read here, not by every caller: only a pipe needs it
+            from profiler.config import load_settings
+
+            idle_timeout_s = float(load_settings().pipe_idle_timeout_s)
         return _read_capped(fd, p, max_bytes, idle_timeout_s)  # FIFO / pipe: stays non-blocking
     except OSError as exc:
         raise SnapshotError(f"{p}: cannot read ({exc.strerror or exc})") from exc

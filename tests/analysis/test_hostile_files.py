@@ -147,16 +147,28 @@ def test_dev_zero_is_refused_at_once(tmp_path, command):
 
 
 def test_fifo_without_a_writer_does_not_hang(tmp_path):
-    """It waits PIPE_IDLE_TIMEOUT_S (30 s) for a writer, then gives up with one line."""
+    """It waits MEMQ_PIPE_IDLE_TIMEOUT_S (30 s unless set) for a writer, then gives up with one line.
+    The commands run with 2 s (the same code path; the 30 s default is asserted below), and must not
+    have given up before it."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from profiler.config import load_settings
+
+    assert load_settings(_env(tmp_path)).pipe_idle_timeout_s == 30  # the product's default
     fifo = tmp_path / "snap.fifo"
     os.mkfifo(fifo)
     commands = (["analyze", str(fifo)], ["push", str(fifo), "--run", "r"])
-    with ThreadPoolExecutor(len(commands)) as pool:  # both wait out the 30 s at once
-        results = list(pool.map(lambda c: peak_rss(memq_cmd(*c), env=_env(tmp_path), timeout=120), commands))
-    for rc, _out, err, _rss in results:
-        assert "nothing to read for 30 s" in _one_line_refusal(rc, err)
+    env = _env(tmp_path, MEMQ_PIPE_IDLE_TIMEOUT_S="2")
+
+    def run(command):
+        t0 = time.monotonic()
+        return (*peak_rss(memq_cmd(*command), env=env, timeout=120), time.monotonic() - t0)
+
+    with ThreadPoolExecutor(len(commands)) as pool:  # both wait out the idle limit at once
+        results = list(pool.map(run, commands))
+    for rc, _out, err, _rss, took in results:
+        assert "nothing to read for 2 s" in _one_line_refusal(rc, err)
+        assert took >= 2.0, took
 
 
 def test_fifo_whose_writer_comes_late_is_read(tmp_path):
