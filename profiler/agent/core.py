@@ -582,6 +582,9 @@ class Agent:
             sig = self._safe_call(lambda: read(reset=False)) if read is not None else None
             if sig:
                 self._note_peaks(int(max(sig[0], sig[2])), int(max(sig[1], sig[3])))
+            # A rank that fails or is torn down in its first step never reached a boundary: its cap
+            # (set_per_process_memory_fraction after start) is read here, not left at the device total.
+            self._limit = self._safe_call(self.source.limit_bytes) or self._limit
         with self._lock:
             figs = [f for f in self.tracker.figures if f.get("peak_allocated") is not None]
         summary = None
@@ -658,6 +661,8 @@ class Agent:
                 return
             self.oom_snapshots += 1
             total = self._safe_call(lambda: self.source.device_total(device))
+            if isinstance(total, int) and 0 < int(device_alloc) < total:
+                self._limit = int(device_alloc)  # the observer's device_alloc is the process's cap
             oom = {"alloc": int(alloc), "device_alloc": int(device_alloc), "device_free": int(device_free),
                    "device_total": total, "message": None}
             evt = threading.Event()

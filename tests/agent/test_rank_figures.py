@@ -111,3 +111,18 @@ def test_sigterm_chains_the_previous_handler(tmp_path, shared):
     assert p.returncode == 7 and mark.read_text() == "called", p.stderr
     end = entries(r, stream)[-1]
     assert end.kind == "run_end" and end.payload["figures"]["end_reason"] == "sigterm"
+
+
+def test_cap_set_after_start_reaches_the_figures_without_a_step_boundary(shared):
+    """A rank that dies in its first step (the DDP capture's data-imbalanced rank 1) never reaches a
+    step boundary; its cap, set with set_per_process_memory_fraction after the agent started, must still
+    be the figures' limit, not the device total read when the agent armed."""
+    r, prefix, stream = shared
+    a = make_agent(stream=stream, key_prefix=prefix, rank=1, step_budget=1.0)
+    cap = 15_011_000_000
+    a.source.meta["cap_bytes"] = cap  # what the job's set_per_process_memory_fraction does after start
+    a.stop(10)
+    end = entries(r, stream)[-1]
+    assert end.kind == "run_end"
+    assert end.payload["figures"]["limit_bytes"] == cap
+    assert end.payload["figures"]["last_step"] is None
