@@ -58,7 +58,7 @@ def read_playbook(path: Path | str | None = None) -> str:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise MemqError(f"the playbook text is not installed ({p} is missing)",
-                        hint=f"regenerate it with `{REGENERATE}` in a memq checkout, then reinstall") from None
+                        hint=f"regenerate it with `{REGENERATE}` in a memq checkout (a built package ships it)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MemqError(f"the playbook text {p} cannot be read: {exc}",
                         hint=f"regenerate it with `{REGENERATE}`") from None
@@ -96,15 +96,15 @@ def headings(text: str) -> list[Heading]:
 
 def section(text: str, entry_id: str) -> str:
     """The entry's section: its anchored heading up to the next heading of the same or a higher level
-    (so an entry keeps its own sub-sections). BadInput for an id that is not an entry or that the text
-    does not hold (a playbook older than this memq)."""
+    (so an entry keeps its own sub-sections). BadInput for an id that is not an entry; MemqError when
+    the text lacks an entry's section (a playbook older than this memq: an installation fault)."""
     if entry_id not in BY_ID:
         raise unknown_entry(entry_id)
     hs = headings(text)
     start = next((h for h in hs if h.entry_id == entry_id), None)
     if start is None:
-        raise BadInput(f"the installed playbook text has no section {entry_id!r}",
-                       hint=f"it predates this memq: regenerate it with `{REGENERATE}`")
+        raise MemqError(f"the installed playbook text has no section {entry_id!r}",
+                        hint=f"it predates this memq: regenerate it with `{REGENERATE}`")
     end = next((h.line for h in hs if h.line > start.line and h.level <= start.level), None)
     lines = text.splitlines()
     return "\n".join(lines[start.line:end]).rstrip() + "\n"

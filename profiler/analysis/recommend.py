@@ -68,14 +68,16 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         recs.append(_rec("Find and stop what else holds the GPU (nvidia-smi --query-compute-apps=pid,used_memory "
                          "--format=csv); give each job its own device (CUDA_VISIBLE_DEVICES)",
                          f"{g(f.non_pytorch)} of the device is used outside PyTorch's cache",
-                         f"frees up to {g(f.non_pytorch)}; the request of {g(S)} then fits", playbook="external-memory"))
+                         f"frees up to {g(f.non_pytorch)}; the request of {g(S)} then fits",
+                         playbook="external-memory"))
         recs.append(_rec("If JAX, CuPy or TensorFlow share the process, stop their preallocation "
                          "(XLA_PYTHON_CLIENT_PREALLOCATE=false; cupy's memory pool limit)",
                          "these libraries reserve most of the card at import time",
                          "their memory drops to what they actually use", playbook="external-memory"))
         recs.append(_rec("Do not tune PyTorch's allocator for this OOM",
                          "expandable_segments, max_split_size_mb and empty_cache() act only on PyTorch's "
-                         f"own {g(R)}; the missing memory is outside it", "no change", playbook="external-memory"))
+                         f"own {g(R)}; the missing memory is outside it", "no change",
+                         playbook="external-memory"))
     if primary == "leak":
         site = leak.get("allocating_site")
         top = next((x for x in leak.get("growth_by_site") or [] if x["site"] == site), {})
@@ -83,31 +85,37 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
             recs.append(_rec(f"Release the references kept at {site}: store .item() / .detach().cpu() instead "
                              "of tensors that keep GPU memory (and autograd graphs) alive",
                              f"{g(top.get('bytes'))} allocated there after the first comparable point is still "
-                             "live at the last one", "live memory stays flat across epochs; the OOM goes away", playbook="kept-tensors"))
+                             "live at the last one", "live memory stays flat across epochs; the OOM goes away",
+                             playbook="kept-tensors"))
         else:
             recs.append(_rec("Find what keeps tensors alive from one epoch to the next (lists of outputs, "
                              "losses or logits kept for metrics, caches keyed by step): store .item() / "
                              ".detach().cpu() instead",
                              "the growing blocks carry no allocation frames, so the line is not known from these "
                              f"snapshots: {HOW_TO_GET_FRAMES}",
-                             "live memory stays flat across epochs; the OOM goes away", playbook="kept-tensors"))
+                             "live memory stays flat across epochs; the OOM goes away",
+                             playbook="kept-tensors"))
         recs.append(_rec("Do not rely on torch.cuda.empty_cache() or gc.collect() for this",
-                         "the growing blocks are referenced, so neither can free them", "no change", playbook="empty-cache"))
+                         "the growing blocks are referenced, so neither can free them", "no change",
+                         playbook="empty-cache"))
     if primary == "optimizer_state":
         mult = "1x" if optimizer and "sgd" in optimizer.lower() else "2x"
         recs.append(_rec("Shard or shrink optimizer state: ZeroRedundancyOptimizer / FSDP, or an 8-bit or "
                          "factored optimizer (bitsandbytes AdamW8bit, Adafactor)",
                          f"{g(opt)} of optimizer state is created in the first step (AdamW keeps 2x parameter "
                          f"bytes, SGD momentum 1x; parameters are {g(params)}, this run keeps {mult})",
-                         f"saves up to {g(opt * 3 // 4)} with 8-bit state, or (N-1)/N of it across N ranks", playbook="optimizer-state"))
+                         f"saves up to {g(opt * 3 // 4)} with 8-bit state, or (N-1)/N of it across N ranks",
+                         playbook="optimizer-state"))
         recs.append(_rec("Use foreach=False (or fused=True) in the optimizer constructor",
                          "the multi-tensor (foreach) path allocates temporaries for whole parameter groups "
-                         "during step()", "lowers the transient peak of the optimizer step", playbook="optimizer-state"))
+                         "during step()", "lowers the transient peak of the optimizer step",
+                         playbook="optimizer-state"))
     if primary == "activation_spike":
         recs.append(_rec("Cap or bucket the largest inputs (max sequence length / batch by length), or split "
                          "big batches with gradient accumulation",
                          f"this step needs {'~' if need > A + S else ''}{g(need)}, over 1.5x the peak of earlier "
-                         f"steps ({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}", playbook="activation-checkpointing"))
+                         f"steps ({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}",
+                         playbook="activation-checkpointing"))
         step_bytes = A - (proj.floor_now if proj is not None else A - acts)
         recs.append(_rec("Enable activation checkpointing for the largest blocks",
                          f"the failing step's own tensors are {g(step_bytes)} of the {g(A)} live set",
@@ -119,7 +127,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         recs.append(_rec("Set torch.backends.cudnn.benchmark=False (or limit workspace: "
                          "CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.backends.cudnn.benchmark_limit)",
                          f"the failing or peak allocation is a library workspace ({g(S)})",
-                         "kernel selection stops trying algorithms whose workspace does not fit", playbook="workspace"))
+                         "kernel selection stops trying algorithms whose workspace does not fit",
+                         playbook="workspace"))
     if primary == "allocator_config":
         recs.append(_rec(f"Remove or relax the non-default allocator settings ({', '.join(f.settings_non_default)})",
                          f"they add {g(f.A - f.A_req)} of rounding or leave oversize blocks unsplittable, which "
@@ -129,7 +138,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          f"live {g(f.A_req)} + request {g(f.S_min or S)} before rounding fits the limit of "
                          f"{g(f.limit)}" if f.roundup else
                          "the request fits the limit" + simulated(DEFAULTS_CONF).replace(DEFAULTS_CONF,
-                                                                                         "the default settings"), playbook=_setting_entry(f)))
+                                                                                         "the default settings"),
+                         playbook=_setting_entry(f)))
     graphs_hold_it = primary == "fragmentation" and f.private_pool_free > 0.5 * max(1, stranded)
     if graphs_hold_it:
         # No entry measures CUDA-graph pools; the allocator-settings one shows what the cache can and
@@ -138,9 +148,11 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          "or release graphs you no longer replay",
                          f"{g(f.private_pool_free)} of the cached free memory belongs to private pools of CUDA "
                          "graphs that are still alive; eager code cannot use it",
-                         f"frees up to {g(f.private_pool_free)} for the {g(S)} request", playbook="allocator-settings"))
+                         f"frees up to {g(f.private_pool_free)} for the {g(S)} request",
+                         playbook="allocator-settings"))
         recs.append(_rec("Do not expect expandable_segments or empty_cache() to help here",
-                         "private-pool memory stays reserved as long as its graphs exist", "no change", playbook="expandable-segments"))
+                         "private-pool memory stays reserved as long as its graphs exist", "no change",
+                         playbook="expandable-segments"))
     elif not over_limit and (primary == "fragmentation" or (
             primary not in ("capacity", "activation_spike") and stranded > 0.2 * max(1, R) and f.has_oom
             and not f.settings_non_default)):
@@ -158,7 +170,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              + simulated("expandable_segments:True"), playbook="expandable-segments"))
         recs.append(_rec("Try max_split_size_mb:128 (or 512) if expandable segments are not available",
                          "stops large cached blocks from being split for small requests",
-                         "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128"), playbook="max-split-size"))
+                         "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128"),
+                         playbook="max-split-size"))
         recs.append(_rec("Do not call torch.cuda.empty_cache() for this",
                          f"{g(stranded)} of free bytes sit in segments that still hold live blocks, which "
                          "empty_cache() cannot release (the allocator already released every fully free "
@@ -171,7 +184,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
             recs.append(_rec("Reduce activation memory: smaller micro-batch with gradient accumulation, "
                              "activation checkpointing, or shorter sequences",
                              f"activations are {g(acts)} of the {g(A)} live set; {g(over)} must go",
-                             f"halving the micro-batch frees about {g(acts // 2)}", playbook="activation-checkpointing"))
+                             f"halving the micro-batch frees about {g(acts // 2)}",
+                             playbook="activation-checkpointing"))
         if opt:
             kind = "AdamW keeps 2x parameter bytes" if opt > 1.5 * max(1, params) else "SGD momentum keeps 1x"
             recs.append(_rec("Shrink optimizer state (8-bit or factored optimizers, ZeRO/FSDP sharding)",
@@ -185,15 +199,18 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
     if creation is not None and primary != "optimizer_state":
         recs.append(_rec("Consider a leaner optimizer or sharded state (8-bit AdamW, SGD, ZeRO/FSDP)",
                          "the failing request was the optimizer state's own creation: "
-                         + optimizer_state_sizes(creation), "the first optimizer step needs that much less", playbook="optimizer-state"))
+                         + optimizer_state_sizes(creation), "the first optimizer step needs that much less",
+                         playbook="optimizer-state"))
     if primary == "healthy":
         # The playbook has no "healthy" entry: the batch-size section is where headroom is measured.
         if f.limit and f.limit - f.peak_reserved < 0.05 * f.limit:
             recs.append(_rec("Leave more headroom (smaller batch or expandable_segments:True)",
                              f"peak reserved {g(f.peak_reserved)} is within 5% of the {g(f.limit)} limit",
-                             "a larger input no longer runs out of memory", playbook="activation-checkpointing"))
+                             "a larger input no longer runs out of memory",
+                             playbook="activation-checkpointing"))
         else:
-            recs.append(_rec("No change needed", "no OOM and no growth across snapshots", "-", playbook="activation-checkpointing"))
+            recs.append(_rec("No change needed", "no OOM and no growth across snapshots", "-",
+                             playbook="activation-checkpointing"))
     return recs
 
 
