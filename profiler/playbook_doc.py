@@ -127,4 +127,8 @@ def to_html(text: str) -> str:
     for t in tokens:
         if t.type == "heading_open" and t.map and t.map[0] in ids:
             t.attrSet("id", ids[t.map[0]])
+        style = t.attrGet("style") if t.attrs else None
+        if style:  # a table column's alignment: a class, since the page's CSP refuses inline styles
+            t.attrs.pop("style")
+            t.attrSet("class", "align-" + str(style).split(":")[-1].strip(" ;"))
     return md.renderer.render(tokens, md.options, {})

@@ -324,7 +324,8 @@ def test_playbook_page_renders_the_text_escaped_behind_the_token(web_history, tm
     from tests.cli.test_playbook_cli import PLACEHOLDER
 
     md = tmp_path / "playbook.md"
-    md.write_text(PLACEHOLDER + "\n[click](javascript:alert(1)) <img src=x onerror=alert(1)>\n")
+    md.write_text(PLACEHOLDER + "\n[click](javascript:alert(1)) <img src=x onerror=alert(1)>\n\n"
+                  "| setting | peak |\n|:--|--:|\n| a | 1 |\n")
     app = create_app(load_settings(web_history.env), token=TOKEN, playbook_path=md)
     assert _asgi_get(app, "/playbook")[0] == 401
     code, headers, body = _asgi_get(app, "/playbook", {"Authorization": f"Bearer {TOKEN}"})
@@ -334,6 +335,7 @@ def test_playbook_page_renders_the_text_escaped_behind_the_token(web_history, tm
         assert f'id="{entry}"' in page  # /playbook#<id> lands on the entry
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
     assert "&lt;img src=x onerror" in page and 'href="javascript:' not in page
+    assert '<td class="align-right">1</td>' in page and "style=" not in page  # the CSP refuses inline styles
     assert _asgi_get(app, "/playbook?x=1", {"Authorization": f"Bearer {TOKEN}"})[0] == 400
     missing = create_app(load_settings(web_history.env), token="", playbook_path=tmp_path / "none.md")
     code, _, body = _asgi_get(missing, "/playbook")
