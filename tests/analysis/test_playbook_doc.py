@@ -1,0 +1,98 @@
+"""docs/playbook.md is generated from the H200 runs in tests/fixtures/playbook (and the ddp_ranks,
+real/external and captured/cudnn_workspace fixtures) by benchmarks/playbook.py, with memq's own analysis
+of what the agent sent. These tests regenerate it and fail when the committed text differs (the analyzer
+or the fixtures changed: rerun `python benchmarks/playbook.py`), check that every measured claim cites a
+fixture that exists, and check memq's figures in it against what torch measured inside the same job."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler import playbook as pb
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURE = re.compile(r"\d+(\.\d+)? (B|KiB|MiB|GiB|ms)\b|\d\.\d\dx")
+CITED = re.compile(r"`(tests/fixtures/[^`]+)`")
+
+
+@pytest.fixture(scope="module")
+def gen():
+    spec = importlib.util.spec_from_file_location("playbook_gen", ROOT / "benchmarks" / "playbook.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def jobs(gen):
+    return gen.load_all()
+
+
+@pytest.fixture(scope="module")
+def text(gen):
+    return gen.generate()
+
+
+def test_committed_playbook_is_what_the_fixtures_give(text):
+    for path in (ROOT / pb.DOC_PATH, ROOT / "profiler" / pb.PACKAGED_NAME):
+        assert path.read_text() == text, f"{path} differs from its regeneration: run `python benchmarks/playbook.py`"
+
+
+def test_every_entry_has_its_section(text):
+    for e in pb.ENTRIES:
+        assert f'<a id="{e.id}"></a>{e.title}' in text, e.id
+
+
+def test_every_measured_claim_cites_a_fixture_that_exists(text):
+    claims = []  # a paragraph or table, or each bullet of a list on its own
+    for block in text.split("\n\n"):
+        claims += block.split("\n- ") if block.startswith("- ") else [block]
+    claims = [c for c in claims if FIGURE.search(c)]
+    assert len(claims) > 25
+    for block in claims:
+        cited = CITED.findall(block)
+        assert cited, f"a measured claim without its fixture: {block[:200]}"
+        for c in cited:
+            assert list(ROOT.glob(c)), f"cited fixture {c} does not exist"
+
+
+def test_memq_counts_the_optimizer_state_torch_measured(gen, jobs):
+    """memq's composition (frames of the agent's snapshot) against torch's own `opt.state` bytes."""
+    checked = 0
+    for name, j in jobs.items():
+        if not name.startswith("optim_") or j.result.get("outcome") != "completed":
+            continue
+        memq = gen.memq_result(j.snaps)["composition"]["optimizer_state"]
+        torch_bytes = j.result["state_bytes"]
+        assert abs(memq - torch_bytes) <= max(0.03 * torch_bytes, 2 << 20), (name, memq, torch_bytes)
+        checked += 1
+    assert checked >= 6
+    adamw, sgdm = jobs["optim_adamw"].result, jobs["optim_sgd_momentum"].result
+    assert adamw["state_bytes"] == 2 * adamw["param_bytes"] and sgdm["state_bytes"] == sgdm["param_bytes"]
+
+
+def test_empty_cache_returned_what_memq_said_it_could(gen, jobs):
+    j = jobs["empty_cache"]
+    before, after = gen.memq_result(j.snaps, 0)["metrics"], gen.memq_result(j.snaps, 1)["metrics"]
+    released = j.result["reserved_before"] - j.result["reserved_after"]
+    assert released == before["reserved_bytes"] - before["allocated_bytes"] - before["stranded_bytes"] > 0
+    assert after["stranded_bytes"] == before["stranded_bytes"] > 0
+    assert [a["outcome"] for a in j.result["attempts"]] == ["oom", "oom"]
+    oom = next(i for i, s in enumerate(j.snaps) if s.trigger == "oom")
+    assert gen.memq_result(j.snaps, oom)["diagnosis"]["primary_cause"] == "fragmentation"
+
+
+def test_memq_verdicts_on_the_playbook_runs(gen, jobs, text):
+    kept, fixed = jobs["leak_kept"], jobs["leak_fixed"]
+    assert gen.memq_result(kept.snaps, limit=kept.result["cap_bytes"])["diagnosis"]["primary_cause"] == "leak"
+    assert gen.memq_result(fixed.snaps, limit=fixed.result["cap_bytes"])["diagnosis"]["primary_cause"] == "healthy"
+    default = jobs["alloc_default"]
+    assert default.result["outcome"] == "oom" and jobs["alloc_expandable"].result["outcome"] == "completed"
+    assert gen.memq_result(default.snaps)["diagnosis"]["primary_cause"] == "fragmentation"
+    assert "train_leak.py:92" in text  # the kept-tensor line memq names
