@@ -68,6 +68,11 @@ def _rel(p: Path) -> str:
     return p.relative_to(ROOT).as_posix() if p.is_relative_to(ROOT) else p.as_posix()
 
 
+def _num(fields: dict, key: str) -> int | None:
+    v = fields.get(key)
+    return int(v) if v not in (None, "") else None
+
+
 def read_spool(folder: Path) -> tuple[list[Snap], dict[int, dict]]:
     """Every snapshot of every rank folder under `folder`, in send order, and each rank's run_end payload."""
     snaps, ends = [], {}
@@ -80,11 +85,8 @@ def read_spool(folder: Path) -> tuple[list[Snap], dict[int, dict]]:
                 ends[int(msg.fields.get("rank") or 0)] = payload
             if kind != "snapshot" or not msg.blob:
                 continue
-            def num(k):
-                v = msg.fields.get(k)
-                return int(v) if v not in (None, "") else None
             snaps.append(Snap(decode_snapshot_bytes(msg.blob, name=f"{_rel(f)}"), msg.fields.get("trigger"),
-                              num("step"), num("epoch"), payload.get("oom") or {}))
+                              _num(msg.fields, "step"), _num(msg.fields, "epoch"), payload.get("oom") or {}))
     return snaps, ends
 
 
@@ -427,7 +429,7 @@ def section_leak(jobs: dict[str, Job]) -> str:
         if j is None:
             continue
         live = epoch_live(j)
-        growth = [b2 - a2 for (_, a2), (_, b2) in zip(live, live[1:])]
+        growth = [b2 - a2 for (_, a2), (_, b2) in zip(live, live[1:], strict=False)]
         res = memq_result(j.snaps, limit=j.result.get("cap_bytes"))
         ev = next((c["evidence"] for c in res["diagnosis"]["causes"] if c["cause"] == "leak"), [])
         where = next((e for e in ev if ".py:" in e), "")
