@@ -14,10 +14,16 @@ from profiler.playbook import BY_ID
 DEFAULTS_CONF = "expandable_segments:False"
 
 
-def _rec(action: str, why: str, effect: str, playbook: str) -> dict:
+NO_CHANGE = "No change needed"
+
+
+def _rec(action: str, why: str, effect: str, playbook: str | None) -> dict:
     """One recommendation. `playbook` is the id of the playbook entry (profiler/playbook.py) whose
     measured figures back the advice, chosen by the caller for this advice; an unknown id is a bug
-    here, so it fails loudly rather than printing a dead link."""
+    here, so it fails loudly rather than printing a dead link. None only for NO_CHANGE, which advises
+    nothing and so has no figures behind it."""
+    if playbook is None and action == NO_CHANGE:
+        return {"action": action, "why": why, "expected_effect": effect, "playbook": None}
     if playbook not in BY_ID:
         raise ValueError(f"unknown playbook entry {playbook!r}")
     return {"action": action, "why": why, "expected_effect": effect, "playbook": playbook}
@@ -209,8 +215,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              "a larger input no longer runs out of memory",
                              playbook="activation-checkpointing"))
         else:
-            recs.append(_rec("No change needed", "no OOM and no growth across snapshots", "-",
-                             playbook="activation-checkpointing"))
+            recs.append(_rec(NO_CHANGE, "no OOM and no growth across snapshots", "-", playbook=None))
     return recs
 
 

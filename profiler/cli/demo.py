@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from profiler.cli._listing import console, write_json
+from profiler.playbook_doc import doc_link
 
 
 def demo_dir() -> Path:
@@ -92,6 +93,8 @@ def demo(as_json: bool) -> None:
                 lines.append(f"  {ev}")
         for rec in d.get("recommendations", [])[:2]:
             lines.append(f"-> {rec['action']}: {rec.get('expected_effect', '')}")
+            if doc_link(rec.get("playbook")):
+                lines.append(f"   playbook: {doc_link(rec.get('playbook'))}")
         con.print(Panel("\n".join(lines), title=f"{rep['run']} ({rep['status']})", expand=False))
     con.print(table("history (memq runs --cluster demo)", RUN_COLS, doc["history"]))
     with store.session() as s:

@@ -12,6 +12,7 @@ import click
 
 from profiler.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
 from profiler.cli.analyze import SIZE
+from profiler.playbook_doc import doc_link
 
 
 def _progress(total: int, enabled: bool):
@@ -125,6 +126,8 @@ def _print_report(doc: dict) -> None:
                 lines.append(f"  {c['cause']}: {ev}")
         for r in d.get("recommendations", [])[:3]:
             lines.append(f"-> {r['action']}: {r.get('expected_effect', '')}")
+            if doc_link(r.get("playbook")):
+                lines.append(f"   playbook: {doc_link(r.get('playbook'))}")
         con.print(Panel("\n".join(lines), title="run diagnosis", expand=False))
     con.print(f"stored in {doc['database']}; see `memq history --run {doc['run']}`")
 
