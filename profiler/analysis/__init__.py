@@ -265,14 +265,19 @@ def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list
     by = None
     if oom_frames and fr.is_optimizer(oom_frames):
         by = "its frames are in torch/optim"
-    else:
+    elif not oom_frames:  # frames elsewhere (the loss, a layer's forward) say it is not the optimizer's
         a = last.get("agent") or {}
         figs = a.get("step_figures") or []
         cur = a.get("step_in_progress")
         first = cur is not None and not any(f["step"] < cur for f in figs) and a.get("step_completed") is None
         # A block holds its request rounded up, or a whole segment when the rest is too small to split.
         sized = any(S <= k[1] < S + 2 * 1024 * 1024 for k in last["live_blocks"])
-        if first and sized and S >= 1024 * 1024:
+        # One parameter's state tensor is at most that parameter's size (twice it for fp32 state of
+        # half-precision parameters; a flat state buffer at most all of them): a request larger than
+        # twice all the parameters is an activation of the same size as a live one (the logits of a
+        # 4x longer sequence, tests/fixtures/ddp_ranks/data), not state being created.
+        state_sized = not params or S <= 2 * params + 2 * 1024 * 1024
+        if first and sized and state_sized and S >= 1024 * 1024:
             by = (f"the OOM is in the first optimizer step (step {cur}, no step completed before it) and the "
                   "request is the size of a parameter tensor")
     if by is None:

@@ -1,11 +1,16 @@
-"""Two ranks of one data-parallel run end to end: agents (replaying real H200 recordings) -> shared
-Redis (unique prefix) -> `memq dispatcher` -> a real Celery worker -> this module's own database ->
-`memq history --run R --json` and `memq compare`.
+"""Two ranks of one data-parallel run end to end: live agents -> shared Redis (unique prefix) ->
+`memq dispatcher` -> a real Celery worker -> this module's own database -> `memq history --run R --json`
+and `memq compare`.
 
-No GPU capture of an imbalanced DDP job exists yet; the run is put together from real single-rank
-recordings of the same model: rank 0 replays seed_adamw (small inputs, healthy, torn down by the
-launcher's SIGTERM after rank 1 failed), rank 1 replays capacity (its first step's large input runs
-out of memory under the 16 GiB cap). Both are started by torchrun's default TORCHELASTIC_RUN_ID=none.
+The real DDP captures (tests/fixtures/ddp_ranks) go through the same stack in test_ddp_ranks_real.py.
+This test stays for what they do not cover: its agents run in this process on recorded snapshots (not
+a spool replayed), so it checks the live paths - torchrun's TORCHELASTIC_RUN_ID=none in the environment
+not stored as the job id, and the SIGTERM handler (end_reason "sigterm"; in the captures both torn-down
+ranks ended as "process_group_aborted" first) - and a data imbalance settled with both ranks'
+compositions known (the captures' rank 0 was torn down before its first snapshot). The run is put
+together from real single-rank recordings of the same model: rank 0 replays seed_adamw (small inputs,
+healthy, torn down after rank 1 failed), rank 1 replays capacity (its first step's large input runs out
+of memory under the 16 GiB cap).
 """
 
 from __future__ import annotations
