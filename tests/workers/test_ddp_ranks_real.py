@@ -142,6 +142,8 @@ def test_data_rank_1_capacity_data_imbalance_rebalance(stack):
     assert cap == 15_010_988_032  # 0.10 of the H200: the log's "13.98 GiB allowed"
     assert doc["run_analysis"]["oom"]["requested_bytes"] == 32 * 1024 * 45_000 * 4
     assert rows[1]["need_bytes"] > cap > rows[0]["need_bytes"]
+    # the cap, not the device total, although neither rank reached a step boundary (read again at exit)
+    assert rows[0]["limit_bytes"] == rows[1]["limit_bytes"] == cap
     # rank 0 sent only its exit figures (its peak); rank 1's activations alone are 2.6x that whole peak
     assert rows[1]["activations_bytes"] > 2.5 * rows[0]["need_bytes"]
     assert any("their peak stands in for their activations" in e for e in ranks["evidence"])
