@@ -174,8 +174,10 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                                 "; whether the rest of the failing step fits is not known (no earlier step "
                                 "was recorded to project it from)" if f.not_projected else "")
                              + simulated("expandable_segments:True"), playbook="expandable-segments"))
-        recs.append(_rec("Try max_split_size_mb:128 (or 512) if expandable segments are not available",
-                         "stops large cached blocks from being split for small requests",
+        # The playbook's fragmenting job: 128 completed at the cap where 512 and the default ran out.
+        recs.append(_rec("Try max_split_size_mb:128 if expandable segments are not available",
+                         "stops large cached blocks from being split for small requests; a threshold above "
+                         "the job's large tensors changes little",
                          "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128"),
                          playbook="max-split-size"))
         recs.append(_rec("Do not call torch.cuda.empty_cache() for this",
