@@ -212,7 +212,16 @@ def section_optimizer(jobs: dict[str, Job]) -> str:
                      "or sharding the state (ZeRO/FSDP) is the fix, not an allocator setting. "
                      f"(`{jobs['optim_adamw'].path}`)")
     eightbit = jobs.get("optim_adamw_8bit")
-    if eightbit is not None and eightbit.result.get("outcome") == "unavailable":
+    e8 = figs.get("adamw_8bit")
+    if e8 and adamw:
+        counted = memq_result(eightbit.snaps)["composition"]["optimizer_state"]
+        lines.append(f"- 8-bit AdamW (bitsandbytes) keeps {x(e8['state_bytes'], e8['param_bytes'])} the parameter "
+                     f"bytes in its state tensors, {x(e8['state_bytes'], adamw['state_bytes'])} of AdamW's; its first "
+                     f"step left {b(e8['step_extra_peak_bytes'][0])} live, which is what memq counted ({b(counted)}), "
+                     f"{b(counted - e8['state_bytes'])} more than the tensors in `opt.state`. Its step took "
+                     f"{ms(steady(e8['opt_step_ms']))} against {ms(steady(adamw['opt_step_ms']))} for foreach AdamW. "
+                     f"(`{eightbit.path}`)")
+    elif eightbit is not None and eightbit.result.get("outcome") == "unavailable":
         lines.append("- 8-bit AdamW was not measured: bitsandbytes was not installed on the capture machine "
                      f"(`{eightbit.path}/result.json` says why). Its state is 2 bytes per parameter by design "
                      "(0.5x the fp32 parameter bytes); that figure is the library's, not ours.")

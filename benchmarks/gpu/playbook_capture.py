@@ -97,7 +97,8 @@ class Capture:
         d = self.out / sc
         d.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", MEMQ_SPOOL_DIR=str(d / "spool"),
-                   MEMQ_REDIS_URL="redis://127.0.0.1:1/0", PYTHONPATH=str(ROOT))
+                   MEMQ_REDIS_URL="redis://127.0.0.1:1/0",
+                   PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
         env.pop("PYTORCH_ALLOC_CONF", None)  # it would take precedence over the setting under test
         if conf:
             env["PYTORCH_CUDA_ALLOC_CONF"] = conf

@@ -70,9 +70,13 @@ def test_memq_counts_the_optimizer_state_torch_measured(gen, jobs):
             continue
         memq = gen.memq_result(j.snaps)["composition"]["optimizer_state"]
         torch_bytes = j.result["state_bytes"]
-        assert abs(memq - torch_bytes) <= max(0.03 * torch_bytes, 2 << 20), (name, memq, torch_bytes)
+        # what the first step left live (the state and the optimizer's own buffers) is what memq counts
+        assert abs(memq - j.result["step_extra_peak_bytes"][0]) <= 1 << 20, (name, memq)
+        # torch.optim keeps nearly all of it in `opt.state`; bitsandbytes keeps ~20 MiB of it elsewhere
+        tol = 0.10 if name == "optim_adamw_8bit" else 0.03
+        assert abs(memq - torch_bytes) <= max(tol * torch_bytes, 2 << 20), (name, memq, torch_bytes)
         checked += 1
-    assert checked >= 6
+    assert checked >= 7
     adamw, sgdm = jobs["optim_adamw"].result, jobs["optim_sgd_momentum"].result
     assert adamw["state_bytes"] == 2 * adamw["param_bytes"] and sgdm["state_bytes"] == sgdm["param_bytes"]
 
