@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from profiler import playbook as pb  # noqa: E402
 from profiler.agent.spool import SUFFIX, decode  # noqa: E402
 from profiler.analysis import analyze  # noqa: E402
+from profiler.analysis.ranks import diagnose_ranks, rank_facts_from  # noqa: E402
 from profiler.load import decode_snapshot_bytes, load_snapshot_file  # noqa: E402
 from profiler.store.service import oom_context  # noqa: E402
 from profiler.units import fmt_bytes  # noqa: E402
@@ -52,6 +53,8 @@ class Snap:
     step: int | None
     epoch: int | None
     oom: dict
+    rank: int = 0
+    ts_s: float | None = None  # the sender's clock
 
 
 @dataclass
@@ -85,8 +88,10 @@ def read_spool(folder: Path) -> tuple[list[Snap], dict[int, dict]]:
                 ends[int(msg.fields.get("rank") or 0)] = payload
             if kind != "snapshot" or not msg.blob:
                 continue
+            ts = _num(msg.fields, "ts")
             snaps.append(Snap(decode_snapshot_bytes(msg.blob, name=f"{_rel(f)}"), msg.fields.get("trigger"),
-                              _num(msg.fields, "step"), _num(msg.fields, "epoch"), payload.get("oom") or {}))
+                              _num(msg.fields, "step"), _num(msg.fields, "epoch"), payload.get("oom") or {},
+                              _num(msg.fields, "rank") or 0, ts / 1000 if ts is not None else None))
     return snaps, ends
 
 
@@ -500,8 +505,20 @@ def section_workspace(cap_dir: Path) -> str:
                       "not change the request."])
 
 
+def memq_ranks(snaps: list[Snap], ends: dict[int, dict]) -> dict:
+    """memq's cross-rank diagnosis: each rank's snapshots analysed together, then compared."""
+    facts = []
+    for rank in sorted(set(ends) | {s.rank for s in snaps}):
+        own = [s for s in snaps if s.rank == rank]
+        res = memq_result(own) if own else None
+        oom = next((s for s in own if s.trigger == "oom"), None)
+        facts.append(rank_facts_from(rank, ends.get(rank, {}), res, oom_step=oom.step if oom else None,
+                                     oom_at=oom.ts_s if oom else None))
+    return diagnose_ranks(facts)
+
+
 def section_ranks(ddp: Path) -> str:
-    rows = []
+    rows, verdicts = [], []
     for sc in ("balanced", "data", "leak"):
         d = ddp / sc / "spool"
         if not d.exists():
@@ -511,11 +528,18 @@ def section_ranks(ddp: Path) -> str:
             f = ends[rank].get("figures") or {}
             rows.append([sc, str(rank), ends[rank].get("status", "?"), b(f.get("peak_allocated_bytes")),
                          b(f.get("peak_reserved_bytes")), b(f.get("limit_bytes")), f"`{_rel(ddp / sc)}`"])
+        out = memq_ranks(snaps, ends)
+        first = (out["recommendations"] or [{}])[0].get("action", "")
+        verdicts.append([sc, "none" if out["failed_rank"] is None else str(out["failed_rank"]),
+                         out["cause"] or "n/a", out["imbalance"] or "none", first or "n/a", f"`{_rel(ddp / sc)}`"])
     return "\n".join([heading("rank-imbalance"), "", advice("rank-imbalance"), "",
                       "Two-rank DDP jobs under torchrun on one H200 (gloo), the same cap on each rank, the agent in each "
                       "rank: balanced; rank 1 fed 4x longer sequences (a sharding bug); rank 1 keeping every step's "
                       "logits. Each rank's own figures, sent by its agent at exit (also when torchrun tears it down):", "",
                       table(["job", "rank", "status", "peak allocated", "peak reserved", "cap", "fixture"], rows), "",
+                      "memq's cross-rank diagnosis of the same spools (each rank's snapshots analysed, then compared):", "",
+                      table(["job", "failing rank", "its cause", "imbalance", "memq's first advice", "fixture"], verdicts),
+                      "",
                       "- When one rank fails and the others sit far below the cap, a smaller batch for every rank "
                       "wastes the others' memory: rebalance or bucket the shards by length for data imbalance, fix "
                       "the rank's own code for a leak. `memq history --run R` shows the ranks side by side."])

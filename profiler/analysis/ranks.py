@@ -66,6 +66,29 @@ class RankFacts:
     oom_requested_bytes: int | None = None    # the failed request S
 
 
+def rank_facts_from(rank: int, end: Mapping[str, Any], result: Mapping[str, Any] | None = None, *,
+                    oom_step: int | None = None, oom_at: float | None = None) -> RankFacts:
+    """A rank from what its agent sent: the run_end payload (`status`, `figures`) and the analysis of its
+    snapshots taken together (analysis.analyze's dict; None for a rank torn down before any snapshot).
+    The store builds the same facts from its rows (store/queries.rank_facts)."""
+    figs = end.get("figures") or {}
+    sp = figs.get("step_peaks") or {}
+    base = dict(rank=rank, status=end.get("status"), end_reason=figs.get("end_reason"),
+                limit_bytes=figs.get("limit_bytes"), last_step=figs.get("last_step"), steps=figs.get("steps"),
+                step_peak_bytes=sp.get("max_peak_allocated"), step_median_bytes=sp.get("median_peak_allocated"),
+                peak_reserved_bytes=figs.get("peak_reserved_bytes"))
+    if result is None:
+        return RankFacts(**base, peak_allocated_bytes=figs.get("peak_allocated_bytes"))
+    d, oom = result["diagnosis"], result.get("oom")
+    peaks = [v for v in (figs.get("peak_allocated_bytes"), result["metrics"]["allocated_bytes"]) if v is not None]
+    return RankFacts(**base, cause=d["primary_cause"], confidence=d["confidence"],
+                     leak=any(c["cause"] == "leak" and c["confidence"] >= 0.5 for c in d["causes"]),
+                     peak_allocated_bytes=max(peaks), composition=result["composition"],
+                     oom_at=oom_at if oom else None, oom_step=oom_step if oom else None,
+                     oom_allocated_bytes=result["metrics"]["allocated_bytes"] if oom else None,
+                     oom_requested_bytes=oom.get("requested_bytes") if oom else None)
+
+
 def _state(c: Mapping[str, int]) -> tuple[int | None, int | None]:
     """(parameters, optimizer state) bytes; None when the composition is unknown."""
     if not c:

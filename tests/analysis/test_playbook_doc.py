@@ -100,3 +100,6 @@ def test_memq_verdicts_on_the_playbook_runs(gen, jobs, text):
     assert default.result["outcome"] == "oom" and jobs["alloc_expandable"].result["outcome"] == "completed"
     assert gen.memq_result(default.snaps)["diagnosis"]["primary_cause"] == "fragmentation"
     assert "train_leak.py:92" in text  # the kept-tensor line memq names
+    # the DDP captures: memq names the failing rank and tells data imbalance from one rank's leak
+    assert "| data | 1 | capacity | data | Rebalance the data across ranks" in text
+    assert "| leak | 1 | leak | leak |" in text and "| balanced | none | n/a | none |" in text

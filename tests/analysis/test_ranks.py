@@ -37,6 +37,7 @@ from profiler.analysis.ranks import (
     activation_bytes,
     diagnose_ranks,
     need_bytes,
+    rank_facts_from,
 )
 from profiler.load import load_snapshot_file
 from profiler.model import OomContext
@@ -196,35 +197,22 @@ def _end(msgs) -> dict:
 
 
 def _real_rank(sc: str, rank: int) -> tuple[RankFacts, dict | None]:
-    """A rank of a real capture as the store's rank_facts builds it: its run_end figures, and its snapshots
-    analysed together (the OOM one with the context the service builds from the agent's observer), and
-    that analysis (None for a rank that sent no snapshot)."""
+    """A rank of a real capture as the store builds it: its run_end figures, and its snapshots analysed
+    together (the OOM one with the context the service builds from the agent's observer), and that
+    analysis (None for a rank that sent no snapshot)."""
     msgs = _messages(sc, rank)
     end = _end(msgs)
-    figs = end["figures"]
-    sp = figs.get("step_peaks") or {}
     snaps = [m for m in msgs if m.fields["kind"] == "snapshot"]
-    base = dict(rank=rank, status=end["status"], end_reason=figs["end_reason"], limit_bytes=figs["limit_bytes"],
-                last_step=figs["last_step"], steps=figs["steps"], step_peak_bytes=sp.get("max_peak_allocated"),
-                step_median_bytes=sp.get("median_peak_allocated"))
     if not snaps:
-        return RankFacts(**base, peak_allocated_bytes=figs["peak_allocated_bytes"],
-                         peak_reserved_bytes=figs["peak_reserved_bytes"]), None
+        return rank_facts_from(rank, end), None
     parsed = [parse_snapshot(codec.decode(codec.decompress(m.blob))) for m in snaps]
     oom = next((json.loads(m.fields["payload"])["oom"] for m in snaps if m.fields.get("trigger") == "oom"), None)
     ctx = OomContext(requested_bytes=oom["alloc"], limit_bytes=oom["device_alloc"],
                      device_total_bytes=oom["device_total"], device_free_bytes=oom["device_free"],
                      message=parse_oom_message(oom["message"])) if oom else None
     res = analyze(parsed, ctx)
-    d = res["diagnosis"]
     oom_step = next((int(m.fields["step"]) for m in snaps if m.fields.get("trigger") == "oom"), None)
-    return RankFacts(**base, cause=d["primary_cause"], confidence=d["confidence"],
-                     leak=any(c["cause"] == "leak" and c["confidence"] >= 0.5 for c in d["causes"]),
-                     peak_allocated_bytes=max(figs["peak_allocated_bytes"], res["metrics"]["allocated_bytes"]),
-                     peak_reserved_bytes=figs["peak_reserved_bytes"], composition=res["composition"],
-                     oom_at=float(snaps[-1].fields["ts"]) / 1000 if oom else None, oom_step=oom_step,
-                     oom_allocated_bytes=res["metrics"]["allocated_bytes"] if oom else None,
-                     oom_requested_bytes=oom["alloc"] if oom else None), res
+    return rank_facts_from(rank, end, res, oom_step=oom_step, oom_at=float(snaps[-1].fields["ts"]) / 1000), res
 
 
 def test_real_data_oom_is_capacity_not_the_optimizers_first_step():
