@@ -310,7 +310,7 @@ def section_empty_cache(jobs: dict[str, Job]) -> str:
     att = r.get("attempts") or []
     if att:
         outs = ", ".join(f"{a['attempt']}: {'out of memory' if a['outcome'] == 'oom' else 'allocated'}" for a in att)
-        lines.append(f"- Then a cap {b(r['cap_bytes'])} and a request of {b(r['request_bytes'])}, while "
+        lines.append(f"- Then, under a cap of {b(r['cap_bytes'])}, a request of {b(r['request_bytes'])} while "
                      f"{b(after['stranded_bytes'])} sat free in pieces: {outs}. Before raising, the allocator "
                      "already frees every cached segment it can and retries, so calling `empty_cache()` after an "
                      "OOM (or before one) cannot make the request fit in the same process."
@@ -368,7 +368,7 @@ def section_allocator(jobs: dict[str, Job], captures: dict) -> str:
             continue
         r = j.result
         res[key] = (j, r)
-        verdict = "n/a"
+        verdict = "no OOM to diagnose"
         if r.get("outcome") == "oom" and j.snaps:
             verdict = cause(memq_result(j.snaps, limit=cap.get("cap_bytes")))
         rows.append([f"`{conf}`" if not conf.startswith("(") else conf, outcome(r), b(r.get("run_peak_reserved")),
