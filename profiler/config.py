@@ -311,6 +311,12 @@ class Settings:
         return raw_limit(self.decode_budget_bytes, self.max_snapshot_bytes)
 
     @property
+    def dead_letter_total_key(self) -> str:
+        """A counter of every dead letter ever written: the dead stream is trimmed, so its length stops
+        growing once full; `memq status` and the exporter's memq_dead_lettered_total read this."""
+        return self.dead_letter_key + ":total"
+
+    @property
     def is_embedded_db(self) -> bool:
         return self.database_url.startswith("sqlite")
 

@@ -472,6 +472,7 @@ class Dispatcher:
         with runtime.redis_errors(self.st.redis_url):
             pipe = self.r.pipeline(transaction=True)
             pipe.xadd(self.st.dead_letter_key, out, maxlen=runtime.DEAD_MAXLEN, approximate=True)
+            pipe.incr(self.st.dead_letter_total_key)
             pipe.xack(self.stream, self.group, eid)
             pipe.execute()
         self._dead_ids.add(eid)

@@ -175,7 +175,10 @@ def dead_letter(r, st: Settings, fields: Mapping[Any, Any], reason: str, **extra
     out["reason"] = reason[:2000]
     out.setdefault("dead_at", str(int(time.time() * 1000)))
     with redis_errors(st.redis_url):
-        return _text(r.xadd(st.dead_letter_key, out, maxlen=DEAD_MAXLEN, approximate=True))
+        pipe = r.pipeline(transaction=True)
+        pipe.xadd(st.dead_letter_key, out, maxlen=DEAD_MAXLEN, approximate=True)
+        pipe.incr(st.dead_letter_total_key)
+        return _text(pipe.execute()[0])
 
 
 def debounce(r, key: str, ttl_ms: int) -> bool:

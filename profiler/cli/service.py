@@ -95,6 +95,7 @@ def collect_status(st, with_db: bool = True) -> dict:
     doc["queues_unacked"] = int(broker.hlen(bprefix + "unacked"))
     dl = doc["dead_letters"]
     dl["count"] = int(r.xlen(st.dead_letter_key))
+    dl["total"] = int(r.get(st.dead_letter_total_key) or 0)  # never trimmed, unlike the stream
     dl["latest"] = []
     for eid, fields in r.xrevrange(st.dead_letter_key, count=5):
         f = {k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()}
@@ -174,7 +175,7 @@ def _print(doc: dict) -> None:
     con.print("[bold]queues[/bold] " + ", ".join(f"{v(q)} {n}" for q, n in doc["queues"].items())
               + f"; {doc['queues_unacked']} unacknowledged")
     dl = doc["dead_letters"]
-    con.print(f"[bold]dead letters[/bold] {v(dl['key'])}: {dl['count']}")
+    con.print(f"[bold]dead letters[/bold] {v(dl['key'])}: {dl['count']} kept, {dl.get('total', 0)} ever")
     for d in dl["latest"]:
         con.print(f"  {v(d['id'])} {v(d.get('kind') or '-')} run {v(d.get('run') or '-')}: {v(d['reason'])}")
     for kind in ("workers", "dispatchers"):

@@ -23,6 +23,7 @@ MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
 from Redis (the functions `memq status` uses)
 - memq_stream_length, memq_stream_lag, memq_stream_pending      ingest stream, consumer group
 - memq_dead_letters                                             entries in the dead-letter stream
+- memq_dead_lettered_total                                      dead letters ever written (alert on this)
 - memq_queue_depth{queue}, memq_queue_unacked                   Celery queues
 - memq_workers, memq_dispatchers                                processes with a live heartbeat
 - memq_heartbeat_age_seconds{kind, name}                        seconds since each one's last beat
@@ -79,6 +80,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "memq_stream_lag": ("gauge", "Ingest stream entries not yet read by the dispatchers' group.", ()),
     "memq_stream_pending": ("gauge", "Ingest stream entries read but not acknowledged.", ()),
     "memq_dead_letters": ("gauge", "Entries in the dead-letter stream (trimmed at about 100,000).", ()),
+    "memq_dead_lettered": ("counter", "Dead letters ever written (the stream is trimmed; this is not).", ()),
     "memq_queue_depth": ("gauge", "Tasks waiting in a Celery queue.", ("queue",)),
     "memq_queue_unacked": ("gauge", "Tasks taken by workers and not acknowledged yet.", ()),
     "memq_workers": ("gauge", "Celery workers with a live heartbeat.", ()),
@@ -211,6 +213,7 @@ class MemqCollector(Collector):
         elif s.get("group") is None:
             f["memq_stream_lag"].add_metric([], float(s["length"]))  # no group yet: nothing was read
         f["memq_dead_letters"].add_metric([], doc["dead_letters"]["count"])
+        f["memq_dead_lettered"].add_metric([], doc["dead_letters"]["total"])
         for queue, n in doc["queues"].items():
             f["memq_queue_depth"].add_metric([queue], n)
         f["memq_queue_unacked"].add_metric([], doc["queues_unacked"])

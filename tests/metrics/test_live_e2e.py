@@ -126,6 +126,11 @@ def test_exporter_reports_the_ingested_history(stack, rx):
     assert m.get("memq_stream_lag") == 0 and m.get("memq_stream_pending") == 0
     assert m.get("memq_stream_length") == stack.redis.xlen(stack.stream)
     assert m.get("memq_dead_letters") == 1
+    assert m.get("memq_dead_lettered_total") == 1  # the dispatcher counts what it dead-letters
+    # the dead stream is trimmed (MAXLEN ~100,000); the counter goes on: trimmed to nothing, still 1
+    stack.redis.xtrim(stack.settings.dead_letter_key, maxlen=0)
+    m2 = Samples(scrape(a))
+    assert m2.get("memq_dead_letters") == 0 and m2.get("memq_dead_lettered_total") == 1
     assert m.get("memq_workers") == 1 and m.get("memq_dispatchers") == 1
     assert 0 <= m.get("memq_heartbeat_age_seconds", kind="worker") < 5
     assert 0 <= m.get("memq_heartbeat_age_seconds", kind="dispatcher") < 5

@@ -117,7 +117,7 @@ def test_queries_name_only_exported_metrics_and_labels(source, tmp_path):
     assert used_names <= names, used_names - names
     assert used_labels <= labels | EXTRA_LABELS, used_labels - labels - EXTRA_LABELS
     if source == "rules":
-        for want in ("memq_stream_lag", "memq_dead_letters", "memq_workers", "memq_oom_snapshots_total"):
+        for want in ("memq_stream_lag", "memq_dead_lettered_total", "memq_workers", "memq_oom_snapshots_total"):
             assert want in used_names
 
 
