@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def assert_not_blank(png: bytes, *, red: bool = False) -> None:
     rows = png_rows(png)
     bpp = len(rows[0]) // w
     pixels = [r[i:i + 3] for r in rows[::4] for i in range(0, len(r), 4 * bpp)]
-    background = max(set(pixels), key=pixels.count)
+    background = Counter(pixels).most_common(1)[0][0]  # the most frequent colour
     share = sum(p != background for p in pixels) / len(pixels)
     assert share > 0.04, f"screenshot nearly blank ({share:.1%} non-background)"
     assert len(set(pixels)) > 40
@@ -242,3 +243,22 @@ def test_memq_view_of_the_100k_entry_snapshot_renders_and_answers_a_click(tmp_pa
             b.clean()
         finally:
             b.browser.close()
+
+
+def test_a_recommendations_playbook_link_lands_on_its_entry(browser, tmp_path):
+    """The run page links each recommendation to its playbook entry; following it shows the measured
+    section (the generated docs/playbook.md, packaged), scrolled to that entry, with its table drawn."""
+    page = browser.open("/runs/frag_synthetic")
+    href = page.eval_on_selector("a[href^='/playbook#']", "a => a.getAttribute('href')")
+    entry = href.split("#", 1)[1]
+    page.click(f"a[href='{href}']")
+    page.wait_for_selector(f"[id='{entry}']")
+    page.wait_for_function("document.readyState === 'complete'")
+    assert page.url.endswith(href)
+    top = page.eval_on_selector(f"[id='{entry}']", "e => e.getBoundingClientRect().top")
+    assert 0 <= top < HEIGHT / 2, f"#{entry} is not scrolled into view (top {top})"
+    assert page.locator("table").count() >= 8  # the measured tables, drawn as tables, not Markdown text
+    assert "tests/fixtures/playbook/" in page.inner_text("body")
+    assert page.evaluate("document.body.scrollWidth") <= WIDTH, "/playbook overflows sideways"
+    assert_not_blank(shot(page, tmp_path / "playbook.png"))
+    browser.clean()
