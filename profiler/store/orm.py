@@ -280,6 +280,41 @@ class Report(Base):
 
 
 ALERT_STATES = ("pending", "sending", "sent", "failed", "suppressed", "recorded")
+SUMMARY_STATES = ("pending", "sending", "sent", "failed")
+
+
+class AlertSummary(Base):
+    """One alert that covers the verdicts of a (cluster, job) suppressed by the per-job rate limit
+    since its previous summary (profiler/alerts/outbox.py). Claimed, sent and retried like an alert;
+    the covered `alerts` rows point here (`summarised_by`) and keep their state, so the exporter's
+    counts over `alerts` do not change when a summary goes out."""
+
+    __tablename__ = "alert_summaries"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    cluster: Mapped[str | None] = mapped_column(String(200))
+    job: Mapped[str | None] = mapped_column(String(200))
+    #: Derived from the ids it covers: a resend after a crash carries the same key.
+    idem_key: Mapped[str] = mapped_column(String(64), unique=True)
+    #: How many suppressed verdicts it covers.
+    covered: Mapped[int] = mapped_column(Integer)
+    #: What the summary says (counts per cause, first and last run, time span, link).
+    body: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    state: Mapped[str] = mapped_column(String(16), default="pending", server_default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    next_attempt_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    lease_until: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    claim_token: Mapped[str | None] = mapped_column(String(36))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
+    claimed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+
+    __table_args__ = (
+        CheckConstraint(_in("state", SUMMARY_STATES), name="state"),
+        Index(None, "state", "next_attempt_at"),
+        Index(None, "cluster", "job", "claimed_at"),
+    )
 
 
 class Alert(Base):
@@ -313,12 +348,15 @@ class Alert(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
     claimed_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     sent_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
+    #: The summary that covered this row, for `suppressed` rows once one went out (never twice).
+    summarised_by: Mapped[int | None] = mapped_column(ForeignKey("alert_summaries.id"))
 
     __table_args__ = (
         UniqueConstraint("run_id", "verdict"),
         CheckConstraint(_in("state", ALERT_STATES), name="state"),
         Index(None, "state", "next_attempt_at"),
         Index(None, "cluster", "job", "claimed_at"),
+        Index(None, "state", "summarised_by"),
     )
 
 
