@@ -42,11 +42,12 @@ from sqlalchemy.orm import Session
 
 from profiler.alerts import payload
 from profiler.alerts.send import Outcome
+from profiler.alerts.summary import Covered, summary_body, summary_key
 from profiler.alerts.verdict import RunFacts, alert_body, idempotency_key, verdict_of
 from profiler.config import Settings
 from profiler.errors import ConfigError
 from profiler.store import repository as repo
-from profiler.store.orm import Alert, Run, RunDiagnosis
+from profiler.store.orm import Alert, AlertSummary, Run, RunDiagnosis
 
 JOB_WINDOW_S = 3600
 
@@ -128,7 +129,8 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
         key = idempotency_key(f.name, v.key)
         stmt = repo._insert(session, Alert).values(
             run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause, cluster=f.cluster, job=f.job,
-            idem_key=key, body=body, state=state, next_attempt_at=repo.db_time(session, now))
+            idem_key=key, body=body, state=state, next_attempt_at=repo.db_time(session, now),
+            created_at=repo.db_time(session, now))  # the caller's clock: summaries are timed from it
         res = session.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "verdict"]))
         if res.rowcount:
             new.append(key)
@@ -146,17 +148,45 @@ class Claim:
     body: dict[str, Any]
     attempts: int
     created_at: dt.datetime
+    summary: bool = False  # an alert_summaries row (else an alerts row)
 
 
-def _claimable(now: dt.datetime):
-    return or_(and_(Alert.state == "pending", Alert.next_attempt_at <= now),
-               and_(Alert.state == "sending", Alert.lease_until < now))
+def _claimable(now: dt.datetime, model=Alert):
+    return or_(and_(model.state == "pending", model.next_attempt_at <= now),
+               and_(model.state == "sending", model.lease_until < now))
 
 
 def due_ids(session: Session, limit: int, now: dt.datetime | None = None) -> list[int]:
     now = repo.db_time(session, now or repo.utcnow())
     return [int(i) for i in session.execute(select(Alert.id).where(_claimable(now))
                                             .order_by(Alert.next_attempt_at, Alert.id).limit(limit)).scalars()]
+
+
+def due_summary_ids(session: Session, limit: int, now: dt.datetime | None = None) -> list[int]:
+    now = repo.db_time(session, now or repo.utcnow())
+    return [int(i) for i in session.execute(
+        select(AlertSummary.id).where(_claimable(now, AlertSummary))
+        .order_by(AlertSummary.next_attempt_at, AlertSummary.id).limit(limit)).scalars()]
+
+
+def _same_job(model, cluster: str | None, job: str | None):
+    return and_(model.cluster == cluster if cluster is not None else model.cluster.is_(None),
+                model.job == job if job is not None else model.job.is_(None))
+
+
+def _job_recent(session: Session, cluster: str | None, job: str | None, now: dt.datetime,
+                other_than: int | None = None) -> int:
+    """Alerts of the job claimed in the last JOB_WINDOW_S: its verdicts' (suppressed ones never
+    are) and its summaries' (a summary is a page too, so it takes a slot)."""
+    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
+    q = select(func.count()).select_from(Alert).where(
+        _same_job(Alert, cluster, job), Alert.state != "suppressed", Alert.claimed_at > since)
+    if other_than is not None:
+        q = q.where(Alert.id != other_than)
+    n = session.execute(q).scalar_one()
+    n += session.execute(select(func.count()).select_from(AlertSummary).where(
+        _same_job(AlertSummary, cluster, job), AlertSummary.claimed_at > since)).scalar_one()
+    return int(n)
 
 
 def _lock_job(session: Session, cluster: str | None, job: str | None) -> None:
@@ -193,11 +223,7 @@ def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None
             _set(session, row.id, state="pending", lease_until=None, claim_token=None, claimed_at=None,
                  attempts=row.attempts - 1, next_attempt_at=repo.db_time(session, until))
             return None
-    same_job = and_(Alert.cluster == row.cluster if row.cluster is not None else Alert.cluster.is_(None),
-                    Alert.job == row.job if row.job is not None else Alert.job.is_(None))
-    recent = session.execute(select(func.count()).select_from(Alert).where(
-        same_job, others, Alert.state != "suppressed",
-        Alert.claimed_at > repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S)))).scalar_one()
+    recent = _job_recent(session, row.cluster, row.job, now, other_than=row.id)
     if recent >= st.alert_job_max_per_hour:
         _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
              last_error=f"rate limit: {recent} alerts of this job in the last hour "
@@ -207,8 +233,8 @@ def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at))
 
 
-def _set(session: Session, alert_id: int, **values: Any) -> None:
-    session.execute(update(Alert).where(Alert.id == alert_id).values(**values))
+def _set(session: Session, alert_id: int, model=Alert, **values: Any) -> None:
+    session.execute(update(model).where(model.id == alert_id).values(**values))
 
 
 def finish(session: Session, st: Settings, c: Claim, outcome: Outcome, now: dt.datetime | None = None,
@@ -225,16 +251,95 @@ def finish(session: Session, st: Settings, c: Claim, outcome: Outcome, now: dt.d
                   "last_error": outcome.detail[:2000]}
     else:
         values = {"state": "failed", "last_error": outcome.detail[:2000]}
-    res = session.execute(update(Alert).where(Alert.id == c.id, Alert.claim_token == c.token,
-                                              Alert.state == "sending")
+    m = AlertSummary if c.summary else Alert
+    res = session.execute(update(m).where(m.id == c.id, m.claim_token == c.token, m.state == "sending")
                           .values(lease_until=None, **values))
     return values["state"] if res.rowcount else None
 
 
 def document(st: Settings, c: Claim) -> dict[str, Any]:
-    starts = c.created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    # a summary fires from its first verdict on: the same instant on every resend, like an alert's
+    starts = c.body["first_at"] if c.summary else c.created_at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return payload.render(st.alert_format, c.body, c.idem_key, starts)
+
+
+# ------------------------------------------------------------------------------------ summaries
+
+
+def summary_candidates(session: Session) -> list[tuple[str | None, str | None]]:
+    """(cluster, job) pairs with suppressed verdicts no summary covers yet (cheap: an index on
+    (state, summarised_by)); whether a summary is due is decided per job by `summarise_job`."""
+    return [(r.cluster, r.job) for r in session.execute(
+        select(Alert.cluster, Alert.job).where(Alert.state == "suppressed", Alert.summarised_by.is_(None))
+        .group_by(Alert.cluster, Alert.job).order_by(Alert.cluster, Alert.job))]
+
+
+def summarise_job(session: Session, st: Settings, cluster: str | None, job: str | None,
+                  now: dt.datetime | None = None) -> str | None:
+    """Record the summary of the job's suppressed, not yet summarised verdicts if one is due (the
+    module docstring says when). Returns its key, or None (not due, nothing to cover, or another
+    sender covered the rows first: then this transaction is rolled back and writes nothing)."""
+    now = now or repo.utcnow()
+    _lock_job(session, cluster, job)  # PostgreSQL: one summariser per job at a time
+    rows = session.execute(
+        select(Alert.id, Alert.verdict, Alert.kind, Alert.cause, Alert.created_at, Run.name)
+        .join(Run, Run.id == Alert.run_id)
+        .where(_same_job(Alert, cluster, job), Alert.state == "suppressed", Alert.summarised_by.is_(None))
+        .order_by(Alert.created_at, Alert.id)).all()
+    if not rows:
+        return None
+    oldest = repo.to_utc(rows[0].created_at)
+    window_open = _job_recent(session, cluster, job, now) < st.alert_job_max_per_hour
+    if not window_open and oldest > now - dt.timedelta(seconds=JOB_WINDOW_S):
+        return None  # still inside the hour that held them back: they wait, nothing is lost
+    covered = [Covered(alert_id=int(r.id), run=r.name, verdict=r.verdict, kind=r.kind, cause=r.cause,
+                       at=repo.to_utc(r.created_at)) for r in rows]
+    ids = [c.alert_id for c in covered]
+    key = summary_key(cluster, job, ids)
+    body = summary_body(cluster, job, covered, st.public_url, st.alert_job_max_per_hour)
+    res = session.execute(
+        repo._insert(session, AlertSummary).values(
+            cluster=cluster, job=job, idem_key=key, covered=len(ids), body=body, state="pending",
+            next_attempt_at=repo.db_time(session, now), created_at=repo.db_time(session, now))
+        .on_conflict_do_nothing(index_elements=["idem_key"]).returning(AlertSummary.id)).first()
+    if res is None:  # the same rows were summarised by another sender a moment ago
+        session.rollback()
+        return None
+    marked = session.execute(update(Alert).where(Alert.id.in_(ids), Alert.state == "suppressed",
+                                                 Alert.summarised_by.is_(None))
+                             .values(summarised_by=res.id)).rowcount
+    if marked != len(ids):  # another sender covered some of them (SQLite: no advisory lock): leave it to it
+        session.rollback()
+        return None
+    return key
+
+
+def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datetime | None = None) -> Claim | None:
+    """Take one summary for sending, as `claim` takes an alert: same lease, same attempts limit. No
+    rate limit holds it back (it is what the limit owes the on-call person), but it takes a slot."""
+    now = now or repo.utcnow()
+    t = repo.db_time(session, now)
+    token = str(uuid.uuid4())
+    row = session.execute(
+        update(AlertSummary).where(AlertSummary.id == summary_id, _claimable(t, AlertSummary))
+        .values(state="sending", claim_token=token, lease_until=t + dt.timedelta(seconds=st.alert_lease_s),
+                attempts=AlertSummary.attempts + 1, claimed_at=t)
+        .returning(AlertSummary.id, AlertSummary.cluster, AlertSummary.job, AlertSummary.idem_key,
+                   AlertSummary.body, AlertSummary.attempts, AlertSummary.created_at)).first()
+    if row is None:
+        return None
+    if row.attempts > st.alert_max_attempts:
+        _set(session, row.id, AlertSummary, state="failed", lease_until=None,
+             last_error=f"gave up after {st.alert_max_attempts} attempts")
+        return None
+    return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
+                 attempts=int(row.attempts), created_at=repo.to_utc(row.created_at), summary=True)
 
 
 def counts(session: Session) -> dict[str, int]:
     return {k: int(v) for k, v in session.execute(select(Alert.state, func.count()).group_by(Alert.state))}
+
+
+def summary_counts(session: Session) -> dict[str, int]:
+    return {k: int(v) for k, v in session.execute(select(AlertSummary.state, func.count())
+                                                  .group_by(AlertSummary.state))}
