@@ -267,7 +267,8 @@ class Settings:
         minimum=0)
     alert_job_max_per_hour: int = setting(10, "MEMQ_ALERT_JOB_MAX_PER_HOUR",
         ("Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as "
-         "suppressed."),
+         "suppressed and sent as one summary per job once its hour has room again (at the latest an hour "
+         "after the first of them)."),
         minimum=0)
     alert_lookback_h: int = setting(24, "MEMQ_ALERT_LOOKBACK_H",
         "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.",

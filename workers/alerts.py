@@ -1,9 +1,11 @@
 """Celery side of the alerts (profiler/alerts/ has the logic and states the delivery guarantee).
 
 - `workers.alerts.sweep` (beat, every MEMQ_ALERT_SWEEP_S, queue memq.ingest): record verdicts of
-  recently updated runs, then send what is due (new alerts, retries whose back-off ended, alerts
-  whose sender died and whose lease expired). It is what makes delivery survive any crash.
-- `workers.alerts.deliver` (queue memq.ingest): send what is due now; enqueued by the hook below.
+  recently updated runs, record the summaries due (the verdicts a job's rate limit held back, once
+  its window opens), then send what is due (new alerts and summaries, retries whose back-off ended,
+  those whose sender died and whose lease expired). It is what makes delivery survive any crash.
+- `workers.alerts.deliver` (queue memq.ingest): record due summaries and send what is due now;
+  enqueued by the hook below.
 - The hook: after each run-level diagnosis (`workers.tasks.recompute_run`, in the same worker
   process) the run's verdict is recorded at once and a delivery enqueued, so an alert does not wait
   for the next sweep. The hook only shortens the delay: if it fails or its process dies, the sweep

@@ -21,10 +21,32 @@ SQLite serialises writers anyway), so two workers cannot both take the last slot
 - per run: a run's next verdict is held back until MEMQ_ALERT_RUN_INTERVAL_S after its previous
   alert was claimed (then sent; nothing is dropped);
 - per job: at most MEMQ_ALERT_JOB_MAX_PER_HOUR alerts claimed per (cluster, job) in any hour;
-  verdicts beyond that are `suppressed` (kept, counted by the exporter, never sent: a job whose 200
-  runs all fail in one sweep pages ten times, not 200).
+  verdicts beyond that are `suppressed`: kept, counted by the exporter, not sent one by one (a job
+  whose 200 runs all fail in one sweep pages ten times, not 200), but summarised (below).
 Verdicts recorded while no webhook is configured are `recorded` (never sent later: they would
 arrive as a stale flood the day a URL is set).
+
+Summaries: what the per-job limit held back is not lost on the person paged. Once the job's window
+opens again (fewer than MEMQ_ALERT_JOB_MAX_PER_HOUR alerts claimed in the last hour), or at the
+latest an hour after the oldest verdict it covers (a job that keeps its window full, or a limit
+of 0, still gets one summary per hour), `summarise_job` records ONE row in `alert_summaries` for
+the (cluster, job) covering every suppressed verdict no summary covers yet: the count, the causes
+with counts, the first and last run, the time span, the link to the job's runs list
+(`<MEMQ_PUBLIC_URL>/runs?cluster=C&job=J`); summary.py words it, payload.py renders it for Slack
+and Alertmanager (alertname MemqAlertsSummarised). In the same transaction the covered rows get
+`summarised_by` = the summary (they stay `suppressed`, so the exporter's memq_alerts{state} and
+memq_verdicts_total do not move). No verdict is covered twice and none is left out: the covering
+UPDATE only takes rows whose `summarised_by` is NULL and the transaction is rolled back unless it
+took every row it read; PostgreSQL serialises summarisers of a job with the same advisory lock as
+the claims, and on SQLite a summariser that read before another's commit inserts the same key
+(below) and writes nothing. The key is derived from the ids covered, so a crash between the POST
+and `sent` resends the same document under the same Idempotency-Key, exactly as for an alert: a
+summary is claimed (`claim_summary`), leased, retried with back-off and failed after
+MEMQ_ALERT_MAX_ATTEMPTS like an alert (`finish`, `document` take either). No rate limit holds a
+summary back, but it takes one of the job's slots in the hour it is claimed, so a job over its
+limit pages at most MEMQ_ALERT_JOB_MAX_PER_HOUR times an hour (one more in an hour where new
+verdicts took the reopened slots before the sweep summarised). A summary that ends `failed` keeps
+its rows covered (they are not summarised again: its last_error says why).
 """
 
 from __future__ import annotations
