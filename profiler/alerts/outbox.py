@@ -303,17 +303,20 @@ def summarise_job(session: Session, st: Settings, cluster: str | None, job: str 
     sender covered the rows first: then this transaction is rolled back and writes nothing)."""
     now = now or repo.utcnow()
     _lock_job(session, cluster, job)  # PostgreSQL: one summariser per job at a time
-    rows = session.execute(
-        select(Alert.id, Alert.verdict, Alert.kind, Alert.cause, Alert.created_at, Run.name)
-        .join(Run, Run.id == Alert.run_id)
-        .where(_same_job(Alert, cluster, job), Alert.state == "suppressed", Alert.summarised_by.is_(None))
-        .order_by(Alert.created_at, Alert.id)).all()
-    if not rows:
+    uncovered = (_same_job(Alert, cluster, job), Alert.state == "suppressed", Alert.summarised_by.is_(None))
+    # whether one is due first, from one aggregate: the sweep asks every 15 s while a busy job's
+    # rows wait out their hour, and reads them only when they go out
+    oldest = repo.to_utc(session.execute(select(func.min(Alert.created_at)).where(*uncovered)).scalar_one())
+    if oldest is None:
         return None
-    oldest = repo.to_utc(rows[0].created_at)
     window_open = _job_recent(session, cluster, job, now) < st.alert_job_max_per_hour
     if not window_open and oldest > now - dt.timedelta(seconds=JOB_WINDOW_S):
         return None  # still inside the hour that held them back: they wait, nothing is lost
+    rows = session.execute(
+        select(Alert.id, Alert.verdict, Alert.kind, Alert.cause, Alert.created_at, Run.name)
+        .join(Run, Run.id == Alert.run_id).where(*uncovered).order_by(Alert.created_at, Alert.id)).all()
+    if not rows:
+        return None
     covered = [Covered(alert_id=int(r.id), run=r.name, verdict=r.verdict, kind=r.kind, cause=r.cause,
                        at=repo.to_utc(r.created_at)) for r in rows]
     ids = [c.alert_id for c in covered]
@@ -354,6 +357,9 @@ def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datet
         _set(session, row.id, AlertSummary, state="failed", lease_until=None,
              last_error=f"gave up after {st.alert_max_attempts} attempts")
         return None
+    # its claimed_at counts in the job's window: committed under the job's lock, as a claim's
+    # count of that window is read under it
+    _lock_job(session, row.cluster, row.job)
     return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at), summary=True)
 
