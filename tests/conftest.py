@@ -122,3 +122,43 @@ def memq_env(db_url, tmp_path, monkeypatch) -> dict[str, str]:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+# ------------------------------------------------------------------------- parallel runs (xdist)
+# tests/run.sh runs the suite on two pytest-xdist workers with `--dist loadgroup
+# --no-loadscope-reorder`. Every test's services are its own (databases named per process, Redis
+# key prefixes per test, private servers on free ports, files under the worker's tmp dir), so tests
+# may run side by side; what is grouped here is only set-up worth doing once:
+# - the tests of one file go to one worker: a module-scoped stack (worker, dispatcher, servers,
+#   an ingested history) starts once, as in a serial run;
+# - tests/web and tests/report each go to one worker: their session-scoped history (ingests of the
+#   real fixtures, 7-15 s) is built once, not once per worker.
+# The groups start heaviest first (the end-to-end files that take 30-110 s), so the run ends with
+# many short files that keep both workers busy. The order is a schedule hint only: a file missing
+# from it just starts later.
+_ONE_WORKER_DIRS = ("tests/web/", "tests/report/")
+_HEAVY_FIRST = (
+    "tests/workers/test_worker_faults.py", "tests/web/", "tests/report/", "tests/fuzz/test_fuzz_decoder.py",
+    "tests/workers/test_poison.py", "tests/workers/test_agent_defaults_e2e.py", "tests/metrics/test_live_e2e.py",
+    "tests/ops/test_stack_e2e.py", "tests/cli/test_history_cli.py", "tests/fuzz/", "tests/workers/",
+    "tests/agent/test_reconnect_jitter.py", "tests/agent/test_gpu_spools.py", "tests/cli/", "tests/ops/",
+    "tests/metrics/", "tests/analysis/test_playbook_links.py",
+)
+
+
+def _xdist_group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return next((d for d in _ONE_WORKER_DIRS if path.startswith(d)), path)
+
+
+def _start_rank(group: str) -> int:
+    return next((i for i, prefix in enumerate(_HEAVY_FIRST) if group.startswith(prefix)), len(_HEAVY_FIRST))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group(_xdist_group(item.nodeid)))
+    if getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup":
+        items.sort(key=lambda item: _start_rank(_xdist_group(item.nodeid)))  # stable: file order kept

@@ -57,5 +57,12 @@ if ! redis_up; then
 fi
 log "Redis ok"
 
-# 4. The tests. Arguments go to pytest (e.g. `bash tests/run.sh tests/analysis -x`).
-exec python -m pytest -q "$@"
+# 4. The tests, on two pytest-xdist workers (CI has two cores, and much of the suite waits on
+# subprocesses and services). tests/conftest.py groups what must share a worker (see there) and
+# starts the longest files first. Arguments go to pytest (e.g. `bash tests/run.sh tests/analysis -x`;
+# `-n 0` runs serially). Every worker must collect the same tests in the same order, and a set
+# iterated into a parametrization is ordered by the string hash seed: one seed for all the workers
+# of a run (random per run unless PYTHONHASHSEED is given).
+export PYTHONHASHSEED="${PYTHONHASHSEED:-$((RANDOM + 1))}"
+log "pytest on ${MEMQ_TEST_WORKERS:-2} workers (PYTHONHASHSEED=$PYTHONHASHSEED)"
+exec python -m pytest -q -n "${MEMQ_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
