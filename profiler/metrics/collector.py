@@ -12,6 +12,7 @@ MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
 - memq_verdicts_total{cluster, job_name, kind, cause}           run verdicts reached (kind oom|leak|near_miss),
                                                                  by run-level cause; one per verdict change
 - memq_alerts{state}                                            the alert outbox per state (gauge)
+- memq_alert_summaries{state}                                   summaries of rate-limited verdicts per state (gauge)
 - memq_runs{cluster, status}                                    runs per status (gauge)
 - memq_analysis_latency_seconds (histogram)                     snapshot row -> its analysis attached
 - memq_active_runs{cluster, job_name}                           running runs updated in the last
@@ -51,7 +52,7 @@ from profiler.config import Settings
 from profiler.metrics import queries as q
 from profiler.metrics.tally import SnapshotTally, not_done
 from profiler.store import repository as repo
-from profiler.store.orm import ALERT_STATES, SNAPSHOT_STATES
+from profiler.store.orm import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
 
 log = logging.getLogger("memq.exporter")
 
@@ -64,6 +65,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "memq_verdicts": ("counter", "Run verdicts reached (OOM, leak, near miss), one per verdict change of a run, "
                                  "by run-level cause.", ("cluster", "job_name", "kind", "cause")),
     "memq_alerts": ("gauge", "Alerts in the outbox per delivery state.", ("state",)),
+    "memq_alert_summaries": ("gauge", "Summaries of rate-limited verdicts per delivery state.", ("state",)),
     "memq_runs": ("gauge", "Runs per status.", ("cluster", "status")),
     "memq_analysis_latency_seconds": ("histogram", "Seconds from a snapshot's row (dispatcher) to its analysis "
                                                    "attached (computed, or reused for identical bytes).", ()),
@@ -147,6 +149,7 @@ class MemqCollector(Collector):
                 pending = not_done(s)
                 runs = q.run_counts(s)
                 verdicts = q.verdict_counts(s)
+                summaries = q.summary_states(s)
                 since = repo.utcnow() - dt.timedelta(minutes=self.st.exporter_active_minutes)
                 active = q.active_by_job(s, since)
                 top = q.least_headroom(s, since, self.st.exporter_top_k)
@@ -183,6 +186,8 @@ class MemqCollector(Collector):
             f["memq_verdicts"].add_metric(list(labels), n)
         for state, n in sorted(alert_states.items()):
             f["memq_alerts"].add_metric([state], n)
+        for state in SUMMARY_STATES:
+            f["memq_alert_summaries"].add_metric([state], summaries.get(state, 0))
         for cluster, job, n, headroom, frag in sorted(active, key=lambda r: (_s(r[0]), _s(r[1]))):
             labels = [_s(cluster), _s(job)]
             f["memq_active_runs"].add_metric(labels, int(n))

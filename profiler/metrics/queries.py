@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session
 
 from profiler.store import repository as repo
-from profiler.store.orm import Alert, AnalysisResult, Run, Snapshot
+from profiler.store.orm import Alert, AlertSummary, AnalysisResult, Run, Snapshot
 
 #: Upper bounds (seconds) of the analysis latency histogram: from the dispatcher's snapshot row to its
 #: analysis attached. Seconds for a quiet pipeline, minutes under a backlog.
@@ -99,6 +99,12 @@ def verdict_counts(session: Session) -> list[tuple]:
     return [tuple(r) for r in session.execute(
         select(Alert.cluster, Alert.job, Alert.kind, Alert.cause, Alert.state, func.count())
         .group_by(Alert.cluster, Alert.job, Alert.kind, Alert.cause, Alert.state))]
+
+
+def summary_states(session: Session) -> dict[str, int]:
+    """Summaries of rate-limited verdicts (profiler/alerts/summary.py) per delivery state."""
+    return {s: int(n) for s, n in session.execute(
+        select(AlertSummary.state, func.count()).group_by(AlertSummary.state))}
 
 
 def _active(session: Session, since: dt.datetime):

@@ -176,6 +176,8 @@ def test_the_exporter_still_counts_the_summarised_verdicts_as_suppressed(store):
     assert after.get("memq_alerts", state="sent") == 2  # the summary is no verdict: the outbox gauge is unchanged
     verdicts = dict(cluster="c1", job_name="noisy", kind="oom", cause="capacity")
     assert before.get("memq_verdicts_total", **verdicts) == after.get("memq_verdicts_total", **verdicts) == 6
+    # the summaries have their own gauge
+    assert before.get("memq_alert_summaries", state="sent") == 0 and after.get("memq_alert_summaries", state="sent") == 1
 
 
 def test_a_job_that_stays_over_its_limit_gets_a_summary_at_the_end_of_the_hour(store):
@@ -386,6 +388,9 @@ def test_a_summary_out_of_attempts_fails_and_its_rows_stay_covered(store):
     (summary,) = _summaries(store)
     assert summary.state == "failed" and summary.last_error == "HTTP 500"
     assert len(rx.requests) == 2
+    # MemqAlertsFailing reads this (deploy/monitoring/memq-rules.yml)
+    m = Samples(generate_latest(registry_for(st, store)).decode())
+    assert m.get("memq_alert_summaries", state="failed") == 1 and m.get("memq_alert_summaries", state="sent") == 0
 
 
 # ------------------------------------------------------------------------------- pure, schema
