@@ -64,5 +64,5 @@ log "Redis ok"
 # iterated into a parametrization is ordered by the string hash seed: one seed for all the workers
 # of a run (random per run unless PYTHONHASHSEED is given).
 export PYTHONHASHSEED="${PYTHONHASHSEED:-$((RANDOM + 1))}"
-log "pytest on ${MEMQ_TEST_WORKERS:-2} workers (PYTHONHASHSEED=$PYTHONHASHSEED)"
+log "pytest, ${MEMQ_TEST_WORKERS:-2} xdist workers unless -n is given (PYTHONHASHSEED=$PYTHONHASHSEED)"
 exec python -m pytest -q -n "${MEMQ_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
