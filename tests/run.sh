@@ -62,7 +62,8 @@ log "Redis ok"
 # starts the longest files first. Arguments go to pytest (e.g. `bash tests/run.sh tests/analysis -x`;
 # `-n 0` runs serially). Every worker must collect the same tests in the same order, and a set
 # iterated into a parametrization is ordered by the string hash seed: one seed for all the workers
-# of a run (random per run unless PYTHONHASHSEED is given).
+# of a run (random per run unless PYTHONHASHSEED is given). The 25 slowest tests are listed, so a CI
+# log shows what to speed up next.
 export PYTHONHASHSEED="${PYTHONHASHSEED:-$((RANDOM + 1))}"
 log "pytest, ${MEMQ_TEST_WORKERS:-2} xdist workers unless -n is given (PYTHONHASHSEED=$PYTHONHASHSEED)"
-exec python -m pytest -q -n "${MEMQ_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder "$@"
+exec python -m pytest -q -n "${MEMQ_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder --durations=25 "$@"
