@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 PG_ADMIN_URL = os.environ.get("MEMQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-TABLES = ("stat_samples", "run_diagnoses", "snapshots", "analysis_results", "runs", "reports", "whatif_sweeps")
+TABLES = ("stat_samples", "run_diagnoses", "snapshots", "analysis_results", "runs", "reports", "whatif_sweeps",
+          "alert_summaries")
 
 
 def _plain(url: str) -> str:

@@ -105,7 +105,7 @@ def test_the_first_entry_follows_the_cause(results):
     assert roundup["diagnosis"]["recommendations"][0]["playbook"] == "roundup-power2"
 
 
-@pytest.mark.parametrize("cause", CAUSES)
+@pytest.mark.parametrize("cause", sorted(CAUSES))
 def test_every_branch_of_the_advice_names_an_entry(cause):
     """recommend() for every cause, on the facts of real OOM messages (a cause the fixtures never
     produce as primary, such as activation_spike, still has its advice checked)."""
