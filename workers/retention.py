@@ -11,6 +11,8 @@
   longer than N entries, trim entries nobody has read. With this task the stream holds the backlog plus
   the acknowledged entries of the last MEMQ_STREAM_KEEP_S seconds (for `memq status` and debugging).
   A stream without a consumer group is left alone (nobody has read anything yet).
+- `expire_untimed_blobs()`: on the same tick as the trim, blob keys without a TTL (written by an
+  agent, never named by a relayed envelope) get MEMQ_BLOB_TTL_S, a bounded SCAN step at a time.
 - `beat_entries(settings)`: what `workers.app.beat_schedule` adds: the daily gc (crontab at
   MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC) and the stream trim. An outage is not retried: the next tick is
   the retry.
@@ -75,6 +77,46 @@ def trim_stream(st: Settings, r=None) -> dict:
     return {"stream": st.stream_key, "trimmed": n, "floor": floor}
 
 
+# Keys examined per tick: SCAN's cost is bounded; a cursor kept in Redis resumes the walk on the next
+# tick, so any number of blob keys is covered within a few ticks.
+BLOB_TTL_SCAN = 2000
+
+
+def expire_untimed_blobs(st: Settings, r=None, budget: int = BLOB_TTL_SCAN) -> dict:
+    """Give MEMQ_BLOB_TTL_S to blob keys that have no TTL. The agent user may SET `memq:blob:*` and
+    the relay gives a blob its TTL when it relays the envelope that names it; a blob no envelope ever
+    names (a job killed between the two writes, or a hostile one) would otherwise stay until
+    `maxmemory` (deploy/SECURITY.md). Bounded work per call: `budget` keys, resumed from a cursor."""
+    from workers import runtime
+
+    r = r or runtime.redis_client(st.redis_url)
+    cursor_key = st.key_prefix + "blob-ttl-cursor"
+    pattern = st.key_prefix + "blob:*"
+    seen = given = 0
+    with runtime.redis_errors(st.redis_url):
+        cursor = int(r.get(cursor_key) or 0)
+        while True:
+            cursor, keys = r.scan(cursor=cursor, match=pattern, count=min(500, budget))
+            if keys:
+                pipe = r.pipeline(transaction=False)
+                for k in keys:
+                    pipe.ttl(k)
+                untimed = [k for k, ttl in zip(keys, pipe.execute(), strict=True) if ttl == -1]
+                if untimed:
+                    pipe = r.pipeline(transaction=False)
+                    for k in untimed:
+                        pipe.expire(k, st.blob_ttl_s, nx=True)  # nx: a TTL the relay set meanwhile stays
+                    given += sum(bool(x) for x in pipe.execute())
+            seen += len(keys)
+            if cursor == 0 or seen >= budget:
+                break
+        r.set(cursor_key, cursor)
+    if given:
+        log.warning("gave %d blob key(s) without a TTL the blob TTL (%d s): written but never relayed",
+                    given, st.blob_ttl_s)
+    return {"blobs_seen": seen, "blobs_given_ttl": given, "scan_done": cursor == 0}
+
+
 def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | None = None) -> dict:
     """The work, as a plain function (tests and the task share it)."""
     from profiler.store.retention import Policy, collect
@@ -125,7 +167,8 @@ def _bind():
 
     @app.task(base=MemqTask, bind=True, name=TRIM_TASK_NAME, retry_on_outage=False)
     def trim(self) -> dict:
-        return trim_stream(settings_of(app))
+        st = settings_of(app)
+        return trim_stream(st) | expire_untimed_blobs(st)
 
     return gc, trim
 

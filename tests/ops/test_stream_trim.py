@@ -78,3 +78,28 @@ def test_beat_entry():
     e = beat_entries(st)["memq-stream-trim"]
     assert e["task"] == "workers.retention.trim_stream" and e["schedule"] == 30.0 and e["options"]["queue"] == "memq.ingest"
     assert "memq-stream-trim" not in beat_entries(st.replace(stream_trim_interval_s=0))
+
+
+def test_blobs_without_a_ttl_get_one_in_bounded_steps(srv):
+    """A blob the agent user SET without a TTL and no envelope ever named (the relay gives a blob its TTL
+    when it relays the envelope) gets MEMQ_BLOB_TTL_S from the trim tick's sweep; a TTL already set
+    stays as it is; the walk is bounded per call and resumes from its cursor."""
+    from workers.retention import expire_untimed_blobs
+
+    r = redis.Redis.from_url(srv.url)
+    st = load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_REDIS_URL": srv.url,
+                        "MEMQ_KEY_PREFIX": "ttlsweep:", "MEMQ_BLOB_TTL_S": "3600"})
+    untimed = [f"ttlsweep:blob:{i:064x}:n{i}" for i in range(120)]
+    for k in untimed:
+        r.set(k, b"x")
+    r.set("ttlsweep:blob:relayed", b"x", ex=60)  # the relay already gave it one
+    r.set("ttlsweep:other", b"x")  # not a blob: left alone
+    first = expire_untimed_blobs(st, r, budget=50)
+    assert 50 <= first["blobs_seen"] < 121 and not first["scan_done"]
+    for _ in range(10):
+        if expire_untimed_blobs(st, r, budget=50)["scan_done"]:
+            break
+    assert all(0 < r.ttl(k) <= 3600 for k in untimed)
+    assert 0 < r.ttl("ttlsweep:blob:relayed") <= 60 and r.ttl("ttlsweep:other") == -1
+    again = expire_untimed_blobs(st, r, budget=1000)
+    assert again["blobs_given_ttl"] == 0 and again["scan_done"]
