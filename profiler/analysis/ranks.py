@@ -7,7 +7,9 @@ comparison: with the same parameters and optimizer state on every rank, a rank w
 more than the others' is fed larger inputs (data imbalance: rebalance or bucket the shards; a smaller
 batch for every rank would waste the memory of all the others); a rank that holds more parameter or
 optimizer bytes is sharded unevenly (state imbalance); a rank whose own diagnosis is a leak while the
-others' is not leaks through rank-specific code (logging, metrics, checkpointing on rank 0).
+others' is not leaks through rank-specific code (logging, metrics, checkpointing on rank 0). A rank that
+needs far more while no rank's composition is known is `uneven`: one rank differs, and what to compare
+is said, but not guessed which.
 
 The figures of a rank come from wherever they were recorded: the agent's exit figures (run_end: run
 peaks, last step, limit, the per-step peaks' summary), the rank's run-level diagnosis (peaks,
@@ -218,8 +220,8 @@ def _imbalance(first: RankFacts, others: list[RankFacts], ev: list[str]) -> str:
     elif n1 is not None and needs and n1 > DATA_FACTOR * max(needs):
         ev.append(f"rank {first.rank} needed {_gib(n1)}, the other ranks at most {_gib(max(needs))} "
                   f"({n1 / max(max(needs), 1):.1f}x); no composition to separate inputs from state, so the "
-                  "kind of imbalance is not settled")
-        return "data"
+                  "kind of imbalance is not settled (a snapshot of the failing rank with frames would settle it)")
+        return "uneven"  # one rank unlike the others, but not "data": the evidence does not say which
     if n1 is not None and needs:
         ev.append(f"rank {first.rank} needed {_gib(n1)}, the other ranks up to {_gib(max(needs))}: "
                   "the ranks are balanced, the job as a whole does not fit")
@@ -256,6 +258,14 @@ def _advice(kind: str | None, first: RankFacts, others: list[RankFacts]) -> list
                            "what it keeps",
                  "why": f"rank {r}'s live bytes grow while the other ranks' stay flat",
                  "expected_effect": f"rank {r} flat like the others; the OOM goes away",
+                 "playbook": "rank-imbalance"}]
+    if kind == "uneven":
+        return [{"action": f"Compare rank {r} with the others before shrinking every rank: its inputs (the "
+                           "sampler/sharding, sequence lengths) and what it holds (parameter or optimizer "
+                           "sharding, modules or buffers created on that rank only)",
+                 "why": f"rank {r} needed far more memory than the other ranks, and nothing recorded says "
+                        "whether its inputs or its state are larger",
+                 "expected_effect": f"the difference found and removed: rank {r} near the others' peak",
                  "playbook": "rank-imbalance"}]
     if kind == "none":
         return [{"action": "Follow the failing rank's diagnosis: every rank needs about the same memory, "

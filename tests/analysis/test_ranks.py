@@ -268,3 +268,18 @@ def test_real_captures_thresholds_have_wide_margins():
     assert DATA_FACTOR < activation_bytes(leak1) / activation_bytes(leak0) < 2.2
     unrecognised = RankFacts(**{**leak1.__dict__, "leak": False, "cause": "fragmentation"})
     assert diagnose_ranks([leak0, unrecognised])["imbalance"] == "data"  # what the leak check guards against
+
+
+def test_one_rank_far_above_the_others_without_a_composition_is_uneven_not_data():
+    """Neither rank sent a snapshot (only exit figures): rank 1 ran out of memory needing 2x rank 0's peak.
+    That is an imbalance, but nothing recorded says whether inputs or state differ, so it is `uneven`
+    (not `data`, whose advice - rebalance the shards - would be a guess), and the advice says what to compare."""
+    r0 = RankFacts(rank=0, status="crashed", end_reason="sigterm", peak_allocated_bytes=6 << 30, limit_bytes=14 << 30)
+    r1 = RankFacts(rank=1, status="oom", peak_allocated_bytes=12 << 30, limit_bytes=14 << 30,
+                   oom_step=3, oom_allocated_bytes=12 << 30, oom_requested_bytes=3 << 30)
+    out = diagnose_ranks([r0, r1])
+    assert out["failed_rank"] == 1 and out["imbalance"] == "uneven"
+    assert any("not settled" in e for e in out["evidence"])
+    (rec,) = out["recommendations"]
+    assert rec["action"].startswith("Compare rank 1 with the others") and rec["playbook"] == "rank-imbalance"
+    assert "Rebalance the data" not in rec["action"]
