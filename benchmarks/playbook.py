@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from profiler import playbook as pb  # noqa: E402
 from profiler.agent.spool import SUFFIX, decode  # noqa: E402
 from profiler.analysis import analyze  # noqa: E402
+from profiler.analysis.limits import observer_facts  # noqa: E402
 from profiler.analysis.ranks import diagnose_ranks, rank_facts_from  # noqa: E402
 from profiler.load import decode_snapshot_bytes, load_snapshot_file  # noqa: E402
 from profiler.store.service import oom_context  # noqa: E402
@@ -108,20 +109,10 @@ def load_all(root: Path = PLAYBOOK_FIX) -> dict[str, Job]:
 
 # ---------------------------------------------------------------- memq's view of a job (pure)
 
-def facts_of(snap: Snap) -> dict:
-    """What the dispatcher stores with an OOM snapshot (workers/dispatcher.py): the observer's figures."""
-    oom = snap.oom
-    total, cap = oom.get("device_total"), oom.get("device_alloc")
-    limit = cap if isinstance(cap, int) and cap > 0 and not (isinstance(total, int) and cap >= total) else None
-    facts = {"limit_bytes": limit, "device_total_bytes": total, "requested_bytes": oom.get("alloc"),
-             "device_free_bytes": oom.get("device_free"), "message": oom.get("message")}
-    return {k: v for k, v in facts.items() if v not in (None, "")}
-
-
 def memq_result(snaps: list[Snap], upto: int | None = None, limit: int | None = None) -> dict:
     """memq's analysis of snapshots [0..upto] of one run, as the worker computes a run's diagnosis."""
     chosen = snaps[: (upto + 1) if upto is not None else None]
-    facts = facts_of(chosen[-1])
+    facts = observer_facts(chosen[-1].oom)  # what the dispatcher stores with the snapshot
     if limit and "limit_bytes" not in facts:
         facts["limit_bytes"] = limit
     ctx = oom_context(facts)

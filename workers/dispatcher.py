@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profiler import envelope
+from profiler.analysis.limits import observer_facts, real_cap
 from profiler.backoff import full_jitter
 from profiler.config import Settings, redact_url
 from profiler.errors import (
@@ -91,16 +92,6 @@ def _reason(exc: BaseException) -> str:
 
 def _ts(ms: int | None):
     return None if ms is None else repo.to_utc(ms / 1000.0)
-
-
-def _real_cap(limit: Any, total: Any) -> int | None:
-    """A limit is a cap only when it is below the device total (an uncapped process reports both
-    equal, and the analysis then derives the limit from the device itself)."""
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-        return None
-    if isinstance(total, int) and total > 0 and limit >= total:
-        return None
-    return limit
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -514,7 +505,7 @@ class Dispatcher:
             name=env.run, cluster=env.cluster, job=real_id(env.job), host=env.host or None, rank=env.rank,
             labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
             driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
-            memory_limit_bytes=_real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
+            memory_limit_bytes=real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
             optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
             world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:
@@ -643,13 +634,7 @@ class Dispatcher:
         oom = env.oom or {}
         rid = self._run_id(s, env)
         run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()
-        total = _int_or_none(oom.get("device_total")) or run.gpu_memory_bytes
-        limit = run.memory_limit_bytes or _real_cap(_int_or_none(oom.get("device_alloc")), total)
-        facts = {"limit_bytes": limit, "device_total_bytes": total,
-                 "requested_bytes": _int_or_none(oom.get("alloc")),
-                 "device_free_bytes": _int_or_none(oom.get("device_free")),
-                 "message": _str(oom.get("message"), 4000)}
-        facts = {k: v for k, v in facts.items() if v not in (None, "")}
+        facts = observer_facts(oom, run.memory_limit_bytes, run.gpu_memory_bytes)
         sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
             run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
             epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,

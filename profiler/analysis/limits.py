@@ -8,7 +8,9 @@ evidence lines can say so, and stays None when nothing tells it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from profiler.model import OomContext, Snapshot, TraceEvent
 
@@ -63,3 +65,31 @@ def resolve_limits(snap: Snapshot | None, ctx: OomContext | None, reserved: int 
     elif device_total is not None and non_pytorch is not None:
         limit, lsrc = device_total - non_pytorch, "device total - non-PyTorch memory"
     return Limits(requested, src, limit, lsrc, device_total, device_free, non_pytorch, ev)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def real_cap(limit: Any, total: Any) -> int | None:
+    """A limit is a cap only when it is below the device total (an uncapped process reports both
+    equal, and the analysis then derives the limit from the device itself)."""
+    if _int(limit) is None or limit <= 0:
+        return None
+    if _int(total) is not None and total > 0 and limit >= total:
+        return None
+    return limit
+
+
+def observer_facts(oom: Mapping[str, Any], run_limit: int | None = None, run_total: int | None = None,
+                   max_message: int = 4000) -> dict[str, Any]:
+    """The analysis context stored with an agent's OOM snapshot (see store.service.oom_context), from the
+    observer's payload (`alloc`, `device_alloc`, `device_free`, `device_total`, `message`) and what the
+    run announced: its cap wins, else the observer's device_alloc when it is below the device total."""
+    total = _int(oom.get("device_total")) or run_total
+    limit = run_limit or real_cap(_int(oom.get("device_alloc")), total)
+    msg = oom.get("message")
+    facts = {"limit_bytes": limit, "device_total_bytes": total, "requested_bytes": _int(oom.get("alloc")),
+             "device_free_bytes": _int(oom.get("device_free")),
+             "message": str(msg)[:max_message] if msg not in (None, "") else None}
+    return {k: v for k, v in facts.items() if v not in (None, "")}

@@ -30,6 +30,7 @@ import pytest
 from profiler import codec
 from profiler.agent import spool
 from profiler.analysis import analyze
+from profiler.analysis.limits import observer_facts
 from profiler.analysis.ranks import (
     DATA_FACTOR,
     PEAK_FACTOR,
@@ -41,8 +42,8 @@ from profiler.analysis.ranks import (
 )
 from profiler.load import load_snapshot_file
 from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
 from profiler.snapshot import parse_snapshot
+from profiler.store.service import oom_context
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIX / "real"
@@ -207,9 +208,7 @@ def _real_rank(sc: str, rank: int) -> tuple[RankFacts, dict | None]:
         return rank_facts_from(rank, end), None
     parsed = [parse_snapshot(codec.decode(codec.decompress(m.blob))) for m in snaps]
     oom = next((json.loads(m.fields["payload"])["oom"] for m in snaps if m.fields.get("trigger") == "oom"), None)
-    ctx = OomContext(requested_bytes=oom["alloc"], limit_bytes=oom["device_alloc"],
-                     device_total_bytes=oom["device_total"], device_free_bytes=oom["device_free"],
-                     message=parse_oom_message(oom["message"])) if oom else None
+    ctx = oom_context(observer_facts(oom)) if oom else None  # as the dispatcher and the service build it
     res = analyze(parsed, ctx)
     oom_step = next((int(m.fields["step"]) for m in snaps if m.fields.get("trigger") == "oom"), None)
     return rank_facts_from(rank, end, res, oom_step=oom_step, oom_at=float(snaps[-1].fields["ts"]) / 1000), res
@@ -283,3 +282,17 @@ def test_one_rank_far_above_the_others_without_a_composition_is_uneven_not_data(
     (rec,) = out["recommendations"]
     assert rec["action"].startswith("Compare rank 1 with the others") and rec["playbook"] == "rank-imbalance"
     assert "Rebalance the data" not in rec["action"]
+
+
+def test_observer_facts_take_the_cap_only_when_it_is_one():
+    """The rule the dispatcher stores an agent's OOM context by (and the playbook and these tests reuse):
+    the observer's device_alloc is the per-process cap only when below the device total."""
+    msgs = _messages("data", 1)
+    oom = next(json.loads(m.fields["payload"])["oom"] for m in msgs if m.fields.get("trigger") == "oom")
+    facts = observer_facts(oom)
+    assert facts["limit_bytes"] == oom["device_alloc"] == 15_010_988_032 < facts["device_total_bytes"]
+    assert facts["requested_bytes"] == oom["alloc"] and "13.98 GiB allowed" in facts["message"]
+    uncapped = observer_facts({**oom, "device_alloc": oom["device_total"]})
+    assert "limit_bytes" not in uncapped  # the analysis derives it from the device
+    assert observer_facts(oom, run_limit=12 << 30)["limit_bytes"] == 12 << 30  # the run's announced cap wins
+    assert len(observer_facts(oom, max_message=10)["message"]) == 10
