@@ -128,6 +128,8 @@ class Agent:
         self.recording: bool | None = None
         self.steps_source: str | None = None  # "mark_step" | "optimizer_hook"
         self._user_marks = False
+        self._tokens: int | None = None  # input size of the step that just ended (mark_step(tokens=))
+        self._oom_frames: list[dict] | None = None  # Python stack of the failing allocation (observer)
         self._epochs_marked = False
         self._hook_handle: Any = None
         self._hook_opt: int | None = None
@@ -279,10 +281,14 @@ class Agent:
             return False
 
     # -- training-loop API -------------------------------------------------------------------------
-    def mark_step(self, step: int | None = None, epoch: int | None = None) -> None:
+    def mark_step(self, step: int | None = None, epoch: int | None = None, tokens: int | None = None) -> None:
+        """`tokens`: optional input size of the step just ended (tokens, samples x length, pixels): kept
+        with the step's figures, so the analysis can compare a failing step's input with earlier ones."""
         if self.stopped:
             return
         try:
+            if tokens is not None:
+                self._tokens = int(tokens)
             if not self._user_marks:
                 self._user_marks = True  # from now on the job's marks are the boundaries, not the hook
                 if self.steps_source == "optimizer_hook":
@@ -348,6 +354,9 @@ class Agent:
         if self.tracker.boundaries <= self.tracker.warmup_steps:  # the cap is usually set by now
             self._limit = self._safe_call(self.source.limit_bytes) or self._limit
         fig = self._read_boundary(ms)
+        if fig is not None and self._tokens is not None:
+            fig["tokens"] = self._tokens
+        self._tokens = None
         if fig is not None:
             self._note_peaks(fig["peak_allocated"], fig["peak_reserved"])
         dec = self.tracker.on_boundary(fig, self._limit, recording=bool(self.recording),
@@ -629,6 +638,7 @@ class Agent:
                 "recording": {"on": bool(self.recording), "since_step": self._rec_since if self.recording else None,
                               "reason": self.policy.reason},
                 "comparable": bool(comparable), "optimizer": self._optimizer_label(),
+                "oom_frames": self._oom_frames if trigger == "oom" else None,
                 "model": self._model if isinstance(self._model, str) else
                 (type(self._model).__name__ if self._model is not None else None)}
         pl = dict(payload or {})
@@ -665,6 +675,9 @@ class Agent:
                 self._limit = int(device_alloc)  # the observer's device_alloc is the process's cap
             oom = {"alloc": int(alloc), "device_alloc": int(device_alloc), "device_free": int(device_free),
                    "device_total": total, "message": None}
+            # The observer runs in the allocating thread: its Python stack is the failing allocation's
+            # line, which a snapshot taken with recording paused has no other way to show (once per OOM).
+            self._oom_frames = _python_stack(sys._getframe(1))
             evt = threading.Event()
             with self._lock:
                 self._oom_waits.append(evt)
@@ -835,6 +848,20 @@ class Agent:
                 self._sample_stats(now)
         if now >= self._next_flush:
             self._flush_stats()
+
+
+MAX_OOM_FRAMES = 48  # innermost frames kept: enough to reach the training script from inside torch
+
+
+def _python_stack(frame) -> list[dict]:
+    """The Python frames of `frame` and its callers, innermost first, as the snapshot's own frames are
+    ({filename, line, name}); no source lines are read (linecache would touch the disk)."""
+    out = []
+    while frame is not None and len(out) < MAX_OOM_FRAMES:
+        code = frame.f_code
+        out.append({"filename": code.co_filename, "line": frame.f_lineno, "name": code.co_name})
+        frame = frame.f_back
+    return out
 
 
 def _end_reason(exc: BaseException) -> str:
