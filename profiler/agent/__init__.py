@@ -109,10 +109,12 @@ def stop(timeout: float | None = None) -> dict:
     return a.stop(timeout) if a is not None else {}
 
 
-def mark_step(step: int | None = None, epoch: int | None = None) -> None:
+def mark_step(step: int | None = None, epoch: int | None = None, tokens: int | None = None) -> None:
+    """A step ended. `tokens` (optional): its input size (tokens, or samples x length), which lets the
+    analysis tell a larger input from a fragmented cache when a later step runs out of memory."""
     a = _current
     if a is not None:
-        a.mark_step(step, epoch)
+        a.mark_step(step, epoch, tokens=tokens)
 
 
 def mark_epoch(epoch: int | None = None) -> None:
