@@ -52,7 +52,7 @@ def main():
     step = 0
     for _ in range(30):  # warm-up: kernels, cuBLAS; the agent's recorded warm-up steps happen here
         train.train_step(model, opt, *data[step % 4])
-        agent.mark_step(step, 0)
+        agent.mark_step(step, 0, tokens=args.batch * args.seq)
         step += 1
     torch.cuda.synchronize()
     times = {"off": [], "agent": []}
@@ -77,7 +77,7 @@ def main():
                 train.train_step(model, opt, *data[step % 4])
                 if mode == "agent":
                     c0 = time.perf_counter()
-                    agent.mark_step(step, 0)
+                    agent.mark_step(step, 0, tokens=args.batch * args.seq)
                     mark_costs.append(time.perf_counter() - c0)
                 step += 1
             torch.cuda.synchronize()
@@ -116,7 +116,7 @@ def main():
     tl = []
     for i in range(n):  # mark_step in a tight loop (no training between): its own Python cost, warm caches
         c0 = time.perf_counter()
-        agent.mark_step(step + i, 0)
+        agent.mark_step(step + i, 0, tokens=args.batch * args.seq)
         tl.append(time.perf_counter() - c0)
     step += n
     res["mark_step_tight_loop_us_mean"] = statistics.fmean(tl) * 1e6

@@ -334,9 +334,10 @@ def cap_for(sc: str, rule: tuple, measure: dict, ratio: float) -> int:
         return int(ratio * GiB)
     if kind == "resume":
         # the live model and optimizer plus half of what the load brings
-        base = measure["load_base_allocated"]
-        extra = measure["load_peak_allocated"] - base
-        return int(max(max(measure["step_peak_reserved"]), base + extra // 2) + 64 * (1 << 20))
+        # between what the training steps reserved before the load and what the load needs on top of
+        # the live model and optimizer: the steps fit, the load does not
+        train = max(measure["step_peak_reserved"][:5])
+        return int((train + measure["load_peak_allocated"]) / 2)
     if kind == "first_step":
         # forward and backward fit, and half of AdamW's state
         return int(measure["before_step_allocated"] + 0.5 * (measure["step_peaks"][0] - measure["before_step_allocated"])
