@@ -272,6 +272,8 @@ class Runner:
     def __init__(self, out: str, budget: float, timeout: float):
         self.out, self.deadline, self.timeout = out, time.time() + budget, timeout
         self.summary: dict = {}
+        self.caps: dict = {}
+        self.variants: list = ["defaults", "full", "expandable"]
         os.makedirs(os.path.join(out, "results"), exist_ok=True)
 
     def job(self, sc: str, variant: str, cap: int = 0, tag: str = "") -> dict | None:
@@ -355,6 +357,11 @@ def scenario(r: Runner, sc: str, measured: dict) -> None:
     if not m or m.get("outcome") != "completed":
         return
     cap = 0
+    if sc in r.caps:  # a cap found by an earlier run (its search already done)
+        r.summary[sc].update(cap_bytes=r.caps[sc], kind=kind)
+        for v in r.variants:
+            r.job(sc, v, r.caps[sc])
+        return
     for ratio in rule[1]:
         cap = cap_for(sc, rule, m, ratio)
         d = r.job(sc, "defaults", cap, tag="" if ratio == rule[1][0] else f"@{ratio}")
@@ -385,6 +392,8 @@ def main() -> None:
     a.add_argument("--timeout", type=float, default=150)
     a.add_argument("--parallel", type=int, default=2)
     a.add_argument("--measured", default="", help="summary.json of an earlier run: reuse its measure runs")
+    a.add_argument("--reuse-caps", action="store_true", help="and its caps (no search), running --variants only")
+    a.add_argument("--variants", default="defaults,full,expandable")
     j = sub.add_parser("job")
     j.add_argument("scenario", choices=sorted(SCENARIOS))
     j.add_argument("--variant", choices=["measure", "defaults", "full", "expandable"], required=True)
@@ -402,6 +411,9 @@ def main() -> None:
     if args.measured:
         with open(args.measured) as fh:
             measured = json.load(fh)
+    r.variants = args.variants.split(",")
+    if args.reuse_caps:
+        r.caps = {k: v["cap_bytes"] for k, v in measured.items() if v.get("cap_bytes")}
     with ThreadPoolExecutor(max_workers=args.parallel) as ex:
         list(ex.map(lambda s: scenario(r, s, measured), names))
     r.save()

@@ -677,7 +677,7 @@ class Agent:
                    "device_total": total, "message": None}
             # The observer runs in the allocating thread: its Python stack is the failing allocation's
             # line, which a snapshot taken with recording paused has no other way to show (once per OOM).
-            self._oom_frames = _python_stack(sys._getframe(1))
+            self._oom_frames = _python_stack(sys._getframe(0).f_back)
             evt = threading.Event()
             with self._lock:
                 self._oom_waits.append(evt)
@@ -855,7 +855,8 @@ MAX_OOM_FRAMES = 48  # innermost frames kept: enough to reach the training scrip
 
 def _python_stack(frame) -> list[dict]:
     """The Python frames of `frame` and its callers, innermost first, as the snapshot's own frames are
-    ({filename, line, name}); no source lines are read (linecache would touch the disk)."""
+    ({filename, line, name}); no source lines are read (linecache would touch the disk). `frame` is None
+    when the allocation came from a thread with no Python code (autograd's backward thread): no frames."""
     out = []
     while frame is not None and len(out) < MAX_OOM_FRAMES:
         code = frame.f_code
