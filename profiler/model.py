@@ -151,6 +151,7 @@ class StepFigures:
     reserved: int
     retries: int = 0
     ms: float | None = None
+    tokens: int | None = None  # the step's input size, when the job passed mark_step(tokens=)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +175,9 @@ class AgentInfo:
     comparable: bool = False  # taken at the same point of a step on purpose (leak comparisons)
     optimizer: str | None = None
     model: str | None = None
+    # Python stack of the failing allocation, taken by the agent's OOM observer in the allocating
+    # thread (innermost first): the allocating line when recording was paused. Empty when unknown.
+    oom_frames: tuple = ()
 
 
 @dataclass(slots=True)

@@ -297,7 +297,23 @@ def _step_figures(v: Any) -> tuple[StepFigures, ...]:
         out.append(StepFigures(step=step, epoch=_opt_int(d.get("epoch")), peak_allocated=peak,
                                peak_reserved=_opt_int(d.get("peak_reserved")) or 0, allocated=alloc,
                                reserved=_opt_int(d.get("reserved")) or 0, retries=_opt_int(d.get("retries")) or 0,
-                               ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None))
+                               ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,
+                               tokens=_opt_int(d.get("tokens"))))
+    return tuple(out)
+
+
+MAX_OOM_FRAMES = 64
+
+
+def _oom_frames(v: Any) -> tuple:
+    """The observer's frames as the snapshot's own frame dicts; malformed entries are dropped."""
+    if not isinstance(v, list):
+        return ()
+    out = []
+    for d in v[:MAX_OOM_FRAMES]:
+        if isinstance(d, dict) and isinstance(d.get("filename"), str) and isinstance(d.get("name"), str):
+            out.append({"filename": d["filename"][:500], "line": _opt_int(d.get("line")) or 0,
+                        "name": d["name"][:200]})
     return tuple(out)
 
 
@@ -320,6 +336,7 @@ def parse_agent_info(v: Any) -> AgentInfo | None:
         recording_since_step=_opt_int(rec.get("since_step")), recording_reason=_opt_str(rec.get("reason"), 40),
         comparable=v.get("comparable") is True,
         optimizer=_opt_str(v.get("optimizer"), 80), model=_opt_str(v.get("model"), 80),
+        oom_frames=_oom_frames(v.get("oom_frames")),
     )
 
 

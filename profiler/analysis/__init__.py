@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from profiler.analysis import frames as fr
+from profiler.analysis.checkpoint import checkpoint_load
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
 from profiler.analysis.labels import agent_label
 from profiler.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
@@ -27,7 +28,7 @@ from profiler.analysis.memory import (
     smallest_request_rounding_to,
 )
 from profiler.analysis.per_snapshot import SnapshotDigest, per_snapshot
-from profiler.analysis.projection import Projection, project_step_need
+from profiler.analysis.step_need import StepNeed, project
 from profiler.analysis.recommend import message_playbook, recommend
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
@@ -103,8 +104,15 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         if by_figures["settled"]:
             leak = by_figures
     earlier_peak, steps_seen = _earlier_step_peak(per)
-    projection, not_projected = _project(per, heads, tags, m["active_bytes"], S) if S else (None, None)
-    opt_creation = _optimizer_creation(last, S, oom_ev.frames if oom_ev is not None else [], optimizer)
+    oom_frames = (oom_ev.frames if oom_ev is not None and oom_ev.frames else
+                  list((agents[-1] or {}).get("oom_frames") or []) if S else [])
+    prev = next((i for i in range(len(per) - 2, -1, -1) if not heads[i][4]), None)
+    loading = checkpoint_load(oom_frames, last_snap, per[prev]["live_blocks"] if prev is not None else None) \
+        if S else None
+    need = None
+    if S and loading is None:
+        need = _step_need(per, heads, tags, last_snap, m["active_bytes"], S, lim.limit, prev)
+    opt_creation = _optimizer_creation(last, S, oom_frames, optimizer)
     peak_reserved = max(max(p["metrics"]["reserved_bytes"], p["timeline"].get("peak_reserved_bytes") or 0)
                         for p in per)
     # The agent's peak counters saw every completed step, not only the snapshots' moments.
@@ -113,7 +121,6 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     peak_frames = []
     if tl.get("peak_index", -1) is not None and tl.get("peak_index", -1) >= 0:
         peak_frames = last_snap.trace[tl["peak_index"]].frames
-    oom_frames = oom_ev.frames if oom_ev is not None else []
     stacks_all = _has_cpp_frames(oom_frames) or any(
         _has_cpp_frames(b.frames) for seg in last_snap.segments[:50] for b in seg.blocks[:20])
     s_min = S
@@ -135,7 +142,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         settings_non_default=last_snap.settings.non_default,
         roundup=bool(last_snap.settings.roundup_power2_divisions), max_split=last_snap.settings.max_split_size,
         peak_reserved=peak_reserved, leak=leak, stacks_all=stacks_all,
-        projection=projection, not_projected=not_projected, optimizer_creation=opt_creation,
+        step_need=need, checkpoint_load=loading, optimizer_creation=opt_creation,
         optimizer_name=optimizer,
     )
     primary, conf, causes, _findings = diagnose(facts)
@@ -154,7 +161,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         "oom": oom,
         "composition": dict(last["composition"]),
         "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes,
-                      "recommendations": recs},
+                      "recommendations": recs,
+                      "step_need": None if need is None else need.as_json()},
         # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
         "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
@@ -163,12 +171,11 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                        "limit_bytes": lim.limit, "limit_source": lim.limit_source,
                        "device_total_bytes": lim.device_total, "device_free_bytes": lim.device_free,
                        "non_pytorch_bytes": lim.non_pytorch, "largest_usable_free_block_bytes": largest_usable,
-                       "oom_site": fr.stack_signature(oom_frames) if oom_ev is not None else None},
+                       "oom_site": fr.stack_signature(oom_frames) if oom_frames else None},
             "composition_sites": last["sites"],
             "timeline": {k: v for k, v in tl.items() if k not in ("step_start_indices",)},
             "peak_reserved_bytes": peak_reserved,
-            "step_projection": None if projection is None else dict(projection.__dict__),
-            "step_projection_missing": not_projected,
+            "checkpoint_load": loading,
             "leak": leak,
             "allocator_settings": {"known": last_snap.settings.known, "conf": last_snap.settings.conf,
                                    "non_default": last_snap.settings.non_default},
@@ -226,32 +233,37 @@ def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:
     return (max(peaks) if peaks else None), steps
 
 
-def _project(per, heads, tags, A: int, S: int) -> tuple[Projection | None, str | None]:
-    """The failing step's projected need (projection.py), or why it cannot be projected."""
-    ref, src = per[-1]["timeline"].get("last_cycle"), "an earlier step in the OOM snapshot's trace"
-    if not ref:
-        for i in range(len(per) - 2, -1, -1):
-            if per[i]["timeline"].get("last_cycle"):
-                ref, src = per[i]["timeline"]["last_cycle"], f"the last step in the trace of the {tags[i]}"
-                break
-    if not ref:
-        return None, ("no earlier training step of this run was recorded (no trace with two optimizer steps), "
-                      "so the failing step's blocks cannot be compared with an earlier step's: its full need "
-                      "is not known")
-    blocks = per[-1]["live_blocks"]
-    prev = next((i for i in range(len(per) - 2, -1, -1) if not heads[i][4]), None)
-    figs = (per[-1].get("agent") or {}).get("step_figures") or []
+#: Earlier recorded steps tried as the failing step's reference (the latest ones: the same code and
+#: shapes are likeliest there, and each costs an alignment).
+MAX_REFERENCES = 3
+
+
+def _step_need(per, heads, tags, last_snap: Snapshot, A: int, S: int, limit: int | None,
+               prev: int | None) -> StepNeed:
+    """The failing step's need (step_need.py) against the best-aligned earlier recorded step."""
+    refs = []
+    if per[-1]["timeline"].get("last_cycle"):
+        refs.append((per[-1]["timeline"]["last_cycle"], "the step before it in the OOM snapshot's trace"))
+    for i in range(len(per) - 2, -1, -1):
+        if len(refs) >= MAX_REFERENCES:
+            break
+        if per[i]["timeline"].get("last_cycle"):
+            refs.append((per[i]["timeline"]["last_cycle"], f"the last step recorded in the {tags[i]}"))
     cur = per[-1]["timeline"].get("current_step")
-    if cur:  # the OOM snapshot's own trace shows the failing step
-        return project_step_need(A, S, cur["blocks"], cur["floor"], ref, src), None
-    if prev is not None:
+    peak_so_far = None
+    if cur:  # the OOM snapshot's own trace shows the failing step from its boundary
+        blocks, peak_so_far = cur["blocks"], cur.get("peak_so_far")
+    elif prev is not None:
+        # At agent defaults: what is live now and was not at the previous snapshot, at its requested size.
         before = per[prev]["live_blocks"]
-        step_blocks = [k[1] for k in blocks if k not in before]
+        blocks = [b.requested_size or b.size for seg in last_snap.segments for b in seg.blocks
+                  if b.is_live and (b.address, b.size) not in before]
     else:
-        # No earlier snapshot: at defaults the failing step's blocks are the ones with no frames.
-        step_blocks = [k[1] for k, site in blocks.items() if site == fr.NO_FRAMES]
-    floor_now = figs[-1]["allocated"] if figs else A - sum(step_blocks)
-    return project_step_need(A, S, step_blocks, max(0, floor_now), ref, src), None
+        blocks = [k[1] for k, site in per[-1]["live_blocks"].items() if site == fr.NO_FRAMES]
+    if not refs:
+        return project(None, None, blocks, S, A, limit, peak_so_far)
+    tries = [project(r, src, blocks, S, A, limit, peak_so_far) for r, src in refs]
+    return max(tries, key=lambda t: (t.bytes is not None, t.matched_share or 0.0))
 
 
 def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list, optimizer: str | None) -> dict | None:

@@ -69,8 +69,8 @@ class Facts:
     peak_reserved: int
     leak: dict
     stacks_all: bool  # C++ frames present (stacks="all")
-    projection: Any = None  # projection.Projection of the failing step's need, when it could be made
-    not_projected: str | None = None  # why the failing step's need could not be projected
+    step_need: Any = None  # step_need.StepNeed of the failing step; None when no step was cut off
+    checkpoint_load: dict | None = None  # checkpoint.checkpoint_load: the OOM came restoring a checkpoint
     optimizer_creation: dict | None = None  # the failing request creates optimizer state (see analyze)
     optimizer_name: str | None = None
 
@@ -121,6 +121,8 @@ def check_leak(f: Facts) -> Finding:
 def check_optimizer_state(f: Facts) -> Finding:
     out = Finding("optimizer_state", False)
     opt = f.composition.get(fr.OPTIMIZER_STATE, 0)
+    if f.has_oom and f.checkpoint_load is not None:
+        return _checkpoint_finding(out, f)
     creation = f.optimizer_creation
     in_opt = creation is not None if f.has_oom else f.peak_phase == "optimizer_step"
     if not in_opt:
@@ -154,6 +156,21 @@ def check_optimizer_state(f: Facts) -> Finding:
     return out
 
 
+def _checkpoint_finding(out: Finding, f: Facts) -> Finding:
+    c = f.checkpoint_load
+    out.holds, out.strength = True, 0.85
+    where = f" at {c['site']}" if c.get("site") else ""
+    loaded = f"{g(c['loaded_bytes'])} loaded so far, " if c.get("loaded_bytes") else ""
+    out.evidence.append(f"the OOM came while a checkpoint was being restored onto the GPU{where} ({c['by']}): "
+                        f"{loaded}beside the live {g(c['params_bytes'])} of parameters and "
+                        f"{g(c['state_bytes'])} of optimizer state, which it will replace")
+    out.evidence.append("loading is not a training step: the loaded tensors are copies of the model and the "
+                        "optimizer state, not a larger input")
+    if f.limit is not None:
+        out.evidence.append(f"live + request = {g(f.A + (f.S or 0))} against a limit of {g(f.limit)}")
+    return out
+
+
 def optimizer_state_sizes(c: dict) -> str:
     """The state's bytes and what a leaner optimizer would need, for evidence and advice."""
     name = c.get("optimizer") or ("SGD" if c["multiple"] == 1 else "Adam/AdamW")
@@ -166,6 +183,10 @@ def optimizer_state_sizes(c: dict) -> str:
             f"a leaner optimizer needs less: {lean}")
 
 
+# ARCHITECTURE.md cause 4: a step needs "more than 1.5x the peak live bytes of the earlier training steps".
+SPIKE_FACTOR = 1.5
+
+
 def check_activation_spike(f: Facts) -> Finding:
     out = Finding("activation_spike", False)
     if not f.has_oom or f.S is None:
@@ -174,14 +195,13 @@ def check_activation_spike(f: Facts) -> Finding:
         out.missing.append("a limit (--limit, the OOM message or --device-total)")
         return out
     total = f.A + f.S
-    p = f.projection
-    projected = total <= f.limit
-    if projected and (p is None or p.need <= f.limit):
-        if p is not None:
-            out.evidence.append(_projection_text(p, f.limit))
+    n = f.step_need
+    if total <= f.limit and (n is None or n.fits_limit is not False):
+        if n is not None and n.bytes is not None:
+            out.evidence.append(need_text(n, f.limit))
         return out
     need = f.A_req + (f.S_min or f.S)
-    if f.roundup and not projected and need <= f.limit:
+    if f.roundup and total > f.limit and need <= f.limit:
         # What the step asked for fits: rounding (allocator_config), not the input, broke the limit.
         out.evidence.append(f"the step asked for {g(need)} before rounding, which fits the limit of "
                             f"{g(f.limit)}: not a spike of the input")
@@ -193,43 +213,41 @@ def check_activation_spike(f: Facts) -> Finding:
         out.evidence.append("no completed training step precedes the OOM in the data given: setup or the "
                             "first step cannot be a spike")
         return out
-    need = p.need if projected else total
-    if need > 1.5 * earlier:
+    est = step_estimate(n, total)
+    if est > SPIKE_FACTOR * earlier:
         out.holds = True
-        out.strength = min(1.0, need / (3 * earlier)) * (0.85 if projected else 1.0)
-        if projected:
-            out.evidence.append(_projection_text(p, f.limit))
-            if need < PROJECTION_MARGIN * f.limit:
-                out.strength *= 0.6
-                out.evidence.append(f"the projection is within {100 * (PROJECTION_MARGIN - 1):.0f}% of the limit: "
-                                    "an estimate that close could go either way")
-            out.evidence.append(f"the step needs ~{g(need)}, {need / earlier:.1f}x the {g(earlier)} peak of the "
-                                "earlier steps: one input needs far more than the others")
-        else:
-            out.evidence.append(f"this step needs {g(total)} (live {g(f.A)} + request {g(f.S)}), "
-                                f"{total / earlier:.1f}x the {g(earlier)} peak of the earlier "
-                                "steps: one input needs far more than the others")
+        out.strength = min(1.0, est / (3 * earlier))
+        if n is not None and n.bytes is not None:
+            out.evidence.append(need_text(n, f.limit))
+        how = "~" if est > total else ""
+        parts = "" if est > total else f" (live {g(f.A)} + request {g(f.S)})"
+        out.evidence.append(f"this step needs {how}{g(est)}{parts}, {est / earlier:.1f}x the {g(earlier)} peak of "
+                            "the earlier steps: one input needs far more than the others")
     else:
-        out.evidence.append(f"this step needs {'~' if projected else ''}{g(need)}, {need / earlier:.2f}x the "
-                            f"earlier steps' peak of {g(earlier)} (a spike is > 1.5x)")
+        out.evidence.append(f"this step needs {'~' if est > total else ''}{g(est)}, {est / earlier:.2f}x the "
+                            f"earlier steps' peak of {g(earlier)} (a spike is > {SPIKE_FACTOR}x)")
     return out
 
 
-# A projected need this close to the limit (either side) is not evidence enough to be confident.
-PROJECTION_MARGIN = 1.1
+def step_estimate(n: Any, total: int) -> int:
+    """The failing step's need for comparisons: the projection's point, else its lower bound, else live
+    + request (which it is never below)."""
+    if n is None:
+        return total
+    return max(total, n.bytes if n.bytes is not None else (n.low or 0))
 
 
-def _projection_text(p: Any, limit: int) -> str:
-    verdict = "over" if p.need > limit else "within"
-    if p.progress:
-        how = (f"at the same point (as many of its largest tensors live) that step had reached "
-               f"{100 * p.progress:.0f}% of its peak above its floor, so from the {g(p.floor_now)} it started with")
-    else:
-        how = (f"it had not reached its largest tensors yet, so it needs at least what {p.ref_source} needed "
-               f"above the {g(p.floor_now)} it started with")
-    return (f"the OOM cut the step off early: its largest block so far ({g(p.largest_step_block)}, the request "
-            f"included) is {p.scale:.1f}x the largest allocation of {p.ref_source} ({g(p.largest_ref_alloc)}); "
-            f"{how}, the whole step needs ~{g(p.need)}, {verdict} the limit of {g(limit)}")
+def need_text(n: Any, limit: int | None) -> str:
+    """The failing step's need in one sentence: "the failing step needed ~16.4 GiB (15.9-16.9 GiB)
+    against 18.0 GiB: it fits in one piece"."""
+    if n.bytes is None:
+        low = f"at least {g(n.low)}" if n.low else "an unknown amount"
+        verdict = {False: "it does not fit", True: "it fits", None: "whether it fits is not known"}[n.fits_limit]
+        return f"the failing step needed {low} against {g(limit)}: {verdict} ({n.basis})"
+    rng = f"{g(n.low)}-{g(n.high)}" if n.low is not None and n.high is not None else "no interval"
+    verdict = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
+               None: "the interval straddles the limit, so whether it fits is not settled"}[n.fits_limit]
+    return f"the failing step needed ~{g(n.bytes)} ({rng}) against {g(limit)}: {verdict}; {n.basis}"
 
 
 def check_workspace(f: Facts) -> Finding:
@@ -288,36 +306,32 @@ def check_fragmentation(f: Facts) -> Finding:
         out.missing.append("a limit (--limit, the OOM message or --device-total)")
         return out
     total = f.A + f.S
-    p = f.projection
-    if total <= limit < f.R + need and f.S > f.largest_usable and p is not None and p.need > limit:
-        out.evidence.append(f"live + request ({g(total)}) fits the limit of {g(limit)}, but the whole step "
-                            f"needs ~{g(p.need)}: a compacted cache would have failed later in the same step")
+    n = f.step_need
+    if total <= limit < f.R + need and f.S > f.largest_usable and n is not None and n.fits_limit is False:
+        out.evidence.append(f"live + request ({g(total)}) fits the limit of {g(limit)}, but "
+                            + need_text(n, limit) + ": a compacted cache would have failed later in the same step")
         return out
     if total <= limit < f.R + need and f.S > f.largest_usable:
         out.holds = True
         out.strength = 0.9 if f.limit is not None else 0.6
-        if p is None and f.not_projected:
-            out.strength -= 0.25
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
         pieces = f.R - f.A - f.private_pool_free
         out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
                             f"{g(pieces)} of cached free memory in the request's pool is in pieces")
-        if p is not None:
-            out.evidence.append(_projection_text(p, limit))
-            if p.need * PROJECTION_MARGIN > limit and p.need > total:
-                out.strength -= 0.2
-                out.evidence.append(f"the projection is within {100 * (PROJECTION_MARGIN - 1):.0f}% of the limit: "
-                                    "an estimate that close could go either way")
-        elif f.not_projected:
-            out.evidence.append(f"whether the rest of the failing step fits is not known: {f.not_projected}; "
-                                "an earlier recorded step (or history=\"on\") would settle it")
-            if f.earlier_step_peak and total > 1.5 * f.earlier_step_peak:
+        if n is not None and n.fits_limit is True:
+            out.evidence.append(need_text(n, limit))
+        elif n is not None:
+            # The rest of the step is not settled: fragmentation answers for this request only.
+            out.strength -= 0.25
+            out.evidence.append(f"whether the rest of the failing step fits is not settled: {need_text(n, limit)}")
+            if f.earlier_step_peak and total > SPIKE_FACTOR * f.earlier_step_peak:
                 # Already far above the earlier steps with part of the step to go: maybe a larger input.
                 out.strength -= 0.15
-                out.evidence.append(f"this step already holds {g(total)} with the request, {total / f.earlier_step_peak:.1f}x "
-                                    f"the {g(f.earlier_step_peak)} peak of the earlier steps: if its input is larger "
-                                    "than theirs, the whole step may not fit the limit either (activation_spike)")
+                out.evidence.append(f"this step already holds {g(total)} with the request, "
+                                    f"{total / f.earlier_step_peak:.1f}x the {g(f.earlier_step_peak)} peak of the "
+                                    "earlier steps: if its input is larger than theirs, the whole step may not fit "
+                                    "the limit either (activation_spike)")
         if f.private_pool_free > 0.5 * max(1, f.R - f.A):
             out.evidence.append(f"{g(f.private_pool_free)} of the free memory is cached in private pools (CUDA "
                                 "graphs still alive): only their replays can use it, and expandable_segments "
@@ -333,11 +347,10 @@ def check_capacity(f: Facts) -> Finding:
         out.missing.append("a limit (--limit, the OOM message's 'allowed', or --device-total)")
         return out
     total = f.A + f.S
-    p = f.projection
-    if total <= f.limit and p is not None and p.need > f.limit:
-        out.holds, out.strength = True, 0.5
-        out.evidence.append(f"the failing step needs ~{g(p.need)} (projected), over the limit of {g(f.limit)} "
-                            f"({f.limit_source}), whatever the allocator does")
+    n = f.step_need
+    if total <= f.limit and n is not None and n.fits_limit is False:
+        out.holds, out.strength = True, 0.6
+        out.evidence.append(need_text(n, f.limit))
         return out
     if total > f.limit:
         out.holds = True

@@ -20,7 +20,7 @@ from profiler.analysis.timeline import replay
 from profiler.model import Snapshot
 
 #: Bumped whenever what a digest holds, or how a field is computed, changes.
-DIGEST_FORMAT = 2
+DIGEST_FORMAT = 3
 
 # The parts of the per-snapshot passes that analyze() reads of an earlier snapshot.
 _METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio")
@@ -52,7 +52,8 @@ def agent_facts(snap: Snapshot) -> dict | None:
     out = {k: getattr(a, k) for k in _AGENT}
     out["step_figures"] = [{"step": f.step, "epoch": f.epoch, "peak_allocated": f.peak_allocated,
                             "allocated": f.allocated, "peak_reserved": f.peak_reserved, "reserved": f.reserved,
-                            "retries": f.retries} for f in a.step_figures]
+                            "retries": f.retries, "tokens": f.tokens} for f in a.step_figures]
+    out["oom_frames"] = list(a.oom_frames)
     return out
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from profiler.analysis import frames as fr
-from profiler.analysis.classify import Facts, g, optimizer_state_sizes
+from profiler.analysis.classify import Facts, g, optimizer_state_sizes, step_estimate
 from profiler.analysis.leak import HOW_TO_GET_FRAMES
 from profiler.playbook import BY_ID
 
@@ -48,10 +48,10 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
     opt = f.composition.get(fr.OPTIMIZER_STATE, 0)
     acts = f.composition.get(fr.ACTIVATIONS, 0)
     sim = {w["conf"]: w for w in (whatif or [])}
-    proj = f.projection
-    need = max(A + S, proj.need if proj is not None else 0)
+    n = f.step_need
+    need = step_estimate(n, A + S)
     # A step that needs more than the limit fails under every allocator setting: advise none for it.
-    over_limit = bool(f.has_oom and f.limit and need > f.limit)
+    over_limit = bool(f.has_oom and f.limit and (need > f.limit or (n is not None and n.fits_limit is False)))
 
     def simulated(conf: str) -> str:
         w = sim.get(conf)
@@ -104,7 +104,20 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         recs.append(_rec("Do not rely on torch.cuda.empty_cache() or gc.collect() for this",
                          "the growing blocks are referenced, so neither can free them", "no change",
                          playbook="empty-cache"))
-    if primary == "optimizer_state":
+    loading = f.checkpoint_load if primary == "optimizer_state" else None
+    if loading is not None:
+        at = f" at {loading['site']}" if loading.get("site") else ""
+        recs.append(_rec(f"Load the checkpoint onto the CPU{at}: torch.load(path, map_location=\"cpu\") (or "
+                         "mmap=True), then model.load_state_dict() and optimizer.load_state_dict() copy it into "
+                         "the live tensors; del the loaded dict before the first step",
+                         "torch.load restores every tensor onto the device it was saved from, so the GPU holds "
+                         f"the model and optimizer twice: the live {g(loading['params_bytes'])} of parameters and "
+                         f"{g(loading['state_bytes'])} of state, and their loaded copies",
+                         "the resume needs no more GPU memory than training itself", playbook="optimizer-state"))
+        recs.append(_rec("Do not shrink the batch or change allocator settings for this",
+                         "the OOM is in loading, not in a training step: no input or cache arrangement is "
+                         "involved", "no change", playbook="optimizer-state"))
+    if primary == "optimizer_state" and loading is None:
         mult = "1x" if optimizer and "sgd" in optimizer.lower() else "2x"
         recs.append(_rec("Shard or shrink optimizer state: ZeroRedundancyOptimizer / FSDP, or an 8-bit or "
                          "factored optimizer (bitsandbytes AdamW8bit, Adafactor)",
@@ -120,11 +133,13 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         recs.append(_rec("Cap or bucket the largest inputs (max sequence length / batch by length), or split "
                          "big batches with gradient accumulation",
                          f"this step needs {'~' if need > A + S else ''}{g(need)}, over 1.5x the peak of earlier "
-                         f"steps ({g(f.earlier_step_peak)})", f"the step's peak returns near {g(f.earlier_step_peak)}",
+                         f"steps ({g(f.earlier_step_peak)})"
+                         + (f" and over the limit of {g(f.limit)}" if f.limit else ""),
+                         f"the step's peak returns near {g(f.earlier_step_peak)}",
                          playbook="activation-checkpointing"))
-        step_bytes = A - (proj.floor_now if proj is not None else A - acts)
         recs.append(_rec("Enable activation checkpointing for the largest blocks",
-                         f"the failing step's own tensors are {g(step_bytes)} of the {g(A)} live set",
+                         f"activations are {g(acts)} of the {g(A)} live set at the OOM" if acts else
+                         f"the step's input-sized tensors are what grew ({g(need)} against {g(f.earlier_step_peak)})",
                          "trades recompute time for memory", playbook="activation-checkpointing"))
         recs.append(_rec("Do not change allocator settings (expandable_segments, max_split_size_mb) for this",
                          f"the step needs more than the limit of {g(f.limit)}: no arrangement of the cache "
@@ -170,9 +185,10 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              "instead of leaving split segments behind",
                              f"the {g(S)} request fits: live {g(A)} + request = {g(A + S)} <= limit "
                              f"{g(f.limit or f.limit_lower_bound)}"
-                             + (f" (and the whole step, ~{g(proj.need)})" if proj is not None else
-                                "; whether the rest of the failing step fits is not known (no earlier step "
-                                "was recorded to project it from)" if f.not_projected else "")
+                             + (f" (and the whole step, ~{g(n.bytes)}, {g(n.low)}-{g(n.high)})"
+                                if n is not None and n.fits_limit is True else
+                                "; whether the rest of the failing step fits is not settled "
+                                f"({n.basis})" if n is not None else "")
                              + simulated("expandable_segments:True"), playbook="expandable-segments"))
         # The playbook's fragmenting job: 128 completed at the cap where 512 and the default ran out.
         recs.append(_rec("Try max_split_size_mb:128 if expandable segments are not available",

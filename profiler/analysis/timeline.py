@@ -116,33 +116,47 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     }
 
 
-BIG = 0.9  # allocations within 10% of a step's largest are "its largest tensors" (one size class)
-MAX_BIG = 64
+MAX_REF_EVENTS = 200_000  # a step with more allocations and frees than this is kept as no reference
 
 
 def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
     """The last complete training step of the trace (from one optimizer step to the next: the update,
-    then a forward and backward), to which a later step cut off by an OOM is compared: its peak and
-    floor of live bytes, its largest allocation, and at each allocation of its largest size class how
-    many of them were live and the live bytes then (how far into the step it was)."""
+    then a forward and backward), to which a later step cut off by an OOM is compared
+    (step_need.py): its peak and floor of live bytes, and its allocations in order as
+    `allocs` [[size, flag]] and `events` (i >= 0: allocs[i] is allocated; -(i+1): it is freed).
+    Flags: FIXED for allocations in optimizer code or holding parameters/state, and for what
+    survives the step (its parameters' gradients); BEFORE for blocks from before the step that it
+    frees; SCALED (input-sized) for the rest."""
+    from profiler.analysis.step_need import BEFORE, FIXED, SCALED
+
     if len(step_starts) < 2:
         return None
     lo, hi = step_starts[-2], step_starts[-1]
     window = levels[lo:hi]
-    largest = max((ev.size for ev in trace[lo:hi] if ev.action == "alloc"), default=0)
-    if not window or not largest:
+    if not window or hi - lo > MAX_REF_EVENTS:
         return None
-    live: set = set()
-    big = []
+    allocs: list[list[int]] = []
+    events: list[int] = []
+    live: dict[int, int] = {}
     for i in range(lo, hi):
         ev = trace[i]
-        if ev.action == "alloc" and ev.size >= BIG * largest:
-            live.add(ev.addr)
-            if len(big) < MAX_BIG:
-                big.append([len(live), start + levels[i]])
-        elif ev.action == "free_completed" and ev.addr in live:
-            live.discard(ev.addr)
-    return {"peak": start + max(window), "floor": start + min(window), "largest": largest, "big": big}
+        if ev.action == "alloc" and ev.addr is not None:
+            fixed = bool(ev.frames) and (fr.is_optimizer(ev.frames)
+                                         or fr.categorize(ev.frames) in (fr.PARAMETERS, fr.OPTIMIZER_STATE))
+            live[ev.addr] = len(allocs)
+            events.append(len(allocs))
+            allocs.append([ev.size, FIXED if fixed else SCALED])
+        elif ev.action == "free_completed" and ev.addr is not None:
+            n = live.pop(ev.addr, None)
+            if n is None:
+                n = len(allocs)
+                allocs.append([ev.size, BEFORE])
+            events.append(-n - 1)
+    for n in live.values():
+        allocs[n][1] = FIXED
+    if not any(e >= 0 for e in events):
+        return None
+    return {"peak": start + max(window), "floor": start + min(window), "allocs": allocs, "events": events}
 
 
 def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
@@ -157,7 +171,8 @@ def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) 
             live[ev.addr] = ev.size
         elif ev.action == "free_completed":
             live.pop(ev.addr, None)
-    return {"floor": start + min(levels[lo:]), "blocks": sorted(live.values(), reverse=True)}
+    return {"floor": start + min(levels[lo:]), "blocks": sorted(live.values(), reverse=True),
+            "peak_so_far": start + max(levels[lo:])}
 
 
 def _phase(ev) -> str | None:

@@ -66,3 +66,35 @@ def with_agent(raw: dict, **facts) -> dict:
 
 def parse(raw: dict):
     return parse_snapshot(raw)
+
+
+STEP_NEED = Path(__file__).resolve().parents[1] / "fixtures" / "step_need"
+
+
+def step_need_truth() -> dict:
+    """Ground truth of the calibration set (tests/fixtures/step_need/README.md)."""
+    return json.loads((STEP_NEED / "truth.json").read_text())
+
+
+def spool_run(folder: Path) -> tuple[list, OomContext | None, list[str | None]]:
+    """A spool's snapshots as the worker analyses them: parsed snapshots in send order, the OOM
+    context from the last OOM envelope's observer payload (as the dispatcher stores it), triggers."""
+    from profiler.analysis.limits import observer_facts
+    from profiler.store.service import oom_context as stored_context
+
+    snaps, triggers, ctx, start = [], [], None, {}
+    for f in sorted(folder.rglob("*.mqs")):
+        msg = decode(f.read_bytes())
+        kind = msg.fields["kind"]
+        if kind == "run_start":
+            start = json.loads(msg.fields.get("payload") or "{}")
+        if kind != "snapshot":
+            continue
+        payload = json.loads(msg.fields.get("payload") or "{}")
+        snaps.append(parse_snapshot(codec.decode(msg.blob)))
+        triggers.append(msg.fields.get("trigger"))
+        if payload.get("oom"):
+            dev = start.get("device") or {}
+            ctx = stored_context(observer_facts(payload["oom"], start.get("memory_limit_bytes"),
+                                                dev.get("total_memory") if isinstance(dev, dict) else None))
+    return snaps, ctx, triggers
