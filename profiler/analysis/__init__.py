@@ -32,7 +32,7 @@ from profiler.analysis.step_need import StepNeed, project
 from profiler.analysis.recommend import message_playbook, recommend
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
-ANALYZER_VERSION = "1.1.0"
+ANALYZER_VERSION = "1.2.0"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",

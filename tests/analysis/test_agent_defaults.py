@@ -18,6 +18,7 @@ from profiler import codec
 from profiler.analysis import ANALYZER_VERSION, _earlier_step_peak, _per, analyze
 from profiler.analysis.labels import agent_label, snapshot_label
 from profiler.analysis.per_snapshot import SnapshotDigest, digest
+from profiler.analysis.step_need import RUN_NOISE
 from profiler.model import OomContext
 from profiler.store.repository import json_safe
 from tests.analysis.agent_data import (
@@ -79,11 +80,11 @@ def test_doubled_batch_cut_off_early_is_a_spike_not_fragmentation(spool):
     assert r["oom"]["fits_if_compacted"] is True
     d = r["diagnosis"]
     assert d["primary_cause"] == "activation_spike", d["causes"][0]
-    proj = r["details"]["step_projection"]
+    need = d["step_need"]
     limit = r["oom"]["limit_bytes"]
-    assert proj["need"] > limit and proj["scale"] >= 3.5
-    assert proj["need"] > 1.5 * proj["ref_peak"]
-    assert "periodic snapshot at step 2" in proj["ref_source"]
+    assert need["fits_limit"] is False and need["low"] > limit and need["k"] >= 3.5
+    assert any("x the 6.60 GiB peak of the earlier steps" in e for e in d["causes"][0]["evidence"])
+    assert "periodic snapshot at step 2" in need["reference"]
     assert not _allocator_advice(r), "no allocator setting for a step that needs more than the limit"
     assert any(x["action"].startswith("Do not change allocator settings") for x in d["recommendations"])
     assert "memq:ingest" not in _evidence(r) + _advice(r)
@@ -96,13 +97,16 @@ def test_without_an_earlier_recorded_step_fragmentation_says_what_it_cannot_tell
     full = _spool_run(spool)
     r = _spool_run(spool, [1, 2, 3])
     d = r["diagnosis"]
-    assert r["details"]["step_projection"] is None and r["details"]["step_projection_missing"]
+    need = d["step_need"]
+    assert need["bytes"] is None and need["fits_limit"] is None and "no complete earlier training step" in need["basis"]
+    # live + request, the request at the least its segment could stand for, less run-to-run noise
+    assert need["low"] == int((r["oom"]["requested_bytes"] - 2 * 2**20 + r["metrics"]["active_bytes"]) * (1 - RUN_NOISE))
     assert d["primary_cause"] == "fragmentation"
     frag = d["causes"][0]
     assert d["confidence"] < 0.7 < full["diagnosis"]["confidence"]
-    assert any("is not known" in e for e in frag["evidence"])
+    assert any("is not settled" in e for e in frag["evidence"])
     exp = next(x for x in d["recommendations"] if "expandable_segments:True" in x["action"])
-    assert "not known" in exp["expected_effect"]
+    assert "not settled" in exp["expected_effect"]
 
 
 def test_agent_step_figures_give_the_earlier_steps_peak(spool):
@@ -132,9 +136,9 @@ def test_real_fragmentation_still_fits_when_projected():
 
     r = analyze([load_snapshot_file(REAL / "frag_dynamic_1.15" / "oom.pickle.gz")], OomContext(limit_bytes=20244645632))
     assert r["diagnosis"]["primary_cause"] == "fragmentation"
-    proj = r["details"]["step_projection"]
-    assert proj["need"] <= 20244645632 and proj["scale"] > 4  # much larger blocks, yet it fits
-    assert any("within the limit" in e for e in r["diagnosis"]["causes"][0]["evidence"])
+    need = r["diagnosis"]["step_need"]
+    assert need["high"] <= 20244645632 and need["fits_limit"] is True and need["k"] > 4  # larger input, yet it fits
+    assert any("it fits in one piece" in e for e in r["diagnosis"]["causes"][0]["evidence"])
 
 
 def test_frag_dynamic_at_agent_defaults_is_named_with_lower_confidence():
@@ -289,7 +293,7 @@ def test_digests_carry_the_agent_facts(spool):
     got = analyze([*digests, fresh], ctx)
     assert json.dumps(json_safe(got), sort_keys=True) == json.dumps(json_safe(full), sort_keys=True)
     assert full["diagnosis"]["primary_cause"] == "activation_spike"
-    assert "periodic snapshot at step 2 (epoch 0)" in full["details"]["step_projection"]["ref_source"]
+    assert "periodic snapshot at step 2 (epoch 0)" in full["diagnosis"]["step_need"]["reference"]
 
 
 # -- leak from the agent's per-step figures (one snapshot: `memq run` with no epoch marks) -----------
