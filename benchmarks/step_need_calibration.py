@@ -67,7 +67,7 @@ def _g(n: int | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--markdown", action="store_true")
-    args = ap.parse_args()
+    ap.parse_args()
     rows = evaluate()
     head = ("| scenario | variant | cap GiB | measured need | memq need (low-high) | fits | error | primary "
             "(expected) | expandable twin |")

@@ -113,7 +113,7 @@ def _models():
             super().__init__()
             chans = [3, 64, 128, 256, 512]
             layers = []
-            for a, b in zip(chans, chans[1:]):
+            for a, b in zip(chans, chans[1:], strict=False):
                 layers += [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(inplace=True),
                            nn.Conv2d(b, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(inplace=True),
                            nn.MaxPool2d(2)]

@@ -29,6 +29,8 @@ SUMMARY_NAME = "MemqAlertsSummarised"
 def slack(body: Mapping[str, Any]) -> dict[str, Any]:
     lines = [f"*{body['title']}*", f"cause: {body.get('cause') or '?'} (verdict {body['verdict']})",
              f"evidence: {body['evidence']}", f"recommendation: {body['recommendation']}"]
+    if body.get("step_need"):
+        lines.insert(2, f"step: {body['step_need']}")
     if body.get("playbook"):
         lines.append(f"playbook: {body['playbook']}")
     if body.get("link"):
@@ -42,6 +44,8 @@ def alertmanager(body: Mapping[str, Any], key: str, starts_at: str) -> dict[str,
               "cluster": body.get("cluster") or "", "job_name": body.get("job") or ""}
     annotations = {"summary": body["title"], "description": body["evidence"],
                    "recommendation": body["recommendation"]}
+    if body.get("step_need"):
+        annotations["step_need"] = body["step_need"]
     if body.get("link"):
         annotations["run_url"] = body["link"]
     if body.get("playbook"):

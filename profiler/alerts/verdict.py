@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from profiler.render.step_need_text import step_need_line
 from profiler.units import fmt_bytes
 
 KINDS = ("oom", "leak", "near_miss")
@@ -133,6 +134,7 @@ def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public
         "cause": v.cause, "confidence": diagnosis.get("confidence"),
         "evidence": evidence or "no evidence line in the diagnosis",
         "recommendation": _recommendation(diagnosis) or "see the run's page",
+        "step_need": step_need_line(diagnosis),
         "playbook": playbook_link(diagnosis, public_url),
         "link": run_link(public_url, f.name),
         "peak_reserved_bytes": f.peak_reserved_bytes, "limit_bytes": f.limit_bytes,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from profiler.analysis import frames as fr
@@ -28,8 +29,8 @@ from profiler.analysis.memory import (
     smallest_request_rounding_to,
 )
 from profiler.analysis.per_snapshot import SnapshotDigest, per_snapshot
-from profiler.analysis.step_need import StepNeed, project
 from profiler.analysis.recommend import message_playbook, recommend
+from profiler.analysis.step_need import StepNeed, project
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
 ANALYZER_VERSION = "1.2.0"
@@ -261,9 +262,9 @@ def _step_need(per, heads, tags, last_snap: Snapshot, A: int, S: int, limit: int
     else:
         blocks = [k[1] for k, site in per[-1]["live_blocks"].items() if site == fr.NO_FRAMES]
     if not refs:
-        return project(None, None, blocks, S, A, limit, peak_so_far)
+        return replace(project(None, None, blocks, S, A, limit, peak_so_far), limit=limit)
     tries = [project(r, src, blocks, S, A, limit, peak_so_far) for r, src in refs]
-    return max(tries, key=lambda t: (t.bytes is not None, t.matched_share or 0.0))
+    return replace(max(tries, key=lambda t: (t.bytes is not None, t.matched_share or 0.0)), limit=limit)
 
 
 def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list, optimizer: str | None) -> dict | None:

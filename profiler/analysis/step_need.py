@@ -85,8 +85,10 @@ class StepNeed:
     position: float | None = None  # how far into the earlier step the OOM came (share of its allocations)
     reference: str | None = None  # where the earlier step was seen
 
+    limit: int | None = None  # the limit it was judged against
+
     def as_json(self) -> dict:
-        return {"bytes": self.bytes, "low": self.low, "high": self.high, "fits_limit": self.fits_limit,
+        return {"bytes": self.bytes, "limit_bytes": self.limit, "low": self.low, "high": self.high, "fits_limit": self.fits_limit,
                 "basis": self.basis, "k": self.k, "matched_share": self.matched_share,
                 "position": self.position, "reference": self.reference}
 

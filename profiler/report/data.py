@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from profiler.render.step_need_text import step_need_line
 from profiler.store.report_queries import Scope, Window
 
 SCHEMA = 1
@@ -213,6 +214,7 @@ def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str,
         if kind == "oom":
             item["requested_bytes"] = oom.get("requested_bytes")
             item["fits_if_compacted"] = oom.get("fits_if_compacted")
+            item["step_need"] = step_need_line(p.get("diagnosis"))
         listed.append(item)
     return {"count": len(rows), "by_cause": count("primary_cause"), "by_cluster": count("cluster"),
             "by_job": count("job"), "runs": listed, "listed": len(listed)}

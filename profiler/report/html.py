@@ -65,7 +65,7 @@ TEMPLATE = r"""<!DOCTYPE html>
 {% if d.ooms.runs %}
 <table id="oom-runs"><tr><th>run</th><th>job / cluster</th><th>torch</th><th>cause</th><th>request</th><th>limit</th><th>peak reserved</th><th>first recommendation</th></tr>
 {% for r in d.ooms.runs %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td>{{ r.torch_version or '-' }}</td>
-<td><span class="cause">{{ r.primary_cause or '-' }}</span> {{ '%.2f'|format(r.confidence) if r.confidence is not none }}</td>
+<td><span class="cause">{{ r.primary_cause or '-' }}</span> {{ '%.2f'|format(r.confidence) if r.confidence is not none }}{% if r.step_need %}<div class="muted step-need">{{ r.step_need }}</div>{% endif %}</td>
 <td class="n">{{ b(r.requested_bytes) }}</td><td class="n">{{ b(r.limit_bytes) }}</td><td class="n">{{ b(r.peak_reserved_bytes) }}</td><td>{{ r.recommendation or '' }}{{ playbook(r.get('recommendation_playbook')) }}</td></tr>{% endfor %}
 </table>{% if d.ooms.count > d.ooms.listed %}<p class="muted">{{ d.ooms.count - d.ooms.listed }} more not listed.</p>{% endif %}
 {% endif %}

@@ -63,7 +63,8 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
     if doc["ooms"]["runs"]:
         L += ["### OOM runs", ""]
         L += _table(["run", "job", "cluster", "torch", "cause", "request", "limit", "recommendation"],
-                    [[r["run"], r["job"], r["cluster"], r["torch_version"], r["primary_cause"], _b(r["requested_bytes"]),
+                    [[r["run"], r["job"], r["cluster"], r["torch_version"],
+                      r["primary_cause"] + (f" ({r['step_need']})" if r.get("step_need") else ""), _b(r["requested_bytes"]),
                       _b(r["limit_bytes"]), _with_playbook(r["recommendation"], r.get("recommendation_playbook"))]
                      for r in doc["ooms"]["runs"]])
     if doc["near_misses"]["runs"]:
