@@ -109,7 +109,7 @@ def _match(fail: list[int], want: list[float]) -> float:
     got = 0.0
     while i < len(fail) and j < len(want):
         f, w = fail[i], want[j]
-        if abs(f - w) <= MATCH_TOL * max(f, w):
+        if abs(f - w) <= MATCH_TOL * min(f, w):
             got += f
             i += 1
             j += 1
@@ -145,7 +145,7 @@ def align(ref: dict, fail_blocks: list[int], S: int) -> _Align | None:
         cands = []
         if flags[e] == SCALED and K_MIN * r <= S <= K_MAX * r:
             cands.append(S / r)
-        elif flags[e] != SCALED and abs(S - r) <= MATCH_TOL * max(S, r):
+        elif flags[e] != SCALED and abs(S - r) <= MATCH_TOL * min(S, r):
             cands.extend(ref.get("k_hints") or [1.0])
         for k in cands:
             want = sorted(w for w in ((sizes[n] * (k if flags[n] == SCALED else 1.0)) for n in live)

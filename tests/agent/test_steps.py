@@ -132,3 +132,60 @@ def test_mark_step_wins_over_the_hook(shared):
     samples = [x for e in entries(r, stream) if e.kind == "stats" for x in e.payload["samples"]
                if "step" in x]
     assert [x["step"] for x in samples] == list(range(100, 106))  # the hook's step 0 took the job's number
+
+
+def _oom_from(src: DictSource, agent, python_caller: bool) -> None:
+    """The allocator calls the OOM observer in the allocating thread. From autograd's backward thread
+    there is no Python frame above the observer at all; `_thread.start_new_thread` calls it the same
+    way, straight from C as the thread's bottom frame. Returns once the observer has taken its snapshot."""
+    import _thread
+    import time
+
+    if python_caller:
+        src.fire_oom()
+        return
+    entry = src.oom_entry()
+    _thread.start_new_thread(src.observer, (0, int(entry["alloc"]), int(entry.get("device_alloc") or 0),
+                                            int(entry.get("device_free") or 0)))
+    deadline = time.monotonic() + 10
+    while agent.oom_snapshots < 1 or agent.counters()["queued"] + agent.counters()["sent"] < 1:
+        assert time.monotonic() < deadline, "the observer took no snapshot"
+        time.sleep(0.01)
+
+
+def test_an_oom_on_autograd_thread_still_sends_its_snapshot(shared):
+    """The observer's stack is taken from its caller's frame; an allocation on a thread with no Python
+    frames (autograd's backward) has none, and must still leave the OOM snapshot (the H200 capture of a
+    fragmentation OOM in backward lost it to a ValueError before this was fixed)."""
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    src.signals = [sig(GIB)] * 6
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1.0)
+    for i in range(4):
+        a.mark_step(i, 0, tokens=1024 * (i + 1))
+    _oom_from(src, a, python_caller=False)
+    a.note_exception(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    a.stop(10)
+    assert a.counters()["errors"] == 0
+    snaps = [e for e in entries(r, stream) if e.kind == "snapshot" and e.trigger == "oom"]
+    assert len(snaps) == 1
+    meta = codec.loads_restricted(blob_of(r, snaps[0], prefix))["memq_agent"]
+    assert meta["oom_frames"] == []
+    assert [f.get("tokens") for f in meta["step_figures"]] == [1024, 2048, 3072, 4096]
+
+
+def test_the_observer_keeps_the_failing_allocations_python_stack(shared):
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    src.signals = [sig(GIB)] * 4
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1.0)
+    a.mark_step(0, 0)
+    _oom_from(src, a, python_caller=True)
+    a.note_exception(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    a.stop(10)
+    snap = next(e for e in entries(r, stream) if e.kind == "snapshot" and e.trigger == "oom")
+    frames = codec.loads_restricted(blob_of(r, snap, prefix))["memq_agent"]["oom_frames"]
+    names = [f["name"] for f in frames]
+    assert "fire_oom" in names and "_oom_from" in names  # innermost first: the allocation's caller chain
+    assert names.index("fire_oom") < names.index("_oom_from")
+    assert all(set(f) == {"filename", "line", "name"} for f in frames)
