@@ -58,6 +58,18 @@ def fmt_bytes(n: int | float | None, unit: str = "auto", *, unknown: str = "n/a"
     return f"{sign}{int(n)} B"
 
 
+def fmt_need(point: int | None, low: int | None, high: int | None) -> str:
+    """A need with its interval, one unit when both ends share it: `~8.15 GiB (7.49-9.62 GiB)`."""
+    if point is None:
+        return f"at least {fmt_bytes(low, 'brief')}" if low else "unknown"
+    if low is None or high is None:
+        return f"~{fmt_bytes(point, 'brief')}"
+    lo, hi = fmt_bytes(low, "brief"), fmt_bytes(high, "brief")
+    if lo.split()[-1] == hi.split()[-1]:
+        lo = lo.rsplit(" ", 1)[0]
+    return f"~{fmt_bytes(point, 'brief')} ({lo}-{hi})"
+
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 

@@ -127,6 +127,7 @@ def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public
         near = (f"peak reserved {_gib(f.peak_reserved_bytes)} of a {_gib(f.limit_bytes)} limit: "
                 f"{(h or 0) * 100:.1f}% headroom, under the {headroom_pct:g}% threshold")
         evidence = near if evidence is None else f"{near}; {evidence}"
+    need = step_need_line(diagnosis)  # said once: not when the evidence line already is it
     where = " / ".join(x for x in (f.cluster, f.job) if x)
     title = f"memq: {TITLES[v.kind]} in run {f.name}" + (f" ({where})" if where else "")
     return {
@@ -134,7 +135,7 @@ def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public
         "cause": v.cause, "confidence": diagnosis.get("confidence"),
         "evidence": evidence or "no evidence line in the diagnosis",
         "recommendation": _recommendation(diagnosis) or "see the run's page",
-        "step_need": step_need_line(diagnosis),
+        "step_need": None if need and evidence and evidence.startswith(need) else need,
         "playbook": playbook_link(diagnosis, public_url),
         "link": run_link(public_url, f.name),
         "peak_reserved_bytes": f.peak_reserved_bytes, "limit_bytes": f.limit_bytes,

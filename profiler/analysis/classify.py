@@ -14,7 +14,7 @@ from typing import Any
 
 from profiler.analysis import frames as fr
 from profiler.analysis.memory import segment_needed
-from profiler.units import fmt_bytes
+from profiler.units import fmt_bytes, fmt_need
 
 GiB = 1024**3
 MiB = 1024**2
@@ -241,13 +241,11 @@ def need_text(n: Any, limit: int | None) -> str:
     """The failing step's need in one sentence: "the failing step needed ~16.4 GiB (15.9-16.9 GiB)
     against 18.0 GiB: it fits in one piece"."""
     if n.bytes is None:
-        low = f"at least {g(n.low)}" if n.low else "an unknown amount"
         verdict = {False: "it does not fit", True: "it fits", None: "whether it fits is not known"}[n.fits_limit]
-        return f"the failing step needed {low} against {g(limit)}: {verdict} ({n.basis})"
-    rng = f"{g(n.low)}-{g(n.high)}" if n.low is not None and n.high is not None else "no interval"
+        return f"the failing step needed {fmt_need(None, n.low, None)} against {g(limit)}: {verdict} ({n.basis})"
     verdict = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
                None: "the interval straddles the limit, so whether it fits is not settled"}[n.fits_limit]
-    return f"the failing step needed ~{g(n.bytes)} ({rng}) against {g(limit)}: {verdict}; {n.basis}"
+    return f"the failing step needed {fmt_need(n.bytes, n.low, n.high)} against {g(limit)}: {verdict}; {n.basis}"
 
 
 def check_workspace(f: Facts) -> Finding:

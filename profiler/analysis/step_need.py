@@ -228,10 +228,7 @@ def project(ref: dict | None, ref_source: str | None, fail_blocks: list[int], S:
     pos = sum(1 for e in ref["events"][: a.p + 1] if e >= 0) / n_allocs
     basis = (f"aligned with {ref_source}: {100 * a.matched:.0f}% of the failing step's bytes match it at "
              f"{a.k:.2f}x its input-sized tensors; the OOM came {100 * pos:.0f}% of the way through that step, "
-             f"and replaying the rest at that scale peaks at ~{_g(need)} ({_g(low)}-{_g(high)})")
+             "whose rest was replayed at that scale")
     return StepNeed(need, low, high, fits(low, high, limit), basis, k=round(a.k, 3),
                     matched_share=round(a.matched, 3), position=round(pos, 3), reference=ref_source)
 
-
-def _g(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"

@@ -20,7 +20,7 @@ from profiler.cli._listing import (
 )
 from profiler.playbook_doc import doc_link
 from profiler.render.safe import rich_text
-from profiler.render.step_need_text import step_need_line
+from profiler.render.step_need_text import step_need_headline
 from profiler.units import fmt_bytes, sparkline
 
 CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
@@ -111,7 +111,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     d = doc.get("diagnosis")
     if d:
         head.append(f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})")
-        need = step_need_line(d)
+        need = step_need_headline(d)
         if need:
             head.append(rich_text(need))
         for c in d.get("causes", [])[:3]:

@@ -6,14 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.units import fmt_bytes
+from profiler.units import fmt_bytes, fmt_need
 
 _VERDICT = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
             None: "too close to the limit to tell"}
-
-
-def _b(n: Any) -> str:
-    return fmt_bytes(n, "brief", unknown="?")
 
 
 def step_need_line(diagnosis: Mapping[str, Any] | None) -> str | None:
@@ -23,10 +19,21 @@ def step_need_line(diagnosis: Mapping[str, Any] | None) -> str | None:
     if not isinstance(n, Mapping):
         return None
     lim = n.get("limit_bytes")
-    against = f" against {_b(lim)}" if lim else " (limit unknown)"
+    against = f" against {fmt_bytes(lim, 'brief')}" if lim else " (limit unknown)"
     if n.get("bytes") is None:
-        least = f"at least {_b(n['low'])}" if n.get("low") else "an unknown amount"
         verdict = "it does not fit" if n.get("fits_limit") is False else "whether it fits is not known"
-        return f"the failing step needed {least}{against}: {verdict} ({n.get('basis') or 'no projection'})"
-    rng = f" ({_b(n.get('low'))}-{_b(n.get('high'))})" if n.get("low") is not None and n.get("high") is not None else ""
-    return f"the failing step needed ~{_b(n['bytes'])}{rng}{against}: {_VERDICT[n.get('fits_limit')]}"
+        return (f"the failing step needed {fmt_need(None, n.get('low'), None)}{against}: {verdict} "
+                f"({n.get('basis') or 'no projection'})")
+    return (f"the failing step needed {fmt_need(n['bytes'], n.get('low'), n.get('high'))}{against}: "
+            f"{_VERDICT[n.get('fits_limit')]}")
+
+
+def step_need_headline(diagnosis: Mapping[str, Any] | None) -> str | None:
+    """The sentence for a screen that also shows the primary cause's evidence: None when that evidence
+    already says it (a spike's or a fragmentation's first lines do), so no screen says it twice."""
+    line = step_need_line(diagnosis)
+    causes = (diagnosis or {}).get("causes") or []
+    evidence = (causes[0].get("evidence") or []) if causes and isinstance(causes[0], Mapping) else []
+    if line is None or any(isinstance(e, str) and e.startswith(line) for e in evidence):
+        return None
+    return line

@@ -13,7 +13,7 @@ from rich.table import Table
 from profiler.playbook_doc import doc_link
 from profiler.render.safe import rich_text as v
 from profiler.render.safe import safe_console
-from profiler.render.step_need_text import step_need_line
+from profiler.render.step_need_text import step_need_headline
 from profiler.units import fmt_bytes, sparkline
 
 
@@ -25,7 +25,7 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     head = f"[bold]{v(d['primary_cause'])}[/bold] (confidence {d['confidence']:.2f})"
     files = v(", ".join(s["file"] for s in r["snapshots"]) or "OOM message")
     con.print(Panel(head, title="memq diagnosis", subtitle=files, expand=False))
-    need = step_need_line(d)
+    need = step_need_headline(d)
     if need:
         con.print(f"  [bold]{v(need)}[/bold]")
     for line in d["causes"][0]["evidence"]:
