@@ -38,6 +38,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--no-ckpt", action="store_true", help="no activation checkpointing (a GPU-bound step)")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     t_start = time.monotonic()
     import gpt_agent_train as train
     import torch
