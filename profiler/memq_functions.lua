@@ -13,7 +13,7 @@
 -- Anything else (junk, numbers, too many or too long fields) is relayed as a stub entry with
 -- v=0 and a relay_error field, so the dispatcher dead-letters it with the reason and nothing blocks.
 
-local VERSION = 2
+local VERSION = 3
 local MAX_ELEMENT_BYTES = 2 * 1024 * 1024  -- an envelope is < 1.1 MiB (payload cap 1 MiB)
 local MAX_PAIRS = 32                      -- envelopes have 15 fields
 local MAX_NAME_BYTES = 64
@@ -49,8 +49,31 @@ local function is_nonce(s)
   return type(s) == 'string' and #s == 32 and not s:find('[^0-9a-f]')
 end
 
+-- Entries of the stream that no consumer group has read yet. The relay never moves more than the
+-- stream has room for beside them: its own XADD MAXLEN ~ would otherwise trim entries no dispatcher
+-- has read (a flood pushed into the inbox ahead of other jobs' entries lost them all). A group whose
+-- lag Redis cannot tell (entries deleted inside its range) counts the whole stream as unread.
+local function unread(stream)
+  local len = redis.pcall('XLEN', stream)
+  if type(len) ~= 'number' then return 0 end  -- not a stream: the XADD below says why
+  if len == 0 then return 0 end
+  local groups = redis.pcall('XINFO', 'GROUPS', stream)
+  if type(groups) ~= 'table' or groups.err or #groups == 0 then return len end
+  local most = 0
+  for _, g in ipairs(groups) do
+    local lag = false
+    for i = 1, #g, 2 do
+      if g[i] == 'lag' then lag = g[i + 1] end
+    end
+    if type(lag) ~= 'number' then return len end
+    if lag > most then most = lag end
+  end
+  return most
+end
+
 -- memq_relay KEYS: inbox (list), stream; ARGV: max elements, stream MAXLEN (~), blob key prefix,
--- blob TTL cap (s). Returns {moved, refused, error-or-empty}. Elements are popped one at a time (a
+-- blob TTL cap (s). Returns {moved, refused, error-or-empty, held}: held is how many elements wait in
+-- the inbox because the stream has no room for them beside its unread entries. Elements are popped one at a time (a
 -- huge one is in memory once, then garbage) and a call stops after MAX_CALL_BYTES, so one call
 -- blocks Redis briefly. An element the stream does not take (wrong type, exhausted IDs, OOM) goes
 -- back to the head of the inbox and the call stops there.
@@ -64,7 +87,12 @@ local function relay(keys, args)
     return redis.error_reply('memq_relay: KEYS inbox stream; ARGV count maxlen blob-prefix ttl-cap')
   end
   local moved, refused, err, used = 0, 0, '', 0
-  for _ = 1, math.floor(count) do
+  local room = math.floor(maxlen) - unread(stream)
+  local take = math.min(math.floor(count), room)
+  if take < 1 then
+    return {0, 0, '', redis.call('LLEN', inbox)}
+  end
+  for _ = 1, take do
     local raw = redis.call('LPOP', inbox)
     if not raw then break end
     local fields, why = decode(raw)
@@ -95,7 +123,7 @@ local function relay(keys, args)
     used = used + #raw
     if used >= MAX_CALL_BYTES then break end
   end
-  return {moved, refused, err}
+  return {moved, refused, err, redis.call('LLEN', inbox)}
 end
 
 local function version()

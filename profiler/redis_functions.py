@@ -36,7 +36,7 @@ from typing import Any
 log = logging.getLogger("memq.redis_functions")
 
 LIBRARY = "memq"
-VERSION = 2  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
+VERSION = 3  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
 SOURCE = Path(__file__).with_name("memq_functions.lua")
 #: Elements moved per FCALL: the function blocks Redis while it runs, so keep each call short.
 RELAY_BATCH = 1000
@@ -103,8 +103,9 @@ class Relay:
                  batch: int = RELAY_BATCH):
         self.client, self.stream, self.inbox = client, stream, inbox_key(stream)
         self.key_prefix, self.maxlen, self.blob_ttl_s, self.batch = key_prefix, maxlen, blob_ttl_s, batch
-        self.counts = {"moved": 0, "refused": 0, "errors": 0}
+        self.counts = {"moved": 0, "refused": 0, "errors": 0, "held": 0}
         self.last_error: str | None = None
+        self.waiting = 0  # inbox elements left after the last step
         self._checked = False
         self._next_log = 0.0
 
@@ -129,20 +130,28 @@ class Relay:
                 ensure_library(self.client)
                 self._checked = True
             try:
-                moved, refused, err = self._call()
+                moved, refused, err, waiting = self._call()
             except redis.ResponseError as exc:
                 if not _missing(exc):  # a Redis restarted without persistence lost the library
                     raise
                 ensure_library(self.client)
-                moved, refused, err = self._call()
+                moved, refused, err, waiting = self._call()
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
             raise
         except redis.RedisError as exc:
             self._error(f"{type(exc).__name__}: {exc}")
             return 0
-        moved, refused = int(moved), int(refused)
+        moved, refused, waiting = int(moved), int(refused), int(waiting)
         self.counts["moved"] += moved
         self.counts["refused"] += refused
+        self.waiting = waiting
+        if not moved and waiting:
+            # Back-pressure, not loss: the stream is full of unread entries; the inbox keeps the rest.
+            self.counts["held"] += 1
+            if time.monotonic() >= self._next_log:
+                self._next_log = time.monotonic() + 60
+                log.warning("relay %s -> %s: %d inbox elements wait: the stream holds MAXLEN %d unread entries "
+                            "(dispatchers behind)", self.inbox, self.stream, waiting, self.maxlen)
         if err:
             self._error(f"stream {self.stream} refused an inbox element: {_text(err)}")
         return moved

@@ -275,3 +275,85 @@ def test_library_is_loaded_upgraded_and_reported_by_doctor(server, tmp_path):
     assert ensure_library(memq) == "newer" and loaded_version(memq) == 99
     op.function_flush()
     assert ensure_library(memq) == "loaded"
+
+
+def _drain(memq, relay, group: str, stream: str, per_read: int = 100) -> list[dict]:
+    """What a dispatcher does, step by step: relay, read what it can (XREADGROUP COUNT per_read), ack."""
+    got = []
+    relay.max_unread = 0
+    while True:
+        relay.step()
+        lag = memq.xinfo_groups(stream)[0]["lag"]
+        relay.max_unread = max(relay.max_unread, lag if lag is not None else memq.xlen(stream))
+        batch = memq.xreadgroup(group, "c1", {stream: ">"}, count=per_read)
+        entries = batch[0][1] if batch else []
+        for eid, fields in entries:
+            got.append(fields)
+            memq.xack(stream, group, eid)
+        if not entries and not memq.llen(relay.inbox):
+            return got
+
+
+def test_a_flood_in_the_inbox_cannot_trim_other_jobs_unread_entries(server):
+    """Junk pushed ahead of and behind 500 other jobs' entries, 1.2x MAXLEN on each side, with the
+    dispatcher reading 100 at a time while the relay moves up to 1000: the relay moves only what the
+    stream has room for beside its unread entries, so every other job's entry is read (the relay's own
+    MAXLEN ~ trimmed them all before)."""
+    memq = agent = server["memq"]  # the agent user may push only to memq:ingest:inbox (ACL tests)
+    stream, group, maxlen = "memq:flood", "memq-flood", 5_000
+    memq.delete(stream, stream + ":inbox")
+    memq.xgroup_create(stream, group, id="0", mkstream=True)
+    relay = Relay(memq, stream=stream, key_prefix="memq:", maxlen=maxlen, blob_ttl_s=3600)
+    junk = json.dumps(["v", "1", "kind", "stats", "run", "junk"])
+    pipe = agent.pipeline(transaction=False)
+    for _ in range(int(1.2 * maxlen)):
+        pipe.rpush(relay.inbox, junk)
+    for i in range(500):
+        pipe.rpush(relay.inbox, _good(f"victim-{i % 5}", i))
+    for _ in range(int(1.2 * maxlen)):
+        pipe.rpush(relay.inbox, junk)
+    pipe.execute()
+    got = _drain(memq, relay, group, stream)
+    victims = [f for f in got if f.get(b"run", b"").startswith(b"victim-")]
+    assert len(victims) == 500
+    assert len(got) == 500 + 2 * int(1.2 * maxlen)  # nothing lost at all: every element was read once
+    # the relay kept pace with the readers (100 a step) instead of moving its 1000 and trimming
+    assert 0.8 * maxlen < relay.max_unread <= maxlen
+
+
+def test_relay_holds_the_inbox_while_the_stream_is_full_of_unread_entries(server):
+    """An outage backlog (no dispatcher reading): the relay stops at MAXLEN unread entries and the rest
+    waits in the inbox, counted and logged, until readers catch up."""
+    memq = agent = server["memq"]  # the agent user may push only to memq:ingest:inbox (ACL tests)
+    stream, group, maxlen = "memq:backlog", "memq-backlog", 300
+    memq.delete(stream, stream + ":inbox")
+    memq.xgroup_create(stream, group, id="0", mkstream=True)
+    relay = Relay(memq, stream=stream, key_prefix="memq:", maxlen=maxlen, blob_ttl_s=3600)
+    for i in range(4 * maxlen):
+        agent.rpush(relay.inbox, _good("backlog", i))
+    for _ in range(10):
+        relay.step()
+    assert memq.xlen(stream) == maxlen and memq.llen(relay.inbox) == 3 * maxlen
+    assert relay.waiting == 3 * maxlen and relay.counts["held"] >= 9
+    got = _drain(memq, relay, group, stream)
+    assert sorted(int(json.loads(f[b"payload"])["samples"][0]["allocated_bytes"]) for f in got) == list(range(4 * maxlen))
+
+
+def test_a_group_whose_lag_redis_cannot_tell_counts_the_whole_stream(server):
+    """After an XDEL inside the group's range Redis reports no lag; the relay then takes the whole
+    stream as unread (it may wait longer, it never trims an unread entry)."""
+    memq = agent = server["memq"]  # the agent user may push only to memq:ingest:inbox (ACL tests)
+    stream, group = "memq:nolag", "memq-nolag"
+    memq.delete(stream, stream + ":inbox")
+    memq.xgroup_create(stream, group, id="0", mkstream=True)
+    ids = [memq.xadd(stream, {"k": str(i)}) for i in range(10)]
+    memq.xreadgroup(group, "c1", {stream: ">"}, count=3)
+    memq.xdel(stream, ids[5])
+    info = memq.xinfo_groups(stream)[0]
+    assert info.get("lag") is None  # Redis 7: unknown after a deletion inside the range
+    relay = Relay(memq, stream=stream, key_prefix="memq:", maxlen=9, blob_ttl_s=3600)
+    agent.rpush(relay.inbox, _good("waits"))
+    assert relay.step() == 0 and relay.waiting == 1  # 9 entries of which 6 unread; unknown: all 9
+    memq.xreadgroup(group, "c1", {stream: ">"})
+    memq.xtrim(stream, maxlen=0)  # the readers caught up and the read entries were trimmed
+    assert relay.step() == 1

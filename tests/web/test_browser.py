@@ -159,6 +159,12 @@ def test_run_timeline_marks_the_oom(browser, tmp_path):
     page.wait_for_selector("html[data-ready='1']")
     assert "/snapshots/" in page.url and "oom" in page.text_content("#snap-title")
 
+    page = browser.open("/runs/capacity")  # the failing step's need, said once above the evidence
+    need = page.text_content("#step-need")
+    assert need.startswith("the failing step needed at least") and "it does not fit" in need
+    assert page.locator("#step-need").count() == 1 and page.locator("#step-need").is_visible()
+    assert_not_blank(shot(page, tmp_path / "run-capacity.png", full_page=True), red=True)
+
     page = browser.open("/runs/seed_adamw")  # stat samples: reserved and allocated lines, 4 snapshot marks
     assert page.locator("#timeline-svg path.reserved").count() == 1
     assert page.locator("#timeline-svg path.allocated").count() == 1
