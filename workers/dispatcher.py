@@ -474,7 +474,8 @@ class Dispatcher:
         rid = self._run_ids.get(env.run)
         if rid is None:
             rid = repo.upsert_run(session, repo.RunMeta(name=env.run, cluster=env.cluster, job=real_id(env.job),
-                                                        host=env.host or None, started_at=_ts(env.ts)))
+                                                        host=env.host or None, started_at=_ts(env.ts)),
+                                  first_wins=True)
             self.counts["runs"] += 1
             self._uncommitted[env.run] = rid
         return rid
@@ -509,7 +510,7 @@ class Dispatcher:
             optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
             world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:
-            self._uncommitted[env.run] = repo.upsert_run(s, meta)
+            self._uncommitted[env.run] = repo.upsert_run(s, meta, first_wins=True)
         self.counts["runs"] += 1
 
     def on_run_end(self, env: envelope.Envelope) -> None:

@@ -400,3 +400,34 @@ def test_run_end_of_an_older_agent_is_kept(world):
         status = s.execute(select(Run.status).where(Run.name == "old-agent")).scalar_one()
     assert status == "crashed"
     assert _pending(r, st) == 0
+
+
+def test_a_later_run_start_never_overwrites_what_the_first_set(world):
+    """Issue 24 item 2: a `run_start` under another team's run name (anyone holding agent credentials can
+    send one) used to overwrite cluster, job, host, world size and device memory. The first run_start
+    wins; a later one only fills what is still unknown (another rank's, or one sent before CUDA was
+    up: its device facts arrive later), and a snapshot's envelope identity never moves the run."""
+    from sqlalchemy import select
+
+    from profiler.store.orm import Run
+
+    env, st, r = world
+    GiB = 1 << 30
+    first = {"world_size": 8, "device_total": 80 * GiB, "torch": "2.11.0", "labels": {"team": "vision"}}
+    r.xadd(st.stream_key, _fields("run_start", run="victim", cluster="prod", job="train-42", host="node-1",
+                                  payload=json.dumps(first)))
+    forged = {"world_size": 1, "device_total": 1, "torch": "0.0.1", "gpu": "H200", "labels": {"team": "evil", "x": "1"}}
+    r.xadd(st.stream_key, _fields("run_start", run="victim", cluster="attacker", job="other", host="evil-host",
+                                  rank=3, payload=json.dumps(forged)))
+    r.xadd(st.stream_key, _fields("run_end", run="victim", cluster="attacker", job="other", host="evil-host",
+                                  payload=json.dumps({"status": "completed"})))
+    d = Dispatcher(st, consumer="c1", block_ms=50, enqueue=lambda sid: None)
+    d.run(install_signals=False, idle_exit_s=0.5)
+    with d.store.session() as s:
+        row = s.execute(select(Run).where(Run.name == "victim")).scalar_one()
+        got = {k: getattr(row, k) for k in ("cluster", "job", "host", "world_size", "gpu_memory_bytes",
+                                             "torch_version", "gpu_model", "rank")}
+        labels = dict(row.labels)
+    assert got == {"cluster": "prod", "job": "train-42", "host": "node-1", "world_size": 8,
+                   "gpu_memory_bytes": 80 * GiB, "torch_version": "2.11.0", "gpu_model": "H200", "rank": 0}
+    assert labels == {"team": "vision", "x": "1"}  # only a label it did not have is added

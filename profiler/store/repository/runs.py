@@ -60,8 +60,14 @@ _KEEP_COLUMNS = ("job", "cluster", "host", "username", "project", "torch_version
                  "optimizer", "param_count", "world_size", "rank", "status")
 
 
-def upsert_run(session: Session, meta: RunMeta) -> int:
-    """Create or update the run `meta.name`; returns its id (see module docstring)."""
+def upsert_run(session: Session, meta: RunMeta, *, first_wins: bool = False) -> int:
+    """Create or update the run `meta.name`; returns its id (see module docstring).
+
+    `first_wins`: what agents send (run_start, and the identity of any envelope): a column already set
+    keeps its value and labels keep theirs, so a later `run_start` under the same run name (another
+    rank, a restarted job, or someone else's agent) fills only what is still unknown and never moves
+    the run to another cluster or job, shrinks its world or changes its device memory. A user's
+    `memq ingest` of their own files updates as given."""
     values: dict[str, Any] = {k: v for k, v in asdict(meta).items() if v is not None and k != "labels"}
     values["labels"] = {str(k): str(v) for k, v in dict(meta.labels).items()}
     values["started_at"] = _db_time(session, meta.started_at) or _db_time(session, utcnow())
@@ -71,9 +77,12 @@ def upsert_run(session: Session, meta: RunMeta) -> int:
     ex = stmt.excluded
     t = Run.__table__.c
     dialect = session.get_bind().dialect.name
-    merged_labels = (t.labels.op("||")(ex.labels) if dialect == "postgresql"
-                     else func.json_patch(t.labels, ex.labels))
-    set_: dict[str, Any] = {c: ex[c] for c in _KEEP_COLUMNS if c in values}
+    old, new = (ex.labels, t.labels) if first_wins else (t.labels, ex.labels)
+    merged_labels = old.op("||")(new) if dialect == "postgresql" else func.json_patch(old, new)
+    if first_wins:
+        set_: dict[str, Any] = {c: func.coalesce(t[c], ex[c]) for c in _KEEP_COLUMNS if c in values}
+    else:
+        set_ = {c: ex[c] for c in _KEEP_COLUMNS if c in values}
     set_["labels"] = merged_labels
     if meta.started_at is not None:
         set_["started_at"] = case((or_(t.started_at.is_(None), ex.started_at < t.started_at), ex.started_at),
