@@ -278,3 +278,80 @@ def test_post_refuses_other_schemes_and_redirects():
         assert (out.result, out.status) == ("refused", 302)  # not followed
         assert send.post(rx.url, {"text": "x"}, "k", 3).result == "retry"
     assert len(rx.requests) == 2
+
+
+def _trickler(answer_every_s: float):
+    """A receiver that reads the whole POST, then answers one byte every `answer_every_s` seconds (each
+    read well inside any per-read timeout). Returns (url, count of POSTs received, stop)."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    got = []
+    stop = threading.Event()
+
+    def serve():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+
+    def handle(c):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += c.recv(65536)
+        head, body = data.split(b"\r\n\r\n", 1)
+        n = int(next(x.split(b":")[1] for x in head.split(b"\r\n") if x.lower().startswith(b"content-length")))
+        while len(body) < n:
+            body += c.recv(65536)
+        got.append(body)
+        try:
+            for ch in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok":
+                if stop.wait(answer_every_s):
+                    break
+                c.send(bytes([ch]))
+        except OSError:
+            pass
+        c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{srv.getsockname()[1]}/hook", got, stop
+
+
+def test_a_trickling_receiver_cannot_hold_the_sender_past_the_timeout():
+    """Issue 24 item 4: urllib's timeout was per read, so a receiver answering a byte a second held the
+    POST (and the worker) far past MEMQ_ALERT_TIMEOUT_S, its lease expired and the next sweep sent the
+    alert again. The deadline is now the whole request's; the alert, sent whole, is not sent again."""
+    import time as _time
+
+    from profiler.alerts.send import post
+
+    url, got, stop = _trickler(0.5)
+    try:
+        t0 = _time.monotonic()
+        out = post(url, {"text": "x"}, "k" * 40, timeout_s=1.5)
+        took = _time.monotonic() - t0
+        assert took < 2.5, took  # the old per-read timeout: ~20 s for this answer
+        assert out.result == "sent" and "no answer within" in out.detail
+        assert len(got) == 1
+    finally:
+        stop.set()
+
+
+def test_alerts_ignore_proxies_from_the_environment(monkeypatch):
+    """Issue 24 item 6: an `http_proxy` in the worker's environment must not see the alerts (and their
+    webhook tokens); only MEMQ_ALERT_WEBHOOK_URL's host does."""
+    from profiler.alerts.send import post
+
+    with Receiver() as rec:
+        monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # discard port: a proxy would fail
+        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        out = post(rec.url, {"text": "x"}, "k" * 40, timeout_s=5)
+        assert out.result == "sent" and len(rec.requests) == 1
