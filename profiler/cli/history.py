@@ -20,7 +20,7 @@ from profiler.cli._listing import (
 )
 from profiler.playbook_doc import doc_link
 from profiler.render.safe import rich_text
-from profiler.render.step_need_text import step_need_headline
+from profiler.render.step_need_text import step_need_line
 from profiler.units import fmt_bytes, sparkline
 
 CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
@@ -111,11 +111,12 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     d = doc.get("diagnosis")
     if d:
         head.append(f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})")
-        need = step_need_headline(d)
+        need = step_need_line(d)
         if need:
             head.append(rich_text(need))
         for c in d.get("causes", [])[:3]:
-            for ev in c.get("evidence", [])[:1]:
+            # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
+            for ev in [e for e in c.get("evidence", []) if not (need and e.startswith(need))][:1]:
                 head.append(f"  {c['cause']}: {ev}")
         for r in d.get("recommendations", [])[:2]:
             link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one

@@ -106,7 +106,9 @@ class SecurityMiddleware:
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         if hmac.compare_digest(query.get("token", "").encode(), self.token):
             rest = urlencode([(k, v) for k, v in parse_qsl(scope["query_string"].decode("latin-1")) if k != "token"])
-            return True, scope["path"] + (f"?{rest}" if rest else "")
+            # Only to a path of this server: "//host/x" (or "/\\host") read as a location is another host.
+            path = "/" + scope["path"].lstrip("/\\")
+            return True, path + (f"?{rest}" if rest else "")
         return False, None
 
     async def __call__(self, scope, receive, send):

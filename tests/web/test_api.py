@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import urllib.parse
 
 import pytest
 
@@ -278,6 +279,17 @@ def test_token_in_the_url_sets_a_cookie_and_leaves_the_address_bar(token_server)
     assert cookie.startswith(f"memq_token={TOKEN}") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
     code, _, body = token_server.get("/runs?cluster=b", {"Cookie": cookie.split(";")[0]})
     assert code == 200 and b"capacity" in body and b"seed_adamw" not in body
+
+
+@pytest.mark.parametrize("path", ["//evil.example/x", "///evil.example/x", "/\\evil.example/x", "/\\/evil.example"])
+def test_the_token_redirect_stays_on_this_server(token_server, path):
+    """Issue 24 item 6: `GET //other.host/x?token=T` answered `Location: //other.host/x`, which a browser
+    follows to another host (with the cookie just set). The redirect keeps to this server's paths."""
+    code, headers, _ = token_server.get(f"{path}?token={TOKEN}")
+    assert code == 303
+    loc = headers["location"]
+    assert loc.startswith("/") and not loc.startswith("//") and "\\" not in loc[:2], loc
+    assert urllib.parse.urlsplit(loc).netloc == ""
 
 
 def test_recommendations_link_to_their_playbook_entry(server, web_history):
