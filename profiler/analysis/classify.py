@@ -241,8 +241,10 @@ def need_text(n: Any, limit: int | None) -> str:
     """The failing step's need in one sentence: "the failing step needed ~16.4 GiB (15.9-16.9 GiB)
     against 18.0 GiB: it fits in one piece"."""
     if n.bytes is None:
-        verdict = {False: "it does not fit", True: "it fits", None: "whether it fits is not known"}[n.fits_limit]
-        return f"the failing step needed {fmt_need(None, n.low, None)} against {g(limit)}: {verdict} ({n.basis})"
+        if n.fits_limit is False and limit:
+            return f"the failing step needed more than the {g(limit)} limit: it does not fit ({n.basis})"
+        return (f"the failing step needed {fmt_need(None, n.low, None)} against {g(limit)}: whether it fits is "
+                f"not known ({n.basis})")
     verdict = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
                None: "the interval straddles the limit, so whether it fits is not settled"}[n.fits_limit]
     return f"the failing step needed {fmt_need(n.bytes, n.low, n.high)} against {g(limit)}: {verdict}; {n.basis}"

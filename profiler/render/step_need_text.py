@@ -21,9 +21,11 @@ def step_need_line(diagnosis: Mapping[str, Any] | None) -> str | None:
     lim = n.get("limit_bytes")
     against = f" against {fmt_bytes(lim, 'brief')}" if lim else " (limit unknown)"
     if n.get("bytes") is None:
-        verdict = "it does not fit" if n.get("fits_limit") is False else "whether it fits is not known"
-        return (f"the failing step needed {fmt_need(None, n.get('low'), None)}{against}: {verdict} "
-                f"({n.get('basis') or 'no projection'})")
+        why = n.get("basis") or "no projection"
+        if n.get("fits_limit") is False and lim:
+            return f"the failing step needed more than the {fmt_bytes(lim, 'brief')} limit: it does not fit ({why})"
+        return (f"the failing step needed {fmt_need(None, n.get('low'), None)}{against}: whether it fits is "
+                f"not known ({why})")
     return (f"the failing step needed {fmt_need(n['bytes'], n.get('low'), n.get('high'))}{against}: "
             f"{_VERDICT[n.get('fits_limit')]}")
 

@@ -161,7 +161,7 @@ def test_run_timeline_marks_the_oom(browser, tmp_path):
 
     page = browser.open("/runs/capacity")  # the failing step's need, said once above the evidence
     need = page.text_content("#step-need")
-    assert need.startswith("the failing step needed at least") and "it does not fit" in need
+    assert need.startswith("the failing step needed more than the 16.00 GiB limit: it does not fit"), need
     assert page.locator("#step-need").count() == 1 and page.locator("#step-need").is_visible()
     assert_not_blank(shot(page, tmp_path / "run-capacity.png", full_page=True), red=True)
 
