@@ -71,42 +71,11 @@ SCENARIOS = {
 # jobs (run on the GPU machine; torch imported here only)
 
 def _models():
-    import torch
     import torch.nn as nn
-    import torch.nn.functional as F
-    from torch.utils.checkpoint import checkpoint
 
-    class Block(nn.Module):
-        def __init__(self, d, heads):
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-            self.heads = heads
-
-        def forward(self, x):
-            b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-            q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-            x = x + self.proj(y)
-            return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self, vocab=32_000, d=512, layers=6, heads=8, ctx=4096, ckpt=False):
-            super().__init__()
-            self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-            self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-            self.ln = nn.LayerNorm(d)
-            self.head = nn.Linear(d, vocab, bias=False)
-            self.head.weight = self.tok.weight
-            self.ckpt = ckpt
-
-        def forward(self, idx):
-            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-            for blk in self.blocks:
-                x = checkpoint(blk, x, use_reentrant=False) if self.ckpt and self.training else blk(x)
-            return self.head(self.ln(x))
+    sys.path.insert(0, HERE)
+    # the GPT every capture here uses (tied embeddings, optional checkpointing)
+    from gpt_agent_train import GPT
 
     class CNN(nn.Module):
         def __init__(self, classes=1000):
@@ -177,9 +146,10 @@ def run_job(args) -> None:
     if is_cnn:
         model = CNN().to(dev).to(memory_format=torch.channels_last)
     elif sc in ("resume", "first_step"):  # parameters and AdamW state dominate: a small batch, a wider model
-        model = GPT(vocab=vocab, d=1024, layers=12, heads=16).to(dev)
+        model = GPT(vocab=vocab, d=1024, layers=12, heads=16, ctx=4096, ckpt=False).to(dev)
     else:
-        model = GPT(vocab=vocab, d=512, layers=6, heads=8, ckpt=sc in ("ckpt_long", "dyn", "dyn_ema")).to(dev)
+        model = GPT(vocab=vocab, d=512, layers=6, heads=8, ctx=4096,
+                    ckpt=sc in ("ckpt_long", "dyn", "dyn_ema")).to(dev)
     fwd = torch.compile(model) if sc == "compile_bigger" else model
     adam = sc in ("bf16_dyn", "resume", "first_step", "bigger_batch", "compile_bigger", "long_batch", "ckpt_long")
     opt = (torch.optim.AdamW(model.parameters(), lr=1e-4) if adam

@@ -416,3 +416,27 @@ def make_agent(stack: Stack, run: str, source, **kw):
     kw.setdefault("send_timeout_s", 1.0)
     return Agent(run, kw.pop("cluster", "test-cluster"), source=source, settings=st, redis_url=st.redis_url,
                  stream=st.stream_key, key_prefix=st.key_prefix, spool_dir=st.spool_dir, **kw).start()
+
+
+@contextlib.contextmanager
+def spools_stack(tmp: Path, shared_redis, db_name: str, spools: dict[str, Path]):
+    """A Stack on its own PostgreSQL database with a worker and a dispatcher running, and each agent
+    spool in `spools` (name -> folder) replayed into its stream: real H200 spools end to end. Replay
+    removes what it sent, so it reads a copy and the fixture stays as it is."""
+    from profiler.agent.replay import replay_dir
+    from tests.conftest import temp_pg_database
+
+    with temp_pg_database(db_name) as url:
+        s = Stack(tmp, shared_redis, url)
+        try:
+            s.upgrade()
+            s.start_worker(concurrency=2, beat=False)
+            s.start_dispatcher()
+            st = s.settings
+            for name, src in spools.items():
+                dst = tmp / "spools" / name
+                shutil.copytree(src, dst)
+                assert replay_dir(dst, s.redis, stream=st.stream_key, key_prefix=st.key_prefix) > 0, name
+            yield s
+        finally:
+            s.close()

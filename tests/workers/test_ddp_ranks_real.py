@@ -10,12 +10,9 @@ The ground truth (tests/fixtures/ddp_ranks/README.md, from torchrun's logs, not 
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
-from profiler.agent.replay import replay_dir
-from tests.workers.stack import ROOT, Stack, wait_for
+from tests.workers.stack import ROOT, Stack, spools_stack, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -26,25 +23,11 @@ SNAPS = {"balanced": {0: 4, 1: 4}, "data": {0: 0, 1: 1}, "leak": {0: 2, 1: 3}}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, shared_redis, pg_server):
-    from tests.conftest import temp_pg_database
-
     tmp = tmp_path_factory.mktemp("ddp_real")
-    with temp_pg_database("ddp") as url:
-        s = Stack(tmp, shared_redis, url)
-        try:
-            s.upgrade()
-            s.start_worker(concurrency=2, beat=False)
-            s.start_dispatcher()
-            st = s.settings
-            for sc in SNAPS:
-                dst = tmp / "spools" / sc
-                shutil.copytree(FIX / sc / "spool", dst)  # replay reads the copy; the fixture stays as it is
-                assert replay_dir(dst, s.redis, stream=st.stream_key, key_prefix=st.key_prefix) > 0
-            for sc, per_rank in SNAPS.items():
-                _settled(s, f"ddp-{sc}", per_rank)
-            yield s
-        finally:
-            s.close()
+    with spools_stack(tmp, shared_redis, "ddp", {sc: FIX / sc / "spool" for sc in SNAPS}) as s:
+        for sc, per_rank in SNAPS.items():
+            _settled(s, f"ddp-{sc}", per_rank)
+        yield s
 
 
 def _settled(stack: Stack, run: str, per_rank: dict[int, int]) -> None:

@@ -9,14 +9,12 @@ containing the need measured on the uncapped twin, and the same sentence on `mem
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 import pytest
 
-from profiler.agent.replay import replay_dir
 from tests.analysis.agent_data import STEP_NEED, step_need_truth
-from tests.workers.stack import ROOT, Stack, wait_for
+from tests.workers.stack import ROOT, Stack, spools_stack, wait_for
 
 sys.path.insert(0, str(ROOT))
 from benchmarks.step_need_calibration import expected_cause  # noqa: E402
@@ -29,25 +27,11 @@ RUNS = [(sc, v) for sc in sorted(TRUTH) for v in ("defaults", "full")]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, shared_redis, pg_server):
-    from tests.conftest import temp_pg_database
-
     tmp = tmp_path_factory.mktemp("step_need_real")
-    with temp_pg_database("stepneed") as url:
-        s = Stack(tmp, shared_redis, url)
-        try:
-            s.upgrade()
-            s.start_worker(concurrency=2, beat=False)
-            s.start_dispatcher()
-            st = s.settings
-            for sc, v in RUNS:
-                dst = tmp / "spools" / sc / v
-                shutil.copytree(STEP_NEED / sc / v, dst)  # replay removes what it sent: the fixture stays
-                assert replay_dir(dst, s.redis, stream=st.stream_key, key_prefix=st.key_prefix) > 0
-            for sc, v in RUNS:
-                _settled(s, f"sn-{sc}-{v}")
-            yield s
-        finally:
-            s.close()
+    with spools_stack(tmp, shared_redis, "stepneed", {f"{sc}-{v}": STEP_NEED / sc / v for sc, v in RUNS}) as s:
+        for sc, v in RUNS:
+            _settled(s, f"sn-{sc}-{v}")
+        yield s
 
 
 def _settled(stack: Stack, run: str) -> None:
