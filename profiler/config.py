@@ -293,6 +293,12 @@ class Settings:
         ("`memq exporter`: running runs updated within this many minutes get headroom and fragmentation "
          "gauges (the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S)."),
         minimum=1)
+    exporter_max_jobs: int = setting(200, "MEMQ_EXPORTER_MAX_JOBS",
+        ("`memq exporter`: at most this many (cluster, job) pairs (and clusters) get series of their own; "
+         "the rest are summed under cluster and job_name \"other\", whatever names agents send, so a "
+         "flood of run_starts with new names cannot grow /metrics without bound. Pairs with the most "
+         "analysed snapshots, then the most active runs, are kept."),
+        minimum=1)
     exporter_top_k: int = setting(10, "MEMQ_EXPORTER_TOP_K",
         ("`memq exporter`: the active runs with the least headroom are exported with a `run` label (the "
          "rest only per cluster and job), which bounds the number of series."),

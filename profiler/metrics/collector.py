@@ -33,8 +33,11 @@ health of the scrape itself
 - memq_scrape_duration_seconds{part}                            time spent per part of this scrape
 
 Cardinality: per-run series exist only for the top-K active runs (default 10); everything else is
-labelled by cluster, job, cause, state or kind, whose values are bounded by the fleet's job names,
-the nine causes and the fixed state sets. Heartbeat series: one per live process.
+labelled by cluster, job, cause, state or kind. Cluster and job names come from agents, so they are
+bounded here, not by the fleet's honesty: at most MEMQ_EXPORTER_MAX_JOBS (cluster, job) pairs and
+clusters keep their names (the most analysed snapshots, then the most active runs), the rest are
+summed under "other" (a counter of "other" may step down when a pair earns its own series). Causes
+and states are fixed sets. Heartbeat series: one per live process.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
@@ -93,6 +96,42 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 _FAMILY = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily}
+
+
+
+OTHER = "other"
+
+
+class KeptJobs:
+    """Which (cluster, job) pairs and clusters keep series of their own this scrape; the rest read
+    as "other" (see MEMQ_EXPORTER_MAX_JOBS)."""
+
+    def __init__(self, pairs: set, clusters: set):
+        self.pairs, self.clusters = pairs, clusters
+
+    def pair(self, cluster, job) -> tuple[str, str]:
+        key = (_s(cluster), _s(job))
+        return key if key in self.pairs else (OTHER, OTHER)
+
+    def cluster(self, cluster) -> str:
+        c = _s(cluster)
+        return c if c in self.clusters else OTHER
+
+
+def kept_jobs(done: Mapping, active: list, runs: list, limit: int) -> KeptJobs:
+    """The `limit` pairs with the most analysed snapshots, then the most active runs (ties by name:
+    the same pairs scrape after scrape), and the `limit` clusters with the most runs."""
+    weight: dict[tuple, list] = defaultdict(lambda: [0, 0])
+    for (cluster, job), n in done.items():
+        weight[(_s(cluster), _s(job))][0] += int(n)
+    for cluster, job, n, _h, _f in active:
+        weight[(_s(cluster), _s(job))][1] += int(n)
+    ranked = sorted(weight, key=lambda k: (-weight[k][0], -weight[k][1], k))
+    per_cluster: dict[str, int] = defaultdict(int)
+    for cluster, _status, n in runs:
+        per_cluster[_s(cluster)] += int(n)
+    clusters = sorted(per_cluster, key=lambda c: (-per_cluster[c], c))
+    return KeptJobs(set(ranked[:limit]), set(clusters[:limit]))
 
 
 def family(name: str):
@@ -156,31 +195,35 @@ class MemqCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - a scrape reports memq_up{component="database"} 0, never a 500
             log.warning("exporter: database part failed: %s: %s", type(exc).__name__, exc)
             return False
+        keep = kept_jobs(totals.done, active, runs, self.st.exporter_max_jobs)
         states: dict[str, int] = dict.fromkeys(SNAPSHOT_STATES, 0)
         states["done"] = sum(totals.done.values())
         for _cluster, _job, state, n in pending:
             states[state] = states.get(state, 0) + int(n)
         analysed: dict[tuple, int] = defaultdict(int)
         for (cluster, job), n in totals.done.items():
-            analysed[(_s(cluster), _s(job))] += n
+            analysed[keep.pair(cluster, job)] += n
         for labels, n in sorted(analysed.items()):
             f["memq_snapshots_analysed"].add_metric(list(labels), n)
         for state, n in sorted(states.items()):
             f["memq_snapshots"].add_metric([state], n)
         ooms: dict[tuple, int] = defaultdict(int)
         for (cluster, job, cause), n in totals.ooms.items():
-            ooms[(_s(cluster), _s(job), cause)] += n
+            ooms[(*keep.pair(cluster, job), cause)] += n
         for labels, n in sorted(ooms.items()):
             f["memq_oom_snapshots"].add_metric(list(labels), n)
         buckets, _, total = totals.latency()
         bounds = [str(b) for b in q.LATENCY_BUCKETS] + ["+Inf"]
         f["memq_analysis_latency_seconds"].add_metric([], list(zip(bounds, buckets, strict=True)), total)
-        for cluster, status, n in sorted(runs, key=lambda r: (_s(r[0]), r[1])):
-            f["memq_runs"].add_metric([_s(cluster), status], int(n))
+        per_status: dict[tuple, int] = defaultdict(int)
+        for cluster, status, n in runs:
+            per_status[(keep.cluster(cluster), status)] += int(n)
+        for labels, n in sorted(per_status.items()):
+            f["memq_runs"].add_metric(list(labels), n)
         per_verdict: dict[tuple, int] = defaultdict(int)
         alert_states: dict[str, int] = dict.fromkeys(ALERT_STATES, 0)
         for cluster, job, kind, cause, state, n in verdicts:
-            per_verdict[(_s(cluster), _s(job), kind, _s(cause))] += int(n)
+            per_verdict[(*keep.pair(cluster, job), kind, _s(cause))] += int(n)
             alert_states[state] = alert_states.get(state, 0) + int(n)
         for labels, n in sorted(per_verdict.items()):
             f["memq_verdicts"].add_metric(list(labels), n)
@@ -188,15 +231,23 @@ class MemqCollector(Collector):
             f["memq_alerts"].add_metric([state], n)
         for state in SUMMARY_STATES:
             f["memq_alert_summaries"].add_metric([state], summaries.get(state, 0))
-        for cluster, job, n, headroom, frag in sorted(active, key=lambda r: (_s(r[0]), _s(r[1]))):
-            labels = [_s(cluster), _s(job)]
-            f["memq_active_runs"].add_metric(labels, int(n))
+        per_job: dict[tuple, list] = {}
+        for cluster, job, n, headroom, frag in active:
+            labels = keep.pair(cluster, job)
+            cur = per_job.setdefault(labels, [0, None, None])
+            cur[0] += int(n)  # "other" sums the runs, keeps the least headroom and the most fragmentation
             if headroom is not None:
-                f["memq_job_headroom_min_ratio"].add_metric(labels, float(headroom))
+                cur[1] = float(headroom) if cur[1] is None else min(cur[1], float(headroom))
             if frag is not None:
-                f["memq_job_fragmentation_max_ratio"].add_metric(labels, float(frag))
-        for name, cluster, job, headroom, frag in top:
-            labels = [_s(cluster), _s(job), name]
+                cur[2] = float(frag) if cur[2] is None else max(cur[2], float(frag))
+        for labels, (n, headroom, frag) in sorted(per_job.items()):
+            f["memq_active_runs"].add_metric(list(labels), n)
+            if headroom is not None:
+                f["memq_job_headroom_min_ratio"].add_metric(list(labels), headroom)
+            if frag is not None:
+                f["memq_job_fragmentation_max_ratio"].add_metric(list(labels), frag)
+        for name, cluster, job, headroom, frag in top:  # at most MEMQ_EXPORTER_TOP_K runs
+            labels = [*keep.pair(cluster, job), name]
             f["memq_run_headroom_ratio"].add_metric(labels, float(headroom))
             if frag is not None:
                 f["memq_run_fragmentation_ratio"].add_metric(labels, float(frag))

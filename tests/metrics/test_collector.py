@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 
 from profiler.config import load_settings
 from profiler.metrics import queries as q
+from profiler.metrics.collector import OTHER
 from profiler.metrics.exporter import registry_for
 from profiler.store import repository as repo
 from profiler.store.orm import Snapshot
@@ -144,3 +145,29 @@ def test_the_tally_adds_new_done_snapshots_once_and_agrees_with_a_recount(store)
     assert x[0] == {("c1", "ja"): 2, ("c1", "jb"): 1}
     assert x[1] == {("c1", "ja", "capacity"): 1, ("c1", "jb", "fragmentation"): 1}
     assert x[2][1] == 3 and incremental.full_recounts == 1 and recount.full_recounts == 4
+
+
+def test_a_flood_of_job_names_keeps_metrics_under_the_bound(store):
+    """Issue 24 item 5: every run_start with a new cluster and job name added series that never went
+    away (20,000 names: 44 -> 40,044). At most MEMQ_EXPORTER_MAX_JOBS pairs and clusters keep series of
+    their own; the rest are summed as "other", so the totals stay true."""
+    with store.session() as s:
+        for i in range(3):  # the real jobs, with analysed snapshots: they keep their names
+            rid = add_run(s, f"real-{i}", cluster="prod", job=f"train-{i}", peak=70 * GIB, limit=80 * GIB)
+            for j in range(5):
+                _snapshot(s, rid, f"r{i}-{j}", 1.0)
+        for i in range(3000):  # forged run_starts: one new cluster and job each
+            add_run(s, f"flood-{i}", cluster=f"c-{i}", job=f"j-{i}", peak=GIB, limit=80 * GIB)
+    env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
+    env |= {"MEMQ_EXPORTER_MAX_JOBS": "5", "MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    text = generate_latest(registry_for(load_settings(env), store)).decode()
+    m = Samples(text)
+    series = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert len(series) < 120, len(series)  # 3,003 pairs and clusters would be over 9,000
+    assert {lab["job_name"] for lab, _ in m.all("memq_active_runs")} <= {"train-0", "train-1", "train-2",
+                                                                        "j-0", "j-1", OTHER}
+    assert {"train-0", "train-1", "train-2"} <= {lab["job_name"] for lab, _ in m.all("memq_snapshots_analysed_total")}
+    assert sum(v for _, v in m.all("memq_active_runs")) == 3003  # nothing dropped: "other" holds the rest
+    assert m.get("memq_active_runs", cluster=OTHER, job_name=OTHER) >= 2998
+    assert sum(v for lab, v in m.all("memq_runs")) == 3003
+    assert len({lab["cluster"] for lab, _ in m.all("memq_runs")}) <= 6
