@@ -13,6 +13,7 @@ all of them.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -205,7 +206,10 @@ def _comparable_points(heads, per, names, triggers) -> list[dict]:
     else:
         kinds = [trig[i] for i in idx if trig[i] not in (None, "oom")]
         if kinds:
-            common = max(set(kinds), key=kinds.count)
+            # The most common trigger; a tie goes to the one seen first, never to set order (which
+            # follows string hashes: two processes of one run reached different leak verdicts).
+            counts = Counter(kinds)
+            common = max(counts, key=lambda k: (counts[k], -kinds.index(k)))
             idx = [i for i in idx if trig[i] == common]
     return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
              "blocks": per[i]["live_blocks"]} for i in idx]
