@@ -247,7 +247,11 @@ def need_text(n: Any, limit: int | None) -> str:
                 f"not known ({n.basis})")
     verdict = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
                None: "the interval straddles the limit, so whether it fits is not settled"}[n.fits_limit]
-    return f"the failing step needed {fmt_need(n.bytes, n.low, n.high)} against {g(limit)}: {verdict}; {n.basis}"
+    against = f" against {g(limit)}"
+    if n.fits_limit is None and getattr(n, "limit", None) is None:
+        against, verdict = "", ("the limit is not known, so whether it fits is not settled (--limit, "
+                                "--oom-message or --device-total would settle it)")
+    return f"the failing step needed {fmt_need(n.bytes, n.low, n.high)}{against}: {verdict}; {n.basis}"
 
 
 def check_workspace(f: Facts) -> Finding:

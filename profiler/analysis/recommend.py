@@ -200,7 +200,16 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          f"{g(stranded)} of free bytes sit in segments that still hold live blocks, which "
                          "empty_cache() cannot release (the allocator already released every fully free "
                          "segment before raising the OOM)", "no change", playbook="empty-cache"))
-    if primary == "capacity":
+    if primary == "capacity" and f.has_oom and f.limit is None:
+        # Nothing was settled: an unknown limit is not a limit of 0. Say what settles it, advise nothing else.
+        recs.append(_rec("Give memq the limit to settle the cause: --limit SIZE (the per-process cap, e.g. "
+                         "set_per_process_memory_fraction x device memory), --oom-message \"<the error text>\" "
+                         "(its 'allowed'), or --device-total SIZE",
+                         f"without a limit the live {g(A)} + request {g(S)} cannot be compared with what the process "
+                         "could reserve: whether the step did not fit (capacity) or the cache was in pieces "
+                         "(fragmentation) is undetermined",
+                         "the diagnosis then names one cause, with the advice for it", playbook="allocator-settings"))
+    elif primary == "capacity":
         over = need - (f.limit or 0)
         biggest = max(((c, v) for c, v in f.composition.items() if c != fr.UNKNOWN), key=lambda kv: kv[1],
                       default=("activations", acts))

@@ -1,0 +1,49 @@
+"""An OOM analysed without its limit (issue 23 item 1): the unknown limit is not a limit of 0. memq says
+the cause is undetermined and what to pass; it never says "the live set exceeds the limit by <all of it>"
+or "do not expect allocator settings to help", which is the real fix of a fragmentation OOM.
+
+Real snapshots: tests/fixtures/real/capacity (a capacity OOM under a 16 GiB cap) and frag_dynamic_1.15
+(a fragmentation OOM under a cap the snapshot cannot show)."""
+
+from __future__ import annotations
+
+from profiler.analysis import analyze
+from profiler.load import load_snapshot_file
+from profiler.model import OomContext
+from tests.helpers import REAL
+
+
+def _text(r: dict) -> str:
+    d = r["diagnosis"]
+    return " ".join([*(e for c in d["causes"] for e in c["evidence"]),
+                     *(x[k] for x in d["recommendations"] for k in ("action", "why", "expected_effect"))])
+
+
+def test_without_a_limit_the_cause_is_undetermined_and_says_what_to_pass():
+    r = analyze([load_snapshot_file(REAL / "capacity" / "oom.pickle.gz")])
+    d = r["diagnosis"]
+    assert d["primary_cause"] == "capacity" and d["confidence"] <= 0.3  # the contract's weakest verdict
+    text = _text(r)
+    assert "Do not expect allocator settings" not in text and "must go" not in text
+    assert "exceeds the limit by" not in text
+    first = d["recommendations"][0]
+    assert first["action"].startswith("Give memq the limit") and "--limit SIZE" in first["action"]
+    assert "undetermined" in first["why"]
+    assert len(d["recommendations"]) == 1
+
+
+def test_with_its_limit_the_same_snapshot_is_a_settled_capacity_oom():
+    r = analyze([load_snapshot_file(REAL / "capacity" / "oom.pickle.gz")], OomContext(limit_bytes=17179869184))
+    d = r["diagnosis"]
+    assert d["primary_cause"] == "capacity" and d["confidence"] > 0.6
+    assert any(x["action"].startswith("Do not expect allocator settings") for x in d["recommendations"])
+
+
+def test_a_fragmentation_oom_without_its_cap_is_not_told_to_avoid_the_allocator_fix():
+    r = analyze([load_snapshot_file(REAL / "frag_dynamic_1.15" / "oom.pickle.gz")])
+    d = r["diagnosis"]
+    assert d["primary_cause"] == "fragmentation" and d["confidence"] < 0.6  # on a lower bound only
+    assert "expandable_segments:True" in d["recommendations"][0]["action"]
+    assert "Do not expect allocator settings" not in _text(r)
+    assert d["step_need"]["fits_limit"] is None and d["step_need"]["limit_bytes"] is None
+    assert any("the limit is not known" in e for e in d["causes"][0]["evidence"])
