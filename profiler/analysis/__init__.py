@@ -324,7 +324,7 @@ def message_facts(ctx: OomContext) -> Facts:
         earlier_step_peak=None, training_steps_seen=0, settings_non_default=[],
         roundup=False, max_split=-1, peak_reserved=R or 0, leak={"holds": False, "settled": False,
                                                                  "evidence": ["one message, no snapshots"]},
-        stacks_all=False,
+        stacks_all=False, largest_known=False,
     )
 
 
@@ -341,8 +341,6 @@ def explain_message(ctx: OomContext) -> dict:
     if primary == "fragmentation":
         conf = min(conf, 0.6)
         causes[0]["confidence"] = conf
-        causes[0]["evidence"].append("the message does not give the largest free block; a snapshot would "
-                                     "confirm that the free cache is in pieces")
     recs = recommend(primary, facts, None, facts.leak)
     unalloc = msg.reserved_unallocated_bytes if msg else None
     return {

@@ -73,6 +73,7 @@ class Facts:
     checkpoint_load: dict | None = None  # checkpoint.checkpoint_load: the OOM came restoring a checkpoint
     optimizer_creation: dict | None = None  # the failing request creates optimizer state (see analyze)
     optimizer_name: str | None = None
+    largest_known: bool = True  # False for an OOM message alone: it gives no free blocks
 
 
 def g(n: float | None) -> str:
@@ -321,8 +322,13 @@ def check_fragmentation(f: Facts) -> Finding:
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
         pieces = f.R - f.A - f.private_pool_free
-        out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
-                            f"{g(pieces)} of cached free memory in the request's pool is in pieces")
+        if f.largest_known:
+            out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
+                                f"{g(pieces)} of cached free memory in the request's pool is in pieces")
+        else:
+            out.evidence.append(f"{g(pieces)} is cached but unallocated and the {g(f.S)} request still failed: "
+                                "the free cache is in pieces (the message gives no free blocks; a snapshot "
+                                "would show them)")
         if n is not None and n.fits_limit is True:
             out.evidence.append(need_text(n, limit))
         elif n is not None:
@@ -424,4 +430,7 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
         elif x.missing and x.cause != "healthy":
             causes.append({"cause": x.cause, "confidence": 0.1,
                            "evidence": x.evidence + [f"not settled: {m}" for m in x.missing]})
+    # The primary first, then by confidence (precedence among equals: the sort is stable), so every
+    # screen lists them in the order the numbers say.
+    causes[1:] = sorted(causes[1:], key=lambda c: -c["confidence"])
     return primary.cause, primary_conf, causes, findings

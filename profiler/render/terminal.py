@@ -31,7 +31,8 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     for line in d["causes"][0]["evidence"]:
         con.print(f"  • {v(line)}")
 
-    t = Table(title="Memory picture (last snapshot)", show_header=True, header_style="bold")
+    t = Table(title="Memory picture (last snapshot)" if r.get("snapshots") else "Memory picture (from the message)",
+              show_header=True, header_style="bold")
     t.add_column("figure")
     t.add_column("value", justify="right")
     dm = det.get("metrics", {})
@@ -71,11 +72,16 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         ot = Table(title="OOM fit test", header_style="bold")
         ot.add_column("question")
         ot.add_column("answer")
-        ot.add_row("failed request", f"{fmt_bytes(oom['requested_bytes'])} (from {v(lim.get('requested_source'))})")
+        src = lim.get("requested_source") or ("the OOM message" if not r.get("snapshots") else None)
+        ot.add_row("failed request", fmt_bytes(oom["requested_bytes"]) + (f" (from {v(src)})" if src else ""))
         ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({v(lim.get('limit_source') or 'unknown')})")
         ot.add_row("fits the largest usable free block?",
-                   _yn(oom["fits_largest_free_block"], lim.get("largest_usable_free_block_bytes")))
-        ot.add_row("fits if the cache were compacted?", _yn(oom["fits_if_compacted"], None))
+                   _yn(oom["fits_largest_free_block"], lim.get("largest_usable_free_block_bytes"),
+                       "unknown (a message does not give the free blocks)" if not r.get("snapshots")
+                       else "unknown"))
+        ot.add_row("fits if the cache were compacted?",
+                   _yn(oom["fits_if_compacted"], None, "unknown (no limit)" if oom.get("limit_bytes") is None
+                       else "unknown (the live bytes are not known)"))
         if lim.get("non_pytorch_bytes") is not None:
             ot.add_row("memory outside PyTorch", fmt_bytes(lim["non_pytorch_bytes"]))
         if lim.get("oom_site"):
@@ -136,8 +142,9 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         con.print(f"[yellow]note:[/yellow] {v(w)}")
 
 
-def _yn(v, figure) -> str:
+def _yn(v, figure, unknown: str) -> str:
+    """yes / no, or why the answer is unknown (each question has its own reason)."""
     if v is None:
-        return "unknown (no limit)"
+        return unknown
     s = "yes" if v else "no"
     return f"{s} (largest usable block {fmt_bytes(figure)})" if figure is not None else s

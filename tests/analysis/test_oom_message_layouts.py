@@ -65,3 +65,26 @@ def test_explain_of_the_forum_message_fills_its_table():
     assert r["diagnosis"]["primary_cause"] == "fragmentation"
     assert not any("halving the micro-batch frees about 0.0 MiB" in x["expected_effect"]
                    for x in r["diagnosis"]["recommendations"])
+
+
+def _explain_text(message: str) -> str:
+    from click.testing import CliRunner
+
+    from profiler.cli import cli
+
+    res = CliRunner().invoke(cli, ["explain", message], catch_exceptions=False, terminal_width=200)
+    assert res.exit_code == 0, res.output
+    return " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("message", [LEGACY, LEGACY_CAP, V21, CURRENT])
+def test_explain_does_not_contradict_itself(message):
+    """Issue 23 item 3: "largest usable free block is 0.0 MiB" then "the message does not give the
+    largest free block"; "unknown (no limit)" under a known limit; "(from None)"."""
+    text = _explain_text(message)
+    assert "(from None)" not in text and "largest usable free block is 0.0 MiB" not in text
+    r = explain_message(OomContext(message=parse_oom_message(message)))
+    if r["oom"] and r["oom"]["limit_bytes"] is not None:
+        assert "unknown (no limit)" not in text
+    assert "Memory picture (last snapshot)" not in text  # there is no snapshot
+    assert text.count("does not give the largest free block") <= 1

@@ -285,3 +285,11 @@ def test_the_json_contract_keys():
     assert {"bytes", "low", "high", "fits_limit", "basis"} <= set(n)
     assert all(isinstance(n[k], int) for k in ("bytes", "low", "high"))
     assert copy.deepcopy(n) == n
+
+
+@pytest.mark.parametrize(("sc", "variant"), CASES)
+def test_causes_are_listed_in_confidence_order(sc, variant):
+    """Issue 23 item 3: the primary first, then the others by confidence, on every screen (they all list
+    `diagnosis.causes` as it is)."""
+    confs = [c["confidence"] for c in _run(sc, variant)["diagnosis"]["causes"]]
+    assert confs[1:] == sorted(confs[1:], reverse=True) and all(c <= confs[0] for c in confs[1:])
