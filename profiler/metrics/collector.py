@@ -118,15 +118,21 @@ class KeptJobs:
         return c if c in self.clusters else OTHER
 
 
-def kept_jobs(done: Mapping, active: list, runs: list, limit: int) -> KeptJobs:
-    """The `limit` pairs with the most analysed snapshots, then the most active runs (ties by name:
-    the same pairs scrape after scrape), and the `limit` clusters with the most runs."""
-    weight: dict[tuple, list] = defaultdict(lambda: [0, 0])
+def kept_jobs(done: Mapping, active: list, runs: list, limit: int, *, verdicts: list = (),
+              top: list = ()) -> KeptJobs:
+    """The `limit` pairs with the most analysed snapshots, then the most verdicts, then the most active
+    runs (ties by name: the same pairs scrape after scrape), and the `limit` clusters with the most
+    runs. The top-K runs' pairs always keep theirs (they are what a dashboard drills into)."""
+    weight: dict[tuple, list] = defaultdict(lambda: [0, 0, 0])
     for (cluster, job), n in done.items():
         weight[(_s(cluster), _s(job))][0] += int(n)
-    for cluster, job, n, _h, _f in active:
+    for cluster, job, _kind, _cause, _state, n in verdicts:
         weight[(_s(cluster), _s(job))][1] += int(n)
-    ranked = sorted(weight, key=lambda k: (-weight[k][0], -weight[k][1], k))
+    for cluster, job, n, _h, _f in active:
+        weight[(_s(cluster), _s(job))][2] += int(n)
+    ranked = sorted(weight, key=lambda k: (-weight[k][0], -weight[k][1], -weight[k][2], k))
+    ranked = [*(k for k in dict.fromkeys((_s(c), _s(j)) for _n, c, j, _h, _f in top)),
+              *(k for k in ranked if k not in {(_s(c), _s(j)) for _n, c, j, _h, _f in top})]
     per_cluster: dict[str, int] = defaultdict(int)
     for cluster, _status, n in runs:
         per_cluster[_s(cluster)] += int(n)
@@ -195,7 +201,8 @@ class MemqCollector(Collector):
         except Exception as exc:  # noqa: BLE001 - a scrape reports memq_up{component="database"} 0, never a 500
             log.warning("exporter: database part failed: %s: %s", type(exc).__name__, exc)
             return False
-        keep = kept_jobs(totals.done, active, runs, self.st.exporter_max_jobs)
+        keep = kept_jobs(totals.done, active, runs, self.st.exporter_max_jobs, verdicts=verdicts,
+                         top=top)
         states: dict[str, int] = dict.fromkeys(SNAPSHOT_STATES, 0)
         states["done"] = sum(totals.done.values())
         for _cluster, _job, state, n in pending:
