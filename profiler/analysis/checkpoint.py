@@ -18,6 +18,7 @@ from collections import Counter
 
 from profiler.analysis import frames as fr
 from profiler.model import Snapshot, frame_file, frame_name
+from profiler.units import fmt_bytes
 
 _LOAD_FILE = re.compile(r"torch/serialization\.py$|safetensors/")
 # An optimizer's load_state_dict casts the loaded state onto the parameters' device; a module's copies
@@ -74,10 +75,6 @@ def checkpoint_load(oom_frames: list, snap: Snapshot, before: dict | None) -> di
     if (before is not None and params and state and dup > DUPLICATE_OVER_PARAMS * params
             and dup >= DUPLICATE_SHARE * max(1, sum(new))):
         out["by"] = (f"the blocks new since the previous snapshot duplicate the live parameter and optimizer-"
-                     f"state blocks size for size ({fr_g(dup)}, {dup / params:.1f}x the parameters)")
+                     f"state blocks size for size ({fmt_bytes(dup, 'brief')}, {dup / params:.1f}x the parameters)")
         return out
     return None
-
-
-def fr_g(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"

@@ -2,8 +2,8 @@
 
 The OOM usually cuts the failing step off early, so whether the step would have fit depends on the
 part of it that never ran. This module measures that part on an earlier complete step of the same run
-(`timeline.reference_step`: its allocations in order, each with its size, whether it is fixed-size and
-when it is freed) instead of extrapolating from one ratio:
+(timeline.py's `last_cycle` of a recorded trace: its allocations in order, each with its size, whether
+it is fixed-size and when it is freed) instead of extrapolating from one ratio:
 
 1. Align. What the failing step holds at the OOM (its live blocks allocated since its boundary, and the
    failed request) is compared with what the earlier step held at each of its allocations of a size
@@ -69,6 +69,12 @@ def request_slack(S: int) -> int:
 RUN_NOISE = 0.005
 
 
+# At most this many candidate points of the earlier step are aligned (evenly spread over the step when
+# it has more): each costs a sort of what is live there, and a step of a large model has thousands of
+# allocations the request could be (the calibration set's steps have under 600).
+MAX_ALIGN_POINTS = 3000
+
+
 # Optimizer frames, or what survives the step, are fixed-size; everything else scales with the input.
 SCALED, FIXED, BEFORE = 0, 1, 2
 
@@ -84,13 +90,12 @@ class StepNeed:
     matched_share: float | None = None  # of the failing step's bytes, explained by the alignment
     position: float | None = None  # how far into the earlier step the OOM came (share of its allocations)
     reference: str | None = None  # where the earlier step was seen
-
     limit: int | None = None  # the limit it was judged against
 
     def as_json(self) -> dict:
-        return {"bytes": self.bytes, "limit_bytes": self.limit, "low": self.low, "high": self.high, "fits_limit": self.fits_limit,
-                "basis": self.basis, "k": self.k, "matched_share": self.matched_share,
-                "position": self.position, "reference": self.reference}
+        return {"bytes": self.bytes, "limit_bytes": self.limit, "low": self.low, "high": self.high,
+                "fits_limit": self.fits_limit, "basis": self.basis, "k": self.k,
+                "matched_share": self.matched_share, "position": self.position, "reference": self.reference}
 
 
 def fits(low: int | None, high: int | None, limit: int | None) -> bool | None:
@@ -128,6 +133,14 @@ class _Align:
     k: float
 
 
+def _scale_for(size: int, flag: int, S: int) -> float | None:
+    """The k at which an allocation of the earlier step is the failing request's counterpart: S / size
+    for an input-sized one within [K_MIN, K_MAX], 1 for a fixed-size one of the same size, else None."""
+    if flag == SCALED:
+        return S / size if K_MIN * size <= S <= K_MAX * size else None
+    return 1.0 if abs(S - size) <= MATCH_TOL * min(S, size) else None
+
+
 def align(ref: dict, fail_blocks: list[int], S: int) -> _Align | None:
     """The best (point, scale) of the earlier step for the failing step's live blocks + request."""
     sizes = [a[0] for a in ref["allocs"]]
@@ -135,18 +148,20 @@ def align(ref: dict, fail_blocks: list[int], S: int) -> _Align | None:
     floor = max(MIN_BYTES, int(S * SMALL_SHARE))
     fail = sorted(b for b in [*fail_blocks, S] if b >= floor)
     fail_total = float(sum(fail)) or 1.0
+    points = sum(1 for e in ref["events"] if e >= 0 and _scale_for(sizes[e], flags[e], S) is not None)
+    stride = max(1, -(-points // MAX_ALIGN_POINTS))
     live: dict[int, None] = {}
     best: _Align | None = None
+    seen = 0
     for pos, e in enumerate(ref["events"]):
         if e < 0:
             live.pop(-e - 1, None)
             continue
         r = sizes[e]
-        cands = []
-        if flags[e] == SCALED and K_MIN * r <= S <= K_MAX * r:
-            cands.append(S / r)
-        elif flags[e] != SCALED and abs(S - r) <= MATCH_TOL * min(S, r):
-            cands.extend(ref.get("k_hints") or [1.0])
+        k = _scale_for(r, flags[e], S)
+        if k is not None:
+            seen += 1
+        cands = [k] if k is not None and (seen - 1) % stride == 0 else []
         for k in cands:
             want = sorted(w for w in ((sizes[n] * (k if flags[n] == SCALED else 1.0)) for n in live)
                           if w >= floor)

@@ -116,7 +116,9 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     }
 
 
-MAX_REF_EVENTS = 200_000  # a step with more allocations and frees than this is kept as no reference
+# A step with more allocations and frees than this is kept as no reference: the reference goes into
+# the snapshot's stored digest (two small ints an event), and 100,000 events are ~1 MB of JSON.
+MAX_REF_EVENTS = 100_000
 
 
 def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:

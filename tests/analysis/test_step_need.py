@@ -293,3 +293,19 @@ def test_causes_are_listed_in_confidence_order(sc, variant):
     `diagnosis.causes` as it is)."""
     confs = [c["confidence"] for c in _run(sc, variant)["diagnosis"]["causes"]]
     assert confs[1:] == sorted(confs[1:], reverse=True) and all(c <= confs[0] for c in confs[1:])
+
+
+@pytest.mark.parametrize("points", [sn.MAX_ALIGN_POINTS, 3 * sn.MAX_ALIGN_POINTS])
+def test_alignment_work_is_bounded_and_still_finds_the_point(points):
+    """A step with more candidate points than MAX_ALIGN_POINTS is sampled evenly; a repeating structure
+    (layer after layer, each keeping the last 8 activations) is still found at its scale."""
+    r = 8 * MiB
+    events = []
+    for i in range(points):
+        events.append(i)
+        if i >= 8:
+            events.append(-(i - 8) - 1)
+    ref = {"allocs": [[r, sn.SCALED] for _ in range(points)], "events": events}
+    k = 4.0
+    a = sn.align(ref, [int(k * r)] * 8, int(k * r))
+    assert a is not None and a.k == pytest.approx(k) and a.matched > 0.99
