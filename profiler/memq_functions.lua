@@ -72,8 +72,8 @@ local function unread(stream)
 end
 
 -- memq_relay KEYS: inbox (list), stream; ARGV: max elements, stream MAXLEN (~), blob key prefix,
--- blob TTL cap (s). Returns {moved, refused, error-or-empty, held}: held is how many elements wait in
--- the inbox because the stream has no room for them beside its unread entries. Elements are popped one at a time (a
+-- blob TTL cap (s). Returns {moved, refused, error-or-empty} (the shape of every version: dispatchers
+-- of an older release keep working while a newer one upgrades the library). Elements are popped one at a time (a
 -- huge one is in memory once, then garbage) and a call stops after MAX_CALL_BYTES, so one call
 -- blocks Redis briefly. An element the stream does not take (wrong type, exhausted IDs, OOM) goes
 -- back to the head of the inbox and the call stops there.
@@ -90,7 +90,7 @@ local function relay(keys, args)
   local room = math.floor(maxlen) - unread(stream)
   local take = math.min(math.floor(count), room)
   if take < 1 then
-    return {0, 0, '', redis.call('LLEN', inbox)}
+    return {0, 0, ''}
   end
   for _ = 1, take do
     local raw = redis.call('LPOP', inbox)
@@ -123,7 +123,7 @@ local function relay(keys, args)
     used = used + #raw
     if used >= MAX_CALL_BYTES then break end
   end
-  return {moved, refused, err, redis.call('LLEN', inbox)}
+  return {moved, refused, err}
 end
 
 local function version()

@@ -130,12 +130,13 @@ class Relay:
                 ensure_library(self.client)
                 self._checked = True
             try:
-                moved, refused, err, waiting = self._call()
+                moved, refused, err = self._call()
             except redis.ResponseError as exc:
                 if not _missing(exc):  # a Redis restarted without persistence lost the library
                     raise
                 ensure_library(self.client)
-                moved, refused, err, waiting = self._call()
+                moved, refused, err = self._call()
+            waiting = self.client.llen(self.inbox)
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
             raise
         except redis.RedisError as exc:
