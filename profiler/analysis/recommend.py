@@ -9,6 +9,7 @@ from profiler.analysis import frames as fr
 from profiler.analysis.classify import Facts, g, optimizer_state_sizes, step_estimate
 from profiler.analysis.leak import HOW_TO_GET_FRAMES
 from profiler.playbook import BY_ID
+from profiler.units import fmt_need
 
 # A what-if conf string that names one default and so leaves every other key at torch's default.
 DEFAULTS_CONF = "expandable_segments:False"
@@ -185,17 +186,28 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              "instead of leaving split segments behind",
                              f"the {g(S)} request fits: live {g(A)} + request = {g(A + S)} <= limit "
                              f"{g(f.limit or f.limit_lower_bound)}"
-                             + (f" (and the whole step, ~{g(n.bytes)}, {g(n.low)}-{g(n.high)})"
+                             + (f" (and the whole step, {fmt_need(n.bytes, n.low, n.high)})"
                                 if n is not None and n.fits_limit is True else
                                 "; whether the rest of the failing step fits is not settled "
                                 f"({n.basis})" if n is not None else "")
                              + simulated("expandable_segments:True"), playbook="expandable-segments"))
-        # The playbook's fragmenting job: 128 completed at the cap where 512 and the default ran out.
-        recs.append(_rec("Try max_split_size_mb:128 if expandable segments are not available",
-                         "stops large cached blocks from being split for small requests; a threshold above "
-                         "the job's large tensors changes little",
-                         "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128"),
-                         playbook="max-split-size"))
+        if already:
+            # Never advise what the run already has: with expandable segments the cache grows one mapping,
+            # so what is left in pieces are blocks of other streams or pools, or pages the live set pins.
+            recs.append(_rec("Keep expandable_segments:True and look at what pins the pieces: tensors of other "
+                             "CUDA streams (record_stream, NCCL), private pools (CUDA graphs), or long-lived "
+                             "tensors allocated between short-lived ones",
+                             f"expandable segments are already on, yet {g(stranded)} is cached but free in pieces "
+                             f"(largest usable block {g(f.largest_usable)} < request {g(S)})",
+                             "the request fits once those tensors are freed or allocated up front",
+                             playbook="expandable-segments"))
+        else:
+            # The playbook's fragmenting job: 128 completed at the cap where 512 and the default ran out.
+            recs.append(_rec("Try max_split_size_mb:128 if expandable segments are not available",
+                             "stops large cached blocks from being split for small requests; a threshold above "
+                             "the job's large tensors changes little",
+                             "less fragmentation, at some cost of reuse" + simulated("max_split_size_mb:128"),
+                             playbook="max-split-size"))
         recs.append(_rec("Do not call torch.cuda.empty_cache() for this",
                          f"{g(stranded)} of free bytes sit in segments that still hold live blocks, which "
                          "empty_cache() cannot release (the allocator already released every fully free "
@@ -237,7 +249,9 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
     if primary == "healthy":
         # The playbook has no "healthy" entry: the batch-size section is where headroom is measured.
         if f.limit and f.limit - f.peak_reserved < 0.05 * f.limit:
-            recs.append(_rec("Leave more headroom (smaller batch or expandable_segments:True)",
+            has = "expandable_segments:True" in f.settings_non_default
+            recs.append(_rec("Leave more headroom (a smaller batch)" if has else
+                             "Leave more headroom (smaller batch or expandable_segments:True)",
                              f"peak reserved {g(f.peak_reserved)} is within 5% of the {g(f.limit)} limit",
                              "a larger input no longer runs out of memory",
                              playbook="activation-checkpointing"))

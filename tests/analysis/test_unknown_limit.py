@@ -47,3 +47,28 @@ def test_a_fragmentation_oom_without_its_cap_is_not_told_to_avoid_the_allocator_
     assert "Do not expect allocator settings" not in _text(r)
     assert d["step_need"]["fits_limit"] is None and d["step_need"]["limit_bytes"] is None
     assert any("the limit is not known" in e for e in d["causes"][0]["evidence"])
+
+
+def test_advice_never_repeats_a_setting_the_run_already_has():
+    """Issue 23 item 6: expandable_segments was advised to a run that had it (the fragmentation advice
+    and the near-miss advice). The facts of a fragmentation OOM and of a near miss, both recorded under
+    expandable segments, as the analysis hands them to the advice."""
+    from dataclasses import replace
+
+    from profiler.analysis.classify import Facts
+    from profiler.analysis.recommend import recommend
+
+    GiB = 1 << 30
+    base = Facts(has_oom=True, S=4 * GiB, S_min=4 * GiB, A=12 * GiB, A_req=12 * GiB, R=17 * GiB, limit=18 * GiB,
+                 limit_source="--limit", limit_lower_bound=0, device_total=None, non_pytorch=None,
+                 largest_usable=2 * GiB, largest_blocked_by_max_split=0, private_pool_free=0, oom_frames=[],
+                 composition={}, peak_live=None, peak_phase=None, peak_frames=[], earlier_step_peak=None,
+                 training_steps_seen=5, settings_non_default=["expandable_segments:True"], roundup=False,
+                 max_split=-1, peak_reserved=17 * GiB, leak={"holds": False, "settled": True}, stacks_all=False)
+    for primary, f in (("fragmentation", base), ("healthy", replace(base, has_oom=False, S=None))):
+        recs = recommend(primary, f, None, f.leak)
+        advised = [x["action"] for x in recs if not x["action"].startswith(("Do not", "Keep"))]
+        assert not any("expandable_segments:True" in a or "expandable segments are not available" in a
+                       for a in advised), (primary, advised)
+    plain = recommend("fragmentation", replace(base, settings_non_default=[]), None, base.leak)
+    assert plain[0]["action"] == "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
