@@ -6,9 +6,12 @@ of the playbook shipped inside the package (an installed memq has no docs/ folde
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import click
+
+ANCHOR = re.compile(r'<a id="[^"]*"></a>')
 
 
 @click.command()
@@ -43,4 +46,5 @@ def playbook(entry_id, as_json, path):
                    "markdown": text}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    click.echo(text, nl=False)
+    # A terminal shows markdown as text: the headings' `<a id>` anchors (for links into the page) are noise.
+    click.echo(ANCHOR.sub("", text), nl=False)

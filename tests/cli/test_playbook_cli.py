@@ -80,7 +80,7 @@ def test_lists_every_entry_with_title_and_summary():
 
 def test_prints_an_entry_up_to_the_next_section_of_its_level(playbook_file):
     out = memq("playbook", "allocator-settings", "--file", str(playbook_file)).output
-    assert out.startswith('## <a id="allocator-settings"></a>Allocator settings at the same cap')
+    assert out.startswith("## Allocator settings at the same cap")  # the anchor is for links, not the terminal
     # its own sub-sections are part of it; the next section of its level is not
     assert "expandable_segments:True" in out and "Oversize blocks cost memory." in out
     assert "kept tensors" not in out and "empty_cache()" not in out
@@ -190,3 +190,17 @@ def test_view_page_shows_the_links_as_text(tmp_path):
     # an offline file: no /playbook page to link to, so the entry is named as text
     assert "<code>docs/playbook.md#expandable-segments</code>" in html
     assert "<code>docs/playbook.md#empty-cache</code>" in html and 'href="/playbook#' not in html
+
+
+def test_the_playbook_speaks_of_the_product_not_of_its_capture():
+    """Issue 23 item 10: the page showed a literal HTML comment and the capture's scratch folders and
+    tooling; `memq playbook ID` printed raw `<a id>` tags."""
+    from profiler.playbook_doc import read_playbook, to_html
+
+    text = read_playbook()
+    for bad in ("<!--", "/tmp", "device tool", "workplace", "PYTHONPATH="):
+        assert bad not in text, bad
+    assert "&lt;!--" not in to_html(text)
+    for e in ENTRIES:
+        res = memq("playbook", e.id)
+        assert res.exit_code == 0 and "<a id" not in res.output and res.output.startswith("#")
