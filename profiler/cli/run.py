@@ -30,6 +30,13 @@ def run(run_name, cluster, job, redis_url, spool_dir, history, snapshot_every_s,
         command):
     """Run COMMAND (after `--`) with the memq agent started in each of its Python processes."""
     from profiler.agent.bootstrap import child_env
+    from profiler.names import check_name
+
+    # The names ingest, push and the dispatcher accept, refused here before the job starts (not
+    # dead-lettered once it has run for hours).
+    check_name("run", run_name)
+    check_name("cluster", cluster)
+    check_name("job", job, required=False)
 
     cmd = list(command)
     if cmd and cmd[0] == "--":
@@ -39,8 +46,23 @@ def run(run_name, cluster, job, redis_url, spool_dir, history, snapshot_every_s,
     exe = shutil.which(cmd[0])
     if exe is None:
         raise BadInput(f"command not found: {cmd[0]}")
+    if not _gpu_visible():
+        click.echo(f"memq run: no GPU device is visible here ({GPU_DEVICES} absent, or CUDA_VISIBLE_DEVICES empty):"
+                   f" the agent records nothing without CUDA, so run {run_name!r} will have no data; the "
+                   "command runs anyway", err=True)
     env = child_env(run_name, cluster, job=job, settings={
         "MEMQ_REDIS_URL": redis_url, "MEMQ_SPOOL_DIR": spool_dir, "MEMQ_AGENT_HISTORY": history,
         "MEMQ_SNAPSHOT_EVERY_S": snapshot_every_s, "MEMQ_STATS_INTERVAL_S": stats_interval_s,
         "MEMQ_AGENT_SIGNAL": signal_name})
     os.execve(exe, cmd, env)
+
+
+GPU_DEVICES = "/dev/nvidia0"
+
+
+def _gpu_visible() -> bool:
+    """A CUDA device could be used: the driver's device node exists (NVIDIA) and CUDA_VISIBLE_DEVICES
+    does not hide every device. Cheap: no torch import before the job's own."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists(GPU_DEVICES)

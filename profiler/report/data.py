@@ -289,6 +289,14 @@ def _fragmented(runs: list[dict], metrics: dict[int, dict]) -> list[dict]:
         reserved = int(m.get("reserved_bytes") or 0)
         if ratio < FRAG_MIN_RATIO or pieces < max(FRAG_MIN_BYTES, 0.05 * reserved):
             continue
+        # A figure is alarming only when it is the problem: the run failed for want of a usable block,
+        # or, without an OOM, it came within the near-miss headroom, where the pieces are what a larger
+        # input runs into. A healthy run with headroom (its ratio is 0.76-0.79 between any two steps)
+        # and an OOM of another cause are not "fragmented".
+        hr = _headroom(r)
+        near = not _is_oom(r) and hr is not None and hr[1] < NEAR_MISS_HEADROOM
+        if r["primary_cause"] != "fragmentation" and not near:
+            continue
         cands.append({"run_id": r["id"], **_run_ref(r), "fragmentation_ratio": round(float(ratio), 4),
                       "fragmented_free_bytes": pieces, "free_bytes": int(free),
                       "largest_free_block_bytes": int(largest), "reserved_bytes": reserved,

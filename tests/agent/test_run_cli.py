@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from profiler.agent.bootstrap import _is_helper_process, child_env
 
 from .conftest import REAL, entries
@@ -61,6 +63,25 @@ def test_memq_run_unknown_command_is_bad_input():
     out = subprocess.run([sys.executable, "-m", "profiler", "run", "--run", "x", "--cluster", "c", "--",
                           "no-such-command-xyz"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "command not found" in out.stderr
+
+
+@pytest.mark.parametrize(("field", "value"), [("--run", "bad\x1b]0;x\x07"), ("--cluster", ""), ("--job", "j" * 201)])
+def test_memq_run_refuses_names_ingest_and_push_refuse(field, value):
+    """Issue 23 item 8: `memq run` accepted names the dispatcher then dead-letters (hours later)."""
+    args = {"--run": "x", "--cluster": "c"} | {field: value}
+    argv = [a for kv in args.items() for a in kv]
+    out = subprocess.run([sys.executable, "-m", "profiler", "run", *argv, "--", sys.executable, "-c", "pass"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "name" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="a GPU is visible on this machine")
+def test_memq_run_without_a_gpu_says_so_and_still_runs_the_command():
+    """Issue 23 item 8: with no GPU `memq run` was silent (no run, no warning)."""
+    out = subprocess.run([sys.executable, "-m", "profiler", "run", "--run", "x", "--cluster", "c", "--",
+                          sys.executable, "-c", "print('RAN')"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "RAN" in out.stdout
+    assert "no GPU device is visible" in out.stderr and "'x' will have no data" in out.stderr
 
 
 def test_child_env_and_helper_detection(tmp_path):
