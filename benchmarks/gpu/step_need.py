@@ -64,7 +64,11 @@ SCENARIOS = {
                "5 steps, torch.save, then torch.load(map_location='cuda') beside the live model and AdamW"),
     "first_step": ("first_step", ("first_step", (1.0,)),
                    "a cap that holds forward and backward but not AdamW's state: OOM in the first step"),
+    "ddp_long": ("spike", ("normal_reserved", (2.0,)),
+                 "two DDP ranks (torchrun, gloo on one GPU); rank 1's batch at step 8 is 8x longer"),
 }
+# Scenarios run as two torchrun ranks; the failing rank's result is the scenario's.
+DDP = {"ddp_long": 1}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -115,6 +119,9 @@ def schedule(scenario: str) -> list[tuple]:
         return [("accum", [(4, 4096 if (i == 12 and j == 2) else 512) for j in range(4)]) for i in range(16)]
     if scenario == "capacity":
         return [("lm", 32, 1024) for _ in range(6)]
+    if scenario == "ddp_long":  # the rank's own shard: rank 1 gets one long batch
+        rank = int(os.environ.get("RANK", "0"))
+        return [("lm", 8, 4096 if (rank == 1 and i == 8) else 512) for i in range(12)]
     if scenario in ("resume", "first_step"):
         return [("lm", 2, 128) for _ in range(8 if scenario == "resume" else 5)]
     raise SystemExit(f"unknown scenario {scenario}")
@@ -127,7 +134,13 @@ def run_job(args) -> None:
     sys.path.insert(0, ROOT)
     GPT, CNN = _models()
     sc, variant = args.scenario, args.variant
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", 0)
+    if sc in DDP:
+        import torch.distributed as dist
+
+        torch.cuda.set_device(dev)
+        dist.init_process_group("gloo")  # both ranks on one GPU (NCCL needs one device per rank)
+        args.result = f"{args.result}.rank{dist.get_rank()}"
     res = {"scenario": sc, "variant": variant, "outcome": "completed", "step_peaks": [], "step_tokens": [],
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     agent = None
@@ -150,6 +163,8 @@ def run_job(args) -> None:
     else:
         model = GPT(vocab=vocab, d=512, layers=6, heads=8, ctx=4096,
                     ckpt=sc in ("ckpt_long", "dyn", "dyn_ema")).to(dev)
+    if sc in DDP:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
     fwd = torch.compile(model) if sc == "compile_bigger" else model
     adam = sc in ("bf16_dyn", "resume", "first_step", "bigger_batch", "compile_bigger", "long_batch", "ckpt_long")
     opt = (torch.optim.AdamW(model.parameters(), lr=1e-4) if adam
@@ -265,6 +280,10 @@ class Runner:
             env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
         cmd = [sys.executable, os.path.abspath(__file__), "job", sc, "--variant", variant, "--result", result,
                "--cap-bytes", str(cap), "--spool", spool, "--tmp", tmp]
+        if sc in DDP:
+            env.pop("TORCHELASTIC_RUN_ID", None)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *cmd[1:]]
+            result = f"{result}.rank{DDP[sc]}"  # the failing rank's figures are the scenario's
         t0 = time.time()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True,
