@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from profiler.analysis import analyze  # noqa: E402
-from tests.analysis.agent_data import STEP_NEED, spool_run, step_need_truth  # noqa: E402
+from tests.analysis.agent_data import STEP_NEED, rank_folder, spool_run, step_need_truth  # noqa: E402
 
 GiB = 1 << 30
 POINT_TOL = 0.10
@@ -43,7 +43,7 @@ def evaluate() -> list[dict]:
     rows = []
     for sc, row in step_need_truth().items():
         for variant in ("defaults", "full"):
-            snaps, ctx, trig = spool_run(STEP_NEED / sc / variant)
+            snaps, ctx, trig = spool_run(rank_folder(sc, variant))
             t0 = time.perf_counter()
             r = analyze(snaps, ctx, triggers=trig)
             secs = time.perf_counter() - t0

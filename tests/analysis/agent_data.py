@@ -76,9 +76,18 @@ def step_need_truth() -> dict:
     return json.loads((STEP_NEED / "truth.json").read_text())
 
 
+def rank_folder(sc: str, variant: str) -> Path:
+    """The calibration spool of a scenario's variant; of a multi-rank job, the failing rank's (its
+    `rank` in truth.json), which is the rank the measured need is of."""
+    rank = step_need_truth()[sc].get("rank")
+    base = STEP_NEED / sc / variant
+    return base if rank is None else next(base.glob(f"*/rank{rank}-*"))
+
+
 def spool_run(folder: Path) -> tuple[list, OomContext | None, list[str | None]]:
     """A spool's snapshots as the worker analyses them: parsed snapshots in send order, the OOM
-    context from the last OOM envelope's observer payload (as the dispatcher stores it), triggers."""
+    context from the last OOM envelope's observer payload (as the dispatcher stores it), triggers.
+    One rank's: pass a rank's folder for a multi-rank spool."""
     from profiler.analysis.limits import observer_facts
     from profiler.store.service import oom_context as stored_context
 

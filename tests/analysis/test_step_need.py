@@ -22,7 +22,7 @@ from profiler.analysis import step_need as sn
 from profiler.analysis.checkpoint import DUPLICATE_OVER_PARAMS, checkpoint_load
 from profiler.analysis.classify import SPIKE_FACTOR, Facts, check_activation_spike, check_fragmentation
 from profiler.snapshot import parse_snapshot
-from tests.analysis.agent_data import STEP_NEED, spool_run, step_need_truth
+from tests.analysis.agent_data import STEP_NEED, rank_folder, spool_run, step_need_truth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.step_need_calibration import POINT_TOL, evaluate, expected_cause  # noqa: E402
@@ -38,7 +38,7 @@ _cache: dict = {}
 
 def _run(sc: str, variant: str) -> dict:
     if (sc, variant) not in _cache:
-        snaps, ctx, trig = spool_run(STEP_NEED / sc / variant)
+        snaps, ctx, trig = spool_run(rank_folder(sc, variant))
         _cache[sc, variant] = analyze(snaps, ctx, triggers=trig)
     return _cache[sc, variant]
 
