@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from profiler.analysis import analyze  # noqa: E402
-from tests.analysis.agent_data import STEP_NEED, rank_folder, spool_run, step_need_truth  # noqa: E402
+from tests.analysis.agent_data import rank_folder, spool_run, step_need_truth  # noqa: E402
 
 GiB = 1 << 30
 POINT_TOL = 0.10
