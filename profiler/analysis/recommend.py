@@ -58,9 +58,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
         w = sim.get(conf)
         if not w:
             return ""
-        if w.get("predicted_oom") is None:  # not assessable: say why instead of an outcome
-            return (f"; memq's allocator model cannot tell what {conf} would have done here: "
-                    f"{w.get('reason') or 'not assessable from this snapshot'}")
+        if w.get("predicted_oom") is None:  # not assessable: the what-if table says why, once
+            return f"; memq's allocator model cannot assess {conf} from this snapshot (the what-if table says why)"
         verdict = "fails again" if w["predicted_oom"] else "succeeds"
         caveat = ""
         if w.get("verdict") == "survives_window":

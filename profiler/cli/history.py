@@ -19,6 +19,7 @@ from profiler.cli._listing import (
     write_json,
 )
 from profiler.playbook_doc import doc_link
+from profiler.render.reasons import said_once
 from profiler.render.safe import rich_text
 from profiler.render.step_need_text import step_need_line
 from profiler.units import fmt_bytes, sparkline
@@ -188,13 +189,13 @@ def _print_whatif(con, snaps: list[dict]) -> None:
         if all(r.get("predicted_oom") is None for r in w["results"]) and len(reasons) == 1:
             con.print(f"  every setting: not assessable ({escape(str(reasons.pop()))})")  # e.g. no trace
             continue
-        for r in w["results"]:
+        for r, why in zip(w["results"], said_once(w["results"]), strict=True):
             outcome = WHATIF_OUTCOME.get(r.get("verdict"), str(r.get("predicted_oom")))
             line = f"  {escape(r['conf'] or '(recorded)')}: {outcome}"
             if r.get("predicted_oom") is not None:
                 line += f", confidence {r['confidence']}, peak reserved {cell(r['peak_reserved_bytes'], 'bytes')}"
-            if r.get("reason"):
-                line += f" [dim]({escape(r['reason'])})[/dim]"
+            if why:
+                line += f" [dim]({escape(why)})[/dim]"
             con.print(line)
 
 

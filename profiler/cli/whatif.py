@@ -16,6 +16,7 @@ import click
 
 from profiler.cli.analyze import SIZE
 from profiler.errors import BadInput, MemqError
+from profiler.render.reasons import said_once
 from profiler.render.safe import safe_text
 
 OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "window ok", "not_assessable": "n/a"}
@@ -127,9 +128,9 @@ def render_text(results: list[dict], title: str, out) -> None:
             room = f"short {_fmt(r['shortfall_bytes'])}"  # what the failing request lacked under the limit
         out.write(f"{(r['conf'] or '(recorded)').ljust(width)}  {outcome:<10} {_fmt(r['peak_reserved_bytes']):>14} "
                   f"{room:>18}  {r['confidence']}\n")
-    for r in results:  # why an answer is missing or partial, per setting
-        if r.get("reason"):
-            out.write(f"  {r['conf'] or '(recorded)'}: {r['reason']}\n")
+    for r, why in zip(results, said_once(results), strict=True):  # why an answer is missing or partial
+        if why:
+            out.write(f"  {r['conf'] or '(recorded)'}: {why}\n")
     fid = results[0].get("fidelity") if results else None
     if fid:
         out.write(f"model check on the recorded run: {fid['segment_events_matched']}/{fid['segment_events_recorded']} "

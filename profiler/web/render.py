@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from profiler.playbook_doc import doc_link, web_href
+from profiler.render.reasons import said_once
 from profiler.render.step_need_text import step_need_headline
 from profiler.units import fmt_bytes
 
@@ -47,7 +48,7 @@ def _env():
 
     env = Environment(loader=PackageLoader("profiler.web", "templates"), autoescape=select_autoescape(["html"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(step_need_headline=step_need_headline, bytes=_bytes, ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""),
+    env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes, ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""),
                        playbook_doc=doc_link, playbook_href=web_href)
     return env
 

@@ -1,0 +1,46 @@
+"""A reason said once (issue 23 item 4): the same 40-word "not assessable" reason was printed for every
+setting of a sweep in `memq whatif --sweep`, `memq history` and the web what-if table, and again inside
+a recommendation's green "expected effect". Real snapshot: frag_dynamic_1.15, whose 8,000-entry window is
+too short to rebuild the fragmentation that caused its OOM."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from profiler.render.reasons import said_once
+from tests.helpers import REAL
+from tests.workers.stack import ROOT
+
+SNAP = REAL / "frag_dynamic_1.15" / "oom.pickle.gz"
+
+
+def test_whatif_sweep_says_a_shared_reason_once():
+    out = subprocess.run([sys.executable, "-m", "profiler", "whatif", str(SNAP), "--limit", "20244645632", "--sweep"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.count("the trace is too short to rebuild the fragmentation") == 1, text
+    assert "as for expandable_segments:True" in text
+
+
+def test_said_once_points_later_rows_at_the_first():
+    rows = [{"conf": "a", "reason": "long"}, {"conf": "b", "reason": None}, {"conf": "c", "reason": "long"},
+            {"conf": "", "reason": "other"}]
+    assert said_once(rows) == ["long", None, "as for a", "other"]
+
+
+def test_a_recommendation_does_not_repeat_the_not_assessable_reason():
+    from profiler.analysis import analyze
+    from profiler.analysis.whatif import simulate_whatif
+    from profiler.load import load_snapshot_file
+    from profiler.model import OomContext
+
+    snap = load_snapshot_file(SNAP).snapshot
+    ctx = OomContext(limit_bytes=20244645632)
+    sims = simulate_whatif(snap, 20244645632, ["", "expandable_segments:True", "max_split_size_mb:128"])
+    assert all(s["predicted_oom"] is None for s in sims[1:])  # the window is too short: not assessable
+    r = analyze([snap], ctx, whatif=sims)
+    effects = " ".join(x["expected_effect"] for x in r["diagnosis"]["recommendations"])
+    assert "too short to rebuild" not in effects
+    assert "cannot assess" in effects
