@@ -106,7 +106,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     con = console()
     run = doc["run"]
     head = [f"job {run['job'] or '-'}  cluster {run['cluster'] or '-'}  status {run['status']}  "
-            f"torch {run['torch_version'] or '-'}  limit {cell(run['memory_limit_bytes'], 'bytes')}",
+            f"torch {run['torch_version'] or '-'}  limit {cell(doc['limit']['bytes'], 'bytes')}"
+            + (f" ({doc['limit']['source']})" if doc["limit"]["source"] else ""),
             f"peak reserved {cell(run['peak_reserved_bytes'], 'bytes')}  "
             f"peak allocated {cell(run['peak_allocated_bytes'], 'bytes')}  snapshots {run['snapshot_count']}"]
     d = doc.get("diagnosis")
@@ -140,7 +141,12 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
                   f"max {cell(st['peak_reserved_bytes'], 'bytes')}")
         con.print(f"  allocated {sparkline([x['allocated_bytes'] for x in ser], base=0, top=top)}  "
                   f"max {cell(st['peak_allocated_bytes'], 'bytes')}")
-        con.print(f"  retries {st['alloc_retries'] or 0}, OOMs {st['oom_count'] or 0}")
+        ooms = st["oom_count"] or 0
+        if not ooms and run["status"] == "oom":
+            # the allocator's counter in the samples: the OOM that ended the run came after the last one
+            con.print(f"  retries {st['alloc_retries'] or 0}; the run ended in an OOM after its last stat sample")
+        else:
+            con.print(f"  retries {st['alloc_retries'] or 0}, OOMs {ooms} (the allocator's count in the samples)")
     else:
         con.print("no stat samples for this run (ingest --stats FILE, or the agent, adds them)")
 

@@ -168,6 +168,7 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
     stat_rank = rank if rank is not None else (main.rank if main is not None else (snaps[0]["rank"] if snaps else 0))
     return {
         "run": run_dict(run),
+        "limit": run_limit(run, main),
         "rank": rank,
         "snapshots": snaps,
         "diagnosis": with_rank_advice((main.result or {}).get("diagnosis") if main else None, ranks),
@@ -245,6 +246,18 @@ def with_rank_advice(diagnosis: dict[str, Any] | None, ranks: dict[str, Any]) ->
             break
     out["causes"] = causes
     return out
+
+
+def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
+    """The limit the run's verdict was judged against, for headers: the cap the run announced, else the
+    limit its diagnosis derived (the OOM message's "allowed", the device less memory outside PyTorch), so
+    a header never says "limit -" above a verdict that used one."""
+    if run.memory_limit_bytes:
+        return {"bytes": int(run.memory_limit_bytes), "source": "the run's cap"}
+    oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
+    if oom.get("limit_bytes"):
+        return {"bytes": int(oom["limit_bytes"]), "source": "the OOM analysis"}
+    return {"bytes": None, "source": None}
 
 
 def _diag_dict(d: RunDiagnosis | None) -> dict[str, Any] | None:

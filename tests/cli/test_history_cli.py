@@ -250,3 +250,24 @@ def test_bad_file_mid_ingest_exits_2_and_keeps_what_was_stored(memq_env, tmp_pat
     doc = json.loads(memq("ingest", *good, "--run", "partial", "--limit", "8GiB", "--json").output)
     assert [s["created"] for s in doc["snapshots"]] == [False, True]
     assert doc["diagnosis"]["diagnosis"]["primary_cause"] == "fragmentation"
+
+
+def test_the_header_shows_the_limit_the_verdict_used(memq_env):
+    """Issue 23 item 6: "limit -" in the header while the verdict used a limit it derived (here the
+    device total less the memory other processes held: no cap was given)."""
+    memq("db", "upgrade")
+    ingest("external", "ext")
+    doc = json.loads(memq("history", "--run", "ext", "--json").output)
+    assert doc["run"]["memory_limit_bytes"] is None
+    used = doc["run_analysis"]["oom"]["limit_bytes"]
+    assert used and doc["limit"] == {"bytes": used, "source": "the OOM analysis"}
+    text = " ".join(memq("history", "--run", "ext").output.split())
+    assert "(the OOM analysis)" in text and "limit -" not in text
+
+
+def test_an_oom_run_never_reads_as_zero_ooms(memq_env):
+    """Issue 23 item 6: "OOMs 0" on an OOM run (the samples' counter predates the OOM)."""
+    memq("db", "upgrade")
+    ingest("capacity", "cap-stats", "--stats", str(REAL / "seed_sgd" / "stats.jsonl"))
+    text = " ".join(memq("history", "--run", "cap-stats").output.split())
+    assert "OOMs 0" not in text and "ended in an OOM after its last stat sample" in text
