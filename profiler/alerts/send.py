@@ -79,6 +79,7 @@ def post(url: str, doc: Mapping[str, Any], key: str, timeout_s: float) -> Outcom
     timer = threading.Timer(timeout_s, _cut, (conn,))
     timer.daemon = True
     sent = False
+    status: int | None = None
     timer.start()
     try:
         conn.request("POST", path, body=data, headers=headers)
@@ -87,6 +88,8 @@ def post(url: str, doc: Mapping[str, Any], key: str, timeout_s: float) -> Outcom
         status = resp.status
         resp.read(4096)
     except (OSError, http.client.HTTPException) as exc:  # timeouts, resets, the deadline; a garbled answer
+        if status is not None:  # the answer's status came; only its body was cut off
+            return Outcome(classify(status), f"HTTP {status} (body cut off)", status)
         late = time.monotonic() - started >= timeout_s
         if sent and late:
             return Outcome("sent", f"sent whole; no answer within {timeout_s:g} s (not resent: the receiver "

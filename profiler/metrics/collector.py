@@ -35,7 +35,8 @@ health of the scrape itself
 Cardinality: per-run series exist only for the top-K active runs (default 10); everything else is
 labelled by cluster, job, cause, state or kind. Cluster and job names come from agents, so they are
 bounded here, not by the fleet's honesty: at most MEMQ_EXPORTER_MAX_JOBS (cluster, job) pairs and
-clusters keep their names (the most analysed snapshots, then the most active runs), the rest are
+clusters keep their names (the top-K runs' pairs, then the most analysed snapshots, verdicts and
+active runs), the rest are
 summed under "other" (a counter of "other" may step down when a pair earns its own series). Causes
 and states are fixed sets. Heartbeat series: one per live process.
 """
@@ -131,8 +132,9 @@ def kept_jobs(done: Mapping, active: list, runs: list, limit: int, *, verdicts: 
     for cluster, job, n, _h, _f in active:
         weight[(_s(cluster), _s(job))][2] += int(n)
     ranked = sorted(weight, key=lambda k: (-weight[k][0], -weight[k][1], -weight[k][2], k))
-    ranked = [*(k for k in dict.fromkeys((_s(c), _s(j)) for _n, c, j, _h, _f in top)),
-              *(k for k in ranked if k not in {(_s(c), _s(j)) for _n, c, j, _h, _f in top})]
+    first = list(dict.fromkeys((_s(c), _s(j)) for _n, c, j, _h, _f in top))
+    taken = set(first)
+    ranked = [*first, *(k for k in ranked if k not in taken)]
     per_cluster: dict[str, int] = defaultdict(int)
     for cluster, _status, n in runs:
         per_cluster[_s(cluster)] += int(n)
