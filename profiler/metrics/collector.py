@@ -14,6 +14,9 @@ MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
 - memq_alerts{state}                                            the alert outbox per state (gauge)
 - memq_alert_summaries{state}                                   summaries of rate-limited verdicts per state (gauge)
 - memq_runs{cluster, status}                                    runs per status (gauge)
+- memq_run_causes{cluster, job_name, status, cause}             runs per run-level cause (gauge): what a
+                                                                 dashboard shows as a run's cause (a leak
+                                                                 run's OOM snapshot alone may read capacity)
 - memq_analysis_latency_seconds (histogram)                     snapshot row -> its analysis attached
 - memq_active_runs{cluster, job_name}                           running runs updated in the last
                                                                  MEMQ_EXPORTER_ACTIVE_MINUTES
@@ -71,6 +74,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "memq_alerts": ("gauge", "Alerts in the outbox per delivery state.", ("state",)),
     "memq_alert_summaries": ("gauge", "Summaries of rate-limited verdicts per delivery state.", ("state",)),
     "memq_runs": ("gauge", "Runs per status.", ("cluster", "status")),
+    "memq_run_causes": ("gauge", "Runs per run-level cause (the run's diagnosis over all its snapshots), of every "
+                                 "source.", ("cluster", "job_name", "status", "cause")),
     "memq_analysis_latency_seconds": ("histogram", "Seconds from a snapshot's row (dispatcher) to its analysis "
                                                    "attached (computed, or reused for identical bytes).", ()),
     "memq_active_runs": ("gauge", "Running runs updated within MEMQ_EXPORTER_ACTIVE_MINUTES.",
@@ -195,6 +200,7 @@ class MemqCollector(Collector):
                 totals = self.tally.refresh(s)
                 pending = not_done(s)
                 runs = q.run_counts(s)
+                causes = q.run_causes(s)
                 verdicts = q.verdict_counts(s)
                 summaries = q.summary_states(s)
                 since = repo.utcnow() - dt.timedelta(minutes=self.st.exporter_active_minutes)
@@ -229,6 +235,11 @@ class MemqCollector(Collector):
             per_status[(keep.cluster(cluster), status)] += int(n)
         for labels, n in sorted(per_status.items()):
             f["memq_runs"].add_metric(list(labels), n)
+        per_cause: dict[tuple, int] = defaultdict(int)
+        for cluster, job, status, cause, n in causes:
+            per_cause[(*keep.pair(cluster, job), status, _s(cause))] += int(n)
+        for labels, n in sorted(per_cause.items()):
+            f["memq_run_causes"].add_metric(list(labels), n)
         per_verdict: dict[tuple, int] = defaultdict(int)
         alert_states: dict[str, int] = dict.fromkeys(ALERT_STATES, 0)
         for cluster, job, kind, cause, state, n in verdicts:

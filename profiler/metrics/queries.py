@@ -93,6 +93,15 @@ def run_counts(session: Session) -> list[tuple]:
         select(Run.cluster, Run.status, func.count()).group_by(Run.cluster, Run.status))]
 
 
+def run_causes(session: Session) -> list[tuple]:
+    """(cluster, job, status, run-level primary cause, count) of every diagnosed run, whatever brought
+    its snapshots (the agent, `memq ingest`, `memq push`)."""
+    return [tuple(r) for r in session.execute(
+        select(Run.cluster, Run.job, Run.status, Run.primary_cause, func.count())
+        .where(Run.primary_cause.is_not(None))
+        .group_by(Run.cluster, Run.job, Run.status, Run.primary_cause))]
+
+
 def verdict_counts(session: Session) -> list[tuple]:
     """(cluster, job, kind, cause, state, count) of the alert outbox: one row per verdict ever
     reached by a run, never rewritten, so counts only grow (until retention deletes runs)."""

@@ -171,3 +171,25 @@ def test_a_flood_of_job_names_keeps_metrics_under_the_bound(store):
     assert m.get("memq_active_runs", cluster=OTHER, job_name=OTHER) >= 2998
     assert sum(v for lab, v in m.all("memq_runs")) == 3003
     assert len({lab["cluster"] for lab, _ in m.all("memq_runs")}) <= 6
+
+
+def test_dashboards_get_the_runs_cause_for_ingested_runs_too(memq_env, store):
+    """Issue 23 item 9: a leak run's OOM snapshot read `cause="capacity"` (the snapshot's own verdict)
+    and `memq ingest`ed runs had no run-level series at all. memq_run_causes is the run's diagnosis over
+    all its snapshots, for every run whatever brought it. Real run: tests/fixtures/captured/leak_epochs
+    (logits kept every step; OOM in epoch 5), ingested with its 7 GiB cap."""
+    from click.testing import CliRunner
+
+    from profiler.cli import cli
+    from tests.helpers import FIXTURES
+
+    d = FIXTURES / "captured" / "leak_epochs"
+    files = [str(d / f"{n}.pickle.gz") for n in ("epoch0", "epoch1", "epoch2", "epoch3", "epoch4", "oom")]
+    res = CliRunner().invoke(cli, ["ingest", *files, "--run", "leaky", "--cluster", "c9", "--job", "lm",
+                                   "--limit", "7516192768"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
+    env |= {"MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    m = Samples(generate_latest(registry_for(load_settings(env), store)).decode())
+    assert m.get("memq_run_causes", cluster="c9", job_name="lm", cause="leak") == 1
+    assert sum(v for lab, v in m.all("memq_run_causes") if lab["job_name"] == "lm") == 1
