@@ -179,6 +179,11 @@ def test_run_timeline_marks_the_oom(browser, tmp_path):
 
 def test_click_a_block_shows_its_frames(browser, web_history, tmp_path):
     page = browser.open(f"/snapshots/{web_history.snapshot_id('capacity')}")
+    # a capacity OOM: its stranded bytes are shown, not alarming (issue 23 item 5)
+    assert page.locator("#stranded").count() == 1 and page.locator("#stranded.stranded-text").count() == 0
+    frag = browser.open(f"/snapshots/{web_history.snapshot_id('frag_synthetic', 'oom')}")
+    assert frag.locator("#stranded.stranded-text").count() == 1  # there it is the problem
+    page = browser.open(f"/snapshots/{web_history.snapshot_id('capacity')}")
     assert page.locator("#segmap-svg rect.block").count() > 100
     assert page.locator("#segmap-svg rect.stranded").count() > 0
     assert page.locator("#fit-svg").count() == 1 and "does not fit" in page.text_content("#fit-svg")
