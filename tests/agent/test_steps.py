@@ -145,11 +145,12 @@ def _oom_from(src: DictSource, agent, python_caller: bool) -> None:
         src.fire_oom()
         return
     entry = src.oom_entry()
+    before = _thread._count()  # threads started through _thread and still running (threading's too)
     _thread.start_new_thread(src.observer, (0, int(entry["alloc"]), int(entry.get("device_alloc") or 0),
                                             int(entry.get("device_free") or 0)))
     deadline = time.monotonic() + 10
-    while agent.oom_snapshots < 1 or agent.counters()["queued"] + agent.counters()["sent"] < 1:
-        assert time.monotonic() < deadline, "the observer took no snapshot"
+    while agent.oom_snapshots < 1 or _thread._count() > before:  # the observer has returned
+        assert time.monotonic() < deadline, "the observer did not return"
         time.sleep(0.01)
 
 
