@@ -303,6 +303,10 @@ class Agent:
                         for rec in (self._samples[-1] if self._samples else None, self.tracker.last()):
                             if rec is not None and rec.get("step") == hook_step:
                                 rec["step"], rec["epoch"] = self.step, self.epoch
+                        fig = self.tracker.last()
+                        if fig is not None and self._tokens is not None and fig.get("step") == self.step:
+                            fig["tokens"] = self._tokens  # this step's input, not the next one's
+                    self._tokens = None
                     return
             self._boundary("mark_step", step, epoch)
         except Exception:  # noqa: BLE001

@@ -66,6 +66,27 @@ class DictSource(ReplaySource):
         return codec.loads_restricted(data) if data is not None else None
 
 
+def test_tokens_of_a_step_the_optimizer_hook_closed_stay_with_it(shared):
+    """The hook ends step 0 before the job's first mark_step(tokens=) names it: the tokens belong to
+    that step's figure, not to the next one's."""
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    src.signals = [sig(GIB)] * 8
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1.0)
+    import torch
+
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for i in range(3):
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        a.mark_step(i, 0, tokens=100 * (i + 1))
+    figs = list(a.tracker.figures)
+    a.stop(10)
+    assert [(f["step"], f.get("tokens")) for f in figs] == [(0, 100), (1, 200), (2, 300)]
+
+
 def _tiny_training(steps, agent=None, mark=False):
     import torch  # the CPU build is part of the test set-up (tests/run.sh)
 
