@@ -17,8 +17,9 @@ Controls (none runs out of memory; none may be forecast to):
 
 Variants: `defaults` (agent.start + mark_step + mark_epoch at the agent's defaults), `full`
 (history="on"), `run` (`python -m profiler run` around a script with no memq line: steps from torch's
-optimizer hook, no epoch marks). Caps are `set_per_process_memory_fraction` after the first step:
-reserved bytes then + `grow` epochs of the scenario's growth (controls: 1.6x reserved after the ramp).
+optimizer hook, no epoch marks). Caps are `set_per_process_memory_fraction` after the second step:
+the peak reserved bytes of the first two steps + `GROW_EPOCHS` epochs of the scenario's growth (controls:
+1.6x that peak, 2x for dynamic shapes after an epoch of them, + 1 GiB for the cache).
 Results: DIR/summary.json and the spools in DIR/spools/<scenario>/<variant>.
 """
 
@@ -140,21 +141,24 @@ def run_job(args) -> None:
                 res["step_end_allocated"].append(torch.cuda.memory_allocated(dev))
                 if agent is not None:
                     agent.mark_step(step, epoch)
-                late = sc in ("warmup", "dynamic")  # capped after the ramp / after an epoch of shapes
-                if (step == 0 and not late) or (late and step == steps_per_epoch):
+                # capped after the second step (the first one's peak precedes the optimizer state), after
+                # the ramp, or after an epoch of shapes
+                late = sc in ("warmup", "dynamic")
+                if (step == 1 and not late) or (late and step == steps_per_epoch):
                     total = torch.cuda.get_device_properties(0).total_memory
                     grow = {"val_logits": 2 * val_batch * seq * vocab * 4,
-                            "best_weights": sum(p.numel() * 4 for p in model.parameters()),
+                            "best_weights": sum(v.numel() * v.element_size() for v in model.state_dict().values()),
                             "opt_recreate": 2 * sum(p.numel() * 4 for p in model.parameters()),
-                            "hook_feats": steps_per_epoch * batch * seq * 512 * 2}.get(sc)
+                            "hook_feats": steps_per_epoch * sum(k.numel() * k.element_size() for k in kept[-1:])}.get(sc)
                     if cnn:
                         grow = 0
                     if sc == "cnn_val_graph":
                         cap = None  # set after the first validation: its graph's size is measured there
                     elif leak:
-                        cap = torch.cuda.memory_reserved(dev) + GROW_EPOCHS * grow
+                        cap = torch.cuda.max_memory_reserved(dev) + GROW_EPOCHS * grow
                     else:
-                        cap = int((2.0 if sc == "dynamic" else 1.6) * torch.cuda.max_memory_reserved(dev))
+                        cap = int((2.0 if sc == "dynamic" else 1.6) * torch.cuda.max_memory_reserved(dev)) + (
+                            GiB if sc == "cache_fill" else 0)
                     if sc == "unfreeze":
                         cap = int(1.5 * torch.cuda.max_memory_reserved(dev)) + 6 * sum(
                             p.numel() * 4 for p in model.parameters())
