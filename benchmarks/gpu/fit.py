@@ -170,6 +170,8 @@ class Runner:
         ok, bad = self.job(m, lo, t0, cap=cap), self.job(m, hi, t0, cap=cap)
         self.summary[m]["cap"] = {"cap_bytes": cap, "max_batch": lo, "max_batch_outcome": ok and ok["outcome"],
                                   "next_outcome": bad and bad["outcome"]}
+        with open(os.path.join(self.out, "summary.json"), "w") as fh:
+            json.dump(self.summary, fh, indent=1)
 
 
 def main() -> None:
