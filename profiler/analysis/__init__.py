@@ -13,6 +13,7 @@ all of them.
 from __future__ import annotations
 
 import copy
+import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -21,6 +22,7 @@ from typing import Any
 from profiler.analysis import frames as fr
 from profiler.analysis.checkpoint import checkpoint_load
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
+from profiler.analysis.forecast import forecast
 from profiler.analysis.labels import agent_label
 from profiler.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
 from profiler.analysis.limits import resolve_limits
@@ -34,7 +36,7 @@ from profiler.analysis.recommend import message_playbook, recommend
 from profiler.analysis.step_need import StepNeed, project
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
-ANALYZER_VERSION = "1.2.0"
+ANALYZER_VERSION = "1.3.0"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -155,6 +157,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         oom = {"requested_bytes": S, "limit_bytes": lim.limit,
                "fits_largest_free_block": S <= largest_usable,
                "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
+    fc = _forecast(per, heads, trig, lim.limit)
     return {
         "schema": SCHEMA,
         "snapshots": [{"file": n, "torch_format": h[0], "segments": h[1], "trace_entries": h[2],
@@ -165,6 +168,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes,
                       "recommendations": recs,
                       "step_need": None if need is None else need.as_json()},
+        "forecast": fc,
         # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
         "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
@@ -213,6 +217,31 @@ def _comparable_points(heads, per, names, triggers) -> list[dict]:
             idx = [i for i in idx if trig[i] == common]
     return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
              "blocks": per[i]["live_blocks"]} for i in idx]
+
+
+def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> dict | None:
+    """The OOM forecast as of the last snapshot that is not an OOM one (a run that has run out keeps
+    the forecast it had before: it can be judged against what happened)."""
+    keep = [i for i, h in enumerate(heads) if not h[4]]
+    as_of = keep[-1] if keep else len(per) - 1
+    agents = [p.get("agent") or {} for p in per]
+    upto = agents[as_of].get("step")
+    figs = [f for f in agents[-1].get("step_figures") or []
+            if as_of == len(per) - 1 or upto is None or f["step"] <= upto]
+    idx = [i for i in keep if agents[i].get("comparable") or trig[i] == "epoch_end"] or keep
+    comparable = [{"step": agents[i].get("step") if agents[i].get("step") is not None else n + 1,
+                   "epoch": agents[i].get("epoch"), "active": per[i]["metrics"]["active_bytes"],
+                   "reserved": per[i]["metrics"]["reserved_bytes"]} for n, i in enumerate(idx)]
+    timed = [(a["time"], a["step"]) for a in (agents[i] for i in keep)
+             if isinstance(a.get("time"), (int, float)) and isinstance(a.get("step"), int)]
+    sps = None
+    if len(timed) >= 2 and timed[-1][1] > timed[0][1]:
+        sps = (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+    elif figs and any(f.get("ms") for f in figs):
+        sps = statistics.median(f["ms"] for f in figs if f.get("ms")) / 1000.0
+    return forecast(figs, limit, largest_segment=per[as_of]["metrics"].get("largest_segment_bytes") or None,
+                    seconds_per_step=sps, composition=[per[i]["composition"] for i in idx],
+                    as_of_time=agents[as_of].get("time"), comparable=comparable)
 
 
 def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:

@@ -67,6 +67,8 @@ def memory_metrics(snap: Snapshot) -> dict:
         "stranded_bytes": stranded,
         # details beyond the contract
         "free_bytes": free_total,
+        # The biggest cudaMalloc the cache made: what a step's largest block needs whole (the forecast).
+        "largest_segment_bytes": max(seg_sizes) if seg_sizes else 0,
         "rounding_waste_bytes": allocated - requested,
         "pending_free_bytes": pending_free,
         "live_requested_bytes": live_requested,

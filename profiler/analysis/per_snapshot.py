@@ -20,14 +20,14 @@ from profiler.analysis.timeline import replay
 from profiler.model import Snapshot
 
 #: Bumped whenever what a digest holds, or how a field is computed, changes.
-DIGEST_FORMAT = 3
+DIGEST_FORMAT = 4
 
 # The parts of the per-snapshot passes that analyze() reads of an earlier snapshot.
-_METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio")
+_METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio", "largest_segment_bytes")
 _TIMELINE = ("peak_live_bytes", "peak_reserved_bytes", "optimizer_steps", "last_cycle")
 # What the agent said about an earlier snapshot (its per-step figures are read from the last only:
 # they are cumulative, so an earlier snapshot's are a prefix of the last one's).
-_AGENT = ("trigger", "step", "epoch", "step_in_progress", "step_completed", "comparable", "optimizer")
+_AGENT = ("trigger", "step", "epoch", "step_in_progress", "step_completed", "comparable", "optimizer", "time")
 
 
 def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
@@ -52,7 +52,7 @@ def agent_facts(snap: Snapshot) -> dict | None:
     out = {k: getattr(a, k) for k in _AGENT}
     out["step_figures"] = [{"step": f.step, "epoch": f.epoch, "peak_allocated": f.peak_allocated,
                             "allocated": f.allocated, "peak_reserved": f.peak_reserved, "reserved": f.reserved,
-                            "retries": f.retries, "tokens": f.tokens} for f in a.step_figures]
+                            "retries": f.retries, "tokens": f.tokens, "ms": f.ms} for f in a.step_figures]
     out["oom_frames"] = list(a.oom_frames)
     return out
 
