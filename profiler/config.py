@@ -270,6 +270,10 @@ class Settings:
          "suppressed and sent as one summary per job once its hour has room again (at the latest an hour "
          "after the first of them)."),
         minimum=0)
+    forecast_alert_s: int = setting(6 * 3600, "MEMQ_FORECAST_ALERT_S",
+        ("Alerts: a running run whose forecast OOM comes sooner than this many seconds is alerted (once, and "
+         "again only when the forecast moves to under half the time the last alert gave); 0 = never."),
+        minimum=0)
     alert_lookback_h: int = setting(24, "MEMQ_ALERT_LOOKBACK_H",
         "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.",
         minimum=1)

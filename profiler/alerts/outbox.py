@@ -65,7 +65,7 @@ from sqlalchemy.orm import Session
 from profiler.alerts import payload
 from profiler.alerts.send import Outcome
 from profiler.alerts.summary import Covered, summary_body, summary_key
-from profiler.alerts.verdict import RunFacts, alert_body, idempotency_key, verdict_of
+from profiler.alerts.verdict import RunFacts, alert_body, forecast_verdict, idempotency_key, verdict_of
 from profiler.config import Settings
 from profiler.errors import ConfigError
 from profiler.store import repository as repo
@@ -100,7 +100,28 @@ def _limit_col():
 def _facts(r) -> RunFacts:
     return RunFacts(run_id=int(r.id), name=r.name, cluster=r.cluster, job=r.job, status=r.status,
                     primary_cause=r.primary_cause, oom_count=int(r.oom_count or 0),
-                    peak_reserved_bytes=r.peak_reserved_bytes, limit_bytes=r.limit)
+                    peak_reserved_bytes=r.peak_reserved_bytes, limit_bytes=r.limit,
+                    oom_forecast_at=_utc(r.oom_forecast_at))
+
+
+def _utc(t: dt.datetime | None) -> dt.datetime | None:
+    return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)  # SQLite hands back naive UTC
+
+
+def _last_forecasts(session: Session, run_ids: list[int]) -> dict[int, tuple[int, dt.datetime, dt.datetime]]:
+    """Each run's latest forecast alert: (n, the OOM moment it gave, when it was recorded)."""
+    out: dict[int, tuple[int, dt.datetime, dt.datetime]] = {}
+    rows = session.execute(select(Alert.run_id, Alert.verdict, Alert.body, Alert.created_at)
+                           .where(Alert.run_id.in_(run_ids), Alert.kind == "forecast"))
+    for rid, verdict, body, created in rows:
+        try:
+            n = int(str(verdict).split(":", 1)[1])
+            at = dt.datetime.fromisoformat((body or {})["oom_at"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            continue
+        if int(rid) not in out or n > out[int(rid)][0]:
+            out[int(rid)] = (n, _utc(at), _utc(created))
+    return out
 
 
 def _main_result(session: Session, run_id: int, cause: str | None) -> dict[str, Any] | None:
@@ -119,7 +140,8 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
     now = now or repo.utcnow()
     near = 1.0 - st.alert_headroom_pct / 100.0
     q = select(Run.id, Run.name, Run.cluster, Run.job, Run.status, Run.primary_cause, Run.oom_count,
-               Run.peak_reserved_bytes, _limit_col().label("limit")).where(Run.primary_cause.is_not(None))
+               Run.peak_reserved_bytes, _limit_col().label("limit"), Run.oom_forecast_at).where(
+        Run.primary_cause.is_not(None))
     if run_ids is not None:
         ids = sorted({int(i) for i in run_ids})
         if not ids:
@@ -130,14 +152,19 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
         # history reads the few interesting rows
         q = q.where(Run.updated_at >= repo.db_time(session, now - dt.timedelta(hours=st.alert_lookback_h)),
                     or_(Run.oom_count > 0, Run.status == "oom", Run.primary_cause == "leak",
+                        Run.oom_forecast_at.is_not(None),
                         and_(Run.peak_reserved_bytes.is_not(None), _limit_col() > 0,
                              Run.peak_reserved_bytes >= _limit_col() * near)))
     candidates = []
-    for r in session.execute(q):
-        f = _facts(r)
+    rows = [_facts(r) for r in session.execute(q)]
+    last = _last_forecasts(session, [f.run_id for f in rows if f.oom_forecast_at is not None]) if rows else {}
+    for f in rows:
         v = verdict_of(f, st.alert_headroom_pct)
         if v is not None:
             candidates.append((f, v))
+        fv = forecast_verdict(f.status, f.oom_forecast_at, now, st.forecast_alert_s, last.get(f.run_id))
+        if fv is not None:
+            candidates.append((f, fv))
     if not candidates:
         return []
     known = {(int(r.run_id), r.verdict) for r in session.execute(select(Alert.run_id, Alert.verdict).where(
@@ -147,7 +174,8 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
     for f, v in candidates:
         if (f.run_id, v.key) in known:
             continue
-        body = alert_body(f, v, _main_result(session, f.run_id, v.cause), st.public_url, st.alert_headroom_pct)
+        body = alert_body(f, v, _main_result(session, f.run_id, v.cause), st.public_url, st.alert_headroom_pct,
+                          now=_utc(now))
         key = idempotency_key(f.name, v.key)
         stmt = repo._insert(session, Alert).values(
             run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause, cluster=f.cluster, job=f.job,

@@ -20,8 +20,8 @@ from typing import Any
 from profiler.alerts.summary import causes_line, runs_line
 
 FORMATS = ("slack", "alertmanager")
-ALERT_NAMES = {"oom": "MemqOOM", "leak": "MemqLeak", "near_miss": "MemqNearMiss"}
-SEVERITY = {"oom": "critical", "leak": "warning", "near_miss": "warning"}
+ALERT_NAMES = {"oom": "MemqOOM", "leak": "MemqLeak", "near_miss": "MemqNearMiss", "forecast": "MemqOOMForecast"}
+SEVERITY = {"oom": "critical", "leak": "warning", "near_miss": "warning", "forecast": "critical"}
 ZERO_TIME = "0001-01-01T00:00:00Z"
 SUMMARY_NAME = "MemqAlertsSummarised"
 
@@ -31,6 +31,8 @@ def slack(body: Mapping[str, Any]) -> dict[str, Any]:
              f"evidence: {body['evidence']}", f"recommendation: {body['recommendation']}"]
     if body.get("step_need"):
         lines.insert(2, f"step: {body['step_need']}")
+    if body.get("forecast"):
+        lines.insert(2, f"forecast: {body['forecast']}")
     if body.get("playbook"):
         lines.append(f"playbook: {body['playbook']}")
     if body.get("link"):
@@ -46,6 +48,11 @@ def alertmanager(body: Mapping[str, Any], key: str, starts_at: str) -> dict[str,
                    "recommendation": body["recommendation"]}
     if body.get("step_need"):
         annotations["step_need"] = body["step_need"]
+    if body.get("forecast"):
+        annotations["forecast"] = body["forecast"]
+    if body.get("oom_at"):  # when the forecast OOM comes, and how far off it was when this was sent
+        annotations["oom_at"] = body["oom_at"]
+        annotations["eta"] = body.get("eta") or ""
     if body.get("link"):
         annotations["run_url"] = body["link"]
     if body.get("playbook"):

@@ -6,6 +6,9 @@ A verdict is the part of a run's state that is worth a page:
 - `leak`: no OOM (yet), and the run-level diagnosis is a leak;
 - `near_miss`: no OOM and no leak, and the run's peak reserved bytes left less than the threshold
   (MEMQ_ALERT_HEADROOM_PCT) of its limit (the per-process cap, else the device's memory).
+- `forecast:<n>`: the run is still running and its OOM forecast (analysis/forecast.py) comes sooner
+  than MEMQ_FORECAST_ALERT_S; `n` counts the forecast alerts of the run: a later one only when the
+  forecast OOM moved much earlier (to under FORECAST_EARLIER_SHARE of the time the last alert gave).
 "Once per verdict change" is once per distinct verdict of a run: a run that goes back to an
 earlier verdict (A -> B -> A) is not alerted for A a second time (the outbox key is (run, verdict)).
 Anything else (healthy with headroom, no diagnosis yet) is no verdict. A run with an OOM but no
@@ -15,16 +18,21 @@ status is promoted first), waits for it: the alert is worth sending only with it
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from profiler.render.forecast_text import fmt_duration, forecast_line
 from profiler.render.step_need_text import step_need_line
 from profiler.units import fmt_bytes
 
-KINDS = ("oom", "leak", "near_miss")
+KINDS = ("oom", "leak", "near_miss", "forecast")
+#: A forecast alert again only when the OOM now comes in under this share of the time the previous
+#: forecast alert gave (2 h -> under 1 h): a forecast that drifts by minutes is no news.
+FORECAST_EARLIER_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ class RunFacts:
     oom_count: int
     peak_reserved_bytes: int | None
     limit_bytes: int | None
+    oom_forecast_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,23 @@ def verdict_of(f: RunFacts, headroom_pct: float) -> Verdict | None:
     h = headroom_ratio(f.peak_reserved_bytes, f.limit_bytes)
     if h is not None and h < headroom_pct / 100.0:
         return Verdict("near_miss", "near_miss", f.primary_cause)
+    return None
+
+
+def forecast_verdict(status: str, oom_at: dt.datetime | None, now: dt.datetime, alert_s: float,
+                     last: tuple[int, dt.datetime, dt.datetime] | None) -> Verdict | None:
+    """The forecast verdict of a running run whose forecast OOM is at `oom_at`. `last`: the previous
+    forecast alert's (n, the OOM moment it gave, when it was recorded), None when there was none."""
+    if status != "running" or oom_at is None or alert_s <= 0:
+        return None
+    left = (oom_at - now).total_seconds()
+    if left > alert_s:
+        return None
+    if last is None:
+        return Verdict("forecast:1", "forecast", "leak")
+    n, was_at, recorded = last
+    if left < FORECAST_EARLIER_SHARE * max(0.0, (was_at - recorded).total_seconds()):
+        return Verdict(f"forecast:{n + 1}", "forecast", "leak")
     return None
 
 
@@ -114,11 +140,12 @@ def playbook_link(diagnosis: Mapping[str, Any], public_url: str) -> str | None:
     return f"{public_url.rstrip('/')}{web_href(entry)}" if public_url else doc_link(entry)
 
 
-TITLES = {"oom": "CUDA out of memory", "leak": "memory leak", "near_miss": "near miss (memory almost full)"}
+TITLES = {"oom": "CUDA out of memory", "leak": "memory leak", "near_miss": "near miss (memory almost full)",
+          "forecast": "out of memory forecast"}
 
 
 def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public_url: str,
-               headroom_pct: float) -> dict[str, Any]:
+               headroom_pct: float, now: dt.datetime | None = None) -> dict[str, Any]:
     """What the alert says, independent of the webhook format (payload.py renders it)."""
     diagnosis = (result or {}).get("diagnosis") or {}
     h = headroom_ratio(f.peak_reserved_bytes, f.limit_bytes)
@@ -127,6 +154,12 @@ def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public
         near = (f"peak reserved {_gib(f.peak_reserved_bytes)} of a {_gib(f.limit_bytes)} limit: "
                 f"{(h or 0) * 100:.1f}% headroom, under the {headroom_pct:g}% threshold")
         evidence = near if evidence is None else f"{near}; {evidence}"
+    fc = (result or {}).get("forecast")
+    fc_line = forecast_line(fc, now.timestamp() if now else None) if isinstance(fc, Mapping) and \
+        fc.get("oom_expected") else None
+    if v.kind == "forecast" and fc_line:
+        advice = fc.get("advice")
+        evidence = f"run {f.name} {fc_line}" + (f"; fix: {advice}" if advice else "")
     need = step_need_line(diagnosis)  # said once: not when the evidence line already is it
     where = " / ".join(x for x in (f.cluster, f.job) if x)
     title = f"memq: {TITLES[v.kind]} in run {f.name}" + (f" ({where})" if where else "")
@@ -140,4 +173,9 @@ def alert_body(f: RunFacts, v: Verdict, result: Mapping[str, Any] | None, public
         "link": run_link(public_url, f.name),
         "peak_reserved_bytes": f.peak_reserved_bytes, "limit_bytes": f.limit_bytes,
         "headroom_ratio": None if h is None else round(h, 4), "oom_count": f.oom_count,
+        # the forecast's figures where it expects an OOM (a leak alert says it too: the page says when)
+        "forecast": fc_line if v.kind != "forecast" else None,
+        "oom_at": (f.oom_forecast_at.isoformat() if f.oom_forecast_at else None),
+        "eta": fmt_duration((f.oom_forecast_at - now).total_seconds()) if f.oom_forecast_at and now else None,
+        "oom_step": fc.get("step") if fc_line else None, "oom_epoch": fc.get("epoch") if fc_line else None,
     }

@@ -158,6 +158,10 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                "fits_largest_free_block": S <= largest_usable,
                "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
     fc = _forecast(per, heads, trig, lim.limit)
+    if fc is not None and fc.get("oom_expected"):
+        # where the growth is allocated and what to change there: what a page about it must say
+        fc["site"] = leak.get("allocating_site") if leak.get("holds") else None
+        fc["advice"] = recs[0]["action"] if primary == "leak" and recs else None
     return {
         "schema": SCHEMA,
         "snapshots": [{"file": n, "torch_format": h[0], "segments": h[1], "trace_entries": h[2],

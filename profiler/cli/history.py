@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from profiler.cli._listing import (
@@ -19,6 +21,7 @@ from profiler.cli._listing import (
     write_json,
 )
 from profiler.playbook_doc import doc_link
+from profiler.render.forecast_text import forecast_line
 from profiler.render.reasons import said_once
 from profiler.render.safe import rich_text
 from profiler.render.step_need_text import step_need_line
@@ -31,7 +34,8 @@ RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
             Col("peak_reserved_bytes", "peak reserved", "bytes"), Col("peak_allocated_bytes", "peak allocated", "bytes"),
             Col("fragmentation_ratio", "frag", "ratio"), Col("snapshot_count", "snaps", "int"),
-            Col("torch_version", "torch"), Col("started_at", "started (UTC)", "time")]
+            Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
+            Col("started_at", "started (UTC)", "time")]
 RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
            "peak_allocated_bytes", "fragmentation_ratio", "oom_count", "snapshot_count", "torch_version",
            "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
@@ -123,6 +127,9 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
         for r in d.get("recommendations", [])[:2]:
             link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one
             head.append(f"-> {r['action']}" + (f"\n   playbook: {link}" if link else ""))
+    fc_line = forecast_line(doc.get("forecast"), time.time())
+    if fc_line and (run["status"] == "running" or (doc.get("forecast") or {}).get("oom_expected")):
+        head.append(rich_text(("forecast: " if run["status"] == "running" else "forecast while it ran: ") + fc_line))
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
     con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
     _print_ranks(con, doc.get("ranks"))

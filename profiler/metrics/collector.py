@@ -24,6 +24,9 @@ MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
 - memq_job_fragmentation_max_ratio{cluster, job_name}           most fragmentation among them
 - memq_run_headroom_ratio{cluster, job_name, run}               the MEMQ_EXPORTER_TOP_K active runs with the
 - memq_run_fragmentation_ratio{cluster, job_name, run}          least headroom, and their fragmentation
+- memq_run_oom_eta_seconds{cluster, job_name, run}              seconds until the forecast OOM of the
+                                                                 MEMQ_EXPORTER_TOP_K running runs whose OOM
+                                                                 comes first (0 once it is due)
 from Redis (the functions `memq status` uses)
 - memq_stream_length, memq_stream_lag, memq_stream_pending      ingest stream, consumer group
 - memq_dead_letters                                             entries in the dead-letter stream
@@ -87,6 +90,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "memq_run_headroom_ratio": ("gauge", "Headroom of the MEMQ_EXPORTER_TOP_K active runs with the least.",
                                 ("cluster", "job_name", "run")),
     "memq_run_fragmentation_ratio": ("gauge", "Fragmentation of the same top-K runs.", ("cluster", "job_name", "run")),
+    "memq_run_oom_eta_seconds": ("gauge", "Seconds until the forecast OOM of the MEMQ_EXPORTER_TOP_K running runs "
+                                          "whose OOM comes first (0 once due).", ("cluster", "job_name", "run")),
     "memq_stream_length": ("gauge", "Entries in the ingest stream.", ()),
     "memq_stream_lag": ("gauge", "Ingest stream entries not yet read by the dispatchers' group.", ()),
     "memq_stream_pending": ("gauge", "Ingest stream entries read but not acknowledged.", ()),
@@ -206,11 +211,13 @@ class MemqCollector(Collector):
                 since = repo.utcnow() - dt.timedelta(minutes=self.st.exporter_active_minutes)
                 active = q.active_by_job(s, since)
                 top = q.least_headroom(s, since, self.st.exporter_top_k)
+                soon = q.soonest_ooms(s, self.st.exporter_top_k)
+                now = repo.utcnow()
         except Exception as exc:  # noqa: BLE001 - a scrape reports memq_up{component="database"} 0, never a 500
             log.warning("exporter: database part failed: %s: %s", type(exc).__name__, exc)
             return False
         keep = kept_jobs(totals.done, active, runs, self.st.exporter_max_jobs, verdicts=verdicts,
-                         top=top)
+                         top=[*top, *((n, c, j, None, None) for n, c, j, _at in soon)])
         states: dict[str, int] = dict.fromkeys(SNAPSHOT_STATES, 0)
         states["done"] = sum(totals.done.values())
         for _cluster, _job, state, n in pending:
@@ -271,6 +278,10 @@ class MemqCollector(Collector):
             f["memq_run_headroom_ratio"].add_metric(labels, float(headroom))
             if frag is not None:
                 f["memq_run_fragmentation_ratio"].add_metric(labels, float(frag))
+        for name, cluster, job, at in soon:  # at most MEMQ_EXPORTER_TOP_K runs
+            at = at if at.tzinfo else at.replace(tzinfo=dt.UTC)  # SQLite returns naive UTC
+            f["memq_run_oom_eta_seconds"].add_metric([*keep.pair(cluster, job), name],
+                                                     max(0.0, (at - now).total_seconds()))
         return True
 
     def _collect_redis(self, f: dict) -> bool:

@@ -143,3 +143,13 @@ def least_headroom(session: Session, since: dt.datetime, k: int) -> list[tuple]:
     return [tuple(r) for r in session.execute(
         select(a.c.name, a.c.cluster, a.c.job, a.c.headroom, a.c.frag).where(a.c.headroom.is_not(None))
         .order_by(a.c.headroom, a.c.name).limit(k))]
+
+
+def soonest_ooms(session: Session, k: int) -> list[tuple]:
+    """(run, cluster, job, forecast OOM moment) of the `k` running runs whose forecast OOM comes first."""
+    if k <= 0:
+        return []
+    return [tuple(r) for r in session.execute(
+        select(Run.name, Run.cluster, Run.job, Run.oom_forecast_at)
+        .where(Run.status == "running", Run.oom_forecast_at.is_not(None))
+        .order_by(Run.oom_forecast_at, Run.name).limit(k))]

@@ -123,6 +123,10 @@ class Run(Base):
     fragmentation_ratio: Mapped[float | None] = mapped_column(Float)
     oom_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     snapshot_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    #: The OOM forecast of the rank that runs out first (analysis/forecast.py): the step, and when
+    #: (wall clock, from the forecast's moment and its ETA); NULL when none is expected.
+    oom_forecast_step: Mapped[int | None] = mapped_column(BigInteger)
+    oom_forecast_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime)
     created_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
     updated_at: Mapped[dt.datetime] = mapped_column(UtcDateTime, server_default=text("CURRENT_TIMESTAMP"))
 

@@ -46,7 +46,7 @@ RUN_FIELDS = ("name", "job", "cluster", "host", "username", "project", "labels",
               "cuda_version", "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes",
               "allocator_conf", "optimizer", "param_count", "world_size", "rank", "started_at", "ended_at",
               "status", "primary_cause", "cause_confidence", "peak_reserved_bytes", "peak_allocated_bytes",
-              "fragmentation_ratio", "oom_count", "snapshot_count")
+              "fragmentation_ratio", "oom_count", "snapshot_count", "oom_forecast_step", "oom_forecast_at")
 
 
 def run_dict(run: Run | Any) -> dict[str, Any]:
@@ -173,10 +173,30 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
         "snapshots": snaps,
         "diagnosis": with_rank_advice((main.result or {}).get("diagnosis") if main else None, ranks),
         "run_analysis": _diag_dict(main),
+        "forecast": run_forecast(session, run.id, rank),
         "ranks": ranks,
         "changes": changes_between(snaps),
         "stats": stat_series(session, run.id, stat_rank, points),
     }
+
+
+def run_forecast(session: Session, run_id: int, rank: int | None = None) -> dict[str, Any] | None:
+    """The run's OOM forecast (ARCHITECTURE.md "Forecast"): of the rank that will run out first, else of
+    the rank that matters most (the main diagnosis); None before any analysis."""
+    q = select(RunDiagnosis.rank, RunDiagnosis.result["forecast"].label("fc")).where(RunDiagnosis.run_id == run_id)
+    if rank is not None:
+        q = q.where(RunDiagnosis.rank == rank)
+    rows = [(r.rank, r.fc) for r in session.execute(q).all() if isinstance(r.fc, dict)]
+    if not rows:
+        return None
+    coming = [(fc.get("eta_s") if fc.get("eta_s") is not None else float("inf"), fc.get("step") or 0, rk, fc)
+              for rk, fc in rows if fc.get("oom_expected")]
+    if coming:
+        _eta, _step, rk, fc = min(coming, key=lambda t: (t[0], t[1], t[2]))
+        return dict(fc, rank=rk)
+    main = _main_diagnosis(session, run_id, rank)
+    fc = next((fc for rk, fc in rows if main is not None and rk == main.rank), rows[0][1])
+    return dict(fc, rank=main.rank if main is not None else rows[0][0])
 
 
 def rank_facts(session: Session, run_id: int) -> list[RankFacts]:

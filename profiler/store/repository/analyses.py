@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Mapping
@@ -51,7 +52,7 @@ def _figures(result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis")
+CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis", "forecast")
 MAX_DETAILS_CHARS = 512 * 1024
 
 
@@ -153,7 +154,25 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
         values["primary_cause"] = main.primary_cause
         values["cause_confidence"] = main.confidence
         values["fragmentation_ratio"] = ((main.result or {}).get("metrics") or {}).get("fragmentation_ratio")
+        values.update(forecast_summary(diags))
     session.execute(update(Run).where(Run.id == run_id).values(**values))
+
+
+def forecast_summary(diags) -> dict[str, Any]:
+    """The run row's OOM forecast columns: the rank that runs out first (its step and the wall-clock
+    moment), None when no rank's forecast expects an OOM."""
+    coming = []
+    for d in diags:
+        fc = (d.result or {}).get("forecast") or {}
+        if fc.get("oom_expected") and isinstance(fc.get("step"), int):
+            at = None
+            if isinstance(fc.get("as_of_time"), (int, float)) and isinstance(fc.get("eta_s"), (int, float)):
+                at = dt.datetime.fromtimestamp(fc["as_of_time"] + fc["eta_s"], dt.UTC)
+            coming.append((at or dt.datetime.max.replace(tzinfo=dt.UTC), fc["step"], at))
+    if not coming:
+        return {"oom_forecast_step": None, "oom_forecast_at": None}
+    _key, step, at = min(coming)
+    return {"oom_forecast_step": step, "oom_forecast_at": at}
 
 
 def max_present(*vals):
