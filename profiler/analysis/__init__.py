@@ -22,7 +22,7 @@ from typing import Any
 from profiler.analysis import frames as fr
 from profiler.analysis.checkpoint import checkpoint_load
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
-from profiler.analysis.forecast import forecast
+from profiler.analysis.forecast import forecast as oom_forecast
 from profiler.analysis.labels import agent_label
 from profiler.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
 from profiler.analysis.limits import resolve_limits
@@ -243,7 +243,7 @@ def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> di
         sps = (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
     elif figs and any(f.get("ms") for f in figs):
         sps = statistics.median(f["ms"] for f in figs if f.get("ms")) / 1000.0
-    return forecast(figs, limit, largest_segment=per[as_of]["metrics"].get("largest_segment_bytes") or None,
+    return oom_forecast(figs, limit, largest_segment=per[as_of]["metrics"].get("largest_segment_bytes") or None,
                     seconds_per_step=sps, composition=[per[i]["composition"] for i in idx],
                     as_of_time=agents[as_of].get("time"), comparable=comparable)
 

@@ -76,7 +76,8 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     peak_reserved, ...}). `comparable`: comparable snapshots ({step, epoch, active, reserved}) used
     when there are no figures. `composition`: per comparable snapshot, its composition by category
     (oldest first). Returns the contract's object, or None when there is no data at all."""
-    usable = _usable(figures)
+    figures = _usable(figures)
+    usable = figures
     live = int(usable[-1]["allocated"]) if usable else max([int(c.get("active") or 0) for c in comparable or []] + [0])
     thresh = max(LEAK_MIN_BYTES, int(LEAK_LIMIT_SHARE * (limit or live)))
     pts, basis_pts = _points(figures, comparable or [], thresh)
@@ -159,9 +160,24 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
 # -- the series ------------------------------------------------------------------------------------
 
 def _usable(figures: list[dict]) -> list[dict]:
-    """Figures after warm-up (the first optimizer step is in step 0) with the bytes the series needs."""
-    return [f for f in figures if isinstance(f.get("step"), int) and f["step"] >= 1
-            and isinstance(f.get("allocated"), int)]
+    """Figures after warm-up (the first optimizer step is in step 0) with the bytes the series needs,
+    as ints (a figure with a field of another type is dropped: figures come from other people's jobs)."""
+    out = []
+    for f in figures:
+        step, alloc = f.get("step"), f.get("allocated")
+        if not (_int(step) and _int(alloc)) or step < 1 or alloc < 0:
+            continue
+        g = dict(f)
+        for k in ("peak_allocated", "peak_reserved", "reserved"):
+            if not _int(g.get(k)):
+                g[k] = alloc
+        g["epoch"] = g.get("epoch") if _int(g.get("epoch")) else None
+        out.append(g)
+    return out
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _points(figures: list[dict], comparable: list[dict], thresh: int) -> tuple[list[Point] | None, str]:
