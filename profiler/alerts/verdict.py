@@ -90,7 +90,8 @@ def forecast_verdict(status: str, oom_at: dt.datetime | None, now: dt.datetime, 
     if last is None:
         return Verdict("forecast:1", "forecast", "leak")
     n, was_at, recorded = last
-    if left < FORECAST_EARLIER_SHARE * max(0.0, (was_at - recorded).total_seconds()):
+    said = (was_at - recorded).total_seconds()  # what the previous alert gave; <= 0: it said "due now"
+    if said > 0 and left < FORECAST_EARLIER_SHARE * said:
         return Verdict(f"forecast:{n + 1}", "forecast", "leak")
     return None
 

@@ -193,6 +193,8 @@ def test_forecast_verdict_once_then_only_when_much_earlier():
     just_over = NOW + dt.timedelta(seconds=FORECAST_EARLIER_SHARE * 7200 + 1)
     assert forecast_verdict("running", just_under, NOW, 6 * 3600, last).key == "forecast:2"
     assert forecast_verdict("running", just_over, NOW, 6 * 3600, last) is None
+    due = (1, NOW - dt.timedelta(minutes=5), NOW - dt.timedelta(minutes=1))  # it said: due now
+    assert forecast_verdict("running", NOW - dt.timedelta(minutes=9), NOW, 6 * 3600, due) is None
 
 
 def test_limit_from_context_drives_the_forecast():

@@ -1,0 +1,115 @@
+"""The OOM forecast alert end to end: a real H200 leak run (tests/fixtures/forecast, val_logits at agent
+defaults) replayed envelope by envelope into Redis at a steady pace, as a job that is still running
+sends them -> `memq dispatcher` -> a Celery worker with its beat -> PostgreSQL; the alert must reach a
+local webhook receiver before the run's OOM envelope is even sent.
+
+The job set its cap after its first steps; the replay reports the cap in `run_start` (`limit_bytes`),
+as the agent does for a job that caps itself before `agent.start`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from profiler import envelope
+from profiler.agent.spool import Spool, iter_spool_dirs
+from profiler.agent.transport import append_fields
+from tests.metrics.receiver import Receiver
+from tests.workers.stack import Stack, wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
+
+from pathlib import Path  # noqa: E402
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "forecast"
+RUN = "fc-val_logits-defaults"
+PACE_S = 1.0  # between two snapshot envelopes (the real job's epochs took 0.2 s; a real one's, minutes)
+
+
+@pytest.fixture(scope="module")
+def rx():
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, shared_redis, pg_server, rx):
+    from tests.conftest import temp_pg_database
+
+    with temp_pg_database("forecast") as url:
+        s = Stack(tmp_path_factory.mktemp("forecast"), shared_redis, url, MEMQ_ALERT_WEBHOOK_URL=rx.url,
+                  MEMQ_ALERT_SWEEP_S="1", MEMQ_ALERT_RUN_INTERVAL_S="0", MEMQ_ALERT_FORMAT="alertmanager",
+                  MEMQ_PUBLIC_URL="http://memq.test", MEMQ_FORECAST_ALERT_S="21600",
+                  MEMQ_RUN_DIAGNOSIS_DELAY_MS="300")
+        try:
+            s.upgrade()
+            s.start_worker(concurrency=1)  # with its beat: the alert sweep runs every second
+            s.start_dispatcher(wait=True)
+            yield s
+        finally:
+            s.close()
+
+
+def _forecast_alerts(rx: Receiver) -> list[dict]:
+    out = []
+    for r in list(rx.requests):
+        for a in r["body"].get("alerts") or []:
+            if a["labels"].get("alertname") == "MemqOOMForecast":
+                out.append({"key": r["key"], "alert": a, "at": r.get("t", time.time())})
+    return out
+
+
+def test_forecast_alert_arrives_before_the_oom(stack, rx, tmp_path):
+    truth = json.loads((FIX / "truth.json").read_text())["val_logits"]["defaults"]
+    src = next((FIX / "val_logits" / "defaults").iterdir())
+    shutil.copytree(src, tmp_path / "spool")
+    st = stack.settings
+    sent_oom_at = None
+    first_alert_at = None
+    (folder,) = list(iter_spool_dirs(tmp_path / "spool"))
+    for _name, msg in list(Spool(folder, max_bytes=1 << 62)):
+        fields = dict(msg.fields)
+        if fields["kind"] == "run_start":
+            payload = json.loads(fields.get("payload") or "{}")
+            payload["limit_bytes"] = truth["cap_bytes"]
+            fields["payload"] = json.dumps(payload)
+        if fields["kind"] == "snapshot" and fields.get("trigger") == "oom":
+            sent_oom_at = time.time()
+            if first_alert_at is None and _forecast_alerts(rx):
+                first_alert_at = time.time()
+        if msg.blob_key is not None:
+            stack.redis.set(envelope.parse(fields).blob_key(st.key_prefix), msg.blob, ex=3600)
+        append_fields(stack.redis, fields, stream=st.stream_key, maxlen=st.stream_maxlen)
+        if fields["kind"] == "snapshot":
+            time.sleep(PACE_S)
+            if first_alert_at is None and _forecast_alerts(rx):
+                first_alert_at = time.time()
+    assert sent_oom_at is not None
+    assert first_alert_at is not None and first_alert_at < sent_oom_at, (
+        "no forecast alert before the OOM envelope was sent", stack.memq_json("history", "--run", RUN)["forecast"],
+        stack.states(), [d.get("reason") for d in stack.dead()[:3]])
+
+    alerts = _forecast_alerts(rx)
+    a = alerts[0]["alert"]
+    assert a["labels"]["run"] == RUN and a["labels"]["severity"] == "critical"
+    desc = a["annotations"]["description"]
+    assert desc.startswith(f"run {RUN} will run out of memory in epoch ") and "per epoch" in desc
+    epoch = int(desc.split("in epoch ", 1)[1].split(" ", 1)[0])
+    assert abs(epoch - truth["oom_epoch"]) <= 1
+    assert a["annotations"]["oom_at"] and "eta" in a["annotations"]
+    # once per run: the sweep runs every second, the forecast barely moves, no second page
+    assert len({x["key"] for x in alerts}) == 1
+
+    def oom_settled():
+        doc = stack.memq_json("history", "--run", RUN)
+        return doc["run"]["status"] == "oom" and doc["run"]["oom_count"] >= 1 and doc
+
+    doc = wait_for(oom_settled, 90, 0.5, "the OOM analysed")
+    fc = doc["forecast"]
+    # a finished run keeps the forecast it had: made before the OOM, and it said so
+    assert fc["oom_expected"] is True and fc["as_of_step"] < truth["oom_step"]
+    assert abs(fc["epoch"] - truth["oom_epoch"]) <= 1
+    assert doc["run"]["oom_forecast_step"] == fc["step"]
