@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from profiler.render.forecast_text import forecast_line
 from profiler.render.step_need_text import step_need_line
 from profiler.store.report_queries import Scope, Window
 
@@ -380,6 +381,11 @@ def _add_leaks(growing: list[dict], runs: list[dict], parts: dict[int, dict], fl
                          "consecutive_grown": None, "growth_bytes": growth,
                          "mean_growth_per_epoch_bytes": None, "floors": [], "epoch_numbers": [],
                          "leak_evidence": evidence}
+    for g in have.values():
+        fc = (parts.get(g["run_id"]) or {}).get("forecast")
+        # the forecast as it was made (its time left counted from its own moment, not the report's)
+        g["forecast"] = forecast_line(fc, fc.get("as_of_time")) if isinstance(fc, dict) and fc.get("oom_expected") \
+            else None
     return sorted(have.values(), key=lambda g: (-(g["growth_bytes"] or 0), g["run"]))
 
 

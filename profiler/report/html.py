@@ -95,7 +95,7 @@ TEMPLATE = r"""<!DOCTYPE html>
 {% if d.growing %}<table><tr><th>run</th><th>job / cluster</th><th>cause</th><th>growth</th><th>per epoch</th><th>evidence</th></tr>
 {% for r in d.growing %}<tr><td>{{ r.run }}</td><td>{{ r.job or '-' }} / {{ r.cluster or '-' }}</td><td><span class="cause">{{ r.primary_cause or '-' }}</span></td>
 <td class="n">+{{ b(r.growth_bytes) }}</td><td class="n">{{ b(r.mean_growth_per_epoch_bytes) if r.mean_growth_per_epoch_bytes else '-' }}</td>
-<td>{{ r.source }}{% if r.floors %}: floor {{ r.floors|map('gib')|join(' &rarr; ')|safe }} GiB{% endif %}{% if r.leak_evidence %}<div class="muted">{{ r.leak_evidence }}</div>{% endif %}</td></tr>{% endfor %}</table>
+<td>{{ r.source }}{% if r.floors %}: floor {{ r.floors|map('gib')|join(' &rarr; ')|safe }} GiB{% endif %}{% if r.leak_evidence %}<div class="muted">{{ r.leak_evidence }}</div>{% endif %}{% if r.forecast %}<div class="forecast">forecast: {{ r.forecast }}</div>{% endif %}</td></tr>{% endfor %}</table>
 {% else %}<p class="muted">No run's memory grows across epochs.</p>{% endif %}
 
 <h2 id="changes">Changes since the previous report</h2>

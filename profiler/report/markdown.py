@@ -94,7 +94,8 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
     L += ["## Memory that grows across epochs", ""]
     if doc["growing"]:
         L += _table(["run", "job", "cause", "growth", "source"],
-                    [[g["run"], g["job"], g["primary_cause"], "+" + _b(g["growth_bytes"]), g["source"]]
+                    [[g["run"], g["job"], g["primary_cause"], "+" + _b(g["growth_bytes"]),
+                      g["source"] + (f"; forecast: {g['forecast']}" if g.get("forecast") else "")]
                      for g in doc["growing"]])
     else:
         L += ["None.", ""]

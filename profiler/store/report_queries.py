@@ -137,7 +137,7 @@ def run_metrics(session: Session, window: Window, scope: Scope) -> dict[int, dic
 
 def diagnosis_parts(session: Session, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
     """For a few runs: the main rank's oom, diagnosis (causes, recommendations), allocator settings
-    and leak verdict (from the stored result's `details`)."""
+    leak verdict (from the stored result's `details`) and OOM forecast."""
     ids = sorted({int(i) for i in run_ids})
     if not ids:
         return {}
@@ -145,7 +145,8 @@ def diagnosis_parts(session: Session, run_ids: Sequence[int]) -> dict[int, dict[
                 RunDiagnosis.result["oom"].label("oom"), RunDiagnosis.result["diagnosis"].label("diagnosis"),
                 RunDiagnosis.result["details"]["allocator_settings"].label("allocator_settings"),
                 RunDiagnosis.result["details"]["leak"].label("leak"),
-                RunDiagnosis.result["details"]["limits"].label("limits"))
+                RunDiagnosis.result["details"]["limits"].label("limits"),
+                RunDiagnosis.result["forecast"].label("forecast"))
          .where(RunDiagnosis.run_id.in_(bindparam("ids", expanding=True))))
     best: dict[int, tuple[tuple, dict]] = {}
     for r in session.execute(q, {"ids": ids}):
@@ -153,7 +154,7 @@ def diagnosis_parts(session: Session, run_ids: Sequence[int]) -> dict[int, dict[
         if r.run_id not in best or weight > best[r.run_id][0]:
             best[r.run_id] = (weight, {"rank": r.rank, "oom": r.oom, "diagnosis": r.diagnosis,
                                        "allocator_settings": r.allocator_settings, "leak": r.leak,
-                                       "limits": r.limits})
+                                       "limits": r.limits, "forecast": r.forecast})
     return {k: v[1] for k, v in best.items()}
 
 

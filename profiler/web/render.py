@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
 from profiler.playbook_doc import doc_link, web_href
+from profiler.render.forecast_text import forecast_line
 from profiler.render.reasons import said_once
 from profiler.render.step_need_text import step_need_headline
 from profiler.units import fmt_bytes
@@ -48,7 +50,8 @@ def _env():
 
     env = Environment(loader=PackageLoader("profiler.web", "templates"), autoescape=select_autoescape(["html"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes, ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""),
+    env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
+                       forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""),
                        playbook_doc=doc_link, playbook_href=web_href)
     return env
 

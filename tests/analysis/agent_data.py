@@ -107,3 +107,24 @@ def spool_run(folder: Path) -> tuple[list, OomContext | None, list[str | None]]:
             ctx = stored_context(observer_facts(payload["oom"], start.get("memory_limit_bytes"),
                                                 dev.get("total_memory") if isinstance(dev, dict) else None))
     return snaps, ctx, triggers
+
+
+FORECAST = Path(__file__).resolve().parents[1] / "fixtures" / "forecast"
+
+
+def spool_files(folder: Path, dest: Path, *, before_oom: bool = True) -> list[Path]:
+    """A spool's snapshots written out as the files `memq ingest` reads (the agent's compressed pickle
+    bytes, unchanged), in send order; with `before_oom`, only those the run sent before its OOM."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for f in sorted(Path(folder).rglob("*.mqs")):
+        msg = decode(f.read_bytes())
+        if msg.fields["kind"] != "snapshot":
+            continue
+        if before_oom and msg.fields.get("trigger") == "oom":
+            break
+        ext = {"gzip": ".pickle.gz", "zstd": ".pickle.zst"}[msg.fields["codec"]]
+        p = dest / f"snap{len(out):03d}{ext}"
+        p.write_bytes(msg.blob)
+        out.append(p)
+    return out

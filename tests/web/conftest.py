@@ -165,3 +165,20 @@ def token_server(web_history, tmp_path_factory) -> Server:
     s = _start(web_history, tmp_path_factory.mktemp("serve_token"), TOKEN)
     yield s
     _stop(s)
+
+
+@pytest.fixture(scope="session")
+def forecast_server(tmp_path_factory) -> Server:
+    """Its own history: a leak run still running, as far as its snapshots go (the H200 val_logits run
+    before its OOM), with its cap, so that its run page draws the forecast."""
+    from tests.analysis.agent_data import FORECAST, spool_files
+
+    root = tmp_path_factory.mktemp("forecast_history")
+    h = History(memq_environ(f"sqlite:///{root / 'memq.db'}", root), root)
+    leak = spool_files(next((FORECAST / "val_logits" / "defaults").iterdir()), root / "fc_leak")
+    cap = json.loads((FORECAST / "truth.json").read_text())["val_logits"]["defaults"]["cap_bytes"]
+    h.cli("ingest", *map(str, leak), "--run", "fc_leak", "--cluster", "b", "--job", "leak", "--limit", str(cap),
+          "--status", "running", "--json")
+    s = _start(h, tmp_path_factory.mktemp("serve_forecast"), None)
+    yield s
+    _stop(s)

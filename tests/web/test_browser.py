@@ -273,3 +273,22 @@ def test_a_recommendations_playbook_link_lands_on_its_entry(browser, tmp_path):
     assert page.evaluate("document.body.scrollWidth") <= WIDTH, "/playbook overflows sideways"
     assert_not_blank(shot(page, tmp_path / "playbook.png"))
     browser.clean()
+
+
+def test_run_page_draws_the_forecast(browser, forecast_server, tmp_path):
+    """A running leak run: the forecast said once above the timeline, and its projection drawn from the
+    last point up to the limit."""
+    browser.base = forecast_server.url  # its own history, beside the shared one
+    page = browser.open("/runs/fc_leak")
+    text = page.text_content("#forecast")
+    assert text.startswith("Forecast: will run out of memory in epoch "), text
+    assert page.locator("#forecast").count() == 1 and page.locator("#forecast").is_visible()
+    line = page.locator("#timeline-svg #forecast-line")
+    assert line.count() == 1
+    box = line.bounding_box()
+    # from the steps' peak now up to the limit, towards the OOM moment (this run's OOM came 2 s after its
+    # forecast, so the line is steep on an axis of its whole history)
+    assert box and box["height"] > 5 and box["width"] >= 1
+    assert "forecast OOM" in page.text_content("#timeline-svg")
+    assert_not_blank(shot(page, tmp_path / "run-forecast.png", full_page=True), red=True)
+    browser.clean()

@@ -62,6 +62,13 @@
     snaps.forEach(function (s) { pts.push(parseT(s.taken_at)); });
     var times = pts.filter(function (t) { return !isNaN(t); });
     var useIndex = times.length === 0;
+    // the forecast OOM (agent clock, seconds): the projection runs from its moment to the limit
+    var fc = hist.forecast || null, fcFrom = null, fcTo = null;
+    if (fc && fc.oom_expected && fc.as_of_time && fc.eta_s !== null && fc.eta_s !== undefined && !useIndex) {
+      fcFrom = fc.as_of_time * 1000; fcTo = (fc.as_of_time + fc.eta_s) * 1000;
+      if (!limit && fc.limit_bytes) limit = fc.limit_bytes;
+    }
+    if (fcTo !== null) times.push(fcTo);
     var t0 = useIndex ? 0 : Math.min.apply(null, times), t1 = useIndex ? Math.max(1, snaps.length - 1) : Math.max.apply(null, times);
     if (t1 === t0) { t0 -= 60000; t1 += 60000; }
     var ymax = 0;
@@ -100,6 +107,14 @@
       line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.allocated_bytes || 0)]; }), "allocated");
       document.getElementById("timeline-note").textContent =
         "No stat samples stored for this run: the lines join the snapshots' own figures.";
+    }
+    if (fcTo !== null && limit) {
+      var from = Math.max(0, limit - (fc.headroom_bytes || 0));
+      var p = el("path", {d: "M" + x(Math.max(t0, fcFrom)).toFixed(1) + "," + y(from).toFixed(1) + "L" + x(fcTo).toFixed(1) + "," +
+                         y(limit).toFixed(1), "class": "forecast", id: "forecast-line"}, svg);
+      el("title", {}, p, "forecast: the step's need reaches the limit" + (fc.epoch !== null ? " in epoch " + fc.epoch : "") + " (step " + fc.step + ")");
+      el("text", {x: x(fcTo) - 4, y: y(limit) + 14, "class": "label forecast-label", "text-anchor": "end"}, svg,
+         "forecast OOM" + (fc.epoch !== null ? " · epoch " + fc.epoch : "") + " · step " + fc.step);
     }
     if (limit) {
       el("line", {x1: L, x2: W - R, y1: y(limit), y2: y(limit), "class": "limit"}, svg);
