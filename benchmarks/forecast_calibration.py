@@ -79,9 +79,16 @@ def judge(sc: str, variant: str) -> dict:
         row["lead_s"] = round(oom_t - first["time"], 2) if first and first["time"] and oom_t else None
         row["lead_steps"] = (t["oom_step"] - first["step"]) if first and first["step"] is not None else None
         del end
+        # once made, it stays: every later forecast expects the OOM, within one epoch (or 15%) of the first
+        tol = t.get("steps_per_epoch") or STEP_TOL * t["oom_step"]
+        later = [r["forecast"] for r in rows[rows.index(first):]] if first else []
+        row["stable"] = all(f and f["oom_expected"] and abs(f["step"] - first["forecast"]["step"]) <= tol
+                            for f in later)
+        row["ok"] = row["ok"] and row["stable"]
     else:
         row["ok"] = not alarms
         row["false_alarms"] = len(alarms)
+        row["snapshots"] = len(rows)
     return row
 
 
@@ -122,7 +129,8 @@ def main() -> None:
     ctl = [r for r in rows if not r["leak"]]
     print(f"\nleaks forecast right at half their points: {sum(r['ok'] for r in leaks)}/{len(leaks)}; "
           f"controls with no false alarm: {sum(r['ok'] for r in ctl)}/{len(ctl)} "
-          f"({sum(r.get('false_alarms', 0) for r in ctl)} false alarms)")
+          f"({sum(r.get('false_alarms', 0) for r in ctl)} false alarms after {sum(r['snapshots'] for r in ctl)} "
+          "snapshots)")
 
 
 if __name__ == "__main__":
