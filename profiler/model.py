@@ -178,6 +178,9 @@ class AgentInfo:
     # Python stack of the failing allocation, taken by the agent's OOM observer in the allocating
     # thread (innermost first): the allocating line when recording was paused. Empty when unknown.
     oom_frames: tuple = ()
+    #: What the allocator may reserve as the agent read it at its last step boundary (the cap, else the
+    #: device): the limit of a running run whose cap was set after agent.start.
+    limit_bytes: int | None = None
 
 
 @dataclass(slots=True)

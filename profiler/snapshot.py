@@ -337,6 +337,7 @@ def parse_agent_info(v: Any) -> AgentInfo | None:
         comparable=v.get("comparable") is True,
         optimizer=_opt_str(v.get("optimizer"), 80), model=_opt_str(v.get("model"), 80),
         oom_frames=_oom_frames(v.get("oom_frames")),
+        limit_bytes=_opt_int(v.get("limit_bytes")) if (_opt_int(v.get("limit_bytes")) or 0) > 0 else None,
     )
 
 

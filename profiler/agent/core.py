@@ -643,6 +643,7 @@ class Agent:
                               "reason": self.policy.reason},
                 "comparable": bool(comparable), "optimizer": self._optimizer_label(),
                 "oom_frames": self._oom_frames if trigger == "oom" else None,
+                "limit_bytes": self._limit,
                 "model": self._model if isinstance(self._model, str) else
                 (type(self._model).__name__ if self._model is not None else None)}
         pl = dict(payload or {})

@@ -243,6 +243,9 @@ def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> di
         sps = (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
     elif figs and any(f.get("ms") for f in figs):
         sps = statistics.median(f["ms"] for f in figs if f.get("ms")) / 1000.0
+    # A running run's limit: the given one, else what its agent read at its last boundary (a cap set
+    # after agent.start reaches the service no other way before the OOM).
+    limit = limit or agents[as_of].get("limit_bytes") or agents[-1].get("limit_bytes")
     return oom_forecast(figs, limit, largest_segment=per[as_of]["metrics"].get("largest_segment_bytes") or None,
                     seconds_per_step=sps, composition=[per[i]["composition"] for i in idx],
                     as_of_time=agents[as_of].get("time"), comparable=comparable)

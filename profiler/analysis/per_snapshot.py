@@ -27,7 +27,8 @@ _METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio", "largest_se
 _TIMELINE = ("peak_live_bytes", "peak_reserved_bytes", "optimizer_steps", "last_cycle")
 # What the agent said about an earlier snapshot (its per-step figures are read from the last only:
 # they are cumulative, so an earlier snapshot's are a prefix of the last one's).
-_AGENT = ("trigger", "step", "epoch", "step_in_progress", "step_completed", "comparable", "optimizer", "time")
+_AGENT = ("trigger", "step", "epoch", "step_in_progress", "step_completed", "comparable", "optimizer", "time",
+          "limit_bytes")
 
 
 def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:

@@ -207,3 +207,28 @@ def test_limit_from_context_drives_the_forecast():
     some = analyze(snaps[:k], ctx=OomContext(limit_bytes=cap), triggers=trig[:k])["forecast"]
     assert some["oom_expected"] is True
     assert none["oom_expected"] in (None, True)  # device total as the limit: far off, or not known
+
+
+def test_the_agents_own_limit_is_the_running_runs_limit():
+    """A cap set after agent.start reaches the service only in the agent's snapshots (`limit_bytes`, read
+    at its boundaries): with it and no --limit, the leak run's forecast is made."""
+    import json as _json
+
+    from profiler import codec
+    from profiler.agent.spool import decode
+    from profiler.snapshot import parse_snapshot
+
+    cap = truth()["best_weights"]["defaults"]["cap_bytes"]
+    snaps, trig = [], []
+    for f in sorted((Path(__file__).resolve().parents[1] / "fixtures" / "forecast" / "best_weights"
+                     / "defaults").rglob("*.mqs")):
+        msg = decode(f.read_bytes())
+        if msg.fields["kind"] != "snapshot" or msg.fields.get("trigger") == "oom":
+            continue
+        raw = codec.decode(msg.blob)
+        raw["memq_agent"]["limit_bytes"] = cap
+        snaps.append(parse_snapshot(raw))
+        trig.append(msg.fields.get("trigger"))
+    assert _json.dumps(snaps[-1].agent.limit_bytes) == str(cap)
+    fc = analyze(snaps, triggers=trig)["forecast"]
+    assert fc["oom_expected"] is True and fc["limit_bytes"] == cap

@@ -193,3 +193,26 @@ def test_dashboards_get_the_runs_cause_for_ingested_runs_too(memq_env, store):
     m = Samples(generate_latest(registry_for(load_settings(env), store)).decode())
     assert m.get("memq_run_causes", cluster="c9", job_name="lm", cause="leak") == 1
     assert sum(v for lab, v in m.all("memq_run_causes") if lab["job_name"] == "lm") == 1
+
+
+def test_oom_eta_of_the_soonest_running_runs(store):
+    """memq_run_oom_eta_seconds: the top-K running runs whose forecast OOM comes first, seconds from the
+    scrape (0 once due); finished runs and runs with no forecast OOM have none."""
+    now = repo.utcnow()
+    with store.session() as s:
+        for i, hours in enumerate((5, 1, 3, 9)):
+            rid = add_run(s, f"fc-{i}", job=f"j{i % 2}")
+            set_run(s, rid, oom_forecast_step=100 * i, oom_forecast_at=now + dt.timedelta(hours=hours))
+        due = add_run(s, "fc-due", job="j0")
+        set_run(s, due, oom_forecast_step=7, oom_forecast_at=now - dt.timedelta(minutes=5))
+        done = add_run(s, "fc-done", job="j0", status="oom")
+        set_run(s, done, oom_forecast_step=7, oom_forecast_at=now + dt.timedelta(minutes=5))
+        add_run(s, "no-fc", job="j0")
+    env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
+    env |= {"MEMQ_EXPORTER_TOP_K": "3", "MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    m = Samples(generate_latest(registry_for(load_settings(env), store)).decode())
+    runs = [lab["run"] for lab, _ in m.all("memq_run_oom_eta_seconds")]
+    assert sorted(runs) == ["fc-1", "fc-2", "fc-due"]
+    assert m.get("memq_run_oom_eta_seconds", run="fc-due") == 0
+    assert 3600 - 120 < m.get("memq_run_oom_eta_seconds", run="fc-1") <= 3600
+    assert m.get("memq_run_oom_eta_seconds", run="fc-2", job_name="j0") > 3 * 3600 - 120
