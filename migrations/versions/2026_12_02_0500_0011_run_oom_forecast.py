@@ -21,12 +21,12 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("oom_forecast_step", sa.BigInteger(), nullable=True))
-        batch.add_column(sa.Column("oom_forecast_at", sa.DateTime(timezone=True), nullable=True))
+    op.add_column("runs", sa.Column("oom_forecast_step", sa.BigInteger(), nullable=True))
+    op.add_column("runs", sa.Column("oom_forecast_at", sa.DateTime(timezone=True), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.drop_column("oom_forecast_at")
-        batch.drop_column("oom_forecast_step")
+    # Plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+ and PostgreSQL): batch mode would rebuild `runs` on
+    # SQLite, and dropping the old table cascades to every table that references it (alerts, snapshots).
+    op.drop_column("runs", "oom_forecast_at")
+    op.drop_column("runs", "oom_forecast_step")
