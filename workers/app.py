@@ -39,6 +39,7 @@ log = logging.getLogger("memq.workers")
 ROUTES = {
     "workers.tasks.analyze_snapshot": {"queue": QUEUE_ANALYZE},
     "workers.tasks.recompute_run": {"queue": QUEUE_ANALYZE},
+    "workers.tasks.refresh_forecast": {"queue": QUEUE_ANALYZE},
     "workers.tasks.reap": {"queue": QUEUE_INGEST},
     "workers.reports.*": {"queue": QUEUE_REPORT},
     "workers.retention.trim_stream": {"queue": QUEUE_INGEST},

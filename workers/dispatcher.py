@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profiler import envelope
+from profiler.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from profiler.analysis.limits import observer_facts, real_cap
 from profiler.backoff import full_jitter
 from profiler.config import Settings, redact_url
@@ -150,6 +151,18 @@ class Dispatcher:
             analyze_snapshot.apply_async((int(snapshot_id),))
         except OperationalError as exc:
             raise BrokerUnavailable(f"cannot enqueue analysis of snapshot {snapshot_id}: {exc}") from exc
+
+    def refresh_forecast(self, run_id: int, rank: int, figures: list, ts: float) -> None:
+        """The forecast moves on with the batch's figures (a task: the dispatcher never analyses). Lost
+        when the broker is down: the next batch, or the next snapshot, carries the figures again."""
+        from kombu.exceptions import OperationalError
+
+        from workers.tasks import refresh_forecast
+
+        try:
+            refresh_forecast.apply_async((int(run_id), int(rank), figures, ts))
+        except OperationalError as exc:
+            log.warning("forecast refresh of run %s not enqueued: %s", run_id, exc)
 
     def _fault(self, point: str) -> None:
         if self.fault == f"dispatcher:{point}":
@@ -527,9 +540,15 @@ class Dispatcher:
 
     def on_stats(self, items: list[envelope.Envelope]) -> None:
         rows: list[dict] = []
+        figures: dict[tuple[int, int], tuple[list, float]] = {}
         with self._tx() as s:
             for env in items:
                 rid = self._run_id(s, env)
+                figs = env.payload.get("step_figures")
+                if isinstance(figs, list) and figs:
+                    got = figures.setdefault((rid, env.rank), ([], 0.0))
+                    got[0].extend(f for f in figs[-MAX_FORECAST_FIGURES:] if isinstance(f, dict))
+                    figures[(rid, env.rank)] = (got[0][-MAX_FORECAST_FIGURES:], max(got[1], env.ts / 1000.0))
                 if isinstance(env.payload.get("rank_figures"), dict):
                     rank_figures.upsert(s, rid, env.rank, env.payload["rank_figures"], None, _ts(env.ts))
                 samples = env.payload.get("samples")
@@ -546,6 +565,8 @@ class Dispatcher:
                         continue  # one malformed sample is skipped, not the batch
             if rows:
                 repo.insert_stat_samples(s, rows)
+        for (rid, rank), (figs, ts) in figures.items():
+            self.refresh_forecast(rid, rank, figs, ts)
         self.counts["stats"] += len(items)
         self.counts["samples"] += len(rows)
 

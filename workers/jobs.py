@@ -416,6 +416,13 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     return ((result or {}).get("diagnosis") or {}).get("primary_cause")
 
 
+def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_time: float | None) -> str:
+    """A stats batch's per-step figures move the rank's OOM forecast on (service.refresh_forecast)."""
+    from profiler.store import service
+
+    return service.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
+
+
 # ---------------------------------------------------------------------------------- what-if sweeps
 
 
@@ -514,5 +521,5 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     return [(int(r.run_id), int(r.rank)) for r in rows]
 
 
-__all__ = ["Senders", "analyze", "recompute", "reap", "sweep", "oom_snapshots", "schedule_recompute", "promote_run_status", "quarantine",
+__all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep", "oom_snapshots", "schedule_recompute", "promote_run_status", "quarantine",
            "BrokerUnavailable"]

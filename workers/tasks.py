@@ -3,6 +3,7 @@
 - `analyze_snapshot(snapshot_id)`  (queue memq.analyze): lease, analyse or reuse, upsert, status.
 - `recompute_run(run_id, rank)`    (queue memq.analyze): the run-level diagnosis (debounced).
 - `whatif_sweep(snapshot_id)`      (queue memq.analyze): the what-if sweep of an OOM snapshot.
+- `refresh_forecast(run_id, rank, figures, t)` (queue memq.analyze): a stats batch moves the forecast on.
 - `reap()`                         (queue memq.ingest, beat): expired leases and lost messages.
 Arguments are ids only; every task re-reads the state it needs from SQL.
 """
@@ -45,6 +46,11 @@ def recompute_run(self, run_id: int, rank: int = 0) -> str | None:
     return jobs.recompute(_st(), int(run_id), int(rank), SENDERS)
 
 
+@app.task(base=MemqTask, bind=True, name="workers.tasks.refresh_forecast")
+def refresh_forecast(self, run_id: int, rank: int, figures: list, as_of_time: float | None = None) -> str:
+    return jobs.refresh_forecast(_st(), int(run_id), int(rank), figures, as_of_time)
+
+
 @app.task(base=MemqTask, bind=True, name="workers.tasks.whatif_sweep")
 def whatif_sweep(self, snapshot_id: int) -> str:
     return jobs.sweep(_st(), int(snapshot_id))
@@ -55,5 +61,5 @@ def reap(self) -> dict:
     return jobs.reap(_st(), SENDERS)
 
 
-__all__ = ["analyze_snapshot", "recompute_run", "whatif_sweep", "reap", "enqueue_analysis", "send_recompute",
+__all__ = ["analyze_snapshot", "recompute_run", "refresh_forecast", "whatif_sweep", "reap", "enqueue_analysis", "send_recompute",
            "send_sweep", "SENDERS", "runtime"]

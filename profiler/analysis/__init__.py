@@ -23,6 +23,7 @@ from profiler.analysis import frames as fr
 from profiler.analysis.checkpoint import checkpoint_load
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
 from profiler.analysis.forecast import forecast as oom_forecast
+from profiler.analysis.forecast import inputs as forecast_inputs
 from profiler.analysis.labels import agent_label
 from profiler.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
 from profiler.analysis.limits import resolve_limits
@@ -157,7 +158,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         oom = {"requested_bytes": S, "limit_bytes": lim.limit,
                "fits_largest_free_block": S <= largest_usable,
                "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
-    fc = _forecast(per, heads, trig, lim.limit)
+    fc, fc_inputs = _forecast(per, heads, trig, lim.limit)
     if fc is not None and fc.get("oom_expected"):
         # where the growth is allocated and what to change there: what a page about it must say
         fc["site"] = leak.get("allocating_site") if leak.get("holds") else None
@@ -186,6 +187,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
             "timeline": {k: v for k, v in tl.items() if k not in ("step_start_indices",)},
             "peak_reserved_bytes": peak_reserved,
             "checkpoint_load": loading,
+            # what the forecast was made from: stats batches move it on (forecast.refresh)
+            "forecast_input": dict(fc_inputs, site=(fc or {}).get("site"), advice=(fc or {}).get("advice")),
             "leak": leak,
             "allocator_settings": {"known": last_snap.settings.known, "conf": last_snap.settings.conf,
                                    "non_default": last_snap.settings.non_default},
@@ -223,7 +226,7 @@ def _comparable_points(heads, per, names, triggers) -> list[dict]:
              "blocks": per[i]["live_blocks"]} for i in idx]
 
 
-def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> dict | None:
+def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> tuple[dict | None, dict]:
     """The OOM forecast as of the last snapshot that is not an OOM one (a run that has run out keeps
     the forecast it had before: it can be judged against what happened)."""
     keep = [i for i, h in enumerate(heads) if not h[4]]
@@ -246,9 +249,10 @@ def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> di
     # A running run's limit: the given one, else what its agent read at its last boundary (a cap set
     # after agent.start reaches the service no other way before the OOM).
     limit = limit or agents[as_of].get("limit_bytes") or agents[-1].get("limit_bytes")
-    return oom_forecast(figs, limit, largest_segment=per[as_of]["metrics"].get("largest_segment_bytes") or None,
-                    seconds_per_step=sps, composition=[per[i]["composition"] for i in idx],
-                    as_of_time=agents[as_of].get("time"), comparable=comparable)
+    kw = {"largest_segment": per[as_of]["metrics"].get("largest_segment_bytes") or None, "seconds_per_step": sps,
+          "composition": [dict(per[i]["composition"]) for i in idx], "comparable": comparable,
+          "as_of_time": agents[as_of].get("time")}
+    return oom_forecast(figs, limit, **kw), forecast_inputs(figs, limit, **kw)
 
 
 def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:

@@ -56,6 +56,9 @@ STATE_SHARE = 0.8
 NEAR_MISS_SHARE = 0.10
 #: The slope's uncertainty taken for the interval (standard errors).
 SIGMAS = 2.0
+#: Figures kept as a forecast's inputs (the run diagnosis stores them, stats batches add to them): the
+#: agent's own ring holds as many, and the stored details stay far under MAX_DETAILS_CHARS.
+MAX_FIGURES = 512
 #: Recent steps whose excursion above the floor (their median) sets the coming step's.
 RECENT_STEPS = 16
 
@@ -348,3 +351,34 @@ def _near_miss(pts: list[Point], limit: int) -> dict | None:
 
 def _g(n: float) -> str:
     return fmt_bytes(n, "brief")
+
+
+# -- inputs kept with the run diagnosis, refreshed by stats batches -------------------------------
+
+_FIG_KEYS = ("step", "epoch", "allocated", "peak_allocated", "peak_reserved", "reserved", "ms")
+
+
+def inputs(figures: list[dict], limit: int | None, *, largest_segment: int | None, seconds_per_step: float | None,
+           composition: list[dict], comparable: list[dict], as_of_time: float | None) -> dict:
+    """What `forecast` was given, as plain data: the run diagnosis keeps it so that the agent's stats
+    batches (per-step figures between snapshots) can move the forecast on without a snapshot."""
+    return {"figures": [{k: f.get(k) for k in _FIG_KEYS} for f in _usable(figures)][-MAX_FIGURES:],
+            "limit": limit, "largest_segment": largest_segment, "seconds_per_step": seconds_per_step,
+            "composition": composition[-8:], "comparable": comparable[-64:], "as_of_time": as_of_time}
+
+
+def refresh(kept: dict, new_figures: list[dict], as_of_time: float | None) -> tuple[dict | None, dict] | None:
+    """The forecast again with the figures of a stats batch added (those past the kept ones' last step):
+    (forecast, the inputs to keep), or None when the batch adds nothing."""
+    old = kept.get("figures") or []
+    last = max((f["step"] for f in old if _int(f.get("step"))), default=-1)
+    add = [f for f in _usable(new_figures) if f["step"] > last]
+    if not add:
+        return None
+    figs = (old + sorted(({k: f.get(k) for k in _FIG_KEYS} for f in add), key=lambda f: f["step"]))[-MAX_FIGURES:]
+    t = as_of_time if isinstance(as_of_time, (int, float)) else kept.get("as_of_time")
+    nxt = dict(kept, figures=figs, as_of_time=t)
+    fc = forecast(figs, kept.get("limit"), largest_segment=kept.get("largest_segment"),
+                  seconds_per_step=kept.get("seconds_per_step"), composition=kept.get("composition") or [],
+                  as_of_time=t, comparable=kept.get("comparable") or [])
+    return fc, nxt

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from profiler.errors import BadInput, MemqError, NotFound, SnapshotError
 from profiler.load import LoadedSnapshot, decode_snapshot_bytes, load_snapshot_file
@@ -290,6 +290,43 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                 repo.set_run_status(s, meta.name, status, ended_at=max(times))
         report.status = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
     return report
+
+
+def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], as_of_time: float | None) -> str:
+    """Move a rank's OOM forecast on with the per-step figures of a stats batch (the agent sends them
+    between snapshots). Only the `forecast` of the stored run diagnosis and the run's forecast columns
+    change, and only when the diagnosis is still the one read: a recompute that lands meanwhile wins.
+    Returns refreshed | unchanged | none (no diagnosis, or one from before forecasts were kept)."""
+    from profiler.analysis.forecast import refresh
+
+    with store.session() as s:
+        row = s.execute(select(RunDiagnosis.result, RunDiagnosis.computed_at)
+                        .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)).one_or_none()
+        if row is None:
+            return "none"
+        result = dict(row.result or {})
+        details = dict(result.get("details") or {})
+        kept = details.get("forecast_input")
+        if not isinstance(kept, dict):
+            return "none"
+        out = refresh(kept, figures, as_of_time)
+        if out is None:
+            return "unchanged"
+        fc, nxt = out
+        if fc is not None and fc.get("oom_expected"):
+            fc["site"], fc["advice"] = kept.get("site"), kept.get("advice")
+        result["forecast"] = fc
+        result["details"] = dict(details, forecast_input=nxt)
+        done = s.execute(update(RunDiagnosis)
+                         .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank,
+                                RunDiagnosis.computed_at == row.computed_at)
+                         .values(result=result).execution_options(synchronize_session=False))
+        if not done.rowcount:
+            return "unchanged"
+        diags = s.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
+        s.execute(update(Run).where(Run.id == run_id).values(**repo.forecast_summary(diags),
+                                                             updated_at=func.current_timestamp()))
+    return "refreshed"
 
 
 def stored_run_result(store: Store, run_id: int, rank: int) -> dict | None:

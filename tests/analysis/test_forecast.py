@@ -232,3 +232,25 @@ def test_the_agents_own_limit_is_the_running_runs_limit():
     assert _json.dumps(snaps[-1].agent.limit_bytes) == str(cap)
     fc = analyze(snaps, triggers=trig)["forecast"]
     assert fc["oom_expected"] is True and fc["limit_bytes"] == cap
+
+
+def test_refresh_with_a_stats_batch_moves_the_forecast_on():
+    """The inputs kept with the run diagnosis plus later figures give the forecast a full analysis of the
+    later snapshot gives (its figures are the same steps)."""
+    snaps, _ctx, trig = spool_run(next((Path(__file__).resolve().parents[1] / "fixtures" / "forecast"
+                                        / "val_logits" / "defaults").iterdir()))
+    cap = truth()["val_logits"]["defaults"]["cap_bytes"]
+    ctx = OomContext(limit_bytes=cap)
+    keep = [i for i, t in enumerate(trig) if t != "oom"]
+    early, late = keep[6], keep[-1]
+    res = analyze(snaps[:early + 1], ctx=ctx, triggers=trig[:early + 1])
+    kept = res["details"]["forecast_input"]
+    later = [{"step": f.step, "epoch": f.epoch, "allocated": f.allocated, "peak_allocated": f.peak_allocated,
+              "peak_reserved": f.peak_reserved, "reserved": f.reserved, "ms": f.ms}
+             for f in snaps[late].agent.step_figures]
+    fc, nxt = fm.refresh(kept, later, snaps[late].agent.time)
+    full = analyze(snaps[:late + 1], ctx=ctx, triggers=trig[:late + 1])["forecast"]
+    assert fc["as_of_step"] == full["as_of_step"] > res["forecast"]["as_of_step"]
+    assert fc["oom_expected"] is True and abs(fc["step"] - full["step"]) <= 12
+    assert fm.refresh(nxt, later, None) is None  # nothing past the kept figures: nothing to do
+    assert len(nxt["figures"]) <= fm.MAX_FIGURES

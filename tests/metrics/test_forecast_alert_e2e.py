@@ -113,3 +113,48 @@ def test_forecast_alert_arrives_before_the_oom(stack, rx, tmp_path):
     assert fc["oom_expected"] is True and fc["as_of_step"] < truth["oom_step"]
     assert abs(fc["epoch"] - truth["oom_epoch"]) <= 1
     assert doc["run"]["oom_forecast_step"] == fc["step"]
+
+
+def test_stats_batches_move_the_forecast_on(stack, tmp_path):
+    """Between snapshots the agent's stats batches carry the per-step figures: the dispatcher hands them
+    to a worker, which moves the stored forecast on. The run's envelopes up to its 6th snapshot, then
+    the stats batch that followed its 7th snapshot without that snapshot: the forecast must reach the
+    batch's last step."""
+    truth = json.loads((FIX / "truth.json").read_text())["best_weights"]["defaults"]
+    src = next((FIX / "best_weights" / "defaults").iterdir())
+    shutil.copytree(src, tmp_path / "spool")
+    (folder,) = list(iter_spool_dirs(tmp_path / "spool"))
+    msgs = [dict(m.fields, _blob=m.blob, _key=m.blob_key) for _n, m in Spool(folder, max_bytes=1 << 62)]
+    snaps = [i for i, m in enumerate(msgs) if m["kind"] == "snapshot"]
+    cut, skipped = snaps[5], snaps[6]
+    stats_after = next(i for i in range(skipped + 1, len(msgs)) if msgs[i]["kind"] == "stats")
+    run = "fc-stats-refresh"
+    st = stack.settings
+
+    def send(m: dict) -> None:
+        fields = {k: v for k, v in m.items() if not k.startswith("_")}
+        fields["run"] = run
+        if fields["kind"] == "run_start":
+            payload = json.loads(fields.get("payload") or "{}")
+            payload["limit_bytes"] = truth["cap_bytes"]
+            fields["payload"] = json.dumps(payload)
+        if m["_key"] is not None:
+            stack.redis.set(envelope.parse(fields).blob_key(st.key_prefix), m["_blob"], ex=3600)
+        append_fields(stack.redis, fields, stream=st.stream_key, maxlen=st.stream_maxlen)
+
+    for m in msgs[:cut + 1]:
+        send(m)
+    step_cut = int(msgs[cut]["step"])
+
+    def forecast_at(step: int):
+        fc = stack.memq_json("history", "--run", run).get("forecast")
+        return fc if fc and fc.get("as_of_step") is not None and fc["as_of_step"] >= step else None
+
+    wait_for(lambda: forecast_at(step_cut), 60, 0.5, "the forecast of the first snapshots")
+    batch = json.loads(msgs[stats_after]["payload"])["step_figures"]
+    last = max(f["step"] for f in batch)
+    assert last > step_cut
+    send(msgs[stats_after])
+    fc = wait_for(lambda: forecast_at(last), 60, 0.5, "the forecast moved on by the stats batch")
+    assert fc["as_of_step"] == last and fc["oom_expected"] is True
+    assert abs(fc["epoch"] - truth["oom_epoch"]) <= 1
