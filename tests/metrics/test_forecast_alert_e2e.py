@@ -144,16 +144,21 @@ def test_stats_batches_move_the_forecast_on(stack, tmp_path):
 
     for m in msgs[:cut + 1]:
         send(m)
-    step_cut = int(msgs[cut]["step"])
+
+    def settled():
+        doc = stack.memq_json("history", "--run", run)
+        fc = doc.get("forecast")
+        return doc["run"]["snapshot_count"] == 6 and fc and fc.get("as_of_step") is not None and fc
+
+    base = wait_for(settled, 60, 0.5, "the forecast of the first six snapshots")["as_of_step"]
 
     def forecast_at(step: int):
         fc = stack.memq_json("history", "--run", run).get("forecast")
         return fc if fc and fc.get("as_of_step") is not None and fc["as_of_step"] >= step else None
 
-    wait_for(lambda: forecast_at(step_cut), 60, 0.5, "the forecast of the first snapshots")
     batch = json.loads(msgs[stats_after]["payload"])["step_figures"]
     last = max(f["step"] for f in batch)
-    assert last > step_cut
+    assert last > base
     send(msgs[stats_after])
     fc = wait_for(lambda: forecast_at(last), 60, 0.5, "the forecast moved on by the stats batch")
     assert fc["as_of_step"] == last and fc["oom_expected"] is True
