@@ -241,6 +241,15 @@ class Settings:
         ("Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, "
          "debugging)."),
         minimum=0)
+    agent_key: str = setting("", "MEMQ_AGENT_KEY",
+        ('Agent and `memq push`: the signing key, JSON `{"kid": ..., "secret": ...}` (profiler/identity.py); '
+         "'' = envelopes go unsigned. Give it as a mounted file: MEMQ_AGENT_KEY_FILE."),
+        from_file=True)
+    agent_keyring: str = setting("", "MEMQ_AGENT_KEYRING",
+        ('Dispatcher: the keyring, JSON `{"keys": [{"kid", "principal", "secret", "clusters", "jobs"}]}`. '
+         "Set, it takes only signed envelopes, each within its key's clusters and jobs, and binds every "
+         "run to the principal that created it; '' = unsigned envelopes are taken. Use MEMQ_AGENT_KEYRING_FILE."),
+        from_file=True)
     serve_token: str = setting("", "MEMQ_SERVE_TOKEN",
         ("`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page "
          "once with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),

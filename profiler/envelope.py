@@ -67,6 +67,8 @@ class Envelope:
     nonce: str | None = None
     v: int = VERSION
     extra: dict = field(default_factory=dict)
+    #: The principal whose key signed it (profiler/identity.py, set by the dispatcher); "" unsigned.
+    owner: str = ""
 
     @property
     def oom(self) -> dict | None:

@@ -38,6 +38,7 @@ SIGTERM / SIGINT: finish the current entry, acknowledge what is done, stop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -48,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from profiler import envelope
+from profiler import envelope, identity
 from profiler.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from profiler.analysis.limits import observer_facts, real_cap
 from profiler.backoff import full_jitter
@@ -114,14 +115,16 @@ class Dispatcher:
         self._backlog: list[Entry] = []
         self._next_claim = 0.0
         self._next_partitions = 0.0
-        self._run_ids: dict[str, int] = {}
+        self._run_ids: dict[str, tuple[int, str | None]] = {}  # run name -> (id, owner)
         self._single = False  # after an unexpected error: one entry at a time
         self.limits = envelope.Limits.of(st)
+        # Set, only signed envelopes pass the door (profiler/identity.py); a bad keyring stops the start.
+        self.keyring = identity.parse_keyring(st.agent_keyring) if st.agent_keyring else {}
         self._sized: dict[str, int] = {}  # sha256 -> size, of the blobs inflated in the batch in hand
         self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
-        self._uncommitted: dict[str, int] = {}
+        self._uncommitted: dict[str, tuple[int, str | None]] = {}
         self.fault = armed_fault()  # the crash tests' kill points; '' unless the test harness started us
-        self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
+        self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs", "identity_refused",
                                      "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None
         # agents whose ACL refuses XADD append to an inbox list; moved into the stream here
@@ -410,6 +413,12 @@ class Dispatcher:
                 continue
             try:
                 env = envelope.parse(fields, self.limits)
+                if self.keyring:
+                    env = dataclasses.replace(env, owner=identity.verify(fields, self.keyring))
+            except identity.IdentityError as exc:
+                self.counts["identity_refused"] += 1
+                self._dead_and_ack(eid, fields, f"identity: {exc}")
+                continue
             except BadInput as exc:
                 self._dead_and_ack(eid, fields, f"bad envelope: {exc}")
                 continue
@@ -484,14 +493,21 @@ class Dispatcher:
         log.warning("dead letter %s: %s", eid, reason)
 
     def _run_id(self, session, env: envelope.Envelope) -> int:
-        rid = self._run_ids.get(env.run)
-        if rid is None:
+        """The run's id, created by this envelope when new. An envelope of a run that another identity
+        created raises IdentityError (the entry is dead-lettered: nothing of the run changes)."""
+        got = self._run_ids.get(env.run)
+        if got is None:
             rid = repo.upsert_run(session, repo.RunMeta(name=env.run, cluster=env.cluster, job=real_id(env.job),
-                                                        host=env.host or None, started_at=_ts(env.ts)),
+                                                        host=env.host or None, started_at=_ts(env.ts),
+                                                        owner=env.owner or None),
                                   first_wins=True)
+            got = (rid, repo.run_owner(session, rid))
             self.counts["runs"] += 1
-            self._uncommitted[env.run] = rid
-        return rid
+            self._uncommitted[env.run] = got
+        err = identity.owner_mismatch(env.run, got[1], env.owner)
+        if err is not None:
+            raise err
+        return got[0]
 
     @contextlib.contextmanager
     def _tx(self):
@@ -523,7 +539,8 @@ class Dispatcher:
             optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
             world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:
-            self._uncommitted[env.run] = repo.upsert_run(s, meta, first_wins=True)
+            self._run_id(s, env)  # creates the run, or refuses another identity's before anything changes
+            self._uncommitted[env.run] = (repo.upsert_run(s, meta, first_wins=True), env.owner or None)
         self.counts["runs"] += 1
 
     def on_run_end(self, env: envelope.Envelope) -> None:

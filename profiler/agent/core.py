@@ -111,13 +111,14 @@ class Agent:
         root = Path(spool_dir or st.spool_dir).expanduser()
         self.spool_path = root / _safe(self.run) / f"rank{self.rank}-{_safe(self.identity['host'])}-{os.getpid()}"
         self.counters_obj = Counters()
+        self.key_error: str | None = None
         self.transport = Transport(
             identity=self.identity, spool=Spool(self.spool_path, spool_max_bytes or st.spool_max_bytes, fsync=fsync),
             redis_url=redis_url or st.redis_url, stream=stream or st.stream_key,
             key_prefix=key_prefix or st.key_prefix, maxlen=stream_maxlen or st.stream_maxlen,
             blob_ttl_s=blob_ttl_s or st.blob_ttl_s, codec=codec, send_timeout_s=send_timeout_s,
             queue_size=queue_size, client_factory=client_factory, backoff_s=backoff_s, counters=self.counters_obj,
-            adopt=self._claim_orphan_spools)
+            adopt=self._claim_orphan_spools, signing_key=self._signing_key(st.agent_key))
         # state
         self.step: int | None = None
         self.epoch: int | None = None
@@ -655,6 +656,21 @@ class Agent:
         item = Item("snapshot", payload=pl, obj=obj, trigger=trigger, step=step, epoch=self.epoch,
                     wait=wait, wait_s=self.oom_message_wait_s if wait is not None else 0.0, finish=finish)
         return self.transport.submit(item)
+
+    def _signing_key(self, text: str):
+        """The key of MEMQ_AGENT_KEY(_FILE); a bad one is reported (counters, last error), never raised
+        into the job: its envelopes then go unsigned, and a signing deployment dead-letters them."""
+        if not text:
+            return None
+        from profiler.errors import BadInput
+        from profiler.identity import parse_key
+
+        try:
+            return parse_key(text)
+        except BadInput as exc:
+            self.counters_obj.add("errors")
+            self.key_error = f"MEMQ_AGENT_KEY: {exc}"
+            return None
 
     def _optimizer_label(self) -> str | None:
         if isinstance(self._optimizer, str):

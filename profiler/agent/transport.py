@@ -128,8 +128,9 @@ class Transport:
                  codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
                  max_pending_snapshots: int = 16, backoff_s: tuple[float, float] = (0.5, 30.0),
                  client_factory: Callable[[], Any] | None = None, counters: Counters | None = None,
-                 adopt: Callable[[], list] | None = None, jitter: bool = True):
+                 adopt: Callable[[], list] | None = None, jitter: bool = True, signing_key=None):
         self.identity = identity  # run, cluster, job, rank, host
+        self.signing_key = signing_key  # profiler.identity.Key: every envelope is signed with it
         self.spool = spool
         self.redis_url = redis_url
         self.stream = stream
@@ -294,7 +295,7 @@ class Transport:
         common = dict(run=ident["run"], cluster=ident["cluster"], rank=ident.get("rank", 0), job=ident.get("job"),
                       host=ident.get("host"), ts=item.ts, payload=item.payload)
         if item.kind != "snapshot":
-            return Message(fields=envelope.build(item.kind, **common))
+            return Message(fields=self._signed(envelope.build(item.kind, **common)))
         obj = item.obj
         data = bytes(obj) if isinstance(obj, (bytes, bytearray, memoryview)) else pickle.dumps(obj, protocol=4)
         sha = hashlib.sha256(data).hexdigest()
@@ -302,7 +303,14 @@ class Transport:
         nonce = envelope.new_nonce()  # the blob key other jobs cannot guess (envelope.blob_key)
         fields = envelope.build("snapshot", sha256=sha, size=len(data), codec=self.codec, trigger=item.trigger,
                                 step=item.step, epoch=item.epoch, nonce=nonce, **common)
-        return Message(fields=fields, blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix, nonce))
+        return Message(fields=self._signed(fields), blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix, nonce))
+
+    def _signed(self, fields: dict) -> dict:
+        if self.signing_key is None:
+            return fields
+        from profiler.identity import sign
+
+        return sign(fields, self.signing_key)
 
     def deliver(self, msg: Message, spool_only: bool = False) -> None:
         if not spool_only and self._connected():

@@ -66,7 +66,7 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     # is an error here, not a silent spool.
     transport = Transport(identity=identity, spool=Spool(os.path.join(st.spool_dir, "push-unused"), 0), redis_url=None,
                           stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
-                          blob_ttl_s=st.blob_ttl_s)
+                          blob_ttl_s=st.blob_ttl_s, signing_key=_key(st.agent_key))
     ts = envelope.now_ms()
     messages, sent = [], []
     for i, path in enumerate(files):
@@ -117,3 +117,16 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
         click.echo(f"pushed {s['file']} ({s['sha256'][:12]}, {s['trigger']})")
     click.echo(f"{len(sent)} snapshots of run {run_name} sent to {st.stream_key} at {redact_url(url)}; "
                f"`memq status` shows the backlog, `memq history --run {run_name}` the results")
+
+
+def _key(text: str):
+    """MEMQ_AGENT_KEY(_FILE), the key envelopes are signed with; a bad key file is an error here."""
+    if not text:
+        return None
+    from profiler.errors import BadInput
+    from profiler.identity import parse_key
+
+    try:
+        return parse_key(text)
+    except BadInput as exc:
+        raise BadInput(f"MEMQ_AGENT_KEY: {exc.message}", hint="a JSON object with kid and secret") from exc

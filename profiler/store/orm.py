@@ -123,6 +123,9 @@ class Run(Base):
     fragmentation_ratio: Mapped[float | None] = mapped_column(Float)
     oom_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     snapshot_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    #: The principal whose signed envelope created the run (profiler/identity.py); NULL: unsigned or
+    #: ingested. Envelopes of the run from anyone else are dead-lettered; never updated.
+    owner: Mapped[str | None] = mapped_column(String(200))
     #: The OOM forecast of the rank that runs out first (analysis/forecast.py): the step, and when
     #: (wall clock, from the forecast's moment and its ETA); NULL when none is expected.
     oom_forecast_step: Mapped[int | None] = mapped_column(BigInteger)

@@ -47,6 +47,8 @@ class RunMeta:
     started_at: dt.datetime | None = None
     ended_at: dt.datetime | None = None
     status: str | None = None
+    #: Set on the insert only (the creating envelope's principal); an upsert never changes it.
+    owner: str | None = None
 
     def __post_init__(self):
         if not self.name or len(self.name) > 200:
@@ -123,3 +125,7 @@ def delete_run(session: Session, run_name: str) -> None:
     session.execute(RankFigures.__table__.delete().where(RankFigures.run_id == run_id))
     session.execute(Snapshot.__table__.delete().where(Snapshot.run_id == run_id))
     session.execute(Run.__table__.delete().where(Run.id == run_id))
+
+
+def run_owner(session: Session, run_id: int) -> str | None:
+    return session.execute(select(Run.owner).where(Run.id == run_id)).scalar_one_or_none()

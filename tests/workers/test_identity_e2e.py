@@ -1,0 +1,113 @@
+"""One job cannot touch another's data (deploy/SECURITY.md, "Identity"): a dispatcher with a keyring takes
+only signed envelopes, each within its key's clusters and jobs, and binds every run to the principal that
+created it. Real Redis (own prefix), a real dispatcher and worker on their own PostgreSQL database; the
+victim's run is pushed with `memq push` under its own key, the attacks are envelopes an agent with another
+team's key (or none) can write."""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+import pytest
+
+from profiler import envelope, identity
+from profiler.agent.transport import append_fields
+from tests.workers.stack import REAL, Stack, wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
+
+SGD = REAL / "seed_sgd"
+
+
+def _key(kid: str, principal: str, clusters: list[str]) -> dict:
+    return {"kid": kid, "principal": principal, "secret": secrets.token_hex(32), "clusters": clusters}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    ring = [_key("a1", "team-a", ["c-a"]), _key("a2", "team-a", ["c-a"]), _key("b1", "team-b", ["c-b", "c-b-*"])]
+    (d / "keyring.json").write_text(json.dumps({"keys": ring}))
+    files = {}
+    for k in ring:
+        files[k["kid"]] = d / f"{k['kid']}.json"
+        files[k["kid"]].write_text(json.dumps({"kid": k["kid"], "secret": k["secret"]}))
+    return {"ring": d / "keyring.json", "files": files,
+            "keys": {k["kid"]: identity.Key(kid=k["kid"], secret=bytes.fromhex(k["secret"])) for k in ring}}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, shared_redis, pg_server, keys):
+    from tests.conftest import temp_pg_database
+
+    with temp_pg_database("ident") as url:
+        s = Stack(tmp_path_factory.mktemp("ident"), shared_redis, url, MEMQ_AGENT_KEYRING_FILE=str(keys["ring"]))
+        try:
+            s.upgrade()
+            s.start_worker(concurrency=1, beat=False)
+            s.start_dispatcher(wait=True)
+            yield s
+        finally:
+            s.close()
+
+
+def _push(stack, key_file, *args, check=True):
+    env = dict(stack.env)
+    stack.env.pop("MEMQ_AGENT_KEY_FILE", None)
+    if key_file is not None:
+        stack.env["MEMQ_AGENT_KEY_FILE"] = str(key_file)
+    try:
+        return stack.memq("push", *args, check=check)
+    finally:
+        stack.env = env
+
+
+def _victim(stack) -> dict:
+    return stack.memq_json("history", "--run", "victim")
+
+
+def _dead_reasons(stack) -> list[str]:
+    return [d.get("reason", "") for d in stack.dead()]
+
+
+def test_a_run_is_its_creators(stack, keys):
+    _push(stack, keys["files"]["a1"], str(SGD / "epoch0.pickle.gz"), "--run", "victim", "--cluster", "c-a",
+          "--job", "train")
+    _push(stack, keys["files"]["a2"], str(SGD / "epoch1.pickle.gz"), "--run", "victim", "--cluster", "c-a",
+          "--job", "train")  # the same team's rotated key writes the same run
+    try:
+        wait_for(lambda: _victim(stack)["run"]["snapshot_count"] == 2, 90, 0.5, "the two snapshots")
+    except AssertionError as exc:
+        raise AssertionError((_dead_reasons(stack), stack.log_tail("dispatcher", 1500))) from exc
+    before = _victim(stack)["run"]
+    assert stack.rows("SELECT owner FROM runs WHERE name = 'victim'")[0][0] == "team-a"
+
+    # another team's key, its own cluster, the victim's run name: a snapshot, a run_start and a run_end
+    _push(stack, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-b")
+    st = stack.settings
+    for kind, payload in (("run_start", {"world_size": 1, "device_total": 1}), ("run_end", {"status": "oom"})):
+        fields = identity.sign(envelope.build(kind, run="victim", cluster="c-b", job="train", payload=payload),
+                               keys["keys"]["b1"])
+        append_fields(stack.redis, fields, stream=st.stream_key, maxlen=st.stream_maxlen)
+    # the other team claiming the victim's cluster; a tampered signature; no signature at all
+    _push(stack, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "b-run", "--cluster", "c-a")
+    good = identity.sign(envelope.build("run_end", run="victim", cluster="c-a", job="train",
+                                        payload={"status": "completed"}), keys["keys"]["a1"])
+    append_fields(stack.redis, dict(good, payload=json.dumps({"status": "oom"})), stream=st.stream_key,
+                  maxlen=st.stream_maxlen)
+    _push(stack, None, str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-a", "--job", "train")
+
+    def all_dead():
+        r = _dead_reasons(stack)
+        return len(r) >= 8 and r
+    reasons = wait_for(all_dead, 60, 0.5, "every forged envelope dead-lettered")
+    # the push (its run_start, snapshot, run_end) and the two forged envelopes
+    assert sum("belongs to team-a" in r for r in reasons) >= 5, reasons
+    assert any("may not write cluster 'c-a'" in r for r in reasons), reasons
+    assert any("bad signature" in r for r in reasons), reasons
+    assert any("unsigned envelope" in r for r in reasons), reasons
+    after = _victim(stack)["run"]
+    for k in ("cluster", "job", "status", "world_size", "gpu_memory_bytes", "snapshot_count", "ended_at"):
+        assert after[k] == before[k], k
+    assert stack.rows("SELECT count(*) FROM runs WHERE name = 'b-run'")[0][0] == 0
