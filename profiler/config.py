@@ -283,6 +283,10 @@ class Settings:
         ("Alerts: a running run whose forecast OOM comes sooner than this many seconds is alerted (once, and "
          "again only when the forecast moves to under half the time the last alert gave); 0 = never."),
         minimum=0)
+    alert_max_per_hour: int = setting(60, "MEMQ_ALERT_MAX_PER_HOUR",
+        ("Alerts: pages of all jobs together in any hour (alerts and summaries); beyond it verdicts are "
+         "suppressed and summarised per job as with MEMQ_ALERT_JOB_MAX_PER_HOUR, and summaries wait for room."),
+        minimum=1)
     alert_lookback_h: int = setting(24, "MEMQ_ALERT_LOOKBACK_H",
         "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.",
         minimum=1)

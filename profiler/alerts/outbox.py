@@ -239,6 +239,30 @@ def _job_recent(session: Session, cluster: str | None, job: str | None, now: dt.
     return int(n)
 
 
+#: A summary held back by the limit of all jobs is tried again this much later.
+GLOBAL_RETRY_S = 300
+
+
+def _global_recent(session: Session, now: dt.datetime, *, alert: int | None = None, summary: int | None = None) -> int:
+    """Pages of every job in the last JOB_WINDOW_S (alerts claimed, suppressed never are, and summaries),
+    the one being claimed left out."""
+    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
+    qa = select(func.count()).select_from(Alert).where(Alert.state != "suppressed", Alert.claimed_at > since)
+    qs = select(func.count()).select_from(AlertSummary).where(AlertSummary.claimed_at > since)
+    if alert is not None:
+        qa = qa.where(Alert.id != alert)
+    if summary is not None:
+        qs = qs.where(AlertSummary.id != summary)
+    return int(session.execute(qa).scalar_one()) + int(session.execute(qs).scalar_one())
+
+
+def _lock_global(session: Session) -> None:
+    """Claims of every job count against one window: taken one at a time (PostgreSQL; SQLite writes
+    one transaction at a time anyway)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext('memq-alerts:global'))"))
+
+
 def _lock_job(session: Session, cluster: str | None, job: str | None) -> None:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
@@ -278,6 +302,15 @@ def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None
         _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
              last_error=f"rate limit: {recent} alerts of this job in the last hour "
                         f"(MEMQ_ALERT_JOB_MAX_PER_HOUR={st.alert_job_max_per_hour})")
+        return None
+    _lock_global(session)
+    every = _global_recent(session, now, alert=row.id)
+    if every >= st.alert_max_per_hour:
+        # a flood of forged or real job names cannot page more than this; held-back verdicts are
+        # summarised per job as the job limit's are, and summaries wait for room in this window too
+        _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
+             last_error=f"rate limit: {every} alerts of all jobs in the last hour "
+                        f"(MEMQ_ALERT_MAX_PER_HOUR={st.alert_max_per_hour})")
         return None
     return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at))
@@ -368,8 +401,9 @@ def summarise_job(session: Session, st: Settings, cluster: str | None, job: str 
 
 
 def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datetime | None = None) -> Claim | None:
-    """Take one summary for sending, as `claim` takes an alert: same lease, same attempts limit. No
-    rate limit holds it back (it is what the limit owes the on-call person), but it takes a slot."""
+    """Take one summary for sending, as `claim` takes an alert: same lease, same attempts limit. The
+    job's limit does not hold it back (it is what that limit owes the on-call person), but it takes a
+    slot; the limit of all jobs (MEMQ_ALERT_MAX_PER_HOUR) makes it wait GLOBAL_RETRY_S at a time."""
     now = now or repo.utcnow()
     t = repo.db_time(session, now)
     token = str(uuid.uuid4())
@@ -388,6 +422,12 @@ def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datet
     # its claimed_at counts in the job's window: committed under the job's lock, as a claim's
     # count of that window is read under it
     _lock_job(session, row.cluster, row.job)
+    _lock_global(session)
+    if _global_recent(session, now, summary=row.id) >= st.alert_max_per_hour:
+        # the window of all jobs is full: the summary waits (its rows stay covered by it)
+        _set(session, row.id, AlertSummary, state="pending", lease_until=None, claim_token=None, claimed_at=None,
+             attempts=row.attempts - 1, next_attempt_at=t + dt.timedelta(seconds=GLOBAL_RETRY_S))
+        return None
     return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at), summary=True)
 

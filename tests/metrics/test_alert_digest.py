@@ -396,6 +396,39 @@ def test_a_summary_out_of_attempts_fails_and_its_rows_stay_covered(store):
 # ------------------------------------------------------------------------------- pure, schema
 
 
+@pytest.mark.parametrize("limit", [5, 6])
+def test_a_flood_of_job_names_pages_at_most_the_global_limit(store, limit):
+    """30 OOM runs under 30 job names (what forged names look like): MEMQ_ALERT_MAX_PER_HOUR pages in
+    the hour, the rest suppressed; an hour later their per-job summaries go out within the same limit,
+    the others wait, and every verdict is covered by exactly one page in the end."""
+    t0 = repo.utcnow()
+    with Receiver() as rx:
+        st = _st(store, rx.url, MEMQ_ALERT_JOB_MAX_PER_HOUR=10, MEMQ_ALERT_MAX_PER_HOUR=limit)
+        for i in range(30):
+            _add_runs(store, f"f{i:02d}", ["capacity"], job=f"job-{i:02d}")
+        assert len(delivery.sweep(store, st, now=t0)) == 30
+        assert delivery.deliver_due(store, st, now=t0)["sent"] == limit
+        later = delivery.deliver_due(store, st, now=t0 + dt.timedelta(minutes=30))
+        assert "sent" not in later and "summary_sent" not in later  # summaries wait for the window
+        assert len(rx.requests) == limit
+        t = t0 + HOUR + dt.timedelta(seconds=1)
+        hours = 0
+        while len(rx.requests) < 30 and hours < 10:
+            before = len(rx.requests)
+            for minutes in range(0, 60, 5):  # the sweep runs all along; held summaries retry
+                delivery.deliver_due(store, st, now=t + dt.timedelta(minutes=minutes))
+            assert len(rx.requests) - before <= limit  # never more than the limit in any hour
+            t += HOUR
+            hours += 1
+    assert len(rx.requests) == 30 and len(rx.keys()) == 30
+    summaries = _summaries(store)
+    assert len(summaries) == 30 - limit and all(x.state == "sent" and x.covered == 1 for x in summaries)
+    rows = _alerts(store)
+    assert sum(a.state == "sent" for a in rows) == limit
+    assert all(a.summarised_by is not None for a in rows if a.state == "suppressed")
+    assert all("MEMQ_ALERT_MAX_PER_HOUR" in (a.last_error or "") for a in rows if a.state == "suppressed")
+
+
 def test_summary_wording_of_a_single_verdict():
     at = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
     body = summary_body(None, "solo", [Covered(7, "only", "near_miss", "near_miss", "healthy", at)], "", 5)
