@@ -74,6 +74,10 @@ def collect_status(st, with_db: bool = True) -> dict:
                  "dead_letters": {"key": st.dead_letter_key}, "workers": [], "dispatchers": []}
     s = doc["stream"]
     s["length"] = int(r.xlen(st.stream_key))
+    from profiler.redis_functions import inbox_key
+
+    # what agents appended through the inbox and the relay has not moved yet (an outage backlog)
+    s["inbox"] = int(r.llen(inbox_key(st.stream_key)))
     groups = []
     try:
         groups = r.xinfo_groups(st.stream_key)

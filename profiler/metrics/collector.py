@@ -29,6 +29,7 @@ MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
                                                                  comes first (0 once it is due)
 from Redis (the functions `memq status` uses)
 - memq_stream_length, memq_stream_lag, memq_stream_pending      ingest stream, consumer group
+- memq_inbox_length                                             the agents' inbox not yet relayed
 - memq_dead_letters                                             entries in the dead-letter stream
 - memq_dead_lettered_total                                      dead letters ever written (alert on this)
 - memq_queue_depth{queue}, memq_queue_unacked                   Celery queues
@@ -95,6 +96,8 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "memq_stream_length": ("gauge", "Entries in the ingest stream.", ()),
     "memq_stream_lag": ("gauge", "Ingest stream entries not yet read by the dispatchers' group.", ()),
     "memq_stream_pending": ("gauge", "Ingest stream entries read but not acknowledged.", ()),
+    "memq_inbox_length": ("gauge", "Envelopes in the agents' inbox list not yet relayed into the stream (an "
+                                   "outage backlog waits here, never trimmed).", ()),
     "memq_dead_letters": ("gauge", "Entries in the dead-letter stream (trimmed at about 100,000).", ()),
     "memq_dead_lettered": ("counter", "Dead letters ever written (the stream is trimmed; this is not).", ()),
     "memq_queue_depth": ("gauge", "Tasks waiting in a Celery queue.", ("queue",)),
@@ -295,6 +298,7 @@ class MemqCollector(Collector):
         s = doc["stream"]
         f["memq_stream_length"].add_metric([], s["length"])
         f["memq_stream_pending"].add_metric([], s["pending"])
+        f["memq_inbox_length"].add_metric([], s.get("inbox", 0))
         if s.get("lag") is not None:
             f["memq_stream_lag"].add_metric([], float(s["lag"]))
         elif s.get("group") is None:

@@ -9,6 +9,7 @@ import datetime as dt
 import math
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import select, update
 
@@ -216,3 +217,23 @@ def test_oom_eta_of_the_soonest_running_runs(store):
     assert m.get("memq_run_oom_eta_seconds", run="fc-due") == 0
     assert 3600 - 120 < m.get("memq_run_oom_eta_seconds", run="fc-1") <= 3600
     assert m.get("memq_run_oom_eta_seconds", run="fc-2", job_name="j0") > 3 * 3600 - 120
+
+
+@pytest.mark.redis
+def test_inbox_backlog_is_a_metric(store, shared_redis):
+    """memq_inbox_length: what agents appended through the inbox and no relay has moved (nothing reads
+    this test's stream)."""
+    import secrets
+
+    import redis
+
+    stream = f"memqtest:inbox:{secrets.token_hex(6)}"
+    r = redis.Redis.from_url(shared_redis)
+    r.rpush(f"{stream}:inbox", "a", "b", "c")
+    try:
+        env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
+        env |= {"MEMQ_REDIS_URL": shared_redis, "MEMQ_STREAM": stream, "MEMQ_KEY_PREFIX": stream + ":"}
+        m = Samples(generate_latest(registry_for(load_settings(env), store)).decode())
+        assert m.get("memq_inbox_length") == 3 and m.get("memq_up", component="redis") == 1
+    finally:
+        r.delete(f"{stream}:inbox")
