@@ -2,7 +2,7 @@
 
 Redis cannot say which ACL user appended a stream entry, so the writer signs it. An agent holds one key
 (`MEMQ_AGENT_KEY_FILE`: `{"kid": ..., "secret": ...}`); the dispatcher holds the keyring
-(`MEMQ_AGENT_KEYS_FILE`: `{"keys": [{"kid", "principal", "secret", "clusters", "jobs"}]}`):
+(`MEMQ_AGENT_KEYRING_FILE`: `{"keys": [{"kid", "principal", "secret", "clusters", "jobs"}]}`):
 
 - `sign(fields, key)` adds `kid` and `sig` = HMAC-SHA256(secret, the canonical form of every other field).
   A snapshot's fields hold the sha256 of its bytes, which the dispatcher checks against the blob, so

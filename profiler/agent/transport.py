@@ -123,6 +123,10 @@ def make_client(url: str, timeout_s: float):
 
 
 class Transport:
+    #: profiler.identity.Key that signs every envelope; None: unsigned (the class default keeps a
+    #: transport built field by field, as serialize()'s callers may, unsigned)
+    signing_key = None
+
     def __init__(self, *, identity: dict, spool: Spool, redis_url: str | None, stream: str = "memq:ingest",
                  key_prefix: str = "memq:", maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,
                  codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
@@ -306,11 +310,12 @@ class Transport:
         return Message(fields=self._signed(fields), blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix, nonce))
 
     def _signed(self, fields: dict) -> dict:
-        if self.signing_key is None:
+        key = self.signing_key
+        if key is None:
             return fields
         from profiler.identity import sign
 
-        return sign(fields, self.signing_key)
+        return sign(fields, key)
 
     def deliver(self, msg: Message, spool_only: bool = False) -> None:
         if not spool_only and self._connected():
