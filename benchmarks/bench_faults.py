@@ -3,7 +3,9 @@ every accepted snapshot land exactly once in PostgreSQL?
 
 What runs: a private `redis-server` (AOF, fsync always, as a production Redis with persistence) that is
 the stream, the blobs and the Celery broker; a temporary database on the shared PostgreSQL (created,
-migrated, dropped); `memq dispatcher` and `memq worker -c 2` as subprocesses. 50 real agent transports
+migrated, dropped); `memq dispatcher`, `memq worker -c 2` and one `celery beat` (the reaper, every
+`MEMQ_REAPER_INTERVAL_S` 10 s; an analysis pending over `MEMQ_PENDING_REQUEUE_S` 60 s is enqueued
+again, the defaults being 60 s and 600 s) as subprocesses. 50 real agent transports
 (profiler.agent.transport: their own delivery thread, Redis connection, back-off and disk spool) each
 submit 40 snapshots of DISTINCT bytes (a real H200 epoch_end snapshot with a `memq_bench` key) and a
 stats batch after every fourth, paced over the run. Faults, once each: the worker is SIGKILLed at 30%
@@ -105,7 +107,8 @@ def main() -> int:
     url = make_url(PG_ADMIN).set(database=db).render_as_string(hide_password=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env.update({"MEMQ_REDIS_URL": url_redis, "MEMQ_DATABASE_URL": url, "MEMQ_DATA_DIR": str(tmp / "data"),
-                "MEMQ_BLOB_DIR": str(tmp / "blobs"), "MEMQ_CONFIG": str(tmp / "none.toml"), "MEMQ_HEARTBEAT_S": "1"})
+                "MEMQ_BLOB_DIR": str(tmp / "blobs"), "MEMQ_CONFIG": str(tmp / "none.toml"), "MEMQ_HEARTBEAT_S": "1",
+                "MEMQ_REAPER_INTERVAL_S": "10", "MEMQ_PENDING_REQUEUE_S": "60"})
     procs: dict[str, subprocess.Popen] = {}
 
     def spawn(name: str, argv: list[str]) -> None:
@@ -117,11 +120,18 @@ def main() -> int:
     engine = make_engine(url)
     result: dict = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"}
     transports: list[Transport] = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))  # a timeout still cleans up (finally below)
     try:
         subprocess.run([sys.executable, "-m", "profiler", "db", "upgrade"], env=env, check=True, cwd=ROOT,
                        capture_output=True)
         spawn("worker", worker)
         spawn("dispatcher", ["dispatcher", "-l", "WARNING"])
+        # one beat, as deployments run it (deploy/compose.yaml): its reaper re-enqueues the analyses whose
+        # task messages the broker lost while Redis was down (their rows stay `pending`)
+        out = open(tmp / "beat.log", "ab")  # noqa: SIM115 - closed with the process
+        procs["beat"] = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-l", "WARNING",
+                                          "-s", str(tmp / "beat-schedule")], env=env, cwd=ROOT, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         base = codec.decode_plain(codec.decompress(FIX.read_bytes()))
         for i in range(args.agents):
             t = Transport(identity={"run": f"fault-{i:02d}", "cluster": "bench", "rank": 0, "host": f"h{i}"},
@@ -180,12 +190,17 @@ def main() -> int:
                 return c.execute(text("SELECT sha256, count(*), sum(CASE WHEN state = 'done' AND analysis_id IS NOT "
                                       "NULL THEN 1 ELSE 0 END) FROM snapshots GROUP BY sha256")).all()
 
+        log(f"submitted in {submitted_s:.1f} s; faults {faults}; waiting for {len(want)} snapshots")
         deadline = time.monotonic() + 900
+        last_log = 0.0
         while True:
             got = rows()
             done = {r[0] for r in got if r[2] == r[1]}
             if want <= done or time.monotonic() > deadline:
                 break
+            if time.monotonic() - last_log > 15:
+                log(f"  {len(done)} of {len(want)} done ({len(got)} rows), {time.monotonic() - t0:.0f} s")
+                last_log = time.monotonic()
             time.sleep(1)
         dead = redis.Redis.from_url(url_redis).xlen("memq:dead") if redis.Redis.from_url(url_redis).exists(
             "memq:dead") else 0
