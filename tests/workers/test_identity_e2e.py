@@ -1,8 +1,10 @@
 """One job cannot touch another's data (deploy/SECURITY.md, "Identity"): a dispatcher with a keyring takes
 only signed envelopes, each within its key's clusters and jobs, and binds every run to the principal that
-created it. Real Redis (own prefix), a real dispatcher and worker on their own PostgreSQL database; the
-victim's run is pushed with `memq push` under its own key, the attacks are envelopes an agent with another
-team's key (or none) can write."""
+created it. A private redis-server with the shipped ACL file (deploy/redis, via make-secrets.sh): the
+services as `memq`, every writer as `memq-agent`, which may only SET blobs and RPUSH to the inbox, so
+every envelope here goes through the inbox and the dispatcher's relay. A real dispatcher and worker (with
+its beat) on their own PostgreSQL database; the victim's run is pushed with `memq push` under its own key,
+the attacks are what an agent with another team's key (or none) can write."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ import secrets
 
 import pytest
 
-from profiler import envelope, identity
-from profiler.agent.transport import append_fields
+from profiler import envelope, identity, redis_functions
+from tests.ops.acl_redis import acl_redis
 from tests.workers.stack import REAL, Stack, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
@@ -38,29 +40,46 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, shared_redis, pg_server, keys):
+def acl(tmp_path_factory):
+    with acl_redis(tmp_path_factory.mktemp("ident_acl")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, acl, pg_server, keys):
     from tests.conftest import temp_pg_database
 
     with temp_pg_database("ident") as url:
-        s = Stack(tmp_path_factory.mktemp("ident"), shared_redis, url, MEMQ_AGENT_KEYRING_FILE=str(keys["ring"]))
+        # the deployment's key names (the ACL grants them): a private server, nothing else uses it
+        s = Stack(tmp_path_factory.mktemp("ident"), acl["memq_url"], url, MEMQ_KEY_PREFIX="memq:",
+                  MEMQ_STREAM="memq:ingest", MEMQ_DEAD_STREAM="memq:dead",
+                  MEMQ_AGENT_KEYRING_FILE=str(keys["ring"]))
+        s.prefix = "memq:"
         try:
             s.upgrade()
-            s.start_worker(concurrency=1, beat=False)
+            s.start_worker(concurrency=1)
             s.start_dispatcher(wait=True)
             yield s
         finally:
             s.close()
 
 
-def _push(stack, key_file, *args, check=True):
+def _push(stack, acl, key_file, *args, check=True):
+    """`memq push` as a training job: the agent's Redis user (XADD refused: the inbox), its own key."""
     env = dict(stack.env)
     stack.env.pop("MEMQ_AGENT_KEY_FILE", None)
+    stack.env["MEMQ_REDIS_URL"] = acl["agent_url"]
     if key_file is not None:
         stack.env["MEMQ_AGENT_KEY_FILE"] = str(key_file)
     try:
         return stack.memq("push", *args, check=check)
     finally:
         stack.env = env
+
+
+def _inbox(acl, fields: dict) -> None:
+    """What an agent with the agent user's password can append: one inbox element."""
+    acl["agents"]["file"].rpush("memq:ingest:inbox", redis_functions.encode_fields(fields))
 
 
 def _victim(stack) -> dict:
@@ -71,10 +90,10 @@ def _dead_reasons(stack) -> list[str]:
     return [d.get("reason", "") for d in stack.dead()]
 
 
-def test_a_run_is_its_creators(stack, keys):
-    _push(stack, keys["files"]["a1"], str(SGD / "epoch0.pickle.gz"), "--run", "victim", "--cluster", "c-a",
+def test_a_run_is_its_creators(stack, acl, keys):
+    _push(stack, acl, keys["files"]["a1"], str(SGD / "epoch0.pickle.gz"), "--run", "victim", "--cluster", "c-a",
           "--job", "train")
-    _push(stack, keys["files"]["a2"], str(SGD / "epoch1.pickle.gz"), "--run", "victim", "--cluster", "c-a",
+    _push(stack, acl, keys["files"]["a2"], str(SGD / "epoch1.pickle.gz"), "--run", "victim", "--cluster", "c-a",
           "--job", "train")  # the same team's rotated key writes the same run
     try:
         wait_for(lambda: _victim(stack)["run"]["snapshot_count"] == 2, 90, 0.5, "the two snapshots")
@@ -84,19 +103,16 @@ def test_a_run_is_its_creators(stack, keys):
     assert stack.rows("SELECT owner FROM runs WHERE name = 'victim'")[0][0] == "team-a"
 
     # another team's key, its own cluster, the victim's run name: a snapshot, a run_start and a run_end
-    _push(stack, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-b")
-    st = stack.settings
+    _push(stack, acl, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-b")
     for kind, payload in (("run_start", {"world_size": 1, "device_total": 1}), ("run_end", {"status": "oom"})):
-        fields = identity.sign(envelope.build(kind, run="victim", cluster="c-b", job="train", payload=payload),
-                               keys["keys"]["b1"])
-        append_fields(stack.redis, fields, stream=st.stream_key, maxlen=st.stream_maxlen)
+        _inbox(acl, identity.sign(envelope.build(kind, run="victim", cluster="c-b", job="train", payload=payload),
+                                  keys["keys"]["b1"]))
     # the other team claiming the victim's cluster; a tampered signature; no signature at all
-    _push(stack, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "b-run", "--cluster", "c-a")
+    _push(stack, acl, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "b-run", "--cluster", "c-a")
     good = identity.sign(envelope.build("run_end", run="victim", cluster="c-a", job="train",
                                         payload={"status": "completed"}), keys["keys"]["a1"])
-    append_fields(stack.redis, dict(good, payload=json.dumps({"status": "oom"})), stream=st.stream_key,
-                  maxlen=st.stream_maxlen)
-    _push(stack, None, str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-a", "--job", "train")
+    _inbox(acl, dict(good, payload=json.dumps({"status": "oom"})))
+    _push(stack, acl, None, str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-a", "--job", "train")
 
     def all_dead():
         r = _dead_reasons(stack)
