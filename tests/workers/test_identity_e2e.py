@@ -102,8 +102,10 @@ def test_a_run_is_its_creators(stack, acl, keys):
     before = _victim(stack)["run"]
     assert stack.rows("SELECT owner FROM runs WHERE name = 'victim'")[0][0] == "team-a"
 
-    # another team's key, its own cluster, the victim's run name: a snapshot, a run_start and a run_end
-    _push(stack, acl, keys["files"]["b1"], str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-b")
+    # another team's key, its own cluster, the victim's run name: an OOM snapshot, a run_start, a run_end
+    _push(stack, acl, keys["files"]["b1"], str(REAL / "capacity" / "oom.pickle.gz"), "--run", "victim",
+          "--cluster", "c-b", "--trigger", "oom", "--status", "oom",
+          "--oom-message", "CUDA out of memory. Tried to allocate 2.00 GiB")  # a forged OOM
     for kind, payload in (("run_start", {"world_size": 1, "device_total": 1}), ("run_end", {"status": "oom"})):
         _inbox(acl, identity.sign(envelope.build(kind, run="victim", cluster="c-b", job="train", payload=payload),
                                   keys["keys"]["b1"]))
@@ -124,6 +126,7 @@ def test_a_run_is_its_creators(stack, acl, keys):
     assert any("bad signature" in r for r in reasons), reasons
     assert any("unsigned envelope" in r for r in reasons), reasons
     after = _victim(stack)["run"]
-    for k in ("cluster", "job", "status", "world_size", "gpu_memory_bytes", "snapshot_count", "ended_at"):
+    for k in ("cluster", "job", "status", "world_size", "gpu_memory_bytes", "snapshot_count", "ended_at",
+              "oom_count", "primary_cause"):
         assert after[k] == before[k], k
     assert stack.rows("SELECT count(*) FROM runs WHERE name = 'b-run'")[0][0] == 0
