@@ -283,6 +283,10 @@ class Settings:
         ("Alerts: a running run whose forecast OOM comes sooner than this many seconds is alerted (once, and "
          "again only when the forecast moves to under half the time the last alert gave); 0 = never."),
         minimum=0)
+    forecast_refresh_s: int = setting(30, "MEMQ_FORECAST_REFRESH_S",
+        ("Dispatcher: a run's OOM forecast is moved on by its stats batches at most once per this many "
+         "seconds per rank (snapshots recompute it regardless); 0 = every batch."),
+        minimum=0)
     alert_max_per_hour: int = setting(60, "MEMQ_ALERT_MAX_PER_HOUR",
         ("Alerts: pages of all jobs together in any hour (alerts and summaries); beyond it verdicts are "
          "suppressed and summarised per job as with MEMQ_ALERT_JOB_MAX_PER_HOUR, and summaries wait for room."),

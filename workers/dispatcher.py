@@ -116,6 +116,7 @@ class Dispatcher:
         self._next_claim = 0.0
         self._next_partitions = 0.0
         self._run_ids: dict[str, tuple[int, str | None]] = {}  # run name -> (id, owner)
+        self._refreshed: dict[tuple[int, int], float] = {}  # (run id, rank) -> last forecast refresh sent
         self._single = False  # after an unexpected error: one entry at a time
         self.limits = envelope.Limits.of(st)
         # Set, only signed envelopes pass the door (profiler/identity.py); a bad keyring stops the start.
@@ -156,12 +157,21 @@ class Dispatcher:
             raise BrokerUnavailable(f"cannot enqueue analysis of snapshot {snapshot_id}: {exc}") from exc
 
     def refresh_forecast(self, run_id: int, rank: int, figures: list, ts: float) -> None:
-        """The forecast moves on with the batch's figures (a task: the dispatcher never analyses). Lost
-        when the broker is down: the next batch, or the next snapshot, carries the figures again."""
+        """The forecast moves on with the batch's figures (a task: the dispatcher never analyses), at most
+        once per MEMQ_FORECAST_REFRESH_S per rank: agents flush stats every few seconds, and a forecast
+        counted in epochs gains nothing from each. A batch skipped or lost (broker down) leaves a gap the
+        next one, or the next snapshot, covers."""
         from kombu.exceptions import OperationalError
 
         from workers.tasks import refresh_forecast
 
+        now = time.monotonic()
+        key = (int(run_id), int(rank))
+        if now - self._refreshed.get(key, float("-inf")) < self.st.forecast_refresh_s:
+            return
+        if len(self._refreshed) > 10_000:
+            self._refreshed.clear()
+        self._refreshed[key] = now
         try:
             refresh_forecast.apply_async((int(run_id), int(rank), figures, ts))
         except OperationalError as exc:

@@ -43,7 +43,7 @@ def stack(tmp_path_factory, shared_redis, pg_server, rx):
         s = Stack(tmp_path_factory.mktemp("forecast"), shared_redis, url, MEMQ_ALERT_WEBHOOK_URL=rx.url,
                   MEMQ_ALERT_SWEEP_S="1", MEMQ_ALERT_RUN_INTERVAL_S="0", MEMQ_ALERT_FORMAT="alertmanager",
                   MEMQ_PUBLIC_URL="http://memq.test", MEMQ_FORECAST_ALERT_S="21600",
-                  MEMQ_RUN_DIAGNOSIS_DELAY_MS="300")
+                  MEMQ_RUN_DIAGNOSIS_DELAY_MS="300", MEMQ_FORECAST_REFRESH_S="2")
         try:
             s.upgrade()
             s.start_worker(concurrency=1)  # with its beat: the alert sweep runs every second
@@ -159,6 +159,7 @@ def test_stats_batches_move_the_forecast_on(stack, tmp_path):
     batch = json.loads(msgs[stats_after]["payload"])["step_figures"]
     last = max(f["step"] for f in batch)
     assert last > base
+    time.sleep(2.5)  # past MEMQ_FORECAST_REFRESH_S since the replayed batches' refresh
     send(msgs[stats_after])
     fc = wait_for(lambda: forecast_at(last), 60, 0.5, "the forecast moved on by the stats batch")
     assert fc["as_of_step"] == last and fc["oom_expected"] is True
