@@ -30,7 +30,6 @@ import platform
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,42 +46,16 @@ from profiler import codec  # noqa: E402
 from profiler.agent.spool import Spool  # noqa: E402
 from profiler.agent.transport import Item, Transport  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+# the private redis-server of the reconnect benchmark: AOF, fsync always, restartable on its port
+from bench_reconnect import _Redis as PrivateRedis  # noqa: E402
+
 FIX = ROOT / "tests" / "fixtures" / "real" / "seed_sgd" / "epoch1.pickle.gz"
 PG_ADMIN = os.environ.get("MEMQ_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivateRedis:
-    def __init__(self, tmp: Path):
-        self.tmp, self.port, self.proc = tmp, free_port(), None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [shutil.which("redis-server") or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.tmp)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.RedisError):
-                if redis.Redis(port=self.port, socket_timeout=0.5).ping():
-                    return
-            time.sleep(0.05)
-        raise SystemExit("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
-            self.proc = None
 
 
 def main() -> int:

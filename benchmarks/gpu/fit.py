@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from job_process import run_job_process  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -122,22 +124,7 @@ class Runner:
                "--result", result, "--cap-bytes", str(cap)]
         if agent:
             cmd += ["--agent", agent, "--spool", os.path.join(self.out, "spools", model, agent)]
-        env = dict(os.environ)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-        t0 = time.time()
-        try:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                               timeout=min(150, max(10, self.deadline - time.time())))
-            rc, tail = p.returncode, (p.stdout + p.stderr)[-1200:]
-        except subprocess.TimeoutExpired:
-            rc, tail = "timeout", ""
-        try:
-            with open(result) as fh:
-                res = json.load(fh)
-        except (OSError, ValueError):
-            res = {"outcome": "no result", "tail": tail}
-        res.update(rc=rc, wall_s=round(time.time() - t0, 1))
+        res = run_job_process(cmd, result, min(150, max(10, self.deadline - time.time())))
         print(f"[{tag}] {res.get('outcome')} reserved={res.get('max_reserved', 0) / 2**30:.3f}GiB "
               f"{res['wall_s']}s", flush=True)
         self.summary.setdefault(model, {}).setdefault("runs", {})[tag] = res

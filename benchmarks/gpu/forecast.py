@@ -29,10 +29,12 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from job_process import run_job_process  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -222,29 +224,13 @@ class Runner:
             return
         result = os.path.join(self.out, "results", name + ".json")
         spool = os.path.join(self.out, "spools", sc, variant)
-        env = dict(os.environ)
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, os.path.abspath(__file__), "job", sc, "--variant", variant, "--result", result,
                "--spool", spool]
         if variant == "run":
             cmd = [sys.executable, "-m", "profiler", "run", "--run", f"fc-{sc}-run", "--cluster", "h200",
                    "--spool-dir", spool, "--", *cmd]
-        t0 = time.time()
-        try:
-            p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT,
-                               timeout=min(self.timeout, max(10, self.deadline - time.time())))
-            rc, tail = p.returncode, (p.stdout + p.stderr)[-1500:]
-        except subprocess.TimeoutExpired:
-            rc, tail = "timeout", ""
-        try:
-            with open(result) as fh:
-                res = json.load(fh)
-        except (OSError, ValueError):
-            res = {"outcome": "no result"}
-        res.update(rc=rc, wall_s=round(time.time() - t0, 1))
-        if res.get("outcome") == "no result" or rc not in (0, 1):
-            res["tail"] = tail
+        res = run_job_process(cmd, result, min(self.timeout, max(10, self.deadline - time.time())))
+        rc = res["rc"]
         print(f"[{name}] rc={rc} {res.get('outcome')} step={res.get('oom_step')} epoch={res.get('oom_epoch')} "
               f"{res['wall_s']}s", flush=True)
         self.summary.setdefault(sc, {})[variant] = res
