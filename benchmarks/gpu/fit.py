@@ -3,6 +3,7 @@ real training runs on an H200 at several batch sizes and lengths, in one command
 
     python3 fit.py all --out DIR [--only a,b] [--budget S] [--parallel 4]
     python3 fit.py job MODEL --batch B --seq T --result R.json [--agent defaults|full --spool DIR] [--cap-bytes N]
+    python3 fit.py probe MODEL --batches 64,65,66 --cap-bytes N --out DIR   (each batch its own capped process)
 
 Models (each trains 6 steps of random data per run, uncapped unless `--cap-bytes`):
 - `gpt_s`: GPT 4 x 512, vocabulary 32,000, float32, AdamW; base batch 4 x 256.
@@ -16,6 +17,8 @@ without the agent, measuring `max_memory_reserved()` and `max_memory_allocated()
 the cap halfway between the 4x and 8x runs' peak reserved, and the largest batch that trains under it,
 found by bisection between 4x and 8x (each probe its own capped process: OOM or not, for real).
 Results: DIR/summary.json; spools in DIR/spools/<model>/<agent>.
+`probe` trains the listed batches under one cap, four at a time, for a boundary `all` did not reach (the
+CNN: every batch up to 8x the base trained under its cap). Results: DIR/probe.json.
 """
 
 from __future__ import annotations
@@ -177,7 +180,22 @@ def main() -> None:
     j.add_argument("--agent", choices=["defaults", "full"], default="")
     j.add_argument("--spool", default="/tmp/fit_spool")
     j.add_argument("--cap-bytes", type=int, default=0)
+    p = sub.add_parser("probe")
+    p.add_argument("model", choices=sorted(MODELS))
+    p.add_argument("--batches", required=True)
+    p.add_argument("--cap-bytes", type=int, required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--budget", type=float, default=300)
     args = ap.parse_args()
+    if args.cmd == "probe":
+        r = Runner(args.out, args.budget)
+        seq = MODELS[args.model][1]
+        with ThreadPoolExecutor(max_workers=4) as ex:
+            done = list(ex.map(lambda b: r.job(args.model, b, seq, cap=args.cap_bytes),
+                               [int(b) for b in args.batches.split(",")]))
+        with open(os.path.join(args.out, "probe.json"), "w") as fh:
+            json.dump({"cap_bytes": args.cap_bytes, "runs": [d for d in done if d]}, fh, indent=1)
+        return
     if args.cmd == "job":
         run_job(args)
         return

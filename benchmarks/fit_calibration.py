@@ -1,0 +1,85 @@
+"""How well `memq fit` predicts the peak at a larger batch or sequence length from one measured run,
+against the real runs of the H200 calibration set (tests/fixtures/fit, captured by
+benchmarks/gpu/fit.py). No services, no torch.
+
+    python benchmarks/fit_calibration.py [--markdown]
+
+Per model: the base run with the agent at its defaults is the measurement; predicted is
+`profiler.analysis.fit.predict` at k x the base batch (and k x the length for the GPTs), against
+`max_memory_reserved()` of the real run at that shape; then the largest batch under the cap the real
+runs were bisected under, against the real largest (the next larger ran out of memory for real).
+Beside them, the anchor every estimator without a run gives: the parameter-count formula
+(weights + gradients + optimizer state = 16 bytes a parameter for AdamW in float32 or with float32
+master weights, 12 for SGD with momentum; `accelerate estimate-memory`'s training figure for Adam is
+the same 4x the float32 model size), which does not change with the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from profiler.analysis import fit  # noqa: E402
+from tests.analysis.agent_data import spool_run  # noqa: E402
+
+FIX = ROOT / "tests" / "fixtures" / "fit"
+GiB = 1 << 30
+BYTES_PER_PARAM = {"adamw": 16, "sgd_momentum": 12}
+
+
+def measured(model: str) -> fit.Measured:
+    snaps, _ctx, _triggers = spool_run(FIX / model / "defaults")
+    return fit.classify(next(s for s in snaps if s.trace))
+
+
+def rows(truth: dict):
+    """(model, label, predicted, real, param-formula bytes) per shape; (model, predicted max, real max, next outcome)."""
+    shapes, caps = [], []
+    for model, d in truth.items():
+        runs = d["runs"]
+        base = next(v for k, v in runs.items() if k.endswith("-defaults"))
+        b0, t0 = base["batch"], base["seq"]
+        m = measured(model)
+        formula = base["param_bytes"] // 4 * BYTES_PER_PARAM["sgd_momentum" if model == "cnn" else "adamw"]
+        wanted = [(f"{k}x batch", f"{model}-b{b0 * k}-t{t0}", k) for k in (2, 4, 8)]
+        if model != "cnn":
+            wanted += [(f"{k}x length", f"{model}-b{b0}-t{t0 * k}", k) for k in (2, 4)]
+        for label, key, k in wanted:
+            if key in runs:
+                shapes.append((model, label, fit.predict(m, k).peak_reserved, runs[key]["max_reserved"], formula))
+        cap = d["cap"]
+        caps.append((model, fit.largest_unit(m, b0, cap["cap_bytes"]), cap["max_batch"], cap["next_outcome"],
+                     cap["cap_bytes"]))
+    return shapes, caps
+
+
+def main() -> None:
+    truth = json.loads((FIX / "truth.json").read_text())
+    t0 = time.perf_counter()
+    shapes, caps = rows(truth)
+    took = time.perf_counter() - t0
+    print("| model | shape | memq fit: predicted / real peak reserved | error | parameter formula | its error |")
+    print("|---|---|---|---|---|---|")
+    worst = 0.0
+    for model, label, pred, real, formula in shapes:
+        err = (pred - real) / real
+        worst = max(worst, abs(err))
+        print(f"| {model} | {label} | {pred / GiB:.3f} / {real / GiB:.3f} GiB | {err * 100:+.1f}% "
+              f"| {formula / GiB:.3f} GiB | {(formula - real) / real * 100:+.0f}% |")
+    print()
+    print("| model | cap | largest batch: predicted | real | the next larger, for real |")
+    print("|---|---|---|---|---|")
+    for model, pred, real, nxt, cap in caps:
+        print(f"| {model} | {cap / GiB:.3f} GiB | {pred} | {real} | {nxt} |")
+    print(f"\nlargest peak error {worst * 100:.1f}% over {len(shapes)} predictions (margin {fit.FIT_MARGIN:.0%}); "
+          f"{sum(p == r for _, p, r, n, _ in caps if n == 'oom')}/{sum(n == 'oom' for *_, n, _ in caps)} largest "
+          f"batches exact; {took:.1f} s for all of it")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+"""Which batch size (or sequence length) fits, predicted from one measured run (`memq fit`). Pure.
+
+Estimators that need no run count parameters, gradients and optimizer state and stop there; what a
+batch changes is the activations. A snapshot whose trace holds the run from its start (the agent's
+warm-up recording, at its defaults) has every allocation of a whole training step in order. This
+module replays that trace through the caching-allocator model (allocator_model.py) with the
+input-sized allocations scaled, so what the allocator rounds, splits and caches at the new shape is
+modelled, not guessed:
+
+1. Classify every allocation of the trace by what it holds (`classify`), in this order:
+   parameters and optimizer state (by their frames, or allocated in optimizer code); gradients (freed
+   in optimizer code: `zero_grad`); what is never freed in the trace (kept across steps); a
+   gradient-sized temporary (no Python frames, autograd's thread, and exactly a gradient's size: the
+   second use of a tied weight sums into one); an autocast weight copy (see CAST_* below); the rest is
+   input-sized and scales.
+2. Predict (`predict`): the program with input-sized sizes x k (k = batch / measured batch, times
+   length / measured length), optimizer state x the new optimizer's state multiple over the old one;
+   peak reserved from the model without a limit, peak allocated from the same sizes.
+3. Under a limit (`fits_under`): the model with the limit, which frees its cache and retries before
+   it fails as the real allocator does; the largest batch is the largest k the model serves.
+4. Interval: FIT_MARGIN either side of the point, and the same margin on the limit for `fits` and
+   the largest batch (`fits` is null when the answer changes within it).
+
+Sequence length is scaled linearly, per site: fused attention (scaled_dot_product_attention) keeps
+no t x t matrix. A model that materialises attention scores grows faster than this predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from profiler.analysis import frames as fr
+from profiler.analysis.allocator_model import OP_ALLOC, OP_FREE, OP_OOM, AllocatorModel, Program
+from profiler.model import Snapshot, frame_file, frame_line, frame_name
+
+# The interval either side of the predicted peak, and on the limit for `fits` and the largest
+# batch: the calibration set's largest error was +2.7% (23 predictions of max_memory_reserved() at
+# 2x-8x the batch and 2x-4x the length, five models on an H200: benchmarks/RESULTS.md "memq fit",
+# `python benchmarks/fit_calibration.py`); the issue's bar and the published estimators' best is 3%.
+FIT_MARGIN = 0.03
+# Only blocks of at least 1 MiB are read as gradients, their temporaries or cast copies: smaller ones
+# (biases, norms) do not move a peak, and at small sizes coincidences between unrelated tensors abound.
+MIN_BYTES = 1 << 20
+# Autocast casts each weight to half precision once per forward, just before the op that uses it:
+# at one call site, the first large allocation of a run of several, half a gradient's size. A float32
+# model's activations can match half a weight's size too (at the calibration set's base shapes they
+# often do), so the copies are read as such only when they cover at least this share of the
+# gradients' bytes (measured: 0.96 on the bf16 GPT, 0.48 and 0.27 on the float32 GPTs, 0 on the CNN
+# and the checkpointed GPT: tests/fixtures/fit).
+CAST_COVERAGE = 0.8
+# The largest scale searched for the largest batch: 64x the measured input (as in step_need.py).
+K_MAX = 64.0
+
+# What an allocation holds (the composition of a predicted peak).
+PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT = range(8)
+KIND_NAMES = ("parameters", "gradients", "optimizer state", "optimizer step temporaries",
+              "kept across steps", "gradient-sized temporaries", "autocast weight copies",
+              "input-sized (activations)")
+SCALES_WITH_INPUT = (INPUT,)
+
+# Optimizer state in multiples of the parameter bytes, as the playbook measured them (profiler/
+# playbook.md "Optimizer state", tests/fixtures/playbook/optim_*).
+STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0,
+                  "adamw_8bit": 0.51}
+OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
+
+
+class NotAssessable(Exception):
+    """The snapshot cannot answer (why is the message)."""
+
+
+@dataclass
+class Measured:
+    """A snapshot's trace, compiled and classified: what `predict` scales."""
+
+    replay: object  # whatif.Replay
+    kinds: list[int]  # per handle
+    optimizer: str | None  # recorded optimizer (a STATE_MULTIPLE key) or None
+    parameter_bytes: int
+    cast_share: float
+    steps: int  # optimizer steps in the trace
+    covers_start: bool  # the trace starts at an empty allocator
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    peak_reserved: int
+    peak_allocated: int
+    composition: dict[str, int]  # at the allocated peak, by kind name
+
+
+def _is_grad_free(frames) -> bool:
+    return bool(frames) and fr.is_optimizer(frames)
+
+
+def _call_site(frames) -> tuple | None:
+    if not frames:
+        return None
+    return tuple((frame_file(f), frame_name(f), frame_line(f)) for f in frames)
+
+
+def recorded_optimizer(snap: Snapshot) -> str | None:
+    """The optimizer the trace's optimizer frames name (Adam and AdamW share torch's adam.py)."""
+    names = set()
+    state = 0
+    for ev in snap.trace:
+        if ev.action != "alloc" or not ev.frames or not fr.is_optimizer(ev.frames):
+            continue
+        for f in ev.frames:
+            path = frame_file(f)
+            if "bitsandbytes" in path:
+                names.add("adamw_8bit")
+            elif "/optim/" in path:
+                base = path.rsplit("/", 1)[-1].removesuffix(".py")
+                if base in ("adam", "adamw", "sgd", "adafactor"):
+                    names.add(base)
+        if fr.categorize(ev.frames) == fr.OPTIMIZER_STATE:
+            state += ev.size
+    for name in ("adamw_8bit", "adamw", "adam", "adafactor", "sgd"):
+        if name in names:
+            return "sgd_momentum" if name == "sgd" and state else name
+    return None
+
+
+def classify(snap: Snapshot) -> Measured:
+    from profiler.analysis import whatif as wi
+
+    if not snap.trace:
+        raise NotAssessable("the snapshot has no trace: memq fit replays a recorded training step (the agent "
+                            "records the warm-up at its defaults, or history=\"on\")")
+    rep = wi.compile_trace(snap)
+    prog, trace = rep.program, snap.trace
+    kinds = [INPUT] * prog.n_handles
+    size_of = [0] * prog.n_handles
+    ev_of = [-1] * prog.n_handles
+    is_open = [False] * prog.n_handles
+    grads: dict[int, int] = {}
+    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
+        if op == OP_OOM:
+            continue
+        ev = trace[rep.op_event[i]]
+        if op == OP_ALLOC:
+            size_of[h], ev_of[h], is_open[h] = prog.size[i], rep.op_event[i], True
+            if ev.frames and fr.is_optimizer(ev.frames):
+                kinds[h] = OPT_TEMP  # OPT_STATE below when it is kept
+            elif ev.frames and fr.categorize(ev.frames) == fr.PARAMETERS:
+                kinds[h] = PARAMETERS
+        elif op == OP_FREE and is_open[h]:
+            is_open[h] = False
+            if kinds[h] == INPUT and _is_grad_free(ev.frames):
+                kinds[h] = GRADIENTS
+                grads[size_of[h]] = grads.get(size_of[h], 0) + 1
+    for h in range(prog.n_handles):
+        if is_open[h] and kinds[h] == INPUT:
+            kinds[h] = KEPT
+        if kinds[h] == OPT_TEMP and is_open[h]:
+            kinds[h] = OPT_STATE  # allocated in optimizer code and kept: state (foreach or fused init)
+    big = {s for s in grads if s >= MIN_BYTES}
+    for h in range(prog.n_handles):
+        if kinds[h] == INPUT and size_of[h] in big and ev_of[h] >= 0 and not trace[ev_of[h]].frames:
+            kinds[h] = GRAD_TEMP
+    copies = _cast_copies(trace, kinds, size_of, ev_of, {s // 2 for s in big})
+    covered = {size_of[h] * 2 for h in copies}
+    total = sum(s * n for s, n in grads.items() if s in big)
+    share = sum(s * n for s, n in grads.items() if s in covered) / total if total else 0.0
+    notes = []
+    if share >= CAST_COVERAGE:
+        for h in copies:
+            kinds[h] = CAST_COPY
+        notes.append(f"autocast weight copies found for {share:.0%} of the gradients' bytes: held at their size")
+    params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
+    if not params:
+        params = sum(s * n for s, n in grads.items()) // max(1, steps)
+    steps = optimizer_steps(trace)
+    covers = not rep.start_segments
+    if not covers:
+        notes.append("the trace starts mid-run: blocks live before it are held at their recorded size")
+    if steps < 2:
+        raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
+                            "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
+    return Measured(replay=rep, kinds=kinds, optimizer=recorded_optimizer(snap), parameter_bytes=params,
+                    cast_share=round(share, 3), steps=steps, covers_start=covers, notes=notes)
+
+
+def optimizer_steps(trace) -> int:
+    """Entries into optimizer code (allocations and free requests: plain SGD allocates nothing)."""
+    steps, in_opt = 0, False
+    for ev in trace:
+        if ev.frames and ev.action in ("alloc", "free_requested"):
+            opt = fr.is_optimizer(ev.frames)
+            steps += opt and not in_opt
+            in_opt = opt
+    return steps
+
+
+def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
+    """Handles that look like autocast weight copies: per run of consecutive allocations at one
+    call site, the first large one (not the run's last: that is the op's output) of half a
+    gradient's size."""
+    order = sorted((e, h) for h, e in enumerate(ev_of) if e >= 0)
+    runs: list[list[int]] = []
+    prev = None
+    for e, h in order:
+        site = _call_site(trace[e].frames)
+        if site is not None and site == prev:
+            runs[-1].append(h)
+        else:
+            runs.append([h])
+        prev = site
+    out = []
+    for run in runs:
+        if len(run) < 2 or not trace[ev_of[run[0]]].frames:
+            continue
+        large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES]
+        if large and size_of[large[0]] in halves and kinds[large[0]] == INPUT:
+            out.append(large[0])
+    return out
+
+
+def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
+    prog = m.replay.program
+    kinds = m.kinds
+    out = []
+    for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True):
+        if op != OP_ALLOC:
+            out.append(s)
+            continue
+        kind = kinds[h]
+        if kind in SCALES_WITH_INPUT:
+            out.append(max(1, int(s * k)))
+        elif kind in (OPT_STATE, OPT_TEMP) and state_ratio != 1.0:
+            out.append(max(1, int(s * state_ratio)))
+        else:
+            out.append(s)
+    return out
+
+
+def _program(m: Measured, sizes: list[int], extra_state: int) -> Program:
+    prog = m.replay.program
+    if extra_state <= 0:
+        return Program(ops=prog.ops, hid=prog.hid, size=sizes, stream=prog.stream, n_handles=prog.n_handles)
+    # the new optimizer keeps state the recorded one did not: one block at its first step, never freed
+    first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+                  if op == OP_ALLOC and m.kinds[h] in (OPT_STATE, OPT_TEMP)), len(prog.ops))
+    h = prog.n_handles
+    return Program(ops=[*prog.ops[:first], OP_ALLOC, *prog.ops[first:]],
+                   hid=[*prog.hid[:first], h, *prog.hid[first:]],
+                   size=[*sizes[:first], extra_state, *sizes[first:]],
+                   stream=[*prog.stream[:first], 0, *prog.stream[first:]], n_handles=h + 1)
+
+
+def state_change(m: Measured, optimizer: str | None) -> tuple[float, int]:
+    """(ratio applied to the recorded optimizer's allocations, bytes of new state it did not keep)."""
+    if optimizer is None or optimizer == m.optimizer:
+        return 1.0, 0
+    if optimizer not in STATE_MULTIPLE:
+        raise ValueError(f"unknown optimizer {optimizer!r}: one of {', '.join(OPTIMIZER_NAMES)}")
+    if m.optimizer is None:
+        raise NotAssessable("the trace shows no optimizer step, so there is no state to rescale")
+    old, new = STATE_MULTIPLE[m.optimizer], STATE_MULTIPLE[optimizer]
+    if old > 0:
+        return new / old, 0
+    return 0.0 if new == 0 else 1.0, int(new * m.parameter_bytes)
+
+
+def _model(m: Measured, limit: int | None) -> AllocatorModel:
+    rep = m.replay
+    model = AllocatorModel(rep.recorded_config, limit, n_handles=rep.program.n_handles + 1)
+    model.load(rep.start_segments)
+    return model
+
+
+def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
+    ratio, extra = state_change(m, optimizer)
+    sizes = scaled_sizes(m, k, ratio)
+    prog = _program(m, sizes, extra)
+    sim = _model(m, None).run(prog, stop_at_oom=False)
+    kinds = [*m.kinds, OPT_STATE]
+    by_kind = [0] * len(KIND_NAMES)
+    for _addr, h, req, _stream in m.replay.start_live:
+        by_kind[kinds[h]] += req
+    held: dict[int, int] = {}
+    level = sum(by_kind)
+    peak, at_peak = level, list(by_kind)
+    for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True):
+        if op == OP_ALLOC:
+            held[h] = s
+            by_kind[kinds[h]] += s
+            level += s
+            if level > peak:
+                peak, at_peak = level, list(by_kind)
+        elif op == OP_FREE and h in held:
+            s = held.pop(h)
+            by_kind[kinds[h]] -= s
+            level -= s
+    comp = {KIND_NAMES[i]: n for i, n in enumerate(at_peak) if n > 0}
+    return Prediction(peak_reserved=sim.peak_reserved, peak_allocated=peak, composition=comp)
+
+
+def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool:
+    """Does the model serve every request at scale k under `limit` (cache freed and retried first)?"""
+    ratio, extra = state_change(m, optimizer)
+    prog = _program(m, scaled_sizes(m, k, ratio), extra)
+    return _model(m, limit).run(prog).oom_op is None
+
+
+def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = None,
+                 k_other: float = 1.0) -> int:
+    """The largest integer u (batch or length) whose scale u / unit0 (x k_other) fits `limit`;
+    0 when even u = 1 does not. Bisection: a larger input never needs less (the model is monotone
+    in the input-sized bytes at the calibration set's shapes)."""
+    def ok(u: int) -> bool:
+        return fits_under(m, u / unit0 * k_other, limit, optimizer)
+
+    top = max(1, int(K_MAX * unit0))
+    if not ok(1):
+        return 0
+    lo, hi = 1, unit0
+    while hi < top and ok(hi):
+        lo, hi = hi, min(top, hi * 2)
+    if hi == top and ok(hi):
+        return top
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool | None:
+    """True when the model fits under the limit less the margin, False when it fails even with the
+    margin added, else None (the interval straddles the limit)."""
+    if fits_under(m, k, int(limit * (1 - FIT_MARGIN)), optimizer):
+        return True
+    if not fits_under(m, k, int(limit * (1 + FIT_MARGIN)), optimizer):
+        return False
+    return None
+
+
+def dominant(pred: Prediction, n: int = 3) -> list[dict]:
+    total = sum(pred.composition.values()) or 1
+    top = sorted(pred.composition.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return [{"kind": name, "bytes": b, "share": round(b / total, 3)} for name, b in top]
+
+
+@dataclass(frozen=True)
+class Question:
+    """What `memq fit` is asked. `batch`/`seq` None: the measured one. `from_*`: what was measured."""
+
+    batch: int | None = None
+    from_batch: int | None = None
+    seq: int | None = None
+    from_seq: int | None = None
+    optimizer: str | None = None
+    limit: int | None = None
+    limit_source: str | None = None
+
+    def scale(self) -> float:
+        k = 1.0
+        if self.batch is not None:
+            k *= self.batch / self.from_batch
+        if self.seq is not None:
+            k *= self.seq / self.from_seq
+        return k
+
+
+def check(q: Question) -> None:
+    """Refuse contradictory or impossible questions (ValueError, the CLI's bad input)."""
+    for name, v in (("--batch", q.batch), ("--from-batch", q.from_batch), ("--seq", q.seq),
+                    ("--from-seq", q.from_seq)):
+        if v is not None and v < 1:
+            raise ValueError(f"{name} must be at least 1, got {v}")
+    if q.batch is not None and q.from_batch is None:
+        raise ValueError("--batch needs --from-batch (the batch size the measured run used): the snapshot "
+                         "does not record it")
+    if q.seq is not None and q.from_seq is None:
+        raise ValueError("--seq needs --from-seq (the sequence length the measured run used)")
+    if q.optimizer is not None and q.optimizer not in STATE_MULTIPLE:
+        raise ValueError(f"unknown optimizer {q.optimizer!r}: one of {', '.join(OPTIMIZER_NAMES)}")
+    if q.limit is not None and q.limit <= 0:
+        raise ValueError("the limit must be positive")
+    if q.scale() > K_MAX:
+        raise ValueError(f"{q.scale():.1f}x the measured input is past the {K_MAX:.0f}x a measured step can "
+                         "stand for: measure a run nearer that shape")
+
+
+def answer(m: Measured, q: Question) -> dict:
+    """The `memq fit --json` object (docs/analysis.md "memq fit")."""
+    check(q)
+    k = q.scale()
+    pred = predict(m, k, q.optimizer)
+    base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred
+    low, high = int(pred.peak_reserved * (1 - FIT_MARGIN)), int(pred.peak_reserved * (1 + FIT_MARGIN))
+    out = {
+        "peak_bytes": pred.peak_reserved, "low": low, "high": high,
+        "peak_allocated_bytes": pred.peak_allocated,
+        "scale": round(k, 4), "batch": q.batch, "from_batch": q.from_batch, "seq": q.seq, "from_seq": q.from_seq,
+        "limit_bytes": q.limit, "limit_source": q.limit_source if q.limit is not None else None,
+        "fits": None, "headroom_bytes": None, "max_batch": None, "max_batch_low": None, "max_batch_high": None,
+        "max_seq": None, "max_scale": None,
+        "optimizer": {"recorded": m.optimizer, "predicted": q.optimizer or m.optimizer,
+                      "state_multiple": STATE_MULTIPLE.get(q.optimizer or m.optimizer or "", None)},
+        "dominant": dominant(pred),
+        "composition": pred.composition,
+        "measured": {"peak_bytes": base.peak_reserved, "peak_allocated_bytes": base.peak_allocated,
+                     "optimizer_steps": m.steps, "trace_from_start": m.covers_start,
+                     "autocast_copy_share": m.cast_share},
+        "notes": list(m.notes),
+    }
+    if q.limit is not None:
+        out["fits"] = tri_fits(m, k, q.limit, q.optimizer)
+        out["headroom_bytes"] = q.limit - pred.peak_reserved
+        unit, unit0, other = _search_unit(q)
+        if unit is not None:
+            best = {tag: largest_unit(m, unit0, int(q.limit * f), q.optimizer, other)
+                    for tag, f in (("", 1.0), ("_low", 1 - FIT_MARGIN), ("_high", 1 + FIT_MARGIN))}
+            for tag, v in best.items():
+                out[f"max_{unit}{tag}"] = v
+        scale_units = 1000
+        out["max_scale"] = round(largest_unit(m, scale_units, q.limit, q.optimizer) / scale_units, 3)
+    out["basis"] = _basis(m, q, out)
+    return out
+
+
+def _search_unit(q: Question) -> tuple[str | None, int, float]:
+    """What the largest-fit search varies: the batch (length held at its asked value), else the length."""
+    if q.from_batch is not None:
+        other = (q.seq / q.from_seq) if q.seq is not None else 1.0
+        return "batch", q.from_batch, other
+    if q.from_seq is not None:
+        return "seq", q.from_seq, 1.0
+    return None, 1, 1.0
+
+
+def _basis(m: Measured, q: Question, out: dict) -> str:
+    what = []
+    if q.batch is not None:
+        what.append(f"batch {q.from_batch} -> {q.batch}")
+    if q.seq is not None:
+        what.append(f"length {q.from_seq} -> {q.seq} (linear per site)")
+    if q.optimizer and q.optimizer != m.optimizer:
+        what.append(f"optimizer {m.optimizer} -> {q.optimizer} (state {STATE_MULTIPLE[q.optimizer]:.2f}x the "
+                    "parameter bytes, from the playbook)")
+    shape = "; ".join(what) or "the measured shape"
+    return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
+            f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
+            f"state and autocast copies held at their measured size; interval +/-{FIT_MARGIN:.0%}")
