@@ -169,10 +169,10 @@ def classify(snap: Snapshot) -> Measured:
         for h in copies:
             kinds[h] = CAST_COPY
         notes.append(f"autocast weight copies found for {share:.0%} of the gradients' bytes: held at their size")
-    params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
-    if not params:
-        params = sum(s * n for s, n in grads.items()) // max(1, steps)
     steps = optimizer_steps(trace)
+    params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
+    if not params:  # parameters made before the trace: one step's gradients stand for them
+        params = sum(s * n for s, n in grads.items()) // max(1, steps - 1)
     covers = not rep.start_segments
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size")
