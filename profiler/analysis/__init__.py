@@ -22,6 +22,7 @@ from typing import Any
 from profiler.analysis import frames as fr
 from profiler.analysis.checkpoint import checkpoint_load
 from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
+from profiler.analysis.fit import headroom as fit_headroom
 from profiler.analysis.forecast import forecast as oom_forecast
 from profiler.analysis.forecast import inputs as forecast_inputs
 from profiler.analysis.labels import agent_label
@@ -37,7 +38,7 @@ from profiler.analysis.recommend import message_playbook, recommend
 from profiler.analysis.step_need import StepNeed, project
 from profiler.model import OomContext, Snapshot, frame_file, frame_name
 
-ANALYZER_VERSION = "1.3.0"
+ANALYZER_VERSION = "1.4.0"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -174,6 +175,9 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                       "recommendations": recs,
                       "step_need": None if need is None else need.as_json()},
         "forecast": fc,
+        # the run's headroom in batch units, from its last snapshot whose trace holds whole steps
+        "fit": fit_headroom(next((p["fit"] for p in reversed(per) if p.get("fit")), None),
+                            lim.limit or _agent_limit(agents)),
         # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
         "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
@@ -224,6 +228,10 @@ def _comparable_points(heads, per, names, triggers) -> list[dict]:
             idx = [i for i in idx if trig[i] == common]
     return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
              "blocks": per[i]["live_blocks"]} for i in idx]
+
+
+def _agent_limit(agents: list) -> int | None:
+    return next(((a or {}).get("limit_bytes") for a in reversed(agents) if (a or {}).get("limit_bytes")), None)
 
 
 def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> tuple[dict | None, dict]:

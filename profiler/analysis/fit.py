@@ -80,6 +80,7 @@ class Measured:
     cast_share: float
     steps: int  # optimizer steps in the trace
     covers_start: bool  # the trace starts at an empty allocator
+    recorded_peak: int  # reserved bytes at the trace's peak, as recorded
     notes: list[str] = field(default_factory=list)
 
 
@@ -101,7 +102,9 @@ def _call_site(frames) -> tuple | None:
 
 
 def recorded_optimizer(snap: Snapshot) -> str | None:
-    """The optimizer the trace's optimizer frames name (Adam and AdamW share torch's adam.py)."""
+    """The optimizer the agent named (its class), else the one the trace's optimizer frames name
+    (Adam and AdamW share torch's adam.py: the frames read as adam)."""
+    named = ((snap.agent.optimizer if snap.agent is not None else None) or "").lower()
     names = set()
     state = 0
     for ev in snap.trace:
@@ -117,6 +120,11 @@ def recorded_optimizer(snap: Snapshot) -> str | None:
                     names.add(base)
         if fr.categorize(ev.frames) == fr.OPTIMIZER_STATE:
             state += ev.size
+    if "8bit" in named:
+        return "adamw_8bit"
+    for name in ("adamw", "adam", "adafactor", "sgd"):
+        if named.startswith(name):
+            return "sgd_momentum" if name == "sgd" and state else name
     for name in ("adamw_8bit", "adamw", "adam", "adafactor", "sgd"):
         if name in names:
             return "sgd_momentum" if name == "sgd" and state else name
@@ -180,7 +188,8 @@ def classify(snap: Snapshot) -> Measured:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
     return Measured(replay=rep, kinds=kinds, optimizer=recorded_optimizer(snap), parameter_bytes=params,
-                    cast_share=round(share, 3), steps=steps, covers_start=covers, notes=notes)
+                    cast_share=round(share, 3), steps=steps, covers_start=covers,
+                    recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes)
 
 
 def optimizer_steps(trace) -> int:
@@ -295,7 +304,12 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
             by_kind[kinds[h]] -= s
             level -= s
     comp = {KIND_NAMES[i]: n for i, n in enumerate(at_peak) if n > 0}
-    return Prediction(peak_reserved=sim.peak_reserved, peak_allocated=peak, composition=comp)
+    reserved = sim.peak_reserved
+    if k == 1.0 and ratio == 1.0 and not extra:
+        # the measured shape: what the run reserved is measured (the model, which does not know where
+        # the driver placed each segment, can pack the same requests tighter)
+        reserved = m.recorded_peak or reserved
+    return Prediction(peak_reserved=reserved, peak_allocated=peak, composition=comp)
 
 
 def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool:
@@ -448,3 +462,49 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
     return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
             f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
             f"state and autocast copies held at their measured size; interval +/-{FIT_MARGIN:.0%}")
+
+
+# `fit` in a run's analysis (memq history --json): the predicted peak reserved at these multiples of
+# the measured input, stored with the snapshot (its limit is the run's, known later), read against the
+# run's limit by `headroom`. Up to K_MAX, denser where runs usually sit (under 2x).
+CURVE_SCALES = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, K_MAX)
+
+
+def own_curve(snap: Snapshot) -> dict | None:
+    """The per-snapshot part of a run's `fit`: None when the snapshot cannot be replayed for it."""
+    if not snap.trace:
+        return None
+    try:
+        m = classify(snap)
+    except NotAssessable:
+        return None
+    base = predict(m, 1.0)
+    curve = [[1.0, base.peak_reserved]] + [[k, predict(m, k).peak_reserved] for k in CURVE_SCALES[1:]]
+    return {"curve": curve, "peak_allocated_bytes": base.peak_allocated, "dominant": dominant(base),
+            "optimizer": m.optimizer, "optimizer_steps": m.steps}
+
+
+def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
+    """A run's `fit`: its own peak with the interval, whether it fits its limit, and the largest
+    multiple of its input whose predicted peak stays under the limit (linear between curve points:
+    `memq fit`, which replays under the limit, is exact where this is an estimate)."""
+    if not curve_doc or not curve_doc.get("curve"):
+        return None
+    curve = curve_doc["curve"]
+    peak = curve[0][1]
+    out = {"peak_bytes": peak, "low": int(peak * (1 - FIT_MARGIN)), "high": int(peak * (1 + FIT_MARGIN)),
+           "peak_allocated_bytes": curve_doc.get("peak_allocated_bytes"), "limit_bytes": limit, "fits": None,
+           "max_scale": None, "dominant": curve_doc.get("dominant"), "optimizer": curve_doc.get("optimizer")}
+    if not limit:
+        return out
+    out["fits"] = True if out["high"] <= limit else False if out["low"] > limit else None
+    if peak > limit:
+        out["max_scale"] = int(limit / peak * 100) / 100  # below the measured input: proportional
+        return out
+    best = curve[-1][0]
+    for (k0, p0), (k1, p1) in zip(curve, curve[1:], strict=False):
+        if p1 > limit:
+            best = k0 + (k1 - k0) * ((limit - p0) / (p1 - p0) if p1 > p0 else 0.0)
+            break
+    out["max_scale"] = int(best * 100) / 100
+    return out

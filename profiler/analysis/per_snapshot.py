@@ -20,7 +20,7 @@ from profiler.analysis.timeline import replay
 from profiler.model import Snapshot
 
 #: Bumped whenever what a digest holds, or how a field is computed, changes.
-DIGEST_FORMAT = 4
+DIGEST_FORMAT = 5
 
 # The parts of the per-snapshot passes that analyze() reads of an earlier snapshot.
 _METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio", "largest_segment_bytes")
@@ -40,9 +40,20 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
         m = memory_metrics(snap)
         comp, sites = composition(snap)
         tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
+        agent = agent_facts(snap)
         done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "timeline": tl,
-                                 "live_blocks": live_blocks(snap), "agent": agent_facts(snap)}
+                                 "live_blocks": live_blocks(snap), "agent": agent,
+                                 "fit": _own_fit(snap, tl)}
     return done
+
+
+def _own_fit(snap: Snapshot, tl: dict) -> dict | None:
+    """The predicted peak at multiples of the input (fit.own_curve), from a trace holding whole steps."""
+    if (tl.get("optimizer_steps") or 0) < 2:
+        return None
+    from profiler.analysis.fit import own_curve
+
+    return own_curve(snap)
 
 
 def agent_facts(snap: Snapshot) -> dict | None:
@@ -82,7 +93,7 @@ class SnapshotDigest:
             per = {"metrics": {k: doc["metrics"][k] for k in _METRICS},
                    "timeline": {k: doc["timeline"][k] for k in _TIMELINE},
                    "composition": {str(k): int(v) for k, v in doc["composition"].items()},
-                   "live_blocks": blocks,
+                   "live_blocks": blocks, "fit": doc["fit"],
                    "agent": None if doc["agent"] is None else {k: doc["agent"][k] for k in _AGENT}}
             return cls(analyzer_version=str(doc["analyzer_version"]), torch_format=str(doc["torch_format"]),
                        segment_count=int(doc["segments"]), trace_count=int(doc["trace_entries"]),
@@ -104,4 +115,4 @@ def digest(snap: Snapshot, analyzer_version: str) -> dict[str, Any]:
             "metrics": {k: p["metrics"][k] for k in _METRICS},
             "timeline": {k: p["timeline"].get(k) for k in _TIMELINE},
             "composition": dict(p["composition"]), "sites": list(sites), "live_blocks": blocks,
-            "agent": None if p["agent"] is None else {k: p["agent"][k] for k in _AGENT}}
+            "agent": None if p["agent"] is None else {k: p["agent"][k] for k in _AGENT}, "fit": p["fit"]}

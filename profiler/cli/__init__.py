@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "versions": "profiler.cli.history:versions",
     "demo": "profiler.cli.demo:demo",
     "whatif": "profiler.cli.whatif:whatif",
+    "fit": "profiler.cli.fit:fit",
     "push": "profiler.cli.push:push",
     "worker": "profiler.cli.service:worker",
     "dispatcher": "profiler.cli.service:dispatcher",

@@ -21,6 +21,7 @@ from profiler.cli._listing import (
     write_json,
 )
 from profiler.playbook_doc import doc_link
+from profiler.render.fit_text import own_fit_line
 from profiler.render.forecast_text import forecast_line
 from profiler.render.reasons import said_once
 from profiler.render.safe import rich_text
@@ -130,6 +131,9 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     fc_line = forecast_line(doc.get("forecast"), time.time())
     if fc_line and (run["status"] == "running" or (doc.get("forecast") or {}).get("oom_expected")):
         head.append(rich_text(("forecast: " if run["status"] == "running" else "forecast while it ran: ") + fc_line))
+    fit_line = own_fit_line(doc.get("fit"))
+    if fit_line:
+        head.append(rich_text(fit_line))
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
     con.print(table("snapshots", SNAP_COLS, rows) if rows else "no snapshots stored")
     _print_ranks(con, doc.get("ranks"))

@@ -174,6 +174,8 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
         "diagnosis": with_rank_advice((main.result or {}).get("diagnosis") if main else None, ranks),
         "run_analysis": _diag_dict(main),
         "forecast": run_forecast(session, run.id, rank),
+        # the run's own headroom in batch units (profiler/analysis/fit.py `headroom`)
+        "fit": (main.result or {}).get("fit") if main is not None else None,
         "ranks": ranks,
         "changes": changes_between(snaps),
         "stats": stat_series(session, run.id, stat_rank, points),

@@ -1,0 +1,107 @@
+"""`memq fit FILE... | --run R [--rank N] [--batch B --from-batch B0] [--seq T --from-seq T0]
+[--optimizer NAME] [--limit SIZE | --gpu NAME] [--json]`: the peak at another batch size, sequence
+length or optimizer, predicted from one measured run (profiler/analysis/fit.py), whether it fits the
+limit, and the largest batch (or length) that does. No services for files; --run reads the history."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from profiler.cli.analyze import SIZE
+from profiler.errors import BadInput, MemqError
+from profiler.render.safe import safe_text
+
+
+@click.command()
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
+@click.option("--run", "run_name", help="Take the measured run from the history (its longest trace).")
+@click.option("--rank", type=int, help="With --run: this rank's snapshots (default: any rank, rank 0 first).")
+@click.option("--batch", type=int, help="The batch size to predict (needs --from-batch).")
+@click.option("--from-batch", type=int, help="The batch size the measured run used (the snapshot does not say).")
+@click.option("--seq", type=int, help="The sequence length to predict (needs --from-seq).")
+@click.option("--from-seq", type=int, help="The sequence length the measured run used.")
+@click.option("--optimizer", help="Predict with this optimizer's state instead of the recorded one: "
+                                  "sgd, sgd_momentum, adam, adamw, adafactor, adamw_8bit.")
+@click.option("--limit", type=SIZE, help="What the allocator may reserve (a cap or the card), e.g. 39GiB.")
+@click.option("--gpu", help='A card, e.g. "A100 40GB", "H100", "T4" (its memory less the CUDA context).')
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, gpu, as_json):
+    """Will batch B (or length T) fit? Replays a measured training step at the new shape."""
+    try:
+        if bool(files) == bool(run_name):
+            raise BadInput("give snapshot FILE(s) or --run R, not both" if files else "give snapshot FILE(s) or --run R")
+        if rank is not None and not run_name:
+            raise BadInput("--rank goes with --run")
+        if limit is not None and gpu:
+            raise BadInput("--limit and --gpu are exclusive")
+        limit_source = "--limit" if limit is not None else None
+        if gpu:
+            from profiler.gpus import gpu_limit
+
+            limit, limit_source = gpu_limit(gpu)
+        doc = _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source)
+    except MemqError as exc:
+        click.echo(f"memq: error: {safe_text(exc)}", err=True)
+        sys.exit(exc.exit_code)
+    if as_json:
+        json.dump(doc, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    from profiler.render.fit_text import render_fit
+
+    sys.stdout.write(render_fit(doc))
+
+
+def _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source) -> dict:
+    from profiler.analysis import fit as F
+
+    if run_name:
+        snap, where, run_limit = _from_run(run_name, rank)
+    else:
+        snap, where, run_limit = _from_files(files)
+    if limit is None and run_limit[0]:
+        limit, limit_source = run_limit
+    q = F.Question(batch=batch, from_batch=from_batch, seq=seq, from_seq=from_seq,
+                   optimizer=optimizer.lower() if optimizer else None, limit=limit, limit_source=limit_source)
+    try:
+        F.check(q)
+        doc = F.answer(F.classify(snap), q)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    except F.NotAssessable as exc:
+        raise BadInput(f"{where}: {exc}") from exc
+    doc["source"] = where
+    return doc
+
+
+def _from_files(files):
+    from profiler.config import load_settings
+    from profiler.load import load_snapshot_file
+
+    cap = load_settings().decode_max_bytes
+    loaded = [load_snapshot_file(f, max_bytes=cap) for f in files]
+    # the longest trace, the earliest of equals: the warm-up recording
+    pick = max(range(len(loaded)), key=lambda i: (len(loaded[i].snapshot.trace), -i))
+    snap = loaded[pick].snapshot
+    agent_limit = snap.agent.limit_bytes if snap.agent is not None else None
+    return snap, f"{files[pick]} ({len(snap.trace)} trace entries)", (
+        agent_limit, "the agent's limit at its last step boundary" if agent_limit else None)
+
+
+def _from_run(run_name, rank):
+    from profiler.cli._listing import open_cli_store
+    from profiler.store.fit_source import fit_source
+    from profiler.store.service import load_blob
+
+    store = open_cli_store()
+    with store.session() as s:
+        src = fit_source(s, run_name, rank)
+    snap = load_blob(store, src.sha256, src.source).snapshot
+    agent_limit = snap.agent.limit_bytes if snap.agent is not None else None
+    limit = (src.limit_bytes, src.limit_source) if src.limit_bytes else (
+        agent_limit, "the agent's limit at its last step boundary" if agent_limit else None)
+    step = f" step {src.step}" if src.step is not None else ""
+    return snap, f"run {run_name} rank {src.rank}, snapshot {src.snapshot_id}{step} ({src.trace_entries} trace entries)", limit

@@ -1,0 +1,71 @@
+"""`memq fit`'s text: the prediction, whether it fits, the largest batch, what dominates the peak."""
+
+from __future__ import annotations
+
+from profiler.render.safe import safe_text
+from profiler.units import fmt_bytes
+
+
+def _shape(doc: dict) -> str:
+    parts = []
+    if doc.get("batch") is not None:
+        parts.append(f"batch {doc['from_batch']} -> {doc['batch']}")
+    if doc.get("seq") is not None:
+        parts.append(f"length {doc['from_seq']} -> {doc['seq']}")
+    opt = doc.get("optimizer") or {}
+    if opt.get("predicted") and opt.get("predicted") != opt.get("recorded"):
+        parts.append(f"optimizer {opt.get('recorded')} -> {opt['predicted']}")
+    return ", ".join(parts) or "the measured shape"
+
+
+def fits_word(v: bool | None) -> str:
+    return {True: "yes", False: "no", None: "undetermined (the interval straddles the limit)"}[v]
+
+
+def render_fit(doc: dict) -> str:
+    lines = [f"measured: {safe_text(doc.get('source') or '')}"]
+    lim = doc.get("limit_bytes")
+    lines.append(f"{_shape(doc)} ({doc['scale']:g}x the measured input-sized tensors)")
+    lines.append(f"  predicted peak reserved  {fmt_bytes(doc['peak_bytes'])} ({fmt_bytes(doc['low'])} - "
+                 f"{fmt_bytes(doc['high'])}), peak allocated {fmt_bytes(doc['peak_allocated_bytes'])}")
+    if lim is None:
+        lines.append("  fits: undetermined: no limit known (give --limit SIZE or --gpu NAME)")
+    else:
+        lines.append(f"  limit {fmt_bytes(lim)} ({safe_text(doc.get('limit_source') or '')})")
+        room = doc.get("headroom_bytes")
+        tail = f", {fmt_bytes(room)} headroom" if doc["fits"] and room is not None else ""
+        lines.append(f"  fits: {fits_word(doc['fits'])}{tail}")
+        for unit in ("batch", "seq"):
+            v = doc.get(f"max_{unit}")
+            if v is None:
+                continue
+            name = "batch" if unit == "batch" else "sequence length"
+            lo, hi = doc.get(f"max_{unit}_low"), doc.get(f"max_{unit}_high")
+            span = f" ({lo}-{hi} within the interval)" if lo != hi else ""
+            lines.append(f"  largest {name} that fits: {v}{span}" if v else f"  largest {name} that fits: none "
+                         "(even 1 does not fit)")
+        if doc.get("max_scale") is not None:
+            lines.append(f"  headroom in input units: {doc['max_scale']:g}x the measured input fits")
+    dom = doc.get("dominant") or []
+    if dom:
+        lines.append("  the peak: " + ", ".join(f"{d['kind']} {fmt_bytes(d['bytes'])} ({d['share']:.0%})" for d in dom))
+    meas = doc.get("measured") or {}
+    lines.append(f"  measured peak reserved {fmt_bytes(meas.get('peak_bytes'))} over {meas.get('optimizer_steps')} "
+                 "optimizer steps")
+    lines.append(f"basis: {doc['basis']}")
+    for n in doc.get("notes") or []:
+        lines.append(f"note: {n}")
+    return "\n".join(lines) + "\n"
+
+
+def own_fit_line(fit: dict | None) -> str | None:
+    """The history panel's line for a run's own `fit` (None when the run has none)."""
+    if not fit:
+        return None
+    head = f"fit: peak {fmt_bytes(fit['peak_bytes'])} reserved at its own batch"
+    if fit.get("limit_bytes") is None:
+        return head + " (no limit known: `memq fit --run R --limit SIZE` for the largest batch)"
+    if fit.get("max_scale") is None:
+        return head
+    return head + (f"; {fit['max_scale']:g}x its batch fits the {fmt_bytes(fit['limit_bytes'])} limit "
+                   "(`memq fit --run R --batch B --from-batch B0` for one size)")
