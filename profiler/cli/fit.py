@@ -56,52 +56,22 @@ def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limi
 
 
 def _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source) -> dict:
-    from profiler.analysis import fit as F
+    from profiler.analysis.fit import Question
 
+    q = Question(batch=batch, from_batch=from_batch, seq=seq, from_seq=from_seq,
+                 optimizer=optimizer.lower() if optimizer else None, limit=limit, limit_source=limit_source)
     if run_name:
-        snap, where, run_limit = _from_run(run_name, rank)
-    else:
-        snap, where, run_limit = _from_files(files)
-    if limit is None and run_limit[0]:
-        limit, limit_source = run_limit
-    q = F.Question(batch=batch, from_batch=from_batch, seq=seq, from_seq=from_seq,
-                   optimizer=optimizer.lower() if optimizer else None, limit=limit, limit_source=limit_source)
-    try:
-        F.check(q)
-        doc = F.answer(F.classify(snap), q)
-    except ValueError as exc:
-        raise BadInput(str(exc)) from exc
-    except F.NotAssessable as exc:
-        raise BadInput(f"{where}: {exc}") from exc
-    doc["source"] = where
-    return doc
+        from profiler.cli._listing import open_cli_store
+        from profiler.store.fit_source import fit_for_run
 
-
-def _from_files(files):
+        return fit_for_run(open_cli_store(), run_name, rank, q)
     from profiler.config import load_settings
     from profiler.load import load_snapshot_file
+    from profiler.store.fit_source import answer_for
 
     cap = load_settings().decode_max_bytes
     loaded = [load_snapshot_file(f, max_bytes=cap) for f in files]
     # the longest trace, the earliest of equals: the warm-up recording
     pick = max(range(len(loaded)), key=lambda i: (len(loaded[i].snapshot.trace), -i))
     snap = loaded[pick].snapshot
-    agent_limit = snap.agent.limit_bytes if snap.agent is not None else None
-    return snap, f"{files[pick]} ({len(snap.trace)} trace entries)", (
-        agent_limit, "the agent's limit at its last step boundary" if agent_limit else None)
-
-
-def _from_run(run_name, rank):
-    from profiler.cli._listing import open_cli_store
-    from profiler.store.fit_source import fit_source
-    from profiler.store.service import load_blob
-
-    store = open_cli_store()
-    with store.session() as s:
-        src = fit_source(s, run_name, rank)
-    snap = load_blob(store, src.sha256, src.source).snapshot
-    agent_limit = snap.agent.limit_bytes if snap.agent is not None else None
-    limit = (src.limit_bytes, src.limit_source) if src.limit_bytes else (
-        agent_limit, "the agent's limit at its last step boundary" if agent_limit else None)
-    step = f" step {src.step}" if src.step is not None else ""
-    return snap, f"run {run_name} rank {src.rank}, snapshot {src.snapshot_id}{step} ({src.trace_entries} trace entries)", limit
+    return answer_for(snap, f"{files[pick]} ({len(snap.trace)} trace entries)", q, (None, None))

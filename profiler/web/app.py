@@ -42,6 +42,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 # Nightly reports are self-contained HTML with an inline <style> and no script.
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; frame-ancestors 'none'"
 COOKIE = "memq_token"
+# the /fit form and /api/fit: the run, and `memq fit`'s options
+FIT_PARAMS = ("run", "rank", "batch", "from_batch", "seq", "from_seq", "optimizer", "limit", "gpu")
 
 
 class Json(JSONResponse):
@@ -271,6 +273,37 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         with store.session() as s:
             return compare_runs(s, a, b)
 
+    def fit_doc(request: Request) -> dict:
+        from profiler.analysis.fit import OPTIMIZER_NAMES, Question
+        from profiler.store.fit_source import fit_for_run
+        from profiler.units import parse_size
+
+        q = query(request)
+        P.check_known(q, FIT_PARAMS)
+        run = P.text(q, "run")
+        if not run:
+            raise BadInput("fit needs a run: ?run=RUN&batch=B&from_batch=B0")
+        ints = {k: P.integer(q, k, None, 1, 1 << 20) for k in ("batch", "from_batch", "seq", "from_seq")}
+        limit, source = None, None
+        if P.text(q, "limit") and P.text(q, "gpu"):
+            raise BadInput("give a limit or a GPU, not both")
+        if P.text(q, "limit"):
+            limit, source = parse_size(P.text(q, "limit")), "the form's limit"
+        elif P.text(q, "gpu"):
+            from profiler.gpus import gpu_limit
+
+            limit, source = gpu_limit(P.text(q, "gpu"))
+        question = Question(**ints, optimizer=P.choice(q, "optimizer", OPTIMIZER_NAMES), limit=limit,
+                            limit_source=source)
+        return fit_for_run(store, run, P.integer(q, "rank", None, 0, 1 << 16), question)
+
+    def fit_page(request: Request) -> HTMLResponse:
+        q = query(request)
+        form = {k: q.get(k, "") for k in FIT_PARAMS}
+        asked = any(q.get(k) for k in ("batch", "seq", "optimizer", "limit", "gpu"))
+        doc = fit_doc(request) if q.get("run") else None
+        return HTMLResponse(render_page("fit.html", data=None, doc=doc, form=form, asked=asked, title="fit"))
+
     def versions_doc(request: Request) -> dict:
         from profiler.store.queries import torch_versions
 
@@ -409,6 +442,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         Route("/snapshots/{sid}", snapshot_page),
         Route("/compare", compare_page),
         Route("/versions", versions_page),
+        Route("/fit", fit_page),
         Route("/reports", reports_page),
         Route("/reports/{rid}", report_html),
         Route("/playbook", playbook_page),
@@ -419,6 +453,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         Route("/api/snapshots/{sid}", api(snapshot_doc)),
         Route("/api/compare", api(compare_doc)),
         Route("/api/versions", api(versions_doc)),
+        Route("/api/fit", api(fit_doc)),
         Route("/api/reports", api(reports_doc)),
         Route("/api/reports/{rid}", api(report_doc)),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

@@ -179,6 +179,14 @@ def forecast_server(tmp_path_factory) -> Server:
     cap = json.loads((FORECAST / "truth.json").read_text())["val_logits"]["defaults"]["cap_bytes"]
     h.cli("ingest", *map(str, leak), "--run", "fc_leak", "--cluster", "b", "--job", "leak", "--limit", str(cap),
           "--status", "running", "--json")
+    # and a finished run measured at batch 2 (the H200 fit set's gpt_m), under the cap its bisection used
+    from tests.analysis.agent_data import spool_files as fit_files
+
+    fit_dir = Path(__file__).resolve().parents[1] / "fixtures" / "fit"
+    gpt_m = fit_files(next((fit_dir / "gpt_m" / "defaults").iterdir()), root / "fit_m")
+    fit_cap = json.loads((fit_dir / "truth.json").read_text())["gpt_m"]["cap"]["cap_bytes"]
+    h.cli("ingest", *map(str, gpt_m), "--run", "fit_m", "--cluster", "b", "--job", "gpt", "--limit", str(fit_cap),
+          "--json")
     s = _start(h, tmp_path_factory.mktemp("serve_forecast"), None)
     yield s
     _stop(s)

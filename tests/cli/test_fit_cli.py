@@ -1,0 +1,98 @@
+"""`memq fit` on the H200 calibration spools (tests/fixtures/fit) written out as the agent's snapshot
+files: offline from files, and from the history after `memq ingest` (real PostgreSQL and SQLite via
+`memq_env`), with `memq history --json`'s `fit`; each refusal is named and exits 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from profiler.cli import cli
+from tests.analysis.agent_data import spool_files
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fit"
+TRUTH = json.loads((FIX / "truth.json").read_text())
+
+
+def memq(*args, code=0):
+    res = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=True)
+    assert res.exit_code == code, f"memq {' '.join(map(str, args))} exited {res.exit_code}: {res.output}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    out = {}
+    for model in ("gpt_s", "gpt_m", "gpt_bf16"):
+        out[model] = spool_files(next((FIX / model / "defaults").iterdir()), tmp_path_factory.mktemp(model))
+    return out
+
+
+def test_fit_from_files_json(files):
+    cap = TRUTH["gpt_s"]["cap"]["cap_bytes"]
+    doc = json.loads(memq("fit", *files["gpt_s"], "--batch", 16, "--from-batch", 4, "--limit", cap, "--json").output)
+    real = TRUTH["gpt_s"]["runs"]["gpt_s-b16-t256"]["max_reserved"]
+    assert doc["low"] <= real <= doc["high"]
+    assert doc["fits"] is True and doc["max_batch"] == 24  # 25 ran out of memory for real
+    assert doc["limit_source"] == "--limit" and doc["optimizer"]["recorded"] == "adamw"
+    assert doc["source"].endswith("(2682 trace entries)")
+
+
+def test_fit_text_names_the_answer(files):
+    cap = TRUTH["gpt_bf16"]["cap"]["cap_bytes"]
+    out = memq("fit", *files["gpt_bf16"], "--batch", 32, "--from-batch", 4, "--limit", cap).output
+    assert "batch 4 -> 32 (8x the measured input-sized tensors)" in out
+    assert "fits: no" in out and "largest batch that fits: 23" in out
+    assert "note: autocast weight copies found" in out
+
+
+def test_fit_gpu_and_seq(files):
+    doc = json.loads(memq("fit", *files["gpt_m"], "--seq", 1024, "--from-seq", 256, "--gpu", "A100 40GB",
+                          "--json").output)
+    assert doc["limit_source"].startswith("--gpu a100-40gb") and doc["fits"] is True
+    assert doc["max_seq"] > 1024 and doc["max_batch"] is None
+    real = TRUTH["gpt_m"]["runs"]["gpt_m-b2-t1024"]["max_reserved"]
+    assert doc["low"] <= real <= doc["high"]
+
+
+def test_fit_without_a_limit_is_undetermined(files):
+    out = memq("fit", *files["gpt_s"], "--batch", 8, "--from-batch", 4).output
+    assert "fits: undetermined: no limit known (give --limit SIZE or --gpu NAME)" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--batch", 8], "--batch needs --from-batch"),
+    (["--batch", 4096, "--from-batch", 4], "past the 64x a measured step can stand for"),
+    (["--optimizer", "lion"], "unknown optimizer 'lion'"),
+    (["--gpu", "GTX 9999"], "unknown GPU 'GTX 9999'"),
+    (["--gpu", "T4", "--limit", "1GiB"], "--limit and --gpu are exclusive"),
+    (["--rank", 1], "--rank goes with --run"),
+])
+def test_fit_refusals(files, args, message):
+    res = memq("fit", *files["gpt_s"], *args, code=2)
+    assert message in res.output
+
+
+def test_fit_of_an_untraced_snapshot_says_what_to_record(files):
+    res = memq("fit", files["gpt_s"][-1], code=2)  # the epoch-end snapshot: recording paused, no trace
+    assert "no trace" in res.output and "warm-up" in res.output
+
+
+def test_fit_from_the_history_and_its_headroom(memq_env, files):
+    cap = TRUTH["gpt_m"]["cap"]["cap_bytes"]
+    memq("db", "upgrade")
+    memq("ingest", *files["gpt_m"], "--run", "fit-m", "--limit", cap, "--json")
+    doc = json.loads(memq("fit", "--run", "fit-m", "--batch", 16, "--from-batch", 2, "--json").output)
+    assert doc["limit_bytes"] == cap and doc["limit_source"] == "the run's cap"
+    assert doc["fits"] is False and doc["max_batch"] == 13
+    assert doc["source"].startswith("run fit-m rank 0, snapshot ")
+    hist = json.loads(memq("history", "--run", "fit-m", "--json").output)
+    own = hist["fit"]
+    assert own["limit_bytes"] == cap and own["fits"] is True
+    assert int(own["max_scale"] * 2) == 13  # batch 13 of 2 fits the cap for real, 14 runs out
+    assert "fit: peak " in memq("history", "--run", "fit-m").output
+    res = memq("fit", "--run", "no-such-run", code=4)
+    assert "no-such-run" in res.output
