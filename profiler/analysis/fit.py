@@ -280,11 +280,21 @@ def _model(m: Measured, limit: int | None) -> AllocatorModel:
     return model
 
 
+def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: bool = True):
+    try:
+        return _model(m, limit).run(prog, stop_at_oom=stop_at_oom)
+    except (TypeError, IndexError, KeyError, ValueError) as exc:
+        # the model's address space is sized for the recorded run: an expandable segment grown far past
+        # what the run mapped has no recorded neighbour to grow into
+        raise NotAssessable(f"the allocator model cannot replay this trace at {k:g}x its input "
+                            f"({type(exc).__name__}): measure a run nearer that shape") from exc
+
+
 def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
     ratio, extra = state_change(m, optimizer)
     sizes = scaled_sizes(m, k, ratio)
     prog = _program(m, sizes, extra)
-    sim = _model(m, None).run(prog, stop_at_oom=False)
+    sim = _run(m, None, prog, k, stop_at_oom=False)
     kinds = [*m.kinds, OPT_STATE]
     by_kind = [0] * len(KIND_NAMES)
     for _addr, h, req, _stream in m.replay.start_live:
@@ -316,7 +326,7 @@ def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) 
     """Does the model serve every request at scale k under `limit` (cache freed and retried first)?"""
     ratio, extra = state_change(m, optimizer)
     prog = _program(m, scaled_sizes(m, k, ratio), extra)
-    return _model(m, limit).run(prog).oom_op is None
+    return _run(m, limit, prog, k).oom_op is None
 
 
 def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = None,
@@ -478,8 +488,16 @@ def own_curve(snap: Snapshot) -> dict | None:
         m = classify(snap)
     except NotAssessable:
         return None
-    base = predict(m, 1.0)
-    curve = [[1.0, base.peak_reserved]] + [[k, predict(m, k).peak_reserved] for k in CURVE_SCALES[1:]]
+    try:
+        base = predict(m, 1.0)
+    except NotAssessable:
+        return None
+    curve = [[1.0, base.peak_reserved]]
+    for k in CURVE_SCALES[1:]:
+        try:
+            curve.append([k, predict(m, k).peak_reserved])
+        except NotAssessable:
+            break  # the curve ends where the model can no longer follow
     return {"curve": curve, "peak_allocated_bytes": base.peak_allocated, "dominant": dominant(base),
             "optimizer": m.optimizer, "optimizer_steps": m.steps}
 

@@ -182,3 +182,18 @@ def test_no_trace_and_one_step_are_refused():
                                                   if e.frames and "optim" in str(e.frames[:4]))]])
     with pytest.raises(fit.NotAssessable, match="optimizer step"):
         fit.classify(cut)
+
+
+def test_an_expandable_run_far_past_its_mapping_ends_the_curve_not_the_analysis():
+    """frag_dynamic_probe (expandable segments, H200): the model cannot grow its segments to 64x;
+    the run's curve stops where it can no longer follow, and `answer` names it."""
+    from profiler.load import load_snapshot_file
+    from tests.helpers import REAL
+
+    snap = load_snapshot_file(REAL / "frag_dynamic_probe" / "epoch0.pickle.gz").snapshot
+    curve = fit.own_curve(snap)
+    assert curve is not None and 1 <= len(curve["curve"]) < len(fit.CURVE_SCALES)
+    ks = [k for k, _ in curve["curve"]]
+    assert ks == list(fit.CURVE_SCALES[: len(ks)])
+    with pytest.raises(fit.NotAssessable, match="cannot replay this trace at 64x"):
+        fit.predict(fit.classify(snap), fit.K_MAX)
