@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from profiler.analysis import frames as fr
-from profiler.analysis.allocator_model import OP_ALLOC, OP_FREE, OP_OOM, AllocatorModel, Program
+from profiler.analysis.allocator_model import OP_ALLOC, OP_FREE, AllocatorModel, Program
 from profiler.model import Snapshot, frame_file, frame_line, frame_name
 
 # The interval either side of the predicted peak, and on the limit for `fits` and the largest
@@ -137,16 +137,22 @@ def classify(snap: Snapshot) -> Measured:
     if not snap.trace:
         raise NotAssessable("the snapshot has no trace: memq fit replays a recorded training step (the agent "
                             "records the warm-up at its defaults, or history=\"on\")")
-    rep = wi.compile_trace(snap)
+    try:
+        rep = wi.compile_trace(snap)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        # a trace the replay cannot follow (entries out of order, a segment it never saw made): the same
+        # inputs `memq whatif` reports as not assessable
+        raise NotAssessable(f"the trace cannot be compiled for the allocator model ({type(exc).__name__})") from exc
     prog, trace = rep.program, snap.trace
     kinds = [INPUT] * prog.n_handles
     size_of = [0] * prog.n_handles
     ev_of = [-1] * prog.n_handles
     is_open = [False] * prog.n_handles
     grads: dict[int, int] = {}
+    n_events = len(trace)
     for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
-        if op == OP_OOM:
-            continue
+        if op not in (OP_ALLOC, OP_FREE) or not 0 <= rep.op_event[i] < n_events:
+            continue  # OOM requests, empty_cache, foreign pools: nothing to classify
         ev = trace[rep.op_event[i]]
         if op == OP_ALLOC:
             size_of[h], ev_of[h], is_open[h] = prog.size[i], rep.op_event[i], True
