@@ -176,8 +176,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                       "step_need": None if need is None else need.as_json()},
         "forecast": fc,
         # the run's headroom in batch units, from its last snapshot whose trace holds whole steps
-        "fit": fit_headroom(next((p["fit"] for p in reversed(per) if p.get("fit")), None),
-                            lim.limit or _agent_limit(agents)),
+        "fit": copy.deepcopy(fit_headroom(next((p["fit"] for p in reversed(per) if p.get("fit")), None),
+                                          lim.limit or _agent_limit(agents))),
         # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
         "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
