@@ -48,8 +48,12 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
 
 
 def _own_fit(snap: Snapshot, tl: dict) -> dict | None:
-    """The predicted peak at multiples of the input (fit.own_curve), from a trace holding whole steps."""
-    if (tl.get("optimizer_steps") or 0) < 2:
+    """The predicted peak at multiples of the input (fit.own_curve), from a trace that holds the run
+    from its start and whole steps: the agent's warm-up recording at its defaults. A trace that starts
+    mid-run (every snapshot of a history="on" run after the first) holds its earlier blocks at their
+    recorded size, and replaying it 14 times per snapshot would be work on the ingest path for a curve
+    the run already has."""
+    if (tl.get("optimizer_steps") or 0) < 2 or not tl.get("covers_whole_run"):
         return None
     from profiler.analysis.fit import own_curve
 
