@@ -35,24 +35,26 @@ DEFAULT_MAX_BYTES = 4 * 1024**3  # uncompressed; the 100k-entry H200 snapshot is
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
-# Memory a decode takes per uncompressed pickle byte. Measured (tests/fixtures/real, all 41 files,
-# and benchmarks/data/big.pickle.gz (shared fixture bench_100k), 20.8 MB, 100k trace entries):
-#   - the unpickled object graph alone: 6.6x-9.5x the pickle bytes (tracemalloc, retained), peak
-#     8.2x-10.6x while building; address space grows 8.9x for the 100k-entry file;
-#   - a whole `load_snapshot_file` (compressed bytes + inflated bytes + objects + parsed model),
-#     peak RSS growth: 10.2x (100k entries), 10.8x (seed_adamw/epoch0), 9.3x (a 77 KB snapshot).
-# 16 leaves a 1.5x margin over the worst of those, so a budget B admits pickles up to B / 16 bytes
-# (`raw_limit`) and the address-space cap while unpickling is 16x the pickle plus a small slack.
-# Crafted pickles can build more per byte (an empty set is 1 opcode byte and 216 bytes of object):
-# those hit the address-space cap and end as TooLarge instead.
-DECODE_BYTES_PER_RAW_BYTE = 16
+# Memory a decode takes per uncompressed pickle byte: peak RSS growth of a whole
+# `load.load_snapshot_file` (compressed bytes + objects + parsed model; a compressed pickle is unpickled
+# while inflated and its trace entries released as they are parsed), measured with
+# benchmarks/bench_big.py's inputs and all 41 files of tests/fixtures/real:
+#   - 7.4x for the real 1,000,000-entry H200 capture (85 MB), 7.1x for 1M entries tiled from the 100k
+#     one (258 MB), 9.5x for the real 100k-entry snapshot (21 MB);
+#   - 12-13x for the 0.4-2 MB files, where ~2 MB of fixed cost (buffers, the decoding thread) counts.
+# A budget B admits pickles up to B / 12 (`raw_limit`); budgets are at least 768 MiB (config), so a
+# pickle at the cap is at least 64 MB, where the measured need is under 10x: a 1.2x margin. The
+# address-space cap while unpickling is 12x the pickle plus a small slack. Crafted pickles can build
+# more per byte (an empty set is 1 opcode byte and 216 bytes of object): those hit the address-space cap
+# and end as TooLarge instead.
+DECODE_BYTES_PER_RAW_BYTE = 12
 ADDRESS_SPACE_SLACK = 64 * 1024**2
 
 # Real snapshots nest 6-8 containers deep (snapshot > traces > entry > frames > frame); 100 leaves
 # room for new layouts and keeps every later walk far from Python's recursion limit.
 MAX_NESTING = 100
 
-_CAP_HINT = "the cap is MEMQ_DECODE_BUDGET_BYTES / 16, or --max-bytes when lower"
+_CAP_HINT = f"the cap is MEMQ_DECODE_BUDGET_BYTES / {DECODE_BYTES_PER_RAW_BYTE}, or --max-bytes when lower"
 _IN_CHUNK = 256 * 1024
 _OUT_CHUNK = 1024 * 1024
 
@@ -74,15 +76,21 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 @contextlib.contextmanager
-def gc_paused():
+def gc_paused(*, freeze: bool = False):
     """Pause the cyclic garbage collector while building millions of acyclic containers: its
-    generational passes otherwise make decoding superlinear in the number of trace entries."""
+    generational passes otherwise make decoding superlinear in the number of trace entries.
+
+    With `freeze` (a command that exits soon after), what was built is moved out of the collector's
+    sight when it resumes: its first pass would otherwise walk every parsed event once more (0.17 s
+    for a million) only to find nothing to collect."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            if freeze:
+                gc.freeze()
             gc.enable()
 
 
@@ -193,36 +201,139 @@ def check_shape(obj: Any, nbytes: int) -> None:
         level = list(filter(gc.is_tracked, refs))
 
 
-def loads_restricted(data: bytes) -> Any:
-    """Unpickle `data` with every global refused. Raises SnapshotError subclasses only."""
+def loads_restricted(data: bytes, *, check: bool = True) -> Any:
+    """Unpickle `data` with every global refused. Raises SnapshotError subclasses only.
+    `check=False` leaves the shape check to the caller (the snapshot loader checks the part it does
+    not validate itself)."""
 
     def load() -> Any:
         with address_space_capped(len(data)):
             return _RestrictedUnpickler(io.BytesIO(data)).load()
 
+    return _unpickled(load, _stack_needed(data), len(data), check)
+
+
+class InflatingReader:
+    """The uncompressed bytes of a gzip or zstd blob as a file the C unpickler reads from, so that a
+    decode never holds the whole inflated pickle (85 MB for a 1M-entry trace) beside the objects it
+    builds. It hashes and counts what passes through, and bounds the tuple opcodes it has seen by
+    what the unpickling thread's stack can hash (see _stack_needed)."""
+
+    def __init__(self, data: bytes, max_bytes: int, max_tuple_ops: int) -> None:
+        self._chunks = iter_inflate(data, max_bytes)
+        self._buf = b""
+        self._pos = 0
+        self._hash = hashlib.sha256()
+        self.size = 0
+        self._tuple_ops = 0
+        self._max_tuple_ops = max_tuple_ops
+
+    def _fill(self) -> bool:
+        chunk = next(self._chunks, b"")
+        if not chunk:
+            return False
+        self._hash.update(chunk)
+        self.size += len(chunk)
+        self._tuple_ops += len(chunk) - len(chunk.translate(None, _TUPLE_OPCODES))
+        if self._tuple_ops > self._max_tuple_ops:
+            raise TooLarge(f"pickle may nest tuples {self._tuple_ops} deep; snapshots hold a few flat tuples")
+        self._buf = self._buf[self._pos:] + chunk if self._pos < len(self._buf) else chunk
+        self._pos = 0
+        return True
+
+    def peek(self, n: int = 1) -> bytes:
+        while len(self._buf) - self._pos < max(1, n) and self._fill():
+            pass
+        return self._buf[self._pos:self._pos + max(1, n)]
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            while self._fill():
+                pass
+            out, self._buf, self._pos = self._buf[self._pos:], b"", 0
+            return out
+        while len(self._buf) - self._pos < n and self._fill():
+            pass
+        out = self._buf[self._pos:self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readline(self) -> bytes:
+        while True:
+            i = self._buf.find(b"\n", self._pos)
+            if i >= 0 or not self._fill():
+                break
+        end = len(self._buf) if i < 0 else i + 1
+        out = self._buf[self._pos:end]
+        self._pos = end
+        return out
+
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+def decode_stream(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, check: bool = True) -> tuple[Any, str, int]:
+    """`decode` that returns (object, sha256 of the uncompressed bytes, their size) and, for a
+    compressed pickle, unpickles while inflating: memory holds the compressed bytes and the objects,
+    never the whole inflated pickle. The size is known only at the end, so the address space is capped
+    for `max_bytes` of pickle. JSON and uncompressed input are decoded whole."""
+    if not data:
+        raise SnapshotError("empty input")
+    if compression_of(data) == "none":
+        raw = next(iter_inflate(data, max_bytes))
+        return decode_plain(raw, check=check), hashlib.sha256(raw).hexdigest(), len(raw)
+    stack = min(_STACK_MAX, _STACK_BASE + _STACK_PER_LEVEL * max(0, max_bytes))
+    reader = InflatingReader(data, max_bytes, (stack - _STACK_BASE) // _STACK_PER_LEVEL)
+    head = reader.peek(1)
+    if not head:
+        raise SnapshotError("empty input after decompression")
+    if not _is_pickle(head):
+        raw = reader.read()
+        return decode_plain(raw, check=check), reader.sha256(), reader.size
+
+    def load() -> Any:
+        with address_space_capped(max_bytes):
+            obj = _RestrictedUnpickler(reader).load()
+        reader.read()  # what follows the STOP opcode still counts in the hash, as in the whole-file path
+        return obj
+
+    obj = _unpickled(load, stack, max_bytes, check, nbytes=lambda: reader.size)
+    return obj, reader.sha256(), reader.size
+
+
+def _unpickled(load: Callable[[], Any], stack: int, cap_bytes: int, check: bool,
+               nbytes: Callable[[], int] | None = None) -> Any:
     try:
         with gc_paused():
-            obj = _on_stack(load, _stack_needed(data))
-            check_shape(obj, len(data))
+            obj = _on_stack(load, stack)
+            if check:
+                check_shape(obj, nbytes() if nbytes else cap_bytes)
             return obj
     except SnapshotError:
         raise
     except RecursionError as exc:
         raise NestedTooDeep("pickle nests too deeply") from exc
     except MemoryError as exc:
-        raise TooLarge(f"pickle needs more than {DECODE_BYTES_PER_RAW_BYTE}x its {len(data)} bytes "
+        size = nbytes() if nbytes else cap_bytes
+        raise TooLarge(f"pickle needs more than {DECODE_BYTES_PER_RAW_BYTE}x its {size} bytes "
                        "of memory; real snapshots need less than that") from exc
     except Exception as exc:  # noqa: BLE001 - any decode failure of foreign bytes is bad input
         raise SnapshotError(f"not a readable pickle ({type(exc).__name__}: {_short(exc)})") from exc
 
 
-def loads_json(raw: bytes) -> Any:
+def loads_json(raw: bytes, *, check: bool = True) -> Any:
     """JSON with the same memory and shape bounds as pickles."""
     try:
         with gc_paused():
             with address_space_capped(len(raw)):
                 obj = json.loads(raw)
-            check_shape(obj, len(raw))
+            if check:
+                check_shape(obj, len(raw))
             return obj
     except SnapshotError:
         raise
@@ -355,11 +466,14 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     return decode_plain(raw)
 
 
-def decode_plain(raw: bytes) -> Any:
-    head = raw[:1]
-    if head == b"\x80" or head in (b"(", b"]", b"}"):
-        return loads_restricted(raw)
+def _is_pickle(head: bytes) -> bool:
+    return head[:1] == b"\x80" or head[:1] in (b"(", b"]", b"}")
+
+
+def decode_plain(raw: bytes, *, check: bool = True) -> Any:
+    if _is_pickle(raw[:1]):
+        return loads_restricted(raw, check=check)
     stripped = raw.lstrip()[:1]
     if stripped in (b"{", b"["):
-        return loads_json(raw)
+        return loads_json(raw, check=check)
     raise SnapshotError("not a snapshot: neither a pickle nor JSON (after gzip/zstd)")

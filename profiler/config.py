@@ -23,6 +23,35 @@ from urllib.parse import urlsplit
 from profiler.errors import ConfigError
 
 
+MIN_DECODE_BUDGET = 768 * 1024**2  # the budget before it scaled with memory: what small pods had
+DECODE_MEMORY_SHARE = 4  # a decode may take 1/4 of the process's memory (deploy/CAPACITY.md, "Big snapshots")
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def auto_decode_budget(memory_bytes: int | None) -> int:
+    """The decode budget for a process that may use `memory_bytes` (None: unknown)."""
+    if not memory_bytes:
+        return MIN_DECODE_BUDGET
+    return max(MIN_DECODE_BUDGET, memory_bytes // DECODE_MEMORY_SHARE)
+
+
+def process_memory_bytes() -> int | None:
+    """What this process may use: its cgroup's memory limit when it has one, else physical memory."""
+    phys = None
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in _CGROUP_LIMITS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (phys is None or int(text) < phys):
+            return int(text)  # "max" (v2) or a huge number (v1) mean no limit: physical memory
+    return phys
+
+
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     base = env.get("XDG_DATA_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "share")
@@ -100,14 +129,14 @@ class Settings:
     max_snapshot_bytes: int = setting(4 * 1024**3, "MEMQ_MAX_SNAPSHOT_BYTES",
         "Largest uncompressed snapshot accepted anywhere (bytes).",
         minimum=1)
-    # Below every deploy/ memory limit of a process that decodes (dispatcher 1-2 GiB, worker pool
-    # process ~4 GiB): a decode needs up to 16x the pickle (profiler/codec.py), so 768 MiB admits
-    # pickles up to 48 MiB (~230k trace entries; the agent's default 50k entries make ~10 MB).
-    decode_budget_bytes: int = setting(768 * 1024**2, "MEMQ_DECODE_BUDGET_BYTES",
-        ("Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/16 of it "
-         "(dispatcher blob checks, workers, CLI); larger ones are refused as bad input. Keep it under the "
-         "process's memory limit."),
-        minimum=1)
+    # 0 = a share of the memory this process may use (`auto_decode_budget`), so a worker given more
+    # memory admits bigger snapshots with no setting changed.
+    decode_budget_bytes: int = setting(0, "MEMQ_DECODE_BUDGET_BYTES",
+        ("Memory one snapshot decode may take (bytes): admits uncompressed snapshots up to 1/"
+         "DECODE_BYTES_PER_RAW_BYTE of it (dispatcher blob checks, workers, CLI); larger ones are refused "
+         "as bad input. 0: a quarter of the memory the process may use (its cgroup limit, else the "
+         "machine's memory), at least 768 MiB."),
+        shown="0 (auto)", minimum=0)
     pipe_idle_timeout_s: int = setting(30, "MEMQ_PIPE_IDLE_TIMEOUT_S",
         ("A FIFO or pipe given as a snapshot file (`memq analyze <(zcat x.gz)`) that sends nothing for this "
          "many seconds (no writer ever came, or it stalled) is abandoned with an error."),
@@ -331,12 +360,17 @@ class Settings:
     extra: dict = field(default_factory=dict)
 
     @property
+    def decode_budget(self) -> int:
+        """MEMQ_DECODE_BUDGET_BYTES, or when 0 the share of this process's memory it stands for."""
+        return self.decode_budget_bytes or auto_decode_budget(process_memory_bytes())
+
+    @property
     def decode_max_bytes(self) -> int:
         """Largest uncompressed snapshot this process decodes: the decode budget's share, at most
         MEMQ_MAX_SNAPSHOT_BYTES."""
         from profiler.codec import raw_limit
 
-        return raw_limit(self.decode_budget_bytes, self.max_snapshot_bytes)
+        return raw_limit(self.decode_budget, self.max_snapshot_bytes)
 
     @property
     def dead_letter_total_key(self) -> str:

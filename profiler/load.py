@@ -98,16 +98,33 @@ _READ_CHUNK = 4 * 1024 * 1024
 
 def decode_snapshot_bytes(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES,
                           keep_raw: bool = False, name: str = "<bytes>") -> LoadedSnapshot:
-    """Compressed or plain snapshot bytes -> parsed snapshot with its content hash."""
+    """Compressed or plain snapshot bytes -> parsed snapshot with its content hash.
+
+    Memory follows what the analysis keeps, not the pickle: a compressed pickle is unpickled while it
+    is inflated (unless `keep_raw` asks for the inflated bytes), and the parser releases each trace
+    entry as it reads it. The shape check walks everything but the trace entries, whose every kept
+    value the parser checks itself (codec.check_shape's bounds, in one pass instead of two)."""
     if not data:
         raise SnapshotError("empty input")
-    raw = codec.decompress(data, max_bytes)
-    if not raw:
-        raise SnapshotError("empty input after decompression")
     with codec.gc_paused():
-        snap = parse_snapshot(codec.decode_plain(raw))
-    return LoadedSnapshot(path=name, snapshot=snap, sha256=hashlib.sha256(raw).hexdigest(),
-                          raw_size=len(raw), raw=raw if keep_raw else None)
+        if keep_raw:
+            raw = codec.decompress(data, max_bytes)
+            if not raw:
+                raise SnapshotError("empty input after decompression")
+            obj, sha, size = codec.decode_plain(raw, check=False), hashlib.sha256(raw).hexdigest(), len(raw)
+        else:
+            raw = None
+            obj, sha, size = codec.decode_stream(data, max_bytes, check=False)
+        codec.check_shape(snapshot_shell(obj), size)
+        snap = parse_snapshot(obj, consume=True, nbytes=size)
+    return LoadedSnapshot(path=name, snapshot=snap, sha256=sha, raw_size=size, raw=raw)
+
+
+def snapshot_shell(obj: object) -> object:
+    """The decoded snapshot without its trace entries (the part the parser does not check whole)."""
+    if isinstance(obj, dict) and isinstance(obj.get("device_traces"), list):
+        return {k: v for k, v in obj.items() if k != "device_traces"}
+    return obj
 
 
 def load_snapshot_file(path: str | os.PathLike, max_bytes: int = codec.DEFAULT_MAX_BYTES,

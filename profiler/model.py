@@ -8,7 +8,7 @@ Read them through `frame_name` / `frame_file`, which accept the shapes seen in t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 ACTIVE_ALLOCATED = "active_allocated"
 ACTIVE_PENDING_FREE = "active_pending_free"  # emitted by torch; docs call it active_awaiting_free
@@ -80,11 +80,11 @@ class Segment:
         return sum(b.size for b in self.blocks if b.is_live)
 
 
-@dataclass(slots=True)
-class TraceEvent:
-    """One ring-buffer entry. The fields analysis reads on every event are parsed; rarely read ones
-    come from the entry itself on access (parsing them for millions of entries cost a third of the
-    parse time)."""
+class TraceEvent(NamedTuple):
+    """One ring-buffer entry, reduced to what the analysis reads. A tuple: the parser builds a million
+    of them from the decoded dicts, and a tuple is built in C and costs less than the dict it replaces.
+    `frames` lists are shared: entries with the same stack hold one list object (the parser interns
+    them), so a pass may cache per `id(frames)`; never mutate one."""
 
     action: str
     addr: int | None
@@ -93,22 +93,8 @@ class TraceEvent:
     time_us: int | None
     frames: Frames
     device_free: int | None = None
-    raw: dict | None = None
-
-    @property
-    def pool_id(self) -> tuple | None:
-        v = self.raw.get("pool_id") if self.raw else None
-        return tuple(v) if isinstance(v, (list, tuple)) else None
-
-    @property
-    def user_metadata(self) -> str:
-        v = self.raw.get("user_metadata") if self.raw else None
-        return v if isinstance(v, str) else ""
-
-    @property
-    def compile_context(self) -> str:
-        v = self.raw.get("compile_context") if self.raw else None
-        return v if isinstance(v, str) else ""
+    pool_id: tuple | None = None  # only on `oom` entries: the pool the failed request was for
+    user_metadata: str = ""  # torch >= 2.5: the job's annotation (`_set_memory_metadata`), when set
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,10 +215,11 @@ class Snapshot:
         return None if not self.segments else False
 
     def oom_event(self) -> TraceEvent | None:
-        for ev in reversed(self.trace):
-            if ev.action == "oom":
-                return ev
-        return None
+        """The last `oom` entry of the trace (memoised: a scan of a million events, asked for often)."""
+        key = ("oom_event", self.trace_device)
+        if key not in self.memo:
+            self.memo[key] = next((ev for ev in reversed(self.trace) if ev.action == "oom"), None)
+        return self.memo[key]
 
 
 @dataclass(frozen=True, slots=True)

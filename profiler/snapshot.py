@@ -7,6 +7,8 @@ snapshot at all raises `SnapshotError` with a message that names the problem.
 
 from __future__ import annotations
 
+import gc
+from itertools import chain, repeat
 from typing import Any
 
 from profiler.errors import SnapshotError
@@ -55,19 +57,22 @@ def _pool(v: Any) -> tuple:
     return (0, 0)
 
 
-def parse_snapshot(raw: Any) -> Snapshot:
+def parse_snapshot(raw: Any, *, consume: bool = False, nbytes: int | None = None) -> Snapshot:
     """Raw decoded data (dict from `_snapshot()`, or the bare list of `memory_snapshot()`) -> Snapshot.
 
-    Any other shape raises SnapshotError: foreign data must never surface as a TypeError."""
+    Any other shape raises SnapshotError: foreign data must never surface as a TypeError. `consume`
+    lets the parser release the trace entries of `raw` as it reads them (a decoder's own output);
+    `nbytes`, the size of the input `raw` came from, bounds the frame references the trace may make
+    (unbounded when None: data built in this process)."""
     try:
-        return _parse(raw)
+        return _parse(raw, consume, nbytes)
     except SnapshotError:
         raise
     except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
         raise SnapshotError(f"malformed snapshot ({type(exc).__name__}: {str(exc)[:100]})") from exc
 
 
-def _parse(raw: Any) -> Snapshot:
+def _parse(raw: Any, consume: bool, nbytes: int | None) -> Snapshot:
     if isinstance(raw, list):
         raw = {"segments": raw}
         fmt_hint = "segments-only"
@@ -92,7 +97,9 @@ def _parse(raw: Any) -> Snapshot:
     traces_raw = raw.get("device_traces", [])
     if not isinstance(traces_raw, list):
         raise SnapshotError("'device_traces' is not a list")
-    traces = [_parse_trace(t, d) for d, t in enumerate(traces_raw)]
+    frames_seen = _Frames(nbytes + 1024 if nbytes is not None else 2**62)
+    traces = [_parse_trace(t, d, frames_seen, consume) for d, t in enumerate(traces_raw)]
+    frames_seen.check()
 
     settings_raw = raw.get("allocator_settings")
     settings = _parse_settings(settings_raw) if isinstance(settings_raw, dict) else AllocatorSettings()
@@ -187,48 +194,135 @@ def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
     ), legacy
 
 
-def _parse_trace(t: Any, device: int) -> list[TraceEvent]:
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+_EMPTY_FRAMES: list = []  # shared by every entry recorded without a stack (most of them); never mutated
+MAX_USER_METADATA = 200
+
+
+class _Frames:
+    """Interns trace entries' frame lists: entries with equal stacks share one list, so a 1M-entry trace
+    keeps a few thousand lists instead of a million, and passes can cache per list. Each distinct list
+    is validated once (frames are flat dicts or tuples of scalars). The trace is not shape-checked as a
+    whole (`load.decode_snapshot_bytes`), so the frame references counted here are what bounds the work
+    of every later walk: a list shared by a million entries costs a million references, as in
+    `codec.check_shape`."""
+
+    def __init__(self, budget: int) -> None:
+        self._lists: dict[tuple, list] = {}
+        self.refs = 0
+        self._budget = budget
+
+    def intern(self, f: Any) -> list:
+        if type(f) is not list or not f:
+            return _EMPTY_FRAMES
+        self.refs += len(f)
+        if self.refs > self._budget:
+            raise SnapshotError(f"data reuses containers ({self.refs} frame references from a "
+                                f"{self._budget}-byte input); snapshots are plain trees")
+        key = tuple(map(id, f))
+        c = self._lists.get(key)
+        if c is None:
+            c = self._lists[key] = f
+        return c
+
+    def check(self) -> None:
+        """Every distinct frame is flat, with text where the readers expect text: a dict of scalars
+        (torch >= 2.1) or a tuple of scalars. One C-level pass over all of them at the end: the
+        100k-entry snapshot has 490k distinct frames, and checked list by list they cost a third of
+        the parse. CPython tracks a dict for the cyclic GC exactly when a container went into it, so an
+        untracked frame dict holds only scalars."""
+        frames = list(chain.from_iterable(self._lists.values()))
+        n = len(frames)
+        kinds = set(map(type, frames))
+        if kinds == {dict}:
+            flat = not any(map(gc.is_tracked, frames))
+            texts = (set(map(type, map(dict.get, frames, repeat("filename", n), repeat("", n))))
+                     | set(map(type, map(dict.get, frames, repeat("name", n), repeat("", n)))))
+            plain = flat and texts <= {str}
+        else:
+            plain = kinds <= {dict, list, tuple, *_PLAIN} and all(map(_flat_frame, frames))
+        if not plain:
+            raise SnapshotError("a trace entry has a frame that is not flat data (frames are dicts of "
+                                "filename, line and name)")
+
+
+def _flat_frame(f: Any) -> bool:
+    if type(f) is dict:
+        return (all(type(v) in _PLAIN for v in f.values()) and type(f.get("filename", "")) is str
+                and type(f.get("name", "")) is str)
+    if type(f) in (list, tuple):
+        return all(type(v) in _PLAIN for v in f)
+    return True
+
+
+def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> list[TraceEvent]:
+    """Entries -> TraceEvents. With `consume`, each entry's dict is released as it is read, so the
+    decoded trace and its parsed form are never both whole in memory. The hot loop of a decode (a
+    million entries): plain entries take the straight path, anything else `_odd_entry`."""
     if not isinstance(t, list):
         raise SnapshotError(f"device_traces[{device}] is not a list")
     out = []
     append = out.append
-    actions = _ACTIONS
+    plain = _PLAIN_ACTIONS
+    intern = frames_seen.intern
+    empty = _EMPTY_FRAMES
+    make = tuple.__new__
+    te = TraceEvent
     for k, e in enumerate(t):
+        if consume:
+            t[k] = None
         if type(e) is not dict:
             raise SnapshotError(f"trace entry {k} of device {device} is not a dict")
         get = e.get
         action = get("action")
-        if type(action) is not str or action not in actions:
-            if isinstance(action, str):
-                continue  # a newer torch may add actions: skip what we cannot interpret
-            raise SnapshotError(f"trace entry {k} of device {device} has no action")
         size = get("size", 0)
-        if type(size) is not int:
-            size = _int(size, f"trace entry {k} size", 0)
         addr = get("addr")
-        dfree = None
-        if action == "oom":
-            # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
-            dfree = get("device_free", addr)
-            addr = None
-            if type(dfree) is not int:
-                dfree = None
-        elif type(addr) is not int:
-            addr = None
-        frames = get("frames")
         stream = get("stream", 0)
         t_us = get("time_us")
-        append(TraceEvent(
-            action,
-            addr,
-            size,
-            stream if type(stream) is int else 0,
-            t_us if type(t_us) is int else None,
-            frames if type(frames) is list else [],
-            dfree,
-            e,
-        ))
+        f = get("frames")
+        if (action in plain and type(size) is int and type(addr) is int and type(stream) is int
+                and type(t_us) is int):
+            append(make(te, (action, addr, size, stream, t_us, intern(f) if f else empty, None, None, "")))
+        else:
+            ev = _odd_entry(e, k, device, intern(f) if f else empty)
+            if ev is not None:
+                append(ev)
     return out
+
+
+# Entries whose fields need no second look when their types are right (every entry of a real trace
+# but oom, annotate and the segment events of torch < 2.1): the rest go through _odd_entry.
+_PLAIN_ACTIONS = frozenset(("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+                            "segment_map", "segment_unmap"))
+
+
+def _odd_entry(e: dict, k: int, device: int, frames: list) -> TraceEvent | None:
+    get = e.get
+    action = get("action")
+    if type(action) is not str or action not in _ACTIONS:
+        if isinstance(action, str):
+            return None  # a newer torch may add actions: skip what we cannot interpret
+        raise SnapshotError(f"trace entry {k} of device {device} has no action")
+    size = get("size", 0)
+    if type(size) is not int:
+        size = _int(size, f"trace entry {k} size", 0)
+    addr = get("addr")
+    stream = get("stream", 0)
+    t_us = get("time_us")
+    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream if type(stream) is int else 0,
+                    t_us if type(t_us) is int else None, frames)
+    if action == "oom":
+        # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
+        dfree = get("device_free", addr)
+        pool = get("pool_id")
+        ok_pool = type(pool) in (list, tuple) and all(type(v) is int for v in pool[:4])
+        ev = ev._replace(addr=None, device_free=dfree if type(dfree) is int else None,
+                         pool_id=tuple(pool[:4]) if ok_pool else None)
+    elif action == "annotate":
+        meta = get("user_metadata")
+        if type(meta) is str:
+            ev = ev._replace(user_metadata=meta[:MAX_USER_METADATA])
+    return ev
 
 
 def _parse_settings(d: dict) -> AllocatorSettings:

@@ -34,6 +34,32 @@ UNKNOWN = "unknown"
 CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, ACTIVATIONS, WORKSPACE_CAT, OTHER, UNKNOWN)
 
 
+# Entries with the same stack share one frames list (profiler/snapshot.py interns them), so a per-list
+# memo turns the per-event rules of a million-event trace into a few thousand evaluations. An entry
+# holds its list, so an id is never reused for another list while it is remembered; the memo is
+# emptied when full, bounding what it keeps alive in a long-lived worker.
+MEMO_MAX = 65_536
+
+
+def per_frames_list(fn):
+    memo: dict[int, tuple] = {}
+
+    @functools.wraps(fn)
+    def wrapper(frames):
+        hit = memo.get(id(frames))
+        if hit is not None and hit[0] is frames:
+            return hit[1]
+        out = fn(frames)
+        if len(memo) >= MEMO_MAX:
+            memo.clear()
+        memo[id(frames)] = (frames, out)
+        return out
+
+    wrapper.memo = memo
+    return wrapper
+
+
+@per_frames_list
 def is_optimizer(frames: list) -> bool:
     """Any frame in optimizer code. Hot path (called per trace event): plain substring tests on
     the common dict frames, the general readers only for other shapes."""
@@ -56,6 +82,7 @@ def is_backward(frames: list) -> bool:
     return any(BACKWARD.search(frame_name(f)) or BACKWARD.search(frame_file(f)) for f in frames)
 
 
+@per_frames_list
 def categorize(frames: list) -> str:
     """Category of one live block from its allocation stack (rules documented in docs/analysis.md).
 

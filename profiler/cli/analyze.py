@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from profiler import codec
 from profiler.config import load_settings
 from profiler.errors import BadInput
 from profiler.model import OomContext
@@ -58,10 +59,12 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
     cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
     max_b = min(max_bytes or cap, cap)
     ctx = build_context(limit, device_total, oom_message)
-    loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
-    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
-                          labels=[_label(f) for f in files])
-    _emit(result, as_json, no_details)
+    with codec.gc_paused(freeze=True):  # a million parsed events: the GC would rescan them, for nothing
+        loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
+        result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer,
+                              whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
+                              labels=[_label(f) for f in files])
+        _emit(result, as_json, no_details)
 
 
 def _label(path: str) -> str | None:

@@ -126,13 +126,41 @@ def test_multi_member_gzip_and_trailing_garbage_still_inflate():
 
 
 def test_real_snapshots_fit_the_default_budget():
-    """The default budget (768 MiB -> 48 MiB of pickle) admits the 100k-entry bench snapshot (21 MB)."""
-    from profiler.config import load_settings
+    """The default budget is a quarter of the process's memory, at least 768 MiB: the smallest (64 MiB
+    of pickle) admits the 100k-entry bench snapshot (21 MB), a 4 GiB worker the real 1,000,000-entry
+    H200 capture (85 MB)."""
+    from profiler.config import MIN_DECODE_BUDGET, auto_decode_budget, load_settings, process_memory_bytes
 
-    cap = load_settings({}).decode_max_bytes
-    assert cap == 48 * MIB
-    ld = load_snapshot_file(BENCH, max_bytes=cap)
+    st = load_settings({})
+    assert st.decode_budget == auto_decode_budget(process_memory_bytes())
+    assert codec.raw_limit(MIN_DECODE_BUDGET) == 64 * MIB
+    ld = load_snapshot_file(BENCH, max_bytes=codec.raw_limit(MIN_DECODE_BUDGET))
     assert len(ld.snapshot.trace) >= 100_000
+    assert codec.raw_limit(auto_decode_budget(4 * 1024 * MIB)) > (REAL_1M_PICKLE_BYTES := 85_113_544)
+    assert load_settings({"MEMQ_DECODE_BUDGET_BYTES": str(256 * MIB)}).decode_budget == 256 * MIB
+
+
+def test_the_auto_budget_is_a_quarter_of_the_memory_and_at_least_768_mib():
+    from profiler.config import DECODE_MEMORY_SHARE, MIN_DECODE_BUDGET, auto_decode_budget
+
+    edge = MIN_DECODE_BUDGET * DECODE_MEMORY_SHARE
+    assert auto_decode_budget(edge - 4096) == MIN_DECODE_BUDGET  # just under: the floor
+    assert auto_decode_budget(edge + 4096) == (edge + 4096) // 4  # just over: a quarter
+    assert auto_decode_budget(None) == MIN_DECODE_BUDGET  # memory unknown
+
+
+def test_the_process_memory_is_the_cgroup_limit_or_the_machine(tmp_path, monkeypatch):
+    from profiler import config
+
+    phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(config, "_CGROUP_LIMITS", (str(limit),))
+    limit.write_text("max\n")  # cgroup v2 with no limit
+    assert config.process_memory_bytes() == phys
+    limit.write_text(f"{2 * 1024 * MIB}\n")
+    assert config.process_memory_bytes() == 2 * 1024 * MIB
+    limit.write_text(f"{phys * 4}\n")  # cgroup v1 "no limit" is a huge number
+    assert config.process_memory_bytes() == phys
 
 
 # ------------------------------------------------------------------------------ devices, FIFOs (item 6)

@@ -15,7 +15,7 @@ import sys
 import pytest
 import redis
 
-from profiler import envelope
+from profiler import codec, envelope
 from profiler.config import load_settings
 from tests.bombs import MIB, REAL, clean_env, peak_rss, zeros_gzip
 from tests.workers.stack import sha
@@ -73,7 +73,7 @@ def test_bomb_past_the_cap_is_dead_lettered_in_bounded_memory(tmp_path, private_
     assert rc == 0, err[-3000:]
     dead = [{k.decode(): v.decode() for k, v in f.items()} for _i, f in r.xrange(st.dead_letter_key)]
     assert [d["run"] for d in dead] == ["bomb"], dead
-    assert f"exceeds the limit of {budget // 16} bytes" in dead[0]["reason"], dead[0]["reason"]
+    assert f"exceeds the limit of {budget // codec.DECODE_BYTES_PER_RAW_BYTE} bytes" in dead[0]["reason"], dead[0]["reason"]
     assert _runs(st) == {"good": 1}
     assert int(r.xpending(st.stream_key, "memq-dispatch")["pending"]) == 0
     assert rss < budget, f"dispatcher peak RSS {rss / MIB:.0f} MiB over the {budget / MIB:.0f} MiB budget"
@@ -113,5 +113,5 @@ def test_worker_decode_of_a_stored_bomb_is_bad_input_in_bounded_memory(tmp_path)
               "    print('TooLarge', exc)\n")
     rc, out, err, rss = peak_rss([sys.executable, "-c", script], env=env, timeout=300)
     assert rc == 0, err[-3000:]
-    assert out.startswith("TooLarge") and f"limit of {budget // 16} bytes" in out
+    assert out.startswith("TooLarge") and f"limit of {budget // codec.DECODE_BYTES_PER_RAW_BYTE} bytes" in out
     assert rss < budget

@@ -1,0 +1,165 @@
+"""The decoder for big snapshots (profiler/codec.py `decode_stream`, profiler/snapshot.py `_Frames`):
+a compressed pickle is unpickled while it is inflated, trace entries are released as they are parsed,
+equal stacks share one frames list, and the guarantees of the whole-file decoder still hold (frames
+flat, shared containers bounded, no code run). Real snapshots throughout."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import pickle
+from pathlib import Path
+
+import pytest
+
+from profiler import codec
+from profiler.analysis import analyze
+from profiler.errors import RefusedPickle, SnapshotError, TooLarge
+from profiler.load import decode_snapshot_bytes, load_snapshot_file
+from profiler.snapshot import parse_snapshot
+
+REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
+ROOT = Path(__file__).resolve().parents[2]
+BIG_1M = ROOT / "benchmarks" / "data" / "h200_1m_trace.pickle.gz"
+OOM = REAL / "frag_dynamic_1.15" / "oom.pickle.gz"
+EPOCH = REAL / "seed_adamw" / "epoch0.pickle.gz"
+
+
+def _raw(path: Path) -> bytes:
+    return codec.decompress(path.read_bytes())
+
+
+def _shared_frames_snapshot() -> dict:
+    """A real snapshot re-shaped the way torch 2.11's own `_dump_snapshot` writes one (the 1M capture):
+    every distinct frame is one dict, and entries with the same stack share one frames list."""
+    snap = codec.loads_restricted(_raw(OOM))
+    frames: dict[tuple, dict] = {}
+    lists: dict[tuple, list] = {}
+    for e in snap["device_traces"][0]:
+        fl = [frames.setdefault((f["filename"], f["line"], f["name"]), f) for f in e.get("frames") or []]
+        key = tuple(map(id, fl))
+        e["frames"] = lists.setdefault(key, fl) if fl else []
+    return snap
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_streamed_decode_equals_the_whole_file_decode(protocol, compress):
+    """Protocol 0 reads lines, 2 has no frames (the unpickler peeks ahead), 4 and 5 are framed."""
+    obj = codec.loads_restricted(_raw(OOM))
+    data = pickle.dumps(obj, protocol=protocol)
+    blob = codec.compress(data, compress)
+    got, sha, size = codec.decode_stream(blob, len(data) + 1)
+    assert got == obj
+    assert (sha, size) == (hashlib.sha256(data).hexdigest(), len(data))
+    a = decode_snapshot_bytes(blob).snapshot
+    b = parse_snapshot(codec.loads_restricted(data))
+    assert a.trace == b.trace and a.segments == b.segments
+
+
+def test_streamed_decode_hashes_what_follows_the_pickle_as_the_blob_store_does():
+    data = _raw(OOM) + b"trailing bytes"
+    got = decode_snapshot_bytes(gzip.compress(data))
+    assert got.sha256 == hashlib.sha256(data).hexdigest() and got.raw_size == len(data)
+    assert got.sha256 == decode_snapshot_bytes(gzip.compress(data), keep_raw=True).sha256
+
+
+def test_streamed_decode_keeps_the_size_cap_and_the_refusal_of_code():
+    data = _raw(OOM)
+    with pytest.raises(TooLarge, match="exceeds the limit"):
+        codec.decode_stream(gzip.compress(data), len(data) - 1)
+    evil = gzip.compress(b"\x80\x04cos\nsystem\n(S'true'\ntR.")
+    with pytest.raises(RefusedPickle):
+        codec.decode_stream(evil, 10_000)
+    with pytest.raises(SnapshotError, match="empty input after decompression"):
+        codec.decode_stream(gzip.compress(b""), 10_000)
+
+
+def test_streamed_decode_bounds_the_tuple_nesting_by_the_thread_stack():
+    """Hashing a tuple nested N deep needs N levels of C stack. Streaming, the size is not known
+    ahead, so the decoding thread gets the largest stack (2 GiB of address space, ~8.3M levels) and
+    the reader refuses more tuple opcodes than that before the unpickler reaches them."""
+    depth = 9_000_000
+    data = b"\x80\x02)" + b"\x85" * depth + b"."  # EMPTY_TUPLE, TUPLE1 x depth
+    with pytest.raises(TooLarge, match="nest tuples"):
+        codec.decode_stream(gzip.compress(data), 2 * len(data))
+    shallow = b"\x80\x02)" + b"\x85" * 10_000 + b"."
+    assert codec.decode_stream(gzip.compress(shallow), 2 * len(shallow), check=False)[2] == len(shallow)
+
+
+def test_equal_stacks_share_one_list_and_frames_are_checked_once_each():
+    snap = _shared_frames_snapshot()
+    entries = snap["device_traces"][0]
+    distinct = {id(e["frames"]) for e in entries if e["frames"]}
+    data = pickle.dumps(snap, protocol=4)
+    parsed = decode_snapshot_bytes(gzip.compress(data)).snapshot
+    with_frames = [ev for ev in parsed.trace if ev.frames]
+    assert len({id(ev.frames) for ev in with_frames}) == len(distinct) < len(with_frames)
+    assert len({id(ev.frames) for ev in parsed.trace if not ev.frames}) == 1  # one shared empty list
+    assert parse_snapshot(codec.loads_restricted(data)).trace == parsed.trace
+
+
+def test_the_verdict_of_a_streamed_and_interned_decode_is_the_whole_file_verdict():
+    ctx_free = [analyze([decode_snapshot_bytes(p.read_bytes(), keep_raw=True)])["diagnosis"] for p in (OOM, EPOCH)]
+    streamed = [analyze([load_snapshot_file(p)])["diagnosis"] for p in (OOM, EPOCH)]
+    assert streamed == ctx_free
+
+
+def test_parsing_releases_the_decoded_entries_it_consumed():
+    obj = codec.loads_restricted(_raw(EPOCH))
+    kept = copy.deepcopy(obj)
+    parse_snapshot(kept)  # not consumed: the caller's data is left as it was
+    assert kept == obj
+    parse_snapshot(obj, consume=True)
+    assert set(map(type, obj["device_traces"][0])) == {type(None)}
+
+
+@pytest.mark.parametrize("bad", [["deep", ["er"]], {"k": 1}, (1, (2,))])
+def test_a_trace_frame_that_is_not_flat_is_refused(bad):
+    snap = codec.loads_restricted(_raw(OOM))
+    e = next(e for e in snap["device_traces"][0] if e.get("frames"))
+    e["frames"][0]["filename"] = bad
+    with pytest.raises(SnapshotError, match="not flat data"):
+        decode_snapshot_bytes(gzip.compress(pickle.dumps(snap, protocol=4)))
+
+
+def test_a_trace_frame_with_a_number_for_a_file_name_is_refused():
+    snap = codec.loads_restricted(_raw(OOM))
+    e = next(e for e in snap["device_traces"][0] if e.get("frames"))
+    e["frames"][0]["name"] = 7
+    with pytest.raises(SnapshotError, match="not flat data"):
+        decode_snapshot_bytes(pickle.dumps(snap, protocol=4))
+
+
+def test_legacy_tuple_frames_are_accepted_when_flat_and_refused_when_not():
+    snap = codec.loads_restricted(_raw(OOM))
+    for e in snap["device_traces"][0]:
+        e["frames"] = [(f["filename"], f["line"], f["name"]) for f in e.get("frames") or []]
+    assert decode_snapshot_bytes(pickle.dumps(snap, protocol=4)).snapshot.trace
+    next(e for e in snap["device_traces"][0] if e["frames"])["frames"][0] = ("f", 1, ["nested"])
+    with pytest.raises(SnapshotError, match="not flat data"):
+        decode_snapshot_bytes(pickle.dumps(snap, protocol=4))
+
+
+def test_one_long_frames_list_shared_by_every_entry_is_refused():
+    """The memo lets a pickle reference one 10,000-frame list from 100,000 entries in a few hundred
+    KB: 10^9 frame references for every later walk. The parser counts them against the input's size,
+    as the shape check does for the rest of the snapshot."""
+    frame = {"filename": "x.py", "line": 1, "name": "f"}
+    frames = [frame] * 10_000
+    snap = {"segments": [], "device_traces": [[{"action": "alloc", "addr": i, "size": 512, "stream": 0,
+                                                 "time_us": i, "frames": frames} for i in range(100_000)]]}
+    data = pickle.dumps(snap, protocol=4)
+    assert len(data) < 5_000_000
+    with pytest.raises(SnapshotError, match="reuses containers"):
+        decode_snapshot_bytes(gzip.compress(data))
+
+
+def test_the_real_million_entry_capture_decodes_with_its_stacks_interned():
+    ld = load_snapshot_file(BIG_1M, max_bytes=codec.raw_limit(4 * 1024**3))
+    trace = ld.snapshot.trace
+    assert len(trace) == 1_000_000
+    lists = {id(ev.frames) for ev in trace if ev.frames}
+    assert 0 < len(lists) < 100  # 435,748 entries with frames, 293,691 list objects in the pickle
+    assert ld.raw_size == 85_113_544
