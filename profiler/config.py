@@ -22,7 +22,6 @@ from urllib.parse import urlsplit
 
 from profiler.errors import ConfigError
 
-
 MIN_DECODE_BUDGET = 768 * 1024**2  # the budget before it scaled with memory: what small pods had
 DECODE_MEMORY_SHARE = 4  # a decode may take 1/4 of the process's memory (deploy/CAPACITY.md, "Big snapshots")
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")

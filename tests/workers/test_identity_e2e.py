@@ -124,7 +124,7 @@ def test_a_run_is_its_creators(stack, acl, keys):
         r = _dead_reasons(stack)
         return all(sum(k in x for x in r) >= n for k, n in expected.items()) and r
     try:
-        reasons = wait_for(all_dead, 90, 0.5, "every forged envelope dead-lettered")
+        wait_for(all_dead, 90, 0.5, "every forged envelope dead-lettered")
     except AssertionError as exc:
         raise AssertionError((_dead_reasons(stack), stack.log_tail("dispatcher", 1500))) from exc
     after = _victim(stack)["run"]
