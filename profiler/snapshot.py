@@ -8,7 +8,7 @@ snapshot at all raises `SnapshotError` with a message that names the problem.
 from __future__ import annotations
 
 import gc
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any
 
 from profiler.errors import SnapshotError
@@ -226,19 +226,15 @@ class _Frames:
         return c
 
     def check(self) -> None:
-        """Every distinct frame is flat, with text where the readers expect text: a dict of scalars
-        (torch >= 2.1) or a tuple of scalars. One C-level pass over all of them at the end: the
+        """Every distinct frame is flat: a dict of scalars (torch >= 2.1) or a tuple of scalars (the
+        readers, `model.frame_file` and the hot paths in analysis/frames.py, take any scalar). One C-level pass over all of them at the end: the
         100k-entry snapshot has 490k distinct frames, and checked list by list they cost a third of
         the parse. CPython tracks a dict for the cyclic GC exactly when a container went into it, so an
         untracked frame dict holds only scalars."""
         frames = list(chain.from_iterable(self._lists.values()))
-        n = len(frames)
         kinds = set(map(type, frames))
         if kinds == {dict}:
-            flat = not any(map(gc.is_tracked, frames))
-            texts = (set(map(type, map(dict.get, frames, repeat("filename", n), repeat("", n))))
-                     | set(map(type, map(dict.get, frames, repeat("name", n), repeat("", n)))))
-            plain = flat and texts <= {str}
+            plain = not any(map(gc.is_tracked, frames))
         else:
             plain = kinds <= {dict, list, tuple, *_PLAIN} and all(map(_flat_frame, frames))
         if not plain:
@@ -248,8 +244,7 @@ class _Frames:
 
 def _flat_frame(f: Any) -> bool:
     if type(f) is dict:
-        return (all(type(v) in _PLAIN for v in f.values()) and type(f.get("filename", "")) is str
-                and type(f.get("name", "")) is str)
+        return all(type(v) in _PLAIN for v in f.values()) and all(type(k) is str for k in f)
     if type(f) in (list, tuple):
         return all(type(v) in _PLAIN for v in f)
     return True

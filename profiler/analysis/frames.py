@@ -67,6 +67,8 @@ def is_optimizer(frames: list) -> bool:
         if type(f) is dict:
             path = f.get("filename", "")
             name = f.get("name", "")
+            if type(path) is not str or type(name) is not str:  # flat, but not text: as the readers do
+                path, name = frame_file(f), frame_name(f)
         else:
             path, name = frame_file(f), frame_name(f)
         if "/optim/" in path or "optim::" in name or "_fused_adam" in name:

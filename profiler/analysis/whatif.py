@@ -69,7 +69,7 @@ from profiler.analysis.allocator_model import (
 )
 from profiler.analysis.memory import smallest_request_rounding_to
 from profiler.errors import BadInput
-from profiler.model import INACTIVE, AllocatorSettings, Snapshot
+from profiler.model import INACTIVE, AllocatorSettings, Snapshot, frame_name
 from profiler.units import fmt_bytes
 
 SWEEP = (
@@ -200,7 +200,7 @@ def _device_index(snap: Snapshot) -> int:
 
 def _is_empty_cache(frames: list) -> bool:
     for f in frames:
-        name = f.get("name", "") if isinstance(f, dict) else ""
+        name = frame_name(f)
         if "emptyCache" in name or name == "empty_cache":
             return True
     return False
