@@ -164,3 +164,17 @@ def test_the_real_million_entry_capture_decodes_with_its_stacks_interned():
     lists = {id(ev.frames) for ev in trace if ev.frames}
     assert 0 < len(lists) < 100  # 435,748 entries with frames, 293,691 list objects in the pickle
     assert ld.raw_size == 85_113_544
+
+
+def test_a_frames_list_whose_key_another_holds_stays_itself_and_is_still_checked():
+    from profiler.snapshot import _Frames
+
+    a = [{"filename": "a.py", "line": 1, "name": "f"}]
+    b = [{"filename": "b.py", "line": 2, "name": ["not", "flat"]}]
+    fs = _Frames(10**6)
+    assert fs.intern(a) is a
+    fs._lists[hash(tuple(map(id, b)))] = a  # as if b's identities hashed to a's key
+    assert fs.intern(b) is b
+    assert fs.intern(list(a)) is a  # same frames, another list: the interned one
+    with pytest.raises(SnapshotError, match="not flat"):
+        fs.check()
