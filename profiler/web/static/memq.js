@@ -188,6 +188,41 @@
     });
   }
 
+  /* The trace timeline: the overview the page came with (each point the highest of its bucket of
+     events), then, once the packed per-event changes are unpacked, zoom into any range at full detail
+     (every event when the range has fewer than two per pixel, else each pixel column's highest). */
+  function b64bytes(s) {
+    var bin = atob(s), u = new Uint8Array(bin.length);
+    for (var i = 0; i < bin.length; i++) u[i] = bin.charCodeAt(i);
+    return u;
+  }
+
+  function unpackDetail(d) {
+    var stream = new Blob([b64bytes(d.gzip_b64)]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return new Response(stream).arrayBuffer().then(function (buf) {
+      var n = d.n, C = d.categories, K = d.checkpoints;
+      return {n: n, C: C, every: d.checkpoint, delta: new Float64Array(buf, 0, n), time: new Float64Array(buf, 8 * n, n),
+              ckpt: new Float64Array(buf, 16 * n, K * C), cat: new Uint8Array(buf, 16 * n + 8 * K * C, n)};
+    });
+  }
+
+  function windowRows(D, a, b, cols) {
+    var C = D.C, lv = new Float64Array(C), k = Math.floor(a / D.every), i, c, tot = 0;
+    for (c = 0; c < C; c++) lv[c] = D.ckpt[k * C + c];
+    for (i = k * D.every; i < a; i++) { c = D.cat[i]; if (c !== 255) lv[c] += D.delta[i]; }
+    for (c = 0; c < C; c++) tot += lv[c];
+    var idx = [], rows = [], every = b - a <= 2 * cols, per = every ? 1 : (b - a) / cols;
+    var end = a + per, best = -Infinity, bestI = a, bestRow = null;
+    for (i = a; i < b; i++) {
+      c = D.cat[i];
+      if (c !== 255) { lv[c] += D.delta[i]; tot += D.delta[i]; }
+      if (every) { idx.push(i); rows.push(Array.from(lv)); continue; }
+      if (tot > best) { best = tot; bestI = i; bestRow = Array.from(lv); }
+      if (i + 1 >= end || i === b - 1) { idx.push(bestI); rows.push(bestRow); best = -Infinity; end += per; }
+    }
+    return {idx: idx, rows: rows};
+  }
+
   function catTimeline(box, view, panel) {
     var tl = view.timeline;
     var legend = document.getElementById("cat-legend");
@@ -198,52 +233,150 @@
         "This snapshot has no allocator trace (history recording was off): nothing to replay.";
       return;
     }
-    var W = Math.max(480, box.clientWidth || 900), H = 260, L = 78, R = 16, T = 10, B = 28;
-    var svg = svgFor(box, W, H);
-    svg.setAttribute("id", "cat-svg");
-    var n = tl.levels.length, ymax = 0;
-    tl.levels.forEach(function (row) { var s = 0; row.forEach(function (v) { s += v; }); ymax = Math.max(ymax, s); });
-    ymax = niceMax(ymax * 1.05);
-    var t0 = tl.t[0], t1 = tl.t[n - 1]; if (t1 === t0) t1 = t0 + 1;
-    var x = function (t) { return L + (t - t0) / (t1 - t0) * (W - L - R); };
-    var y = function (v) { return T + (1 - v / ymax) * (H - T - B); };
-    yAxis(svg, L, W - R, y, ymax, 4);
-    el("text", {x: L, y: H - 8, "class": "tick"}, svg, tl.time_unit === "us" ? "0 s" : "entry 0");
-    el("text", {x: W - R, y: H - 8, "class": "tick", "text-anchor": "end"}, svg,
-       tl.time_unit === "us" ? ((t1 - t0) / 1e6).toFixed(2) + " s (" + tl.events + " trace entries)" : tl.events + " entries");
-    var base = new Array(n).fill(0);
-    cats.forEach(function (c, ci) {
-      var top = base.map(function (b, i) { return b + tl.levels[i][ci]; });
-      if (top.every(function (v, i) { return v === base[i]; })) { base = top; return; }
-      var d = "M" + x(tl.t[0]).toFixed(1) + "," + y(top[0]).toFixed(1);
-      for (var i = 1; i < n; i++) d += "L" + x(tl.t[i]).toFixed(1) + "," + y(top[i]).toFixed(1);
-      for (var k = n - 1; k >= 0; k--) d += "L" + x(tl.t[k]).toFixed(1) + "," + y(base[k]).toFixed(1);
-      var p = el("path", {d: d + "Z", "class": "band cat-" + c, "data-category": c}, svg);
-      el("title", {}, p, c);
-      p.addEventListener("click", function () {
-        var ids = [];
-        view.stack_categories.forEach(function (sc, si) { if (sc === c && ids.length < 5) ids.push(si); });
-        panel.textContent = "";
-        h("h3", null, panel, "band: " + c);
-        if (!ids.length) h("p", "hint", panel, "no recorded stacks in this category");
-        ids.forEach(function (si) {
-          var ol = h("ol", "stack", panel);
-          view.stacks[si].slice(0, 12).forEach(function (f) { var li = h("li", null, ol); h("span", "fn", li, f[2]); h("span", "loc", li, " " + f[0] + ":" + f[1]); });
-        });
-      });
-      base = top;
-    });
-    if (tl.oom_index !== null && tl.oom_index !== undefined) {
-      var ox = x(tl.t[tl.oom_index]);
-      el("line", {x1: ox, x2: ox, y1: T, y2: H - B, "class": "oom-line oom-mark"}, svg);
-      el("text", {x: ox - 4, y: T + 12, "class": "label oom-label", "text-anchor": "end"}, svg, "OOM");
+    var n = tl.events, D = null, win = [0, n];
+    var bar = h("div", "zoombar", null);
+    box.parentNode.insertBefore(bar, box);
+    var out = h("button", null, bar, "zoom out"), all = h("button", null, bar, "whole trace");
+    out.type = all.type = "button"; out.id = "cat-zoom-out"; all.id = "cat-zoom-all"; out.disabled = all.disabled = true;
+    var info = h("span", "zoominfo", bar, "");
+    info.id = "cat-zoom-info";
+    var readout = h("p", "readout", null, "");
+    readout.id = "cat-readout";
+    box.parentNode.insertBefore(readout, box.nextSibling);
+    var W = Math.max(320, box.clientWidth || 900), H = 260, L = 78, R = 16, T = 10, B = 28;
+    var svg = null, pts = null, x = null, y = null;
+
+    function timeOf(i) {
+      if (D) return D.time[i];
+      var k = 0; while (k + 1 < tl.idx.length && tl.idx[k + 1] <= i) k++;
+      return tl.t[k] - tl.t[0];
     }
-    if (tl.peak_index !== undefined) {
-      var px = x(tl.t[tl.peak_index]), tot = 0;
-      tl.levels[tl.peak_index].forEach(function (v) { tot += v; });
-      el("circle", {cx: px, cy: y(tot), r: 4, "class": "peak"}, svg);
-      var right = px > W - 160;
-      el("text", {x: right ? px - 6 : px + 6, y: y(tot) - 4, "class": "label", "text-anchor": right ? "end" : "start"}, svg, "peak " + fmtBytes(tot));
+    function label(i) {
+      return tl.time_unit === "us" ? (timeOf(i) / 1e6).toFixed(3) + " s" : "entry " + i;
+    }
+
+    function draw(idx, rows, a, b) {
+      var t0 = performance.now();
+      box.textContent = "";
+      svg = svgFor(box, W, H);
+      svg.setAttribute("id", "cat-svg");
+      svg.setAttribute("data-window", a + "," + b);
+      var m = idx.length, ymax = 0, tots = new Array(m);
+      rows.forEach(function (r, k) { var s = 0; r.forEach(function (v) { s += v; }); tots[k] = s; ymax = Math.max(ymax, s); });
+      ymax = niceMax(ymax * 1.05 || 1);
+      var span = Math.max(1, b - 1 - a);
+      x = function (i) { return L + (i - a) / span * (W - L - R); };
+      y = function (v) { return T + (1 - v / ymax) * (H - T - B); };
+      yAxis(svg, L, W - R, y, ymax, 4);
+      el("text", {x: L, y: H - 8, "class": "tick"}, svg, label(a));
+      el("text", {x: W - R, y: H - 8, "class": "tick", "text-anchor": "end"}, svg,
+         label(b - 1) + " (" + (b - a === n ? n + " trace entries" : "entries " + a + "-" + (b - 1) + " of " + n) + ")");
+      var base = new Array(m).fill(0);
+      cats.forEach(function (c, ci) {
+        var top = base.map(function (v, k) { return v + rows[k][ci]; });
+        if (top.every(function (v, k) { return v === base[k]; })) { base = top; return; }
+        var d = "M" + x(idx[0]).toFixed(1) + "," + y(top[0]).toFixed(1);
+        for (var k = 1; k < m; k++) d += "L" + x(idx[k]).toFixed(1) + "," + y(top[k]).toFixed(1);
+        for (k = m - 1; k >= 0; k--) d += "L" + x(idx[k]).toFixed(1) + "," + y(base[k]).toFixed(1);
+        var p = el("path", {d: d + "Z", "class": "band cat-" + c, "data-category": c}, svg);
+        el("title", {}, p, c);
+        p.addEventListener("click", function () { bandStacks(c); });
+        base = top;
+      });
+      var oom = tl.oom_event;
+      if (oom !== null && oom !== undefined && oom >= a && oom < b) {
+        var ox = x(oom);
+        el("line", {x1: ox, x2: ox, y1: T, y2: H - B, "class": "oom-line oom-mark"}, svg);
+        el("text", {x: ox - 4, y: T + 12, "class": "label oom-label", "text-anchor": "end"}, svg, "OOM");
+      }
+      var pk = 0; tots.forEach(function (v, k) { if (v > tots[pk]) pk = k; });
+      if (m) {
+        var px = x(idx[pk]), right = px > W - 160;
+        el("circle", {cx: px, cy: y(tots[pk]), r: 4, "class": "peak"}, svg);
+        el("text", {x: right ? px - 6 : px + 6, y: y(tots[pk]) - 4, "class": "label", "text-anchor": right ? "end" : "start"}, svg,
+           (b - a === n ? "peak " : "highest here ") + fmtBytes(tots[pk]));
+      }
+      pts = {idx: idx, rows: rows, tots: tots};
+      var sel = el("rect", {x: 0, y: T, width: 0, height: H - T - B, "class": "zoomsel"}, svg);
+      interact(svg, sel);
+      win = [a, b];
+      out.disabled = all.disabled = !D || b - a === n;
+      var ms = performance.now() - t0;
+      svg.setAttribute("data-render-ms", ms.toFixed(1));
+      info.textContent = (b - a === n ? "whole trace" : "entries " + a + "-" + (b - 1)) +
+        (D ? " · drag across the chart to zoom, wheel to zoom around the pointer" : " · unpacking the full detail...");
+      return ms;
+    }
+
+    function bandStacks(c) {
+      var ids = [];
+      view.stack_categories.forEach(function (sc, si) { if (sc === c && ids.length < 5) ids.push(si); });
+      panel.textContent = "";
+      h("h3", null, panel, "band: " + c);
+      if (!ids.length) h("p", "hint", panel, "no recorded stacks in this category");
+      ids.forEach(function (si) {
+        var ol = h("ol", "stack", panel);
+        view.stacks[si].slice(0, 12).forEach(function (f) { var li = h("li", null, ol); h("span", "fn", li, f[2]); h("span", "loc", li, " " + f[0] + ":" + f[1]); });
+      });
+    }
+
+    function indexAt(px) {
+      var a = win[0], b = win[1];
+      return Math.max(a, Math.min(b - 1, Math.round(a + (px - L) / (W - L - R) * Math.max(1, b - 1 - a))));
+    }
+
+    function svgX(ev) { var r = svg.getBoundingClientRect(); return (ev.clientX - r.left) * W / r.width; }
+
+    function interact(s, sel) {
+      var from = null;
+      s.addEventListener("mousemove", function (ev) {
+        var px = svgX(ev);
+        if (from !== null) {
+          sel.setAttribute("x", Math.min(from, px)); sel.setAttribute("width", Math.abs(px - from));
+          return;
+        }
+        if (!pts || px < L || px > W - R) return;
+        var i = indexAt(px), k = 0;
+        while (k + 1 < pts.idx.length && pts.idx[k + 1] <= i) k++;
+        var row = pts.rows[k], top = 0;
+        row.forEach(function (v, ci) { if (v > row[top]) top = ci; });
+        readout.textContent = "entry " + pts.idx[k] + " · " + label(pts.idx[k]) + " · live " + fmtBytes(pts.tots[k]) +
+          " · largest band " + cats[top].replace("_", " ") + " " + fmtBytes(row[top]);
+      });
+      s.addEventListener("mousedown", function (ev) { if (D && ev.button === 0 && ev.target.tagName !== "path") { from = svgX(ev); ev.preventDefault(); } });
+      window.addEventListener("mouseup", function (ev) {
+        if (from === null) return;
+        var a = indexAt(Math.min(from, svgX(ev))), b = indexAt(Math.max(from, svgX(ev))) + 1;
+        from = null;
+        if (b - a >= 2) zoom(a, b); else sel.setAttribute("width", 0);
+      });
+      s.addEventListener("wheel", function (ev) {
+        if (!D) return;
+        ev.preventDefault();
+        var c = indexAt(svgX(ev)), f = ev.deltaY < 0 ? 1 / 1.5 : 1.5;
+        var a = Math.round(c - (c - win[0]) * f), b = Math.round(c + (win[1] - c) * f);
+        zoom(Math.max(0, a), Math.min(n, Math.max(b, a + 2)));
+      }, {passive: false});
+    }
+
+    function zoom(a, b) {
+      a = Math.max(0, Math.floor(a)); b = Math.min(n, Math.ceil(b));
+      if (b - a < 2) b = Math.min(n, a + 2);
+      var w = windowRows(D, a, b, W - L - R);
+      return draw(w.idx, w.rows, a, b);
+    }
+    out.addEventListener("click", function () { var c = (win[0] + win[1]) / 2, hw = (win[1] - win[0]) * 2; zoom(c - hw, c + hw); });
+    all.addEventListener("click", function () { zoom(0, n); });
+
+    draw(tl.idx, tl.levels, 0, n);
+    window.memqZoom = null;
+    if (tl.detail && typeof DecompressionStream !== "undefined") {
+      unpackDetail(tl.detail).then(function (d) {
+        D = d;
+        window.memqZoom = zoom;
+        box.setAttribute("data-detail", "ready");
+        draw(tl.idx, tl.levels, win[0], win[1]);
+      }).catch(function (e) { info.textContent = "full detail unavailable: " + e; box.setAttribute("data-detail", "failed"); });
     }
   }
 
@@ -264,8 +397,9 @@
     var fit = view.fit, need = fit ? fit.requested_bytes : null;
     var largest = null;
     segs.forEach(function (s, si) { s.blocks.forEach(function (b, bi) { if (b.st === "inactive" && (!largest || b.s > largest[2])) largest = [si, bi, b.s]; }); });
-    var svg = svgFor(box, W, (row + 1) * (RH + GAP) + 4);
+    var svg = svgFor(box, W, (row + 1) * (RH + GAP) + 34);
     svg.setAttribute("id", "segmap-svg");
+    scaleBar(svg, 2, (row + 1) * (RH + GAP) + 16, scale, W - 4);
     segs.forEach(function (s, si) {
       var L = lay[si], y0 = L[1] * (RH + GAP) + 2;
       var g = el("g", {"class": "segment" + (s.private ? " private" : "")}, svg);
@@ -278,6 +412,20 @@
                     "class": cls, "data-si": si, "data-bi": bi}, g);
       });
     });
+    if (view.segments_omitted) {
+      var om = view.segments_omitted;
+      h("p", "note", box, om.segments + " smaller segments (" + fmtBytes(om.bytes) + ", " + om.blocks +
+        " blocks) are not drawn: the map shows the largest " + segs.length);
+    }
+    var readout = h("p", "readout", box, "");
+    readout.id = "seg-readout";
+    svg.addEventListener("mousemove", function (ev) {
+      var t = ev.target;
+      if (!t.getAttribute || t.getAttribute("data-bi") === null) { readout.textContent = ""; return; }
+      var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
+      readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown")) +
+        " at 0x" + (s.address + b.o).toString(16) + " in a " + fmtBytes(s.size) + " " + s.pool + " segment";
+    });
     svg.addEventListener("click", function (ev) {
       var t = ev.target;
       if (!t.getAttribute || t.getAttribute("data-bi") === null) return;
@@ -288,8 +436,19 @@
                    "category " + (b.c || "(free)"), "address 0x" + (s.address + b.o).toString(16),
                    "segment " + fmtBytes(s.size) + " · " + s.pool + " pool · stream " + s.stream + (s.private ? " · private pool" : "")];
       if (need && b.st === "inactive") lines.push(b.s >= need ? "the failed request (" + fmtBytes(need) + ") fits here" : "the failed request (" + fmtBytes(need) + ") does not fit here");
+      if (b.kt) lines.push("frames: those of the trace's allocation of this block (the snapshot lists none for it)");
       showFrames(panel, "block of " + fmtBytes(b.s), lines, b.k >= 0 ? view.stacks[b.k] : null);
     });
+  }
+
+  /* A size axis for a map drawn at `pxPerByte`: the largest round size that fits in `maxPx`. */
+  function scaleBar(svg, x0, y0, pxPerByte, maxPx) {
+    var v = 1024;
+    while (v * 4 * pxPerByte <= maxPx && v < Math.pow(2, 50)) v *= 4;
+    while (v * pxPerByte > maxPx && v > 1) v /= 2;
+    var w = v * pxPerByte;
+    el("path", {d: "M" + x0 + "," + (y0 - 4) + "v4h" + w.toFixed(1) + "v-4", "class": "scale"}, svg);
+    el("text", {x: x0 + w / 2, y: y0 + 12, "class": "tick", "text-anchor": "middle", id: "segmap-scale"}, svg, fmtBytes(v));
   }
 
   function fitTest(box, fit) {
