@@ -11,10 +11,10 @@ dicts out), so `memq serve` and `memq view` draw exactly the same page.
 from __future__ import annotations
 
 import base64
-from bisect import bisect_left
 import gzip
 import sys
 from array import array
+from bisect import bisect_left
 from typing import Any
 
 from profiler.analysis import frames as fr
