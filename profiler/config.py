@@ -122,6 +122,12 @@ class Settings:
     blob_ttl_s: int = setting(7 * 24 * 3600, "MEMQ_BLOB_TTL_S",
         "TTL of snapshot blobs waiting in Redis.",
         minimum=1)
+    # A real 1,000,000-entry trace with frames is 7 MB compressed (85-260 MB of pickle): 64 MiB takes
+    # ten of those and keeps one value far from Redis' own 512 MB limit (deploy/CAPACITY.md).
+    max_blob_bytes: int = setting(64 * 1024**2, "MEMQ_MAX_BLOB_BYTES",
+        ("Largest compressed snapshot the agent and `memq push` put into Redis (bytes). The agent keeps a "
+         "bigger one in its spool folder's `oversize/` (counted `oversize`) for `memq analyze`; push refuses it."),
+        minimum=1024**2)
     max_deliveries: int = setting(5, "MEMQ_MAX_DELIVERIES",
         "Deliveries before an entry is dead-lettered.",
         minimum=1)

@@ -118,7 +118,8 @@ class Agent:
             key_prefix=key_prefix or st.key_prefix, maxlen=stream_maxlen or st.stream_maxlen,
             blob_ttl_s=blob_ttl_s or st.blob_ttl_s, codec=codec, send_timeout_s=send_timeout_s,
             queue_size=queue_size, client_factory=client_factory, backoff_s=backoff_s, counters=self.counters_obj,
-            adopt=self._claim_orphan_spools, signing_key=self._signing_key(st.agent_key))
+            adopt=self._claim_orphan_spools, signing_key=self._signing_key(st.agent_key),
+            max_blob_bytes=st.max_blob_bytes)
         # state
         self.step: int | None = None
         self.epoch: int | None = None

@@ -119,6 +119,23 @@ class Spool:
             self._files.append((name, len(data)))
             return True
 
+    def keep_aside(self, relpath: str, data: bytes) -> str | None:
+        """Write `data` under this spool folder, outside the queue (a snapshot too big to send), when
+        what is kept aside stays within the spool's size cap. Returns the path, or None (not kept)."""
+        target = self.path / relpath
+        with self._lock:
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                held = sum(p.stat().st_size for p in target.parent.iterdir() if p.is_file())
+                if held + len(data) > self.max_bytes:
+                    return None
+                tmp = target.parent / f".tmp-{target.name}"
+                tmp.write_bytes(data)
+                os.replace(tmp, target)
+            except OSError:
+                return None
+        return str(target)
+
     def _write(self, name: str, data: bytes) -> None:
         tmp = self.path / f".tmp-{name}"
         with open(tmp, "wb") as fh:

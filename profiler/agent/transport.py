@@ -33,6 +33,7 @@ from typing import Any
 from profiler import envelope, redis_functions
 from profiler.agent.spool import Message, Spool
 from profiler.backoff import JitteredBackoff
+from profiler.errors import TooLarge
 
 try:  # the agent runs without redis-py (spool only) and without zstandard (gzip)
     import redis as _redis
@@ -58,10 +59,11 @@ def compress(data: bytes, codec: str) -> bytes:
 
 
 class Counters:
-    """sent, spooled, dropped, replayed, errors (+ queued, the messages waiting now); via_inbox: of the
+    """sent, spooled, dropped, replayed, errors (+ queued, the messages waiting now); oversize: snapshots
+    too big for one Redis value (dropped, kept aside); via_inbox: of the
     sent and replayed, those appended to the relay inbox because the ACL refused XADD."""
 
-    NAMES = ("sent", "spooled", "dropped", "replayed", "errors", "via_inbox")
+    NAMES = ("sent", "spooled", "dropped", "replayed", "errors", "via_inbox", "oversize")
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -132,7 +134,8 @@ class Transport:
                  codec: str | None = None, send_timeout_s: float = 2.0, queue_size: int = 256,
                  max_pending_snapshots: int = 16, backoff_s: tuple[float, float] = (0.5, 30.0),
                  client_factory: Callable[[], Any] | None = None, counters: Counters | None = None,
-                 adopt: Callable[[], list] | None = None, jitter: bool = True, signing_key=None):
+                 adopt: Callable[[], list] | None = None, jitter: bool = True, signing_key=None,
+                 max_blob_bytes: int = 64 * 1024**2, keep_oversize: bool = True):
         self.identity = identity  # run, cluster, job, rank, host
         self.signing_key = signing_key  # profiler.identity.Key: every envelope is signed with it
         self.spool = spool
@@ -141,6 +144,8 @@ class Transport:
         self.key_prefix = key_prefix
         self.maxlen = maxlen
         self.blob_ttl_s = blob_ttl_s
+        self.max_blob_bytes = max_blob_bytes
+        self.keep_oversize = keep_oversize
         self.codec = codec or default_codec()
         self.send_timeout_s = send_timeout_s
         self.backoff_min, self.backoff_max = backoff_s
@@ -304,10 +309,24 @@ class Transport:
         data = bytes(obj) if isinstance(obj, (bytes, bytearray, memoryview)) else pickle.dumps(obj, protocol=4)
         sha = hashlib.sha256(data).hexdigest()
         blob = compress(data, self.codec)
+        if len(blob) > self.max_blob_bytes:
+            self._oversize(sha, blob, len(data))
         nonce = envelope.new_nonce()  # the blob key other jobs cannot guess (envelope.blob_key)
         fields = envelope.build("snapshot", sha256=sha, size=len(data), codec=self.codec, trigger=item.trigger,
                                 step=item.step, epoch=item.epoch, nonce=nonce, **common)
         return Message(fields=self._signed(fields), blob=blob, blob_key=envelope.blob_key(sha, self.key_prefix, nonce))
+
+    def _oversize(self, sha: str, blob: bytes, raw_size: int) -> None:
+        """Refuse a snapshot too big for one Redis value at the door, and keep it where the job's owner
+        can analyse it offline (within the spool's size cap): never a 1 GB value in Redis."""
+        what = (f"snapshot of {raw_size / 1e6:.0f} MB ({len(blob) / 1e6:.0f} MB compressed) exceeds "
+                f"MEMQ_MAX_BLOB_BYTES ({self.max_blob_bytes / 1e6:.0f} MB compressed)")
+        kept = None
+        if self.keep_oversize:
+            kept = self.spool.keep_aside(f"oversize/{sha[:16]}.pickle.{'zst' if self.codec == 'zstd' else 'gz'}", blob)
+        self.counters.add("oversize")
+        where = f"; kept at {kept} for `memq analyze`" if kept else ""
+        raise TooLarge(what + where, hint="lower max_entries, or raise MEMQ_MAX_BLOB_BYTES where Redis allows")
 
     def _signed(self, fields: dict) -> dict:
         key = self.signing_key

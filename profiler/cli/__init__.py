@@ -59,9 +59,23 @@ def cli() -> None:
     """memq: evidence from the CUDA caching allocator for PyTorch out-of-memory failures."""
 
 
+_KEPT: list = []
+
+
+def keep_until_exit(*objs) -> None:
+    """Hold what a command built (a million parsed trace events) until the process ends, and end it
+    without freeing them object by object (0.14 s for a 1M-event snapshot): the console script exits
+    through os._exit once the output is flushed. In-process callers (tests, CliRunner) free it later."""
+    _KEPT.append(objs)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="memq", standalone_mode=False)
+        if argv is None and _KEPT:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            __import__("os")._exit(0)
     except MemqError as exc:
         click.echo(f"memq: error: {safe_text(exc)}", err=True)
         sys.exit(exc.exit_code)

@@ -7,6 +7,7 @@ import sys
 import click
 
 from profiler import codec
+from profiler.cli import keep_until_exit
 from profiler.config import load_settings
 from profiler.errors import BadInput
 from profiler.model import OomContext
@@ -65,6 +66,7 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
                               whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
                               labels=[_label(f) for f in files])
         _emit(result, as_json, no_details)
+    keep_until_exit(loaded, result)
 
 
 def _label(path: str) -> str | None:

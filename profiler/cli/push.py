@@ -66,7 +66,8 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     # is an error here, not a silent spool.
     transport = Transport(identity=identity, spool=Spool(os.path.join(st.spool_dir, "push-unused"), 0), redis_url=None,
                           stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
-                          blob_ttl_s=st.blob_ttl_s, signing_key=_key(st.agent_key))
+                          blob_ttl_s=st.blob_ttl_s, signing_key=_key(st.agent_key), max_blob_bytes=st.max_blob_bytes,
+                          keep_oversize=False)
     ts = envelope.now_ms()
     messages, sent = [], []
     for i, path in enumerate(files):
@@ -85,7 +86,10 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
         item = Item("snapshot", payload=payload, obj=raw, trigger=trigger or guessed.get("trigger") or "manual",
                     step=step if step is not None else guessed.get("step"),
                     epoch=epoch if epoch is not None else guessed.get("epoch"), ts=ts + 1 + i)
-        messages.append(transport.serialize(item))
+        try:
+            messages.append(transport.serialize(item))
+        except BadInput as exc:  # too big for one Redis value: refused before anything is sent
+            raise type(exc)(f"{path}: {exc.message}; analyse it here with `memq analyze`", hint=exc.hint) from exc
         sent.append({"file": path, "sha256": messages[-1].fields["sha256"], "trigger": item.trigger,
                      "step": item.step, "epoch": item.epoch})
     start_md = {"source": "memq push", "files": len(files)}

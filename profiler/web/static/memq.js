@@ -264,6 +264,7 @@
       var m = idx.length, ymax = 0, tots = new Array(m);
       rows.forEach(function (r, k) { var s = 0; r.forEach(function (v) { s += v; }); tots[k] = s; ymax = Math.max(ymax, s); });
       ymax = niceMax(ymax * 1.05 || 1);
+      svg.setAttribute("data-ymax", ymax);
       var span = Math.max(1, b - 1 - a);
       x = function (i) { return L + (i - a) / span * (W - L - R); };
       y = function (v) { return T + (1 - v / ymax) * (H - T - B); };
