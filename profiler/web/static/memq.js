@@ -344,12 +344,13 @@
         readout.textContent = "entry " + pts.idx[k] + " · " + label(pts.idx[k]) + " · live " + fmtBytes(pts.tots[k]) +
           " · largest band " + cats[top].replace("_", " ") + " " + fmtBytes(row[top]);
       });
-      s.addEventListener("mousedown", function (ev) { if (D && ev.button === 0 && ev.target.tagName !== "path") { from = svgX(ev); ev.preventDefault(); } });
-      window.addEventListener("mouseup", function (ev) {
+      s.addEventListener("mousedown", function (ev) { if (D && ev.button === 0) { from = svgX(ev); ev.preventDefault(); } });
+      s.addEventListener("mouseup", function (ev) {
         if (from === null) return;
-        var a = indexAt(Math.min(from, svgX(ev))), b = indexAt(Math.max(from, svgX(ev))) + 1;
+        var px = svgX(ev), a = indexAt(Math.min(from, px)), b = indexAt(Math.max(from, px)) + 1, moved = Math.abs(px - from);
         from = null;
-        if (b - a >= 2) zoom(a, b); else sel.setAttribute("width", 0);
+        sel.setAttribute("width", 0);
+        if (moved >= 5 && b - a >= 2) zoom(a, b);  // a smaller move is a click (a band shows its stacks)
       });
       s.addEventListener("wheel", function (ev) {
         if (!D) return;
