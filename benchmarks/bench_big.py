@@ -12,6 +12,14 @@ peak RSS of the plain load (the interpreter's start-up counts on both sides), th
 at most 10 s, and memq's cost per event is flat from 100k to 1M entries.
 
     python benchmarks/bench_big.py [--rounds 3] [--json out.json]
+    python benchmarks/bench_big.py --view [--memory-viz-js MemoryViz.js] [--json out.json]
+
+`--view` times the page of `memq view` in headless Chromium (Debian's /usr/bin/chromium): open (until
+the overview is drawn), the per-event detail unpacked, and a zoom into a 1% window drawn and painted.
+Beside it, the same file in PyTorch's own viewer: `torch.cuda._memory_viz.trace_plot`'s HTML, whose
+script and d3 are fetched from CDNs when opened; given `--memory-viz-js` (a copy of
+torch/utils/viz/MemoryViz.js from the PyTorch repository) those requests are answered from that copy
+and from Debian's node-d3 5.16 (`apt-get install node-d3`), so it opens offline as it would online.
 """
 
 from __future__ import annotations
@@ -73,7 +81,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--make-tiled", help=argparse.SUPPRESS)
+    ap.add_argument("--view", action="store_true", help="time the memq view page and memory_viz instead")
+    ap.add_argument("--memory-viz-js", help="a copy of torch/utils/viz/MemoryViz.js")
+    ap.add_argument("--d3", default="/usr/share/nodejs/d3/dist/d3.min.js", help="d3 v5 UMD build")
     args = ap.parse_args()
+    if args.view:
+        view_benchmark(args)
+        return
     if args.make_tiled:
         Path(args.make_tiled).write_bytes(gzip.compress(tiled(codec.decompress(REAL_100K.read_bytes()), 10), 6))
         return
@@ -118,6 +132,121 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": platform.platform(), "rows": out,
                                                "per_event_growth": flat}, indent=1))
+
+
+PAINTED = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+CDN_VIZ = "https://cdn.jsdelivr.net/gh/pytorch/pytorch@main/torch/utils/viz/MemoryViz.js"
+
+
+def _browser(p):
+    return p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
+
+
+def time_memq_view(p, html: Path) -> dict:
+    b = _browser(p)
+    try:
+        page = b.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        t = time.perf_counter()
+        page.goto(html.as_uri())
+        page.wait_for_selector("html[data-ready='1']", timeout=60_000)
+        page.evaluate(PAINTED)
+        opened = time.perf_counter() - t
+        page.wait_for_selector("#cat-timeline[data-detail='ready']", timeout=60_000)
+        detail = time.perf_counter() - t
+        n = page.evaluate("JSON.parse(document.getElementById('page-data').textContent).timeline.events")
+        zooms = []
+        for start in (0.1, 0.5, 0.9):
+            a = int(n * start)
+            z = time.perf_counter()
+            page.evaluate(f"window.memqZoom({a}, {a + n // 100})")
+            page.evaluate(PAINTED)
+            zooms.append(time.perf_counter() - z)
+        heap = page.evaluate("performance.memory ? performance.memory.usedJSHeapSize : null")
+        return {"open_s": opened, "detail_s": detail, "zoom_1pct_s": max(zooms), "js_heap_mib": (heap or 0) / 2**20,
+                "html_mib": html.stat().st_size / 2**20, "errors": errors}
+    finally:
+        b.close()
+
+
+def memory_viz_html(path: Path, out: Path, d3_js: str | None) -> None:
+    from torch.cuda import _memory_viz
+
+    snap = codec.loads_restricted(codec.decompress(path.read_bytes(), 2**40))
+    html = _memory_viz.trace_plot(snap)
+    if d3_js:  # the page imports d3 from a CDN as modules; offline it gets the same d3 as a script
+        html = html.replace("<head>", "<head>\n<script>" + d3_js + "</script>", 1)
+    out.write_text(html)
+
+
+def time_memory_viz(p, html: Path, viz_js: str | None) -> dict:
+    b = _browser(p)
+    try:
+        page = b.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)[:200]))
+        if viz_js is not None:
+            body = viz_js
+            for line in [ln for ln in viz_js.splitlines() if ln.startswith("import ")]:
+                names = line.split(" from ")[0][len("import "):]
+                body = body.replace(line, "const d3 = window.d3;" if names.startswith("* as d3") else
+                                    f"const {names} = window.d3;")
+            page.route(CDN_VIZ, lambda route: route.fulfill(
+                status=200, body=body, headers={"content-type": "text/javascript", "access-control-allow-origin": "*"}))
+        t = time.perf_counter()
+        page.goto(html.as_uri(), timeout=300_000)
+        try:
+            page.wait_for_function("document.querySelectorAll('svg polygon').length > 1", timeout=300_000)
+            page.evaluate(PAINTED)
+            opened = time.perf_counter() - t
+        except Exception as exc:  # noqa: BLE001 - a viewer that never draws is a result too
+            return {"open_s": None, "failed": f"{type(exc).__name__}: {str(exc)[:160]}", "errors": errors,
+                    "html_mib": html.stat().st_size / 2**20}
+        polys = page.evaluate("document.querySelectorAll('svg polygon').length")
+        box = page.locator("svg").first.bounding_box()
+        z = time.perf_counter()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.wheel(0, -800)  # its d3 zoom on the plot
+        page.evaluate(PAINTED)
+        zoom = time.perf_counter() - z
+        heap = page.evaluate("performance.memory ? performance.memory.usedJSHeapSize : null")
+        return {"open_s": opened, "zoom_s": zoom, "polygons": polys, "js_heap_mib": (heap or 0) / 2**20,
+                "html_mib": html.stat().st_size / 2**20, "errors": errors}
+    finally:
+        b.close()
+
+
+def view_benchmark(args) -> None:
+    from playwright.sync_api import sync_playwright
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    viz_js = Path(args.memory_viz_js).read_text() if args.memory_viz_js else None
+    d3_js = Path(args.d3).read_text() if viz_js and Path(args.d3).exists() else None
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        env["MEMQ_DATA_DIR"] = tmp
+        tiled_path = Path(tmp) / "tiled_1m.pickle.gz"
+        subprocess.run([sys.executable, __file__, "--make-tiled", str(tiled_path)], check=True)
+        for label, path in (("real 100k", REAL_100K), ("real 1M capture", REAL_1M), ("1M tiled", tiled_path)):
+            out = Path(tmp) / f"{path.stem}.html"
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "profiler", "view", str(path), "--out", str(out)], env=env,
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            built = time.perf_counter() - t
+            memq = time_memq_view(p, out) | {"build_s": built}
+            viz_html = Path(tmp) / f"{path.stem}.viz.html"
+            memory_viz_html(path, viz_html, d3_js)
+            viz = time_memory_viz(p, viz_html, viz_js)
+            rows.append({"file": label, "memq": memq, "memory_viz": viz})
+            print(f"{label:>16}: memq view {memq['html_mib']:.1f} MiB (written in {built:.1f} s), opens in "
+                  f"{memq['open_s']:.2f} s, full detail in {memq['detail_s']:.2f} s, 1% zoom {1000 * memq['zoom_1pct_s']:.0f} ms,"
+                  f" JS heap {memq['js_heap_mib']:.0f} MiB | memory_viz {viz['html_mib']:.1f} MiB: "
+                  + (f"opens in {viz['open_s']:.2f} s ({viz['polygons']} polygons), a wheel zoom "
+                     f"{1000 * viz['zoom_s']:.0f} ms, JS heap {viz['js_heap_mib']:.0f} MiB" if viz.get("open_s") is not None
+                     else f"never drew: {viz['failed']} {viz['errors'][:2]}"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": platform.platform(), "view": rows}, indent=1))
 
 
 if __name__ == "__main__":
