@@ -262,7 +262,7 @@ def compare(run_a, run_b, as_json, as_csv):
     con.print(t)
     if doc["differences"]:
         con.print(table("settings and versions that differ", [Col("field", "field"), Col("a", run_a), Col("b", run_b)],
-                        doc["differences"]))
+                        [_shown_difference(d) for d in doc["differences"]]))
     else:
         con.print("no recorded setting or version differs")
     con.print(f"[bold]explanation[/bold]: {doc['explanation']['text']}")
@@ -299,3 +299,17 @@ def versions(job, as_json, as_csv):
          csv_keys=["torch_version", "runs", "oom_runs", "oom_rate", "mean_peak_reserved_bytes",
                    "max_peak_reserved_bytes", "mean_peak_allocated_bytes", "mean_fragmentation_ratio", "regression",
                    "flag"])
+
+
+def _shown_difference(d: dict) -> dict:
+    """A differing setting as the table shows it: sizes as sizes, a limit with where it came from
+    ("unknown" where a run has none, never a bare "-" beside raw bytes)."""
+    kind = d.get("kind") or ("bytes" if str(d["field"]).endswith("_bytes") else None)
+    if kind != "bytes":
+        return d
+    out = dict(d)
+    for side in ("a", "b"):
+        v = d[side]
+        src = d.get(f"{side}_source")
+        out[side] = "unknown" if v is None else fmt_bytes(v) + (f" ({src})" if src else "")
+    return out

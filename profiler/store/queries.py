@@ -409,6 +409,7 @@ def _run_side(session: Session, name: str) -> dict[str, Any]:
     comp = {c: int((main.peak_composition or {}).get(c, 0) or 0) for c in CATEGORIES} if main else None
     side = run_dict(run)
     side["composition"] = comp
+    side["limit"] = run_limit(run, main)
     side["ranks"] = ranks
     side["diagnosis"] = with_rank_advice((main.result or {}).get("diagnosis") if main else None, side["ranks"])
     return side
@@ -424,7 +425,14 @@ def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
         peaks[k] = {"a": A[k], "b": B[k], "delta": (B[k] - A[k]) if A[k] is not None and B[k] is not None else None}
     fa, fb = A["fragmentation_ratio"], B["fragmentation_ratio"]
     frag = {"a": fa, "b": fb, "delta": round(fb - fa, 6) if fa is not None and fb is not None else None}
-    diffs = [{"field": f, "a": A[f], "b": B[f]} for f in COMPARED_SETTINGS if A[f] != B[f]]
+    diffs = [{"field": f, "a": A[f], "b": B[f]} for f in COMPARED_SETTINGS
+             if A[f] != B[f] and f != "memory_limit_bytes"]
+    la, lb = A["limit"], B["limit"]
+    if la["bytes"] != lb["bytes"]:
+        # the limit each verdict used (a run's cap, else what its OOM analysis derived), not only the
+        # announced cap: one run with an OOM-derived limit and one without is a difference, not "-" vs bytes
+        diffs.append({"field": "limit", "a": la["bytes"], "b": lb["bytes"], "kind": "bytes",
+                      "a_source": la["source"], "b_source": lb["source"]})
     for k in sorted(set(A["labels"]) | set(B["labels"])):
         if A["labels"].get(k) != B["labels"].get(k):
             diffs.append({"field": f"labels.{k}", "a": A["labels"].get(k), "b": B["labels"].get(k)})

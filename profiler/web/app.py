@@ -377,17 +377,23 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                                         raw_url=f"/api/snapshots/{doc['snapshot']['id']}/raw",
                                         title=doc["view"]["title"]))
 
+    def picks() -> dict:
+        from profiler.web.queries import pick_lists
+
+        with store.session() as s:
+            return pick_lists(s)
+
     def compare_page(request: Request) -> HTMLResponse:
         q = query(request)
         doc = compare_doc(request) if q.get("a") or q.get("b") else None
         return HTMLResponse(render_page("compare.html", data=doc, doc=doc, a=q.get("a", ""), b=q.get("b", ""),
-                                        title="compare"))
+                                        picks=picks(), title="compare"))
 
     def versions_page(request: Request) -> HTMLResponse:
         q = query(request)
         doc = versions_doc(request) if q.get("job") else None
         return HTMLResponse(render_page("versions.html", data=None, doc=doc, job=q.get("job", ""),
-                                        title="torch versions"))
+                                        picks=picks(), title="torch versions"))
 
     def reports_page(request: Request) -> HTMLResponse:
         doc = reports_doc(request)

@@ -143,3 +143,26 @@ def report_row(session: Session, report_id: int) -> dict[str, Any]:
         raise NotFound(f"no report with id {report_id}", hint="stored reports are listed at /reports")
     return {"id": r.id, "date": r.report_date.isoformat(), "scope": r.scope, "generated_at": iso(r.generated_at),
             "path": r.path, "summary": dict(r.summary or {})}
+
+
+MAX_PICKS = 200  # names offered by the compare and versions forms
+
+
+def pick_lists(session: Session) -> dict[str, Any]:
+    """What the compare and versions forms offer before anything is chosen: the most recent runs
+    (with their job, for a same-job suggestion) and the jobs with their run counts, newest first."""
+    runs = session.execute(select(Run.name, Run.job, Run.torch_version).order_by(Run.started_at.desc(), Run.id.desc())
+                           .limit(MAX_PICKS)).all()
+    jobs = session.execute(select(Run.job, func.count(Run.id), func.count(func.distinct(Run.torch_version)),
+                                  func.max(Run.started_at)).where(Run.job.is_not(None)).group_by(Run.job)
+                           .order_by(func.max(Run.started_at).desc()).limit(MAX_PICKS)).all()
+    suggestion = None
+    seen: dict[str, str] = {}
+    for name, job, _torch in runs:  # the two newest runs of one job: the comparison people usually want
+        if job and job in seen:
+            suggestion = {"a": name, "b": seen[job]}
+            break
+        if job:
+            seen[job] = name
+    return {"runs": [r[0] for r in runs], "suggestion": suggestion,
+            "jobs": [{"job": j, "runs": n, "versions": v} for j, n, v, _ in jobs]}

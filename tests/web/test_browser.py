@@ -6,6 +6,8 @@ checked to be non-blank."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -101,6 +103,54 @@ def test_every_page_loads_clean(browser, web_history, tmp_path):
     browser.page.wait_for_load_state("load")
     assert browser.page.url.endswith(rid) and "memq report 2026-11-30" in browser.page.title()
     browser.clean()
+
+
+def test_no_page_overflows_at_800_px(browser, web_history, tmp_path):
+    """Issue 23 item 7: at 800 px the pages scrolled sideways (wide tables, the snapshot page's split)."""
+    browser.page.set_viewport_size({"width": 800, "height": 900})
+    pages = ["/runs", "/runs/seed_adamw", "/runs/capacity", f"/snapshots/{web_history.snapshot_id('capacity')}",
+             f"/snapshots/{web_history.snapshot_id('frag_synthetic', 'oom')}", "/compare",
+             "/compare?a=seed_adamw&b=seed_sgd", "/versions", "/versions?job=gpt", "/reports", "/fit", "/playbook"]
+    wide = {}
+    for i, path in enumerate(pages):
+        page = browser.open(path)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > 800:
+            wide[path] = width
+        page.screenshot(path=str(tmp_path / f"narrow{i:02d}.png"), full_page=True)
+    assert wide == {}, wide
+    browser.clean()
+
+
+def test_compare_and_versions_offer_what_to_pick(browser, web_history, tmp_path):
+    """Issue 23 item 7: /compare and /versions opened as empty forms with nothing to pick."""
+    page = browser.open("/compare")
+    runs = page.eval_on_selector_all("#run-names option", "os => os.map(o => o.value)")
+    assert set(runs) >= {"seed_adamw", "seed_sgd", "capacity", "frag_synthetic"}
+    page.click("#compare-suggestion a")
+    page.wait_for_selector("#compare-table")
+    assert page.locator("#explanation").count() == 1
+    page = browser.open("/versions")
+    jobs = page.locator("#job-picks a").all_text_contents()
+    assert "gpt" in jobs
+    page.click("#job-picks a >> text=gpt")
+    page.wait_for_selector("#versions-table")
+    shot(page, tmp_path / "versions.png", full_page=True)
+    browser.clean()
+
+
+def test_compare_shows_each_limit_as_a_size_with_its_source(server, web_history):
+    """Issue 23 item 6: compare showed one limit as "-" and the other as raw bytes."""
+    doc = json.loads(web_history.cli("compare", "capacity", "seed_adamw", "--json"))
+    (lim,) = [d for d in doc["differences"] if d["field"] == "limit"]
+    assert lim["a"] and lim["a_source"] and lim["kind"] == "bytes"
+    assert not any(d["field"] == "memory_limit_bytes" for d in doc["differences"])
+    text = web_history.cli("compare", "capacity", "seed_adamw")
+    assert re.search(r"limit\s.*GiB \((the run's cap|the OOM analysis)\)", text), text
+    assert str(lim["a"]) not in text
+    code, _, page = server.get("/compare?a=capacity&b=seed_adamw")
+    shown = page.split(b"Settings and versions that differ", 1)[1].split(b"</table>", 1)[0]
+    assert code == 200 and str(lim["a"]).encode() not in shown and b"GiB (" in shown
 
 
 def test_runs_table_filters_sorts_and_pages(browser, tmp_path):

@@ -454,7 +454,7 @@
   }
 
   function fitTest(box, fit) {
-    var W = Math.max(480, box.clientWidth || 900), H = 150, L = 190, R = 20;
+    var W = Math.max(480, box.clientWidth || 900), H = 160, L = 190, R = 20;
     var svg = svgFor(box, W, H);
     svg.setAttribute("id", "fit-svg");
     var S = fit.requested_bytes || 0, A = fit.active_bytes || 0, LF = fit.largest_usable_free_block_bytes || fit.largest_free_block_bytes || 0;
@@ -470,13 +470,23 @@
     el("rect", {x: x(A), y: 78, width: Math.max(1, x(A + S) - x(A)), height: 20, "class": "request"}, svg);
     if (fit.limit_bytes) {
       el("line", {x1: x(fit.limit_bytes), x2: x(fit.limit_bytes), y1: 66, y2: 108, "class": "limit"}, svg);
-      el("text", {x: L, y: 126, "class": "label " + (fit.fits_if_compacted ? "ok" : "bad")}, svg,
+      wrapped(svg, L, 126, W - 8 - L, "label " + (fit.fits_if_compacted ? "ok" : "bad"),
          fmtBytes(A) + " live + " + fmtBytes(S) + " = " + fmtBytes(A + S) + (fit.fits_if_compacted ? " fits " : " exceeds ") +
          "the limit of " + fmtBytes(fit.limit_bytes) + (fit.limit_source ? " (" + fit.limit_source + ")" : "") +
          (fit.fits_if_compacted ? ": a compacted cache would have served it" : ": no allocator setting makes it fit"));
     } else {
-      el("text", {x: L, y: 126, "class": "label"}, svg, fmtBytes(A) + " live + " + fmtBytes(S) + " requested; the limit is unknown (give --limit) so whether a compacted cache fits is open");
+      wrapped(svg, L, 126, W - 8 - L, "label", fmtBytes(A) + " live + " + fmtBytes(S) + " requested; the limit is unknown (give --limit) so whether a compacted cache fits is open");
     }
+  }
+
+  /* A label that wraps onto a second line (at ": " or "; ") where the chart is too narrow for it. */
+  function wrapped(svg, x, y, width, cls, text) {
+    var parts = [text];
+    if (text.length * 6.6 > width) {
+      var k = Math.max(text.lastIndexOf(": "), text.lastIndexOf("; "));
+      if (k > 0) parts = [text.slice(0, k + 1), text.slice(k + 2)];
+    }
+    parts.forEach(function (t, i) { el("text", {x: x, y: y + 15 * i, "class": cls}, svg, t); });
   }
 
   function stackedBar(svg, x0, y0, width, height, comp, label) {
