@@ -122,6 +122,24 @@ def test_no_page_overflows_at_800_px(browser, web_history, tmp_path):
     browser.clean()
 
 
+def test_run_timeline_shows_the_peak_a_step_reached_beside_the_sampled_line(browser, server, web_history, tmp_path):
+    """Issue 23 item 6: the allocated line (samples read between steps) was the only allocated figure
+    drawn, far below the run's peak allocated; the peak is drawn and labelled beside it."""
+    run = server.json("/api/runs/seed_adamw")["run"]
+    page = browser.open("/runs/seed_adamw")
+    line = page.locator("#peak-allocated-line")
+    assert line.count() == 1
+    label = page.text_content("#timeline-svg .peak-alloc-label")
+    mib = run["peak_allocated_bytes"] / 2**20
+    assert label.startswith(f"peak allocated {mib / 1024:.2f} GiB" if mib >= 1024 else f"peak allocated {mib:.2f} MiB")
+    y_peak = float(line.get_attribute("y1"))
+    d = page.get_attribute("#timeline-svg path.allocated", "d")
+    ys = [float(v) for v in re.findall(r"[ML][\d.]+,([\d.]+)", d)]
+    assert ys and y_peak <= min(ys)  # above every sample: no sample exceeds the run's peak
+    shot(page, tmp_path / "run-peak.png", full_page=True)
+    browser.clean()
+
+
 def test_compare_and_versions_offer_what_to_pick(browser, web_history, tmp_path):
     """Issue 23 item 7: /compare and /versions opened as empty forms with nothing to pick."""
     page = browser.open("/compare")

@@ -77,6 +77,10 @@
       ymax = Math.max(ymax, s.reserved_bytes || 0);
       if (s.oom && s.oom.requested_bytes) ymax = Math.max(ymax, (s.allocated_bytes || 0) + s.oom.requested_bytes);
     });
+    // the samples are read between steps, so their allocated line sits below what a step reached:
+    // the run's peak allocated is drawn beside it, the figure the header and the verdict use
+    var peakAlloc = run.peak_allocated_bytes || null;
+    if (peakAlloc) ymax = Math.max(ymax, peakAlloc);
     if (limit) ymax = Math.max(ymax, limit);
     ymax = niceMax(ymax * 1.05);
     var W = Math.max(480, box.clientWidth || 900), H = 300, L = 78, R = 16, T = 14, B = 30;
@@ -119,6 +123,12 @@
     if (limit) {
       el("line", {x1: L, x2: W - R, y1: y(limit), y2: y(limit), "class": "limit"}, svg);
       el("text", {x: W - R - 4, y: y(limit) - 4, "class": "label limit-label", "text-anchor": "end"}, svg, "limit " + fmtBytes(limit));
+    }
+    if (peakAlloc) {
+      el("line", {x1: L, x2: W - R, y1: y(peakAlloc), y2: y(peakAlloc), "class": "peak-alloc", id: "peak-allocated-line"}, svg);
+      var near = limit && Math.abs(y(limit) - y(peakAlloc)) < 14;
+      el("text", {x: L + 4, y: y(peakAlloc) + (near ? 14 : -4), "class": "label peak-alloc-label"}, svg,
+         "peak allocated " + fmtBytes(peakAlloc) + " (within a step; the line is read between steps)");
     }
     snaps.forEach(function (s, j) {
       var t = snapT(s, j);
