@@ -128,6 +128,8 @@ class Transport:
     #: profiler.identity.Key that signs every envelope; None: unsigned (the class default keeps a
     #: transport built field by field, as serialize()'s callers may, unsigned)
     signing_key = None
+    max_blob_bytes = 64 * 1024**2  # MEMQ_MAX_BLOB_BYTES' default, for a transport built field by field
+    keep_oversize = True
 
     def __init__(self, *, identity: dict, spool: Spool, redis_url: str | None, stream: str = "memq:ingest",
                  key_prefix: str = "memq:", maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,
