@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gc
 from itertools import chain
-from operator import is_
 from typing import Any
 
 from profiler.errors import SnapshotError
@@ -229,7 +228,7 @@ class _Frames:
         if c is None:
             self._lists[key] = f
             return f
-        if c is f or (len(c) == len(f) and all(map(is_, c, f))):
+        if c is f or c == f:  # the same frames: list equality tries identity first, in C
             return c
         self._others.append(f)
         return f
