@@ -50,7 +50,8 @@ import redis  # noqa: E402
 
 from profiler import envelope  # noqa: E402
 from profiler.agent.spool import Spool  # noqa: E402
-from profiler.agent.transport import Item, Transport, make_client  # noqa: E402
+from profiler.agent.transport import Item, Transport  # noqa: E402
+from profiler.redis_client import make_client  # noqa: E402
 
 STREAM = "memq:ingest"
 BUCKET_S = 0.1

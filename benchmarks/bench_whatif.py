@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from profiler.alloc_conf import parse_alloc_conf  # noqa: E402
+from profiler.analysis.alloc_conf import parse_alloc_conf  # noqa: E402
 from profiler.analysis.whatif import _simulate, compile_trace, run_whatif  # noqa: E402
 from profiler.load import load_snapshot_file  # noqa: E402
 

@@ -1,6 +1,6 @@
 #!lua name=memq
 -- memq's Redis function library (Redis >= 7.0). Loaded by the services' user (the dispatcher, on
--- its first relay, or `python -m profiler.redis_functions load`), never by an agent.
+-- its first relay, or `memq relay load`), never by an agent.
 --
 -- Why a relay and not an agent-facing function: Redis runs the commands a function calls with the
 -- ACL of the user who called FCALL, so a function cannot do for an agent what the agent may not do

@@ -17,17 +17,15 @@ development setups with an all-powerful user keep writing the stream directly.
 
 The library (`memq_functions.lua`, `#!lua name=memq`, VERSION below) is loaded by the dispatcher the
 first time it finds the inbox non-empty (FUNCTION LOAD REPLACE when missing or older; a newer one is
-left alone), or by an operator: `python -m profiler.redis_functions load --redis-url URL`. `memq
+left alone), or by an operator: `memq relay load --redis-url URL`. `memq
 doctor` warns when it is outdated, when it is missing while agents' messages wait in the inbox, and
 when the inbox is not being relayed.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -171,7 +169,7 @@ def doctor_checks(r, st) -> list[tuple[str, str, str, str | None]]:
 
     out: list[tuple[str, str, str, str | None]] = []
     load_fix = ("start `memq dispatcher` (it loads the library) or run "
-                "`python -m profiler.redis_functions load` with the memq (services) user")
+                "`memq relay load` with the memq (services) user")
     try:
         have = loaded_version(r)
     except redis.RedisError as exc:
@@ -213,25 +211,3 @@ def _age_s(element: Any) -> float | None:
         return time.time() - int(ts) / 1000.0
     except (TypeError, ValueError, AttributeError):
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from profiler.agent.transport import make_client
-    from profiler.config import load_settings, redact_url
-
-    st = load_settings()
-    ap = argparse.ArgumentParser(prog="python -m profiler.redis_functions",
-                                 description="Load or inspect memq's Redis function library (the ingest relay).")
-    ap.add_argument("action", choices=["load", "version"])
-    ap.add_argument("--redis-url", default=st.redis_url, help="the memq services user's URL (default MEMQ_REDIS_URL)")
-    args = ap.parse_args(argv)
-    client = make_client(args.redis_url, 10.0)
-    if args.action == "load":
-        print(f"{LIBRARY} library version {VERSION}: {ensure_library(client)} at {redact_url(args.redis_url)}")
-    else:
-        print(f"loaded: {loaded_version(client)}; shipped: {VERSION}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

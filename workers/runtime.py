@@ -23,14 +23,14 @@ from typing import Any
 
 from profiler.config import Settings, load_settings, redact_url
 from profiler.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
-from workers.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
+from profiler.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
+from profiler.redis_client import forget_shared, shared_client
 
 log = logging.getLogger("memq.workers")
 
 DEAD_MAXLEN = 100_000
 
 _stores: dict[tuple, object] = {}
-_clients: dict[str, Any] = {}
 _settings: Settings | None = None
 
 
@@ -82,19 +82,11 @@ def reset() -> None:
         with contextlib.suppress(Exception):
             found.engine.dispose(close=False)
     _stores.clear()
-    _clients.clear()
+    forget_shared()
 
 
 def redis_client(url: str | None = None, timeout_s: float = 10.0):
-    import redis
-
-    url = url or load_settings().redis_url
-    c = _clients.get(url)
-    if c is None:
-        c = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                 health_check_interval=30)
-        _clients[url] = c
-    return c
+    return shared_client(url or load_settings().redis_url, timeout_s)
 
 
 @contextlib.contextmanager

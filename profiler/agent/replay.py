@@ -10,8 +10,9 @@ import argparse
 import sys
 
 from profiler.agent.spool import Spool, iter_spool_dirs
-from profiler.agent.transport import make_client, replay_spool
+from profiler.agent.transport import replay_spool
 from profiler.config import load_settings
+from profiler.redis_client import make_client
 
 
 def replay_dir(root, client, *, stream: str, maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,

@@ -34,6 +34,7 @@ from profiler import envelope, redis_functions
 from profiler.agent.spool import Message, Spool
 from profiler.backoff import JitteredBackoff
 from profiler.errors import TooLarge
+from profiler.redis_client import make_client
 
 try:  # the agent runs without redis-py (spool only) and without zstandard (gzip)
     import redis as _redis
@@ -113,15 +114,6 @@ def append_fields(client, fields: dict, *, stream: str, maxlen: int, path: str =
                 raise
     client.rpush(redis_functions.inbox_key(stream), redis_functions.encode_fields(fields))
     return "inbox"
-
-
-def make_client(url: str, timeout_s: float):
-    """A redis-py client with hard timeouts and no hidden retries."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    return _redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                 retry=Retry(NoBackoff(), 0), health_check_interval=0)
 
 
 class Transport:

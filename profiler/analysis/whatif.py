@@ -42,7 +42,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field, replace
 
-from profiler.alloc_conf import parse_alloc_conf
+from profiler.analysis.alloc_conf import parse_alloc_conf
 from profiler.analysis.allocator_model import (
     EV_SEGMENT_ALLOC,
     EV_SEGMENT_FREE,

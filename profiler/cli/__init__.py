@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "serve": "profiler.cli.serve:serve",
     "view": "profiler.cli.view:view",
     "playbook": "profiler.cli.playbook:playbook",
+    "relay": "profiler.cli.relay:relay",
 }
 
 

@@ -45,11 +45,12 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     """Send snapshot FILEs of one run (in time order) to the ingest stream, as the agent does."""
     from profiler import codec, envelope
     from profiler.agent.spool import Spool
-    from profiler.agent.transport import Item, Transport, append_fields, make_client
+    from profiler.agent.transport import Item, Transport, append_fields
     from profiler.cli._listing import write_json
     from profiler.config import load_settings, redact_url
     from profiler.errors import BadInput, BrokerUnavailable
     from profiler.load import decode_snapshot_bytes, read_bytes
+    from profiler.redis_client import make_client
     from profiler.store.service import infer_from_name
 
     if len(files) > 1 and (step is not None or epoch is not None):

@@ -49,7 +49,7 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
         if rank is not None and not run_name:
             raise BadInput("--rank goes with --run")
         for c in confs:  # refuse bad settings before reading anything
-            from profiler.alloc_conf import parse_alloc_conf
+            from profiler.analysis.alloc_conf import parse_alloc_conf
 
             parse_alloc_conf(c)
         if run_name:
@@ -99,7 +99,7 @@ def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]
 
 def _from_run(run_name, rank, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
     from profiler.cli._listing import open_cli_store
-    from profiler.store.service import load_blob
+    from profiler.store.blob_snapshots import load_blob
     from profiler.store.sweeps import replay_for_run
 
     store = open_cli_store()

@@ -288,7 +288,7 @@ class MemqCollector(Collector):
         return True
 
     def _collect_redis(self, f: dict) -> bool:
-        from profiler.cli.service import collect_status
+        from profiler.pipeline.status import collect_status
 
         try:
             doc = collect_status(self.st, with_db=False)

@@ -83,7 +83,7 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
 
 def fit_for_run(store, run_name: str, rank: int | None, question) -> dict:
     """`memq fit --run` and the web's /fit: the run's measured snapshot, answered."""
-    from profiler.store.service import load_blob
+    from profiler.store.blob_snapshots import load_blob
 
     with store.session() as s:
         src = fit_source(s, run_name, rank)

@@ -84,7 +84,7 @@ def whatif_simulator(store, session: Session,
             if not store.blobs.exists(row.sha256):
                 return None
             try:
-                from profiler.store.service import load_blob
+                from profiler.store.blob_snapshots import load_blob
 
                 def load(sha, src):
                     ld = load_blob(store, sha, src)

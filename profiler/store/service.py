@@ -24,9 +24,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 
 from profiler.errors import BadInput, MemqError, NotFound, SnapshotError
-from profiler.load import LoadedSnapshot, decode_snapshot_bytes, load_snapshot_file
+from profiler.load import LoadedSnapshot, load_snapshot_file
 from profiler.model import OomContext
 from profiler.store import repository as repo
+from profiler.store.blob_snapshots import load_blob
 from profiler.store.connection import Store
 from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 
@@ -192,11 +193,6 @@ def process_snapshot(store: Store, snapshot_id: int, lease_s: int = repo.DEFAULT
         raise
     return ProcessOutcome(snapshot_id=snapshot_id, state="done", analysis_id=aid, analysed=computed,
                           run_diagnosis=diag)
-
-
-def load_blob(store: Store, sha256: str, name: str | None = None) -> LoadedSnapshot:
-    raw = store.blobs.get(sha256)
-    return decode_snapshot_bytes(raw, store.settings.decode_max_bytes, name=name or sha256[:12])
 
 
 #: Parsed snapshots kept in memory while ingesting, for the run-level diagnosis at the end (a parsed

@@ -156,7 +156,7 @@ def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
 
 
 def _default_load(store: Store) -> Loader:
-    from profiler.store.service import load_blob
+    from profiler.store.blob_snapshots import load_blob
 
     return lambda sha, src: load_blob(store, sha, src)
 

@@ -18,7 +18,7 @@ import redis
 
 from profiler.agent.source import ReplaySource
 from profiler.agent.spool import Spool
-from profiler.agent.transport import make_client
+from profiler.redis_client import make_client
 
 from .conftest import REAL, FaultyClient, blob_of, entries, free_port, make_agent, wait_for
 

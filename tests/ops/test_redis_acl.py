@@ -122,7 +122,7 @@ def test_agent_cannot(agent, what, call):
 def test_real_agent_transport_replays_a_gpu_spool_through_the_agent_user(server, tmp_path):
     from profiler import envelope
     from profiler.agent.replay import replay_dir
-    from profiler.agent.transport import make_client
+    from profiler.redis_client import make_client
 
     spool = tmp_path / "spool"
     shutil.copytree(SPOOL, spool)

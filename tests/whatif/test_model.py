@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profiler.alloc_conf import parse_alloc_conf
+from profiler.analysis.alloc_conf import parse_alloc_conf
 from profiler.analysis.allocator_model import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,

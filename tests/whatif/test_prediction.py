@@ -78,7 +78,7 @@ def test_reserved_over_time_matches_each_settings_own_windows(replay, name):
     """Each setting's run kept 8000-entry windows at epoch ends: the model replaying the default trace
     under that setting must have the reserved bytes those windows recorded, entry by entry."""
     snap, _results, steps = replay
-    from profiler.alloc_conf import parse_alloc_conf
+    from profiler.analysis.alloc_conf import parse_alloc_conf
     from profiler.analysis.whatif import _simulate
 
     rep = compile_trace(snap)

@@ -99,3 +99,120 @@ def test_dispatcher_and_heartbeat_build_no_celery_app():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# ------------------------------------------------------------------ the profiler package (issue 28)
+
+ADAPTERS = ("profiler.cli", "profiler.web", "profiler.metrics")  # they point down, nothing points at them
+IO_FREE = ("profiler.analysis",)  # pure: no store, no agent, no Redis
+
+
+def profiler_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the profiler modules it imports anywhere (function-level imports included).
+    `from pkg import sub` depends on pkg.sub, `from pkg import name` on pkg (its __init__)."""
+    files = {}
+    for p in (root / "profiler").rglob("*.py"):
+        name = ".".join(p.relative_to(root).with_suffix("").parts)
+        files[name.removesuffix(".__init__")] = p
+
+    def resolve(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")
+                    base = ".".join(parts[:len(parts) - (node.level - 1)] + ([base] if base else []))
+                subs = [f"{base}.{a.name}" for a in node.names]
+                names = [s for s in subs if s in files] + ([base] if any(s not in files for s in subs) else [])
+            else:
+                continue
+            for n in names:
+                if n == "profiler" or n.startswith("profiler."):
+                    r = resolve(n)
+                    if r and r != mod:
+                        deps.add(r)
+        graph[mod] = deps
+    return graph
+
+
+def _area(mod: str) -> str:
+    return ".".join(mod.split(".")[:2])
+
+
+def upward_arrows(graph: dict[str, set[str]], packages: set[str]) -> list[tuple[str, str]]:
+    """Imports that run back up: into the CLI from anything, into the web app or the exporter from
+    anything but the CLI (which runs them), from the use cases, the store,
+    the analysis or the agent into an adapter or the use cases, from the analysis into I/O, and from a
+    top-level module of profiler/ (codec, config, model, ...) into any package but its own."""
+    bad = []
+    for mod, deps in graph.items():
+        a = _area(mod)
+        for d in deps:
+            b = _area(d)
+            if b == a:
+                continue
+            if b == "profiler.cli" and mod != "profiler.__main__":  # the outermost: commands
+                bad.append((mod, d))
+            elif b in ADAPTERS and a not in ("profiler.cli", "profiler.__main__"):  # what commands run
+                bad.append((mod, d))
+            elif a in ("profiler.pipeline", "profiler.store", "profiler.analysis", "profiler.agent") and b == "profiler.pipeline":
+                bad.append((mod, d))
+            elif a in IO_FREE and b in ("profiler.store", "profiler.agent"):
+                bad.append((mod, d))
+            elif a not in packages and a != "profiler.__main__" and b in packages:
+                bad.append((mod, d))
+    return sorted(bad)
+
+
+def _packages(root: Path = ROOT) -> set[str]:
+    return {f"profiler.{p.parent.name}" for p in (root / "profiler").glob("*/__init__.py")}
+
+
+def test_no_import_cycle_among_profiler_modules():
+    graph = profiler_graph()
+    assert {"profiler.agent.transport", "profiler.redis_functions", "profiler.store.service",
+            "profiler.store.sweeps", "profiler.pipeline.status", "profiler.redis_client"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle among profiler modules: " + " -> ".join(cycle)
+
+
+def test_no_import_runs_back_up():
+    bad = upward_arrows(profiler_graph(), _packages())
+    assert bad == [], bad
+
+
+def test_the_profiler_checks_see_the_cycles_and_arrows_they_forbid(tmp_path):
+    """The checker itself, on the shapes the tree had: transport <-> redis_functions (one side inside
+    a function), service <-> sweeps, metrics -> cli, a top-level module -> analysis."""
+    prof = tmp_path / "profiler"
+    for sub in ("agent", "store", "metrics", "cli", "analysis"):
+        (prof / sub).mkdir(parents=True)
+        (prof / sub / "__init__.py").write_text("")
+    (prof / "__init__.py").write_text("")
+    (prof / "agent" / "transport.py").write_text("from profiler import redis_functions\n")
+    (prof / "redis_functions.py").write_text("def main():\n    from profiler.agent.transport import x\n")
+    (prof / "store" / "service.py").write_text("from profiler.store.sweeps import sweep\n")
+    (prof / "store" / "sweeps.py").write_text("def f():\n    from .service import load_blob\n")
+    (prof / "metrics" / "collector.py").write_text("def f():\n    from profiler.cli.service import collect\n")
+    (prof / "cli" / "service.py").write_text("")
+    (prof / "alloc_conf.py").write_text("from profiler.analysis.allocator_model import A\n")
+    (prof / "analysis" / "allocator_model.py").write_text("")
+    graph = profiler_graph(tmp_path)
+    assert find_cycle(graph) is not None
+    assert find_cycle({k: v for k, v in graph.items() if not k.startswith("profiler.store")}) is not None
+    assert find_cycle({k: v - {"profiler.agent.transport"} for k, v in graph.items()
+                       if not k.startswith("profiler.store")}) is None
+    bad = upward_arrows(graph, _packages(tmp_path))
+    assert ("profiler.metrics.collector", "profiler.cli.service") in bad
+    assert ("profiler.alloc_conf", "profiler.analysis.allocator_model") in bad
+    assert ("profiler.redis_functions", "profiler.agent.transport") in bad

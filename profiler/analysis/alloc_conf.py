@@ -78,7 +78,7 @@ def parse_alloc_conf(text: str):
     """`"expandable_segments:True,max_split_size_mb:128"` -> `AllocatorConfig` (defaults for keys not named).
 
     The empty string gives the default configuration."""
-    from profiler.analysis.allocator_model import AllocatorConfig  # pure module, no cycle at import time
+    from profiler.analysis.allocator_model import AllocatorConfig  # the same layer: analysis
 
     tok = _tokens(text or "")
     values: dict = {}
