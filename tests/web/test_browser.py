@@ -105,6 +105,24 @@ def test_every_page_loads_clean(browser, web_history, tmp_path):
     browser.clean()
 
 
+def test_the_snapshot_page_zooms_into_its_trace_at_full_detail(browser, web_history, tmp_path):
+    """Issue 23 item 7 / issue 27: the served snapshot page (not only `memq view`) unpacks the
+    per-event detail and draws a window of 100 events event by event; a click on a band still shows
+    its stacks after a zoom."""
+    page = browser.open(f"/snapshots/{web_history.snapshot_id('capacity')}")
+    page.wait_for_selector("#cat-timeline[data-detail='ready']", timeout=30_000)
+    n = page.evaluate("JSON.parse(document.getElementById('page-data').textContent).timeline.events")
+    page.evaluate(f"window.memqZoom({n - 100}, {n})")  # the last 100 entries, where the OOM is
+    assert page.get_attribute("#cat-svg", "data-window") == f"{n - 100},{n}"
+    d = page.locator("#cat-svg path.band.cat-activations").get_attribute("d")
+    assert d.count("L") == 2 * 100 - 1
+    assert page.locator("#cat-svg .oom-mark").count() == 1
+    page.dispatch_event("#cat-svg path.band.cat-activations", "click")
+    assert "band: activations" in page.text_content("#frames")
+    shot(page, tmp_path / "snapshot-zoom.png", full_page=True)
+    browser.clean()
+
+
 def test_no_page_overflows_at_800_px(browser, web_history, tmp_path):
     """Issue 23 item 7: at 800 px the pages scrolled sideways (wide tables, the snapshot page's split)."""
     browser.page.set_viewport_size({"width": 800, "height": 900})
