@@ -210,6 +210,8 @@ class _Frames:
     def __init__(self, budget: int) -> None:
         self._lists: dict[int, list] = {}
         self._others: list[list] = []  # distinct lists whose key another list holds (checked too)
+        self._last: list | None = None
+        self._last_canon: list | None = None
         self.refs = 0
         self._budget = budget
 
@@ -222,16 +224,18 @@ class _Frames:
                                 f"{self._budget}-byte input); snapshots are plain trees")
         # Keyed by the hash of the frames' identities, not by the tuple itself: a tuple of ids kept per
         # distinct list cost 22 MB for the 100k-entry snapshot (55k lists of 9 frames). A hit is
-        # confirmed frame by frame; a list whose hash is taken by another stays itself.
+        # confirmed by list equality; a list whose hash is taken by another stays itself.
+        if f is self._last:  # a third of the entries of the real 1M capture repeat the previous list
+            return self._last_canon
         key = hash(tuple(map(id, f)))
         c = self._lists.get(key)
         if c is None:
-            self._lists[key] = f
-            return f
-        if c is f or c == f:  # the same frames: list equality tries identity first, in C
-            return c
-        self._others.append(f)
-        return f
+            self._lists[key] = c = f
+        elif c is not f and c != f:  # the same frames: list equality tries identity first, in C
+            self._others.append(f)
+            c = f
+        self._last, self._last_canon = f, c  # held: its id cannot be reused while it is compared
+        return c
 
     def check(self) -> None:
         """Every distinct frame is flat: a dict of scalars (torch >= 2.1) or a tuple of scalars (the
