@@ -221,7 +221,7 @@ class InflatingReader:
 
     def __init__(self, data: bytes, max_bytes: int, max_tuple_ops: int) -> None:
         self._chunks = iter_inflate(data, max_bytes)
-        self._buf = b""
+        self._buf = bytearray()  # appended to and compacted, so a large object read is linear
         self._pos = 0
         self._hash = hashlib.sha256()
         self.size = 0
@@ -237,26 +237,31 @@ class InflatingReader:
         self._tuple_ops += len(chunk) - len(chunk.translate(None, _TUPLE_OPCODES))
         if self._tuple_ops > self._max_tuple_ops:
             raise TooLarge(f"pickle may nest tuples {self._tuple_ops} deep; snapshots hold a few flat tuples")
-        self._buf = self._buf[self._pos:] + chunk if self._pos < len(self._buf) else chunk
-        self._pos = 0
+        if self._pos > _OUT_CHUNK and self._pos * 2 > len(self._buf):
+            del self._buf[:self._pos]
+            self._pos = 0
+        self._buf += chunk
         return True
 
+    def _take(self, n: int) -> bytes:
+        out = bytes(self._buf[self._pos:self._pos + n])
+        self._pos += len(out)
+        return out
+
     def peek(self, n: int = 1) -> bytes:
-        while len(self._buf) - self._pos < max(1, n) and self._fill():
+        n = max(1, n)
+        while len(self._buf) - self._pos < n and self._fill():
             pass
-        return self._buf[self._pos:self._pos + max(1, n)]
+        return bytes(self._buf[self._pos:self._pos + n])
 
     def read(self, n: int = -1) -> bytes:
         if n is None or n < 0:
             while self._fill():
                 pass
-            out, self._buf, self._pos = self._buf[self._pos:], b"", 0
-            return out
+            return self._take(len(self._buf) - self._pos)
         while len(self._buf) - self._pos < n and self._fill():
             pass
-        out = self._buf[self._pos:self._pos + n]
-        self._pos += len(out)
-        return out
+        return self._take(n)
 
     def readinto(self, b) -> int:
         data = self.read(len(b))
@@ -264,14 +269,14 @@ class InflatingReader:
         return len(data)
 
     def readline(self) -> bytes:
+        start = self._pos
         while True:
-            i = self._buf.find(b"\n", self._pos)
-            if i >= 0 or not self._fill():
-                break
-        end = len(self._buf) if i < 0 else i + 1
-        out = self._buf[self._pos:end]
-        self._pos = end
-        return out
+            i = self._buf.find(b"\n", start)
+            if i >= 0:
+                return self._take(i + 1 - self._pos)
+            start = len(self._buf)  # what is scanned is not scanned again
+            if not self._fill():
+                return self._take(len(self._buf) - self._pos)
 
     def sha256(self) -> str:
         return self._hash.hexdigest()

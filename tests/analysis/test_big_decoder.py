@@ -178,3 +178,12 @@ def test_a_frames_list_whose_key_another_holds_stays_itself_and_is_still_checked
     assert fs.intern(list(a)) is a  # same frames, another list: the interned one
     with pytest.raises(SnapshotError, match="not flat"):
         fs.check()
+
+
+@pytest.mark.parametrize("protocol", [0, 4])
+def test_a_large_value_spanning_many_chunks_streams_whole(protocol):
+    """A 6 MB string (six of the inflater's chunks) read in one piece, and protocol 0's long lines."""
+    obj = {"segments": [], "note": "x" * 6_000_000 + "\n" + "y" * 3, "n": list(range(2000))}
+    data = pickle.dumps(obj, protocol=protocol)
+    got, sha, size = codec.decode_stream(gzip.compress(data), len(data) + 1)
+    assert got == obj and size == len(data) and sha == hashlib.sha256(data).hexdigest()
