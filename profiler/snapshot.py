@@ -201,8 +201,8 @@ MAX_USER_METADATA = 200
 
 class _Frames:
     """Interns trace entries' frame lists: entries with equal stacks share one list, so a 1M-entry trace
-    keeps a few thousand lists instead of a million, and passes can cache per list. Each distinct list
-    is validated once (frames are flat dicts or tuples of scalars). The trace is not shape-checked as a
+    keeps a few thousand lists instead of a million, and passes can cache per list. Each distinct frame
+    is checked once, at the end (`check`). The trace is not shape-checked as a
     whole (`load.decode_snapshot_bytes`), so the frame references counted here are what bounds the work
     of every later walk: a list shared by a million entries costs a million references, as in
     `codec.check_shape`."""
@@ -239,10 +239,12 @@ class _Frames:
 
     def check(self) -> None:
         """Every distinct frame is flat: a dict of scalars (torch >= 2.1) or a tuple of scalars (the
-        readers, `model.frame_file` and the hot paths in analysis/frames.py, take any scalar). One C-level pass over all of them at the end: the
-        100k-entry snapshot has 490k distinct frames, and checked list by list they cost a third of
-        the parse. CPython tracks a dict for the cyclic GC exactly when a container went into it, so an
-        untracked frame dict holds only scalars."""
+        readers, `model.frame_file` and the hot paths in analysis/frames.py, take any scalar).
+
+        One C-level pass over all of them at the end: the 100k-entry snapshot has 490k distinct
+        frames, and checked list by list they cost a third of the parse. CPython tracks a dict for the
+        cyclic GC exactly when a container went into it, so an untracked frame dict holds only
+        scalars."""
         frames = list(chain.from_iterable(chain(self._lists.values(), self._others)))
         kinds = set(map(type, frames))
         if kinds == {dict}:
