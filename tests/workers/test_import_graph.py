@@ -13,31 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "workers"
 
 
-def imports_of(path: Path, package: str, modules: set[str]) -> set[str]:
-    """The modules of `package` (names in `modules`) that the file at `path` imports anywhere."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: `from . import x`, `from .x import y`
-                base = f"{package}.{base}" if base else package
-            # `from workers import jobs` imports the module workers.jobs; `from workers.app import app`
-            # imports workers.app
-            names = [base, *(f"{base}.{a.name}" for a in node.names)]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if len(parts) >= 2 and parts[0] == package and parts[1] in modules:
-                found.add(parts[1])
-    return found
-
-
 def import_graph(folder: Path, package: str) -> dict[str, set[str]]:
-    files = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
-    return {name: imports_of(path, package, set(files)) - {name} for name, path in files.items()}
+    """The modules of a flat package (`workers/`) and those of it each imports, by short name."""
+    graph = module_graph(folder.parent, package)
+    short = {m: m.split(".", 1)[1] for m in graph if "." in m}
+    return {short[m]: {short[d] for d in deps if d in short} - {short[m]} for m, deps in graph.items() if m in short}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -108,10 +88,14 @@ IO_FREE = ("profiler.analysis",)  # pure: no store, no agent, no Redis
 
 
 def profiler_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the profiler modules it imports anywhere (function-level imports included).
-    `from pkg import sub` depends on pkg.sub, `from pkg import name` on pkg (its __init__)."""
+    return module_graph(root, "profiler")
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports anywhere (function-level and relative imports
+    included). `from pkg import sub` depends on pkg.sub, `from pkg import name` on pkg (its __init__)."""
     files = {}
-    for p in (root / "profiler").rglob("*.py"):
+    for p in (root / package).rglob("*.py"):
         name = ".".join(p.relative_to(root).with_suffix("").parts)
         files[name.removesuffix(".__init__")] = p
 
@@ -137,7 +121,7 @@ def profiler_graph(root: Path = ROOT) -> dict[str, set[str]]:
             else:
                 continue
             for n in names:
-                if n == "profiler" or n.startswith("profiler."):
+                if n == package or n.startswith(package + "."):
                     r = resolve(n)
                     if r and r != mod:
                         deps.add(r)
