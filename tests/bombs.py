@@ -7,6 +7,8 @@
 - `deep_tuple_key_pickle(depth)`: a dict keyed by a tuple nested `depth` deep (hashing it recursed
   in C and crashed the unpickler with SIGSEGV).
 - `peak_rss(cmd)`: run a command, return (exit code, stdout, stderr, its own peak RSS in bytes).
+- `reset_peak_rss()` / `own_peak_rss()`: this process's peak RSS since the last reset (Linux's
+  VmHWM, reset through /proc/self/clear_refs), for checks inside a long-lived test process.
 """
 
 from __future__ import annotations
@@ -108,6 +110,29 @@ def peak_rss(args: list[str], env: dict | None = None, timeout: float = 120,
             raise
         rss = int(Path(rss_file).read_text()) if os.path.exists(rss_file) else -1
     return p.returncode, out.decode(errors="replace"), err.decode(errors="replace"), rss
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def reset_peak_rss() -> int:
+    """Make this process's peak RSS its current RSS (what earlier tests in the same process held
+    must not count); returns that RSS in bytes."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    return _status_kib("VmRSS") * 1024
+
+
+def own_peak_rss() -> int:
+    """This process's peak RSS in bytes since it started or since reset_peak_rss(). Unlike
+    getrusage's ru_maxrss it is the memory map's own figure, so it does not carry the peak of the
+    process a child was forked from across exec."""
+    return _status_kib("VmHWM") * 1024
 
 
 def memq_cmd(*args: str) -> list[str]:
