@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from profiler import codec  # noqa: E402
-from profiler.analysis import analyze  # noqa: E402
-from profiler.load import decode_snapshot_bytes  # noqa: E402
+from memq import codec  # noqa: E402
+from memq.analysis import analyze  # noqa: E402
+from memq.load import decode_snapshot_bytes  # noqa: E402
 
 BIG = Path(__file__).parent / "data" / "big.pickle.gz"
 

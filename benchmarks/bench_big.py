@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler import codec  # noqa: E402
+from memq import codec  # noqa: E402
 
 DATA = ROOT / "benchmarks" / "data"
 REAL_100K = DATA / "big.pickle.gz"
@@ -99,7 +99,7 @@ def main() -> None:
         # built in a child: ru_maxrss survives exec, so the children measured later must not fork
         # from a process that once held the tiled trace
         subprocess.run([sys.executable, __file__, "--make-tiled", str(tiled_path)], check=True)
-        subprocess.run([sys.executable, "-m", "profiler", "analyze", str(REAL_100K), "--json"], env=env,
+        subprocess.run([sys.executable, "-m", "memq", "analyze", str(REAL_100K), "--json"], env=env,
                        stdout=subprocess.DEVNULL, check=True)  # warm-up: byte code compiled
         files = [("real 100k", REAL_100K, 100_000), ("real 1M capture", REAL_1M, 1_000_000),
                  ("1M tiled from the 100k", tiled_path, 1_000_000)]
@@ -112,7 +112,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"plain": [], "memq": []}
             for _ in range(args.rounds):
                 runs["plain"].append(measure([sys.executable, "-c", PLAIN, str(path)], env))
-                runs["memq"].append(measure([sys.executable, "-m", "profiler", "analyze", str(path), "--json"], env))
+                runs["memq"].append(measure([sys.executable, "-m", "memq", "analyze", str(path), "--json"], env))
             med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "cpu_s", "rss_mib")}
                    for k, v in runs.items()}
             row = {"file": label, "events": events, "pickle_bytes": raw_size, **med,
@@ -231,7 +231,7 @@ def view_benchmark(args) -> None:
         for label, path in (("real 100k", REAL_100K), ("real 1M capture", REAL_1M), ("1M tiled", tiled_path)):
             out = Path(tmp) / f"{path.stem}.html"
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "profiler", "view", str(path), "--out", str(out)], env=env,
+            subprocess.run([sys.executable, "-m", "memq", "view", str(path), "--out", str(out)], env=env,
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             built = time.perf_counter() - t
             memq = time_memq_view(p, out) | {"build_s": built}

@@ -10,10 +10,10 @@ What it measures:
    entry (a `stats` envelope of 6 samples = one agent flush at the defaults: a sample every 10 s,
    flushed every 60 s) and per snapshot entry + blob (zstd, as the agent sends with zstandard),
    from INFO used_memory before and after.
-2. The dispatcher (workers.dispatcher.Dispatcher, in-process, real PostgreSQL database of its own):
+2. The dispatcher (memq.workers.dispatcher.Dispatcher, in-process, real PostgreSQL database of its own):
    stats entries/s and samples/s moved from the stream into stat_samples; snapshot entries/s moved
    into the blob store and snapshot rows.
-3. Worker cost: CPU and wall seconds per snapshot analysis (profiler.store.service.analyse_snapshot,
+3. Worker cost: CPU and wall seconds per snapshot analysis (memq.store.service.analyse_snapshot,
    what the analyze task runs), by snapshot kind.
 4. PostgreSQL bytes on disk per stat-sample row and per analysed snapshot (rows of snapshots +
    analysis_results, indexes and TOAST included: pg_total_relation_size after VACUUM), and blob
@@ -44,8 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from profiler import codec, envelope  # noqa: E402
-from profiler.agent import spool  # noqa: E402
+from memq import codec, envelope  # noqa: E402
+from memq.agent import spool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPOOLS = ROOT / "tests" / "fixtures" / "agent_gpu"
@@ -166,12 +166,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "capacity.json"))
     args = ap.parse_args(argv)
 
-    from profiler.config import load_settings
-    from profiler.store import schema
-    from profiler.store import service as svc
-    from profiler.store.connection import open_store
-    from profiler.store.db import make_engine
-    from workers.dispatcher import Dispatcher
+    from memq.config import load_settings
+    from memq.store import schema
+    from memq.store import service as svc
+    from memq.store.connection import open_store
+    from memq.store.db import make_engine
+    from memq.workers.dispatcher import Dispatcher
 
     t_all = time.monotonic()
     samples, snaps = real_messages()
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
             # that has run for a while has them (its dispatchers make them a week ahead)
             import datetime as dt
 
-            from profiler.store import partitions
+            from memq.store import partitions
 
             cap_store = open_store(st)
             with cap_store.session() as s:
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
             wall = time.perf_counter() - t_an
             cost["epoch_end"] = {"n": len(sids), "wall_s_per_snapshot": round(wall / len(sids), 4),
                                  "cpu_s_per_snapshot": round((time.process_time() - c_an) / len(sids), 4)}
-            from profiler.store import repository as repo
+            from memq.store import repository as repo
 
             for kind in ("warmup_periodic", "oom", "full_100k_entries"):
                 raw = kinds[kind]
@@ -344,13 +344,13 @@ def main(argv: list[str] | None = None) -> dict:
             fig["blob_store"] = {"files": len(blob_files), "bytes": sum(p.stat().st_size for p in blob_files)}
 
             # 5. retention (memq gc): everything above is made "old" by running it 2 days ahead
-            from profiler.store.retention import Policy, collect
+            from memq.store.retention import Policy, collect
 
             store = open_store(st)
             with store.session() as s:  # end the runs, so their blobs are not kept as "still going"
                 from sqlalchemy import update
 
-                from profiler.store.orm import Run
+                from memq.store.orm import Run
 
                 s.execute(update(Run).values(status="completed"))
             t0 = time.perf_counter()

@@ -181,10 +181,10 @@ def main() -> int:
     from prometheus_client.parser import text_string_to_metric_families
     from sqlalchemy import text
 
-    from profiler.config import load_settings
-    from profiler.metrics.exporter import start
-    from profiler.store.connection import open_store
-    from profiler.store.db import make_engine
+    from memq.config import load_settings
+    from memq.metrics.exporter import start
+    from memq.store.connection import open_store
+    from memq.store.db import make_engine
 
     print(f"machine: {machine()}", flush=True)
     prefix = f"memqbench:exp:{secrets.token_hex(4)}:"
@@ -197,7 +197,7 @@ def main() -> int:
                "MEMQ_BROKER_KEY_PREFIX": prefix + "celery:"}
         st = load_settings(env)
         engine = make_engine(url)
-        from profiler.store import schema
+        from memq.store import schema
 
         schema.upgrade(engine)
         t = time.perf_counter()

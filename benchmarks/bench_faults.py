@@ -6,7 +6,7 @@ the stream, the blobs and the Celery broker; a temporary database on the shared 
 migrated, dropped); `memq dispatcher`, `memq worker -c 2` and one `celery beat` (the reaper, every
 `MEMQ_REAPER_INTERVAL_S` 10 s; an analysis pending over `MEMQ_PENDING_REQUEUE_S` 60 s is enqueued
 again, the defaults being 60 s and 600 s) as subprocesses. 50 real agent transports
-(profiler.agent.transport: their own delivery thread, Redis connection, back-off and disk spool) each
+(memq.agent.transport: their own delivery thread, Redis connection, back-off and disk spool) each
 submit 40 snapshots of DISTINCT bytes (a real H200 epoch_end snapshot with a `memq_bench` key) and a
 stats batch after every fourth, paced over the run. Faults, once each: the worker is SIGKILLed at 30%
 of the submissions (and started again 2 s later); Redis is stopped at 60% (SIGTERM) and started again
@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from profiler import codec  # noqa: E402
-from profiler.agent.spool import Spool  # noqa: E402
-from profiler.agent.transport import Item, Transport  # noqa: E402
+from memq import codec  # noqa: E402
+from memq.agent.spool import Spool  # noqa: E402
+from memq.agent.transport import Item, Transport  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 # the private redis-server of the reconnect benchmark: AOF, fsync always, restartable on its port
@@ -68,7 +68,7 @@ def main() -> int:
     from sqlalchemy import text
     from sqlalchemy.engine import make_url
 
-    from profiler.store.db import make_engine
+    from memq.store.db import make_engine
 
     tmp = Path(tempfile.mkdtemp(prefix="memq-faults-"))
     srv = PrivateRedis(tmp)
@@ -86,7 +86,7 @@ def main() -> int:
 
     def spawn(name: str, argv: list[str]) -> None:
         out = open(tmp / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
-        procs[name] = subprocess.Popen([sys.executable, "-m", "profiler", *argv], env=env, cwd=ROOT, stdout=out,
+        procs[name] = subprocess.Popen([sys.executable, "-m", "memq", *argv], env=env, cwd=ROOT, stdout=out,
                                        stderr=subprocess.STDOUT, start_new_session=True)
 
     worker = ["worker", "-c", "2", "-l", "WARNING", "--without-mingle", "--without-gossip"]
@@ -95,14 +95,14 @@ def main() -> int:
     transports: list[Transport] = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))  # a timeout still cleans up (finally below)
     try:
-        subprocess.run([sys.executable, "-m", "profiler", "db", "upgrade"], env=env, check=True, cwd=ROOT,
+        subprocess.run([sys.executable, "-m", "memq", "db", "upgrade"], env=env, check=True, cwd=ROOT,
                        capture_output=True)
         spawn("worker", worker)
         spawn("dispatcher", ["dispatcher", "-l", "WARNING"])
         # one beat, as deployments run it (deploy/compose.yaml): its reaper re-enqueues the analyses whose
         # task messages the broker lost while Redis was down (their rows stay `pending`)
         out = open(tmp / "beat.log", "ab")  # noqa: SIM115 - closed with the process
-        procs["beat"] = subprocess.Popen([sys.executable, "-m", "celery", "-A", "workers.app", "beat", "-l", "WARNING",
+        procs["beat"] = subprocess.Popen([sys.executable, "-m", "celery", "-A", "memq.workers.app", "beat", "-l", "WARNING",
                                           "-s", str(tmp / "beat-schedule")], env=env, cwd=ROOT, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         base = codec.decode_plain(codec.decompress(FIX.read_bytes()))

@@ -153,11 +153,11 @@ def main() -> int:
     from click.testing import CliRunner
     from sqlalchemy import text
 
-    from profiler.cli import cli
-    from profiler.config import redact_url
-    from profiler.store import queries
-    from profiler.store import repository as repo
-    from profiler.store.db import make_engine, session_scope
+    from memq.cli import cli
+    from memq.config import redact_url
+    from memq.store import queries
+    from memq.store import repository as repo
+    from memq.store.db import make_engine, session_scope
 
     lines: list[str] = []
 

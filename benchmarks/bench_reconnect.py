@@ -1,7 +1,7 @@
 """N agents against a Redis that restarts: how spread out are their reconnects, and is anything lost?
 
 What runs: a private `redis-server` (AOF, fsync always: a restart keeps what it acknowledged, as a
-production Redis with persistence does) and N real agent transports (profiler.agent.transport,
+production Redis with persistence does) and N real agent transports (memq.agent.transport,
 one delivery thread and one Redis connection each, default back-off 0.5 s doubling to 30 s) in this
 process. The ranks of a job submit together, so the simulation does too, which is what makes
 reconnects line up without jitter:
@@ -48,10 +48,10 @@ sys.path.insert(0, str(ROOT))
 
 import redis  # noqa: E402
 
-from profiler import envelope  # noqa: E402
-from profiler.agent.spool import Spool  # noqa: E402
-from profiler.agent.transport import Item, Transport  # noqa: E402
-from profiler.redis_client import make_client  # noqa: E402
+from memq import envelope  # noqa: E402
+from memq.agent.spool import Spool  # noqa: E402
+from memq.agent.transport import Item, Transport  # noqa: E402
+from memq.redis_client import make_client  # noqa: E402
 
 STREAM = "memq:ingest"
 BUCKET_S = 0.1

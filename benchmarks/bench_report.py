@@ -4,7 +4,7 @@
     python benchmarks/bench_report.py [--runs 10000] [--db sqlite|postgresql|both]
 
 Fills a fresh database with bulk inserts (no ingest: that is not what is measured), then times
-`profiler.report.generate`: build the figures, render HTML (plots included), Markdown and JSON,
+`memq.report.generate`: build the figures, render HTML (plots included), Markdown and JSON,
 write the three files and upsert the reports row, as the nightly task does.
 
 The data is made from real analysis results: the real fixtures (tests/fixtures/real, captured)
@@ -66,10 +66,10 @@ def machine() -> str:
 
 
 def templates() -> dict[str, dict]:
-    from profiler.analysis import analyze
-    from profiler.load import load_snapshot_file
-    from profiler.model import OomContext
-    from profiler.store.repository import contract_only
+    from memq.analysis import analyze
+    from memq.load import load_snapshot_file
+    from memq.model import OomContext
+    from memq.store.repository import contract_only
 
     out = {}
     for cause, (folder, stems, limit) in TEMPLATES.items():
@@ -87,9 +87,9 @@ def fill(url: str, runs_per_day: int, tmpl: dict[str, dict], seed: int = 7) -> d
     """Bulk-insert two days of runs; returns counts."""
     from sqlalchemy import insert
 
-    from profiler.store import schema
-    from profiler.store.db import make_engine
-    from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
+    from memq.store import schema
+    from memq.store.db import make_engine
+    from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 
     engine = make_engine(url)
     schema.upgrade(engine)
@@ -196,12 +196,12 @@ def fill(url: str, runs_per_day: int, tmpl: dict[str, dict], seed: int = 7) -> d
 
 
 def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
-    from profiler.config import load_settings
-    from profiler.report import generate
-    from profiler.report.data import build_report
-    from profiler.store.connection import open_store
-    from profiler.store.report_queries import Scope
-    from profiler.store.report_source import SqlReportSource
+    from memq.config import load_settings
+    from memq.report import generate
+    from memq.report.data import build_report
+    from memq.store.connection import open_store
+    from memq.store.report_queries import Scope
+    from memq.store.report_source import SqlReportSource
 
     t = time.perf_counter()
     counts = fill(url, runs, tmpl)

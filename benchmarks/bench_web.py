@@ -79,8 +79,8 @@ def bench_serve(args, say) -> list[str]:
     from click.testing import CliRunner
     from sqlalchemy import text
 
-    from profiler.cli import cli
-    from profiler.store.db import make_engine
+    from memq.cli import cli
+    from memq.store.db import make_engine
 
     rows = []
     with bench_history.bench_database() as url, tempfile.TemporaryDirectory(prefix="memq-bench-web-") as tmp:
@@ -99,7 +99,7 @@ def bench_serve(args, say) -> list[str]:
         engine.dispose()
         say(f"generated {args.runs:,} runs in {time.perf_counter() - t:.1f} s")
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "profiler", "serve", "--port", str(port), "--log-level",
+        proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level",
                                  "warning"], cwd=ROOT, env={**os.environ, **env}, start_new_session=True)
         try:
             base = f"http://127.0.0.1:{port}"
@@ -142,7 +142,7 @@ def bench_view(args, say) -> list[str]:
     big = ROOT / "benchmarks" / "data" / "big.pickle.gz"
     out = Path(tempfile.mkdtemp(prefix="memq-bench-view-")) / "big.html"
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "profiler", "view", str(big), "--out", str(out)], cwd=ROOT, check=True,
+    subprocess.run([sys.executable, "-m", "memq", "view", str(big), "--out", str(out)], cwd=ROOT, check=True,
                    capture_output=True)
     t_cli = time.perf_counter() - t
     say(f"memq view {big.name} -> {out.stat().st_size / 1024:.0f} KiB HTML in {t_cli:.2f} s (process start included)")

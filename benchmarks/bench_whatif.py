@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from profiler.analysis.alloc_conf import parse_alloc_conf  # noqa: E402
-from profiler.analysis.whatif import _simulate, compile_trace, run_whatif  # noqa: E402
-from profiler.load import load_snapshot_file  # noqa: E402
+from memq.analysis.alloc_conf import parse_alloc_conf  # noqa: E402
+from memq.analysis.whatif import _simulate, compile_trace, run_whatif  # noqa: E402
+from memq.load import load_snapshot_file  # noqa: E402
 
 CONFS = ["", "expandable_segments:True", "max_split_size_mb:128", "garbage_collection_threshold:0.6",
          "roundup_power2_divisions:4"]

@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler import codec  # noqa: E402
-from profiler.agent.spool import Message, Spool  # noqa: E402
-from profiler.agent.transport import Item, Transport  # noqa: E402
-from profiler.config import load_settings, redact_url  # noqa: E402
+from memq import codec  # noqa: E402
+from memq.agent.spool import Message, Spool  # noqa: E402
+from memq.agent.transport import Item, Transport  # noqa: E402
+from memq.config import load_settings, redact_url  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "real" / "seed_sgd"
 FILES = ["epoch0.pickle.gz", "epoch1.pickle.gz", "epoch2.pickle.gz"]
@@ -74,12 +74,12 @@ class Bench:
         import redis
 
         self.r = redis.Redis.from_url(REDIS)
-        from profiler.store.db import make_engine
+        from memq.store.db import make_engine
 
         self.engine = make_engine(url)
 
     def memq(self, *args: str) -> None:
-        subprocess.run([sys.executable, "-m", "profiler", *args], env=self.env, check=True, cwd=ROOT,
+        subprocess.run([sys.executable, "-m", "memq", *args], env=self.env, check=True, cwd=ROOT,
                        capture_output=True)
 
     def start(self) -> None:
@@ -88,7 +88,7 @@ class Bench:
                                        "--without-gossip"]),
                            ("dispatcher", ["dispatcher", "-l", "WARNING", "--batch", "200"])):
             out = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "profiler", *args], env=self.env, cwd=ROOT,
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "memq", *args], env=self.env, cwd=ROOT,
                                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         deadline = time.monotonic() + 60
         while len(list(self.r.scan_iter(match=self.prefix + "heartbeat:*"))) < 2:
@@ -258,8 +258,8 @@ def latency(b: Bench, rate: float, seconds: float) -> dict:
 def reference_cpu_ms() -> float:
     """This machine's speed, for comparing runs across machines: median CPU ms to decode (restricted
     unpickling + parsing) and analyse one of the fixture snapshots in this process, no services."""
-    from profiler.analysis import analyze
-    from profiler.load import decode_snapshot_bytes
+    from memq.analysis import analyze
+    from memq.load import decode_snapshot_bytes
 
     data = (FIX / FILES[1]).read_bytes()
     took = []

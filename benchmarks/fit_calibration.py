@@ -5,7 +5,7 @@ benchmarks/gpu/fit.py). No services, no torch.
     python benchmarks/fit_calibration.py [--markdown]
 
 Per model: the base run with the agent at its defaults is the measurement; predicted is
-`profiler.analysis.fit.predict` at k x the base batch (and k x the length for the GPTs), against
+`memq.analysis.fit.predict` at k x the base batch (and k x the length for the GPTs), against
 `max_memory_reserved()` of the real run at that shape; then the largest batch under the cap the real
 runs were bisected under, against the real largest (the next larger ran out of memory for real).
 Beside them, the anchor every estimator without a run gives: the parameter-count formula
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler.analysis import fit  # noqa: E402
+from memq.analysis import fit  # noqa: E402
 from tests.analysis.agent_data import spool_run  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "fit"

@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler.analysis import analyze  # noqa: E402
-from profiler.model import OomContext  # noqa: E402
+from memq.analysis import analyze  # noqa: E402
+from memq.model import OomContext  # noqa: E402
 from tests.analysis.agent_data import spool_run  # noqa: E402
 
 FIX = ROOT / "tests" / "fixtures" / "forecast"

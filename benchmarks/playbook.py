@@ -6,7 +6,7 @@
 Inputs, all in the repository (no GPU, no torch, no services):
 - tests/fixtures/playbook/<scenario>/: one H200 job each (benchmarks/gpu/playbook_capture.py): `result.json`
   is what torch measured inside the job; `spool/` is what memq's agent sent from the same job. memq's
-  figures in the tables are memq's analysis of those snapshots (profiler.analysis.analyze, the function
+  figures in the tables are memq's analysis of those snapshots (memq.analysis.analyze, the function
   the workers run), so the playbook changes when the analyzer does.
 - tests/fixtures/ddp_ranks, tests/fixtures/real/external, tests/fixtures/captured/cudnn_workspace: earlier
   captures that other entries cite.
@@ -27,14 +27,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler import playbook as pb  # noqa: E402
-from profiler.agent.spool import SUFFIX, decode  # noqa: E402
-from profiler.analysis import analyze  # noqa: E402
-from profiler.analysis.limits import observer_facts  # noqa: E402
-from profiler.analysis.ranks import diagnose_ranks, rank_facts_from  # noqa: E402
-from profiler.load import decode_snapshot_bytes, load_snapshot_file  # noqa: E402
-from profiler.store.service import oom_context  # noqa: E402
-from profiler.units import fmt_bytes  # noqa: E402
+from memq import playbook as pb  # noqa: E402
+from memq.agent.spool import SUFFIX, decode  # noqa: E402
+from memq.analysis import analyze  # noqa: E402
+from memq.analysis.limits import observer_facts  # noqa: E402
+from memq.analysis.ranks import diagnose_ranks, rank_facts_from  # noqa: E402
+from memq.load import decode_snapshot_bytes, load_snapshot_file  # noqa: E402
+from memq.store.service import oom_context  # noqa: E402
+from memq.units import fmt_bytes  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 PLAYBOOK_FIX = FIXTURES / "playbook"
@@ -459,8 +459,8 @@ def section_leak(jobs: dict[str, Job]) -> str:
 
 def section_external(real: Path) -> str:
     meta = json.loads((real / "meta.json").read_text())
-    from profiler.model import OomContext
-    from profiler.oom_message import parse_oom_message
+    from memq.model import OomContext
+    from memq.oom_message import parse_oom_message
 
     loaded = load_snapshot_file(real / "oom.pickle.gz")
     res = analyze([loaded], OomContext(message=parse_oom_message(meta["oom_message"])))

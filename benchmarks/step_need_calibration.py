@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from profiler.analysis import analyze  # noqa: E402
+from memq.analysis import analyze  # noqa: E402
 from tests.analysis.agent_data import rank_folder, spool_run, step_need_truth  # noqa: E402
 
 GiB = 1 << 30

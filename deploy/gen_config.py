@@ -1,4 +1,4 @@
-"""Write deploy/CONFIG.md from the declaration of profiler.config.Settings (seen through SETTINGS).
+"""Write deploy/CONFIG.md from the declaration of memq.config.Settings (seen through SETTINGS).
 
     python deploy/gen_config.py > deploy/CONFIG.md      # regenerate
     python deploy/gen_config.py --check                 # exit 1 when CONFIG.md is stale
@@ -14,13 +14,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from profiler.config import FILE_SETTINGS, OTHER_VARIABLES, SETTINGS  # noqa: E402
+from memq.config import FILE_SETTINGS, OTHER_VARIABLES, SETTINGS  # noqa: E402
 
 DOC = Path(__file__).with_name("CONFIG.md")
 
 HEADER = """# memq configuration reference
 
-Generated from the declaration of `profiler.config.Settings` by `python deploy/gen_config.py >
+Generated from the declaration of `memq.config.Settings` by `python deploy/gen_config.py >
 deploy/CONFIG.md`; do not edit by hand (tests/ops/test_config_doc.py fails when this file and the
 declaration differ). A value outside what "allowed" says is refused at start with the variable named.
 

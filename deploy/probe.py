@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
     try:
         import redis
 
-        from profiler.config import load_settings
+        from memq.config import load_settings
 
         st = load_settings()
         r = redis.Redis.from_url(st.redis_url, socket_timeout=3, socket_connect_timeout=3)

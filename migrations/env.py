@@ -1,7 +1,7 @@
 """Alembic environment of memq: the ORM metadata is the target; batch mode on SQLite.
 
 The connection comes from `config.attributes["connection"]` when memq runs the migrations
-(profiler.store.schema), else from MEMQ_DATABASE_URL / the memq config (plain `alembic` CLI).
+(memq.store.schema), else from MEMQ_DATABASE_URL / the memq config (plain `alembic` CLI).
 On PostgreSQL an advisory lock serialises concurrent upgrades.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
-from profiler.store.orm import Base
-from profiler.store.partitions import alembic_include_name
+from memq.store.orm import Base
+from memq.store.partitions import alembic_include_name
 
 config = context.config
 target_metadata = Base.metadata
@@ -21,7 +21,7 @@ MIGRATION_LOCK_KEY = 0x6D656D71  # "memq"
 def _url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
     if not url:
-        from profiler.config import load_settings
+        from memq.config import load_settings
 
         url = load_settings().database_url
     return url
@@ -53,7 +53,7 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    from profiler.store.db import make_engine
+    from memq.store.db import make_engine
 
     engine = make_engine(_url())
     try:

@@ -1,7 +1,7 @@
 """memq: evidence from the CUDA caching allocator for PyTorch out-of-memory failures.
 
 Importing this package imports nothing heavy: not torch, sqlalchemy, celery or redis.
-`from profiler import agent` loads the in-job agent, which imports torch only when it starts.
+`from memq import agent` loads the in-job agent, which imports torch only when it starts.
 """
 
 __version__ = "0.1.0"

@@ -1,3 +1,3 @@
-from profiler.cli import main
+from memq.cli import main
 
 main()

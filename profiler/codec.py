@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from profiler.errors import NestedTooDeep, RefusedPickle, SnapshotError, TooLarge
+from memq.errors import NestedTooDeep, RefusedPickle, SnapshotError, TooLarge
 
 DEFAULT_MAX_BYTES = 4 * 1024**3  # uncompressed; the 100k-entry H200 snapshot is ~21 MB
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from profiler.errors import ConfigError
+from memq.errors import ConfigError
 
 MIN_DECODE_BUDGET = 768 * 1024**2  # the budget before it scaled with memory: what small pods had
 DECODE_MEMORY_SHARE = 4  # a decode may take 1/4 of the process's memory (deploy/CAPACITY.md, "Big snapshots")
@@ -173,7 +173,7 @@ class Settings:
     data_dir: str = setting("", "MEMQ_DATA_DIR",
         "Base of the embedded defaults.",
         shown="~/.local/share/memq")
-    # In-job agent (profiler.agent). Options given to agent.start() override these.
+    # In-job agent (memq.agent). Options given to agent.start() override these.
     spool_dir: str = setting("", "MEMQ_SPOOL_DIR",
         "Agent: on-disk spool for messages Redis could not take (one subfolder per process).",
         shown="<data dir>/spool")
@@ -373,7 +373,7 @@ class Settings:
     def decode_max_bytes(self) -> int:
         """Largest uncompressed snapshot this process decodes: the decode budget's share, at most
         MEMQ_MAX_SNAPSHOT_BYTES."""
-        from profiler.codec import raw_limit
+        from memq.codec import raw_limit
 
         return raw_limit(self.decode_budget, self.max_snapshot_bytes)
 

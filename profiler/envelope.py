@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 VERSION = 1
 KINDS = ("run_start", "stats", "snapshot", "run_end")
@@ -376,7 +376,7 @@ def _check_kind_payload(kind: str, payload: dict, lo_ms: int, hi_ms: int) -> Non
 def parse(fields: Mapping[Any, Any], limits: Limits | None = None) -> Envelope:
     """Stream entry fields (str or bytes) -> Envelope, or EnvelopeError naming what is wrong.
     Never raises anything else for any input (tests/fuzz/test_fuzz_envelope.py)."""
-    from profiler import names
+    from memq import names
 
     limits = limits or Limits()
     if not isinstance(fields, Mapping):

@@ -8,7 +8,7 @@ benchmarks/RESULTS.md. `memq fit --limit` takes the exact figure of a job's own 
 
 from __future__ import annotations
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 GiB = 1 << 30
 # CUDA context, cuBLAS and cuDNN handles: memory a process holds outside PyTorch's cache. Judgement

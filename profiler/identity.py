@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 #: HMAC keys shorter than this are refused (RFC 2104: at least the hash's output length).
 MIN_SECRET_BYTES = 32

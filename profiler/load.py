@@ -9,10 +9,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler import codec
-from profiler.errors import NotRegularFile, SnapshotError, TooLarge
-from profiler.model import Snapshot
-from profiler.snapshot import parse_snapshot
+from memq import codec
+from memq.errors import NotRegularFile, SnapshotError, TooLarge
+from memq.model import Snapshot
+from memq.snapshot import parse_snapshot
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float
             os.set_blocking(fd, True)
             return _read_capped(fd, p, max_bytes, None)
         if idle_timeout_s is None:  # read here, not by every caller: only a pipe needs it
-            from profiler.config import load_settings
+            from memq.config import load_settings
 
             idle_timeout_s = float(load_settings().pipe_idle_timeout_s)
         return _read_capped(fd, p, max_bytes, idle_timeout_s)  # FIFO / pipe: stays non-blocking

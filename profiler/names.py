@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 #: Column lengths of profiler/store/orm.py (tests/workers/test_poison.py checks they agree).
 MAX_LEN = {"run": 200, "cluster": 200, "job": 200, "host": 255}

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from profiler.errors import BadInput
-from profiler.model import OomMessage
+from memq.errors import BadInput
+from memq.model import OomMessage
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)\s*(B|bytes|KiB|MiB|GiB|TiB)"
 _MULT = {"B": 1, "bytes": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}

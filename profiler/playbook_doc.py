@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.errors import BadInput, MemqError
-from profiler.playbook import BY_ID, DOC_PATH, ENTRIES, PACKAGED_NAME
+from memq.errors import BadInput, MemqError
+from memq.playbook import BY_ID, DOC_PATH, ENTRIES, PACKAGED_NAME
 
 REGENERATE = "python benchmarks/playbook.py"
 # `## <a id="empty-cache"></a>torch.cuda.empty_cache()`: the heading level, the id, the title.
@@ -48,7 +48,7 @@ def unknown_entry(entry_id: str) -> BadInput:
 def packaged_path() -> Path:
     from importlib import resources
 
-    return Path(str(resources.files("profiler").joinpath(PACKAGED_NAME)))
+    return Path(str(resources.files("memq").joinpath(PACKAGED_NAME)))
 
 
 def read_playbook(path: Path | str | None = None) -> str:

@@ -11,8 +11,8 @@ import gc
 from itertools import chain
 from typing import Any
 
-from profiler.errors import SnapshotError
-from profiler.model import (
+from memq.errors import SnapshotError
+from memq.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
     INACTIVE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 _UNITS = {
     "": 1, "b": 1,

@@ -24,7 +24,7 @@ import sys
 import zlib
 from pathlib import Path
 
-from profiler.codec import decompress, loads_restricted
+from memq.codec import decompress, loads_restricted
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "fixtures" / "real"
@@ -136,7 +136,7 @@ def own_peak_rss() -> int:
 
 
 def memq_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "profiler", *args]
+    return [sys.executable, "-m", "memq", *args]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

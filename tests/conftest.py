@@ -69,8 +69,8 @@ def pg_server() -> str:
 @pytest.fixture(scope="session")
 def pg_session_db(pg_server) -> Iterator[str]:
     """One migrated database for the whole session; tables are emptied before each test."""
-    from profiler.store import schema
-    from profiler.store.db import make_engine
+    from memq.store import schema
+    from memq.store.db import make_engine
 
     with temp_pg_database("s") as url:
         engine = make_engine(url)
@@ -82,7 +82,7 @@ def pg_session_db(pg_server) -> Iterator[str]:
 def _truncate(url: str) -> None:
     from sqlalchemy import text
 
-    from profiler.store.db import make_engine
+    from memq.store.db import make_engine
 
     engine = make_engine(url)
     with engine.begin() as conn:
@@ -107,8 +107,8 @@ def memq_environ(db_url: str, tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def store(db_url, tmp_path):
-    from profiler.config import load_settings
-    from profiler.store.connection import open_store
+    from memq.config import load_settings
+    from memq.store.connection import open_store
 
     settings = load_settings(memq_environ(db_url, tmp_path))
     st = open_store(settings, auto_migrate=True)

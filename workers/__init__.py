@@ -8,7 +8,7 @@
 Modules
 - `queues`: the names everyone agrees on (Celery queues, the stream's consumer group); no imports.
 - `heartbeat`: the heartbeat key of workers and dispatchers (no Celery app needed).
-- `app`: the Celery app factory (`make_app(settings)`, module-level `app` for `celery -A workers.app`),
+- `app`: the Celery app factory (`make_app(settings)`, module-level `app` for `celery -A memq.workers.app`),
   routes, time limits, the beat schedule (`beat_schedule(settings)`), the worker's heartbeat signals.
 - `base`: `MemqTask`, the base task: retries with back-off on outages only; bad data is quarantined.
 - `runtime`: per-process resources (settings, store, Redis client), dead letters, debounce keys.
@@ -22,7 +22,7 @@ Imports go one way (tests/workers/test_import_graph.py): queues <- runtime <- he
 Running it (one Redis, one database, a blob directory all processes share):
     memq db upgrade
     memq dispatcher                       # one or more; they share the consumer group
-    memq worker -c 2                      # = celery -A workers.app worker -Q memq.ingest,memq.analyze,memq.report
+    memq worker -c 2                      # = celery -A memq.workers.app worker -Q memq.ingest,memq.analyze,memq.report
     memq worker -Q memq.ingest -B         # exactly one process runs beat (the reaper, the nightly report)
     memq status                           # backlog, dead letters, heartbeats
 The broker Redis should keep its data (AOF, `appendfsync everysec` or `always`) and never evict

@@ -18,11 +18,11 @@ import logging
 
 from celery import signals
 
-from profiler.alerts import delivery
-from workers import runtime
-from workers.app import app, settings_of
-from workers.base import MemqTask
-from workers.queues import QUEUE_INGEST
+from memq.alerts import delivery
+from memq.workers import runtime
+from memq.workers.app import app, settings_of
+from memq.workers.base import MemqTask
+from memq.workers.queues import QUEUE_INGEST
 
 log = logging.getLogger("memq.alerts")
 

@@ -1,4 +1,4 @@
-"""The Celery app: `celery -A workers.app worker` (or `memq worker`) runs it.
+"""The Celery app: `celery -A memq.workers.app worker` (or `memq worker`) runs it.
 
 `make_app(settings)` builds an app from memq settings; the module-level `app` reads them from the
 environment lazily (when Celery first looks at its configuration, not at import).
@@ -16,7 +16,7 @@ Reliability settings (ARCHITECTURE.md, "Reliability design"; research anchors §
 
 Beat: `beat_schedule(settings)` builds the schedule. The report engineer extends it from
 `workers/reports.py` by defining `beat_entries(settings) -> dict` there; tasks named
-`workers.reports.*` are routed to memq.report. Run exactly one beat.
+`memq.workers.reports.*` are routed to memq.report. Run exactly one beat.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import socket
 from celery import Celery, signals
 from kombu import Queue
 
-from profiler.config import Settings, load_settings
-from profiler.errors import ConfigError
-from workers import runtime
-from workers.heartbeat import Heartbeat, heartbeat_key
-from workers.queues import QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES
+from memq.config import Settings, load_settings
+from memq.errors import ConfigError
+from memq.workers import runtime
+from memq.workers.heartbeat import Heartbeat, heartbeat_key
+from memq.workers.queues import QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES
 
 log = logging.getLogger("memq.workers")
 
@@ -41,14 +41,14 @@ ROUTES = {
     "workers.tasks.recompute_run": {"queue": QUEUE_ANALYZE},
     "workers.tasks.refresh_forecast": {"queue": QUEUE_ANALYZE},
     "workers.tasks.reap": {"queue": QUEUE_INGEST},
-    "workers.reports.*": {"queue": QUEUE_REPORT},
+    "memq.workers.reports.*": {"queue": QUEUE_REPORT},
     "workers.retention.trim_stream": {"queue": QUEUE_INGEST},
-    "workers.retention.*": {"queue": QUEUE_REPORT},
+    "memq.workers.retention.*": {"queue": QUEUE_REPORT},
 }
 
-REPORTS_MODULE = "workers.reports"
+REPORTS_MODULE = "memq.workers.reports"
 #: Modules with tasks of their own; each may define `beat_entries(settings) -> dict` for the schedule.
-EXTENSION_MODULES = (REPORTS_MODULE, "workers.retention", "workers.alerts")
+EXTENSION_MODULES = (REPORTS_MODULE, "memq.workers.retention", "memq.workers.alerts")
 
 
 def check_limits(st: Settings) -> None:
@@ -134,7 +134,7 @@ def celery_config(st: Settings) -> dict:
 
 
 def _includes() -> list[str]:
-    return ["workers.tasks", *(m for m in EXTENSION_MODULES if _has(m))]
+    return ["memq.workers.tasks", *(m for m in EXTENSION_MODULES if _has(m))]
 
 
 def make_app(settings: Settings | None = None) -> Celery:
@@ -161,7 +161,7 @@ app = make_app()
 
 
 # ----------------------------------------------------------------------------- worker heartbeats
-# Heartbeat lives in workers.heartbeat (the dispatcher beats without a Celery app); named here too
+# Heartbeat lives in memq.workers.heartbeat (the dispatcher beats without a Celery app); named here too
 # for the callers that know it from this module.
 __all__ = ["app", "make_app", "settings_of", "celery_config", "beat_schedule", "check_limits", "Heartbeat",
            "heartbeat_key", "configure_orm"]
@@ -204,6 +204,6 @@ def _child_init(**_):
 def configure_orm() -> None:
     from sqlalchemy.orm import configure_mappers
 
-    import profiler.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
+    import memq.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
 
     configure_mappers()

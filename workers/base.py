@@ -1,6 +1,6 @@
 """`MemqTask`, the base of every memq task.
 
-- Retries, with exponential back-off and jitter, only for outages (`workers.runtime.is_transient`:
+- Retries, with exponential back-off and jitter, only for outages (`memq.workers.runtime.is_transient`:
   the database or Redis unreachable or not ready, kombu connection errors). The back-off is
   capped far below the broker's visibility timeout (retries are ETA messages). Anything else is
   raised as it is: never retried.
@@ -16,8 +16,8 @@ import logging
 
 from celery import Task
 
-from profiler.errors import BadInput, BrokerUnavailable, StorageUnavailable
-from workers.runtime import is_transient
+from memq.errors import BadInput, BrokerUnavailable, StorageUnavailable
+from memq.workers.runtime import is_transient
 
 log = logging.getLogger("memq.workers")
 
@@ -57,7 +57,7 @@ class MemqTask(Task):
         arguments of the next attempt (e.g. the lease it holds)."""
         from celery.utils.time import get_exponential_backoff_interval
 
-        from workers.app import settings_of
+        from memq.workers.app import settings_of
 
         st = settings_of(self.app)
         countdown = get_exponential_backoff_interval(factor=1, retries=self.request.retries,

@@ -49,26 +49,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from profiler import envelope, identity
-from profiler.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
-from profiler.analysis.limits import observer_facts, real_cap
-from profiler.backoff import full_jitter
-from profiler.config import Settings, redact_url
-from profiler.errors import (
+from memq import envelope, identity
+from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
+from memq.analysis.limits import observer_facts, real_cap
+from memq.backoff import full_jitter
+from memq.config import Settings, redact_url
+from memq.errors import (
     BadInput,
     BrokerUnavailable,
     MemqError,
     StorageError,
     TooLarge,
 )
-from profiler.launcher_ids import real_id
-from profiler.redis_functions import Relay
-from profiler.store import rank_figures
-from profiler.store import repository as repo
-from workers import jobs, runtime
-from workers.faults import armed_fault
-from workers.heartbeat import Heartbeat
-from workers.queues import GROUP
+from memq.launcher_ids import real_id
+from memq.redis_functions import Relay
+from memq.store import rank_figures
+from memq.store import repository as repo
+from memq.workers import jobs, runtime
+from memq.workers.faults import armed_fault
+from memq.workers.heartbeat import Heartbeat
+from memq.workers.queues import GROUP
 
 log = logging.getLogger("memq.dispatcher")
 
@@ -149,7 +149,7 @@ class Dispatcher:
             return
         from kombu.exceptions import OperationalError
 
-        from workers.tasks import analyze_snapshot
+        from memq.workers.tasks import analyze_snapshot
 
         try:
             analyze_snapshot.apply_async((int(snapshot_id),))
@@ -163,7 +163,7 @@ class Dispatcher:
         next one, or the next snapshot, covers."""
         from kombu.exceptions import OperationalError
 
-        from workers.tasks import refresh_forecast
+        from memq.workers.tasks import refresh_forecast
 
         now = time.monotonic()
         key = (int(run_id), int(rank))
@@ -272,7 +272,7 @@ class Dispatcher:
     def _make_partitions(self) -> None:
         """stat_samples' coming day partitions (PostgreSQL), at start and then hourly. Failing here
         stops nothing: samples without a day partition land in the default one."""
-        from profiler.store import partitions
+        from memq.store import partitions
 
         try:
             with self.store.session() as s:
@@ -671,7 +671,7 @@ class Dispatcher:
         """The snapshot row (ON CONFLICT DO NOTHING); returns (id, state, created)."""
         from sqlalchemy import select
 
-        from profiler.store.orm import Run, Snapshot
+        from memq.store.orm import Run, Snapshot
 
         known = self._sized.get(env.sha256)
         if known is None:

@@ -1,6 +1,6 @@
 """Heartbeats of the long-running processes (workers, dispatchers), read by `memq status` and `memq doctor`.
 
-Here rather than in `workers.app`: a dispatcher beats too, and must not build a Celery app for it.
+Here rather than in `memq.workers.app`: a dispatcher beats too, and must not build a Celery app for it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import socket
 import threading
 import time
 
-from profiler.config import Settings
-from workers import runtime
+from memq.config import Settings
+from memq.workers import runtime
 
 log = logging.getLogger("memq.workers")
 

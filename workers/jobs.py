@@ -1,8 +1,8 @@
-"""The workers' work, as plain functions over ids (the Celery tasks in `workers.tasks` only call these).
+"""The workers' work, as plain functions over ids (the Celery tasks in `memq.workers.tasks` only call these).
 
 `analyze(st, snapshot_id, task_id)`: lease the snapshot (one conditional UPDATE: of two deliveries of
 the same snapshot one wins), attach the analysis exactly as `memq ingest` does
-(`profiler.store.service.analyse_snapshot`: reused when (sha256, analyzer version, context) was
+(`memq.store.service.analyse_snapshot`: reused when (sha256, analyzer version, context) was
 already analysed, else computed from the blob store and upserted), mark an OOM run `oom`, and
 schedule the run-level diagnosis. A delivery of the same task id that finds the snapshot leased is the
 same task coming back (a retry after an outage, or a redelivery after its pool process died): it
@@ -43,12 +43,12 @@ from typing import Any
 
 from sqlalchemy import and_, func, select, update
 
-from profiler.config import Settings
-from profiler.errors import BadInput, BrokerUnavailable, MemqError, NotFound
-from profiler.store import repository as repo
-from profiler.store.orm import Run, RunDiagnosis, Snapshot
-from workers import runtime
-from workers.queues import QUEUE_ANALYZE
+from memq.config import Settings
+from memq.errors import BadInput, BrokerUnavailable, MemqError, NotFound
+from memq.store import repository as repo
+from memq.store.orm import Run, RunDiagnosis, Snapshot
+from memq.workers import runtime
+from memq.workers.queues import QUEUE_ANALYZE
 
 log = logging.getLogger("memq.workers")
 
@@ -61,7 +61,7 @@ def _store(st: Settings):
 
 @dataclass(frozen=True)
 class Senders:
-    """How the jobs hand work on to the next task. `workers.tasks` passes Celery's; the jobs never
+    """How the jobs hand work on to the next task. `memq.workers.tasks` passes Celery's; the jobs never
     import the tasks (which import them), and tests may pass their own."""
 
     #: analysis(snapshot_id, countdown or None): analyse a snapshot (again).
@@ -74,7 +74,7 @@ class Senders:
 
 def _need(senders: Senders | None, what: str) -> Senders:
     if senders is None:
-        raise TypeError(f"{what} sends follow-up work: pass senders (workers.tasks.SENDERS)")
+        raise TypeError(f"{what} sends follow-up work: pass senders (memq.workers.tasks.SENDERS)")
     return senders
 
 
@@ -133,7 +133,7 @@ def _decode_frozen(store, sha256: str, name: str | None):
     walk them again (a fifth of a worker's CPU under load, measured with py-spy). Reference counting
     still frees them. The collect first frees cyclic garbage made so far, which would otherwise be
     frozen with the snapshot for good."""
-    from profiler.store import service
+    from memq.store import service
 
     gc.collect()
     was = gc.isenabled()
@@ -219,7 +219,7 @@ def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease |
 def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders: Senders | None = None) -> str:
     """See the module docstring. `senders` re-enqueue it and schedule the run diagnosis (tasks pass
     theirs); only an outcome that sends work needs them."""
-    from profiler.store import service
+    from memq.store import service
 
     store = _store(st)
     lease, how = _claim(st, snapshot_id, task_id)
@@ -282,7 +282,7 @@ def _is_soft_limit(exc: BaseException) -> bool:
 
 def _after_done(st: Settings, snapshot_id: int, senders: Senders) -> None:
     """An analysed snapshot: an OOM marks its run `oom`; the run-level diagnosis is scheduled."""
-    from profiler.store.orm import AnalysisResult
+    from memq.store.orm import AnalysisResult
 
     store = _store(st)
     with store.session() as s:
@@ -380,7 +380,7 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     """The run-level diagnosis of one rank; returns its primary cause, or "deferred" when the run
     is still receiving snapshots (then it is enqueued again for when it goes quiet, within the
     longest wait counted from the first snapshot it waits for)."""
-    from profiler.store import service
+    from memq.store import service
 
     r = runtime.redis_client(st.redis_url)
     key = runtime.run_diag_key(st, run_id, rank)
@@ -418,7 +418,7 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
 
 def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_time: float | None) -> str:
     """A stats batch's per-step figures move the rank's OOM forecast on (service.refresh_forecast)."""
-    from profiler.store import service
+    from memq.store import service
 
     return service.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
 
@@ -427,8 +427,8 @@ def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_
 
 
 def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
-    """Ids of the rank's analysed OOM snapshots (profiler.store.sweeps.oom_snapshot_ids)."""
-    from profiler.store.sweeps import oom_snapshot_ids
+    """Ids of the rank's analysed OOM snapshots (memq.store.sweeps.oom_snapshot_ids)."""
+    from memq.store.sweeps import oom_snapshot_ids
 
     with _store(st).session() as s:
         return oom_snapshot_ids(s, run_id, rank)
@@ -436,9 +436,9 @@ def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
 
 def sweep(st: Settings, snapshot_id: int) -> str:
     """The standard what-if sweep of one OOM snapshot under its run's limit, seeded by the rank's
-    earlier snapshots (profiler.store.sweeps); stored once per inputs. Returns swept | reused |
+    earlier snapshots (memq.store.sweeps); stored once per inputs. Returns swept | reused |
     skipped (not an OOM, blob gone, bad data: the analysis already records why)."""
-    from profiler.store import sweeps
+    from memq.store import sweeps
 
     store = _store(st)
     try:
@@ -502,7 +502,7 @@ def reap(st: Settings, senders: Senders, limit: int = 1000) -> dict[str, int]:
 def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     """(run, rank) pairs whose analysed snapshots are not all in their run-level diagnosis, once
     the last diagnosis is older than the debounce delay."""
-    from profiler.store.service import MAX_RUN_SNAPSHOTS
+    from memq.store.service import MAX_RUN_SNAPSHOTS
 
     store = _store(st)
     with store.session() as s:

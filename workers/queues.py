@@ -3,4 +3,4 @@ the CLI and the status use case read them without importing workers)."""
 
 from __future__ import annotations
 
-from profiler.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401
+from memq.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401

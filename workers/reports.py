@@ -10,7 +10,7 @@
   is POSTed as JSON `{"text": ...}` with a timeout, to that URL only: no proxy from the
   environment, no redirect followed (a 3xx is a failure), http(s) only. A failed POST is logged
   and returned in the task's result; the report itself is already stored.
-- `beat_entries(settings)`: what `workers.app.beat_schedule` adds: one crontab entry at
+- `beat_entries(settings)`: what `memq.workers.app.beat_schedule` adds: one crontab entry at
   MEMQ_REPORT_HOUR_UTC:MEMQ_REPORT_MINUTE_UTC (the app runs with enable_utc and timezone UTC).
 The work is `run_nightly(store, settings, ...)`, a plain function (no Celery) that tests and
 `memq report` share; the task binds it to the app.
@@ -26,8 +26,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from profiler.config import Settings
-from profiler.errors import BadInput, ConfigError
+from memq.config import Settings
+from memq.errors import BadInput, ConfigError
 
 log = logging.getLogger("memq.workers.reports")
 
@@ -35,7 +35,7 @@ TASK_NAME = "workers.reports.nightly_report"
 
 
 def configured_scopes(st: Settings):
-    from profiler.store.report_queries import Scope
+    from memq.store.report_queries import Scope
 
     scopes = [Scope.parse(s) for s in (st.report_scopes or "all").split(",") if s.strip()]
     return scopes or [Scope.parse("all")]
@@ -44,7 +44,7 @@ def configured_scopes(st: Settings):
 def dates_to_build(store, scope, target: dt.date, catchup_days: int) -> list[dt.date]:
     """`target` always (a rerun replaces it), plus the days of the catch-up window before it that
     have no stored report, oldest first."""
-    from profiler.store.report_queries import report_dates
+    from memq.store.report_queries import report_dates
 
     first = target - dt.timedelta(days=max(0, catchup_days - 1))
     with store.session() as s:
@@ -56,8 +56,8 @@ def dates_to_build(store, scope, target: dt.date, catchup_days: int) -> list[dt.
 def run_nightly(store, st: Settings, *, date: dt.date | None = None, scopes: list | None = None,
                 today: dt.date | None = None, catch_up: bool = True, webhook: bool = True) -> dict[str, Any]:
     """Build, store and write the reports; post the webhook. Returns what was done, per scope."""
-    from profiler.report import generate
-    from profiler.report.markdown import render_markdown
+    from memq.report import generate
+    from memq.report.markdown import render_markdown
 
     today = today or dt.datetime.now(dt.UTC).date()
     target = date or today - dt.timedelta(days=1)
@@ -116,7 +116,7 @@ def post_webhook(url: str, text: str, timeout_s: float = 10.0) -> int:
 
 
 def beat_entries(st: Settings) -> dict[str, dict]:
-    """The nightly report's beat entry (UTC; workers.app sets enable_utc and timezone UTC)."""
+    """The nightly report's beat entry (UTC; memq.workers.app sets enable_utc and timezone UTC)."""
     from celery.schedules import crontab
 
     if not (0 <= st.report_hour_utc <= 23 and 0 <= st.report_minute_utc <= 59):
@@ -129,16 +129,16 @@ def beat_entries(st: Settings) -> dict[str, dict]:
 
 
 def _bind():
-    from workers.app import app, settings_of
-    from workers.base import MemqTask
+    from memq.workers.app import app, settings_of
+    from memq.workers.base import MemqTask
 
     @app.task(base=MemqTask, bind=True, name=TASK_NAME)
     def nightly_report(self, date: str | None = None, scope: str | None = None) -> dict:
         """Beat calls it with no arguments (yesterday, every configured scope, catch-up);
         `date`/`scope` rebuild one report by hand: `celery call workers.reports.nightly_report
         --kwargs '{"date": "2026-11-29"}'`."""
-        from profiler.store.report_queries import Scope
-        from workers import runtime
+        from memq.store.report_queries import Scope
+        from memq.workers import runtime
 
         st = settings_of(app)
         day = dt.date.fromisoformat(date) if date else None

@@ -1,6 +1,6 @@
 """The daily retention run: a Celery task on the memq.report queue, started by beat at a UTC time.
 
-- `gc(dry_run=False)`: `profiler.store.retention.collect` with the policy from the settings
+- `gc(dry_run=False)`: `memq.store.retention.collect` with the policy from the settings
   (MEMQ_RETENTION_DAYS, MEMQ_RETENTION_CLUSTERS): raw blobs and stat samples past retention go;
   blobs of OOM / diagnosed snapshots and every still-referenced blob stay. The same as `memq gc`.
   Idempotent: a second run (two beats by mistake, a redelivery) finds nothing more to remove.
@@ -13,7 +13,7 @@
   A stream without a consumer group is left alone (nobody has read anything yet).
 - `expire_untimed_blobs()`: on the same tick as the trim, blob keys without a TTL (written by an
   agent, never named by a relayed envelope) get MEMQ_BLOB_TTL_S, a bounded SCAN step at a time.
-- `beat_entries(settings)`: what `workers.app.beat_schedule` adds: the daily gc (crontab at
+- `beat_entries(settings)`: what `memq.workers.app.beat_schedule` adds: the daily gc (crontab at
   MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC) and the stream trim. An outage is not retried: the next tick is
   the retry.
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 
-from profiler.config import Settings
-from profiler.errors import ConfigError
+from memq.config import Settings
+from memq.errors import ConfigError
 
 log = logging.getLogger("memq.workers.retention")
 
@@ -64,7 +64,7 @@ def trim_floor(r, stream: str, keep_s: float = 0.0) -> str | None:
 
 def trim_stream(st: Settings, r=None) -> dict:
     """XTRIM the ingest stream to the oldest entry a consumer group still needs. Returns what it did."""
-    from workers import runtime
+    from memq.workers import runtime
 
     r = r or runtime.redis_client(st.redis_url)
     with runtime.redis_errors(st.redis_url):
@@ -87,7 +87,7 @@ def expire_untimed_blobs(st: Settings, r=None, budget: int = BLOB_TTL_SCAN) -> d
     the relay gives a blob its TTL when it relays the envelope that names it; a blob no envelope ever
     names (a job killed between the two writes, or a hostile one) would otherwise stay until
     `maxmemory` (deploy/SECURITY.md). Bounded work per call: `budget` keys, resumed from a cursor."""
-    from workers import runtime
+    from memq.workers import runtime
 
     r = r or runtime.redis_client(st.redis_url)
     cursor_key = st.key_prefix + "blob-ttl-cursor"
@@ -119,10 +119,10 @@ def expire_untimed_blobs(st: Settings, r=None, budget: int = BLOB_TTL_SCAN) -> d
 
 def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | None = None) -> dict:
     """The work, as a plain function (tests and the task share it)."""
-    from profiler.store.retention import Policy, collect
+    from memq.store.retention import Policy, collect
 
     if store is None:
-        from workers import runtime
+        from memq.workers import runtime
 
         store = runtime.store(st)
     kw = {} if grace_s is None else {"grace_s": grace_s}
@@ -158,8 +158,8 @@ def beat_entries(st: Settings) -> dict[str, dict]:
 
 
 def _bind():
-    from workers.app import app, settings_of
-    from workers.base import MemqTask
+    from memq.workers.app import app, settings_of
+    from memq.workers.base import MemqTask
 
     @app.task(base=MemqTask, bind=True, name=TASK_NAME, retry_on_outage=False)
     def gc(self, dry_run: bool = False) -> dict:

@@ -21,10 +21,10 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from profiler.config import Settings, load_settings, redact_url
-from profiler.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
-from profiler.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
-from profiler.redis_client import forget_shared, shared_client
+from memq.config import Settings, load_settings, redact_url
+from memq.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
+from memq.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
+from memq.redis_client import forget_shared, shared_client
 
 log = logging.getLogger("memq.workers")
 
@@ -36,7 +36,7 @@ _settings: Settings | None = None
 
 def settings() -> Settings:
     """The process's settings, read from the environment once (the default Celery app's too:
-    `workers.app.settings_of`)."""
+    `memq.workers.app.settings_of`)."""
     global _settings
     if _settings is None:
         _settings = load_settings()
@@ -55,7 +55,7 @@ def store(st: Settings | None = None, *, async_commit: bool = False):
     key = (st.database_url, st.blob_dir, async_commit)
     found = _stores.get(key)
     if found is None:
-        from profiler.store.connection import open_store
+        from memq.store.connection import open_store
 
         found = open_store(st)
         if async_commit and found.engine.dialect.name == "postgresql":
@@ -160,7 +160,7 @@ def _text(v: Any) -> str:
 def dead_letter(r, st: Settings, fields: Mapping[Any, Any], reason: str, **extra: Any) -> str:
     """Append one dead letter: the original fields (any bytes: envelope.dead_letter_fields),
     `reason`, and `extra` (e.g. entry_id, stage)."""
-    from profiler.envelope import dead_letter_fields
+    from memq.envelope import dead_letter_fields
 
     out = dead_letter_fields(fields)
     out.update({k: _text(v) for k, v in extra.items() if v is not None})

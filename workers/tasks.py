@@ -1,4 +1,4 @@
-"""Thin Celery tasks over ids. The work is in `workers.jobs`; these only bind it to Celery.
+"""Thin Celery tasks over ids. The work is in `memq.workers.jobs`; these only bind it to Celery.
 
 - `analyze_snapshot(snapshot_id)`  (queue memq.analyze): lease, analyse or reuse, upsert, status.
 - `recompute_run(run_id, rank)`    (queue memq.analyze): the run-level diagnosis (debounced).
@@ -10,10 +10,10 @@ Arguments are ids only; every task re-reads the state it needs from SQL.
 
 from __future__ import annotations
 
-from workers import jobs, runtime
-from workers.app import app, settings_of
-from workers.base import MemqTask
-from workers.queues import QUEUE_ANALYZE
+from memq.workers import jobs, runtime
+from memq.workers.app import app, settings_of
+from memq.workers.base import MemqTask
+from memq.workers.queues import QUEUE_ANALYZE
 
 
 def _st():
@@ -32,7 +32,7 @@ def send_sweep(snapshot_id: int) -> None:
     whatif_sweep.apply_async((int(snapshot_id),), queue=QUEUE_ANALYZE)
 
 
-#: What the jobs send next, passed in (workers.jobs never imports this module).
+#: What the jobs send next, passed in (memq.workers.jobs never imports this module).
 SENDERS = jobs.Senders(analysis=enqueue_analysis, recompute=send_recompute, sweep=send_sweep)
 
 

@@ -143,8 +143,8 @@ class Runner:
     def leak(self):
         script = os.path.join(HERE, "train_leak.py")
         self.run("leak", [script, "--name", "ad-leak", "--memq"], run="ad-leak", cause="leak")
-        # `memq run` is `python -m profiler run`; the script has no memq line
-        cmd = ["-m", "profiler", "run", "--run", "ad-leak-run", "--cluster", CLUSTER, "--", sys.executable, script]
+        # `memq run` is `python -m memq run`; the script has no memq line
+        cmd = ["-m", "memq", "run", "--run", "ad-leak-run", "--cluster", CLUSTER, "--", sys.executable, script]
         self.run("leak_run", cmd, run="ad-leak-run", cause="leak", extra={"no_code_change": True})
 
     def jobs(self):

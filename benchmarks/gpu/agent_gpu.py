@@ -56,7 +56,7 @@ def part_oom(out):
 def part_degrade(out):
     code = (
         "import torch, time\n"
-        "from profiler import agent\n"
+        "from memq import agent\n"
         f"a = agent.start(run='gpu-async', cluster='h200', spool_dir={os.path.join(out, 'spool_async')!r})\n"
         "x = torch.randn(4096, 4096, device='cuda')\n"
         "for i in range(20):\n"
@@ -69,7 +69,7 @@ def part_degrade(out):
 
 
 def part_bench(out, rounds, block, torch, train):
-    from profiler import agent
+    from memq import agent
 
     device = torch.device("cuda", 0)
     a = agent.start(run="gpu-bench", cluster="h200", spool_dir=os.path.join(out, "spool_bench"))

@@ -43,7 +43,7 @@ def main():
     import gpt_agent_train as train
     import torch
 
-    from profiler import agent
+    from memq import agent
 
     dev = torch.device("cuda", 0)
     a = agent.start(run="ad-bench", cluster="h200")

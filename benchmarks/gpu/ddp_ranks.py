@@ -44,7 +44,7 @@ def rank_main(args) -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from profiler import agent
+    from memq import agent
 
     # the one line a user adds (spool_dir only because this machine has no Redis)
     agent.start(run=f"ddp-{args.scenario}", cluster=args.cluster, spool_dir=args.spool,

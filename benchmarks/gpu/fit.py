@@ -55,7 +55,7 @@ def run_job(args) -> None:
     dev = torch.device("cuda", 0)
     agent = None
     if args.agent:
-        from profiler import agent
+        from memq import agent
 
         opts = {"history": "on", "max_entries": 60_000} if args.agent == "full" else {}
         agent.start(run=f"fit-{name}-{args.agent}", cluster="h200", spool_dir=args.spool, **opts)

@@ -16,7 +16,7 @@ Controls (none runs out of memory; none may be forecast to):
   until the model is fully unfrozen), `cache_fill` (a GPU cache that fills over two epochs and stops).
 
 Variants: `defaults` (agent.start + mark_step + mark_epoch at the agent's defaults), `full`
-(history="on"), `run` (`python -m profiler run` around a script with no memq line: steps from torch's
+(history="on"), `run` (`python -m memq run` around a script with no memq line: steps from torch's
 optimizer hook, no epoch marks). Caps are `set_per_process_memory_fraction` after the second step:
 the peak reserved bytes of the first two steps + `GROW_EPOCHS` epochs of the scenario's growth (controls:
 1.6x that peak, 2x for dynamic shapes after an epoch of them, + 1 GiB for the cache).
@@ -71,7 +71,7 @@ def run_job(args) -> None:
     dev = torch.device("cuda", 0)
     agent = None
     if variant in ("defaults", "full"):
-        from profiler import agent
+        from memq import agent
 
         opts = {"history": "on", "max_entries": 15_000} if variant == "full" else {}
         agent.start(run=f"fc-{sc}-{variant}", cluster="h200", spool_dir=args.spool, **opts)
@@ -227,7 +227,7 @@ class Runner:
         cmd = [sys.executable, os.path.abspath(__file__), "job", sc, "--variant", variant, "--result", result,
                "--spool", spool]
         if variant == "run":
-            cmd = [sys.executable, "-m", "profiler", "run", "--run", f"fc-{sc}-run", "--cluster", "h200",
+            cmd = [sys.executable, "-m", "memq", "run", "--run", f"fc-{sc}-run", "--cluster", "h200",
                    "--spool-dir", spool, "--", *cmd]
         res = run_job_process(cmd, result, min(self.timeout, max(10, self.deadline - time.time())))
         rc = res["rc"]

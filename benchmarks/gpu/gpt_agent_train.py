@@ -100,11 +100,11 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     if not args.no_agent_line:
-        from profiler import agent
+        from memq import agent
 
         # the one line a user adds (spool_dir only because this machine has no Redis):
         agent.start(run=args.name, cluster=args.cluster, spool_dir=args.spool)
-    from profiler import agent
+    from memq import agent
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if args.ddp:

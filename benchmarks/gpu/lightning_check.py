@@ -8,7 +8,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
 
-from profiler.agent.integrations import lightning_callback  # noqa: E402
+from memq.agent.integrations import lightning_callback  # noqa: E402
 
 
 class M(L.LightningModule):

@@ -222,7 +222,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()
-    from profiler import agent
+    from memq import agent
 
     opts = {"history": "on"} if a.job == "optim" else {}  # the optimizer table needs frames for memq's count
     agent.start(run=a.name, cluster=a.cluster, spool_dir=a.spool, redis_url="redis://127.0.0.1:1/0",

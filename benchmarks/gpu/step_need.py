@@ -145,7 +145,7 @@ def run_job(args) -> None:
            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     agent = None
     if variant != "measure":
-        from profiler import agent
+        from memq import agent
 
         opts = {"history": "on", "max_entries": 60_000, "snapshot_on_epoch": False} if variant == "full" else {}
         agent.start(run=f"sn-{sc}-{variant}", cluster="h200", spool_dir=args.spool, **opts)

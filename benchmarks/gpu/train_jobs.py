@@ -71,7 +71,7 @@ def main():
     cuda = dev.type == "cuda"
     agent = None
     if args.scenario != "probe":
-        from profiler import agent
+        from memq import agent
 
         agent.start(run=args.name, cluster=args.cluster)
     res = {"scenario": args.scenario, "outcome": "completed", "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}

@@ -44,7 +44,7 @@ def main():
     args = ap.parse_args()
     agent = None
     if args.memq:
-        from profiler import agent
+        from memq import agent
 
         agent.start(run=args.name, cluster=args.cluster, optimizer="AdamW", model="GPT")
     dev = torch.device(args.device)

@@ -4,7 +4,7 @@ Revision ID: 0001
 Revises:
 Create Date: 2026-11-30 05:09:20 UTC
 
-Written out in full (no imports from profiler.store.orm) so later model changes cannot alter what
+Written out in full (no imports from memq.store.orm) so later model changes cannot alter what
 this revision creates.
 """
 

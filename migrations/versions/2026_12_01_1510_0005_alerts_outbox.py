@@ -7,7 +7,7 @@ Create Date: 2026-12-01 15:10 UTC
 A verdict (an OOM, a leak, a near miss) is recorded here in the same database as the run, then a
 worker claims the row with a lease and sends it (profiler/alerts/outbox.py). The unique (run_id,
 verdict) is what makes one verdict alert once however many sweeps or workers find it.
-Written out in full (no imports from profiler.store.orm).
+Written out in full (no imports from memq.store.orm).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Create Date: 2026-12-01 17:00 UTC
 
 A data-parallel run fails on one rank and the launcher tears the others down; the comparison across
 ranks (profiler/analysis/ranks.py) needs the figures of the ranks that took no snapshot.
-Written out in full (no imports from profiler.store.orm).
+Written out in full (no imports from memq.store.orm).
 """
 
 from __future__ import annotations

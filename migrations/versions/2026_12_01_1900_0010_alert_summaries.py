@@ -8,7 +8,7 @@ A verdict beyond MEMQ_ALERT_JOB_MAX_PER_HOUR stays `suppressed` (the exporter co
 when the job's window opens again, one summary row covers all of them (counts per cause, first and
 last run) and goes through the same claim / send / retry as an alert (profiler/alerts/outbox.py).
 `alerts.summarised_by` marks the rows a summary covered, so none is summarised twice or left out.
-Written out in full (no imports from profiler.store.orm).
+Written out in full (no imports from memq.store.orm).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """memq in-job agent: one line in a training script, invisible when all is well.
 
-    from profiler import agent
+    from memq import agent
     agent.start(run="llama-7b-sft", cluster="h200-a")      # or: with agent.start(...):
     for step, batch in enumerate(loader):
         ...
@@ -52,7 +52,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from profiler.agent.core import Agent
+from memq.agent.core import Agent
 
 __all__ = ["Agent", "start", "stop", "mark_step", "mark_epoch", "snapshot", "counters", "current", "flush"]
 

@@ -1,11 +1,11 @@
 """Start the agent with no change to the training script (`memq run`).
 
 How: `memq run --run R --cluster C -- CMD...` sets MEMQ_AGENT_RUN / MEMQ_AGENT_CLUSTER (and the
-MEMQ_* settings given as options), puts `profiler/agent/_site` (holding a `sitecustomize.py`) and
-the folder holding the `profiler` package at the front of PYTHONPATH, and execs CMD. Python imports
+MEMQ_* settings given as options), puts `memq/agent/_site` (holding a `sitecustomize.py`) at the front
+of PYTHONPATH, and the folder holding an installed `memq` package after it, and execs CMD. Python imports
 `sitecustomize` at start-up in every process of the job, also under torchrun, accelerate, deepspeed
 or `python -m`, and with any interpreter that finds the package. Why this and not a wrapper module:
-a wrapper (`python -m profiler.agent.bootstrap train.py`, also supported) only covers commands that
+a wrapper (`python -m memq.agent.bootstrap train.py`, also supported) only covers commands that
 start with `python`, not launchers that spawn the ranks themselves.
 
 `autostart()` is cheap and imports no torch. It skips multiprocessing children (DataLoader workers
@@ -25,7 +25,11 @@ import sys
 from pathlib import Path
 
 SITE_DIR = Path(__file__).resolve().parent / "_site"
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+# An installed memq lies in a folder named memq: its parent goes on the path. A checkout's package
+# folder is profiler/, whose parent holds the checkout's other folders (workers, tests), which must not
+# shadow the job's own modules: there the sitecustomize registers the package itself (memq_importable).
+PACKAGE_ROOT = PACKAGE_DIR.parent if PACKAGE_DIR.name == "memq" else None
 
 ENV_RUN, ENV_CLUSTER, ENV_JOB, ENV_OPTIONS = "MEMQ_AGENT_RUN", "MEMQ_AGENT_CLUSTER", "MEMQ_AGENT_JOB", "MEMQ_AGENT_OPTIONS"
 
@@ -51,11 +55,11 @@ def autostart(announce: str = "on_ready"):
     if env.get(ENV_JOB):
         options.setdefault("job", env[ENV_JOB])
     if env.get("MEMQ_AGENT_SOURCE", "").startswith("replay:"):
-        from profiler.agent.core import make_source
+        from memq.agent.core import make_source
 
         options.setdefault("source", make_source(env["MEMQ_AGENT_SOURCE"]))
     options.setdefault("announce", announce)
-    from profiler import agent
+    from memq import agent
 
     return agent.start(run=env[ENV_RUN], cluster=env.get(ENV_CLUSTER) or "default", **options)
 
@@ -88,16 +92,17 @@ def child_env(run: str, cluster: str, *, job: str | None = None, settings: dict 
             env[k] = str(v)
     if options:
         env[ENV_OPTIONS] = json.dumps(options)
-    parts = [str(SITE_DIR), str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    ours = [str(SITE_DIR)] + ([str(PACKAGE_ROOT)] if PACKAGE_ROOT is not None else [])
+    parts = ours + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     return env
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m profiler.agent.bootstrap SCRIPT [ARGS]` or `... -m MODULE [ARGS]`, with MEMQ_AGENT_RUN set."""
+    """`python -m memq.agent.bootstrap SCRIPT [ARGS]` or `... -m MODULE [ARGS]`, with MEMQ_AGENT_RUN set."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        print("usage: python -m profiler.agent.bootstrap SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m memq.agent.bootstrap SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
         raise SystemExit(2)
     autostart(announce="on_ready")
     if argv[0] == "-m" and len(argv) > 1:

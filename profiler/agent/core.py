@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiler.agent.policy import RecordingPolicy
-from profiler.agent.source import (
+from memq.agent.policy import RecordingPolicy
+from memq.agent.source import (
     ReplaySource,
     TorchSource,
     default_job,
@@ -31,9 +31,9 @@ from profiler.agent.source import (
     rank_and_world,
     scheduler_ids,
 )
-from profiler.agent.spool import Spool
-from profiler.agent.steps import StepTracker, stride_for
-from profiler.agent.transport import Counters, Item, Transport
+from memq.agent.spool import Spool
+from memq.agent.steps import StepTracker, stride_for
+from memq.agent.transport import Counters, Item, Transport
 
 log = logging.getLogger("memq.agent")
 
@@ -75,7 +75,7 @@ class Agent:
                  comparable_every_steps: int = 100, comparable_min_s: float = 300.0,
                  growth_window_steps: int = 500, step_hook: bool = True,
                  step_budget: float = 0.002):
-        from profiler.config import load_settings
+        from memq.config import load_settings
 
         st = settings or load_settings()
         self.run, self.cluster = str(run), str(cluster)
@@ -663,8 +663,8 @@ class Agent:
         into the job: its envelopes then go unsigned, and a signing deployment dead-letters them."""
         if not text:
             return None
-        from profiler.errors import BadInput
-        from profiler.identity import parse_key
+        from memq.errors import BadInput
+        from memq.identity import parse_key
 
         try:
             return parse_key(text)

@@ -1,6 +1,6 @@
 """Callbacks for PyTorch Lightning and Hugging Face Trainer; each imports its library lazily.
 
-    from profiler.agent.integrations import lightning_callback, hf_callback
+    from memq.agent.integrations import lightning_callback, hf_callback
     trainer = lightning.Trainer(callbacks=[lightning_callback(run="r", cluster="c")])
     trainer = transformers.Trainer(..., callbacks=[hf_callback(run="r", cluster="c")])
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler import agent
+from memq import agent
 
 
 def _safe(fn):

@@ -1,18 +1,18 @@
-"""Send spooled messages to Redis: `python -m profiler.agent.replay SPOOL_DIR [--redis-url URL]`.
+"""Send spooled messages to Redis: `python -m memq.agent.replay SPOOL_DIR [--redis-url URL]`.
 
 For spools written where no Redis was reachable (an air-gapped GPU node, a job that ended while Redis
 was down). Every folder under SPOOL_DIR that holds spool files is sent in name (= send) order; sent
-files are removed unless --keep. Each entry is checked with profiler.envelope.parse first."""
+files are removed unless --keep. Each entry is checked with memq.envelope.parse first."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from profiler.agent.spool import Spool, iter_spool_dirs
-from profiler.agent.transport import replay_spool
-from profiler.config import load_settings
-from profiler.redis_client import make_client
+from memq.agent.spool import Spool, iter_spool_dirs
+from memq.agent.transport import replay_spool
+from memq.config import load_settings
+from memq.redis_client import make_client
 
 
 def replay_dir(root, client, *, stream: str, maxlen: int = 1_000_000, blob_ttl_s: int = 7 * 24 * 3600,
@@ -26,7 +26,7 @@ def replay_dir(root, client, *, stream: str, maxlen: int = 1_000_000, blob_ttl_s
 
 def main(argv: list[str] | None = None) -> int:
     st = load_settings()
-    ap = argparse.ArgumentParser(prog="python -m profiler.agent.replay")
+    ap = argparse.ArgumentParser(prog="python -m memq.agent.replay")
     ap.add_argument("spool_dir")
     ap.add_argument("--redis-url", default=st.redis_url)
     ap.add_argument("--stream", default=st.stream_key)

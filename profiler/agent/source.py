@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from profiler import codec
-from profiler.launcher_ids import real_id
+from memq import codec
+from memq.launcher_ids import real_id
 
 STAT_KEYS = (
     "allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",

@@ -4,7 +4,7 @@ The training thread only ever calls `submit()`, which never blocks and never rai
 drops the message and counts it. Everything else happens on one daemon thread:
 
     serialize  snapshot object -> pickle bytes (protocol 4) -> sha256 -> zstd (gzip if zstandard is
-               missing) -> envelope fields (profiler.envelope.build)
+               missing) -> envelope fields (memq.envelope.build)
     deliver    while the spool holds messages, new ones are appended to it (order is kept), and the
                spool is replayed oldest first whenever Redis answers again; otherwise
                SET memq:blob:<sha256> <blob> EX ttl, then XADD <stream> MAXLEN ~ N <fields>; where
@@ -30,11 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler import envelope, redis_functions
-from profiler.agent.spool import Message, Spool
-from profiler.backoff import JitteredBackoff
-from profiler.errors import TooLarge
-from profiler.redis_client import make_client
+from memq import envelope, redis_functions
+from memq.agent.spool import Message, Spool
+from memq.backoff import JitteredBackoff
+from memq.errors import TooLarge
+from memq.redis_client import make_client
 
 try:  # the agent runs without redis-py (spool only) and without zstandard (gzip)
     import redis as _redis
@@ -117,7 +117,7 @@ def append_fields(client, fields: dict, *, stream: str, maxlen: int, path: str =
 
 
 class Transport:
-    #: profiler.identity.Key that signs every envelope; None: unsigned (the class default keeps a
+    #: memq.identity.Key that signs every envelope; None: unsigned (the class default keeps a
     #: transport built field by field, as serialize()'s callers may, unsigned)
     signing_key = None
     max_blob_bytes = 64 * 1024**2  # MEMQ_MAX_BLOB_BYTES' default, for a transport built field by field
@@ -131,7 +131,7 @@ class Transport:
                  adopt: Callable[[], list] | None = None, jitter: bool = True, signing_key=None,
                  max_blob_bytes: int = 64 * 1024**2, keep_oversize: bool = True):
         self.identity = identity  # run, cluster, job, rank, host
-        self.signing_key = signing_key  # profiler.identity.Key: every envelope is signed with it
+        self.signing_key = signing_key  # memq.identity.Key: every envelope is signed with it
         self.spool = spool
         self.redis_url = redis_url
         self.stream = stream
@@ -326,7 +326,7 @@ class Transport:
         key = self.signing_key
         if key is None:
             return fields
-        from profiler.identity import sign
+        from memq.identity import sign
 
         return sign(fields, key)
 
@@ -439,7 +439,7 @@ def replay_spool(spool: Spool, client, *, stream: str = "memq:ingest", maxlen: i
                  blob_ttl_s: int = 7 * 24 * 3600, remove: bool = True, key_prefix: str | None = None,
                  counters: Counters | None = None) -> int:
     """Send a spool's messages in order to `client` (a redis-py client); returns how many were sent.
-    Used by `python -m profiler.agent.replay` for spools written where no Redis was reachable.
+    Used by `python -m memq.agent.replay` for spools written where no Redis was reachable.
     `key_prefix` re-keys blobs for a deployment whose prefix differs from the writer's."""
     n, path = 0, "stream"
     for name, msg in list(spool):

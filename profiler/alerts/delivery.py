@@ -17,8 +17,8 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from profiler.alerts import outbox, send
-from profiler.config import Settings
+from memq.alerts import outbox, send
+from memq.config import Settings
 
 log = logging.getLogger("memq.alerts")
 

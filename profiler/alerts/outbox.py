@@ -62,14 +62,14 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from profiler.alerts import payload
-from profiler.alerts.send import Outcome
-from profiler.alerts.summary import Covered, summary_body, summary_key
-from profiler.alerts.verdict import RunFacts, alert_body, forecast_verdict, idempotency_key, verdict_of
-from profiler.config import Settings
-from profiler.errors import ConfigError
-from profiler.store import repository as repo
-from profiler.store.orm import Alert, AlertSummary, Run, RunDiagnosis
+from memq.alerts import payload
+from memq.alerts.send import Outcome
+from memq.alerts.summary import Covered, summary_body, summary_key
+from memq.alerts.verdict import RunFacts, alert_body, forecast_verdict, idempotency_key, verdict_of
+from memq.config import Settings
+from memq.errors import ConfigError
+from memq.store import repository as repo
+from memq.store.orm import Alert, AlertSummary, Run, RunDiagnosis
 
 JOB_WINDOW_S = 3600
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.alerts.summary import causes_line, runs_line
+from memq.alerts.summary import causes_line, runs_line
 
 FORMATS = ("slack", "alertmanager")
 ALERT_NAMES = {"oom": "MemqOOM", "leak": "MemqLeak", "near_miss": "MemqNearMiss", "forecast": "MemqOOMForecast"}

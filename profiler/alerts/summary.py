@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from profiler.alerts.verdict import TITLES
+from memq.alerts.verdict import TITLES
 
 # most severe first: the summary is as severe as the worst verdict it covers
 KIND_ORDER = ("oom", "leak", "near_miss")

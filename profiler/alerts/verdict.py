@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from profiler.render.forecast_text import fmt_duration, forecast_line
-from profiler.render.step_need_text import step_need_line
-from profiler.units import fmt_bytes
+from memq.render.forecast_text import fmt_duration, forecast_line
+from memq.render.step_need_text import step_need_line
+from memq.units import fmt_bytes
 
 KINDS = ("oom", "leak", "near_miss", "forecast")
 #: A forecast alert again only when the OOM now comes in under this share of the time the previous
@@ -132,7 +132,7 @@ def _recommendation(diagnosis: Mapping[str, Any]) -> str | None:
 def playbook_link(diagnosis: Mapping[str, Any], public_url: str) -> str | None:
     """The playbook entry of the first recommendation: on `memq serve` when its public URL is set,
     else the path in the repository; None for a diagnosis stored before recommendations named one."""
-    from profiler.playbook_doc import doc_link, web_href
+    from memq.playbook_doc import doc_link, web_href
 
     recs = diagnosis.get("recommendations") or []
     entry = recs[0].get("playbook") if recs and isinstance(recs[0], Mapping) else None

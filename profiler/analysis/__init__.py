@@ -19,24 +19,24 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from profiler.analysis import frames as fr
-from profiler.analysis.checkpoint import checkpoint_load
-from profiler.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
-from profiler.analysis.fit import headroom as fit_headroom
-from profiler.analysis.forecast import forecast as oom_forecast
-from profiler.analysis.forecast import inputs as forecast_inputs
-from profiler.analysis.labels import agent_label
-from profiler.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
-from profiler.analysis.limits import resolve_limits
-from profiler.analysis.memory import (
+from memq.analysis import frames as fr
+from memq.analysis.checkpoint import checkpoint_load
+from memq.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
+from memq.analysis.fit import headroom as fit_headroom
+from memq.analysis.forecast import forecast as oom_forecast
+from memq.analysis.forecast import inputs as forecast_inputs
+from memq.analysis.labels import agent_label
+from memq.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
+from memq.analysis.limits import resolve_limits
+from memq.analysis.memory import (
     largest_oversize_free_block,
     largest_usable_free_block,
     smallest_request_rounding_to,
 )
-from profiler.analysis.per_snapshot import SnapshotDigest, per_snapshot
-from profiler.analysis.recommend import message_playbook, recommend
-from profiler.analysis.step_need import StepNeed, project
-from profiler.model import OomContext, Snapshot, frame_file, frame_name
+from memq.analysis.per_snapshot import SnapshotDigest, per_snapshot
+from memq.analysis.recommend import message_playbook, recommend
+from memq.analysis.step_need import StepNeed, project
+from memq.model import OomContext, Snapshot, frame_file, frame_name
 
 ANALYZER_VERSION = "1.4.0"
 SCHEMA = 1
@@ -131,7 +131,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         _has_cpp_frames(b.frames) for seg in last_snap.segments[:50] for b in seg.blocks[:20])
     s_min = S
     if S and last_snap.settings.roundup_power2_divisions:
-        from profiler.analysis.whatif import config_from_settings
+        from memq.analysis.whatif import config_from_settings
 
         divs = config_from_settings(last_snap.settings)[0].roundup_power2_divisions
         s_min = smallest_request_rounding_to(S, divs)

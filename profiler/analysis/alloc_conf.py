@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 MiB = 1024 * 1024
 K_LARGE_BUFFER = 20 * MiB
@@ -78,7 +78,7 @@ def parse_alloc_conf(text: str):
     """`"expandable_segments:True,max_split_size_mb:128"` -> `AllocatorConfig` (defaults for keys not named).
 
     The empty string gives the default configuration."""
-    from profiler.analysis.allocator_model import AllocatorConfig  # the same layer: analysis
+    from memq.analysis.allocator_model import AllocatorConfig  # the same layer: analysis
 
     tok = _tokens(text or "")
     values: dict = {}

@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from profiler.analysis import frames as fr
-from profiler.model import Snapshot, frame_file, frame_name
-from profiler.units import fmt_bytes
+from memq.analysis import frames as fr
+from memq.model import Snapshot, frame_file, frame_name
+from memq.units import fmt_bytes
 
 _LOAD_FILE = re.compile(r"torch/serialization\.py$|safetensors/")
 # An optimizer's load_state_dict casts the loaded state onto the parameters' device; a module's copies

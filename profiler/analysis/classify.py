@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.analysis import frames as fr
-from profiler.analysis.memory import segment_needed
-from profiler.units import fmt_bytes, fmt_need
+from memq.analysis import frames as fr
+from memq.analysis.memory import segment_needed
+from memq.units import fmt_bytes, fmt_need
 
 GiB = 1024**3
 MiB = 1024**2

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from profiler.analysis import frames as fr
-from profiler.analysis.allocator_model import OP_ALLOC, OP_FREE, AllocatorModel, Program
-from profiler.model import Snapshot, frame_file, frame_line, frame_name
+from memq.analysis import frames as fr
+from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, AllocatorModel, Program
+from memq.model import Snapshot, frame_file, frame_line, frame_name
 
 # The interval either side of the predicted peak, and on the limit for `fits` and the largest
 # batch: the calibration set's largest error was +2.7% (23 predictions of max_memory_reserved() at
@@ -132,7 +132,7 @@ def recorded_optimizer(snap: Snapshot) -> str | None:
 
 
 def classify(snap: Snapshot) -> Measured:
-    from profiler.analysis import whatif as wi
+    from memq.analysis import whatif as wi
 
     if not snap.trace:
         raise NotAssessable("the snapshot has no trace: memq fit replays a recorded training step (the agent "

@@ -30,7 +30,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from profiler.units import fmt_bytes
+from memq.units import fmt_bytes
 
 MiB = 1 << 20
 #: The leak test's threshold (ARCHITECTURE.md cause 2): growth must pass it to count.

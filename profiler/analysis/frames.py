@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import re
 
-from profiler.model import frame_file, frame_line, frame_name
+from memq.model import frame_file, frame_line, frame_name
 
 WORKSPACE = re.compile(r"cudnn|cublas|cublaslt|workspace|nccl|cusparse|cufft|cusolver|getCurrentCUDABlasHandle",
                        re.IGNORECASE)

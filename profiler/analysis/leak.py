@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from profiler.analysis import frames as fr
-from profiler.units import fmt_bytes
+from memq.analysis import frames as fr
+from memq.units import fmt_bytes
 
 MiB = 1024 * 1024
 

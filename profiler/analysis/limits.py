@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.model import OomContext, Snapshot, TraceEvent
+from memq.model import OomContext, Snapshot, TraceEvent
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from profiler.analysis.leak import live_blocks
-from profiler.analysis.memory import composition, memory_metrics
-from profiler.analysis.timeline import replay
-from profiler.model import Snapshot
+from memq.analysis.leak import live_blocks
+from memq.analysis.memory import composition, memory_metrics
+from memq.analysis.timeline import replay
+from memq.model import Snapshot
 
 #: Bumped whenever what a digest holds, or how a field is computed, changes.
 DIGEST_FORMAT = 5
@@ -55,7 +55,7 @@ def _own_fit(snap: Snapshot, tl: dict) -> dict | None:
     the run already has."""
     if (tl.get("optimizer_steps") or 0) < 2 or not tl.get("covers_whole_run"):
         return None
-    from profiler.analysis.fit import own_curve
+    from memq.analysis.fit import own_curve
 
     return own_curve(snap)
 

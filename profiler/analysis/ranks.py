@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from profiler.units import fmt_bytes
+from memq.units import fmt_bytes
 
 MIB = 1 << 20
 #: Two ranks' state (parameters, optimizer state) differ when they differ by more than this much and

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import re
 
-from profiler.analysis import frames as fr
-from profiler.analysis.classify import Facts, g, optimizer_state_sizes, step_estimate
-from profiler.analysis.leak import HOW_TO_GET_FRAMES
-from profiler.playbook import BY_ID
-from profiler.units import fmt_need
+from memq.analysis import frames as fr
+from memq.analysis.classify import Facts, g, optimizer_state_sizes, step_estimate
+from memq.analysis.leak import HOW_TO_GET_FRAMES
+from memq.playbook import BY_ID
+from memq.units import fmt_need
 
 # A what-if conf string that names one default and so leaves every other key at torch's default.
 DEFAULTS_CONF = "expandable_segments:False"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from profiler.analysis import frames as fr
-from profiler.model import Snapshot
+from memq.analysis import frames as fr
+from memq.model import Snapshot
 
 MAX_POINTS = 400  # samples kept for plots; the peak is always kept
 _STEP_ACTIONS = frozenset(("alloc", "free_requested"))
@@ -129,7 +129,7 @@ def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) ->
     Flags: FIXED for allocations in optimizer code or holding parameters/state, and for what
     survives the step (its parameters' gradients); BEFORE for blocks from before the step that it
     frees; SCALED (input-sized) for the rest."""
-    from profiler.analysis.step_need import BEFORE, FIXED, SCALED
+    from memq.analysis.step_need import BEFORE, FIXED, SCALED
 
     if len(step_starts) < 2:
         return None

@@ -42,8 +42,8 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field, replace
 
-from profiler.analysis.alloc_conf import parse_alloc_conf
-from profiler.analysis.allocator_model import (
+from memq.analysis.alloc_conf import parse_alloc_conf
+from memq.analysis.allocator_model import (
     EV_SEGMENT_ALLOC,
     EV_SEGMENT_FREE,
     EV_SEGMENT_MAP,
@@ -67,10 +67,10 @@ from profiler.analysis.allocator_model import (
     allocation_size,
     round_size,
 )
-from profiler.analysis.memory import smallest_request_rounding_to
-from profiler.errors import BadInput
-from profiler.model import INACTIVE, AllocatorSettings, Snapshot, frame_name
-from profiler.units import fmt_bytes
+from memq.analysis.memory import smallest_request_rounding_to
+from memq.errors import BadInput
+from memq.model import INACTIVE, AllocatorSettings, Snapshot, frame_name
+from memq.units import fmt_bytes
 
 SWEEP = (
     "",
@@ -1151,7 +1151,7 @@ def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str
                                              recorded_oom=recorded_oom)]
 
 
-run_whatif_dicts = simulate_whatif  # the name profiler.cli.analyze looks up
+run_whatif_dicts = simulate_whatif  # the name memq.cli.analyze looks up
 
 __all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "WHATIF_MODEL_VERSION", "stitch_traces", "Replay", "WhatIfResult", "compile_trace", "config_from_settings",
            "fidelity", "run_whatif", "run_whatif_dicts", "simulate_whatif", "sweep_confs", "K_SMALL_SIZE"]

@@ -8,37 +8,37 @@ import sys
 
 import click
 
-from profiler.errors import EXIT_ERROR, MemqError
-from profiler.render.safe import safe_text
+from memq.errors import EXIT_ERROR, MemqError
+from memq.render.safe import safe_text
 
 # command name -> "module:function". One line per command; modules import their heavy deps.
 COMMANDS: dict[str, str] = {
-    "analyze": "profiler.cli.analyze:analyze",
-    "explain": "profiler.cli.analyze:explain",
-    "run": "profiler.cli.run:run",
-    "db": "profiler.cli.db:db",
-    "ingest": "profiler.cli.ingest:ingest",
-    "reanalyze": "profiler.cli.ingest:reanalyze",
-    "runs": "profiler.cli.history:runs",
-    "history": "profiler.cli.history:history",
-    "compare": "profiler.cli.history:compare",
-    "versions": "profiler.cli.history:versions",
-    "demo": "profiler.cli.demo:demo",
-    "whatif": "profiler.cli.whatif:whatif",
-    "fit": "profiler.cli.fit:fit",
-    "push": "profiler.cli.push:push",
-    "worker": "profiler.cli.service:worker",
-    "dispatcher": "profiler.cli.service:dispatcher",
-    "status": "profiler.cli.service:status",
-    "report": "profiler.cli.report:report",
-    "plot": "profiler.cli.report:plot",
-    "doctor": "profiler.cli.doctor:doctor",
-    "gc": "profiler.cli.gc:gc",
-    "exporter": "profiler.cli.exporter:exporter",
-    "serve": "profiler.cli.serve:serve",
-    "view": "profiler.cli.view:view",
-    "playbook": "profiler.cli.playbook:playbook",
-    "relay": "profiler.cli.relay:relay",
+    "analyze": "memq.cli.analyze:analyze",
+    "explain": "memq.cli.analyze:explain",
+    "run": "memq.cli.run:run",
+    "db": "memq.cli.db:db",
+    "ingest": "memq.cli.ingest:ingest",
+    "reanalyze": "memq.cli.ingest:reanalyze",
+    "runs": "memq.cli.history:runs",
+    "history": "memq.cli.history:history",
+    "compare": "memq.cli.history:compare",
+    "versions": "memq.cli.history:versions",
+    "demo": "memq.cli.demo:demo",
+    "whatif": "memq.cli.whatif:whatif",
+    "fit": "memq.cli.fit:fit",
+    "push": "memq.cli.push:push",
+    "worker": "memq.cli.service:worker",
+    "dispatcher": "memq.cli.service:dispatcher",
+    "status": "memq.cli.service:status",
+    "report": "memq.cli.report:report",
+    "plot": "memq.cli.report:plot",
+    "doctor": "memq.cli.doctor:doctor",
+    "gc": "memq.cli.gc:gc",
+    "exporter": "memq.cli.exporter:exporter",
+    "serve": "memq.cli.serve:serve",
+    "view": "memq.cli.view:view",
+    "playbook": "memq.cli.playbook:playbook",
+    "relay": "memq.cli.relay:relay",
 }
 
 

@@ -3,7 +3,7 @@
 JSON keeps every figure with byte counts as integers; tables format bytes for people. The store is
 opened lazily inside a command (so `--help` never touches a database) and closed with the command.
 Names come from other people's jobs: tables and CSV show control characters as escapes
-(profiler.render.safe), JSON as \\u escapes.
+(memq.render.safe), JSON as \\u escapes.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from typing import Any
 
 import click
 
-from profiler.errors import BadInput
-from profiler.render.safe import rich_text, safe_text
-from profiler.units import fmt_bytes
+from memq.errors import BadInput
+from memq.render.safe import rich_text, safe_text
+from memq.units import fmt_bytes
 
 
 def output_options(csv_ok: bool = True):
@@ -42,7 +42,7 @@ def out_format(as_json: bool, as_csv: bool = False) -> str:
 
 def open_cli_store():
     """The configured store, closed when the click command ends."""
-    from profiler.store.connection import open_store
+    from memq.store.connection import open_store
 
     store = open_store()
     ctx = click.get_current_context(silent=True)
@@ -52,7 +52,7 @@ def open_cli_store():
 
 
 def console(stderr: bool = False):
-    from profiler.render.safe import safe_console
+    from memq.render.safe import safe_console
 
     return safe_console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=False,
                         width=None if (sys.stderr if stderr else sys.stdout).isatty() else 200)
@@ -90,7 +90,7 @@ def cell(value: Any, kind: str) -> str:
 
 
 def write_csv(rows: Iterable[dict[str, Any]], keys: Sequence[str]) -> None:
-    """CSV with control characters in cells escaped (`\\x1b`, `\\r`), not stripped (profiler.render.safe)."""
+    """CSV with control characters in cells escaped (`\\x1b`, `\\r`), not stripped (memq.render.safe)."""
     w = csv.writer(sys.stdout, lineterminator="\n")
     w.writerow([safe_text(k) for k in keys])
     for r in rows:

@@ -6,12 +6,12 @@ import sys
 
 import click
 
-from profiler import codec
-from profiler.cli import keep_until_exit
-from profiler.config import load_settings
-from profiler.errors import BadInput
-from profiler.model import OomContext
-from profiler.units import parse_size
+from memq import codec
+from memq.cli import keep_until_exit
+from memq.config import load_settings
+from memq.errors import BadInput
+from memq.model import OomContext
+from memq.units import parse_size
 
 
 class SizeType(click.ParamType):
@@ -31,7 +31,7 @@ SIZE = SizeType()
 
 def build_context(limit: int | None, device_total: int | None, oom_message: str | None,
                   requested: int | None = None) -> OomContext:
-    from profiler.oom_message import parse_oom_message
+    from memq.oom_message import parse_oom_message
 
     msg = parse_oom_message(oom_message) if oom_message else None
     return OomContext(requested_bytes=requested, limit_bytes=limit, device_total_bytes=device_total, message=msg)
@@ -54,8 +54,8 @@ def oom_options(f):
 @click.option("--max-bytes", type=SIZE, default=None, help="Refuse snapshots larger than this (uncompressed).")
 def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_details, max_bytes):
     """Diagnose snapshots of one run (in time order): .pickle, .pickle.gz, .zst, or a segment list."""
-    from profiler.analysis import analyze as run_analysis
-    from profiler.load import load_snapshot_file
+    from memq.analysis import analyze as run_analysis
+    from memq.load import load_snapshot_file
 
     cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
     max_b = min(max_bytes or cap, cap)
@@ -72,7 +72,7 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
 def _label(path: str) -> str | None:
     """Where a file was taken, from its name (`epoch2.pickle.gz`, `step0040...`, `oom...`), for the
     evidence; snapshots the agent sent carry their own trigger, step and epoch, which win."""
-    from profiler.analysis.labels import infer_from_name, snapshot_label
+    from memq.analysis.labels import infer_from_name, snapshot_label
 
     got = infer_from_name(path)
     return snapshot_label(got.get("trigger"), got.get("step"), got.get("epoch")) if got else None
@@ -82,9 +82,9 @@ def _whatif(loaded, ctx, earlier=()) -> list[dict] | None:
     """Replay the last trace through the allocator model when it recorded an OOM and a limit is
     known, so recommendations can cite a simulated outcome, or why there is none (the earlier files
     join or seed the replay: docs/whatif.md). The diagnosis never depends on it."""
-    from profiler.analysis.limits import resolve_limits
-    from profiler.analysis.recommend import DEFAULTS_CONF
-    from profiler.analysis.whatif import simulate_whatif
+    from memq.analysis.limits import resolve_limits
+    from memq.analysis.recommend import DEFAULTS_CONF
+    from memq.analysis.whatif import simulate_whatif
 
     snap = loaded.snapshot
     if snap.oom_event() is None:
@@ -100,11 +100,11 @@ def _whatif(loaded, ctx, earlier=()) -> list[dict] | None:
 
 def _emit(result: dict, as_json: bool, no_details: bool) -> None:
     if as_json:
-        from profiler.render.jsonout import write_json
+        from memq.render.jsonout import write_json
 
         write_json(result, sys.stdout, details=not no_details)
     else:
-        from profiler.render.terminal import render_analysis
+        from memq.render.terminal import render_analysis
 
         render_analysis(result, sys.stdout)
 
@@ -116,7 +116,7 @@ def _emit(result: dict, as_json: bool, no_details: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def explain(message, limit, device_total, as_json):
     """Diagnose from the OOM message alone ("CUDA out of memory. Tried to allocate ...")."""
-    from profiler.analysis import explain_message
+    from memq.analysis import explain_message
 
     ctx = build_context(limit, device_total, " ".join(message))
     _emit(explain_message(ctx), as_json, no_details=False)

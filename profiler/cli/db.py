@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from profiler.cli._listing import write_json
+from memq.cli._listing import write_json
 
 
 def _engine():
-    from profiler.config import load_settings
-    from profiler.store.db import make_engine
+    from memq.config import load_settings
+    from memq.store.db import make_engine
 
     settings = load_settings()
     engine = make_engine(settings.database_url)
@@ -20,7 +20,7 @@ def _engine():
 
 
 def _where(engine) -> str:
-    from profiler.config import redact_url
+    from memq.config import redact_url
 
     return redact_url(engine.url.render_as_string(hide_password=True))
 
@@ -34,7 +34,7 @@ def db() -> None:
 @click.argument("revision", default="head")
 def upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
-    from profiler.store import schema
+    from memq.store import schema
 
     engine = _engine()
     before = schema.current_revision(engine)
@@ -50,7 +50,7 @@ def upgrade(revision: str) -> None:
 @click.argument("revision", default="-1")
 def downgrade(revision: str) -> None:
     """Revert migrations down to REVISION (default: one step; `base` removes every table)."""
-    from profiler.store import schema
+    from memq.store import schema
 
     engine = _engine()
     before = schema.current_revision(engine)
@@ -63,8 +63,8 @@ def downgrade(revision: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def current(as_json: bool) -> None:
     """Show the database's schema revision and this memq's; exit 3 when they differ."""
-    from profiler.errors import SchemaOutOfDate
-    from profiler.store import schema
+    from memq.errors import SchemaOutOfDate
+    from memq.store import schema
 
     engine = _engine()
     cur, head = schema.current_revision(engine), schema.head_revision()

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from profiler.cli._listing import console, write_json
-from profiler.playbook_doc import doc_link
+from memq.cli._listing import console, write_json
+from memq.playbook_doc import doc_link
 
 
 def demo_dir() -> Path:
-    return Path(str(resources.files("profiler") / "demo_data"))
+    return Path(str(resources.files("memq") / "demo_data"))
 
 
 def load_manifest() -> dict:
@@ -26,8 +26,8 @@ def load_manifest() -> dict:
 
 
 def demo_store(database_url: str | None = None):
-    from profiler.config import load_settings
-    from profiler.store.connection import open_store
+    from memq.config import load_settings
+    from memq.store.connection import open_store
 
     settings = load_settings()
     url = database_url or settings.database_url
@@ -38,9 +38,9 @@ def demo_store(database_url: str | None = None):
 
 def run_demo(store) -> dict:
     """Ingest every demo run; returns {"runs": [...ingest reports...], "compare": ...}."""
-    from profiler.store import service
-    from profiler.store.queries import RunFilter, compare_runs, list_runs
-    from profiler.store.repository import RunMeta
+    from memq.store import service
+    from memq.store.queries import RunFilter, compare_runs, list_runs
+    from memq.store.repository import RunMeta
 
     base = demo_dir()
     manifest = load_manifest()
@@ -69,9 +69,9 @@ def demo(as_json: bool) -> None:
     """Analyse a few real H200 snapshots into the local history and show what memq finds."""
     from rich.panel import Panel
 
-    from profiler.cli._listing import table
-    from profiler.cli.history import RUN_COLS, _flat, _print_history
-    from profiler.store.queries import run_history
+    from memq.cli._listing import table
+    from memq.cli.history import RUN_COLS, _flat, _print_history
+    from memq.store.queries import run_history
 
     store = demo_store()
     ctx = click.get_current_context(silent=True)

@@ -25,7 +25,7 @@ Checks, in order (each prints one line, and a `fix:` line when something is wron
 - workers     live worker and dispatcher heartbeats; none is a warning
 - blobs       the blob store directory is writable
 Errors (a dependency unreachable, the schema out of date, the blob store not writable, bad settings)
-exit non-zero with profiler.errors' codes: 3 when the only errors are schema errors, 2 for bad
+exit non-zero with memq.errors' codes: 3 when the only errors are schema errors, 2 for bad
 settings, else 1. Warnings exit 0, or 1 with `--strict`. Passwords in URLs are always masked.
 Redis facts come from INFO (works where CONFIG is disabled, as on managed Redis); persistence falls
 back to CONFIG GET save, and says so when it cannot tell.
@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 import click
 
-from profiler.errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_SCHEMA
+from memq.errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_SCHEMA
 
 OK, INFO, WARN, ERROR = "ok", "info", "warning", "error"
 EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random",
@@ -66,10 +66,10 @@ def _text(v) -> str:
 
 
 def check_database(st) -> list[Check]:
-    from profiler.config import redact_url
-    from profiler.errors import MemqError, SchemaOutOfDate
-    from profiler.store import schema
-    from profiler.store.db import is_sqlite, make_engine
+    from memq.config import redact_url
+    from memq.errors import MemqError, SchemaOutOfDate
+    from memq.store import schema
+    from memq.store.db import is_sqlite, make_engine
 
     where = redact_url(st.database_url)
     engine = make_engine(st.database_url)
@@ -108,7 +108,7 @@ def check_partitions(engine) -> list[Check]:
     from sqlalchemy import text
     from sqlalchemy.orm import Session
 
-    from profiler.store import partitions
+    from memq.store import partitions
 
     if engine.dialect.name != "postgresql":
         return []
@@ -138,7 +138,7 @@ def _redis_client(st):
 def check_redis(st) -> tuple[list[Check], object | None]:
     import redis
 
-    from profiler.config import redact_url
+    from memq.config import redact_url
 
     where = redact_url(st.redis_url)
     try:
@@ -162,7 +162,7 @@ def check_broker(st) -> list[Check]:
     """The Celery broker, when it is not the same Redis (MEMQ_BROKER_URL)."""
     import redis
 
-    from profiler.config import redact_url
+    from memq.config import redact_url
 
     if not st.broker_url or st.broker_url == st.redis_url:
         return []
@@ -235,7 +235,7 @@ def check_persistence(r) -> list[Check]:
 def check_stream(r, st) -> list[Check]:
     import redis
 
-    from workers.runtime import GROUP
+    from memq.workers.runtime import GROUP
 
     data: dict = {"key": st.stream_key}
     try:
@@ -287,7 +287,7 @@ def check_stream_limits(r, st, length: int, group: dict) -> list[Check]:
     the group, and no longer in it), and the last ID against the clock and the end of the ID space."""
     import redis
 
-    from workers.runtime import GROUP
+    from memq.workers.runtime import GROUP
 
     try:
         info = r.xinfo_stream(st.stream_key)
@@ -335,7 +335,7 @@ def check_pending(r, st) -> list[Check]:
     """Pending entries nobody takes over, and entries past MEMQ_MAX_DELIVERIES still pending."""
     import redis
 
-    from workers.runtime import GROUP
+    from memq.workers.runtime import GROUP
 
     stuck_ms = 1000 * max(300, 5 * st.claim_idle_s)
     try:
@@ -369,7 +369,7 @@ def check_pending(r, st) -> list[Check]:
 
 def _check_trim(r, st) -> list[Check]:
     """An entry the periodic trim should have removed three periods ago is still there: it is not running."""
-    from workers.retention import trim_floor
+    from memq.workers.retention import trim_floor
 
     if st.stream_trim_interval_s <= 0:
         return []
@@ -382,7 +382,7 @@ def _check_trim(r, st) -> list[Check]:
         return [Check("stream-trim", WARN, f"{st.stream_key} still holds acknowledged entries older than "
                       f"MEMQ_STREAM_KEEP_S + 3 trim periods (oldest {fid}): the periodic trim "
                       "(workers.retention.trim_stream) is not running",
-                      "run exactly one beat (`celery -A workers.app beat`) and a worker on memq.ingest",
+                      "run exactly one beat (`celery -A memq.workers.app beat`) and a worker on memq.ingest",
                       data={"oldest": fid, "overdue_below": overdue})]
     return []
 
@@ -417,8 +417,8 @@ def check_heartbeats(r, st) -> list[Check]:
 
 
 def check_blobs(st) -> list[Check]:
-    from profiler.errors import StorageError
-    from profiler.store.blobs import BlobStore
+    from memq.errors import StorageError
+    from memq.store.blobs import BlobStore
 
     try:
         BlobStore(st.blob_dir).check_writable()
@@ -434,7 +434,7 @@ def run_checks(st) -> list[Check]:
     checks += rchecks
     if r is not None:
         checks += check_memory(r) + check_persistence(r) + check_stream(r, st) + check_heartbeats(r, st)
-        from profiler.redis_functions import doctor_checks
+        from memq.redis_functions import doctor_checks
 
         checks += [Check(*c) for c in doctor_checks(r, st)]  # the agents' inbox relay
     checks += check_broker(st) + check_blobs(st)
@@ -459,8 +459,8 @@ def exit_code(checks: list[Check], strict: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 def doctor(strict: bool, as_json: bool) -> None:
     """Check the database, Redis, stream, workers and blob store; print a fix for each problem."""
-    from profiler.config import load_settings
-    from profiler.errors import ConfigError
+    from memq.config import load_settings
+    from memq.errors import ConfigError
 
     try:
         st = load_settings()
@@ -478,7 +478,7 @@ def doctor(strict: bool, as_json: bool) -> None:
                "checks": [{k: v for k, v in asdict(c).items() if k != "code"} for c in checks]}
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
-        from profiler.render.safe import safe_text
+        from memq.render.safe import safe_text
 
         width = max(len(c.name) for c in checks)
         for c in checks:

@@ -18,8 +18,8 @@ import click
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 def exporter(host, port, once, loglevel):
     """Serve Prometheus metrics: snapshots, OOMs, verdicts, headroom, stream lag, workers."""
-    from profiler.config import load_settings
-    from profiler.metrics.exporter import registry_for, serve
+    from memq.config import load_settings
+    from memq.metrics.exporter import registry_for, serve
 
     logging.basicConfig(level=loglevel.upper(), stream=sys.stderr,
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")

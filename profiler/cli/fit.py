@@ -10,9 +10,9 @@ import sys
 
 import click
 
-from profiler.cli.analyze import SIZE
-from profiler.errors import BadInput, MemqError
-from profiler.render.safe import safe_text
+from memq.cli.analyze import SIZE
+from memq.errors import BadInput, MemqError
+from memq.render.safe import safe_text
 
 
 @click.command()
@@ -39,7 +39,7 @@ def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limi
             raise BadInput("--limit and --gpu are exclusive")
         limit_source = "--limit" if limit is not None else None
         if gpu:
-            from profiler.gpus import gpu_limit
+            from memq.gpus import gpu_limit
 
             limit, limit_source = gpu_limit(gpu)
         doc = _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source)
@@ -50,24 +50,24 @@ def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limi
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    from profiler.render.fit_text import render_fit
+    from memq.render.fit_text import render_fit
 
     sys.stdout.write(render_fit(doc))
 
 
 def _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source) -> dict:
-    from profiler.analysis.fit import Question
+    from memq.analysis.fit import Question
 
     q = Question(batch=batch, from_batch=from_batch, seq=seq, from_seq=from_seq,
                  optimizer=optimizer.lower() if optimizer else None, limit=limit, limit_source=limit_source)
     if run_name:
-        from profiler.cli._listing import open_cli_store
-        from profiler.store.fit_source import fit_for_run
+        from memq.cli._listing import open_cli_store
+        from memq.store.fit_source import fit_for_run
 
         return fit_for_run(open_cli_store(), run_name, rank, q)
-    from profiler.config import load_settings
-    from profiler.load import load_snapshot_file
-    from profiler.store.fit_source import answer_for
+    from memq.config import load_settings
+    from memq.load import load_snapshot_file
+    from memq.store.fit_source import answer_for
 
     cap = load_settings().decode_max_bytes
     loaded = [load_snapshot_file(f, max_bytes=cap) for f in files]

@@ -17,9 +17,9 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 def gc(dry_run: bool, as_json: bool) -> None:
     """Remove raw blobs and stat samples past the retention policy."""
-    from profiler.config import load_settings
-    from profiler.store.connection import open_store
-    from profiler.store.retention import Policy, collect
+    from memq.config import load_settings
+    from memq.store.connection import open_store
+    from memq.store.retention import Policy, collect
 
     st = load_settings()
     policy = Policy.from_settings(st)
@@ -29,7 +29,7 @@ def gc(dry_run: bool, as_json: bool) -> None:
     finally:
         store.close()
     if as_json:
-        from profiler.cli._listing import write_json
+        from memq.cli._listing import write_json
 
         write_json(summary)
         return

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from profiler.cli._listing import (
+from memq.cli._listing import (
     Col,
     cell,
     console,
@@ -20,13 +20,13 @@ from profiler.cli._listing import (
     write_csv,
     write_json,
 )
-from profiler.playbook_doc import doc_link
-from profiler.render.fit_text import own_fit_line
-from profiler.render.forecast_text import forecast_line
-from profiler.render.reasons import said_once
-from profiler.render.safe import rich_text
-from profiler.render.step_need_text import step_need_line
-from profiler.units import fmt_bytes, sparkline
+from memq.playbook_doc import doc_link
+from memq.render.fit_text import own_fit_line
+from memq.render.forecast_text import forecast_line
+from memq.render.reasons import said_once
+from memq.render.safe import rich_text
+from memq.render.step_need_text import step_need_line
+from memq.units import fmt_bytes, sparkline
 
 CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
           "external_memory", "allocator_config", "healthy"]
@@ -54,7 +54,7 @@ RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_co
 @output_options()
 def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_json, as_csv):
     """List runs, newest first."""
-    from profiler.store.queries import RunFilter, list_runs
+    from memq.store.queries import RunFilter, list_runs
 
     fmt = out_format(as_json, as_csv)
     f = RunFilter(cluster=cluster, job=job, torch_version=torch_version, status=status, cause=cause,
@@ -89,7 +89,7 @@ def _flat(s: dict) -> dict:
 @output_options()
 def history(run_name, rank, points, as_json, as_csv):
     """A run's snapshots in time order, its diagnosis, what changed, and a memory timeline."""
-    from profiler.store.queries import run_history
+    from memq.store.queries import run_history
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
@@ -222,7 +222,7 @@ def _print_whatif(con, snaps: list[dict]) -> None:
 @output_options()
 def compare(run_a, run_b, as_json, as_csv):
     """Two runs side by side: peaks, composition deltas, settings that differ, and what explains the gap."""
-    from profiler.store.queries import CATEGORIES, compare_runs
+    from memq.store.queries import CATEGORIES, compare_runs
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
@@ -288,7 +288,7 @@ VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("
 @output_options()
 def versions(job, as_json, as_csv):
     """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged."""
-    from profiler.store.queries import torch_versions
+    from memq.store.queries import torch_versions
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from profiler.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
-from profiler.cli.analyze import SIZE
-from profiler.playbook_doc import doc_link
+from memq.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
+from memq.cli.analyze import SIZE
+from memq.playbook_doc import doc_link
 
 
 def _progress(total: int, enabled: bool):
@@ -65,13 +65,13 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
            stats_path, status, host, username, project, torch_version, cuda_version, driver_version, gpu_model,
            optimizer, param_count, world_size, allocator_conf, as_json):
     """Analyse snapshot FILEs of one run (in time order) and store them in the run history."""
-    from profiler.store import service
-    from profiler.store.repository import RunMeta
+    from memq.store import service
+    from memq.store.repository import RunMeta
 
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
                                "like step0040.pickle.gz / epoch2.pickle.gz")
-    from profiler.names import check_name
+    from memq.names import check_name
 
     # the dispatcher's rule for agents' envelopes, so that SQLite (no String(N) limit) and PostgreSQL agree
     check_name("run", run_name)
@@ -138,7 +138,7 @@ def _print_report(doc: dict) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def reanalyze(run_name, force, as_json):
     """Recompute stored results from the raw snapshots with this memq's analyzer version."""
-    from profiler.store import service
+    from memq.store import service
 
     store = open_cli_store()
     report = service.reanalyze(store, run_name, force=force)

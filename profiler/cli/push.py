@@ -17,7 +17,7 @@ import socket
 
 import click
 
-from profiler.cli.analyze import SIZE
+from memq.cli.analyze import SIZE
 
 
 @click.command()
@@ -43,20 +43,20 @@ from profiler.cli.analyze import SIZE
 def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit, device_total, oom_message, status,
          check, redis_url, as_json):
     """Send snapshot FILEs of one run (in time order) to the ingest stream, as the agent does."""
-    from profiler import codec, envelope
-    from profiler.agent.spool import Spool
-    from profiler.agent.transport import Item, Transport, append_fields
-    from profiler.cli._listing import write_json
-    from profiler.config import load_settings, redact_url
-    from profiler.errors import BadInput, BrokerUnavailable
-    from profiler.load import decode_snapshot_bytes, read_bytes
-    from profiler.redis_client import make_client
-    from profiler.store.service import infer_from_name
+    from memq import codec, envelope
+    from memq.agent.spool import Spool
+    from memq.agent.transport import Item, Transport, append_fields
+    from memq.cli._listing import write_json
+    from memq.config import load_settings, redact_url
+    from memq.errors import BadInput, BrokerUnavailable
+    from memq.load import decode_snapshot_bytes, read_bytes
+    from memq.redis_client import make_client
+    from memq.store.service import infer_from_name
 
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
                                "like step0040.pickle.gz / epoch2.pickle.gz")
-    from profiler.names import check_name
+    from memq.names import check_name
 
     st = load_settings()
     url = redis_url or st.redis_url
@@ -128,8 +128,8 @@ def _key(text: str):
     """MEMQ_AGENT_KEY(_FILE), the key envelopes are signed with; a bad key file is an error here."""
     if not text:
         return None
-    from profiler.errors import BadInput
-    from profiler.identity import parse_key
+    from memq.errors import BadInput
+    from memq.identity import parse_key
 
     try:
         return parse_key(text)

@@ -12,10 +12,10 @@ import click
 @click.option("--redis-url", envvar="MEMQ_REDIS_URL", help="The memq services user's URL (default MEMQ_REDIS_URL).")
 def relay(action, redis_url):
     """Load the relay library into Redis (FUNCTION LOAD REPLACE when missing or older), or show its version."""
-    from profiler import redis_functions as rf
-    from profiler.config import load_settings, redact_url
-    from profiler.errors import BrokerUnavailable
-    from profiler.redis_client import make_client
+    from memq import redis_functions as rf
+    from memq.config import load_settings, redact_url
+    from memq.errors import BrokerUnavailable
+    from memq.redis_client import make_client
 
     url = redis_url or load_settings().redis_url
     client = make_client(url, 10.0)

@@ -6,7 +6,7 @@
 Without --date the report covers the latest UTC day with run activity in the scope (today on a
 live system). The report is also stored in the database (one row per date and scope: a rerun
 replaces it) and written to MEMQ_REPORT_DIR/<scope>/<date>.{html,md,json}, unless --no-store.
---out writes regular files only (profiler.render.outfile): a device, FIFO or directory, a missing
+--out writes regular files only (memq.render.outfile): a device, FIFO or directory, a missing
 parent directory or an unwritable place is one error line and exit 2, checked before any work.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import click
 
-from profiler.cli._listing import open_cli_store
-from profiler.errors import BadInput, NotFound
-from profiler.render.outfile import check_output, write_output
-from profiler.render.safe import safe_text
+from memq.cli._listing import open_cli_store
+from memq.errors import BadInput, NotFound
+from memq.render.outfile import check_output, write_output
+from memq.render.safe import safe_text
 
 
 def _date(ctx, param, value):
@@ -51,8 +51,8 @@ def _format_for(fmt: str | None, out: str | None) -> str:
               help="Also keep it in the database and MEMQ_REPORT_DIR.")
 def report(day, scope, fmt, out, save):
     """OOMs and near misses by cause, regressions, fragmentation and growth for one UTC day."""
-    from profiler.report import generate
-    from profiler.store.report_queries import Scope, latest_activity_date
+    from memq.report import generate
+    from memq.store.report_queries import Scope, latest_activity_date
 
     sc = Scope.parse(scope)
     fmt = _format_for(fmt, out)
@@ -80,9 +80,9 @@ def report(day, scope, fmt, out, save):
               help="Buckets of the stat-sample timeline (max per bucket).")
 def plot(run_name, out, points):
     """A run's memory timeline: reserved, allocated, the limit, snapshots and the OOM."""
-    from profiler.report import plots
-    from profiler.report.data import run_timeline
-    from profiler.store.report_source import SqlReportSource
+    from memq.report import plots
+    from memq.report.data import run_timeline
+    from memq.store.report_source import SqlReportSource
 
     out = out or f"{''.join(c if c.isalnum() or c in '._-' else '_' for c in run_name)}.png"
     suffix = Path(out).suffix.lower()
@@ -100,7 +100,7 @@ def plot(run_name, out, points):
     elif suffix == ".svg":
         write_output(out, plots.to_svg(plots.timeline_figure(tl)))
     else:
-        from profiler.report.html import render_timeline_html
+        from memq.report.html import render_timeline_html
 
         write_output(out, render_timeline_html(tl))
     click.echo(f"memq: wrote {safe_text(out)} ({len(tl['series'])} timeline points, {len(tl['snapshots'])} snapshots"

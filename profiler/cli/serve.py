@@ -18,8 +18,8 @@ def serve(host, port, workers, root_path, log_level):
     """Runs, snapshots, comparisons and reports in a browser, with the JSON API behind every page."""
     import uvicorn
 
-    from profiler.config import load_settings
-    from profiler.errors import ConfigError
+    from memq.config import load_settings
+    from memq.errors import ConfigError
 
     settings = load_settings()
     local = host in ("127.0.0.1", "::1", "localhost")
@@ -31,8 +31,8 @@ def serve(host, port, workers, root_path, log_level):
     common = dict(host=host, port=port, root_path=root_path, log_level=log_level, server_header=False,
                   proxy_headers=True, timeout_graceful_shutdown=10)
     if workers > 1:
-        uvicorn.run("profiler.web.app:app_from_env", factory=True, workers=workers, **common)
+        uvicorn.run("memq.web.app:app_from_env", factory=True, workers=workers, **common)
     else:
-        from profiler.web.app import create_app
+        from memq.web.app import create_app
 
         uvicorn.run(create_app(settings), **common)

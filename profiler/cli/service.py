@@ -1,7 +1,7 @@
 """`memq worker`, `memq dispatcher`, `memq status`: run and watch the Redis -> Celery -> SQL path.
 
-- `memq worker [CELERY WORKER OPTIONS]`: Celery's own worker for `workers.app` (the same as
-  `celery -A workers.app worker ...`); memq adds defaults for the queues and the prefork pool.
+- `memq worker [CELERY WORKER OPTIONS]`: Celery's own worker for `memq.workers.app` (the same as
+  `celery -A memq.workers.app worker ...`); memq adds defaults for the queues and the prefork pool.
 - `memq dispatcher`: the stream consumer (workers/dispatcher.py) until SIGTERM or SIGINT.
 - `memq status [--json]`: stream length, consumer-group lag and pending entries, queue depths,
   dead letters (with the latest reasons), heartbeats of workers and dispatchers, snapshot states.
@@ -23,7 +23,7 @@ import click
 @click.pass_context
 def worker(ctx, queues, concurrency, loglevel, beat):
     """Run a Celery worker for memq (other options go to `celery worker` unchanged)."""
-    from workers.app import app
+    from memq.workers.app import app
 
     argv = ["worker", "-Q", queues, "-l", loglevel, "-P", "prefork"]
     if concurrency:
@@ -42,8 +42,8 @@ def worker(ctx, queues, concurrency, loglevel, beat):
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 def dispatcher(consumer, batch, block_ms, loglevel):
     """Move the agents' stream into the history and enqueue analyses, until SIGTERM."""
-    from profiler.config import load_settings
-    from workers.dispatcher import Dispatcher
+    from memq.config import load_settings
+    from memq.workers.dispatcher import Dispatcher
 
     logging.basicConfig(level=loglevel.upper(), stream=sys.stderr,
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
@@ -56,9 +56,9 @@ def dispatcher(consumer, batch, block_ms, loglevel):
 @click.option("--no-db", is_flag=True, help="Do not query the database for snapshot states.")
 def status(as_json, no_db):
     """Backlog and health of the ingest path: stream, queues, dead letters, workers."""
-    from profiler.config import load_settings, redact_url
-    from profiler.errors import BrokerUnavailable
-    from profiler.pipeline.status import collect_status
+    from memq.config import load_settings, redact_url
+    from memq.errors import BrokerUnavailable
+    from memq.pipeline.status import collect_status
 
     st = load_settings()
     try:
@@ -71,7 +71,7 @@ def status(as_json, no_db):
                                     hint="check MEMQ_REDIS_URL and that Redis is running") from exc
         raise
     if as_json:
-        from profiler.cli._listing import write_json
+        from memq.cli._listing import write_json
 
         write_json(doc)
         return
@@ -81,8 +81,8 @@ def status(as_json, no_db):
 def _print(doc: dict) -> None:
     """The human view. Names, ids and reasons come from Redis, written by any job: each value goes
     through rich_text (control characters escaped, no markup)."""
-    from profiler.cli._listing import console
-    from profiler.render.safe import rich_text as v
+    from memq.cli._listing import console
+    from memq.render.safe import rich_text as v
 
     con = console()
     s = doc["stream"]

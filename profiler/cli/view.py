@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from profiler.cli.analyze import build_context, oom_options
+from memq.cli.analyze import build_context, oom_options
 
 
 @click.command()
@@ -18,13 +18,13 @@ from profiler.cli.analyze import build_context, oom_options
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
 def view(files, limit, device_total, oom_message, optimizer, out):
     """Draw the last of FILES (one run's snapshots in time order) with the diagnosis of all of them."""
-    from profiler.analysis import analyze as run_analysis
-    from profiler.cli.analyze import _whatif
-    from profiler.config import load_settings
-    from profiler.load import load_snapshot_file
-    from profiler.render.outfile import check_output, write_output
-    from profiler.web.render import render_page
-    from profiler.web.snapshot_view import snapshot_view
+    from memq.analysis import analyze as run_analysis
+    from memq.cli.analyze import _whatif
+    from memq.config import load_settings
+    from memq.load import load_snapshot_file
+    from memq.render.outfile import check_output, write_output
+    from memq.web.render import render_page
+    from memq.web.snapshot_view import snapshot_view
 
     check_output(out)  # a device, FIFO or missing directory is refused before the work
     max_b = load_settings().decode_max_bytes

@@ -14,16 +14,16 @@ import sys
 
 import click
 
-from profiler.cli.analyze import SIZE
-from profiler.errors import BadInput, MemqError
-from profiler.render.reasons import said_once
-from profiler.render.safe import safe_text
+from memq.cli.analyze import SIZE
+from memq.errors import BadInput, MemqError
+from memq.render.reasons import said_once
+from memq.render.safe import safe_text
 
 OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "window ok", "not_assessable": "n/a"}
 
 
 def _fmt(n: int | None) -> str:
-    from profiler.units import fmt_bytes
+    from memq.units import fmt_bytes
 
     return fmt_bytes(n)
 
@@ -49,7 +49,7 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
         if rank is not None and not run_name:
             raise BadInput("--rank goes with --run")
         for c in confs:  # refuse bad settings before reading anything
-            from profiler.analysis.alloc_conf import parse_alloc_conf
+            from memq.analysis.alloc_conf import parse_alloc_conf
 
             parse_alloc_conf(c)
         if run_name:
@@ -67,7 +67,7 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
 
 
 def _wanted(confs, sweep: bool, snapshot) -> list[str]:
-    from profiler.analysis.whatif import sweep_confs
+    from memq.analysis.whatif import sweep_confs
 
     wanted = [""]
     for c in list(confs) + (sweep_confs(snapshot) if sweep else []):
@@ -77,9 +77,9 @@ def _wanted(confs, sweep: bool, snapshot) -> list[str]:
 
 
 def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
-    from profiler.analysis.whatif import run_whatif
-    from profiler.config import load_settings
-    from profiler.load import load_snapshot_file
+    from memq.analysis.whatif import run_whatif
+    from memq.config import load_settings
+    from memq.load import load_snapshot_file
 
     cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
     max_b = min(max_bytes or cap, cap)
@@ -98,9 +98,9 @@ def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]
 
 
 def _from_run(run_name, rank, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
-    from profiler.cli._listing import open_cli_store
-    from profiler.store.blob_snapshots import load_blob
-    from profiler.store.sweeps import replay_for_run
+    from memq.cli._listing import open_cli_store
+    from memq.store.blob_snapshots import load_blob
+    from memq.store.sweeps import replay_for_run
 
     store = open_cli_store()
     doc = replay_for_run(store, run_name, rank, list(confs), sweep=sweep, limit_bytes=limit,

@@ -59,11 +59,11 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from profiler.config import Settings
-from profiler.metrics import queries as q
-from profiler.metrics.tally import SnapshotTally, not_done
-from profiler.store import repository as repo
-from profiler.store.orm import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
+from memq.config import Settings
+from memq.metrics import queries as q
+from memq.metrics.tally import SnapshotTally, not_done
+from memq.store import repository as repo
+from memq.store.orm import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
 
 log = logging.getLogger("memq.exporter")
 
@@ -192,7 +192,7 @@ class MemqCollector(Collector):
 
     def _store_or_open(self):
         if self._store is None:
-            from profiler.store.connection import open_store
+            from memq.store.connection import open_store
 
             self._store = open_store(self.st)
         return self._store
@@ -288,7 +288,7 @@ class MemqCollector(Collector):
         return True
 
     def _collect_redis(self, f: dict) -> bool:
-        from profiler.pipeline.status import collect_status
+        from memq.pipeline.status import collect_status
 
         try:
             doc = collect_status(self.st, with_db=False)

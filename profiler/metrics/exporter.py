@@ -16,8 +16,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from profiler.config import Settings
-from profiler.metrics.collector import MemqCollector
+from memq.config import Settings
+from memq.metrics.collector import MemqCollector
 
 log = logging.getLogger("memq.exporter")
 

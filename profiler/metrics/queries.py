@@ -15,8 +15,8 @@ from sqlalchemy import Float, and_, case, func, literal, select, union
 from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session
 
-from profiler.store import repository as repo
-from profiler.store.orm import Alert, AlertSummary, AnalysisResult, Run, Snapshot
+from memq.store import repository as repo
+from memq.store.orm import Alert, AlertSummary, AnalysisResult, Run, Snapshot
 
 #: Upper bounds (seconds) of the analysis latency histogram: from the dispatcher's snapshot row to its
 #: analysis attached. Seconds for a quiet pipeline, minutes under a backlog.

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, literal, or_, select
 from sqlalchemy.orm import Session
 
-from profiler.metrics import queries as q
-from profiler.store import repository as repo
-from profiler.store.orm import AnalysisResult, Run, Snapshot
+from memq.metrics import queries as q
+from memq.store import repository as repo
+from memq.store.orm import AnalysisResult, Run, Snapshot
 
 OVERLAP = dt.timedelta(seconds=120)
 

@@ -20,9 +20,9 @@ def _queue_depth(r, prefix: str, queue: str) -> int:
 
 def collect_status(st, with_db: bool = True) -> dict:
     """What `memq status` shows, as one dict (byte-free: counts and ages only)."""
-    from profiler.config import redact_url
-    from profiler.queues import GROUP, QUEUES
-    from profiler.redis_client import shared_client
+    from memq.config import redact_url
+    from memq.queues import GROUP, QUEUES
+    from memq.redis_client import shared_client
 
     r = shared_client(st.redis_url, timeout_s=5)
     now = time.time()
@@ -30,7 +30,7 @@ def collect_status(st, with_db: bool = True) -> dict:
                  "dead_letters": {"key": st.dead_letter_key}, "workers": [], "dispatchers": []}
     s = doc["stream"]
     s["length"] = int(r.xlen(st.stream_key))
-    from profiler.redis_functions import inbox_key
+    from memq.redis_functions import inbox_key
 
     # what agents appended through the inbox and the relay has not moved yet (an outage backlog)
     s["inbox"] = int(r.llen(inbox_key(st.stream_key)))
@@ -78,9 +78,9 @@ def collect_status(st, with_db: bool = True) -> dict:
 def _db_states(st) -> dict:
     from sqlalchemy import func, select
 
-    from profiler.errors import MemqError
-    from profiler.store.connection import open_store
-    from profiler.store.orm import Snapshot
+    from memq.errors import MemqError
+    from memq.store.connection import open_store
+    from memq.store.orm import Snapshot
 
     try:
         store = open_store(st)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from profiler.render.safe import safe_text
-from profiler.units import fmt_bytes
+from memq.render.safe import safe_text
+from memq.units import fmt_bytes
 
 
 def _shape(doc: dict) -> str:

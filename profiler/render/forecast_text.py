@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.units import fmt_bytes
+from memq.units import fmt_bytes
 
 
 def remaining_s(fc: Mapping[str, Any] | None, now: float | None) -> float | None:

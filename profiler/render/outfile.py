@@ -15,8 +15,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from profiler.errors import OutputError
-from profiler.render.safe import safe_text
+from memq.errors import OutputError
+from memq.render.safe import safe_text
 
 _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}

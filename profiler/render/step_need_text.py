@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from profiler.units import fmt_bytes, fmt_need
+from memq.units import fmt_bytes, fmt_need
 
 _VERDICT = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
             None: "too close to the limit to tell"}

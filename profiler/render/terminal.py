@@ -10,11 +10,11 @@ from typing import TextIO
 from rich.panel import Panel
 from rich.table import Table
 
-from profiler.playbook_doc import doc_link
-from profiler.render.safe import rich_text as v
-from profiler.render.safe import safe_console
-from profiler.render.step_need_text import step_need_headline
-from profiler.units import fmt_bytes, sparkline
+from memq.playbook_doc import doc_link
+from memq.render.safe import rich_text as v
+from memq.render.safe import safe_console
+from memq.render.step_need_text import step_need_headline
+from memq.units import fmt_bytes, sparkline
 
 
 def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:

@@ -1,12 +1,12 @@
 """Nightly and on-demand reports, and run timeline plots.
 
 - `data.build_report(source, date, scope)`: gathers the figures from a source of plain dicts
-  (`profiler.store.report_source.SqlReportSource(session)`: the report's queries).
+  (`memq.store.report_source.SqlReportSource(session)`: the report's queries).
 - `html.render_html(doc)`, `markdown.render_markdown(doc)`, `render(doc, fmt)`: format them.
 - `plots`: matplotlib (Agg) figures, embedded as inline SVG in HTML.
 - `generate(store, date, scope, ...)`: build, store in the reports table (one row per date and
   scope: a rerun replaces it) and write `<report_dir>/<scope>/<date>.{html,md,json}`.
-Nothing here is imported by `import profiler`; matplotlib loads only when a plot is drawn.
+Nothing here is imported by `import memq`; matplotlib loads only when a plot is drawn.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
     if fmt == "md":
-        from profiler.report.markdown import render_markdown
+        from memq.report.markdown import render_markdown
 
         return render_markdown(doc)
     if fmt == "html":
-        from profiler.report.html import render_html
+        from memq.report.html import render_html
 
         return render_html(doc)
     raise ValueError(f"unknown report format {fmt!r}")
@@ -55,9 +55,9 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
     Returns (document, {format: rendered text}): every format when saving, else `formats`.
     `simulate`: replay the top fragmented runs under the proposed setting (needs their blobs)."""
-    from profiler.report.data import build_report, stored_summary
-    from profiler.store import repository as repo
-    from profiler.store.report_source import SqlReportSource, whatif_simulator
+    from memq.report.data import build_report, stored_summary
+    from memq.store import repository as repo
+    from memq.store.report_source import SqlReportSource, whatif_simulator
 
     with store.session() as s:
         doc = build_report(SqlReportSource(s), day, scope, now=now,
@@ -69,7 +69,7 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
         for fmt, p in paths.items():
             write_atomic(p, texts[fmt])
         doc["files"] = {fmt: str(p) for fmt, p in paths.items()}
-        from profiler.analysis import ANALYZER_VERSION
+        from memq.analysis import ANALYZER_VERSION
 
         with store.session() as s:
             doc["report_id"] = repo.upsert_report(s, day, scope.key, stored_summary(doc), path=str(paths["html"]),

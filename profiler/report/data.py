@@ -34,9 +34,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from profiler.render.forecast_text import forecast_line
-from profiler.render.step_need_text import step_need_line
-from profiler.store.report_queries import Scope, Window
+from memq.render.forecast_text import forecast_line
+from memq.render.step_need_text import step_need_line
+from memq.store.report_queries import Scope, Window
 
 SCHEMA = 1
 MiB = 1024**2
@@ -57,7 +57,7 @@ ALLOC_SETTING = re.compile(r"(expandable_segments:True|max_split_size_mb:\d+|gar
 
 
 class ReportSource(Protocol):
-    """Where the figures come from: plain dicts (profiler.store.report_source.SqlReportSource)."""
+    """Where the figures come from: plain dicts (memq.store.report_source.SqlReportSource)."""
 
     def window_runs(self, window: Window, scope: Scope) -> list[dict[str, Any]]: ...
     def run_metrics(self, window: Window, scope: Scope) -> dict[int, dict[str, Any]]: ...
@@ -232,7 +232,7 @@ def _breakdown(ooms: list[dict], near: list[dict]) -> dict[str, list[dict]]:
 
 
 def _version_key(v: str | None) -> tuple:
-    from profiler.store.queries import version_key
+    from memq.store.queries import version_key
 
     return version_key(v)
 
@@ -513,7 +513,7 @@ def timeline_from_history(h: dict[str, Any]) -> dict[str, Any]:
 
 def summary_lines(doc: dict) -> list[str]:
     """A few sentences for the top of every format and the webhook."""
-    from profiler.units import fmt_bytes
+    from memq.units import fmt_bytes
 
     t = doc["totals"]
     lines = [f"{t['runs']} runs in {doc['scope_label']} on {doc['date']}: {t['oom_runs']} OOM, "

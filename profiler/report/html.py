@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.report import plots
-from profiler.units import fmt_bytes
+from memq.report import plots
+from memq.units import fmt_bytes
 
 TEMPLATE = r"""<!DOCTYPE html>
 <html lang="en">
@@ -117,7 +117,7 @@ def _env():
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["gib"] = lambda v: f"{(v or 0) / 1024**3:.2f}"
     env.globals["b"] = lambda v: "-" if v is None else fmt_bytes(v)
-    from profiler.report.data import simulated_outcome
+    from memq.report.data import simulated_outcome
 
     env.globals["sim_outcome"] = simulated_outcome
     env.globals["playbook"] = _playbook_note
@@ -130,14 +130,14 @@ def _playbook_note(entry_id: object):
     report stored before recommendations named an entry."""
     from markupsafe import Markup, escape
 
-    from profiler.playbook_doc import doc_link
+    from memq.playbook_doc import doc_link
 
     link = doc_link(entry_id)
     return Markup(f'<div class="playbook">playbook: <code>{escape(link)}</code></div>') if link else ""
 
 
 def render_html(doc: dict[str, Any]) -> str:
-    """The whole HTML document for a report dict from `profiler.report.data.build_report`."""
+    """The whole HTML document for a report dict from `memq.report.data.build_report`."""
     cause_svg = plots.to_svg(plots.cause_figure(doc["breakdown"]["by_cause"]))
     trend_svg = plots.to_svg(plots.trend_figure(doc["trend"])) if doc.get("trend") else ""
     timelines = [{"run": t["run"], "svg": plots.to_svg(plots.timeline_figure(t))} for t in doc.get("timelines") or []]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from profiler.units import fmt_bytes
+from memq.units import fmt_bytes
 
 
 def _b(v) -> str:
@@ -15,7 +15,7 @@ def _sim(r: dict) -> str:
     sim = r.get("simulated") or {}
     if "predicted_oom" not in sim:
         return "-"
-    from profiler.report.data import simulated_outcome
+    from memq.report.data import simulated_outcome
 
     out = simulated_outcome(sim)
     if sim["predicted_oom"] is not None:
@@ -26,7 +26,7 @@ def _sim(r: dict) -> str:
 def _with_playbook(text: Any, entry_id: Any) -> Any:
     """The advice and the playbook entry that measures it (nothing added for a report stored before
     recommendations named one)."""
-    from profiler.playbook_doc import doc_link
+    from memq.playbook_doc import doc_link
 
     link = doc_link(entry_id)
     return f"{text} (playbook: {link})" if link and text else text

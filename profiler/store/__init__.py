@@ -11,5 +11,5 @@ Modules
 - `service`: analyse and store (ingest, run-level diagnosis, reanalyze), no Redis, no worker.
 - `connection`: `open_store(settings)` -> `Store(engine, blobs, settings)`: the connection to both
   (engine, sessions, blob store), the entry point.
-Nothing here is imported by `import profiler`; sqlalchemy loads only when a command needs it.
+Nothing here is imported by `import memq`; sqlalchemy loads only when a command needs it.
 """

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from profiler.load import LoadedSnapshot, decode_snapshot_bytes
+from memq.load import LoadedSnapshot, decode_snapshot_bytes
 
 if TYPE_CHECKING:
-    from profiler.store.connection import Store
+    from memq.store.connection import Store
 
 
 def load_blob(store: Store, sha256: str, name: str | None = None) -> LoadedSnapshot:

@@ -21,8 +21,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from profiler import codec
-from profiler.errors import NotFound, SnapshotError, StorageError
+from memq import codec
+from memq.errors import NotFound, SnapshotError, StorageError
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _EXT = {"zstd": ".zst", "gzip": ".gz"}

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from profiler.config import Settings, load_settings, redact_url
-from profiler.store.blobs import BlobStore
-from profiler.store.db import is_sqlite, make_engine, session_scope
-from profiler.store.schema import ensure_schema
+from memq.config import Settings, load_settings, redact_url
+from memq.store.blobs import BlobStore
+from memq.store.db import is_sqlite, make_engine, session_scope
+from memq.store.schema import ensure_schema
 
 
 @dataclass

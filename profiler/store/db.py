@@ -19,8 +19,8 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from profiler.config import normalize_database_url, redact_url
-from profiler.errors import MemqError, SchemaOutOfDate, StorageError, StorageUnavailable
+from memq.config import normalize_database_url, redact_url
+from memq.errors import MemqError, SchemaOutOfDate, StorageError, StorageUnavailable
 
 UPGRADE_HINT = "run `memq db upgrade`"
 

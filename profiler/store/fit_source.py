@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from profiler.errors import BadInput, NotFound
-from profiler.store import repository as repo
-from profiler.store.orm import AnalysisResult, Run, Snapshot
+from memq.errors import BadInput, NotFound
+from memq.store import repository as repo
+from memq.store.orm import AnalysisResult, Run, Snapshot
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
     `fallback_limit` (the run's, else the agent's). Refusals are BadInput naming what to change."""
     from dataclasses import replace
 
-    from profiler.analysis import fit as F
+    from memq.analysis import fit as F
 
     if question.limit is None:
         limit = fallback_limit[0]
@@ -83,7 +83,7 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
 
 def fit_for_run(store, run_name: str, rank: int | None, question) -> dict:
     """`memq fit --run` and the web's /fit: the run's measured snapshot, answered."""
-    from profiler.store.blob_snapshots import load_blob
+    from memq.store.blob_snapshots import load_blob
 
     with store.session() as s:
         src = fit_source(s, run_name, rank)

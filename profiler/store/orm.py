@@ -373,7 +373,7 @@ class WhatIfSweep(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     #: Of the OOM snapshot the sweep replays (the blob key).
     sha256: Mapped[str] = mapped_column(String(64))
-    #: profiler.analysis ANALYZER_VERSION + the what-if model's version.
+    #: memq.analysis ANALYZER_VERSION + the what-if model's version.
     analyzer_version: Mapped[str] = mapped_column(String(64))
     #: Hash of what the replay used besides the snapshot (limit, seeding snapshots, known OOM).
     context_key: Mapped[str] = mapped_column(String(64), default="", server_default="")

@@ -26,10 +26,10 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from profiler.analysis.ranks import RankFacts, diagnose_ranks
-from profiler.errors import NotFound
-from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
-from profiler.store.repository import to_utc
+from memq.analysis.ranks import RankFacts, diagnose_ranks
+from memq.errors import NotFound
+from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
+from memq.store.repository import to_utc
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "other", "unknown")
 MiB = 1024 * 1024
@@ -158,7 +158,7 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
             "fragmentation_ratio": r.fragmentation_ratio, "largest_free_block_bytes": r.largest_free_block_bytes,
             "composition": r.composition, "oom": r.oom, "diagnosis": r.diagnosis,
         })
-    from profiler.store.sweeps import attach_sweeps
+    from memq.store.sweeps import attach_sweeps
 
     attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
     main = _main_diagnosis(session, run.id, rank)
@@ -204,7 +204,7 @@ def run_forecast(session: Session, run_id: int, rank: int | None = None) -> dict
 def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
     """What is stored of each rank of a run: its run-level diagnosis, its own exit figures, its first
     OOM snapshot, and its stat samples' maxima (for ranks that sent nothing else)."""
-    from profiler.store import rank_figures
+    from memq.store import rank_figures
 
     diags = {d.rank: d for d in session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars()}
     figs = rank_figures.for_run(session, run_id)
@@ -347,7 +347,7 @@ def _label(s: dict[str, Any]) -> str:
 
 
 def _fmt_delta(n: int) -> str:
-    from profiler.units import fmt_bytes
+    from memq.units import fmt_bytes
 
     return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
 

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from profiler.store.orm import RankFigures
-from profiler.store.repository import _insert
+from memq.store.orm import RankFigures
+from memq.store.repository import _insert
 
 _INT_MAX = (1 << 63) - 1
 

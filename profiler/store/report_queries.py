@@ -27,9 +27,9 @@ from typing import Any
 from sqlalchemy import and_, bindparam, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from profiler.errors import BadInput
-from profiler.store.orm import Report, Run, RunDiagnosis, StatSample
-from profiler.store.repository import to_utc
+from memq.errors import BadInput
+from memq.store.orm import Report, Run, RunDiagnosis, StatSample
+from memq.store.repository import to_utc
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What the report reads, bound to one open session: `profiler.report.data.build_report` asks this
+"""What the report reads, bound to one open session: `memq.report.data.build_report` asks this
 object for plain dicts and never sees SQLAlchemy.
 
     with store.session() as s:
@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from profiler.store import report_queries as rq
-from profiler.store.report_queries import Scope, Window
+from memq.store import report_queries as rq
+from memq.store.report_queries import Scope, Window
 
 
 class SqlReportSource:
@@ -49,7 +49,7 @@ class SqlReportSource:
 
     def run_history(self, run_name: str, points: int) -> dict[str, Any]:
         """`memq history --json` of the run, for its memory timeline."""
-        from profiler.store.queries import run_history
+        from memq.store.queries import run_history
 
         return run_history(self.session, run_name, points=points, max_snapshots=500)
 
@@ -64,11 +64,11 @@ def whatif_simulator(store, session: Session,
     None when the blob is not stored or the trace is too long to replay here."""
     from sqlalchemy import case, select
 
-    from profiler.errors import MemqError
-    from profiler.store.orm import Snapshot
+    from memq.errors import MemqError
+    from memq.store.orm import Snapshot
 
     def simulate(run: dict, setting: str) -> dict | None:
-        from profiler.store import sweeps
+        from memq.store import sweeps
 
         row = session.execute(
             select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger)
@@ -84,7 +84,7 @@ def whatif_simulator(store, session: Session,
             if not store.blobs.exists(row.sha256):
                 return None
             try:
-                from profiler.store.blob_snapshots import load_blob
+                from memq.store.blob_snapshots import load_blob
 
                 def load(sha, src):
                     ld = load_blob(store, sha, src)

@@ -43,12 +43,12 @@ from pathlib import Path
 
 from sqlalchemy import delete, func, select, update
 
-from profiler.config import Settings
-from profiler.errors import ConfigError
-from profiler.store import partitions
-from profiler.store.blobs import write_atomic
-from profiler.store.orm import AnalysisResult, Run, Snapshot, StatSample
-from profiler.store.repository import db_time, utcnow
+from memq.config import Settings
+from memq.errors import ConfigError
+from memq.store import partitions
+from memq.store.blobs import write_atomic
+from memq.store.orm import AnalysisResult, Run, Snapshot, StatSample
+from memq.store.repository import db_time, utcnow
 
 CHUNK = 500
 #: Removed blobs are held in memory this long, then put back if a row naming them appeared meanwhile.

@@ -6,8 +6,8 @@
 - `ensure_schema(engine, auto_migrate)`: the embedded SQLite default migrates itself (under a file
   lock, so two CLI processes starting at once do not both create tables); server databases are
   only checked.
-The migration scripts live in the `migrations` package next to `profiler`, found through the
-import system, so this works from an installed wheel as well as from a checkout.
+The migration scripts live in the `memq.migrations` package (the repository's migrations/), found
+through the import system, so this works from an installed wheel as well as from a checkout.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from profiler.errors import SchemaOutOfDate, StorageError
-from profiler.store.db import UPGRADE_HINT, is_sqlite, translated
+from memq.errors import SchemaOutOfDate, StorageError
+from memq.store.db import UPGRADE_HINT, is_sqlite, translated
 
 
 def migrations_dir() -> Path:
-    spec = importlib.util.find_spec("migrations")
+    spec = importlib.util.find_spec("memq.migrations")
     if spec is None or not spec.submodule_search_locations:
         raise StorageError("the memq migrations package is not installed",
                            hint="reinstall memq: `pip install memq`")
     path = Path(next(iter(spec.submodule_search_locations)))
     if not (path / "env.py").exists():
-        raise StorageError(f"no Alembic env.py in {path}; a different `migrations` package shadows memq's")
+        raise StorageError(f"no Alembic env.py in {path}; the memq.migrations package is incomplete")
     return path
 
 

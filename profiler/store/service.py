@@ -10,7 +10,7 @@
 - `recompute_run(store, run_id, rank)`: the run-level diagnosis alone.
 - `reanalyze(store, run_name=None)`: recompute from blobs every result made by an older analyzer
   version, then the run-level diagnoses.
-The analysis itself is `profiler.analysis.analyze`, imported when first needed.
+The analysis itself is `memq.analysis.analyze`, imported when first needed.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from profiler.errors import BadInput, MemqError, NotFound, SnapshotError
-from profiler.load import LoadedSnapshot, load_snapshot_file
-from profiler.model import OomContext
-from profiler.store import repository as repo
-from profiler.store.blob_snapshots import load_blob
-from profiler.store.connection import Store
-from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
+from memq.errors import BadInput, MemqError, NotFound, SnapshotError
+from memq.load import LoadedSnapshot, load_snapshot_file
+from memq.model import OomContext
+from memq.store import repository as repo
+from memq.store.blob_snapshots import load_blob
+from memq.store.connection import Store
+from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 
 #: A run-level diagnosis reads at most this many of a rank's most recent snapshots, and stops adding
 #: older ones once their uncompressed sizes pass MAX_RUN_BYTES (parsed, a snapshot takes ~6x its
@@ -41,7 +41,7 @@ Progress = Callable[[str], None]
 
 
 def analyzer() -> tuple[Callable[..., dict], str]:
-    from profiler.analysis import ANALYZER_VERSION, analyze
+    from memq.analysis import ANALYZER_VERSION, analyze
 
     return analyze, ANALYZER_VERSION
 
@@ -87,8 +87,8 @@ class IngestReport:
 
 
 def infer_from_name(path: str) -> dict[str, Any]:
-    """Step, epoch and trigger from a file name (profiler.analysis.labels.infer_from_name)."""
-    from profiler.analysis.labels import infer_from_name as infer
+    """Step, epoch and trigger from a file name (memq.analysis.labels.infer_from_name)."""
+    from memq.analysis.labels import infer_from_name as infer
 
     return infer(path)
 
@@ -96,7 +96,7 @@ def infer_from_name(path: str) -> dict[str, Any]:
 def _label(row) -> str | None:
     """How evidence names a stored snapshot: where in the run it was taken, not its stream id
     (`source` is "memq:ingest/<id>" for what the agent sent)."""
-    from profiler.analysis.labels import snapshot_label
+    from memq.analysis.labels import snapshot_label
 
     return snapshot_label(row.trigger, row.step, row.epoch)
 
@@ -124,7 +124,7 @@ def oom_context(facts: Mapping[str, Any]) -> OomContext | None:
         return None
     msg = None
     if facts.get("message"):
-        from profiler.oom_message import parse_oom_message
+        from memq.oom_message import parse_oom_message
 
         try:
             msg = parse_oom_message(str(facts["message"]))
@@ -155,7 +155,7 @@ def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | No
         loaded = load_blob(store, row.sha256, row.source)
     result = analyze([loaded], oom_context(row.context), names=[row.source or row.sha256[:12]],
                      triggers=[row.trigger], optimizer=optimizer, labels=[_label(row)])
-    from profiler.analysis.per_snapshot import digest
+    from memq.analysis.per_snapshot import digest
 
     with store.session() as s:
         aid = repo.store_analysis(s, row.sha256, version, result, key, digest=digest(loaded.snapshot, version))
@@ -269,7 +269,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         repo.upsert_run(s, repo.RunMeta(name=meta.name, started_at=min(times)))
     stored = None if any(x.created for x in report.snapshots) else stored_run_result(store, run_id, rank)
     report.diagnosis = stored if stored is not None else recompute_run(store, run_id, rank, cache=cache)
-    from profiler.store.sweeps import sweep_snapshot
+    from memq.store.sweeps import sweep_snapshot
 
     for snap in report.snapshots:  # OOM snapshots: the what-if sweep, as a worker stores it (others: a no-op)
         sweep_snapshot(store, snap.snapshot_id, load=lambda sha, src: cache.get(sha) or load_blob(store, sha, src))
@@ -293,7 +293,7 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
     between snapshots). Only the `forecast` of the stored run diagnosis and the run's forecast columns
     change, and only when the diagnosis is still the one read: a recompute that lands meanwhile wins.
     Returns refreshed | unchanged | none (no diagnosis, or one from before forecasts were kept)."""
-    from profiler.analysis.forecast import refresh
+    from memq.analysis.forecast import refresh
 
     with store.session() as s:
         row = s.execute(select(RunDiagnosis.result, RunDiagnosis.computed_at)
@@ -344,7 +344,7 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     store); earlier ones come from the digests stored with their analyses, and are decoded only
     when they have none (their digest is filled in then)."""
     analyze, version = analyzer()
-    from profiler.analysis.per_snapshot import SnapshotDigest, digest
+    from memq.analysis.per_snapshot import SnapshotDigest, digest
 
     cache = cache or {}
     with store.session() as s:
@@ -506,7 +506,7 @@ def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
         if progress:
             progress(f"snapshot {sn.id}")
     todo = {p for p in pairs if force or p in touched or tuple(p) not in current}
-    from profiler.store.sweeps import sweep_rank
+    from memq.store.sweeps import sweep_rank
 
     for run_id, rank in sorted(todo):
         recompute_run(store, run_id, rank)

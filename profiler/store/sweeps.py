@@ -20,10 +20,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from profiler.errors import MemqError, NotFound
-from profiler.store import repository as repo
-from profiler.store.connection import Store
-from profiler.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
+from memq.errors import MemqError, NotFound
+from memq.store import repository as repo
+from memq.store.connection import Store
+from memq.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
 
 #: Earlier snapshots (newest first, with a trace) a sweep replays before the OOM snapshot's window.
 MAX_SEEDS = 8
@@ -34,8 +34,8 @@ Loader = Callable[[str, "str | None"], Any]
 
 
 def sweep_version() -> str:
-    from profiler.analysis import ANALYZER_VERSION
-    from profiler.analysis.whatif import WHATIF_MODEL_VERSION
+    from memq.analysis import ANALYZER_VERSION
+    from memq.analysis.whatif import WHATIF_MODEL_VERSION
 
     return f"{ANALYZER_VERSION}+whatif{WHATIF_MODEL_VERSION}"
 
@@ -125,7 +125,7 @@ def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
              limit_bytes: int | None = None, sweep: bool = False) -> dict[str, Any]:
     """Replay a plan (decoding its blobs with `load(sha256, source)`) under the recorded settings,
     `confs`, and the standard sweep when `sweep` or no confs are given; the stored document."""
-    from profiler.analysis.whatif import run_whatif, sweep_confs
+    from memq.analysis.whatif import run_whatif, sweep_confs
 
     target = load(plan.target.sha256, plan.target.source)
     earlier, used = [], []
@@ -156,7 +156,7 @@ def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
 
 
 def _default_load(store: Store) -> Loader:
-    from profiler.store.blob_snapshots import load_blob
+    from memq.store.blob_snapshots import load_blob
 
     return lambda sha, src: load_blob(store, sha, src)
 

@@ -31,10 +31,10 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from profiler.config import Settings, load_settings
-from profiler.errors import BadInput, MemqError, NotFound, SchemaOutOfDate, SnapshotError, StorageUnavailable
-from profiler.web import params as P
-from profiler.web.render import render_page
+from memq.config import Settings, load_settings
+from memq.errors import BadInput, MemqError, NotFound, SchemaOutOfDate, SnapshotError, StorageUnavailable
+from memq.web import params as P
+from memq.web.render import render_page
 
 STATIC = Path(__file__).parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -180,7 +180,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                playbook_path: Path | str | None = None) -> Starlette:
     """The ASGI app over the configured history. `token` defaults to MEMQ_SERVE_TOKEN ('' = none).
     `playbook_path`: the playbook Markdown /playbook shows (default: the packaged copy; tests give one)."""
-    from profiler.store.connection import open_store
+    from memq.store.connection import open_store
 
     settings = settings or load_settings()
     store = store or open_store(settings)
@@ -194,8 +194,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     # ------------------------------------------------------------------ documents (the JSON API)
     def runs_doc(request: Request) -> dict:
-        from profiler.store.queries import RunFilter
-        from profiler.web.queries import SORTS, RunPage, page_runs
+        from memq.store.queries import RunFilter
+        from memq.web.queries import SORTS, RunPage, page_runs
 
         p = P.run_page(query(request), SORTS)
         f = RunFilter(cluster=p["cluster"], job=p["job"], torch_version=p["torch_version"], status=p["status"],
@@ -209,7 +209,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return doc
 
     def run_doc(request: Request) -> dict:
-        from profiler.store.queries import run_history
+        from memq.store.queries import run_history
 
         q = query(request)
         P.check_known(q, ("rank", "points"))
@@ -219,7 +219,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return run_history(s, request.path_params["name"], rank, points=points)
 
     def lanes_doc(request: Request) -> dict:
-        from profiler.web.queries import run_lanes
+        from memq.web.queries import run_lanes
 
         q = query(request)
         P.check_known(q, ("points",))
@@ -233,8 +233,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return int(raw)
 
     def snapshot_doc(request: Request) -> dict:
-        from profiler.store.sweeps import sweeps_by_sha
-        from profiler.web.queries import snapshot_row
+        from memq.store.sweeps import sweeps_by_sha
+        from memq.web.queries import snapshot_row
 
         P.check_known(query(request), ())
         with store.session() as s:
@@ -248,8 +248,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return {"snapshot": row, "analysis": analysis, "view": view}
 
     def _snapshot_view(row: dict, analysis: dict | None) -> dict:
-        from profiler.load import decode_snapshot_bytes
-        from profiler.web.snapshot_view import snapshot_view
+        from memq.load import decode_snapshot_bytes
+        from memq.web.snapshot_view import snapshot_view
 
         snap, err = None, None
         try:
@@ -263,7 +263,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return snapshot_view(snap, analysis, title=title, meta=row, blob_error=err)
 
     def compare_doc(request: Request) -> dict:
-        from profiler.store.queries import compare_runs
+        from memq.store.queries import compare_runs
 
         q = query(request)
         P.check_known(q, ("a", "b"))
@@ -274,9 +274,9 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return compare_runs(s, a, b)
 
     def fit_doc(request: Request) -> dict:
-        from profiler.analysis.fit import OPTIMIZER_NAMES, Question
-        from profiler.store.fit_source import fit_for_run
-        from profiler.units import parse_size
+        from memq.analysis.fit import OPTIMIZER_NAMES, Question
+        from memq.store.fit_source import fit_for_run
+        from memq.units import parse_size
 
         q = query(request)
         P.check_known(q, FIT_PARAMS)
@@ -290,7 +290,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         if P.text(q, "limit"):
             limit, source = parse_size(P.text(q, "limit")), "the form's limit"
         elif P.text(q, "gpu"):
-            from profiler.gpus import gpu_limit
+            from memq.gpus import gpu_limit
 
             limit, source = gpu_limit(P.text(q, "gpu"))
         question = Question(**ints, optimizer=P.choice(q, "optimizer", OPTIMIZER_NAMES), limit=limit,
@@ -305,7 +305,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return HTMLResponse(render_page("fit.html", data=None, doc=doc, form=form, asked=asked, title="fit"))
 
     def versions_doc(request: Request) -> dict:
-        from profiler.store.queries import torch_versions
+        from memq.store.queries import torch_versions
 
         q = query(request)
         P.check_known(q, ("job",))
@@ -316,7 +316,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return torch_versions(s, job)
 
     def reports_doc(request: Request) -> dict:
-        from profiler.web.queries import list_reports
+        from memq.web.queries import list_reports
 
         q = query(request)
         P.check_known(q, ("limit",))
@@ -325,7 +325,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return {"reports": rows, "count": len(rows)}
 
     def report_doc(request: Request) -> dict:
-        from profiler.web.queries import report_row
+        from memq.web.queries import report_row
 
         P.check_known(query(request), ())
         raw = request.path_params["rid"]
@@ -339,7 +339,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return lambda request: Json(fn(request))
 
     def raw_snapshot(request: Request) -> Response:
-        from profiler.web.queries import snapshot_row
+        from memq.web.queries import snapshot_row
 
         P.check_known(query(request), ())
         with store.session() as s:
@@ -353,7 +353,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                         headers={"content-disposition": f'attachment; filename="{name}"'})
 
     def runs_page(request: Request) -> HTMLResponse:
-        from profiler.store.orm import CAUSES, RUN_STATUSES
+        from memq.store.orm import CAUSES, RUN_STATUSES
 
         doc = runs_doc(request)
         return HTMLResponse(render_page("runs.html", data=None, doc=doc, causes=CAUSES, statuses=RUN_STATUSES,
@@ -366,7 +366,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return HTMLResponse(render_page("run.html", data=data, doc=doc, lanes=lanes, title=f"run {doc['run']['run']}"))
 
     def lanes_doc_for(name: str) -> dict:
-        from profiler.web.queries import run_lanes
+        from memq.web.queries import run_lanes
 
         with store.session() as s:
             return run_lanes(s, name)
@@ -378,7 +378,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                                         title=doc["view"]["title"]))
 
     def picks() -> dict:
-        from profiler.web.queries import pick_lists
+        from memq.web.queries import pick_lists
 
         with store.session() as s:
             return pick_lists(s)
@@ -412,7 +412,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         if text is None and doc["summary"]:
             # Not on this machine's disk (a worker pod wrote it to its own volume): drawn again from
             # the stored figures, without the per-run timelines the table does not keep.
-            from profiler.report.html import render_html
+            from memq.report.html import render_html
 
             try:
                 text = render_html(doc["summary"])
@@ -428,7 +428,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         pages links to /playbook#<entry id>. The Markdown's own HTML is escaped, never passed through."""
         from markupsafe import Markup
 
-        from profiler.playbook_doc import read_playbook, to_html
+        from memq.playbook_doc import read_playbook, to_html
 
         P.check_known(query(request), ())
         body = Markup(to_html(read_playbook(playbook_path)))  # markdown-it's own output, raw HTML escaped

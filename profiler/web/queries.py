@@ -1,4 +1,4 @@
-"""The few reads the web app needs beyond profiler.store.queries (which it reuses for everything
+"""The few reads the web app needs beyond memq.store.queries (which it reuses for everything
 the CLI already answers): a sorted, paged runs listing with its total, per-rank lanes of a run, one
 snapshot row with its analysis, and the stored reports. Read-only; every value is a bound parameter.
 """
@@ -12,10 +12,10 @@ from typing import Any
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
-from profiler.errors import NotFound
-from profiler.store.orm import AnalysisResult, Report, Run, Snapshot, StatSample
-from profiler.store.queries import RunFilter, _filtered, _run_row, iso, run_dict, stat_series
-from profiler.store.repository import to_utc
+from memq.errors import NotFound
+from memq.store.orm import AnalysisResult, Report, Run, Snapshot, StatSample
+from memq.store.queries import RunFilter, _filtered, _run_row, iso, run_dict, stat_series
+from memq.store.repository import to_utc
 
 #: sort key of the API -> column. Every one of them is a plain column of `runs`.
 SORTS = {

@@ -13,11 +13,11 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
-from profiler.playbook_doc import doc_link, web_href
-from profiler.render.forecast_text import forecast_line
-from profiler.render.reasons import said_once
-from profiler.render.step_need_text import step_need_headline
-from profiler.units import fmt_bytes
+from memq.playbook_doc import doc_link, web_href
+from memq.render.forecast_text import forecast_line
+from memq.render.reasons import said_once
+from memq.render.step_need_text import step_need_headline
+from memq.units import fmt_bytes
 
 
 def json_for_script(doc: Any) -> str:
@@ -29,7 +29,7 @@ def json_for_script(doc: Any) -> str:
 
 @functools.lru_cache(maxsize=4)
 def static_text(name: str) -> str:
-    return resources.files("profiler.web").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files("memq.web").joinpath("static", name).read_text(encoding="utf-8")
 
 
 def _ratio(v: Any) -> str:
@@ -48,7 +48,7 @@ def _bytes(v: Any) -> str:
 def _env():
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-    env = Environment(loader=PackageLoader("profiler.web", "templates"), autoescape=select_autoescape(["html"]),
+    env = Environment(loader=PackageLoader("memq.web", "templates"), autoescape=select_autoescape(["html"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
                        forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""),

@@ -17,8 +17,8 @@ from array import array
 from bisect import bisect_left
 from typing import Any
 
-from profiler.analysis import frames as fr
-from profiler.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
+from memq.analysis import frames as fr
+from memq.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
 
 MAX_FRAMES = 48  # innermost frames kept per stack: the deep tail is interpreter plumbing
 BEFORE = "before_trace"  # live bytes the trace did not see allocated

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from profiler import codec, envelope
+from memq import codec, envelope
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 SHARED_URL = os.environ.get("MEMQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -102,7 +102,7 @@ def shared():
 def _no_global_agent():
     """Tests build Agent objects directly; make sure none leaks through the module singleton."""
     yield
-    from profiler import agent
+    from memq import agent
 
     a = agent.current()
     if a is not None and not a.stopped:
@@ -130,8 +130,8 @@ def fixture_sha(folder: str, file: str) -> str:
 
 def make_agent(**kw):
     """An Agent (not the module singleton) with test-friendly defaults: fast back-off, no fsync."""
-    from profiler.agent import Agent
-    from profiler.agent.source import ReplaySource
+    from memq.agent import Agent
+    from memq.agent.source import ReplaySource
 
     kw.setdefault("source", ReplaySource(REAL / "seed_adamw"))
     kw.setdefault("backoff_s", (0.05, 0.2))

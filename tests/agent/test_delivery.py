@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from profiler import codec
-from profiler.agent.source import ReplaySource
+from memq import codec
+from memq.agent.source import ReplaySource
 
 from .conftest import REAL, blob_of, entries, fixture_sha, make_agent, wait_for
 
@@ -161,7 +161,7 @@ def test_periodic_snapshot_taken_at_a_step_boundary(shared):
 
 
 def test_context_manager_and_module_api(shared):
-    from profiler import agent
+    from memq import agent
 
     r, prefix, stream = shared
     src = ReplaySource(REAL / "seed_sgd")
@@ -239,7 +239,7 @@ def test_calls_after_stop_do_nothing(shared):
 
 
 def test_bad_options_give_a_no_op_handle():
-    from profiler import agent
+    from memq import agent
 
     h = agent.start(run="r", cluster="c", history="sometimes")  # invalid: the job must still run
     with h:

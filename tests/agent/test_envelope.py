@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from profiler import envelope
-from profiler.envelope import EnvelopeError
-from profiler.errors import BadInput
+from memq import envelope
+from memq.envelope import EnvelopeError
+from memq.errors import BadInput
 
 SHA = "a" * 64
 

@@ -16,9 +16,9 @@ import time
 import pytest
 import redis
 
-from profiler.agent.source import ReplaySource
-from profiler.agent.spool import Spool
-from profiler.redis_client import make_client
+from memq.agent.source import ReplaySource
+from memq.agent.spool import Spool
+from memq.redis_client import make_client
 
 from .conftest import REAL, FaultyClient, blob_of, entries, free_port, make_agent, wait_for
 
@@ -265,7 +265,7 @@ def test_no_cuda_no_torch_every_call_is_fast_and_silent(shared, tmp_path):
     code = f"""
 import sys, time
 sys.modules['torch'] = None  # torch absent (as on this CPU machine)
-from profiler import agent
+from memq import agent
 t0 = time.perf_counter()
 h = agent.start(run='nocuda', cluster='c', stream={stream!r}, key_prefix={prefix!r}, signal=None,
                 spool_dir={str(tmp_path)!r}, announce='on_ready')
@@ -288,8 +288,8 @@ def test_without_redis_py_and_zstandard_spools_gzip(tmp_path):
     code = f"""
 import sys
 sys.modules['redis'] = None; sys.modules['zstandard'] = None
-from profiler import agent
-from profiler.agent.source import ReplaySource
+from memq import agent
+from memq.agent.source import ReplaySource
 a = agent.start(run='noredis', cluster='c', source=ReplaySource({str(REAL / 'seed_adamw')!r}), signal=None,
                 spool_dir={str(tmp_path)!r})
 agent.mark_step(0, 0); agent.mark_epoch(0)
@@ -300,7 +300,7 @@ print(a.transport.codec)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "gzip"
-    from profiler.agent.spool import iter_spool_dirs
+    from memq.agent.spool import iter_spool_dirs
 
     (d,) = list(iter_spool_dirs(tmp_path))
     msgs = [m for _, m in Spool(d, 1 << 30)]
@@ -462,8 +462,8 @@ def test_next_process_delivers_a_dead_process_spool(shared, tmp_path):
     run on the same host claims it (atomic rename) and delivers it."""
     r, prefix, stream = shared
     code = f"""
-from profiler.agent import Agent
-from profiler.agent.source import ReplaySource
+from memq.agent import Agent
+from memq.agent.source import ReplaySource
 a = Agent('adopt-run', 'c', source=ReplaySource({str(REAL / 'seed_sgd')!r}), redis_url='redis://127.0.0.1:1/0',
           spool_dir={str(tmp_path / 'spool')!r}, stream={stream!r}, key_prefix={prefix!r}, signal=None,
           fsync=False).start()

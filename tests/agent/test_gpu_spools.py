@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import codec
-from profiler.agent.replay import replay_dir
+from memq import codec
+from memq.agent.replay import replay_dir
 
 from .conftest import blob_of, entries
 
@@ -86,7 +86,7 @@ def test_lightning_and_async_spools(shared, spools):
 
 
 def test_replay_cli_removes_sent_files(shared, spools, monkeypatch):
-    from profiler.agent import replay
+    from memq.agent import replay
 
     r, prefix, stream = shared
     monkeypatch.setenv("MEMQ_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch  # the test extras install both: pip install -e '.[test]' torch==2.13.0
 import transformers
 
-from profiler.agent.source import ReplaySource
+from memq.agent.source import ReplaySource
 from tests.agent.conftest import REAL, entries
 
 
@@ -24,8 +24,8 @@ class _Tokens(torch.utils.data.Dataset):
 
 
 def test_trainer_callback_drives_the_agent(shared, tmp_path):
-    from profiler import agent
-    from profiler.agent.integrations import hf_callback
+    from memq import agent
+    from memq.agent.integrations import hf_callback
 
     r, prefix, stream = shared
     cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64, n_positions=16)

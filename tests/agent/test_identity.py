@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from profiler import envelope, identity
-from profiler.errors import BadInput
+from memq import envelope, identity
+from memq.errors import BadInput
 
 SECRET = "ab" * 32
 RING = identity.parse_keyring(json.dumps({"keys": [

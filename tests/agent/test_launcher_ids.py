@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.agent.source import default_job
-from profiler.launcher_ids import is_placeholder, real_id
+from memq.agent.source import default_job
+from memq.launcher_ids import is_placeholder, real_id
 
 
 @pytest.mark.parametrize("value", ["", "none", "None", "NONE", " none ", "null", "(null)", "default", "undefined",

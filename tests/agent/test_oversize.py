@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profiler import codec
+from memq import codec
 
 from .conftest import REAL, entries, fixture_sha, make_agent
 
@@ -34,7 +34,7 @@ def test_the_agent_keeps_an_oversize_snapshot_aside_and_sends_the_next_one(share
     assert kept.name.startswith(hashlib.sha256(data).hexdigest()[:16])
     assert not any(k.startswith(f"{prefix}blob:") for k in map(bytes.decode, r.keys(f"{prefix}*"))
                    if hashlib.sha256(data).hexdigest() in k)
-    out = subprocess.run([sys.executable, "-m", "profiler", "analyze", str(kept), "--json"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "memq", "analyze", str(kept), "--json"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert hashlib.sha256(data).hexdigest() == fixture_sha("seed_adamw", "before_training.pickle.gz")
@@ -56,7 +56,7 @@ def test_push_refuses_a_file_over_the_blob_cap_before_sending_anything(shared, t
     big = ROOT / "benchmarks" / "data" / "h200_1m_trace.pickle.gz"  # 85 MB of pickle, ~7 MB compressed
     env = {"MEMQ_KEY_PREFIX": prefix, "MEMQ_STREAM": stream, "MEMQ_MAX_BLOB_BYTES": str(2 * 1024**2),
            "MEMQ_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "profiler", "push", str(REAL / "seed_adamw" / "epoch0.pickle.gz"),
+    out = subprocess.run([sys.executable, "-m", "memq", "push", str(REAL / "seed_adamw" / "epoch0.pickle.gz"),
                           str(big), "--run", "big-run", "--cluster", "c"], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.returncode == 2, out.stderr

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.agent.policy import RecordingPolicy
+from memq.agent.policy import RecordingPolicy
 
 
 def test_warmup_then_paused():

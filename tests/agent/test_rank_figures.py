@@ -68,8 +68,8 @@ def test_process_group_abort_is_named(shared):
 _CHILD = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, {root!r})
-    from profiler.agent import Agent
-    from profiler.agent.source import ReplaySource
+    from memq.agent import Agent
+    from memq.agent.source import ReplaySource
     chained = {chain!r}
     if chained:
         signal.signal(signal.SIGTERM, lambda s, f: (open(chained, "w").write("called"), sys.exit(7)))

@@ -10,7 +10,7 @@ import importlib.util
 import random
 from pathlib import Path
 
-from profiler.backoff import JitteredBackoff, full_jitter
+from memq.backoff import JitteredBackoff, full_jitter
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_reconnect.py"
 

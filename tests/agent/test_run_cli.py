@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from profiler.agent.bootstrap import _is_helper_process, child_env
+from memq.agent.bootstrap import _is_helper_process, child_env
 
 from .conftest import REAL, entries
 
 SCRIPT = """
 import sys
-from profiler import agent
+from memq import agent
 a = agent.current()
 assert a is not None and a.announce == "on_ready", a
 print("RUN", a.run, a.cluster, a.identity["job"])
@@ -35,7 +35,7 @@ def test_memq_run_starts_the_agent_in_the_child(shared, tmp_path):
     r, prefix, stream = shared
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, "-m", "profiler", "run", "--run", "no-code-change", "--cluster", "c1",
+    out = subprocess.run([sys.executable, "-m", "memq", "run", "--run", "no-code-change", "--cluster", "c1",
                           "--job", "j42", "--", sys.executable, str(script)],
                          env=_env(stream, prefix, tmp_path), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -54,13 +54,13 @@ def test_memq_run_keeps_the_exit_status_and_an_existing_sitecustomize(shared, tm
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nprint('THEIRS', os.environ.get('THEIRS_RAN'))\nsys.exit(7)\n")
     env = _env(stream, prefix, tmp_path, PYTHONPATH=str(theirs))
-    out = subprocess.run([sys.executable, "-m", "profiler", "run", "--run", "x", "--cluster", "c", "--",
+    out = subprocess.run([sys.executable, "-m", "memq", "run", "--run", "x", "--cluster", "c", "--",
                           sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 7 and "THEIRS 1" in out.stdout, out.stderr
 
 
 def test_memq_run_unknown_command_is_bad_input():
-    out = subprocess.run([sys.executable, "-m", "profiler", "run", "--run", "x", "--cluster", "c", "--",
+    out = subprocess.run([sys.executable, "-m", "memq", "run", "--run", "x", "--cluster", "c", "--",
                           "no-such-command-xyz"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "command not found" in out.stderr
 
@@ -70,7 +70,7 @@ def test_memq_run_refuses_names_ingest_and_push_refuse(field, value):
     """Issue 23 item 8: `memq run` accepted names the dispatcher then dead-letters (hours later)."""
     args = {"--run": "x", "--cluster": "c"} | {field: value}
     argv = [a for kv in args.items() for a in kv]
-    out = subprocess.run([sys.executable, "-m", "profiler", "run", *argv, "--", sys.executable, "-c", "pass"],
+    out = subprocess.run([sys.executable, "-m", "memq", "run", *argv, "--", sys.executable, "-c", "pass"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "name" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -79,7 +79,7 @@ def test_memq_run_without_a_gpu_says_so_and_still_runs_the_command():
     """Issue 23 item 8: with no GPU `memq run` was silent (no run, no warning). CUDA_VISIBLE_DEVICES=""
     hides every device on any machine, as a CPU-only one has none."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run([sys.executable, "-m", "profiler", "run", "--run", "x", "--cluster", "c", "--",
+    out = subprocess.run([sys.executable, "-m", "memq", "run", "--run", "x", "--cluster", "c", "--",
                           sys.executable, "-c", "print('RAN')"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0 and "RAN" in out.stdout
     assert "no GPU device is visible" in out.stderr and "'x' will have no data" in out.stderr
@@ -100,10 +100,10 @@ def test_child_env_and_helper_detection(tmp_path):
 def test_spawned_dataloader_style_children_start_no_agent(tmp_path):
     code = """
 import multiprocessing as mp
-from profiler import agent
+from memq import agent
 
 def child(q):
-    from profiler import agent as a
+    from memq import agent as a
     q.put(a.current() is None)
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@ points, growth windows, and the OOM's step in progress. Real shared Redis, real 
 
 from __future__ import annotations
 
-from profiler import codec
-from profiler.agent.source import ReplaySource
-from profiler.agent.steps import GROWTH_MIN_BYTES, StepTracker, stride_for
+from memq import codec
+from memq.agent.source import ReplaySource
+from memq.agent.steps import GROWTH_MIN_BYTES, StepTracker, stride_for
 
 from .conftest import REAL, blob_of, entries, make_agent
 

@@ -15,7 +15,7 @@ from .conftest import entries, make_agent
 
 
 def test_no_cuda_production_source_is_quiet_and_fast(shared, tmp_path):
-    from profiler.agent.source import TorchSource
+    from memq.agent.source import TorchSource
 
     if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES") != "":
         # a machine with a GPU: the same test again in a process that sees none (never skipped)
@@ -47,7 +47,7 @@ def test_no_cuda_production_source_is_quiet_and_fast(shared, tmp_path):
 def test_agent_started_before_torch_is_imported(tmp_path):
     code = f"""
 import sys
-from profiler import agent
+from memq import agent
 a = agent.start(run='early', cluster='c', spool_dir={str(tmp_path)!r}, redis_url='redis://127.0.0.1:1/0',
                 signal=None)
 assert 'torch' not in sys.modules  # the agent did not import it

@@ -16,11 +16,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from profiler import codec
-from profiler.agent.spool import decode
-from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
-from profiler.snapshot import parse_snapshot
+from memq import codec
+from memq.agent.spool import decode
+from memq.model import OomContext
+from memq.oom_message import parse_oom_message
+from memq.snapshot import parse_snapshot
 
 AGENT_GPU = Path(__file__).resolve().parents[1] / "fixtures" / "agent_gpu"
 
@@ -88,8 +88,8 @@ def spool_run(folder: Path) -> tuple[list, OomContext | None, list[str | None]]:
     """A spool's snapshots as the worker analyses them: parsed snapshots in send order, the OOM
     context from the last OOM envelope's observer payload (as the dispatcher stores it), triggers.
     One rank's: pass a rank's folder for a multi-rank spool."""
-    from profiler.analysis.limits import observer_facts
-    from profiler.store.service import oom_context as stored_context
+    from memq.analysis.limits import observer_facts
+    from memq.store.service import oom_context as stored_context
 
     snaps, triggers, ctx, start = [], [], None, {}
     for f in sorted(folder.rglob("*.mqs")):

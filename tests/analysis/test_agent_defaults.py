@@ -14,13 +14,13 @@ import json
 
 import pytest
 
-from profiler import codec
-from profiler.analysis import ANALYZER_VERSION, _earlier_step_peak, _per, analyze
-from profiler.analysis.labels import agent_label, snapshot_label
-from profiler.analysis.per_snapshot import SnapshotDigest, digest
-from profiler.analysis.step_need import RUN_NOISE
-from profiler.model import OomContext
-from profiler.store.repository import json_safe
+from memq import codec
+from memq.analysis import ANALYZER_VERSION, _earlier_step_peak, _per, analyze
+from memq.analysis.labels import agent_label, snapshot_label
+from memq.analysis.per_snapshot import SnapshotDigest, digest
+from memq.analysis.step_need import RUN_NOISE
+from memq.model import OomContext
+from memq.store.repository import json_safe
 from tests.analysis.agent_data import (
     agent_default,
     live_keys,
@@ -132,7 +132,7 @@ def test_agent_step_figures_give_the_earlier_steps_peak(spool):
 def test_real_fragmentation_still_fits_when_projected():
     """frag_dynamic_1.15 (full history): the failing step's own trace is projected to ~16.4 GiB, within
     the cap (its expandable_segments twin completed): fragmentation, with that number."""
-    from profiler.load import load_snapshot_file
+    from memq.load import load_snapshot_file
 
     r = analyze([load_snapshot_file(REAL / "frag_dynamic_1.15" / "oom.pickle.gz")], OomContext(limit_bytes=20244645632))
     assert r["diagnosis"]["primary_cause"] == "fragmentation"
@@ -142,7 +142,7 @@ def test_real_fragmentation_still_fits_when_projected():
 
 
 def test_frag_dynamic_at_agent_defaults_is_named_with_lower_confidence():
-    from profiler.load import load_snapshot_file
+    from memq.load import load_snapshot_file
 
     path = REAL / "frag_dynamic_1.15" / "oom.pickle.gz"
     full = analyze([load_snapshot_file(path)], OomContext(limit_bytes=20244645632))

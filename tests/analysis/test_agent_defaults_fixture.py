@@ -10,12 +10,12 @@ import json
 
 import pytest
 
-from profiler import codec, envelope
-from profiler.analysis import analyze
-from profiler.analysis.labels import snapshot_label
-from profiler.load import decode_snapshot_bytes
-from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
+from memq import codec, envelope
+from memq.analysis import analyze
+from memq.analysis.labels import snapshot_label
+from memq.load import decode_snapshot_bytes
+from memq.model import OomContext
+from memq.oom_message import parse_oom_message
 from tests.workers.test_agent_defaults_e2e import META, SCEN, DumpRedis
 
 STREAM = "memq:ingest"

@@ -12,9 +12,9 @@ import zlib
 
 import pytest
 
-from profiler import codec
-from profiler.errors import RefusedPickle, SnapshotError, TooLarge
-from profiler.load import decode_snapshot_bytes
+from memq import codec
+from memq.errors import RefusedPickle, SnapshotError, TooLarge
+from memq.load import decode_snapshot_bytes
 from tests.helpers import REAL
 
 
@@ -70,7 +70,7 @@ def test_bad_bytes_raise_snapshot_error(data, match):
 
 
 def _memq(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "memq", *args], capture_output=True, text=True, timeout=120,
                           **kw)
 
 
@@ -117,8 +117,8 @@ def test_tampered_memo_index_cannot_exhaust_memory():
     # LONG_BINPUT with index 0xF0000000: the C unpickler would zero-fill a ~64 GiB memo table.
     code = (
         "import struct, sys\n"
-        "from profiler.errors import TooLarge\n"
-        "from profiler import codec\n"
+        "from memq.errors import TooLarge\n"
+        "from memq import codec\n"
         "data = b'\\x80\\x04N' + b'r' + struct.pack('<I', 0xF0000000) + b'.'\n"
         "try:\n"
         "    codec.loads_restricted(data)\n"

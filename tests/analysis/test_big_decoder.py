@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler import codec
-from profiler.analysis import analyze
-from profiler.errors import RefusedPickle, SnapshotError, TooLarge
-from profiler.load import decode_snapshot_bytes, load_snapshot_file
-from profiler.snapshot import parse_snapshot
+from memq import codec
+from memq.analysis import analyze
+from memq.errors import RefusedPickle, SnapshotError, TooLarge
+from memq.load import decode_snapshot_bytes, load_snapshot_file
+from memq.snapshot import parse_snapshot
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "real"
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ def test_the_real_million_entry_capture_decodes_with_its_stacks_interned():
 
 
 def test_a_frames_list_whose_key_another_holds_stays_itself_and_is_still_checked():
-    from profiler.snapshot import _Frames
+    from memq.snapshot import _Frames
 
     a = [{"filename": "a.py", "line": 1, "name": "f"}]
     b = [{"filename": "b.py", "line": 2, "name": ["not", "flat"]}]

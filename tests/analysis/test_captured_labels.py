@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from profiler.analysis import analyze
-from profiler.load import load_snapshot_file
-from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
+from memq.analysis import analyze
+from memq.load import load_snapshot_file
+from memq.model import OomContext
+from memq.oom_message import parse_oom_message
 from tests.helpers import FIXTURES
 
 CAPTURED = FIXTURES / "captured"

@@ -15,7 +15,7 @@ COMPOSITION_KEYS = {"parameters", "gradients", "optimizer_state", "activations",
 
 
 def memq(*args):
-    return subprocess.run([sys.executable, "-m", "profiler", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "memq", *map(str, args)], capture_output=True, text=True,
                           timeout=120)
 
 

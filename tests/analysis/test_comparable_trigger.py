@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import json, sys
-from profiler.analysis import _comparable_points
+from memq.analysis import _comparable_points
 heads = [(None, 0, 0, None, False, ())] * 4
 per = [{"metrics": {"active_bytes": i}, "composition": {}, "live_blocks": {}, "agent": None} for i in range(4)]
 trig = json.loads(sys.argv[1])

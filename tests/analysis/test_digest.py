@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from profiler.analysis import ANALYZER_VERSION, _comparable_points, _earlier_step_peak, _head, _per, analyze
-from profiler.analysis.per_snapshot import DIGEST_FORMAT, SnapshotDigest, digest
-from profiler.load import load_snapshot_file
-from profiler.model import OomContext
-from profiler.store.repository import json_safe
+from memq.analysis import ANALYZER_VERSION, _comparable_points, _earlier_step_peak, _head, _per, analyze
+from memq.analysis.per_snapshot import DIGEST_FORMAT, SnapshotDigest, digest
+from memq.load import load_snapshot_file
+from memq.model import OomContext
+from memq.store.repository import json_safe
 from tests.analysis.test_captured_labels import CAPTURED, CASES
 from tests.helpers import REAL, REAL_RUNS
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.analysis import fit
+from memq.analysis import fit
 from tests.analysis.agent_data import spool_run
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fit"
@@ -193,7 +193,7 @@ def test_no_trace_and_one_step_are_refused():
 def test_an_expandable_run_far_past_its_mapping_ends_the_curve_not_the_analysis():
     """frag_dynamic_probe (expandable segments, H200): the model cannot grow its segments to 64x;
     the run's curve stops where it can no longer follow, and `answer` names it."""
-    from profiler.load import load_snapshot_file
+    from memq.load import load_snapshot_file
     from tests.helpers import REAL
 
     snap = load_snapshot_file(REAL / "frag_dynamic_probe" / "epoch0.pickle.gz").snapshot

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler.alerts.verdict import FORECAST_EARLIER_SHARE, forecast_verdict
-from profiler.analysis import analyze
-from profiler.analysis import forecast as fm
-from profiler.model import OomContext
-from profiler.render.forecast_text import forecast_line, remaining_s
+from memq.alerts.verdict import FORECAST_EARLIER_SHARE, forecast_verdict
+from memq.analysis import analyze
+from memq.analysis import forecast as fm
+from memq.model import OomContext
+from memq.render.forecast_text import forecast_line, remaining_s
 from tests.analysis.agent_data import spool_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -218,9 +218,9 @@ def test_the_agents_own_limit_is_the_running_runs_limit():
     at its boundaries): with it and no --limit, the leak run's forecast is made."""
     import json as _json
 
-    from profiler import codec
-    from profiler.agent.spool import decode
-    from profiler.snapshot import parse_snapshot
+    from memq import codec
+    from memq.agent.spool import decode
+    from memq.snapshot import parse_snapshot
 
     cap = truth()["best_weights"]["defaults"]["cap_bytes"]
     snaps, trig = [], []

@@ -9,10 +9,10 @@ import pickle
 
 import pytest
 
-from profiler import codec
-from profiler.analysis import analyze
-from profiler.load import decode_snapshot_bytes
-from profiler.model import OomContext
+from memq import codec
+from memq.analysis import analyze
+from memq.load import decode_snapshot_bytes
+from memq.model import OomContext
 from tests.helpers import REAL
 
 LIMIT = OomContext(limit_bytes=8 * 1024**3)
@@ -169,7 +169,7 @@ def test_oom_device_free_from_either_slot(base):
 
 
 def test_segments_only_with_message_still_diagnoses(base):
-    from profiler.oom_message import parse_oom_message
+    from memq.oom_message import parse_oom_message
     from tests.helpers import meta
 
     snap = decode_snapshot_bytes(_roundtrip(bare_segment_list(copy.deepcopy(base)))).snapshot

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from profiler import codec
-from profiler.errors import NestedTooDeep, NotRegularFile, SnapshotError, TooLarge
-from profiler.load import load_snapshot_file, read_bytes
+from memq import codec
+from memq.errors import NestedTooDeep, NotRegularFile, SnapshotError, TooLarge
+from memq.load import load_snapshot_file, read_bytes
 from tests.bombs import (
     MIB,
     REAL,
@@ -75,7 +75,7 @@ def test_blob_verification_streams_a_bomb_within_the_cap(bomb, tmp_path):
     """With a cap above 1 GiB the bomb is verified (sha256 and size) without ever holding its
     inflated bytes: the verifying process stays far below the 1 GiB it hashed."""
     path, sha, size = bomb
-    script = ("import sys; from profiler.store.blobs import BlobStore; "
+    script = ("import sys; from memq.store.blobs import BlobStore; "
               f"b = BlobStore({str(tmp_path / 'blobs')!r}, max_bytes=2 * 1024**3); "
               f"print(b.verify({sha!r}, open({str(path)!r}, 'rb').read(), size={size}))")
     rc, out, err, rss = peak_rss([sys.executable, "-c", script], env=clean_env())
@@ -129,7 +129,7 @@ def test_real_snapshots_fit_the_default_budget():
     """The default budget is a quarter of the process's memory, at least 768 MiB: the smallest (64 MiB
     of pickle) admits the 100k-entry bench snapshot (21 MB), a 4 GiB worker the real 1,000,000-entry
     H200 capture (85 MB)."""
-    from profiler.config import MIN_DECODE_BUDGET, auto_decode_budget, load_settings, process_memory_bytes
+    from memq.config import MIN_DECODE_BUDGET, auto_decode_budget, load_settings, process_memory_bytes
 
     st = load_settings({})
     assert st.decode_budget == auto_decode_budget(process_memory_bytes())
@@ -141,7 +141,7 @@ def test_real_snapshots_fit_the_default_budget():
 
 
 def test_the_auto_budget_is_a_quarter_of_the_memory_and_at_least_768_mib():
-    from profiler.config import DECODE_MEMORY_SHARE, MIN_DECODE_BUDGET, auto_decode_budget
+    from memq.config import DECODE_MEMORY_SHARE, MIN_DECODE_BUDGET, auto_decode_budget
 
     edge = MIN_DECODE_BUDGET * DECODE_MEMORY_SHARE
     assert auto_decode_budget(edge - 4096) == MIN_DECODE_BUDGET  # just under: the floor
@@ -150,7 +150,7 @@ def test_the_auto_budget_is_a_quarter_of_the_memory_and_at_least_768_mib():
 
 
 def test_the_process_memory_is_the_cgroup_limit_or_the_machine(tmp_path, monkeypatch):
-    from profiler import config
+    from memq import config
 
     phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = tmp_path / "memory.max"
@@ -180,7 +180,7 @@ def test_fifo_without_a_writer_does_not_hang(tmp_path):
     have given up before it."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from profiler.config import load_settings
+    from memq.config import load_settings
 
     assert load_settings(_env(tmp_path)).pipe_idle_timeout_s == 30  # the product's default
     fifo = tmp_path / "snap.fifo"

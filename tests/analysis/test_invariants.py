@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.analysis.memory import memory_metrics
-from profiler.analysis.timeline import replay
-from profiler.load import load_snapshot_file
-from profiler.snapshot import check_invariants
+from memq.analysis.memory import memory_metrics
+from memq.analysis.timeline import replay
+from memq.load import load_snapshot_file
+from memq.snapshot import check_invariants
 from tests.helpers import REAL, all_snapshot_files
 
 REAL_FILES = [p for p in all_snapshot_files() if REAL in p.parents]
@@ -48,7 +48,7 @@ def test_replay_from_empty_matches_snapshot_where_trace_covers_the_run():
 
 
 def test_mosaic_external_snapshot_is_analysed_and_inconsistencies_named():
-    from profiler.analysis import analyze
+    from memq.analysis import analyze
 
     path = REAL.parent / "external" / "mosaic_test_output.pickle"
     snap = load_snapshot_file(path).snapshot

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.analysis import CAUSES, analyze
-from profiler.load import load_snapshot_file
-from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
+from memq.analysis import CAUSES, analyze
+from memq.load import load_snapshot_file
+from memq.model import OomContext
+from memq.oom_message import parse_oom_message
 from tests.helpers import REAL_RUNS, meta, run_files
 
 

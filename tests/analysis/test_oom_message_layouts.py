@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.analysis import explain_message
-from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
+from memq.analysis import explain_message
+from memq.model import OomContext
+from memq.oom_message import parse_oom_message
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -70,7 +70,7 @@ def test_explain_of_the_forum_message_fills_its_table():
 def _explain_text(message: str) -> str:
     from click.testing import CliRunner
 
-    from profiler.cli import cli
+    from memq.cli import cli
 
     res = CliRunner().invoke(cli, ["explain", message], catch_exceptions=False, terminal_width=200)
     assert res.exit_code == 0, res.output

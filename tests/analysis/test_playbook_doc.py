@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import playbook as pb
+from memq import playbook as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURE = re.compile(r"\d+(\.\d+)? (B|KiB|MiB|GiB|ms)\b|\d\.\d\dx")

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profiler.analysis import CAUSES, analyze, message_facts
-from profiler.analysis.ranks import _advice
-from profiler.analysis.recommend import recommend
-from profiler.load import load_snapshot_file
-from profiler.model import OomContext
-from profiler.oom_message import parse_oom_message
-from profiler.playbook import BY_ID
+from memq.analysis import CAUSES, analyze, message_facts
+from memq.analysis.ranks import _advice
+from memq.analysis.recommend import recommend
+from memq.load import load_snapshot_file
+from memq.model import OomContext
+from memq.oom_message import parse_oom_message
+from memq.playbook import BY_ID
 from tests.analysis.test_captured_labels import CAPTURED, CASES
 from tests.analysis.test_ranks import CAP, _facts
 from tests.conftest import memq_environ
@@ -128,7 +128,7 @@ def test_rank_advice_names_rank_imbalance():
 
 
 def _terminal(result: dict) -> str:
-    from profiler.render.terminal import render_analysis
+    from memq.render.terminal import render_analysis
 
     buf = io.StringIO()
     render_analysis(result, buf, width=400)
@@ -179,7 +179,7 @@ def stored(tmp_path_factory) -> dict:
 
 
 def _cli(env: dict, *args: str):
-    from profiler.cli import cli
+    from memq.cli import cli
 
     return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
 
@@ -206,7 +206,7 @@ def test_history_and_web_page_link_the_entries(stored):
     assert res.exit_code == 0, res.output
     assert "playbook: docs/playbook.md#external-memory" in res.output
 
-    from profiler.web.render import render_page
+    from memq.web.render import render_page
 
     doc = json.loads(_cli(stored["env"], "history", "--run", "frag_synthetic", "--json").output)
     page = render_page("run.html", data=None, doc=doc, lanes={}, title="t")
@@ -243,8 +243,8 @@ def test_results_stored_without_the_key_still_render(stored, tmp_path):
 
 
 def test_alerts_carry_the_first_recommendations_entry(results):
-    from profiler.alerts.payload import alertmanager, slack
-    from profiler.alerts.verdict import RunFacts, Verdict, alert_body
+    from memq.alerts.payload import alertmanager, slack
+    from memq.alerts.verdict import RunFacts, Verdict, alert_body
 
     r = next(r for w, r in results if w == "real run external")
     f = RunFacts(run_id=1, name="ext", cluster="a", job="j", status="oom", primary_cause="external_memory",

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler import codec
-from profiler.agent import spool
-from profiler.analysis import analyze
-from profiler.analysis.limits import observer_facts
-from profiler.analysis.ranks import (
+from memq import codec
+from memq.agent import spool
+from memq.analysis import analyze
+from memq.analysis.limits import observer_facts
+from memq.analysis.ranks import (
     DATA_FACTOR,
     PEAK_FACTOR,
     RankFacts,
@@ -40,10 +40,10 @@ from profiler.analysis.ranks import (
     need_bytes,
     rank_facts_from,
 )
-from profiler.load import load_snapshot_file
-from profiler.model import OomContext
-from profiler.snapshot import parse_snapshot
-from profiler.store.service import oom_context
+from memq.load import load_snapshot_file
+from memq.model import OomContext
+from memq.snapshot import parse_snapshot
+from memq.store.service import oom_context
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIX / "real"

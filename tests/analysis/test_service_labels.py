@@ -4,9 +4,9 @@ diagnosis a worker computes must name them by where in the run they were taken. 
 
 from __future__ import annotations
 
-from profiler.load import load_snapshot_file
-from profiler.store import repository as repo
-from profiler.store import service
+from memq.load import load_snapshot_file
+from memq.store import repository as repo
+from memq.store import service
 from tests.helpers import FIXTURES
 
 LEAK = FIXTURES / "captured" / "leak_epochs"

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler.analysis import analyze
-from profiler.analysis import step_need as sn
-from profiler.analysis.checkpoint import DUPLICATE_OVER_PARAMS, checkpoint_load
-from profiler.analysis.classify import SPIKE_FACTOR, Facts, check_activation_spike, check_fragmentation
-from profiler.snapshot import parse_snapshot
+from memq.analysis import analyze
+from memq.analysis import step_need as sn
+from memq.analysis.checkpoint import DUPLICATE_OVER_PARAMS, checkpoint_load
+from memq.analysis.classify import SPIKE_FACTOR, Facts, check_activation_spike, check_fragmentation
+from memq.snapshot import parse_snapshot
 from tests.analysis.agent_data import STEP_NEED, rank_folder, spool_run, step_need_truth
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -121,8 +121,8 @@ def test_the_resume_without_frames_is_recognised_by_its_duplicated_blocks():
 
 def _raw_of(snap) -> dict:
     """The raw dict a parsed fixture snapshot came from (re-read from the spool)."""
-    from profiler import codec
-    from profiler.agent.spool import decode
+    from memq import codec
+    from memq.agent.spool import decode
 
     for f in sorted((STEP_NEED / "resume" / "defaults").rglob("*.mqs")):
         msg = decode(f.read_bytes())
@@ -170,7 +170,7 @@ def test_gate_just_under_and_over_the_matched_share():
     d = _run("dyn", "full")["diagnosis"]["step_need"]
     assert d["matched_share"] > 0.99
     snaps, ctx, _ = spool_run(STEP_NEED / "dyn" / "full")
-    from profiler.analysis import _per
+    from memq.analysis import _per
 
     per = _per(snaps[-1])
     ref = per["timeline"]["last_cycle"]

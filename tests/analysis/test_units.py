@@ -1,11 +1,11 @@
-"""profiler.units: the one byte formatter and the one sparkline, in each style their callers use."""
+"""memq.units: the one byte formatter and the one sparkline, in each style their callers use."""
 
 from __future__ import annotations
 
 import pytest
 
-from profiler.errors import BadInput
-from profiler.units import GiB, MiB, fmt_bytes, parse_size, sparkline
+from memq.errors import BadInput
+from memq.units import GiB, MiB, fmt_bytes, parse_size, sparkline
 
 
 @pytest.mark.parametrize(("n", "text"), [

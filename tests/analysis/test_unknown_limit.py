@@ -7,9 +7,9 @@ Real snapshots: tests/fixtures/real/capacity (a capacity OOM under a 16 GiB cap)
 
 from __future__ import annotations
 
-from profiler.analysis import analyze
-from profiler.load import load_snapshot_file
-from profiler.model import OomContext
+from memq.analysis import analyze
+from memq.load import load_snapshot_file
+from memq.model import OomContext
 from tests.helpers import REAL
 
 
@@ -55,8 +55,8 @@ def test_advice_never_repeats_a_setting_the_run_already_has():
     expandable segments, as the analysis hands them to the advice."""
     from dataclasses import replace
 
-    from profiler.analysis.classify import Facts
-    from profiler.analysis.recommend import recommend
+    from memq.analysis.classify import Facts
+    from memq.analysis.recommend import recommend
 
     GiB = 1 << 30
     base = Facts(has_oom=True, S=4 * GiB, S_min=4 * GiB, A=12 * GiB, A_req=12 * GiB, R=17 * GiB, limit=18 * GiB,

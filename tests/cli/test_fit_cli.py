@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profiler.cli import cli
+from memq.cli import cli
 from tests.analysis.agent_data import spool_files
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fit"

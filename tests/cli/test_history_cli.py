@@ -14,8 +14,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from profiler.cli import cli
-from profiler.errors import NotFound, SchemaOutOfDate
+from memq.cli import cli
+from memq.errors import NotFound, SchemaOutOfDate
 from tests.helpers import REAL, meta, run_files
 
 LIMITS = {"frag_synthetic": ["--limit", "8589934592"], "capacity": ["--limit", "17179869184"],
@@ -202,7 +202,7 @@ def test_server_schema_out_of_date_refused_by_commands(pg_server, tmp_path, monk
 
 def test_exit_codes_and_one_line_errors_in_a_real_process(history_db):
     env = dict(os.environ) | history_db
-    proc = subprocess.run([sys.executable, "-m", "profiler", "history", "--run", "ghost"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "memq", "history", "--run", "ghost"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4
     assert proc.stderr.strip().splitlines() == ["memq: error: no run named 'ghost' (list runs with `memq runs`)"]

@@ -1,4 +1,4 @@
-"""`memq ingest` and `memq push` refuse the names the dispatcher refuses (profiler.names), so the
+"""`memq ingest` and `memq push` refuse the names the dispatcher refuses (memq.names), so the
 history holds the same names on SQLite (which does not enforce String(200)) as on PostgreSQL: no
 name past its column, no control characters (terminal escapes). (A NUL cannot come through argv; the
 envelope tests cover it.)"""
@@ -19,7 +19,7 @@ ROOT = REAL.parents[2]
 
 def memq(*args: str) -> subprocess.CompletedProcess:
     """The real command (exit codes and stderr as users see them), with this test's environment."""
-    return subprocess.run([sys.executable, "-m", "profiler", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "memq", *args], capture_output=True, text=True, timeout=120,
                           cwd=ROOT, env=dict(os.environ))
 BAD = [("--run", "r" * 10_000), ("--run", "run\tx"), ("--run", "\x1b]0;TITLE\x07run"), ("--cluster", "c" * 201),
        ("--job", "j\x9bx"), ("--run", "  ")]

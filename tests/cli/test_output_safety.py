@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.render.safe import safe_text
+from memq.render.safe import safe_text
 from tests.bombs import REAL, clean_env
 
 EVIL = "evil\x1b]0;TITLE\x07\x9b31m\r[/bold]\u202eend"
@@ -30,7 +30,7 @@ RAW_CONTROLS = ("\x1b", "\x07", "\x9b", "\r", "\x00", "\u202e")
 
 
 def _memq(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profiler", *args], env=env, capture_output=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "memq", *args], env=env, capture_output=True, timeout=timeout,
                           cwd=Path(__file__).resolve().parents[2])
 
 
@@ -171,7 +171,7 @@ def test_analyze_report_escapes_frames_from_the_snapshot(env, tmp_path):
     are shown escaped in the terminal report of `memq analyze`."""
     import pickle
 
-    from profiler import codec
+    from memq import codec
 
     snap = codec.loads_restricted(codec.decompress((REAL / "seed_adamw" / "epoch0.pickle.gz").read_bytes()))
     frames = [f for seg in snap["segments"] for b in seg["blocks"] for f in b.get("frames") or []]

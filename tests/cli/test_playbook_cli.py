@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profiler.cli import cli
-from profiler.playbook import BY_ID, ENTRIES
+from memq.cli import cli
+from memq.playbook import BY_ID, ENTRIES
 from tests.helpers import FIXTURES, REAL, meta
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,8 +56,8 @@ def memq(*args: str):
 
 
 def memq_process(*args: str) -> subprocess.CompletedProcess:
-    """The console script's way (errors mapped to exit codes by profiler.cli.main)."""
-    return subprocess.run([sys.executable, "-m", "profiler", *args], cwd=ROOT, capture_output=True, text=True,
+    """The console script's way (errors mapped to exit codes by memq.cli.main)."""
+    return subprocess.run([sys.executable, "-m", "memq", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -195,7 +195,7 @@ def test_view_page_shows_the_links_as_text(tmp_path):
 def test_the_playbook_speaks_of_the_product_not_of_its_capture():
     """Issue 23 item 10: the page showed a literal HTML comment and the capture's scratch folders and
     tooling; `memq playbook ID` printed raw `<a id>` tags."""
-    from profiler.playbook_doc import read_playbook, to_html
+    from memq.playbook_doc import read_playbook, to_html
 
     text = read_playbook()
     for bad in ("<!--", "/tmp", "device tool", "workplace", "PYTHONPATH="):

@@ -13,11 +13,11 @@ import time
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profiler import codec
-from profiler.analysis import analyze
-from profiler.errors import SnapshotError
-from profiler.load import decode_snapshot_bytes
-from profiler.model import OomContext
+from memq import codec
+from memq.analysis import analyze
+from memq.errors import SnapshotError
+from memq.load import decode_snapshot_bytes
+from memq.model import OomContext
 from tests.bombs import own_peak_rss, reset_peak_rss
 from tests.helpers import REAL
 

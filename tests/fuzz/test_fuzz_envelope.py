@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from profiler import envelope, names
-from profiler.envelope import EnvelopeError
+from memq import envelope, names
+from memq.envelope import EnvelopeError
 
 SHA = "b" * 64
 NOW_MS = int(time.time() * 1000)
@@ -133,7 +133,7 @@ def door(tmp_path_factory):
     examples in one test function)."""
     import redis
 
-    from profiler.config import load_settings
+    from memq.config import load_settings
     from tests.workers.stack import PrivateRedis
 
     tmp = tmp_path_factory.mktemp("fuzz-door")
@@ -156,8 +156,8 @@ _seq = itertools.count()
 def test_fuzzed_entries_through_the_real_dispatcher(door, batch):
     from sqlalchemy import select
 
-    from profiler.store.orm import Run
-    from workers.dispatcher import Dispatcher
+    from memq.store.orm import Run
+    from memq.workers.dispatcher import Dispatcher
 
     stg, r = door
     before_dead = r.xlen(stg.dead_letter_key) if r.exists(stg.dead_letter_key) else 0

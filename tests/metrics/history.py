@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
-from profiler.store import repository as repo
-from profiler.store.orm import Run
+from memq.store import repository as repo
+from memq.store.orm import Run
 
 GIB = 1024**3
 

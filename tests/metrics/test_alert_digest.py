@@ -15,14 +15,14 @@ import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import delete, select, text
 
-from profiler.alerts import delivery, outbox, payload, send
-from profiler.alerts.summary import Covered, summary_body, summary_key
-from profiler.config import load_settings
-from profiler.metrics.exporter import registry_for
-from profiler.store import repository as repo
-from profiler.store import schema
-from profiler.store.db import make_engine
-from profiler.store.orm import Alert, AlertSummary
+from memq.alerts import delivery, outbox, payload, send
+from memq.alerts.summary import Covered, summary_body, summary_key
+from memq.config import load_settings
+from memq.metrics.exporter import registry_for
+from memq.store import repository as repo
+from memq.store import schema
+from memq.store.db import make_engine
+from memq.store.orm import Alert, AlertSummary
 from tests.conftest import memq_environ, temp_pg_database
 from tests.metrics.history import add_run
 from tests.metrics.receiver import Receiver

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from profiler.alerts import delivery, outbox, payload, send
-from profiler.alerts.verdict import RunFacts, idempotency_key, verdict_of
-from profiler.config import load_settings
-from profiler.store import repository as repo
-from profiler.store.orm import Alert
+from memq.alerts import delivery, outbox, payload, send
+from memq.alerts.verdict import RunFacts, idempotency_key, verdict_of
+from memq.config import load_settings
+from memq.store import repository as repo
+from memq.store.orm import Alert
 from tests.conftest import memq_environ
 from tests.metrics.history import GIB, add_run, set_run
 from tests.metrics.receiver import Receiver
@@ -260,7 +260,7 @@ def test_a_lost_lease_is_taken_over_with_the_same_key(store):
 
 
 def test_lease_must_outlive_the_timeout(store):
-    from profiler.errors import ConfigError
+    from memq.errors import ConfigError
 
     with pytest.raises(ConfigError):
         outbox.check_settings(_st(store, MEMQ_ALERT_LEASE_S=5, MEMQ_ALERT_TIMEOUT_S=3))
@@ -329,7 +329,7 @@ def test_a_trickling_receiver_cannot_hold_the_sender_past_the_timeout():
     alert again. The deadline is now the whole request's; the alert, sent whole, is not sent again."""
     import time as _time
 
-    from profiler.alerts.send import post
+    from memq.alerts.send import post
 
     url, got, stop = _trickler(0.5)
     try:
@@ -346,7 +346,7 @@ def test_a_trickling_receiver_cannot_hold_the_sender_past_the_timeout():
 def test_alerts_ignore_proxies_from_the_environment(monkeypatch):
     """Issue 24 item 6: an `http_proxy` in the worker's environment must not see the alerts (and their
     webhook tokens); only MEMQ_ALERT_WEBHOOK_URL's host does."""
-    from profiler.alerts.send import post
+    from memq.alerts.send import post
 
     with Receiver() as rec:
         monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")  # discard port: a proxy would fail

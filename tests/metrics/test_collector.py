@@ -13,12 +13,12 @@ import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import select, update
 
-from profiler.config import load_settings
-from profiler.metrics import queries as q
-from profiler.metrics.collector import OTHER
-from profiler.metrics.exporter import registry_for
-from profiler.store import repository as repo
-from profiler.store.orm import Snapshot
+from memq.config import load_settings
+from memq.metrics import queries as q
+from memq.metrics.collector import OTHER
+from memq.metrics.exporter import registry_for
+from memq.store import repository as repo
+from memq.store.orm import Snapshot
 from tests.conftest import memq_environ
 from tests.metrics.history import GIB, add_run, set_run
 from tests.metrics.scrape import Samples
@@ -107,7 +107,7 @@ def test_a_database_outage_is_a_metric_not_an_error(tmp_path):
 
 
 def test_the_tally_adds_new_done_snapshots_once_and_agrees_with_a_recount(store):
-    from profiler.metrics.tally import SnapshotTally
+    from memq.metrics.tally import SnapshotTally
 
     incremental, recount = SnapshotTally(resync_s=3600), SnapshotTally(resync_s=0)
     with store.session() as s:
@@ -181,7 +181,7 @@ def test_dashboards_get_the_runs_cause_for_ingested_runs_too(memq_env, store):
     (logits kept every step; OOM in epoch 5), ingested with its 7 GiB cap."""
     from click.testing import CliRunner
 
-    from profiler.cli import cli
+    from memq.cli import cli
     from tests.helpers import FIXTURES
 
     d = FIXTURES / "captured" / "leak_epochs"

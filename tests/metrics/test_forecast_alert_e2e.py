@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from profiler import envelope
-from profiler.agent.spool import Spool, iter_spool_dirs
-from profiler.agent.transport import append_fields
+from memq import envelope
+from memq.agent.spool import Spool, iter_spool_dirs
+from memq.agent.transport import append_fields
 from tests.metrics.receiver import Receiver
 from tests.workers.stack import Stack, wait_for
 

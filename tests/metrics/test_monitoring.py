@@ -38,9 +38,9 @@ def _promtool() -> str:
 def exported(tmp_path) -> tuple[set[str], set[str]]:
     """(sample names, label names) of a real scrape of the collector (empty SQLite history; Redis
     unreachable: families are declared whatever answers)."""
-    from profiler.config import load_settings
-    from profiler.metrics.collector import METRICS
-    from profiler.metrics.exporter import registry_for
+    from memq.config import load_settings
+    from memq.metrics.collector import METRICS
+    from memq.metrics.exporter import registry_for
     from tests.conftest import memq_environ
 
     env = memq_environ(f"sqlite:///{tmp_path / 'm.db'}", tmp_path) | {"MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}

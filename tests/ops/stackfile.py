@@ -5,7 +5,7 @@ the tests fail when the file drifts): `redis` (with a private port, bind and dat
 `migrate`, `dispatcher`, `worker` and `beat`, with the environment of the `x-memq-env` block. Paths
 of the containers are mapped into a tmp dir: `/run/secrets/<name>` -> the secrets written by
 deploy/make-secrets.sh (run on a copy of deploy/), `/var/lib/memq` -> tmp/lib, `/etc/memq` -> tmp/etc.
-`memq` runs as `python -m profiler`, `celery` as `python -m celery` (this interpreter, this checkout).
+`memq` runs as `python -m memq`, `celery` as `python -m celery` (this interpreter, this checkout).
 PostgreSQL is the shared server, with a database of our own (the compose `postgres` service is the
 stock image: nothing of ours to test there).
 """
@@ -75,7 +75,7 @@ class ComposeStack:
     def argv(self, service: str) -> list[str]:
         cmd = [self.path(str(a)) for a in self.services[service]["command"]]
         if cmd[0] == "memq":
-            return [sys.executable, "-m", "profiler", *cmd[1:]]
+            return [sys.executable, "-m", "memq", *cmd[1:]]
         if cmd[0] == "celery":
             return [sys.executable, "-m", "celery", *cmd[1:]]
         if cmd[0] == "redis-server":
@@ -105,7 +105,7 @@ class ComposeStack:
         return p
 
     def memq(self, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "profiler", *args], env=env or self.env, cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "memq", *args], env=env or self.env, cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
 
     def log(self, service: str, n: int = 3000) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.agent.spool import decode
+from memq.agent.spool import decode
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_LIBS = ("sqlalchemy", "celery", "kombu", "alembic", "psycopg", "starlette", "matplotlib", "rich", "click")
@@ -33,7 +33,7 @@ def test_agent_runs_from_a_no_deps_install(tmp_path):
     _run(py, "-m", "pip", "install", "-q", "--no-deps", str(wheel), "redis", "zstandard")
     code = f"""
 import importlib.util, json, sys
-from profiler import agent
+from memq import agent
 agent.start(run="slim", cluster="c", redis_url="redis://127.0.0.1:1/0", spool_dir={str(tmp_path / 'spool')!r})
 agent.mark_step(0, 0)
 agent.stop()

@@ -1,4 +1,4 @@
-"""Settings are declared once (fields of profiler.config.Settings made by `setting(...)`), and the
+"""Settings are declared once (fields of memq.config.Settings made by `setting(...)`), and the
 loader, its validation and deploy/CONFIG.md come from that declaration: the document is what
 deploy/gen_config.py writes, covers every setting with its default and allowed values, and names
 every MEMQ_* variable the product reads anywhere."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.config import FILE_SETTINGS, OTHER_VARIABLES, SETTINGS, Settings, check, load_settings
-from profiler.errors import ConfigError
+from memq.config import FILE_SETTINGS, OTHER_VARIABLES, SETTINGS, Settings, check, load_settings
+from memq.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "deploy" / "CONFIG.md"

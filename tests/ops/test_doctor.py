@@ -28,7 +28,7 @@ def servers(tmp_path_factory, pg_server):
                   "--maxmemory", "256mb", "--maxmemory-policy", "noeviction").start()
     bad = Server(tmp / "bad", "--save", "", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru").start()
     with temp_pg_database("doc") as migrated, temp_pg_database("docempty") as empty:
-        subprocess.run([sys.executable, "-m", "profiler", "db", "upgrade"], check=True, capture_output=True,
+        subprocess.run([sys.executable, "-m", "memq", "db", "upgrade"], check=True, capture_output=True,
                        env=_env(tmp, migrated, good.url), cwd=ROOT, timeout=120)
         yield {"tmp": tmp, "good": good, "bad": bad, "db": migrated, "empty_db": empty}
     good.kill()
@@ -49,14 +49,14 @@ def _env(tmp: Path, db: str, redis_url: str, **extra: str) -> dict:
 def doctor(env: dict, *args: str, subprocess_: bool = False) -> tuple[int, dict, str]:
     """Run `memq doctor --json`: in-process through click's runner (fast), or as the real command."""
     if subprocess_:
-        p = subprocess.run([sys.executable, "-m", "profiler", "doctor", "--json", *args], env=env, cwd=ROOT,
+        p = subprocess.run([sys.executable, "-m", "memq", "doctor", "--json", *args], env=env, cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         code, out = p.returncode, p.stdout + p.stderr
         stdout = p.stdout
     else:
         from click.testing import CliRunner
 
-        from profiler.cli import cli
+        from memq.cli import cli
 
         unset = {k: None for k in __import__("os").environ if k.startswith("MEMQ_") and k not in env}
         res = CliRunner().invoke(cli, ["doctor", "--json", *args], env={**unset, **env}, catch_exceptions=False)
@@ -69,10 +69,10 @@ def doctor(env: dict, *args: str, subprocess_: bool = False) -> tuple[int, dict,
 def _live_workers(env: dict):
     """Heartbeats written by the workers' own Heartbeat class, a consumer group on the stream, and
     the day partitions a running dispatcher makes."""
-    from profiler.config import load_settings
-    from workers.app import Heartbeat
-    from workers.dispatcher import Dispatcher
-    from workers.runtime import GROUP
+    from memq.config import load_settings
+    from memq.workers.app import Heartbeat
+    from memq.workers.dispatcher import Dispatcher
+    from memq.workers.runtime import GROUP
 
     st = load_settings(env)
     Dispatcher(st, consumer="d1@test")._make_partitions()
@@ -104,7 +104,7 @@ def test_everything_up_is_healthy_even_strict(servers):
 
 
 def st_days_ahead(env: dict) -> int:
-    from profiler.config import load_settings
+    from memq.config import load_settings
 
     return load_settings(env).stat_partition_days_ahead
 
@@ -112,11 +112,11 @@ def st_days_ahead(env: dict) -> int:
 def test_no_partitions_ahead_is_a_warning_that_gc_fixes(servers, tmp_path):
     with temp_pg_database("docpart") as db:
         env = _env(servers["tmp"], db, servers["good"].url)
-        subprocess.run([sys.executable, "-m", "profiler", "db", "upgrade"], check=True, capture_output=True,
+        subprocess.run([sys.executable, "-m", "memq", "db", "upgrade"], check=True, capture_output=True,
                        env=env, cwd=ROOT, timeout=120)
         code, checks, out = doctor(env)
         assert checks["partitions"]["status"] == "warning" and "memq gc" in checks["partitions"]["fix"], out
-        gc = subprocess.run([sys.executable, "-m", "profiler", "gc"], env=env, cwd=ROOT, capture_output=True,
+        gc = subprocess.run([sys.executable, "-m", "memq", "gc"], env=env, cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
         assert gc.returncode == 0 and "made stat_samples partitions" in gc.stdout, gc.stdout + gc.stderr
         code, checks, out = doctor(env)
@@ -142,7 +142,7 @@ def test_evicting_policy_and_no_persistence_warn(servers):
     code, _, _ = doctor(env, "--strict", subprocess_=True)
     assert code == 1
     # the human form prints a fix line under each problem
-    p = subprocess.run([sys.executable, "-m", "profiler", "doctor"], env=env, cwd=ROOT, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "memq", "doctor"], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.count("fix: ") >= 2 and "WARNING memory" in p.stdout, p.stdout
 
@@ -201,7 +201,7 @@ def test_stream_lag_and_missing_consumer_group_warn(servers):
     r.xadd("memq:lagtest", {"v": "1"})
     code, checks, out = doctor(env)
     assert checks["stream"]["status"] == "warning" and "memq dispatcher" in checks["stream"]["fix"], out
-    from workers.runtime import GROUP
+    from memq.workers.runtime import GROUP
 
     r.xgroup_create("memq:lagtest", GROUP, id="$")
     for i in range(3):
@@ -213,7 +213,7 @@ def test_stream_lag_and_missing_consumer_group_warn(servers):
 
 def test_lag_near_maxlen_and_a_separate_broker(servers):
     r = redis.Redis.from_url(servers["good"].url)
-    from workers.runtime import GROUP
+    from memq.workers.runtime import GROUP
 
     r.xgroup_create("memq:lagmax", GROUP, id="$", mkstream=True)
     for i in range(6):
@@ -228,7 +228,7 @@ def test_lag_near_maxlen_and_a_separate_broker(servers):
 
 def test_untrimmed_stream_warns(servers):
     r = redis.Redis.from_url(servers["good"].url)
-    from workers.runtime import GROUP
+    from memq.workers.runtime import GROUP
 
     sec, _ = r.time()
     old_ms = (int(sec) - 7200) * 1000

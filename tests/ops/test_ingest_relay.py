@@ -15,8 +15,8 @@ import time
 import pytest
 import redis
 
-from profiler import codec, envelope, redis_functions
-from profiler.redis_functions import Relay, doctor_checks, ensure_library, loaded_version
+from memq import codec, envelope, redis_functions
+from memq.redis_functions import Relay, doctor_checks, ensure_library, loaded_version
 from tests.ops.acl_redis import acl_redis
 
 STREAM, INBOX = "memq:ingest", "memq:ingest:inbox"
@@ -30,7 +30,7 @@ def server(tmp_path_factory):
 
 
 def _settings(tmp_path, redis_url: str, **extra):
-    from profiler.config import load_settings
+    from memq.config import load_settings
 
     env = {"MEMQ_REDIS_URL": redis_url, "MEMQ_DATABASE_URL": f"sqlite:///{tmp_path}/h.db",
            "MEMQ_DATA_DIR": str(tmp_path), "MEMQ_BLOB_DIR": str(tmp_path / "blobs"),
@@ -167,11 +167,11 @@ def test_relayed_snapshot_blob_gets_the_deployment_ttl(server):
 
 
 def test_real_agent_delivers_through_the_inbox_and_the_dispatcher_ingests(server, tmp_path):
-    """profiler.agent with a ReplaySource of real snapshots, as memq-agent; an attacker's junk in the
+    """memq.agent with a ReplaySource of real snapshots, as memq-agent; an attacker's junk in the
     same inbox; the real dispatcher (as the memq user) relays, ingests the agent's messages and
     dead-letters the junk with its reason."""
+    from memq.workers.dispatcher import Dispatcher
     from tests.agent.conftest import make_agent
-    from workers.dispatcher import Dispatcher
 
     memq, agent_user = server["memq"], server["agents"]["doc"]
     st = _settings(tmp_path, server["memq_url"])
@@ -206,9 +206,9 @@ def test_another_job_cannot_overwrite_a_blob_in_flight(server, tmp_path):
     the inbox; the attacker knows its sha256 (a common model's snapshot is public knowledge) and SETs
     junk at every key it can name. The blob's key carries the envelope's random nonce, which the agent
     user cannot read back, so the victim's snapshot is still ingested intact."""
-    from profiler.agent.transport import Item, Transport, append_fields
+    from memq.agent.transport import Item, Transport, append_fields
+    from memq.workers.dispatcher import Dispatcher
     from tests.agent.conftest import REAL
-    from workers.dispatcher import Dispatcher
 
     memq, attacker = server["memq"], server["agents"]["file"]
     victim = redis.Redis.from_url(server["agent_url"])

@@ -18,7 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from profiler import redis_functions
+from memq import redis_functions
 from tests.ops.acl_redis import acl_redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,9 +120,9 @@ def test_agent_cannot(agent, what, call):
 
 
 def test_real_agent_transport_replays_a_gpu_spool_through_the_agent_user(server, tmp_path):
-    from profiler import envelope
-    from profiler.agent.replay import replay_dir
-    from profiler.redis_client import make_client
+    from memq import envelope
+    from memq.agent.replay import replay_dir
+    from memq.redis_client import make_client
 
     spool = tmp_path / "spool"
     shutil.copytree(SPOOL, spool)
@@ -144,7 +144,7 @@ def test_real_agent_transport_replays_a_gpu_spool_through_the_agent_user(server,
 
 
 def _settings():
-    from profiler.config import load_settings
+    from memq.config import load_settings
 
     return load_settings({"MEMQ_CONFIG": "/nonexistent/memq.toml"})
 

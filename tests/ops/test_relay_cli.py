@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from profiler import redis_functions
+from memq import redis_functions
 from tests.workers.stack import ROOT, PrivateRedis, free_port
 
 pytestmark = pytest.mark.redis
 
 
 def _memq(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profiler", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "memq", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
 
 

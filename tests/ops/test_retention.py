@@ -1,4 +1,4 @@
-"""Retention (`memq gc`, workers.retention): on SQLite and the real PostgreSQL (own database).
+"""Retention (`memq gc`, memq.workers.retention): on SQLite and the real PostgreSQL (own database).
 
 Referenced blobs survive, unreferenced old ones go, OOM and diagnosed snapshots' blobs stay, stat
 samples follow the per-cluster policy, and a dry run changes nothing."""
@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from profiler.config import load_settings
-from profiler.errors import ConfigError
-from profiler.store import repository as repo
-from profiler.store.retention import Policy, collect, parse_overrides
+from memq.config import load_settings
+from memq.errors import ConfigError
+from memq.store import repository as repo
+from memq.store.retention import Policy, collect, parse_overrides
 from tests.conftest import memq_environ
 
 NOW = dt.datetime.now(dt.UTC)
@@ -92,7 +92,7 @@ class World:
     def blob_ref(self, tag: str) -> str | None:
         from sqlalchemy import select
 
-        from profiler.store.orm import Snapshot
+        from memq.store.orm import Snapshot
 
         with self.store.session() as s:
             return s.execute(select(Snapshot.blob_ref).where(Snapshot.id == self.snaps[tag])).scalar_one()
@@ -100,7 +100,7 @@ class World:
     def sample_ages(self, run: str) -> list[int]:
         from sqlalchemy import select
 
-        from profiler.store.orm import StatSample
+        from memq.store.orm import StatSample
 
         with self.store.session() as s:
             rows = s.execute(select(StatSample.sampled_at).where(StatSample.run_id == self.runs[run])).scalars()
@@ -155,7 +155,7 @@ def test_gc_removes_only_what_is_past_retention_and_unreferenced(world, store):
     # rows and analyses stay: only the raw bytes went
     from sqlalchemy import func, select
 
-    from profiler.store.orm import Snapshot
+    from memq.store.orm import Snapshot
 
     with store.session() as s:
         assert s.execute(select(func.count()).select_from(Snapshot)).scalar_one() == len(GONE) + len(KEPT)
@@ -187,8 +187,8 @@ def test_dry_run_changes_nothing(world, store):
 def test_cli_and_task_use_the_settings_policy(world, store, db_url, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from profiler.cli import cli
-    from workers.retention import beat_entries, run_gc
+    from memq.cli import cli
+    from memq.workers.retention import beat_entries, run_gc
 
     env = memq_environ(db_url, tmp_path) | {"MEMQ_RETENTION_DAYS": "30", "MEMQ_RETENTION_CLUSTERS": "dev=7,keep=0"}
     env["MEMQ_BLOB_DIR"] = str(store.blobs.directory)
@@ -208,7 +208,7 @@ def test_cli_and_task_use_the_settings_policy(world, store, db_url, tmp_path, mo
 
 
 def test_beat_schedule_has_the_retention_entry():
-    from workers.app import beat_schedule
+    from memq.workers.app import beat_schedule
 
     st = load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_GC_HOUR_UTC": "4"})
     sched = beat_schedule(st)

@@ -56,4 +56,4 @@ def test_no_stock_unpickling_outside_the_codec():
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("load", "loads")
                     and isinstance(node.func.value, ast.Name) and node.func.value.id in ("pickle", "cPickle", "dill")):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert not bad, "pickle.load(s) on foreign bytes; use profiler.codec.loads_restricted:\n" + "\n".join(bad)
+    assert not bad, "pickle.load(s) on foreign bytes; use memq.codec.loads_restricted:\n" + "\n".join(bad)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from profiler.config import load_settings
+from memq.config import load_settings
+from memq.workers.retention import beat_entries, trim_floor, trim_stream
 from tests.ops.stackfile import Server
-from workers.retention import beat_entries, trim_floor, trim_stream
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_blobs_without_a_ttl_get_one_in_bounded_steps(srv):
     """A blob the agent user SET without a TTL and no envelope ever named (the relay gives a blob its TTL
     when it relays the envelope) gets MEMQ_BLOB_TTL_S from the trim tick's sweep; a TTL already set
     stays as it is; the walk is bounded per call and resumes from its cursor."""
-    from workers.retention import expire_untimed_blobs
+    from memq.workers.retention import expire_untimed_blobs
 
     r = redis.Redis.from_url(srv.url)
     st = load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_REDIS_URL": srv.url,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from profiler import redis_functions
+from memq import redis_functions
 from tests.ops.stackfile import make_secrets
 from tests.workers.stack import free_port, wait_for
 
@@ -74,7 +74,7 @@ def _env(tls, **extra) -> dict:
 
 
 def _memq(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "profiler", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "memq", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 

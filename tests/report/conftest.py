@@ -85,7 +85,7 @@ DAY2_RUNS = (
 
 
 def ingest(env: dict[str, str], runs) -> None:
-    from profiler.cli import cli
+    from memq.cli import cli
 
     runner = CliRunner()
     for r in runs:
@@ -94,7 +94,7 @@ def ingest(env: dict[str, str], runs) -> None:
 
 
 def invoke(env: dict[str, str], args: list[str]):
-    from profiler.cli import cli
+    from memq.cli import cli
 
     return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
 
@@ -105,13 +105,13 @@ class History:
     root: Path
 
     def store(self):
-        from profiler.config import load_settings
-        from profiler.store.connection import open_store
+        from memq.config import load_settings
+        from memq.store.connection import open_store
 
         return open_store(load_settings(self.env))
 
     def settings(self, **changes):
-        from profiler.config import load_settings
+        from memq.config import load_settings
 
         return load_settings(self.env).replace(**changes)
 
@@ -145,7 +145,7 @@ def chromium_path() -> str:
 
 def exit_code(env: dict[str, str], args: list[str]) -> int:
     """Exit status of `memq ARGS` run the way the console script runs it (errors -> codes)."""
-    from profiler.cli import main
+    from memq.cli import main
 
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -13,11 +13,11 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from profiler.store.orm import Report
-from profiler.store.report_queries import Scope
+from memq.store.orm import Report
+from memq.store.report_queries import Scope
+from memq.workers.reports import beat_entries, dates_to_build, post_webhook, run_nightly
 from tests.conftest import memq_environ, temp_pg_database
 from tests.report.conftest import DAY1, DAY1_RUNS, DAY2, DAY2_RUNS, ingest, invoke
-from workers.reports import beat_entries, dates_to_build, post_webhook, run_nightly
 
 D1, D2 = dt.date.fromisoformat(DAY1), dt.date.fromisoformat(DAY2)
 
@@ -43,7 +43,7 @@ def test_catch_up_builds_missing_days_oldest_first_and_a_rerun_replaces(history)
     assert by_day[DAY1]["runs"] == 8 and by_day[DAY1]["oom_runs"] == 4 and by_day[DAY2]["oom_runs"] == 3
     # the day-2 report compared itself with the day-1 report stored just before it
     with store.session() as s:
-        from profiler.store.report_queries import stored_report
+        from memq.store.report_queries import stored_report
 
         d2 = stored_report(s, D2, Scope.parse("all"))["summary"]
     assert d2["changes"]["previous_date"] == DAY1 and d2["changes"]["previous_source"] == "stored"
@@ -74,12 +74,12 @@ def test_beat_entry_is_utc_crontab_on_the_report_queue(history):
     assert entry["options"]["queue"] == "memq.report"
     sched = entry["schedule"]
     assert sched.hour == {1} and sched.minute == {15}
-    from workers.app import beat_schedule, celery_config
+    from memq.workers.app import beat_schedule, celery_config
 
     assert "memq-nightly-report" in beat_schedule(st)
     conf = celery_config(st)
     assert conf["enable_utc"] is True and conf["timezone"] == "UTC"
-    from profiler.errors import ConfigError
+    from memq.errors import ConfigError
 
     with pytest.raises(ConfigError):
         beat_entries(history.settings(report_hour_utc=24))
@@ -143,7 +143,7 @@ def test_webhook_refuses_redirects_and_bad_urls_and_never_fails_the_report(histo
     assert other_hook.received == []  # nothing reached the host nobody configured
     assert "redirect" in out["scopes"][0]["webhook"]["error"]
     assert out["scopes"][0]["built"][0]["report_id"]  # stored all the same
-    from profiler.errors import ConfigError
+    from memq.errors import ConfigError
 
     for bad in ("file:///etc/passwd", "ftp://host/x", "http:///nohost"):
         with pytest.raises(ConfigError):
@@ -158,8 +158,8 @@ def test_webhook_refuses_redirects_and_bad_urls_and_never_fails_the_report(histo
 @pytest.mark.postgres
 def test_reports_on_postgresql(pg_server, tmp_path):
     """The whole path on the shared PostgreSQL server, in a database of its own."""
-    from profiler.store import schema
-    from profiler.store.db import make_engine
+    from memq.store import schema
+    from memq.store.db import make_engine
 
     with temp_pg_database("report") as url:
         engine = make_engine(url)
@@ -181,8 +181,8 @@ def test_reports_on_postgresql(pg_server, tmp_path):
         assert [g["run"] for g in d2["growing"]] == ["leak_epochs"]
         assert d2["growing"][0]["mean_growth_per_epoch_bytes"] == 8 * 131072000
         assert d2["changes"]["previous_date"] == DAY1 and d2["changes"]["ooms_by_cause"]["leak"]["now"] == 1
-        from profiler.config import load_settings
-        from profiler.store.connection import open_store
+        from memq.config import load_settings
+        from memq.store.connection import open_store
 
         store = open_store(load_settings(env))
         try:

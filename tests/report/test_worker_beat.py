@@ -19,7 +19,7 @@ import sys
 import pytest
 from sqlalchemy import select
 
-from profiler.store.orm import Report
+from memq.store.orm import Report
 from tests.report.conftest import DAY2
 from tests.workers.stack import ROOT, Stack, wait_for
 
@@ -48,7 +48,7 @@ def test_worker_consumes_a_report_message(history, shared_redis):
     stack = _stack(history, shared_redis)
     try:
         stack.start_worker(concurrency=1, beat=False)
-        code = ("from workers.reports import nightly_report; "
+        code = ("from memq.workers.reports import nightly_report; "
                 f"nightly_report.apply_async(kwargs={{'date': '{DAY2}'}})")
         subprocess.run([sys.executable, "-c", code], env=stack.env, check=True, timeout=60, cwd=ROOT)
         wait_for(lambda: any(r[0] == dt.date.fromisoformat(DAY2) for r in _reports(history)), 120, 0.5,
@@ -65,7 +65,7 @@ def _beat_last_ran_at(stack: Stack, schedule_file, when: dt.datetime) -> None:
     PersistentScheduler from the product's beat schedule (the settings of `stack`), as beat keeps it."""
     from celery.beat import PersistentScheduler
 
-    from workers.app import make_app
+    from memq.workers.app import make_app
 
     sched = PersistentScheduler(app=make_app(stack.settings), schedule_filename=str(schedule_file))
     try:
@@ -101,7 +101,7 @@ def test_beat_fires_at_the_configured_utc_minute_and_reruns_replace(history, sha
         stack.close()
     assert first_at is not None
     # the same tick delivered again (a second beat, a redelivery): the row is replaced, not added
-    code = "from workers.reports import nightly_report; print(nightly_report.apply().get())"
+    code = "from memq.workers.reports import nightly_report; print(nightly_report.apply().get())"
     subprocess.run([sys.executable, "-c", code], env=stack.env, check=True, timeout=120, cwd=ROOT,
                    capture_output=True)
     rows = _reports(history)

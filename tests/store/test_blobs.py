@@ -7,9 +7,9 @@ import hashlib
 
 import pytest
 
-from profiler.errors import NotFound, SnapshotError, StorageError
-from profiler.load import load_snapshot_file
-from profiler.store.blobs import BlobStore
+from memq.errors import NotFound, SnapshotError, StorageError
+from memq.load import load_snapshot_file
+from memq.store.blobs import BlobStore
 from tests.helpers import REAL
 
 

@@ -8,9 +8,9 @@ import json
 
 from sqlalchemy import select
 
-from profiler.store import repository as repo
-from profiler.store import service
-from profiler.store.orm import Run, RunDiagnosis
+from memq.store import repository as repo
+from memq.store import service
+from memq.store.orm import Run, RunDiagnosis
 from tests.analysis.agent_data import FORECAST, spool_files, spool_run
 
 SPOOL = next((FORECAST / "val_logits" / "defaults").iterdir())

@@ -7,10 +7,10 @@ import contextlib
 import pytest
 from sqlalchemy import inspect, text
 
-from profiler.errors import SchemaOutOfDate
-from profiler.store import schema
-from profiler.store.db import make_engine
-from profiler.store.orm import Base
+from memq.errors import SchemaOutOfDate
+from memq.store import schema
+from memq.store.db import make_engine
+from memq.store.orm import Base
 from tests.conftest import temp_pg_database
 
 EXPECTED_TABLES = {"runs", "snapshots", "analysis_results", "run_diagnoses", "stat_samples", "reports"}
@@ -76,7 +76,7 @@ def test_models_and_migrations_do_not_drift(kind, tmp_path, request):
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from profiler.store.partitions import alembic_include_name
+    from memq.store.partitions import alembic_include_name
 
     if kind == "postgresql":
         request.getfixturevalue("pg_server")
@@ -98,8 +98,8 @@ def test_models_and_migrations_do_not_drift(kind, tmp_path, request):
 
 @pytest.mark.postgres
 def test_server_schema_out_of_date_is_refused_with_fix(pg_server, tmp_path):
-    from profiler.config import load_settings
-    from profiler.store.connection import open_store
+    from memq.config import load_settings
+    from memq.store.connection import open_store
     from tests.conftest import memq_environ
 
     with temp_pg_database("g") as url:
@@ -124,8 +124,8 @@ def test_server_schema_out_of_date_is_refused_with_fix(pg_server, tmp_path):
 
 
 def test_embedded_sqlite_migrates_itself(tmp_path):
-    from profiler.config import load_settings
-    from profiler.store.connection import open_store
+    from memq.config import load_settings
+    from memq.store.connection import open_store
 
     settings = load_settings({"MEMQ_DATA_DIR": str(tmp_path / "data"), "MEMQ_CONFIG": str(tmp_path / "x.toml")})
     assert settings.database_url.startswith("sqlite:///")

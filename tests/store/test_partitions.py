@@ -9,13 +9,13 @@ import datetime as dt
 import pytest
 from sqlalchemy import func, inspect, select, text
 
-from profiler.config import load_settings
-from profiler.store import partitions, schema
-from profiler.store import repository as repo
-from profiler.store.connection import open_store
-from profiler.store.db import make_engine
-from profiler.store.orm import StatSample
-from profiler.store.retention import Policy, collect
+from memq.config import load_settings
+from memq.store import partitions, schema
+from memq.store import repository as repo
+from memq.store.connection import open_store
+from memq.store.db import make_engine
+from memq.store.orm import StatSample
+from memq.store.retention import Policy, collect
 from tests.conftest import memq_environ, temp_pg_database
 
 pytestmark = pytest.mark.postgres
@@ -163,7 +163,7 @@ def test_sqlite_has_no_partitions(tmp_path):
 def test_the_dispatcher_makes_the_coming_days_and_survives_a_failure(pg_store, tmp_path, caplog):
     import time
 
-    from workers.dispatcher import Dispatcher
+    from memq.workers.dispatcher import Dispatcher
 
     st = pg_store.settings
     d = Dispatcher(st, consumer="t")  # Redis is not touched by this step

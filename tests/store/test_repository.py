@@ -8,11 +8,11 @@ import threading
 import pytest
 from sqlalchemy import func, select, text
 
-from profiler.errors import NotFound, SchemaOutOfDate, StorageError, StorageUnavailable
-from profiler.store import queries
-from profiler.store import repository as repo
-from profiler.store.db import make_engine, session_scope
-from profiler.store.orm import AnalysisResult, Report, Run, Snapshot, StatSample
+from memq.errors import NotFound, SchemaOutOfDate, StorageError, StorageUnavailable
+from memq.store import queries
+from memq.store import repository as repo
+from memq.store.db import make_engine, session_scope
+from memq.store.orm import AnalysisResult, Report, Run, Snapshot, StatSample
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

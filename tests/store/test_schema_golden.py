@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from profiler.store import schema
-from profiler.store.db import make_engine
+from memq.store import schema
+from memq.store.db import make_engine
 from tests.conftest import temp_pg_database
 
 GOLDEN = Path(__file__).parent / "schema"

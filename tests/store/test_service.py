@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-import profiler.analysis
-from profiler.store import queries, service
-from profiler.store import repository as repo
-from profiler.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
+import memq.analysis
+from memq.store import queries, service
+from memq.store import repository as repo
+from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 from tests.helpers import REAL, REAL_RUNS, meta, run_files
 
 
@@ -96,7 +96,7 @@ def test_reanalyze_recomputes_from_blobs_once_per_version(store, monkeypatch):
     _ingest(store, "frag_synthetic", name="copy")
     rep = service.reanalyze(store)
     assert rep.snapshots_considered == 0 and rep.runs_recomputed == 0  # all current
-    monkeypatch.setattr(profiler.analysis, "ANALYZER_VERSION", "99.0-test")
+    monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.0-test")
     rep = service.reanalyze(store)
     assert rep.snapshots_considered == 4
     assert rep.analysed == 2 and rep.reused == 2  # the copy reuses the new results: same bytes, same context
@@ -128,15 +128,15 @@ def test_blobs_left_missing_are_reported_not_fatal(store, tmp_path, monkeypatch)
     _ingest(store, "capacity")
     for p in (tmp_path / "blobs").rglob("*.zst"):
         p.unlink()
-    monkeypatch.setattr(profiler.analysis, "ANALYZER_VERSION", "99.1-test")
+    monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.1-test")
     rep = service.reanalyze(store)
     assert rep.missing_blobs == 1 and rep.failed == 0
 
 
 def test_process_snapshot_is_the_worker_path(store):
     """What a worker does with a snapshot id from the dispatcher: claim, analyse, complete, run diagnosis."""
-    from profiler.errors import SnapshotError
-    from profiler.load import load_snapshot_file
+    from memq.errors import SnapshotError
+    from memq.load import load_snapshot_file
 
     files = run_files("frag_synthetic")
     with store.session() as s:
@@ -177,7 +177,7 @@ def test_files_without_trace_times_keep_the_given_order(store, tmp_path):
     import gzip
     import pickle
 
-    from profiler import codec
+    from memq import codec
 
     src = run_files("seed_sgd")
     paths = []

@@ -58,7 +58,7 @@ class History:
     root: Path
 
     def cli(self, *args: str):
-        from profiler.cli import cli
+        from memq.cli import cli
 
         res = CliRunner().invoke(cli, list(args), env=self.env, catch_exceptions=False)
         assert res.exit_code == 0, res.output
@@ -128,7 +128,7 @@ def _start(history: History, tmp: Path, token: str | None) -> Server:
     env = {**os.environ, **history.env, "MEMQ_SERVE_TOKEN": token or ""}
     log = tmp / f"serve-{port}.log"
     fh = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "profiler", "serve", "--port", str(port), "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level", "warning"],
                             cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
 

@@ -172,7 +172,7 @@ def test_compare_and_versions_are_the_cli_json(server, web_history):
 
 
 def test_snapshot_detail_segments_blocks_frames_and_fit_test(server, web_history):
-    from profiler.load import load_snapshot_file
+    from memq.load import load_snapshot_file
 
     sid = web_history.snapshot_id("frag_synthetic", "oom")
     doc = server.json(f"/api/snapshots/{sid}")
@@ -331,8 +331,8 @@ def _asgi_get(app, path: str, headers: dict[str, str] | None = None) -> tuple[in
 
 
 def test_playbook_page_renders_the_text_escaped_behind_the_token(web_history, tmp_path):
-    from profiler.config import load_settings
-    from profiler.web.app import create_app
+    from memq.config import load_settings
+    from memq.web.app import create_app
     from tests.cli.test_playbook_cli import PLACEHOLDER
 
     md = tmp_path / "playbook.md"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from array import array
 
-from profiler.web.snapshot_view import NO_CHANGE
+from memq.web.snapshot_view import NO_CHANGE
 from tests.web.conftest import ROOT
 from tests.web.test_browser import Browser, assert_not_blank, shot
 
@@ -24,7 +24,7 @@ BIG = ROOT / "benchmarks" / "data" / "h200_1m_trace.pickle.gz"
 def _view(tmp_path):
     out = tmp_path / "big.html"
     env = {"PATH": "/usr/bin:/bin", "MEMQ_DATA_DIR": str(tmp_path), "MEMQ_DECODE_BUDGET_BYTES": str(2 * 1024**3)}
-    res = subprocess.run([sys.executable, "-m", "profiler", "view", str(BIG), "--out", str(out)], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "memq", "view", str(BIG), "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr
     html = out.read_text()

@@ -295,7 +295,7 @@ def test_memq_view_is_self_contained_and_interactive(tmp_path):
 
     out = tmp_path / "view.html"
     files = [str(REAL / "frag_synthetic" / f"{s}.pickle.gz") for s in ("fragmented", "oom")]
-    res = subprocess.run([sys.executable, "-m", "profiler", "view", *files, "--limit", "8GiB", "--out", str(out)],
+    res = subprocess.run([sys.executable, "-m", "memq", "view", *files, "--limit", "8GiB", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     html = out.read_text()
@@ -325,7 +325,7 @@ def test_memq_view_of_the_100k_entry_snapshot_renders_and_answers_a_click(tmp_pa
     big = ROOT / "benchmarks" / "data" / "big.pickle.gz"
     assert big.exists(), f"{big} is missing (the 100,000-entry fixture of benchmarks/)"
     out = tmp_path / "big.html"
-    res = subprocess.run([sys.executable, "-m", "profiler", "view", str(big), "--out", str(out)], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "memq", "view", str(big), "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     with sync_playwright() as p:

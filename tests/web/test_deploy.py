@@ -1,6 +1,6 @@
 """The `serve` service in deploy/: its three forms (compose, Kubernetes, systemd) run the same
 command, reach the host's loopback only or a ClusterIP, and take the bearer token from a secret
-file, which profiler.config reads (MEMQ_SERVE_TOKEN_FILE). Offline; tests/ops validates the files."""
+file, which memq.config reads (MEMQ_SERVE_TOKEN_FILE). Offline; tests/ops validates the files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from profiler.config import load_settings
+from memq.config import load_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

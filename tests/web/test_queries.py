@@ -8,9 +8,9 @@ import datetime as dt
 
 import pytest
 
-from profiler.store.queries import RunFilter
-from profiler.store.repository import RunMeta, upsert_run
-from profiler.web.queries import RunPage, page_runs
+from memq.store.queries import RunFilter
+from memq.store.repository import RunMeta, upsert_run
+from memq.web.queries import RunPage, page_runs
 
 T0 = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
 
@@ -73,6 +73,6 @@ def test_sorted_by_a_column_with_ties_pages_without_repeats(runs):
 
 
 def _cursor(text: str | None):
-    from profiler.web.params import cursor
+    from memq.web.params import cursor
 
     return cursor({"c": text}, "c") if text else None

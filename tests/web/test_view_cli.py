@@ -30,7 +30,7 @@ def test_view_keeps_hostile_text_as_data(tmp_path):
     src = tmp_path / "evil.pickle"
     src.write_bytes(pickle.dumps(hostile_snapshot()))
     out = tmp_path / "evil.html"
-    res = subprocess.run([sys.executable, "-m", "profiler", "view", str(src), "--out", str(out)], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "memq", "view", str(src), "--out", str(out)], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     html = out.read_text()
@@ -59,7 +59,7 @@ def test_view_keeps_hostile_text_as_data(tmp_path):
 def test_view_bad_input_exits_2_without_traceback(tmp_path):
     bad = tmp_path / "not-a-snapshot.pickle"
     bad.write_bytes(b"\x80\x04\x95garbage")
-    res = subprocess.run([sys.executable, "-m", "profiler", "view", str(bad), "--out", str(tmp_path / "x.html")],
+    res = subprocess.run([sys.executable, "-m", "memq", "view", str(bad), "--out", str(tmp_path / "x.html")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and "Traceback" not in res.stderr and str(bad) in res.stderr
     assert not (tmp_path / "x.html").exists()

@@ -16,9 +16,9 @@ from collections import defaultdict
 import pytest
 import redis
 
-from profiler import codec
-from profiler.analysis.whatif import run_whatif, sweep_confs
-from profiler.snapshot import parse_snapshot
+from memq import codec
+from memq.analysis.whatif import run_whatif, sweep_confs
+from memq.snapshot import parse_snapshot
 from tests.helpers import FIXTURES
 from tests.workers.stack import free_port, wait_for
 

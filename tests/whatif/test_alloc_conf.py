@@ -1,12 +1,12 @@
-"""PYTORCH_CUDA_ALLOC_CONF parsing (profiler.analysis.alloc_conf), as torch's AllocatorConfig::parseArgs reads it."""
+"""PYTORCH_CUDA_ALLOC_CONF parsing (memq.analysis.alloc_conf), as torch's AllocatorConfig::parseArgs reads it."""
 
 from __future__ import annotations
 
 import pytest
 
-from profiler.analysis.alloc_conf import parse_alloc_conf, split_settings
-from profiler.analysis.allocator_model import K_LARGE_BUFFER, N_INTERVALS, SIZE_MAX, AllocatorConfig
-from profiler.errors import EXIT_BAD_INPUT, BadInput
+from memq.analysis.alloc_conf import parse_alloc_conf, split_settings
+from memq.analysis.allocator_model import K_LARGE_BUFFER, N_INTERVALS, SIZE_MAX, AllocatorConfig
+from memq.errors import EXIT_BAD_INPUT, BadInput
 
 MiB = 1 << 20
 

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from profiler.cli import cli
+from memq.cli import cli
 from tests.helpers import REAL
 
 OOM = str(REAL / "frag_dynamic_1.15" / "oom.pickle.gz")
@@ -83,8 +83,8 @@ def test_missing_file_exits_2():
 
 
 def test_python_api_for_the_analysis():
-    from profiler.analysis.whatif import run_whatif_dicts, simulate_whatif
-    from profiler.load import load_snapshot_file
+    from memq.analysis.whatif import run_whatif_dicts, simulate_whatif
+    from memq.load import load_snapshot_file
 
     snap = load_snapshot_file(OOM).snapshot
     out = simulate_whatif(snap, int(LIMIT), ["", "expandable_segments:True"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.analysis.whatif import compile_trace, run_whatif
-from profiler.load import load_snapshot_file
+from memq.analysis.whatif import compile_trace, run_whatif
+from memq.load import load_snapshot_file
 from tests.helpers import REAL, REAL_RUNS
 
 BENCH = REAL.parent.parent.parent / "benchmarks" / "data" / "big.pickle.gz"
@@ -80,7 +80,7 @@ def test_cudnn_empty_cache_calls_are_replayed_as_such():
     path = CAPTURED / "cudnn_workspace" / "after_benchmark_step.pickle.gz"
     if not path.exists():
         pytest.fail(f"captured data missing: {path} (it ships in the repository)")
-    from profiler.analysis.allocator_model import OP_EMPTY_CACHE
+    from memq.analysis.allocator_model import OP_EMPTY_CACHE
 
     rep = compile_trace(load_snapshot_file(path).snapshot)
     assert rep.program.ops.count(OP_EMPTY_CACHE) >= 5

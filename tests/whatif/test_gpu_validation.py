@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler.analysis.whatif import run_whatif
-from profiler.load import load_snapshot_file
+from memq.analysis.whatif import run_whatif
+from memq.load import load_snapshot_file
 
 D = Path(__file__).parent / "data" / "gpu_settings"
 SUMMARY = json.loads((D / "summary.json").read_text())

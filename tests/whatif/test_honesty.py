@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from profiler import codec
-from profiler.agent.spool import decode as decode_spool
-from profiler.analysis.whatif import run_whatif, sweep_confs
-from profiler.load import load_snapshot_file
-from profiler.snapshot import parse_snapshot
+from memq import codec
+from memq.agent.spool import decode as decode_spool
+from memq.analysis.whatif import run_whatif, sweep_confs
+from memq.load import load_snapshot_file
+from memq.snapshot import parse_snapshot
 from tests.helpers import FIXTURES, REAL
 
 SPOOL = FIXTURES / "agent_gpu" / "spool_oom" / "gpu-oom" / "rank0-vm-560"
@@ -191,7 +191,7 @@ def test_overlapping_traces_are_joined():
 def test_cli_takes_several_files(tmp_path):
     from click.testing import CliRunner
 
-    from profiler.cli import cli
+    from memq.cli import cli
 
     files = [str(D / "gc_0.6" / f) for f in ("epoch0.pickle.gz", "epoch1.pickle.gz", "oom.pickle.gz")]
     r = CliRunner().invoke(cli, ["whatif", *files, "--limit", str(CAP), "--conf", "expandable_segments:True",

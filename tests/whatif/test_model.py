@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from profiler.analysis.alloc_conf import parse_alloc_conf
-from profiler.analysis.allocator_model import (
+from memq.analysis.alloc_conf import parse_alloc_conf
+from memq.analysis.allocator_model import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     OP_ALLOC,

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from profiler.analysis.whatif import compile_trace, run_whatif
-from profiler.load import load_snapshot_file
+from memq.analysis.whatif import compile_trace, run_whatif
+from memq.load import load_snapshot_file
 from tests.helpers import FIXTURES
 
 D = FIXTURES / "captured" / "dynamic_settings"
@@ -78,8 +78,8 @@ def test_reserved_over_time_matches_each_settings_own_windows(replay, name):
     """Each setting's run kept 8000-entry windows at epoch ends: the model replaying the default trace
     under that setting must have the reserved bytes those windows recorded, entry by entry."""
     snap, _results, steps = replay
-    from profiler.analysis.alloc_conf import parse_alloc_conf
-    from profiler.analysis.whatif import _simulate
+    from memq.analysis.alloc_conf import parse_alloc_conf
+    from memq.analysis.whatif import _simulate
 
     rep = compile_trace(snap)
     ev2op = {e: i for i, e in enumerate(rep.op_event)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from profiler.render.reasons import said_once
+from memq.render.reasons import said_once
 from tests.helpers import REAL
 from tests.workers.stack import ROOT
 
@@ -16,7 +16,7 @@ SNAP = REAL / "frag_dynamic_1.15" / "oom.pickle.gz"
 
 
 def test_whatif_sweep_says_a_shared_reason_once():
-    out = subprocess.run([sys.executable, "-m", "profiler", "whatif", str(SNAP), "--limit", "20244645632", "--sweep"],
+    out = subprocess.run([sys.executable, "-m", "memq", "whatif", str(SNAP), "--limit", "20244645632", "--sweep"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     text = out.stdout
@@ -31,10 +31,10 @@ def test_said_once_points_later_rows_at_the_first():
 
 
 def test_a_recommendation_does_not_repeat_the_not_assessable_reason():
-    from profiler.analysis import analyze
-    from profiler.analysis.whatif import simulate_whatif
-    from profiler.load import load_snapshot_file
-    from profiler.model import OomContext
+    from memq.analysis import analyze
+    from memq.analysis.whatif import simulate_whatif
+    from memq.load import load_snapshot_file
+    from memq.model import OomContext
 
     snap = load_snapshot_file(SNAP).snapshot
     ctx = OomContext(limit_bytes=20244645632)

@@ -9,10 +9,10 @@ import json
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
-from profiler.cli import cli
-from profiler.store import repository as repo
-from profiler.store import service
-from profiler.store.orm import WhatIfSweep
+from memq.cli import cli
+from memq.store import repository as repo
+from memq.store import service
+from memq.store.orm import WhatIfSweep
 from tests.helpers import FIXTURES
 
 GC = FIXTURES / "captured" / "dynamic_settings" / "gc_0.6"
@@ -89,8 +89,8 @@ def test_agent_default_oom_without_trace_is_stored_as_not_assessable(store, memq
     written out as a file here (decoded with the restricted decoder, pickled again) and ingested."""
     import pickle
 
-    from profiler import codec
-    from profiler.agent.spool import decode as decode_spool
+    from memq import codec
+    from memq.agent.spool import decode as decode_spool
 
     spool = FIXTURES / "agent_gpu" / "spool_oom" / "gpu-oom" / "rank0-vm-560"
     msgs = [decode_spool(f.read_bytes()) for f in sorted(spool.glob("*.mqs"))]

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from profiler import codec
+from memq import codec
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "real"
@@ -177,7 +177,7 @@ class Stack:
     # settings and clients as the processes see them
     @property
     def settings(self):
-        from profiler.config import load_settings
+        from memq.config import load_settings
 
         return load_settings(self.env)
 
@@ -190,7 +190,7 @@ class Stack:
         return self.env["MEMQ_STREAM"]
 
     def engine(self):
-        from profiler.store.db import make_engine
+        from memq.store.db import make_engine
 
         return make_engine(self.env["MEMQ_DATABASE_URL"])
 
@@ -198,7 +198,7 @@ class Stack:
         self.memq("db", "upgrade")
 
     def memq(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        p = subprocess.run([sys.executable, "-m", "profiler", *args], env=self.env, capture_output=True,
+        p = subprocess.run([sys.executable, "-m", "memq", *args], env=self.env, capture_output=True,
                            text=True, timeout=timeout, cwd=ROOT)
         if check and p.returncode != 0:
             raise AssertionError(f"memq {' '.join(args)} exited {p.returncode}: {p.stderr[-2000:]}")
@@ -211,7 +211,7 @@ class Stack:
     def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         self.n += 1
         log = open(self.tmp / f"{name}-{self.n}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen([sys.executable, "-m", "profiler", *args], env=env or self.env, stdout=log,
+        p = subprocess.Popen([sys.executable, "-m", "memq", *args], env=env or self.env, stdout=log,
                              stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         p._memq_log = log  # type: ignore[attr-defined]
         self.procs[f"{name}-{self.n}"] = p
@@ -239,7 +239,7 @@ class Stack:
         if fault:
             env["MEMQ_TEST_FAULT"] = fault
             if harness:
-                from workers.faults import HARNESS_ENV, write_marker
+                from memq.workers.faults import HARNESS_ENV, write_marker
 
                 env[HARNESS_ENV] = str(write_marker(self.tmp / "test-harness.marker"))
         args = ["dispatcher", "--block-ms", "200", *(["--consumer", consumer] if consumer else [])]
@@ -383,7 +383,7 @@ class VaryingSource:
     run does not collapse into the fixture's few sha256s."""
 
     def __init__(self, folder: str):
-        from profiler.agent.source import ReplaySource
+        from memq.agent.source import ReplaySource
 
         self.inner = ReplaySource(REAL / folder)
         self.objs = [codec.decode_plain(self.inner.read(e)) for e in self.inner.entries]
@@ -404,7 +404,7 @@ class VaryingSource:
 
 
 def make_agent(stack: Stack, run: str, source, **kw):
-    from profiler.agent import Agent
+    from memq.agent import Agent
 
     st = stack.settings
     kw.setdefault("backoff_s", (0.05, 0.5))
@@ -423,7 +423,7 @@ def spools_stack(tmp: Path, shared_redis, db_name: str, spools: dict[str, Path])
     """A Stack on its own PostgreSQL database with a worker and a dispatcher running, and each agent
     spool in `spools` (name -> folder) replayed into its stream: real H200 spools end to end. Replay
     removes what it sent, so it reads a copy and the fixture stays as it is."""
-    from profiler.agent.replay import replay_dir
+    from memq.agent.replay import replay_dir
     from tests.conftest import temp_pg_database
 
     with temp_pg_database(db_name) as url:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from profiler import codec, envelope
+from memq import codec, envelope
 from tests.workers.stack import ROOT, Stack, free_port, wait_for
 
 FIX = ROOT / "tests" / "fixtures" / "agent_defaults"

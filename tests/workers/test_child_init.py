@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 SCRIPT = """
-from profiler.store import orm
-import workers.app as app
+from memq.store import orm
+import memq.workers.app as app
 mappers = list(orm.Base.registry.mappers)
 before = all(m.configured for m in mappers)
 app._child_init()

@@ -15,8 +15,8 @@ import sys
 import pytest
 import redis
 
-from profiler import codec, envelope
-from profiler.config import load_settings
+from memq import codec, envelope
+from memq.config import load_settings
 from tests.bombs import MIB, REAL, clean_env, peak_rss, zeros_gzip
 from tests.workers.stack import sha
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.redis
 GOOD = (REAL / "capacity" / "oom.pickle.gz").read_bytes()
 GOOD_RAW = gzip.decompress(GOOD)
 
-DISPATCH = ("from profiler.config import load_settings; from workers.dispatcher import Dispatcher; "
+DISPATCH = ("from memq.config import load_settings; from memq.workers.dispatcher import Dispatcher; "
             "d = Dispatcher(load_settings(), consumer='c1', block_ms=50, enqueue=lambda sid: None); "
             "print(d.run(install_signals=False, idle_exit_s=1.0))")
 
@@ -46,8 +46,8 @@ def _push(r: redis.Redis, st, run: str, data: bytes, sha256: str, size: int) -> 
 def _runs(st) -> dict[str, int]:
     from sqlalchemy import func, select
 
-    from profiler.store.connection import open_store
-    from profiler.store.orm import Run, Snapshot
+    from memq.store.connection import open_store
+    from memq.store.orm import Run, Snapshot
 
     store = open_store(st)
     try:
@@ -102,11 +102,11 @@ def test_worker_decode_of_a_stored_bomb_is_bad_input_in_bounded_memory(tmp_path)
     budget = 256 * MIB
     data, bomb_sha, size = zeros_gzip(1024)
     env = _env(tmp_path, "redis://127.0.0.1:1/0", budget)
-    from profiler.store.blobs import BlobStore
+    from memq.store.blobs import BlobStore
 
     BlobStore(tmp_path / "blobs", max_bytes=2 * size).put_encoded(bomb_sha, data, "gzip", size=size)
-    script = ("from profiler.store.connection import open_store; from profiler.store import service; "
-              "from profiler.errors import TooLarge\n"
+    script = ("from memq.store.connection import open_store; from memq.store import service; "
+              "from memq.errors import TooLarge\n"
               "try:\n"
               f"    service.load_blob(open_store(), {bomb_sha!r})\n"
               "except TooLarge as exc:\n"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import gc
 import weakref
 
-from profiler.load import load_snapshot_file
+from memq.load import load_snapshot_file
+from memq.workers import jobs
 from tests.helpers import REAL
-from workers import jobs
 
 
 class _Cycle:

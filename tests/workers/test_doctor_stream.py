@@ -13,9 +13,9 @@ import sys
 import pytest
 import redis
 
-from profiler import envelope
+from memq import envelope
+from memq.workers.runtime import GROUP
 from tests.workers.stack import ROOT
-from workers.runtime import GROUP
 
 pytestmark = pytest.mark.redis
 
@@ -32,7 +32,7 @@ def doc_env(tmp_path, private_redis):
 
 
 def doctor(env: dict) -> tuple[int, dict[str, list[dict]]]:
-    p = subprocess.run([sys.executable, "-m", "profiler", "doctor", "--json"], env=env, cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "memq", "doctor", "--json"], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     doc = json.loads(p.stdout)
     checks: dict[str, list[dict]] = {}
@@ -65,8 +65,8 @@ def test_stuck_and_over_delivered_pending_entries_are_reported_and_a_dispatcher_
     assert f"{ids[1].decode()} (consumer 'crashed-dispatcher'" in details and "delivered 9 times" in details
     assert "1 pending entries idle for over 300 s" in details and ids[0].decode() in details
 
-    from profiler.config import load_settings
-    from workers.dispatcher import Dispatcher
+    from memq.config import load_settings
+    from memq.workers.dispatcher import Dispatcher
 
     d = Dispatcher(load_settings(env), consumer="live", block_ms=50, enqueue=lambda sid: None)
     d.run(install_signals=False, idle_exit_s=2.0)

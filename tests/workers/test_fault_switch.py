@@ -8,8 +8,8 @@ import signal
 import subprocess
 import sys
 
+from memq.workers.faults import FAULT_ENV, HARNESS_ENV, armed_fault, write_marker
 from tests.workers.stack import REAL, Stack, wait_for
-from workers.faults import FAULT_ENV, HARNESS_ENV, armed_fault, write_marker
 
 FAULT = "dispatcher:after_commit"
 

@@ -13,7 +13,7 @@ import secrets
 
 import pytest
 
-from profiler import envelope, identity, redis_functions
+from memq import envelope, identity, redis_functions
 from tests.ops.acl_redis import acl_redis
 from tests.workers.stack import REAL, Stack, wait_for
 

@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = "workers"
+FOLDER, PACKAGE = "workers", "memq.workers"  # the repository's workers/ is installed as memq.workers
 
 
 def import_graph(folder: Path, package: str) -> dict[str, set[str]]:
-    """The modules of a flat package (`workers/`) and those of it each imports, by short name."""
-    graph = module_graph(folder.parent, package)
-    short = {m: m.split(".", 1)[1] for m in graph if "." in m}
+    """The modules of a flat package (`workers/`, imported as `package`) and those of it each
+    imports, by short name."""
+    graph = module_graph(folder.parent, package, folder=folder.name)
+    short = {m: m[len(package) + 1:] for m in graph if m.startswith(package + ".")}
     return {short[m]: {short[d] for d in deps if d in short} - {short[m]} for m, deps in graph.items() if m in short}
 
 
@@ -48,7 +49,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_among_workers_modules():
-    graph = import_graph(ROOT / PACKAGE, PACKAGE)
+    graph = import_graph(ROOT / FOLDER, PACKAGE)
     assert {"app", "runtime", "jobs", "tasks", "dispatcher", "queues", "heartbeat"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle among workers/ modules: " + " -> ".join(cycle)
@@ -74,8 +75,8 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
 def test_dispatcher_and_heartbeat_build_no_celery_app():
     """Importing the dispatcher (which beats) loads neither Celery nor the app module: a Celery app
     is built only when a task is first sent."""
-    code = ("import sys, workers.dispatcher, workers.heartbeat, workers.queues, workers.jobs; "
-            "print(sorted(m for m in ('celery', 'workers.app', 'workers.tasks') if m in sys.modules))")
+    code = ("import sys, memq.workers.dispatcher, memq.workers.heartbeat, memq.workers.queues, memq.workers.jobs; "
+            "print(sorted(m for m in ('celery', 'memq.workers.app', 'memq.workers.tasks') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
@@ -83,20 +84,25 @@ def test_dispatcher_and_heartbeat_build_no_celery_app():
 
 # ------------------------------------------------------------------ the profiler package (issue 28)
 
-ADAPTERS = ("profiler.cli", "profiler.web", "profiler.metrics")  # they point down, nothing points at them
-IO_FREE = ("profiler.analysis",)  # pure: no store, no agent, no Redis
+ADAPTERS = ("memq.cli", "memq.web", "memq.metrics")  # they point down, nothing points at them
+IO_FREE = ("memq.analysis",)  # pure: no store, no agent, no Redis
 
 
 def profiler_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    return module_graph(root, "profiler")
+    """The repository's profiler/ folder, installed as the memq package (memq.workers and
+    memq.migrations come from other folders: imports of them are not edges of this graph)."""
+    return module_graph(root, "memq", folder="profiler", outside=("memq.workers", "memq.migrations"))
 
 
-def module_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of `package` it imports anywhere (function-level and relative imports
-    included). `from pkg import sub` depends on pkg.sub, `from pkg import name` on pkg (its __init__)."""
+def module_graph(root: Path, package: str, folder: str | None = None,
+                 outside: tuple[str, ...] = ()) -> dict[str, set[str]]:
+    """Module -> the modules of `package` (the files under root/folder) it imports anywhere
+    (function-level and relative imports included). `from pkg import sub` depends on pkg.sub,
+    `from pkg import name` on pkg (its __init__)."""
     files = {}
-    for p in (root / package).rglob("*.py"):
-        name = ".".join(p.relative_to(root).with_suffix("").parts)
+    base_dir = root / (folder or package)
+    for p in base_dir.rglob("*.py"):
+        name = ".".join([package, *p.relative_to(base_dir).with_suffix("").parts])
         files[name.removesuffix(".__init__")] = p
 
     def resolve(name: str) -> str | None:
@@ -121,7 +127,8 @@ def module_graph(root: Path, package: str) -> dict[str, set[str]]:
             else:
                 continue
             for n in names:
-                if n == package or n.startswith(package + "."):
+                if (n == package or n.startswith(package + ".")) and not any(
+                        n == o or n.startswith(o + ".") for o in outside):
                     r = resolve(n)
                     if r and r != mod:
                         deps.add(r)
@@ -145,27 +152,27 @@ def upward_arrows(graph: dict[str, set[str]], packages: set[str]) -> list[tuple[
             b = _area(d)
             if b == a:
                 continue
-            if b == "profiler.cli" and mod != "profiler.__main__":  # the outermost: commands
+            if b == "memq.cli" and mod != "memq.__main__":  # the outermost: commands
                 bad.append((mod, d))
-            elif b in ADAPTERS and a not in ("profiler.cli", "profiler.__main__"):  # what commands run
+            elif b in ADAPTERS and a not in ("memq.cli", "memq.__main__"):  # what commands run
                 bad.append((mod, d))
-            elif a in ("profiler.pipeline", "profiler.store", "profiler.analysis", "profiler.agent") and b == "profiler.pipeline":
+            elif a in ("memq.pipeline", "memq.store", "memq.analysis", "memq.agent") and b == "memq.pipeline":
                 bad.append((mod, d))
-            elif a in IO_FREE and b in ("profiler.store", "profiler.agent"):
+            elif a in IO_FREE and b in ("memq.store", "memq.agent"):
                 bad.append((mod, d))
-            elif a not in packages and a != "profiler.__main__" and b in packages:
+            elif a not in packages and a != "memq.__main__" and b in packages:
                 bad.append((mod, d))
     return sorted(bad)
 
 
 def _packages(root: Path = ROOT) -> set[str]:
-    return {f"profiler.{p.parent.name}" for p in (root / "profiler").glob("*/__init__.py")}
+    return {f"memq.{p.parent.name}" for p in (root / "profiler").glob("*/__init__.py")}
 
 
 def test_no_import_cycle_among_profiler_modules():
     graph = profiler_graph()
-    assert {"profiler.agent.transport", "profiler.redis_functions", "profiler.store.service",
-            "profiler.store.sweeps", "profiler.pipeline.status", "profiler.redis_client"} <= set(graph)
+    assert {"memq.agent.transport", "memq.redis_functions", "memq.store.service",
+            "memq.store.sweeps", "memq.pipeline.status", "memq.redis_client"} <= set(graph)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle among profiler modules: " + " -> ".join(cycle)
 
@@ -183,20 +190,20 @@ def test_the_profiler_checks_see_the_cycles_and_arrows_they_forbid(tmp_path):
         (prof / sub).mkdir(parents=True)
         (prof / sub / "__init__.py").write_text("")
     (prof / "__init__.py").write_text("")
-    (prof / "agent" / "transport.py").write_text("from profiler import redis_functions\n")
-    (prof / "redis_functions.py").write_text("def main():\n    from profiler.agent.transport import x\n")
-    (prof / "store" / "service.py").write_text("from profiler.store.sweeps import sweep\n")
+    (prof / "agent" / "transport.py").write_text("from memq import redis_functions\n")
+    (prof / "redis_functions.py").write_text("def main():\n    from memq.agent.transport import x\n")
+    (prof / "store" / "service.py").write_text("from memq.store.sweeps import sweep\n")
     (prof / "store" / "sweeps.py").write_text("def f():\n    from .service import load_blob\n")
-    (prof / "metrics" / "collector.py").write_text("def f():\n    from profiler.cli.service import collect\n")
+    (prof / "metrics" / "collector.py").write_text("def f():\n    from memq.cli.service import collect\n")
     (prof / "cli" / "service.py").write_text("")
-    (prof / "alloc_conf.py").write_text("from profiler.analysis.allocator_model import A\n")
+    (prof / "alloc_conf.py").write_text("from memq.analysis.allocator_model import A\n")
     (prof / "analysis" / "allocator_model.py").write_text("")
     graph = profiler_graph(tmp_path)
     assert find_cycle(graph) is not None
-    assert find_cycle({k: v for k, v in graph.items() if not k.startswith("profiler.store")}) is not None
-    assert find_cycle({k: v - {"profiler.agent.transport"} for k, v in graph.items()
-                       if not k.startswith("profiler.store")}) is None
+    assert find_cycle({k: v for k, v in graph.items() if not k.startswith("memq.store")}) is not None
+    assert find_cycle({k: v - {"memq.agent.transport"} for k, v in graph.items()
+                       if not k.startswith("memq.store")}) is None
     bad = upward_arrows(graph, _packages(tmp_path))
-    assert ("profiler.metrics.collector", "profiler.cli.service") in bad
-    assert ("profiler.alloc_conf", "profiler.analysis.allocator_model") in bad
-    assert ("profiler.redis_functions", "profiler.agent.transport") in bad
+    assert ("memq.metrics.collector", "memq.cli.service") in bad
+    assert ("memq.alloc_conf", "memq.analysis.allocator_model") in bad
+    assert ("memq.redis_functions", "memq.agent.transport") in bad

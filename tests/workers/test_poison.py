@@ -21,10 +21,10 @@ import time
 import pytest
 import redis
 
-from profiler import envelope, names
-from profiler.config import load_settings
+from memq import envelope, names
+from memq.config import load_settings
+from memq.workers.dispatcher import Dispatcher
 from tests.workers.stack import REAL, ROOT, Stack, fixture_bytes, sha, wait_for
-from workers.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.redis
 
@@ -103,14 +103,14 @@ def _pending(r, st) -> int:
 def _run_names(d: Dispatcher) -> set[str]:
     from sqlalchemy import select
 
-    from profiler.store.orm import Run
+    from memq.store.orm import Run
 
     with d.store.session() as s:
         return set(s.execute(select(Run.name)).scalars())
 
 
 def test_names_match_the_schema_columns():
-    from profiler.store.orm import Run
+    from memq.store.orm import Run
 
     for field, n in names.MAX_LEN.items():
         assert Run.__table__.c["name" if field == "run" else field].type.length == n
@@ -192,7 +192,7 @@ def test_a_failing_batch_is_split_and_only_the_bad_entry_goes(world):
             if any(e.run == "refused" for e in items):
                 from sqlalchemy.exc import IntegrityError
 
-                from profiler.store.db import translate
+                from memq.store.db import translate
 
                 raise translate(IntegrityError("INSERT", {}, Exception("refused row")), st.database_url)
             super().on_stats(items)
@@ -210,8 +210,8 @@ def test_a_failing_batch_is_split_and_only_the_bad_entry_goes(world):
 
 CRASHER = r'''
 import os, signal, sys
-from profiler.config import load_settings
-from workers.dispatcher import Dispatcher
+from memq.config import load_settings
+from memq.workers.dispatcher import Dispatcher
 
 class Crashing(Dispatcher):
     """A dispatcher that dies (SIGKILL, as the kernel's OOM killer does) on one entry."""
@@ -256,9 +256,9 @@ def test_an_entry_that_kills_the_dispatcher_ends_after_max_deliveries_alone(worl
 def test_is_transient_tells_outages_from_bad_data():
     from sqlalchemy.exc import DataError, OperationalError
 
-    from profiler.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
-    from profiler.store.db import translated
-    from workers.runtime import is_bad_input, is_transient
+    from memq.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
+    from memq.store.db import translated
+    from memq.workers.runtime import is_bad_input, is_transient
 
     class Limit(Exception):
         sqlstate = "54000"
@@ -355,8 +355,8 @@ def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world,
     every time: the snapshot is failed with the reason after one attempt (not retried five times),
     and a dead letter records it. The snapshot row comes from the real dispatcher; the analysis
     itself is made to raise (no real snapshot recurses that deep past the decoder's nesting check)."""
-    from profiler.store import service
-    from workers import jobs
+    from memq.store import service
+    from memq.workers import jobs
 
     env, st, r = world
     r.set(envelope.blob_key(sha(SNAP), st.key_prefix), (REAL / "capacity" / "oom.pickle.gz").read_bytes())
@@ -373,7 +373,7 @@ def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world,
     with jobs._store(st).session() as s:
         from sqlalchemy import select
 
-        from profiler.store.orm import Snapshot
+        from memq.store.orm import Snapshot
 
         row = s.execute(select(Snapshot.state, Snapshot.attempts, Snapshot.last_error).where(Snapshot.id == sid)).one()
     assert row.state == "failed" and row.attempts == 1 and type(error).__name__ in row.last_error
@@ -386,7 +386,7 @@ def test_run_end_of_an_older_agent_is_kept(world):
     door accepts it (a fleet upgrades slowly) and the run is stored as crashed, not dead-lettered."""
     from sqlalchemy import select
 
-    from profiler.store.orm import Run
+    from memq.store.orm import Run
 
     env, st, r = world
     r.xadd(st.stream_key, _fields("run_start", run="old-agent"))
@@ -409,7 +409,7 @@ def test_a_later_run_start_never_overwrites_what_the_first_set(world):
     up: its device facts arrive later), and a snapshot's envelope identity never moves the run."""
     from sqlalchemy import select
 
-    from profiler.store.orm import Run
+    from memq.store.orm import Run
 
     env, st, r = world
     GiB = 1 << 30

@@ -19,7 +19,7 @@ import json
 
 import pytest
 
-from profiler.agent.source import ReplaySource
+from memq.agent.source import ReplaySource
 from tests.workers.stack import REAL, Stack, make_agent, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]

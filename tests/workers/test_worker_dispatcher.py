@@ -8,9 +8,9 @@ import secrets
 import pytest
 import redis
 
-from profiler import envelope
-from profiler.config import load_settings
-from workers.dispatcher import Dispatcher
+from memq import envelope
+from memq.config import load_settings
+from memq.workers.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.redis
 
@@ -69,7 +69,7 @@ def test_an_entry_that_breaks_the_dispatcher_is_isolated_and_dead_lettered(tmp_p
         assert dead["run"] == "boom" and "RuntimeError" in dead["reason"] and dead["kind"] == "run_start"
         from sqlalchemy import select
 
-        from profiler.store.orm import Run
+        from memq.store.orm import Run
 
         with d.store.session() as s:
             names = set(s.execute(select(Run.name)).scalars())

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from profiler.agent.source import ReplaySource
+from memq.agent.source import ReplaySource
 from tests.workers.stack import REAL, Stack, fixture_bytes, make_agent, sha, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(240)]

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from profiler import codec, envelope
-from profiler.agent.source import ReplaySource
+from memq import codec, envelope
+from memq.agent.source import ReplaySource
 from tests.workers.stack import (
     BIG,
     REAL,
@@ -80,7 +80,7 @@ def test_same_envelope_twice_and_the_same_task_twice(fault_stack):
         r.xadd(s.stream, f)
     wait_for(lambda: _drained(s), 30, 0.2, "the duplicates read and acknowledged")
     # The same task delivered twice (a broker redelivery): the lease lets one of them work.
-    from workers.app import make_app
+    from memq.workers.app import make_app
 
     app = make_app(s.settings)
     ids = [row.id for row in s.rows("SELECT id FROM snapshots ORDER BY id")]
@@ -108,9 +108,9 @@ def test_bad_data_is_quarantined_with_the_reason_and_workers_keep_going(fault_st
     a.flush(10)
     r = s.redis
     # a blob whose compressed bytes are cut short
-    from profiler import envelope
-    from profiler.agent.spool import Spool
-    from profiler.agent.transport import Item, Transport
+    from memq import envelope
+    from memq.agent.spool import Spool
+    from memq.agent.transport import Item, Transport
 
     t = Transport(identity={"run": "bad", "cluster": "c", "rank": 0}, spool=Spool(tmp_path / "unused", 0),
                   redis_url=None, key_prefix=s.prefix)

@@ -1,10 +1,10 @@
 """Write side of the run history: the functions `memq ingest` and the workers call.
 
 One module per concern (`runs`, `snapshots`, `analyses`, `stats`, `reports`, and `common` for times,
-the dialect's INSERT and JSON-safe values); callers keep `from profiler.store import repository as repo;
+the dialect's INSERT and JSON-safe values); callers keep `from memq.store import repository as repo;
 repo.upsert_run(...)`: every name is re-exported here.
 
-Every function takes an open `Session` (from `profiler.store.db.session_scope`), binds every value
+Every function takes an open `Session` (from `memq.store.db.session_scope`), binds every value
 as a parameter, and returns plain values (ids, dataclasses, dicts), never ORM rows. Statements are
 written for both PostgreSQL and SQLite with the dialect's own INSERT ... ON CONFLICT.
 
@@ -29,7 +29,7 @@ Snapshots, module `snapshots` (the analysis work queue; state pending -> running
 Analysis results, module `analyses` (keyed by sha256, analyzer version and context key: nothing is analysed twice)
 - `find_analysis(session, sha256, analyzer_version, context_key="") -> analysis_id | None`
 - `store_analysis(session, sha256, analyzer_version, result, context_key="") -> analysis_id`:
-  upsert of the contract JSON of `profiler.analysis.analyze` plus its queryable figures.
+  upsert of the contract JSON of `memq.analysis.analyze` plus its queryable figures.
 - `context_key(ctx)`: the key of the outside facts (limit, device total, OOM message).
 - `store_run_diagnosis(...)`, `refresh_run_summary(session, run_id)`.
 
@@ -46,7 +46,7 @@ Reports (`reports`)
 
 from __future__ import annotations
 
-from profiler.store.repository.analyses import (
+from memq.store.repository.analyses import (
     CONTRACT_KEYS,
     MAX_DETAILS_CHARS,
     context_key,
@@ -60,9 +60,9 @@ from profiler.store.repository.analyses import (
     store_analysis,
     store_run_diagnosis,
 )
-from profiler.store.repository.common import _db_time, _insert, db_time, json_safe, to_utc, utcnow
-from profiler.store.repository.reports import upsert_report
-from profiler.store.repository.runs import (
+from memq.store.repository.common import _db_time, _insert, db_time, json_safe, to_utc, utcnow
+from memq.store.repository.reports import upsert_report
+from memq.store.repository.runs import (
     RunMeta,
     delete_run,
     run_id_for,
@@ -70,7 +70,7 @@ from profiler.store.repository.runs import (
     set_run_status,
     upsert_run,
 )
-from profiler.store.repository.snapshots import (
+from memq.store.repository.snapshots import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     ClaimedSnapshot,
@@ -82,7 +82,7 @@ from profiler.store.repository.snapshots import (
     insert_snapshot,
     requeue_expired,
 )
-from profiler.store.repository.stats import STAT_BATCH_ROWS, STAT_COLUMNS, insert_stat_samples, stat_row
+from memq.store.repository.stats import STAT_BATCH_ROWS, STAT_COLUMNS, insert_stat_samples, stat_row
 
 __all__ = [
     "CONTRACT_KEYS", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS", "MAX_DETAILS_CHARS", "STAT_BATCH_ROWS",

@@ -11,14 +11,14 @@ from typing import Any
 from sqlalchemy import func, null, or_, select, update
 from sqlalchemy.orm import Session
 
-from profiler.store.orm import (
+from memq.store.orm import (
     AnalysisResult,
     Run,
     RunDiagnosis,
     Snapshot,
     StatSample,
 )
-from profiler.store.repository.common import _db_time, _insert, json_safe, utcnow
+from memq.store.repository.common import _db_time, _insert, json_safe, utcnow
 
 
 def context_key(ctx: Mapping[str, Any] | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from profiler.errors import BadInput
+from memq.errors import BadInput
 
 
 def utcnow() -> dt.datetime:

@@ -8,10 +8,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from profiler.store.orm import (
+from memq.store.orm import (
     Report,
 )
-from profiler.store.repository.common import _db_time, _insert, json_safe, utcnow
+from memq.store.repository.common import _db_time, _insert, json_safe, utcnow
 
 
 def upsert_report(session: Session, report_date: dt.date, scope: str, summary: Mapping[str, Any],

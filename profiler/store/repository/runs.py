@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from profiler.errors import BadInput, NotFound
-from profiler.store.orm import (
+from memq.errors import BadInput, NotFound
+from memq.store.orm import (
     RUN_STATUSES,
     RankFigures,
     Run,
@@ -19,7 +19,7 @@ from profiler.store.orm import (
     Snapshot,
     StatSample,
 )
-from profiler.store.repository.common import _db_time, _insert, utcnow
+from memq.store.repository.common import _db_time, _insert, utcnow
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,12 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from profiler.errors import BadInput, NotFound
-from profiler.store.orm import (
+from memq.errors import BadInput, NotFound
+from memq.store.orm import (
     TRIGGERS,
     Snapshot,
 )
-from profiler.store.repository.common import _db_time, _insert, to_utc, utcnow
+from memq.store.repository.common import _db_time, _insert, to_utc, utcnow
 
 DEFAULT_LEASE_S = 600
 DEFAULT_MAX_ATTEMPTS = 5

@@ -8,11 +8,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from profiler.errors import StorageError, StorageUnavailable
-from profiler.store.orm import (
+from memq.errors import StorageError, StorageUnavailable
+from memq.store.orm import (
     StatSample,
 )
-from profiler.store.repository.common import _insert, to_utc
+from memq.store.repository.common import _insert, to_utc
 
 STAT_COLUMNS = ("run_id", "rank", "sampled_at", "step", "epoch", "allocated_bytes", "reserved_bytes",
                 "active_bytes", "inactive_split_bytes", "alloc_retries", "oom_count")
