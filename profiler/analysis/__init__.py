@@ -38,7 +38,7 @@ from memq.analysis.recommend import message_playbook, recommend
 from memq.analysis.step_need import StepNeed, project
 from memq.model import OomContext, Snapshot, frame_file, frame_name
 
-ANALYZER_VERSION = "1.4.0"
+ANALYZER_VERSION = "1.4.1"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
