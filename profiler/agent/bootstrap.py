@@ -28,7 +28,7 @@ SITE_DIR = Path(__file__).resolve().parent / "_site"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # An installed memq lies in a folder named memq: its parent goes on the path. A checkout's package
 # folder is profiler/, whose parent holds the checkout's other folders (workers, tests), which must not
-# shadow the job's own modules: there the sitecustomize registers the package itself (memq_importable).
+# shadow the job's own modules: there the sitecustomize registers the package itself.
 PACKAGE_ROOT = PACKAGE_DIR.parent if PACKAGE_DIR.name == "memq" else None
 
 ENV_RUN, ENV_CLUSTER, ENV_JOB, ENV_OPTIONS = "MEMQ_AGENT_RUN", "MEMQ_AGENT_CLUSTER", "MEMQ_AGENT_JOB", "MEMQ_AGENT_OPTIONS"

@@ -2,7 +2,6 @@
 uses CUDA (see memq/agent/bootstrap.py), then runs any other `sitecustomize` further down the path."""
 
 
-
 def _memq_importable() -> None:
     """Make `memq` importable from where this file lies when the interpreter cannot find it (a
     checkout's profiler/ folder, run by an interpreter without memq installed)."""
