@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from memq import codec
 from memq.errors import RefusedPickle, SnapshotError, TooLarge
 from memq.load import decode_snapshot_bytes
 from tests.helpers import REAL
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _evil_pickle(marker) -> bytes:
@@ -124,11 +127,12 @@ def test_tampered_memo_index_cannot_exhaust_memory():
         "    codec.loads_restricted(data)\n"
         "except TooLarge as e:\n"
         "    print('refused', e)\n"
-        # VmHWM, not ru_maxrss: ru_maxrss keeps the peak of the pytest process this child was
-        # forked from across exec (1.1 GB after the big-snapshot tests), VmHWM is this program's own
-        "rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')) * 1024\n"
+        # this program's own peak: ru_maxrss would keep that of the pytest process it was forked
+        # from across exec (1.1 GB after the big-snapshot tests)
+        "from tests.bombs import own_peak_rss\n"
+        "rss = own_peak_rss()\n"
         "print('rss', rss)\n"
         "sys.exit(0 if rss < 1024**3 else 1)\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0 and "refused" in p.stdout, p.stdout + p.stderr

@@ -5,29 +5,20 @@ spool what Redis did not take, and none of the service's libraries is there or i
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from memq.agent.spool import decode
+from tests.ops.wheel import run_ok as _run
 
-ROOT = Path(__file__).resolve().parents[2]
 SERVICE_LIBS = ("sqlalchemy", "celery", "kombu", "alembic", "psycopg", "starlette", "matplotlib", "rich", "click")
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _run(*cmd, cwd=None):
-    p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=240, cwd=cwd)
-    assert p.returncode == 0, (cmd, p.stdout[-2000:], p.stderr[-2000:])
-    return p.stdout
-
-
-def test_agent_runs_from_a_no_deps_install(tmp_path):
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "whl"), str(ROOT))
-    wheel = next((tmp_path / "whl").glob("memq-*.whl"))
+def test_agent_runs_from_a_no_deps_install(tmp_path, memq_wheel):
+    wheel = memq_wheel
     _run(sys.executable, "-m", "venv", str(tmp_path / "v"))
     py = str(tmp_path / "v" / "bin" / "python")
     _run(py, "-m", "pip", "install", "-q", "--no-deps", str(wheel), "redis", "zstandard")

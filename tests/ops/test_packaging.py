@@ -17,7 +17,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import subprocess
 import sys
 import tomllib
 import zipfile
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from memq.agent import bootstrap
+from tests.ops.wheel import run_ok as _run
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"profiler": "memq", "workers": "memq.workers", "migrations": "memq.migrations"}
@@ -73,12 +73,6 @@ def test_the_checker_sees_such_an_import(tmp_path):
     assert [n for _, n in _top_level_imports(f)] == ["workers", "profiler"]
 
 
-def _run(*cmd, cwd=None, env=None) -> str:
-    p = subprocess.run(list(cmd), capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
-    assert p.returncode == 0, (cmd, p.stdout[-2000:], p.stderr[-2000:])
-    return p.stdout
-
-
 def _their_modules(site: Path) -> dict[Path, str]:
     """A training environment's own modules with the checkout's folder names."""
     files = {site / "profiler" / "__init__.py": "WHOSE = 'theirs'\n",
@@ -109,11 +103,10 @@ JOB = ("import json, sys, profiler, workers, migrations\n"
        " 'agent': 'memq.agent' in sys.modules}))\n")
 
 
-def test_the_wheel_installs_only_memq_and_leaves_the_environments_modules_alone(tmp_path):
-    _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "whl"), str(ROOT))
-    wheel = next((tmp_path / "whl").glob("memq-*.whl"))
+def test_the_wheel_installs_only_memq_and_leaves_the_environments_modules_alone(tmp_path, memq_wheel):
+    wheel = memq_wheel
     tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
-    assert tops == {"memq", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"memq"} and len(tops) == 2
     py, site = _venv(tmp_path / "v")
     theirs = _their_modules(site)
     _run(sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel))
