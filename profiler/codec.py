@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
-import hashlib
 import io
 import json
 import pickle
@@ -213,17 +212,27 @@ def loads_restricted(data: bytes, *, check: bool = True) -> Any:
     return _unpickled(load, _stack_needed(data), len(data), check)
 
 
+def _sha256(data: bytes = b""):
+    import hashlib  # on first use: it loads OpenSSL, which a command that never hashes does not need
+
+    return hashlib.sha256(data)
+
+
+def sha256_hex(data: bytes) -> str:
+    return _sha256(data).hexdigest()
+
+
 class InflatingReader:
     """The uncompressed bytes of a gzip or zstd blob as a file the C unpickler reads from, so that a
     decode never holds the whole inflated pickle (85 MB for a 1M-entry trace) beside the objects it
     builds. It hashes and counts what passes through, and bounds the tuple opcodes it has seen by
     what the unpickling thread's stack can hash (see _stack_needed)."""
 
-    def __init__(self, data: bytes, max_bytes: int, max_tuple_ops: int) -> None:
+    def __init__(self, data: bytes, max_bytes: int, max_tuple_ops: int, digest: bool = True) -> None:
         self._chunks = iter_inflate(data, max_bytes)
         self._buf = bytearray()  # appended to and compacted, so a large object read is linear
         self._pos = 0
-        self._hash = hashlib.sha256()
+        self._hash = _sha256() if digest else None
         self.size = 0
         self._tuple_ops = 0
         self._max_tuple_ops = max_tuple_ops
@@ -232,7 +241,8 @@ class InflatingReader:
         chunk = next(self._chunks, b"")
         if not chunk:
             return False
-        self._hash.update(chunk)
+        if self._hash is not None:
+            self._hash.update(chunk)
         self.size += len(chunk)
         self._tuple_ops += len(chunk) - len(chunk.translate(None, _TUPLE_OPCODES))
         if self._tuple_ops > self._max_tuple_ops:
@@ -278,22 +288,25 @@ class InflatingReader:
             if not self._fill():
                 return self._take(len(self._buf) - self._pos)
 
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
+    def sha256(self) -> str | None:
+        return self._hash.hexdigest() if self._hash is not None else None
 
 
-def decode_stream(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, check: bool = True) -> tuple[Any, str, int]:
+def decode_stream(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, check: bool = True,
+                  digest: bool = True) -> tuple[Any, str | None, int]:
     """`decode` that returns (object, sha256 of the uncompressed bytes, their size) and, for a
     compressed pickle, unpickles while inflating: memory holds the compressed bytes and the objects,
     never the whole inflated pickle. The size is known only at the end, so the address space is capped
-    for `max_bytes` of pickle. JSON and uncompressed input are decoded whole."""
+    for `max_bytes` of pickle. JSON and uncompressed input are decoded whole. Without `digest` the
+    hash is None: a caller that never names the snapshot (`memq analyze`) does not pay for hashing
+    it, nor the 3.7 MB that loading OpenSSL's libcrypto for it adds to the process."""
     if not data:
         raise SnapshotError("empty input")
     if compression_of(data) == "none":
         raw = next(iter_inflate(data, max_bytes))
-        return decode_plain(raw, check=check), hashlib.sha256(raw).hexdigest(), len(raw)
+        return decode_plain(raw, check=check), _sha256(raw).hexdigest() if digest else None, len(raw)
     stack = min(_STACK_MAX, _STACK_BASE + _STACK_PER_LEVEL * max(0, max_bytes))
-    reader = InflatingReader(data, max_bytes, (stack - _STACK_BASE) // _STACK_PER_LEVEL)
+    reader = InflatingReader(data, max_bytes, (stack - _STACK_BASE) // _STACK_PER_LEVEL, digest)
     head = reader.peek(1)
     if not head:
         raise SnapshotError("empty input after decompression")
@@ -393,7 +406,7 @@ def decompress(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
 
 def inflated_digest(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[str, int]:
     """(sha256 hex, size) of the uncompressed bytes, streamed: memory stays at one chunk."""
-    h = hashlib.sha256()
+    h = _sha256()
     size = 0
     for chunk in iter_inflate(data, max_bytes):
         h.update(chunk)

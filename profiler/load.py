@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import select
 import stat
@@ -19,7 +18,8 @@ from memq.snapshot import parse_snapshot
 class LoadedSnapshot:
     path: str
     snapshot: Snapshot
-    sha256: str  # of the uncompressed bytes, so a .gz and the plain pickle are one snapshot
+    sha256: str | None  # of the uncompressed bytes, so a .gz and the plain pickle are one snapshot;
+    # None when the loader was told not to hash (digest=False)
     raw_size: int  # uncompressed bytes
     raw: bytes | None = None  # the uncompressed bytes, kept only when asked for (blob store)
 
@@ -97,7 +97,7 @@ _READ_CHUNK = 4 * 1024 * 1024
 
 
 def decode_snapshot_bytes(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES,
-                          keep_raw: bool = False, name: str = "<bytes>") -> LoadedSnapshot:
+                          keep_raw: bool = False, name: str = "<bytes>", digest: bool = True) -> LoadedSnapshot:
     """Compressed or plain snapshot bytes -> parsed snapshot with its content hash.
 
     Memory follows what the analysis keeps, not the pickle: a compressed pickle is unpickled while it
@@ -111,10 +111,10 @@ def decode_snapshot_bytes(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES,
             raw = codec.decompress(data, max_bytes)
             if not raw:
                 raise SnapshotError("empty input after decompression")
-            obj, sha, size = codec.decode_plain(raw, check=False), hashlib.sha256(raw).hexdigest(), len(raw)
+            obj, sha, size = codec.decode_plain(raw, check=False), codec.sha256_hex(raw), len(raw)
         else:
             raw = None
-            obj, sha, size = codec.decode_stream(data, max_bytes, check=False)
+            obj, sha, size = codec.decode_stream(data, max_bytes, check=False, digest=digest)
         codec.check_shape(snapshot_shell(obj), size)
         snap = parse_snapshot(obj, consume=True, nbytes=size)
     return LoadedSnapshot(path=name, snapshot=snap, sha256=sha, raw_size=size, raw=raw)
@@ -128,10 +128,10 @@ def snapshot_shell(obj: object) -> object:
 
 
 def load_snapshot_file(path: str | os.PathLike, max_bytes: int = codec.DEFAULT_MAX_BYTES,
-                       keep_raw: bool = False) -> LoadedSnapshot:
+                       keep_raw: bool = False, digest: bool = True) -> LoadedSnapshot:
     """Errors name the file: `SnapshotError('oom.pickle: gzip data is truncated')`."""
     data = read_bytes(path, max_bytes)
     try:
-        return decode_snapshot_bytes(data, max_bytes, keep_raw, name=str(path))
+        return decode_snapshot_bytes(data, max_bytes, keep_raw, name=str(path), digest=digest)
     except SnapshotError as exc:
         raise type(exc)(f"{path}: {exc.message}", hint=exc.hint) from exc

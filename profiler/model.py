@@ -184,6 +184,8 @@ class Snapshot:
     # Results of pure passes over this snapshot, kept with it so that a run-level diagnosis over
     # snapshots already analysed (a worker's cache) does not redo them. Keyed by pass and version.
     memo: dict = field(default_factory=dict, repr=False, compare=False)
+    # Frames lists the parser dropped for equal ones (snapshot._Frames): freed with the snapshot.
+    held: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def trace_device(self) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gc
 from itertools import chain
+from operator import itemgetter
+from sys import getrefcount
 from typing import Any
 
 from memq.errors import SnapshotError
@@ -140,6 +142,7 @@ def _parse(raw: Any, consume: bool, nbytes: int | None) -> Snapshot:
         unknown_keys=sorted(str(k) for k in raw if k not in KNOWN_TOP),
         trace_overflowed=overflowed,
         agent=parse_agent_info(raw.get("memq_agent")),
+        held=frames_seen.held,
     )
 
 
@@ -200,16 +203,21 @@ MAX_USER_METADATA = 200
 
 
 class _Frames:
-    """Interns trace entries' frame lists: entries with the same frames share one list (the real
-    1M-entry H200 capture keeps 27 of its 293,691 list objects), and passes can cache per list. Each distinct frame
-    is checked once, at the end (`check`). The trace is not shape-checked as a
-    whole (`load.decode_snapshot_bytes`), so the frame references counted here are what bounds the work
+    """Interns trace entries' frame lists by what they say: entries whose frames read the same
+    (filename, line, name) share one list, so passes can cache per list and the rest is freed as the
+    entries are parsed. The real 100k-entry H200 snapshot holds 55,150 lists of 486,682 frame dicts
+    (no two of them the same object) that say 34 different things; the real 1M-entry capture keeps
+    27 lists of its 293,691. Each kept frame is checked once, at the end (`check`); a list that is
+    dropped for another is checked as it is dropped. The trace is not shape-checked as a whole
+    (`load.decode_snapshot_bytes`), so the frame references counted here are what bounds the work
     of every later walk: a list shared by a million entries costs a million references, as in
     `codec.check_shape`."""
 
     def __init__(self, budget: int) -> None:
-        self._lists: dict[int, list] = {}
-        self._others: list[list] = []  # distinct lists whose key another list holds (checked too)
+        self._lists: dict[tuple, list] = {}
+        self._by_first: dict[int, tuple[list, list]] = {}
+        self._odd: dict[int, list] = {}  # lists of frames that have no text key (legacy tuples, odd dicts)
+        self.held: list[list] = []  # lists dropped for an equal one, freed with the snapshot
         self._last: list | None = None
         self._last_canon: list | None = None
         self.refs = 0
@@ -222,30 +230,47 @@ class _Frames:
         if self.refs > self._budget:
             raise SnapshotError(f"data reuses containers ({self.refs} frame references from a "
                                 f"{self._budget}-byte input); snapshots are plain trees")
-        # Keyed by the hash of the frames' identities, not by the tuple itself: a tuple of ids kept per
-        # distinct list cost 22 MB for the 100k-entry snapshot (55k lists of 9 frames). A hit is
-        # confirmed by list equality; a list whose hash is taken by another stays itself.
         if f is self._last:  # a third of the entries of the real 1M capture repeat the previous list
             return self._last_canon
-        key = hash(tuple(map(id, f)))
-        c = self._lists.get(key)
-        if c is None:
-            self._lists[key] = c = f
-        elif c is not f and c != f:  # the same frames: list equality tries identity first, in C
-            self._others.append(f)
-            c = f
+        # Lists of frame objects that other lists share too (the pickle's memo shares them in a
+        # capture taken at once) are found by their first frame's identity and confirmed by list
+        # equality; the rest by their text. A list is remembered by identity only while
+        # its first frame is shared: it is held, so its ids stay its own.
+        first = f[0]
+        seen = self._by_first.get(id(first))
+        if seen is not None and seen[0] == f:  # list equality tries identity first, in C
+            c = seen[1]
+        else:
+            c = self._by_text(f)
+            if getrefcount(first) > _UNSHARED_REFS:
+                self._by_first[id(first)] = (f, c)
+            elif c is not f:
+                # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
+                # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
+                # freeing it, a worker frees it whole when the analysis is done).
+                self.held.append(f)
         self._last, self._last_canon = f, c  # held: its id cannot be reused while it is compared
         return c
 
+    def _by_text(self, f: list) -> list:
+        try:
+            key = tuple(map(_FRAME_TEXT, f))
+            c = self._lists.get(key)
+        except (KeyError, TypeError):  # not dicts of the three fields, or a field that is no scalar
+            return self._odd.setdefault(id(f), f)  # held, so its id is not reused while remembered
+        if c is None:
+            self._lists[key] = c = f
+        elif c is not f and any(map(gc.is_tracked, f)):  # reads the same, holds containers
+            c = self._odd.setdefault(id(f), f)  # kept as itself, to be refused by check()
+        return c
+
     def check(self) -> None:
-        """Every distinct frame is flat: a dict of scalars (torch >= 2.1) or a tuple of scalars (the
+        """Every kept frame is flat: a dict of scalars (torch >= 2.1) or a tuple of scalars (the
         readers, `model.frame_file` and the hot paths in analysis/frames.py, take any scalar).
 
-        One C-level pass over all of them at the end: the 100k-entry snapshot has 490k distinct
-        frames, and checked list by list they cost a third of the parse. CPython tracks a dict for the
-        cyclic GC exactly when a container went into it, so an untracked frame dict holds only
-        scalars."""
-        frames = list(chain.from_iterable(chain(self._lists.values(), self._others)))
+        One C-level pass over all of them at the end. CPython tracks a dict for the cyclic GC exactly
+        when a container went into it, so an untracked frame dict holds only scalars."""
+        frames = list(chain.from_iterable(chain(self._lists.values(), self._odd.values())))
         kinds = set(map(type, frames))
         if kinds == {dict}:
             plain = not any(map(gc.is_tracked, frames))
@@ -254,6 +279,12 @@ class _Frames:
         if not plain:
             raise SnapshotError("a trace entry has a frame that is not flat data (frames are dicts of "
                                 "filename, line and name)")
+
+
+_FRAME_TEXT = itemgetter("filename", "line", "name")
+# References to a list's first frame while intern() reads it when no other list holds it: the list,
+# the local name and getrefcount's own argument.
+_UNSHARED_REFS = 3
 
 
 def _flat_frame(f: Any) -> bool:
@@ -277,26 +308,28 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     empty = _EMPTY_FRAMES
     make = tuple.__new__
     te = TraceEvent
+    fields = _ENTRY_FIELDS
     for k, e in enumerate(t):
         if consume:
             t[k] = None
         if type(e) is not dict:
             raise SnapshotError(f"trace entry {k} of device {device} is not a dict")
-        get = e.get
-        action = get("action")
-        size = get("size", 0)
-        addr = get("addr")
-        stream = get("stream", 0)
-        t_us = get("time_us")
-        f = get("frames")
+        try:
+            action, addr, size, stream, t_us, f = fields(e)  # one C call for the six fields
+        except KeyError:
+            action = None
         if (action in plain and type(size) is int and type(addr) is int and type(stream) is int
                 and type(t_us) is int):
             append(make(te, (action, addr, size, stream, t_us, intern(f) if f else empty, None, None, "")))
         else:
+            f = e.get("frames")
             ev = _odd_entry(e, k, device, intern(f) if f else empty)
             if ev is not None:
                 append(ev)
     return out
+
+
+_ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
 
 
 # Entries whose fields need no second look when their types are right (every entry of a real trace

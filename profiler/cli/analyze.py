@@ -61,7 +61,7 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
     max_b = min(max_bytes or cap, cap)
     ctx = build_context(limit, device_total, oom_message)
     with codec.gc_paused(freeze=True):  # a million parsed events: the GC would rescan them, for nothing
-        loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
+        loaded = [load_snapshot_file(f, max_bytes=max_b, digest=False) for f in files]  # never named by hash
         result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer,
                               whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
                               labels=[_label(f) for f in files])
