@@ -184,8 +184,12 @@ class Snapshot:
     # Results of pure passes over this snapshot, kept with it so that a run-level diagnosis over
     # snapshots already analysed (a worker's cache) does not redo them. Keyed by pass and version.
     memo: dict = field(default_factory=dict, repr=False, compare=False)
-    # Frames lists the parser dropped for equal ones (snapshot._Frames): freed with the snapshot.
+    # Frames lists the parser dropped for equal ones (snapshot._Frames): freed with the snapshot, or
+    # by `release_held` when it is kept for long (a worker's cache).
     held: list = field(default_factory=list, repr=False, compare=False)
+
+    def release_held(self) -> None:
+        self.held.clear()
 
     @property
     def trace_device(self) -> int:

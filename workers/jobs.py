@@ -120,6 +120,7 @@ def _remember(ld, budget: int) -> None:
     cost = 8 * ld.raw_size
     if cost > budget:
         return
+    ld.snapshot.release_held()  # kept for long: what the analysis reads, not the dropped frames
     _cache[ld.sha256] = ld
     _cache_bytes += cost
     while _cache_bytes > budget and _cache:

@@ -249,6 +249,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         aid, computed = analyse_snapshot(store, sid, ld, optimizer=run_row.optimizer)
         with store.session() as s:
             cause = s.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == aid)).scalar_one()
+        ld.snapshot.release_held()  # kept for the run's diagnosis: not the frames the parser dropped
         cache[ld.sha256] = ld
         while len(cache) > INGEST_CACHE:
             cache.pop(next(iter(cache)))

@@ -32,6 +32,8 @@ def test_decoded_snapshot_is_frozen_and_freed_on_eviction(store):
         trace_events = len(ld.snapshot.trace)
         assert frozen > trace_events  # the snapshot's containers are out of the collector's sight
         assert jobs._cached_load(store, ld0.sha256, "epoch1") is ld  # cached
+        # kept for long, it lets go of the frames lists the parser dropped (a fresh decode holds 3,940)
+        assert ld0.snapshot.held and ld.snapshot.held == []
         del ld
         jobs.forget_cache()
         # reference counting alone gave the snapshot's memory back (no cycles inside a snapshot)
