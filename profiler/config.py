@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -481,12 +480,18 @@ def redact_url(url: str) -> str:
 
 def _read_file(path: Path) -> dict:
     try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+        fh = open(path, "rb")  # noqa: SIM115 - closed below; most commands run with no file at all
     except FileNotFoundError:
         return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    import tomllib  # only when there is a file to read
+
+    with fh:
+        try:
+            data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     return data.get("memq", data)
 
 

@@ -31,9 +31,11 @@ SIZE = SizeType()
 
 def build_context(limit: int | None, device_total: int | None, oom_message: str | None,
                   requested: int | None = None) -> OomContext:
-    from memq.oom_message import parse_oom_message
+    msg = None
+    if oom_message:
+        from memq.oom_message import parse_oom_message
 
-    msg = parse_oom_message(oom_message) if oom_message else None
+        msg = parse_oom_message(oom_message)
     return OomContext(requested_bytes=requested, limit_bytes=limit, device_total_bytes=device_total, message=msg)
 
 
@@ -82,13 +84,13 @@ def _whatif(loaded, ctx, earlier=()) -> list[dict] | None:
     """Replay the last trace through the allocator model when it recorded an OOM and a limit is
     known, so recommendations can cite a simulated outcome, or why there is none (the earlier files
     join or seed the replay: docs/whatif.md). The diagnosis never depends on it."""
-    from memq.analysis.limits import resolve_limits
-    from memq.analysis.recommend import DEFAULTS_CONF
-    from memq.analysis.whatif import simulate_whatif
-
     snap = loaded.snapshot
     if snap.oom_event() is None:
         return None
+    from memq.analysis.limits import resolve_limits
+    from memq.analysis.recommend import DEFAULTS_CONF
+    from memq.analysis.whatif import simulate_whatif  # the allocator model: only for an OOM
+
     limit = resolve_limits(snap, ctx, None).limit
     if not limit:
         return None

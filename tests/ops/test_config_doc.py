@@ -117,3 +117,13 @@ def test_defaults_load_and_every_default_is_allowed(tmp_path):
         check(s, getattr(st, s.name))  # raises if a declared default breaks its own rule
     assert st.database_url.startswith("sqlite:///") and st.broker_key_prefix == "memq:celery:"
     assert st.heartbeat_s == 10 and st.redis_url == "redis://127.0.0.1:6379/0"
+
+
+def test_a_config_file_that_cannot_be_read_is_named_and_a_missing_one_is_no_error(tmp_path):
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[memq\ngc_minute_utc = 1\n")
+    with pytest.raises(ConfigError, match=r"^cannot read config file .*broken\.toml: "):
+        load_settings(_env(tmp_path, MEMQ_CONFIG=str(broken)))
+    with pytest.raises(ConfigError, match=r"^cannot read config file .*: "):
+        load_settings(_env(tmp_path, MEMQ_CONFIG=str(tmp_path)))  # a directory
+    assert load_settings(_env(tmp_path, MEMQ_CONFIG=str(tmp_path / "absent.toml"))).gc_minute_utc is not None
