@@ -17,12 +17,10 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memq.analysis import frames as fr
-from memq.analysis.checkpoint import checkpoint_load
 from memq.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
-from memq.analysis.fit import headroom as fit_headroom
 from memq.analysis.forecast import forecast as oom_forecast
 from memq.analysis.forecast import inputs as forecast_inputs
 from memq.analysis.labels import agent_label
@@ -35,8 +33,10 @@ from memq.analysis.memory import (
 )
 from memq.analysis.per_snapshot import SnapshotDigest, per_snapshot
 from memq.analysis.recommend import message_playbook, recommend
-from memq.analysis.step_need import StepNeed, project
 from memq.model import OomContext, Snapshot, frame_file, frame_name
+
+if TYPE_CHECKING:
+    from memq.analysis.step_need import StepNeed
 
 ANALYZER_VERSION = "1.4.1"
 SCHEMA = 1
@@ -113,8 +113,11 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     oom_frames = (oom_ev.frames if oom_ev is not None and oom_ev.frames else
                   list((agents[-1] or {}).get("oom_frames") or []) if S else [])
     prev = next((i for i in range(len(per) - 2, -1, -1) if not heads[i][4]), None)
-    loading = checkpoint_load(oom_frames, last_snap, per[prev]["live_blocks"] if prev is not None else None) \
-        if S else None
+    loading = None
+    if S:  # the OOM's own rules load with it: a healthy snapshot's command does not import them
+        from memq.analysis.checkpoint import checkpoint_load
+
+        loading = checkpoint_load(oom_frames, last_snap, per[prev]["live_blocks"] if prev is not None else None)
     need = None
     if S and loading is None:
         need = _step_need(per, heads, tags, last_snap, m["active_bytes"], S, lim.limit, prev)
@@ -176,8 +179,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                       "step_need": None if need is None else need.as_json()},
         "forecast": fc,
         # the run's headroom in batch units, from its last snapshot whose trace holds whole steps
-        "fit": copy.deepcopy(fit_headroom(next((p["fit"] for p in reversed(per) if p.get("fit")), None),
-                                          lim.limit or _agent_limit(agents))),
+        "fit": _fit(next((p["fit"] for p in reversed(per) if p.get("fit")), None), lim.limit or _agent_limit(agents)),
         # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
         "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
@@ -291,9 +293,19 @@ def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:
 MAX_REFERENCES = 3
 
 
+def _fit(curve_doc: dict | None, limit: int | None) -> dict | None:
+    if not curve_doc:
+        return None
+    from memq.analysis.fit import headroom  # the allocator model behind it: only for a run with a curve
+
+    return copy.deepcopy(headroom(curve_doc, limit))
+
+
 def _step_need(per, heads, tags, last_snap: Snapshot, A: int, S: int, limit: int | None,
                prev: int | None) -> StepNeed:
     """The failing step's need (step_need.py) against the best-aligned earlier recorded step."""
+    from memq.analysis.step_need import project
+
     refs = []
     if per[-1]["timeline"].get("last_cycle"):
         refs.append((per[-1]["timeline"]["last_cycle"], "the step before it in the OOM snapshot's trace"))

@@ -230,16 +230,20 @@ def test_a_load_told_not_to_hash_returns_no_digest_and_the_same_snapshot():
     assert unhashed.snapshot.trace == hashed.snapshot.trace and unhashed.raw_size == hashed.raw_size
 
 
-def test_memq_analyze_never_loads_openssl():
+def test_memq_analyze_of_a_healthy_snapshot_imports_only_what_it_uses():
     """`memq analyze` never names a snapshot by its hash, so it does not hash it nor import hashlib,
     whose libcrypto is 3.7 MB of the process's peak (the 100k snapshot's peak RSS goal is the plain
-    pickle.loads')."""
+    pickle.loads'); a snapshot with no OOM needs neither the allocator model (what-if, fit), nor a
+    TOML parser when no config file exists (together ~2% of that goal's time)."""
+    import os
     import subprocess
     import sys
 
+    env = {**os.environ, "MEMQ_CONFIG": "/nonexistent/memq.toml"}
     got = subprocess.run([sys.executable, "-X", "importtime", "-m", "memq", "analyze", str(EPOCH), "--json"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert got.returncode == 0, got.stderr[-2000:]
     imported = {line.rsplit("|", 1)[-1].strip() for line in got.stderr.splitlines() if line.startswith("import time")}
     assert "memq.analysis" in imported and "json" in imported  # the probe sees the command's imports
     assert "_hashlib" not in imported and "hashlib" not in imported
+    assert not {"memq.analysis.allocator_model", "memq.analysis.whatif", "tomllib"} & imported
