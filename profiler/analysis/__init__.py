@@ -33,6 +33,7 @@ from memq.analysis.memory import (
 )
 from memq.analysis.per_snapshot import SnapshotDigest, per_snapshot
 from memq.analysis.recommend import message_playbook, recommend
+from memq.analysis.rules import SEGMENT_ROUNDING_BYTES, STATE_REQUEST_MAX_MULTIPLE, STATE_REQUEST_MIN_BYTES
 from memq.model import OomContext, Snapshot, frame_file, frame_name
 
 if TYPE_CHECKING:
@@ -348,13 +349,13 @@ def _optimizer_creation(last: Mapping[str, Any], S: int | None, oom_frames: list
         cur = a.get("step_in_progress")
         first = cur is not None and not any(f["step"] < cur for f in figs) and a.get("step_completed") is None
         # A block holds its request rounded up, or a whole segment when the rest is too small to split.
-        sized = any(S <= k[1] < S + 2 * 1024 * 1024 for k in last["live_blocks"])
+        sized = any(S <= k[1] < S + SEGMENT_ROUNDING_BYTES for k in last["live_blocks"])
         # One parameter's state tensor is at most that parameter's size (twice it for fp32 state of
         # half-precision parameters; a flat state buffer at most all of them): a request larger than
         # twice all the parameters is an activation of the same size as a live one (the logits of a
         # 4x longer sequence, tests/fixtures/ddp_ranks/data), not state being created.
-        state_sized = not params or S <= 2 * params + 2 * 1024 * 1024
-        if first and sized and state_sized and S >= 1024 * 1024:
+        state_sized = not params or S <= STATE_REQUEST_MAX_MULTIPLE * params + SEGMENT_ROUNDING_BYTES
+        if first and sized and state_sized and S >= STATE_REQUEST_MIN_BYTES:
             by = (f"the OOM is in the first optimizer step (step {cur}, no step completed before it) and the "
                   "request is the size of a parameter tensor")
     if by is None:
@@ -396,11 +397,7 @@ def explain_message(ctx: OomContext) -> dict:
     lim = resolve_limits(None, ctx, R)
     S = lim.requested
     facts = message_facts(ctx)
-    primary, conf, causes, findings = diagnose(facts)
-    # The largest free block is unknown from a message: fragmentation can only be suspected.
-    if primary == "fragmentation":
-        conf = min(conf, 0.6)
-        causes[0]["confidence"] = conf
+    primary, conf, causes, findings = diagnose(facts)  # largest_known=False: no free blocks in a message
     recs = recommend(primary, facts, None, facts.leak)
     unalloc = msg.reserved_unallocated_bytes if msg else None
     return {

@@ -17,6 +17,7 @@ import re
 from collections import Counter
 
 from memq.analysis import frames as fr
+from memq.analysis.rules import DUPLICATE_OVER_PARAMS, DUPLICATE_SHARE  # sources: rules.py
 from memq.model import Snapshot, frame_file, frame_name
 from memq.units import fmt_bytes
 
@@ -24,11 +25,6 @@ _LOAD_FILE = re.compile(r"torch/serialization\.py$|safetensors/")
 # An optimizer's load_state_dict casts the loaded state onto the parameters' device; a module's copies
 # into the live tensors (which allocates nothing), but it is the load all the same.
 _LOAD_NAME = re.compile(r"^(load_state_dict|_load_from_state_dict)$")
-# Duplicates beyond the parameters' own bytes: more than 1.25x them (an EMA copy is exactly 1x; the
-# smallest optimizer state, SGD momentum, makes a checkpoint 2x). Half of what appeared must be such
-# duplicates, so a step's activations of parameter-like sizes do not pass.
-DUPLICATE_OVER_PARAMS = 1.25
-DUPLICATE_SHARE = 0.5
 
 
 def load_frame(frames: list) -> dict | None:

@@ -13,11 +13,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memq.analysis import frames as fr
+from memq.analysis.confidence import confidence
 from memq.analysis.memory import segment_needed
+from memq.analysis.rules import (
+    CUDA_CONTEXT_BYTES,
+    EXTERNAL_DEVICE_SHARE,
+    EXTERNAL_MIN_BYTES,
+    FRAG_SPIKE_LIKE_PENALTY,
+    FRAG_UNSETTLED_PENALTY,
+    NEAR_MISS_SHARE,
+    PRIVATE_POOL_SHARE,
+    SPIKE_FACTOR,
+    STRENGTH,
+    WORKSPACE_LIMIT_SHARE,
+    MiB,
+)
 from memq.units import fmt_bytes, fmt_need
-
-GiB = 1024**3
-MiB = 1024**2
 
 PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
               "allocator_config", "fragmentation", "capacity", "healthy")
@@ -93,16 +104,16 @@ def check_external(f: Facts) -> Finding:
         out.missing.append("device total and free memory at the OOM (--device-total, the OOM message or the "
                            "agent's observer) would show memory held outside PyTorch")
         return out
-    floor = max(2 * GiB, f.device_total // 10)
-    fits = f.A + (f.S or 0) <= f.device_total - GiB
+    floor = external_floor(f.device_total)
+    fits = f.A + (f.S or 0) <= f.device_total - CUDA_CONTEXT_BYTES
     if f.non_pytorch > floor and fits:
         out.holds = True
-        out.strength = min(1.0, f.non_pytorch / (2 * floor))
+        out.strength = min(1.0, f.non_pytorch / (STRENGTH["external_full_at_floor_x"] * floor))
         out.evidence.append(f"{g(f.non_pytorch)} of the {g(f.device_total)} device is held outside PyTorch's "
                             f"cache (more than {g(floor)}): another process or library holds the card")
         out.evidence.append(f"PyTorch's live set plus the request ({g(f.A)} + {g(f.S)}) would fit the device "
                             f"minus a normal ~1 GiB context")
-    elif f.non_pytorch > GiB:
+    elif f.non_pytorch > CUDA_CONTEXT_BYTES:
         out.evidence.append(f"{g(f.non_pytorch)} is held outside PyTorch's cache (below the {g(floor)} threshold)")
     return out
 
@@ -111,8 +122,8 @@ def check_leak(f: Facts) -> Finding:
     lk = f.leak
     out = Finding("leak", bool(lk.get("holds")), evidence=list(lk.get("evidence", [])))
     if out.holds:
-        grows = [i["growth_bytes"] / max(1, i["threshold_bytes"]) for i in lk.get("intervals", []) if i["grew"]]
-        out.strength = min(1.0, 0.5 + 0.1 * len(grows))
+        grew = sum(1 for i in lk.get("intervals", []) if i["grew"])
+        out.strength = min(1.0, STRENGTH["leak"] + STRENGTH["leak_per_interval"] * grew)
     elif not lk.get("settled", True):
         out.missing.append(lk["evidence"][0] if lk.get("evidence") else "several snapshots of one run")
         out.evidence = []
@@ -136,11 +147,11 @@ def check_optimizer_state(f: Facts) -> Finding:
         return out
     total = f.A + (f.S or 0) if f.has_oom else (f.peak_live or f.A)
     over = total - f.limit
-    near = f.limit - total < 0.05 * f.limit
+    near = f.limit - total < NEAR_MISS_SHARE * f.limit
     created = opt + (f.S or 0) if f.has_oom else opt
     if (over > 0 or near) and created >= max(over, 0):
         out.holds = True
-        out.strength = 0.9 if f.training_steps_seen <= 1 else 0.6
+        out.strength = STRENGTH["optimizer_first_step"] if f.training_steps_seen <= 1 else STRENGTH["optimizer_later"]
         where = creation["by"] if creation else "frames in torch/optim"
         out.evidence.append(
             f"the {'request of ' + g(f.S) + ' fails' if f.has_oom else 'peak happens'} inside the optimizer "
@@ -159,7 +170,7 @@ def check_optimizer_state(f: Facts) -> Finding:
 
 def _checkpoint_finding(out: Finding, f: Facts) -> Finding:
     c = f.checkpoint_load
-    out.holds, out.strength = True, 0.85
+    out.holds, out.strength = True, STRENGTH["checkpoint_load"]
     where = f" at {c['site']}" if c.get("site") else ""
     loaded = f"{g(c['loaded_bytes'])} loaded so far, " if c.get("loaded_bytes") else ""
     out.evidence.append(f"the OOM came while a checkpoint was being restored onto the GPU{where} ({c['by']}): "
@@ -182,10 +193,6 @@ def optimizer_state_sizes(c: dict) -> str:
     return (f"{name} keeps {c['multiple']}x the parameters' bytes as state: {g(c['state_full_bytes'])} for "
             f"{g(c['params_bytes'])} of parameters ({g(c['state_live_bytes'])} created before the failure); "
             f"a leaner optimizer needs less: {lean}")
-
-
-# ARCHITECTURE.md cause 4: a step needs "more than 1.5x the peak live bytes of the earlier training steps".
-SPIKE_FACTOR = 1.5
 
 
 def check_activation_spike(f: Facts) -> Finding:
@@ -217,7 +224,7 @@ def check_activation_spike(f: Facts) -> Finding:
     est = step_estimate(n, total)
     if est > SPIKE_FACTOR * earlier:
         out.holds = True
-        out.strength = min(1.0, est / (3 * earlier))
+        out.strength = min(1.0, est / (STRENGTH["spike_full_at_x"] * earlier))
         if n is not None and n.bytes is not None:
             out.evidence.append(need_text(n, f.limit))
         how = "~" if est > total else ""
@@ -259,15 +266,15 @@ def check_workspace(f: Facts) -> Finding:
     out = Finding("workspace", False)
     ws = f.composition.get(fr.WORKSPACE_CAT, 0)
     if f.has_oom and f.oom_frames and fr.is_workspace(f.oom_frames):
-        out.holds, out.strength = True, 0.9
+        out.holds, out.strength = True, STRENGTH["workspace_request"]
         out.evidence.append(f"the failed request of {g(f.S)} is a cuDNN/cuBLAS/NCCL workspace "
                             f"({fr.stack_signature(f.oom_frames, depth=3)})")
     elif f.peak_frames and fr.is_workspace(f.peak_frames) and (f.has_oom or f.limit):
-        out.holds, out.strength = True, 0.7
+        out.holds, out.strength = True, STRENGTH["workspace_peak"]
         out.evidence.append(f"the peak of live memory ({g(f.peak_live)}) is reached by a workspace allocation "
                             f"({fr.workspace_frame(f.peak_frames)})")
-    elif ws and f.limit and ws > 0.1 * f.limit:
-        out.holds, out.strength = True, 0.5
+    elif ws and f.limit and ws > WORKSPACE_LIMIT_SHARE * f.limit:
+        out.holds, out.strength = True, STRENGTH["workspace_share"]
         out.evidence.append(f"{g(ws)} of live memory is cuDNN/cuBLAS/NCCL workspace")
     elif f.has_oom and not f.stacks_all:
         out.missing.append('C++ frames (record with stacks="all") would show whether the request is a '
@@ -285,14 +292,14 @@ def check_allocator_config(f: Facts) -> Finding:
     total = f.A + f.S
     s_req = f.S_min or f.S
     if f.roundup and total > f.limit and f.A_req + s_req <= f.limit:
-        out.holds, out.strength = True, 0.8
+        out.holds, out.strength = True, STRENGTH["allocator_config"]
         out.evidence.append(f"roundup_power2_divisions rounds live blocks up by {g(f.A - f.A_req)} "
                             f"(allocated {g(f.A)} for {g(f.A_req)} requested) and the request to {g(f.S)} "
                             f"(from as little as {g(s_req)}): without it the live set plus the request "
                             f"({g(f.A_req + s_req)}) would fit the limit of {g(f.limit)}; "
                             f"with it, {g(total)} does not")
     if f.max_split > 0 and f.largest_blocked_by_max_split >= f.S and total <= f.limit:
-        out.holds, out.strength = True, max(out.strength, 0.8)
+        out.holds, out.strength = True, max(out.strength, STRENGTH["allocator_config"])
         out.evidence.append(f"a free block of {g(f.largest_blocked_by_max_split)} would hold the request but "
                             f"max_split_size_mb:{f.max_split // MiB} forbids splitting it for a "
                             f"{g(f.S)} request")
@@ -318,7 +325,7 @@ def check_fragmentation(f: Facts) -> Finding:
         return out
     if total <= limit < f.R + need and f.S > f.largest_usable:
         out.holds = True
-        out.strength = 0.9 if f.limit is not None else 0.6
+        out.strength = STRENGTH["fragmentation"] if f.limit is not None else STRENGTH["fragmentation_lower_bound"]
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
         pieces = f.R - f.A - f.private_pool_free
@@ -333,16 +340,16 @@ def check_fragmentation(f: Facts) -> Finding:
             out.evidence.append(need_text(n, limit))
         elif n is not None:
             # The rest of the step is not settled: fragmentation answers for this request only.
-            out.strength -= 0.25
+            out.strength -= FRAG_UNSETTLED_PENALTY
             out.evidence.append(f"whether the rest of the failing step fits is not settled: {need_text(n, limit)}")
             if f.earlier_step_peak and total > SPIKE_FACTOR * f.earlier_step_peak:
                 # Already far above the earlier steps with part of the step to go: maybe a larger input.
-                out.strength -= 0.15
+                out.strength -= FRAG_SPIKE_LIKE_PENALTY
                 out.evidence.append(f"this step already holds {g(total)} with the request, "
                                     f"{total / f.earlier_step_peak:.1f}x the {g(f.earlier_step_peak)} peak of the "
                                     "earlier steps: if its input is larger than theirs, the whole step may not fit "
                                     "the limit either (activation_spike)")
-        if f.private_pool_free > 0.5 * max(1, f.R - f.A):
+        if f.private_pool_free > PRIVATE_POOL_SHARE * max(1, f.R - f.A):
             out.evidence.append(f"{g(f.private_pool_free)} of the free memory is cached in private pools (CUDA "
                                 "graphs still alive): only their replays can use it, and expandable_segments "
                                 "does not release it")
@@ -359,12 +366,12 @@ def check_capacity(f: Facts) -> Finding:
     total = f.A + f.S
     n = f.step_need
     if total <= f.limit and n is not None and n.fits_limit is False:
-        out.holds, out.strength = True, 0.6
+        out.holds, out.strength = True, STRENGTH["capacity"]
         out.evidence.append(need_text(n, f.limit))
         return out
     if total > f.limit:
         out.holds = True
-        out.strength = min(1.0, 0.6 + (total - f.limit) / max(1, f.limit) * 4)
+        out.strength = min(1.0, STRENGTH["capacity"] + (total - f.limit) / max(1, f.limit) * STRENGTH["capacity_per_over"])
         out.evidence.append(f"the live set alone does not fit: {g(f.A)} live + {g(f.S)} requested = {g(total)} "
                             f"> the limit of {g(f.limit)} ({f.limit_source}), whatever the allocator does")
         top = max(((c, v) for c, v in f.composition.items() if c != fr.UNKNOWN), key=lambda kv: kv[1],
@@ -379,9 +386,9 @@ def check_healthy(f: Facts) -> Finding:
     out = Finding("healthy", not f.has_oom and not f.leak.get("holds"))
     if not out.holds:
         return out
-    out.strength = 1.0
+    out.strength = STRENGTH["healthy"]
     if f.limit and f.peak_reserved > f.limit:
-        out.strength = 0.6
+        out.strength = STRENGTH["healthy_over_limit"]
         out.evidence.append(f"peak reserved {g(f.peak_reserved)} is above the limit of {g(f.limit)} and the run "
                             "did not fail: the limit given is lower than what the process was allowed "
                             "(check --limit)")
@@ -389,8 +396,8 @@ def check_healthy(f: Facts) -> Finding:
         head = f.limit - f.peak_reserved
         out.evidence.append(f"peak reserved {g(f.peak_reserved)} leaves {g(head)} ({_pct(head, f.limit)}) "
                             f"under the limit of {g(f.limit)}")
-        if head < 0.05 * f.limit:
-            out.strength = 0.7
+        if head < NEAR_MISS_SHARE * f.limit:
+            out.strength = STRENGTH["healthy_near_miss"]
             out.evidence.append("headroom is under 5% of the limit: a near miss; a larger input would OOM")
     else:
         out.evidence.append(f"no OOM recorded; peak reserved {g(f.peak_reserved)} (no limit given to "
@@ -409,28 +416,36 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
     if primary is None:
         # An OOM with nothing settled (no limit): name the best-supported candidate, flagged as weak.
         primary = next((x for x in findings if x.cause == "capacity"), findings[-1])
-        primary_conf = 0.3
+        primary_conf = confidence("weak_primary")
         primary.evidence.insert(0, "no deciding test could be settled with the inputs given; "
                                    + "; ".join(primary.missing or ["pass --limit"]))
     else:
-        primary_conf = round(0.5 + 0.45 * primary.strength, 2)
-        if any(x.missing and x.cause in PRECEDENCE[: PRECEDENCE.index(primary.cause)] for x in findings):
-            primary_conf = round(primary_conf - 0.1, 2)  # an earlier cause could not be ruled out
+        earlier = PRECEDENCE[: PRECEDENCE.index(primary.cause)]
+        primary_conf = confidence(
+            "primary", primary.strength,
+            earlier_unsettled=any(x.missing and x.cause in earlier for x in findings),
+            # an OOM message gives no free blocks: fragmentation can only be suspected from one
+            fragmentation_from_message=primary.cause == "fragmentation" and not f.largest_known)
     causes = [{"cause": primary.cause, "confidence": primary_conf,
                "evidence": primary.evidence + [f"unsettled: {m}" for m in primary.missing if primary.holds]}]
     for x in findings:
         if x is primary:
             continue
         if x.holds:
-            conf = round(min(primary_conf - 0.05, 0.3 + 0.4 * x.strength), 2)
-            causes.append({"cause": x.cause, "confidence": max(conf, 0.05), "evidence": x.evidence})
+            causes.append({"cause": x.cause, "confidence": confidence("also_holds", x.strength, primary=primary_conf),
+                           "evidence": x.evidence})
         elif x.listed:
-            causes.append({"cause": x.cause, "confidence": round(max(0.05, min(primary_conf - 0.05, 0.3)), 2),
+            causes.append({"cause": x.cause, "confidence": confidence("listed", primary=primary_conf),
                            "evidence": x.evidence})
         elif x.missing and x.cause != "healthy":
-            causes.append({"cause": x.cause, "confidence": 0.1,
+            causes.append({"cause": x.cause, "confidence": confidence("not_settled"),
                            "evidence": x.evidence + [f"not settled: {m}" for m in x.missing]})
     # The primary first, then by confidence (precedence among equals: the sort is stable), so every
     # screen lists them in the order the numbers say.
     causes[1:] = sorted(causes[1:], key=lambda c: -c["confidence"])
     return primary.cause, primary_conf, causes, findings
+
+
+def external_floor(device_total: int) -> int:
+    """ARCHITECTURE.md cause 1: memory outside PyTorch counts above max(2 GiB, 10% of device total)."""
+    return max(EXTERNAL_MIN_BYTES, int(device_total * EXTERNAL_DEVICE_SHARE))

@@ -12,10 +12,18 @@ from __future__ import annotations
 from collections import Counter
 
 from memq.analysis import frames as fr
+from memq.analysis.rules import (
+    LEAK_FIGURE_POINTS,
+    LEAK_FIGURES_FALLBACK_SHARE,
+    LEAK_MIN_GROWTH_BYTES,
+    LEAK_MIN_GROWTH_SHARE,
+    LEAK_MIN_INTERVALS,
+    LEAK_MIN_POINTS,
+    LEAK_PERSIST_SHARE,
+    UNFREEZE_OPT_SHARE,
+    UNFREEZE_STATE_MULTIPLE,
+)
 from memq.units import fmt_bytes
-
-MiB = 1024 * 1024
-
 
 HOW_TO_GET_FRAMES = ("the agent records Python stacks for the next window by itself when live bytes grow "
                      "between comparable points (memq agent from this version), so its next comparable "
@@ -37,18 +45,18 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
     warm = [i for i, p in enumerate(points) if p["composition"].get(fr.OPTIMIZER_STATE, 0) > 0]
     start = warm[0] if warm else 0
     pts = points[start:]
-    if len(pts) < 3:
+    if len(pts) < LEAK_MIN_POINTS:
         result["settled"] = False
         result["evidence"].append(
-            f"{len(pts)} comparable snapshot(s) after warm-up: leak detection needs at least 3 "
+            f"{len(pts)} comparable snapshot(s) after warm-up: leak detection needs at least {LEAK_MIN_POINTS} "
             "(snapshots at the same point of successive epochs or every N steps)")
         return result
     def stays(j: int, a: dict, b: dict, grow: int, thresh: int) -> bool:
         # Growth counts only when what appeared is still live at the later point (not churn).
-        return sum(k[1] for k in set(b["blocks"]) - set(a["blocks"])) >= grow * 0.5
+        return sum(k[1] for k in set(b["blocks"]) - set(a["blocks"])) >= grow * LEAK_PERSIST_SHARE
 
     best = _longest_growth_streak(pts, limit, stays, result["intervals"])
-    if best < 2:
+    if best < LEAK_MIN_INTERVALS:
         return result
     first, last = pts[0], pts[-1]
     # Blocks that appeared after the first point and are live at the last: attribute by site.
@@ -60,8 +68,8 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
     params = last["composition"].get(fr.PARAMETERS, 0)
     opt = last["composition"].get(fr.OPTIMIZER_STATE, 0)
     total_growth = last["active"] - first["active"]
-    only_opt = growth_cat[fr.OPTIMIZER_STATE] >= 0.8 * total_growth
-    if only_opt and params and opt <= 2.05 * params:
+    only_opt = growth_cat[fr.OPTIMIZER_STATE] >= UNFREEZE_OPT_SHARE * total_growth
+    if only_opt and params and opt <= UNFREEZE_STATE_MULTIPLE * params:
         result["evidence"].append(
             f"optimizer state grew by {_g(growth_cat[fr.OPTIMIZER_STATE])} but stays within 2x the "
             f"parameters ({_g(opt)} for {_g(params)} of parameters): new parameters started training "
@@ -84,7 +92,7 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
         result["evidence"].append(
             f"{_g(unframed)} of the growth carries no allocation frames (allocated while history recording "
             f"was paused), so its line is not known from these snapshots: {HOW_TO_GET_FRAMES}")
-    if only_opt and params and opt > 2.05 * params:
+    if only_opt and params and opt > UNFREEZE_STATE_MULTIPLE * params:
         result["evidence"].append(
             f"optimizer state is {_g(opt)}, more than 2x the {_g(params)} of parameters: an optimizer was "
             "re-created while the old one is still referenced")
@@ -109,7 +117,7 @@ def figure_points(figs: list[dict]) -> list[dict]:
         picked = [by_epoch[e] for e in sorted(by_epoch)]
         return [{"name": f"the end of epoch {f['epoch']} (step {f['step']})", "active": f["allocated"]}
                 for f in picked]
-    k = max(1, len(after) // 6)
+    k = max(1, len(after) // LEAK_FIGURE_POINTS)
     picked = after[::k] if after else []
     if after and picked[-1] is not after[-1]:
         picked.append(after[-1])
@@ -121,14 +129,16 @@ def detect_leak_from_figures(points: list[dict], limit: int | None) -> dict:
     more than max(64 MiB, 1% of LIMIT or of A), and never fall back below what an interval reached
     (the growth stays live: the figures have no blocks to check it by)."""
     result = {"holds": False, "evidence": [], "growth_by_site": [], "allocating_site": None, "intervals": [],
-              "points": len(points), "settled": len(points) >= 3, "source": "the agent's per-step figures"}
-    if len(points) < 3:
+              "points": len(points), "settled": len(points) >= LEAK_MIN_POINTS,
+              "source": "the agent's per-step figures"}
+    if len(points) < LEAK_MIN_POINTS:
         return result
+
     def stays(j: int, a: dict, b: dict, grow: int, thresh: int) -> bool:
-        return min(p["active"] for p in points[j + 1:]) >= b["active"] - thresh // 2
+        return min(p["active"] for p in points[j + 1:]) >= b["active"] - int(thresh * LEAK_FIGURES_FALLBACK_SHARE)
 
     best = _longest_growth_streak(points, limit, stays, result["intervals"])
-    if best < 2:
+    if best < LEAK_MIN_INTERVALS:
         return result
     first, last = points[0], points[-1]
     result["holds"] = True
@@ -147,10 +157,16 @@ def _longest_growth_streak(points: list[dict], limit: int | None, stays, interva
     streak = best = 0
     for j, (a, b) in enumerate(zip(points, points[1:], strict=False)):
         grow = b["active"] - a["active"]
-        thresh = max(64 * MiB, int(0.01 * (limit or b["active"])))
+        thresh = growth_threshold(limit, b["active"])
         ok = grow > thresh and stays(j, a, b, grow, thresh)
         intervals.append({"from": a["name"], "to": b["name"], "growth_bytes": grow,
                           "threshold_bytes": thresh, "grew": ok})
         streak = streak + 1 if ok else 0
         best = max(best, streak)
     return best
+
+
+def growth_threshold(limit: int | None, active: int) -> int:
+    """ARCHITECTURE.md cause 2: an interval grows when live bytes rise by more than max(64 MiB, 1% of
+    LIMIT or of A)."""
+    return max(LEAK_MIN_GROWTH_BYTES, int(LEAK_MIN_GROWTH_SHARE * (limit or active)))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 
 from memq.analysis import frames as fr
-from memq.analysis.classify import Facts, g, optimizer_state_sizes, step_estimate
+from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, step_estimate
 from memq.analysis.leak import HOW_TO_GET_FRAMES
+from memq.analysis.rules import NEAR_MISS_SHARE, OPTIMIZER_SGD_MULTIPLE, PRIVATE_POOL_SHARE, STRANDED_SHARE
 from memq.playbook import BY_ID
 from memq.units import fmt_need
 
@@ -161,7 +162,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          "the request fits the limit" + simulated(DEFAULTS_CONF).replace(DEFAULTS_CONF,
                                                                                          "the default settings"),
                          playbook=_setting_entry(f)))
-    graphs_hold_it = primary == "fragmentation" and f.private_pool_free > 0.5 * max(1, stranded)
+    graphs_hold_it = primary == "fragmentation" and f.private_pool_free > PRIVATE_POOL_SHARE * max(1, stranded)
     if graphs_hold_it:
         # No entry measures CUDA-graph pools; the allocator-settings one shows what the cache can and
         # cannot hand back, which is the point here.
@@ -175,7 +176,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          "private-pool memory stays reserved as long as its graphs exist", "no change",
                          playbook="expandable-segments"))
     elif not over_limit and (primary == "fragmentation" or (
-            primary not in ("capacity", "activation_spike") and stranded > 0.2 * max(1, R) and f.has_oom
+            primary not in ("capacity", "activation_spike") and stranded > STRANDED_SHARE * max(1, R) and f.has_oom
             and not f.settings_non_default)):
         already = "expandable_segments:True" in f.settings_non_default
         if not already:
@@ -231,7 +232,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                              f"halving the micro-batch frees about {g(acts // 2)}",
                              playbook="activation-checkpointing"))
         if opt:
-            kind = "AdamW keeps 2x parameter bytes" if opt > 1.5 * max(1, params) else "SGD momentum keeps 1x"
+            kind = ("AdamW keeps 2x parameter bytes" if opt > OPTIMIZER_SGD_MULTIPLE * max(1, params)
+                    else "SGD momentum keeps 1x")
             recs.append(_rec("Shrink optimizer state (8-bit or factored optimizers, ZeRO/FSDP sharding)",
                              f"{g(opt)} of optimizer state ({kind}; parameters {g(params)})",
                              f"saves up to {g(opt * 3 // 4)}", playbook="optimizer-state"))
@@ -247,7 +249,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif:
                          playbook="optimizer-state"))
     if primary == "healthy":
         # The playbook has no "healthy" entry: the batch-size section is where headroom is measured.
-        if f.limit and f.limit - f.peak_reserved < 0.05 * f.limit:
+        if f.limit and f.limit - f.peak_reserved < NEAR_MISS_SHARE * f.limit:
             has = "expandable_segments:True" in f.settings_non_default
             recs.append(_rec("Leave more headroom (a smaller batch)" if has else
                              "Leave more headroom (smaller batch or expandable_segments:True)",
@@ -281,7 +283,7 @@ def message_playbook(f: Facts, unallocated: int | None, text: str) -> list[dict]
     S, A, L = f.S, f.A, f.limit
     opt = _OPTIMIZER_FRAMES.search(text)
     external = bool(f.non_pytorch is not None and f.device_total
-                    and f.non_pytorch > max(2 * 1024**3, f.device_total // 10))
+                    and f.non_pytorch > external_floor(f.device_total))
     if external:
         add("external-memory", f"{g(f.non_pytorch)} of the {g(f.device_total)} device is used outside PyTorch's "
                                f"cache (the message's device and process figures): no PyTorch setting frees it")

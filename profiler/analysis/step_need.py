@@ -28,29 +28,22 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-# Two sizes are the same tensor (at ratio k) within 5%: the allocator rounds requests to 512 B and
-# large blocks to 2 MiB pages, under 1% of the tensors that matter; dynamic shapes whose batch and
-# length both change keep one ratio for every input-sized tensor (checked on the calibration set).
-MATCH_TOL = 0.05
-# A step k times larger than the earlier one: from a quarter of it (a short batch) to 64x (8x batch
-# x 8x length); outside that range the earlier step is no model of this one.
-K_MIN, K_MAX = 0.25, 64.0
-# Blocks under 1/256 of the request, or under 1 MiB, are too small to move the need and too many to
-# align (a step's hundreds of small scalars and norms).
-MIN_BYTES = 1 << 20
-SMALL_SHARE = 1 / 256
-# The gate: at least 80% of the failing step's bytes (the request included) must be explained by the
-# earlier step (the prototype: below that the alignment picks a wrong point).
-MIN_MATCHED = 0.8
-# Interval margins on the scale of what is still to come (the calibration set's largest point error
-# was well inside them: benchmarks/RESULTS.md "The failing step's need").
-K_MARGIN_HIGH = 0.25
-K_MARGIN_LOW = 0.10
-# The observer's request is the segment the allocator tried to create, not the block: up to 2 MiB more
-# than the request for large ones (ARCHITECTURE.md, the segment S needs), and for requests of 1-10 MiB a
-# 20 MiB segment. The lower bound takes the least request that segment could stand for.
-LARGE_ROUND = 2 << 20
-MID_SEGMENT = 20 << 20
+from memq.analysis.rules import (
+    ALIGN_MIN_BYTES,
+    ALIGN_SMALL_SHARE,
+    K_MARGIN_HIGH,
+    K_MARGIN_LOW,
+    K_MAX,
+    K_MIN,
+    LARGE_ROUND,
+    MATCH_TOL,
+    MID_SEGMENT,
+    MIN_MATCHED,
+    RUN_NOISE,
+)
+
+# The thresholds, with their sources, are in rules.py (docs/analysis.md "The rules table").
+MIN_BYTES, SMALL_SHARE = ALIGN_MIN_BYTES, ALIGN_SMALL_SHARE
 
 
 def request_slack(S: int) -> int:
@@ -60,13 +53,6 @@ def request_slack(S: int) -> int:
     if S > LARGE_ROUND:
         return S - (1 << 20)  # a 20 MiB segment holds any request of 1-10 MiB
     return S
-
-
-# Two runs of one job do not allocate the same bytes to the byte: cuBLAS workspaces come per handle and
-# stream, lazily, and cuDNN picks a convolution's workspace from the memory it can get. Measured: the
-# capped run's live + request exceeded its uncapped twin's peak by 0.02% (tests/fixtures/agent_defaults
-# dyn, a GPT) and by 0.32% (tests/fixtures/step_need cnn_dyn, a CNN). The lower bound allows 0.5%.
-RUN_NOISE = 0.005
 
 
 # At most this many candidate points of the earlier step are aligned (evenly spread over the step when

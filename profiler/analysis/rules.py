@@ -1,0 +1,250 @@
+"""Every constant the diagnosis decides by, in one table, each with where it comes from.
+
+Sources are of three kinds: `definition` (ARCHITECTURE.md's cause definitions, which bind), `measured`
+(a figure measured on named fixtures or a calibration set), and `judgement` (a choice, with why).
+classify.py, leak.py, step_need.py, checkpoint.py, recommend.py and confidence.py read their thresholds
+from here; docs/analysis.md ("The rules table") lists the same table, and
+tests/analysis/test_rule_boundaries.py puts every rule just under and just over its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    value: float
+    unit: str  # "bytes", "share" (of the quantity named), "x" (a multiple), "count", "confidence"
+    kind: str  # definition | measured | judgement
+    source: str
+    used_in: str
+
+
+RULES: dict[str, Rule] = {}
+
+
+def _rule(name: str, value, unit: str, kind: str, source: str, used_in: str):
+    assert kind in ("definition", "measured", "judgement"), kind
+    RULES[name] = Rule(name, value, unit, kind, source, used_in)
+    return value
+
+
+# ------------------------------------------------------------------ cause 1: external_memory
+EXTERNAL_MIN_BYTES = _rule(
+    "EXTERNAL_MIN_BYTES", 2 * GiB, "bytes", "definition",
+    "ARCHITECTURE.md cause 1: non-PyTorch memory exceeds max(2 GiB, 10% of device total)", "classify, recommend")
+EXTERNAL_DEVICE_SHARE = _rule(
+    "EXTERNAL_DEVICE_SHARE", 0.10, "share of device total", "definition",
+    "ARCHITECTURE.md cause 1: max(2 GiB, 10% of device total)", "classify, recommend")
+CUDA_CONTEXT_BYTES = _rule(
+    "CUDA_CONTEXT_BYTES", 1 * GiB, "bytes", "definition",
+    "ARCHITECTURE.md cause 1: A + S would fit device total minus a normal context (~1 GiB)", "classify")
+
+# ------------------------------------------------------------------ cause 2: leak
+LEAK_MIN_POINTS = _rule(
+    "LEAK_MIN_POINTS", 3, "count", "definition",
+    "ARCHITECTURE.md cause 2: growth in at least two consecutive intervals needs three comparable points "
+    "after warm-up", "leak")
+LEAK_MIN_INTERVALS = _rule(
+    "LEAK_MIN_INTERVALS", 2, "count", "definition",
+    "ARCHITECTURE.md cause 2: live bytes grow in at least two consecutive intervals", "leak")
+LEAK_MIN_GROWTH_BYTES = _rule(
+    "LEAK_MIN_GROWTH_BYTES", 64 * MiB, "bytes", "definition",
+    "ARCHITECTURE.md cause 2: each interval grows by more than max(64 MiB, 1% of LIMIT or of A)", "leak")
+LEAK_MIN_GROWTH_SHARE = _rule(
+    "LEAK_MIN_GROWTH_SHARE", 0.01, "share of LIMIT (or A)", "definition",
+    "ARCHITECTURE.md cause 2: max(64 MiB, 1% of LIMIT or of A)", "leak")
+LEAK_PERSIST_SHARE = _rule(
+    "LEAK_PERSIST_SHARE", 0.5, "share of the interval's growth", "judgement",
+    "ARCHITECTURE.md cause 2 asks that the growth be blocks that stay live; half of it, because a step's "
+    "own churn (a new activation at an old block's size) replaces some of the kept blocks between points",
+    "leak")
+LEAK_FIGURES_FALLBACK_SHARE = _rule(
+    "LEAK_FIGURES_FALLBACK_SHARE", 0.5, "share of the interval's threshold", "judgement",
+    "the agent's per-step figures have no blocks: a grown interval counts as staying live unless a later "
+    "point falls back by more than half the growth threshold (allocated bytes at a step boundary move by "
+    "a step's leftovers, well under 64 MiB on the fixtures)", "leak")
+LEAK_FIGURE_POINTS = _rule(
+    "LEAK_FIGURE_POINTS", 6, "count", "judgement",
+    "about six evenly spaced step boundaries when the figures span fewer than three epochs: enough for the "
+    "two-interval test with margin, few enough that each interval spans many steps", "leak")
+UNFREEZE_OPT_SHARE = _rule(
+    "UNFREEZE_OPT_SHARE", 0.8, "share of the growth", "judgement",
+    "ARCHITECTURE.md cause 2's progressive-unfreezing exception applies when the growth is optimizer "
+    "state: at least 80% of it (the rest is the new parameters' gradients' rounding)", "leak")
+UNFREEZE_STATE_MULTIPLE = _rule(
+    "UNFREEZE_STATE_MULTIPLE", 2.05, "x the parameters' bytes", "definition",
+    "ARCHITECTURE.md cause 2: state for parameters that start training is not a leak, and Adam(W) keeps 2x "
+    "the parameters' bytes; 5% above 2x for the allocator's rounding of each state tensor", "leak")
+
+# ------------------------------------------------------------------ cause 3 and the last free bytes
+NEAR_MISS_SHARE = _rule(
+    "NEAR_MISS_SHARE", 0.05, "share of LIMIT", "definition",
+    "ARCHITECTURE.md: 'the last free bytes' means headroom under 5% of a known LIMIT (causes 3 and 9; "
+    "MEMQ_ALERT_HEADROOM_PCT defaults to the same 5)", "classify, recommend")
+OPTIMIZER_SGD_MULTIPLE = _rule(
+    "OPTIMIZER_SGD_MULTIPLE", 1.5, "x the parameters' bytes", "judgement",
+    "state above 1.5x the parameters is Adam(W)'s 2x, below it SGD momentum's 1x: the midpoint between "
+    "the two multiples", "recommend")
+STATE_REQUEST_MAX_MULTIPLE = _rule(
+    "STATE_REQUEST_MAX_MULTIPLE", 2, "x the parameters' bytes", "measured",
+    "a request larger than twice all the parameters is not state being created (one state tensor is at "
+    "most its parameter, twice it for fp32 state of half-precision parameters): the 4x-longer-sequence "
+    "logits of tests/fixtures/ddp_ranks/data are such a request", "analysis")
+STATE_REQUEST_MIN_BYTES = _rule(
+    "STATE_REQUEST_MIN_BYTES", 1 * MiB, "bytes", "judgement",
+    "a frameless request under 1 MiB is a small pool block (bias, norm), which says nothing about which "
+    "phase allocated it", "analysis")
+SEGMENT_ROUNDING_BYTES = _rule(
+    "SEGMENT_ROUNDING_BYTES", 2 * MiB, "bytes", "definition",
+    "ARCHITECTURE.md cause 7: large requests are rounded up to 2 MiB, so a block holds its request plus "
+    "up to 2 MiB", "analysis")
+
+# ------------------------------------------------------------------ cause 4: activation_spike
+SPIKE_FACTOR = _rule(
+    "SPIKE_FACTOR", 1.5, "x the earlier steps' peak", "definition",
+    "ARCHITECTURE.md cause 4: the step needs more than 1.5x the peak live bytes of the earlier steps",
+    "classify")
+
+# ------------------------------------------------------------------ cause 5: workspace
+WORKSPACE_LIMIT_SHARE = _rule(
+    "WORKSPACE_LIMIT_SHARE", 0.10, "share of LIMIT", "judgement",
+    "workspace memory is the cause only when it is a tenth of the limit or more: cuBLAS keeps a few MiB "
+    "per handle and stream in every job, far under a tenth (the calibration set's GPTs: 8-32 MiB)",
+    "classify")
+
+# ------------------------------------------------------------------ cause 7: fragmentation
+FRAG_UNSETTLED_PENALTY = _rule(
+    "FRAG_UNSETTLED_PENALTY", 0.25, "strength", "judgement",
+    "ARCHITECTURE.md cause 7: where the failing step's need cannot be projected, say so and lower the "
+    "confidence; a quarter of the strength takes a 0.9 fragmentation to ~0.79, under a settled one",
+    "classify")
+FRAG_SPIKE_LIKE_PENALTY = _rule(
+    "FRAG_SPIKE_LIKE_PENALTY", 0.15, "strength", "judgement",
+    "an unsettled step that already holds more than SPIKE_FACTOR x the earlier peak may be a larger input: "
+    "lowered again, so a settled spike elsewhere would outrank it", "classify")
+PRIVATE_POOL_SHARE = _rule(
+    "PRIVATE_POOL_SHARE", 0.5, "share of the cached free bytes", "judgement",
+    "CUDA graphs' private pools are named (evidence, advice) when they hold most of the free cache: then "
+    "no allocator setting reaches the memory the request needed", "classify, recommend")
+STRANDED_SHARE = _rule(
+    "STRANDED_SHARE", 0.2, "share of reserved", "judgement",
+    "an OOM whose cause is another, with a fifth of reserved free in pieces, still gets the "
+    "expandable-segments advice: below that the pieces are ordinary cache slack", "recommend")
+
+# ------------------------------------------------------------------ checkpoint loads (cause 3)
+DUPLICATE_OVER_PARAMS = _rule(
+    "DUPLICATE_OVER_PARAMS", 1.25, "x the parameters' bytes", "measured",
+    "duplicates beyond the parameters' own bytes: an EMA copy is exactly 1x, the smallest optimizer state "
+    "(SGD momentum) makes a checkpoint 2x (tests/fixtures/step_need resume)", "checkpoint")
+DUPLICATE_SHARE = _rule(
+    "DUPLICATE_SHARE", 0.5, "share of the new bytes", "judgement",
+    "half of what appeared must be duplicates, so a step's activations of parameter-like sizes do not pass",
+    "checkpoint")
+
+# ------------------------------------------------------------------ the failing step's need
+MATCH_TOL = _rule(
+    "MATCH_TOL", 0.05, "share of the smaller size", "measured",
+    "two sizes are one tensor at ratio k within 5%: the allocator rounds requests to 512 B and large blocks "
+    "to 2 MiB pages, under 1% of the tensors that matter (the calibration set)", "step_need")
+K_MIN = _rule(
+    "K_MIN", 0.25, "x", "judgement",
+    "a step a quarter of the earlier one (a short last batch) is still modelled by it", "step_need")
+K_MAX = _rule(
+    "K_MAX", 64.0, "x", "judgement",
+    "8x the batch times 8x the length; beyond, the earlier step is no model of this one", "step_need")
+ALIGN_MIN_BYTES = _rule(
+    "ALIGN_MIN_BYTES", 1 << 20, "bytes", "judgement",
+    "blocks under 1 MiB are too small to move the need and too many to align", "step_need")
+ALIGN_SMALL_SHARE = _rule(
+    "ALIGN_SMALL_SHARE", 1 / 256, "share of the request", "judgement",
+    "blocks under 1/256 of the request are left out of the alignment for the same reason", "step_need")
+MIN_MATCHED = _rule(
+    "MIN_MATCHED", 0.8, "share of the failing step's bytes", "measured",
+    "the gate: below 80% explained the alignment picks a wrong point (the calibration set)", "step_need")
+K_MARGIN_HIGH = _rule(
+    "K_MARGIN_HIGH", 0.25, "share of k", "measured",
+    "the interval's top replays the rest at 1.25k: the calibration set's largest point error (1.9%) is "
+    "well inside it (benchmarks/RESULTS.md, the failing step's need)", "step_need")
+K_MARGIN_LOW = _rule(
+    "K_MARGIN_LOW", 0.10, "share of k", "measured",
+    "the interval's bottom replays the rest at 0.9k (same calibration)", "step_need")
+LARGE_ROUND = _rule(
+    "LARGE_ROUND", 2 << 20, "bytes", "definition",
+    "ARCHITECTURE.md cause 7: the segment S needs is S rounded up to 2 MiB above 10 MiB", "step_need")
+MID_SEGMENT = _rule(
+    "MID_SEGMENT", 20 << 20, "bytes", "definition",
+    "ARCHITECTURE.md cause 7: requests of 1-10 MiB take a 20 MiB segment", "step_need")
+RUN_NOISE = _rule(
+    "RUN_NOISE", 0.005, "share of the need", "measured",
+    "run-to-run difference of one job: 0.02% (tests/fixtures/agent_defaults dyn, a GPT) and 0.32% "
+    "(tests/fixtures/step_need cnn_dyn, a CNN); the lower bound allows 0.5%", "step_need")
+
+# ------------------------------------------------------------------ confidence (confidence.py)
+CONF_BASE = _rule(
+    "CONF_BASE", 0.5, "confidence", "judgement",
+    "a primary cause whose test held is at least even odds: its deciding test passed", "confidence")
+CONF_PER_STRENGTH = _rule(
+    "CONF_PER_STRENGTH", 0.45, "confidence", "judgement",
+    "the strength of the test adds up to 0.45, so no verdict reads as certain (0.95 at most)",
+    "confidence")
+CONF_EARLIER_UNSETTLED = _rule(
+    "CONF_EARLIER_UNSETTLED", 0.1, "confidence", "definition",
+    "ARCHITECTURE.md: a cause whose evidence is missing gets lower confidence; an earlier cause in the "
+    "precedence that could not be ruled out costs the primary 0.1", "confidence")
+CONF_UNSETTLED_PRIMARY = _rule(
+    "CONF_UNSETTLED_PRIMARY", 0.3, "confidence", "judgement",
+    "an OOM with no deciding test settled names its best-supported candidate, flagged weak: under even odds",
+    "confidence")
+CONF_SECONDARY_BASE = _rule(
+    "CONF_SECONDARY_BASE", 0.3, "confidence", "judgement",
+    "another cause whose test holds starts at 0.3 and never reaches the primary's", "confidence")
+CONF_SECONDARY_PER_STRENGTH = _rule(
+    "CONF_SECONDARY_PER_STRENGTH", 0.4, "confidence", "judgement",
+    "its strength adds up to 0.4 (0.7 at most, still below a strong primary)", "confidence")
+CONF_BELOW_PRIMARY = _rule(
+    "CONF_BELOW_PRIMARY", 0.05, "confidence", "definition",
+    "ARCHITECTURE.md: every other cause that holds is listed with lower confidence than the primary", "confidence")
+CONF_FLOOR = _rule(
+    "CONF_FLOOR", 0.05, "confidence", "judgement",
+    "a listed cause is never shown at 0: it is part of the story", "confidence")
+CONF_NOT_SETTLED = _rule(
+    "CONF_NOT_SETTLED", 0.1, "confidence", "judgement",
+    "a test that could not be settled is listed low, with the input that would settle it", "confidence")
+CONF_MESSAGE_FRAGMENTATION = _rule(
+    "CONF_MESSAGE_FRAGMENTATION", 0.6, "confidence", "judgement",
+    "an OOM message gives no free blocks: fragmentation from a message alone is suspected, never sure",
+    "confidence")
+
+# ------------------------------------------------------------------ strengths (classify.py)
+#: How clearly each deciding test's numbers pass (0..1), which confidence.py turns into confidence.
+#: All are judgement: the order they put causes in (a request whose own frames name the cause above a
+#: share of memory; a first-step optimizer OOM above a later one) is what matters, and
+#: tests/analysis/test_rule_boundaries.py pins each one through the confidence it yields.
+STRENGTH: dict[str, float] = {
+    "external_full_at_floor_x": 2,  # non-PyTorch memory at 2x the floor is as clear as it gets
+    "leak": 0.5,  # two grown intervals: 0.7; each more adds 0.1
+    "leak_per_interval": 0.1,
+    "optimizer_first_step": 0.9,  # the state is created in step 1: nothing else could have grown
+    "optimizer_later": 0.6,  # created later (a re-created optimizer, a resume): less certain
+    "checkpoint_load": 0.85,  # the frames or the duplicated blocks say a checkpoint is being loaded
+    "spike_full_at_x": 3,  # a step needing 3x the earlier peak is as clear as it gets
+    "workspace_request": 0.9,  # the failed request's own frames are a workspace's
+    "workspace_peak": 0.7,  # the peak's frames are
+    "workspace_share": 0.5,  # only a share of live memory is workspace
+    "allocator_config": 0.8,  # the arithmetic with and without the setting
+    "fragmentation": 0.9,  # A + S fits a known LIMIT and no usable block holds S
+    "fragmentation_lower_bound": 0.6,  # the limit is only a lower bound (peak reserved earlier)
+    "capacity": 0.6,  # A + S over LIMIT, plus 4x the share it is over by
+    "capacity_per_over": 4,
+    "healthy": 1.0,
+    "healthy_over_limit": 0.6,  # the run reserved more than the limit given: the limit is doubtful
+    "healthy_near_miss": 0.7,  # within the last free bytes
+}
+for _k, _v in STRENGTH.items():
+    _rule(f"STRENGTH[{_k}]", _v, "strength", "judgement", "classify.py strength (see STRENGTH)", "classify")
