@@ -223,28 +223,45 @@ CONF_MESSAGE_FRAGMENTATION = _rule(
 
 # ------------------------------------------------------------------ strengths (classify.py)
 #: How clearly each deciding test's numbers pass (0..1), which confidence.py turns into confidence.
-#: All are judgement: the order they put causes in (a request whose own frames name the cause above a
-#: share of memory; a first-step optimizer OOM above a later one) is what matters, and
-#: tests/analysis/test_rule_boundaries.py pins each one through the confidence it yields.
-STRENGTH: dict[str, float] = {
-    "external_full_at_floor_x": 2,  # non-PyTorch memory at 2x the floor is as clear as it gets
-    "leak": 0.5,  # two grown intervals: 0.7; each more adds 0.1
-    "leak_per_interval": 0.1,
-    "optimizer_first_step": 0.9,  # the state is created in step 1: nothing else could have grown
-    "optimizer_later": 0.6,  # created later (a re-created optimizer, a resume): less certain
-    "checkpoint_load": 0.85,  # the frames or the duplicated blocks say a checkpoint is being loaded
-    "spike_full_at_x": 3,  # a step needing 3x the earlier peak is as clear as it gets
-    "workspace_request": 0.9,  # the failed request's own frames are a workspace's
-    "workspace_peak": 0.7,  # the peak's frames are
-    "workspace_share": 0.5,  # only a share of live memory is workspace
-    "allocator_config": 0.8,  # the arithmetic with and without the setting
-    "fragmentation": 0.9,  # A + S fits a known LIMIT and no usable block holds S
-    "fragmentation_lower_bound": 0.6,  # the limit is only a lower bound (peak reserved earlier)
-    "capacity": 0.6,  # A + S over LIMIT, plus 4x the share it is over by
-    "capacity_per_over": 4,
-    "healthy": 1.0,
-    "healthy_over_limit": 0.6,  # the run reserved more than the limit given: the limit is doubtful
-    "healthy_near_miss": 0.7,  # within the last free bytes
+#: All are judgement: what matters is the order they put causes in (a request whose own frames name
+#: the cause above a share of memory; a first-step optimizer OOM above a later one).
+_STRENGTHS = {
+    "external_full_at_floor_x": (2, "x the floor", "memory outside PyTorch at twice the external floor is as "
+                                 "clear as it gets (strength 1); at the floor, 0.5"),
+    "leak": (0.5, "strength", "a leak with its two grown intervals starts at 0.7 (0.5 + 2 x 0.1)"),
+    "leak_per_interval": (0.1, "strength", "each grown interval adds 0.1: five make it certain"),
+    "optimizer_first_step": (0.9, "strength", "state created in the first step: nothing else could have grown"),
+    "optimizer_later": (0.6, "strength", "state created later (a re-created optimizer): less certain"),
+    "checkpoint_load": (0.85, "strength", "the frames or the duplicated blocks say a checkpoint is being loaded"),
+    "spike_full_at_x": (3, "x the earlier peak", "a step needing 3x the earlier steps' peak is as clear as it gets"),
+    "workspace_request": (0.9, "strength", "the failed request's own frames are a cuDNN/cuBLAS/NCCL workspace"),
+    "workspace_peak": (0.7, "strength", "the peak's frames are a workspace's: one step removed from the OOM"),
+    "workspace_share": (0.5, "strength", "only a share of live memory is workspace: no frame ties it to the OOM"),
+    "allocator_config": (0.8, "strength", "the arithmetic with and without the setting decides it"),
+    "fragmentation": (0.9, "strength", "A + S fits a known LIMIT and no usable free block holds S"),
+    "fragmentation_lower_bound": (0.6, "strength", "the limit is only a lower bound (peak reserved earlier)"),
+    "capacity": (0.6, "strength", "A + S over LIMIT, by a hair"),
+    "capacity_per_over": (4, "strength per share over", "each tenth of LIMIT it is over by adds 0.4: certain "
+                          "at a tenth over"),
+    "healthy": (1.0, "strength", "no OOM, no leak, headroom left"),
+    "healthy_over_limit": (0.6, "strength", "the run reserved more than the limit given without failing: the "
+                           "limit is doubtful"),
+    "healthy_near_miss": (0.7, "strength", "within the last free bytes: a larger input would fail"),
 }
-for _k, _v in STRENGTH.items():
-    _rule(f"STRENGTH[{_k}]", _v, "strength", "judgement", "classify.py strength (see STRENGTH)", "classify")
+STRENGTH: dict[str, float] = {
+    k: _rule(f"STRENGTH[{k}]", v, unit, "judgement", why, "classify") for k, (v, unit, why) in _STRENGTHS.items()
+}
+
+
+def shown(value: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{value / MiB:g} MiB" if value < GiB else f"{value / GiB:g} GiB"
+    return f"{value:g}"
+
+
+def markdown_table() -> str:
+    """The table docs/analysis.md carries ("The rules table"), one row per rule."""
+    rows = ["| rule | value | unit | kind | source | used in |", "|---|---|---|---|---|---|"]
+    for r in RULES.values():
+        rows.append(f"| `{r.name}` | {shown(r.value, r.unit)} | {r.unit} | {r.kind} | {r.source} | {r.used_in} |")
+    return "\n".join(rows) + "\n"
