@@ -13,7 +13,7 @@ What it measures:
 2. The dispatcher (memq.workers.dispatcher.Dispatcher, in-process, real PostgreSQL database of its own):
    stats entries/s and samples/s moved from the stream into stat_samples; snapshot entries/s moved
    into the blob store and snapshot rows.
-3. Worker cost: CPU and wall seconds per snapshot analysis (memq.store.service.analyse_snapshot,
+3. Worker cost: CPU and wall seconds per snapshot analysis (memq.pipeline.analyse.analyse_snapshot,
    what the analyze task runs), by snapshot kind.
 4. PostgreSQL bytes on disk per stat-sample row and per analysed snapshot (rows of snapshots +
    analysis_results, indexes and TOAST included: pg_total_relation_size after VACUUM), and blob
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     from memq.config import load_settings
+    from memq.pipeline import analyse as svc
     from memq.store import schema
-    from memq.store import service as svc
     from memq.store.connection import open_store
     from memq.store.db import make_engine
     from memq.workers.dispatcher import Dispatcher

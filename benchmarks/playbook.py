@@ -33,7 +33,7 @@ from memq.analysis import analyze  # noqa: E402
 from memq.analysis.limits import observer_facts  # noqa: E402
 from memq.analysis.ranks import diagnose_ranks, rank_facts_from  # noqa: E402
 from memq.load import decode_snapshot_bytes, load_snapshot_file  # noqa: E402
-from memq.store.service import oom_context  # noqa: E402
+from memq.pipeline.analyse import oom_context  # noqa: E402
 from memq.units import fmt_bytes  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -2,7 +2,7 @@
 
 `analyze(st, snapshot_id, task_id)`: lease the snapshot (one conditional UPDATE: of two deliveries of
 the same snapshot one wins), attach the analysis exactly as `memq ingest` does
-(`memq.store.service.analyse_snapshot`: reused when (sha256, analyzer version, context) was
+(`memq.pipeline.analyse.analyse_snapshot`: reused when (sha256, analyzer version, context) was
 already analysed, else computed from the blob store and upserted), mark an OOM run `oom`, and
 schedule the run-level diagnosis. A delivery of the same task id that finds the snapshot leased is the
 same task coming back (a retry after an outage, or a redelivery after its pool process died): it
@@ -12,7 +12,7 @@ Outcomes: analysed | reused | done (nothing to do) | leased (another task holds 
 (bad data: state failed with the reason, plus a dead letter) | retry (state back to pending,
 enqueued again) | failed (out of attempts) | missing (no such row).
 
-`recompute(st, run_id, rank)`: the run-level diagnosis (`service.recompute_run`: the digests stored
+`recompute(st, run_id, rank)`: the run-level diagnosis (`memq.pipeline.analyse.recompute_run`: the digests stored
 with the rank's analyses, plus the newest snapshot, usually still in this process's cache), debounced
 per run and rank by `schedule_recompute`: at most one pending recompute, which runs once no
 snapshot of the run finished for a quiet period (max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last
@@ -134,13 +134,13 @@ def _decode_frozen(store, sha256: str, name: str | None):
     walk them again (a fifth of a worker's CPU under load, measured with py-spy). Reference counting
     still frees them. The collect first frees cyclic garbage made so far, which would otherwise be
     frozen with the snapshot for good."""
-    from memq.store import service
+    from memq.store.blob_snapshots import load_blob
 
     gc.collect()
     was = gc.isenabled()
     gc.disable()
     try:
-        ld = service.load_blob(store, sha256, name)
+        ld = load_blob(store, sha256, name)
         gc.freeze()
     finally:
         if was:
@@ -220,7 +220,7 @@ def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease |
 def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders: Senders | None = None) -> str:
     """See the module docstring. `senders` re-enqueue it and schedule the run diagnosis (tasks pass
     theirs); only an outcome that sends work needs them."""
-    from memq.store import service
+    from memq.pipeline import analyse
 
     store = _store(st)
     lease, how = _claim(st, snapshot_id, task_id)
@@ -235,12 +235,12 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders:
         run = s.execute(select(Run.optimizer).where(Run.id == lease.run_id)).one()
         row = s.execute(select(Snapshot.sha256, Snapshot.context, Snapshot.source)
                         .where(Snapshot.id == snapshot_id)).one()
-        _, version = service.analyzer()
+        _, version = analyse.analyzer()
         known = repo.find_analysis(s, row.sha256, version, repo.context_key(row.context)) is not None
     try:
         # decoded here (not inside analyse_snapshot) so that the run diagnosis can reuse it
         loaded = None if known else _cached_load(store, row.sha256, row.source)
-        _, computed = service.analyse_snapshot(store, snapshot_id, loaded, optimizer=run.optimizer)
+        _, computed = analyse.analyse_snapshot(store, snapshot_id, loaded, optimizer=run.optimizer)
     except NotFound as exc:
         quarantine(st, snapshot_id, f"blob missing: {exc}")
         return "quarantined"
@@ -381,7 +381,7 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     """The run-level diagnosis of one rank; returns its primary cause, or "deferred" when the run
     is still receiving snapshots (then it is enqueued again for when it goes quiet, within the
     longest wait counted from the first snapshot it waits for)."""
-    from memq.store import service
+    from memq.pipeline import analyse
 
     r = runtime.redis_client(st.redis_url)
     key = runtime.run_diag_key(st, run_id, rank)
@@ -401,7 +401,7 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
         pass
     store = _store(st)
     t0 = time.monotonic()
-    result = service.recompute_run(store, run_id, rank, load=lambda sha, src: _cached_load(store, sha, src))
+    result = analyse.recompute_run(store, run_id, rank, load=lambda sha, src: _cached_load(store, sha, src))
     took = time.monotonic() - t0
     if _is_oom(result):
         with store.session() as s:
@@ -418,10 +418,10 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
 
 
 def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_time: float | None) -> str:
-    """A stats batch's per-step figures move the rank's OOM forecast on (service.refresh_forecast)."""
-    from memq.store import service
+    """A stats batch's per-step figures move the rank's OOM forecast on (memq.pipeline.analyse.refresh_forecast)."""
+    from memq.pipeline import analyse
 
-    return service.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
+    return analyse.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
 
 
 # ---------------------------------------------------------------------------------- what-if sweeps
@@ -437,9 +437,9 @@ def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
 
 def sweep(st: Settings, snapshot_id: int) -> str:
     """The standard what-if sweep of one OOM snapshot under its run's limit, seeded by the rank's
-    earlier snapshots (memq.store.sweeps); stored once per inputs. Returns swept | reused |
+    earlier snapshots (memq.pipeline.sweeps); stored once per inputs. Returns swept | reused |
     skipped (not an OOM, blob gone, bad data: the analysis already records why)."""
-    from memq.store import sweeps
+    from memq.pipeline import sweeps
 
     store = _store(st)
     try:
@@ -503,7 +503,7 @@ def reap(st: Settings, senders: Senders, limit: int = 1000) -> dict[str, int]:
 def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     """(run, rank) pairs whose analysed snapshots are not all in their run-level diagnosis, once
     the last diagnosis is older than the debounce delay."""
-    from memq.store.service import MAX_RUN_SNAPSHOTS
+    from memq.pipeline.analyse import MAX_RUN_SNAPSHOTS
 
     store = _store(st)
     with store.session() as s:

@@ -83,7 +83,7 @@ def real_cap(limit: Any, total: Any) -> int | None:
 
 def observer_facts(oom: Mapping[str, Any], run_limit: int | None = None, run_total: int | None = None,
                    max_message: int = 4000) -> dict[str, Any]:
-    """The analysis context stored with an agent's OOM snapshot (see store.service.oom_context), from the
+    """The analysis context stored with an agent's OOM snapshot (see pipeline.analyse.oom_context), from the
     observer's payload (`alloc`, `device_alloc`, `device_free`, `device_total`, `message`) and what the
     run announced: its cap wins, else the observer's device_alloc when it is below the device total."""
     total = _int(oom.get("device_total")) or run_total

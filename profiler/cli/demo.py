@@ -38,7 +38,7 @@ def demo_store(database_url: str | None = None):
 
 def run_demo(store) -> dict:
     """Ingest every demo run; returns {"runs": [...ingest reports...], "compare": ...}."""
-    from memq.store import service
+    from memq.pipeline import ingest as ingesting
     from memq.store.queries import RunFilter, compare_runs, list_runs
     from memq.store.repository import RunMeta
 
@@ -49,13 +49,13 @@ def run_demo(store) -> dict:
         meta = RunMeta(name=r["run"], job=r.get("job"), cluster=r.get("cluster"), labels=r.get("labels", {}),
                        torch_version=r.get("torch_version"), cuda_version=r.get("cuda_version"),
                        gpu_model=r.get("gpu"), optimizer=r.get("optimizer"), param_count=r.get("params"))
-        inputs = [service.SnapshotInput(path=str(base / s["file"]), step=s.get("step"), epoch=s.get("epoch"),
+        inputs = [ingesting.SnapshotInput(path=str(base / s["file"]), step=s.get("step"), epoch=s.get("epoch"),
                                         trigger=s.get("trigger"), oom_message=s.get("oom_message"))
                   for s in r["snapshots"]]
-        rep = service.ingest_files(store, meta, inputs, limit_bytes=r.get("limit"),
+        rep = ingesting.ingest_files(store, meta, inputs, limit_bytes=r.get("limit"),
                                    device_total_bytes=r.get("device_total"))
         if r.get("stats"):
-            service.ingest_stats(store, r["run"], service.iter_stats_jsonl(base / r["stats"]))
+            ingesting.ingest_stats(store, r["run"], ingesting.iter_stats_jsonl(base / r["stats"]))
         reports.append(rep.as_dict() | {"about": r.get("about")})
     with store.session() as s:
         cmp = compare_runs(s, "demo-sgd", "demo-adamw")

@@ -62,12 +62,12 @@ def _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, 
                  optimizer=optimizer.lower() if optimizer else None, limit=limit, limit_source=limit_source)
     if run_name:
         from memq.cli._listing import open_cli_store
-        from memq.store.fit_source import fit_for_run
+        from memq.pipeline.fit import fit_for_run
 
         return fit_for_run(open_cli_store(), run_name, rank, q)
     from memq.config import load_settings
     from memq.load import load_snapshot_file
-    from memq.store.fit_source import answer_for
+    from memq.pipeline.fit import answer_for
 
     cap = load_settings().decode_max_bytes
     loaded = [load_snapshot_file(f, max_bytes=cap) for f in files]

@@ -65,7 +65,7 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
            stats_path, status, host, username, project, torch_version, cuda_version, driver_version, gpu_model,
            optimizer, param_count, world_size, allocator_conf, as_json):
     """Analyse snapshot FILEs of one run (in time order) and store them in the run history."""
-    from memq.store import service
+    from memq.pipeline import ingest as ingesting
     from memq.store.repository import RunMeta
 
     if len(files) > 1 and (step is not None or epoch is not None):
@@ -82,7 +82,7 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
                    driver_version=driver_version, gpu_model=gpu_model, optimizer=optimizer,
                    param_count=param_count, world_size=world_size, allocator_conf=allocator_conf,
                    status=status)
-    inputs = [service.SnapshotInput(path=f, step=step, epoch=epoch, trigger=trigger,
+    inputs = [ingesting.SnapshotInput(path=f, step=step, epoch=epoch, trigger=trigger,
                                     oom_message=oom_message if i == len(files) - 1 else None)
               for i, f in enumerate(files)]
     store = open_cli_store()
@@ -90,9 +90,9 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
     try:
         if prog is not None:
             prog.start()
-        report = service.ingest_files(store, meta, inputs, rank=rank, limit_bytes=limit,
+        report = ingesting.ingest_files(store, meta, inputs, rank=rank, limit_bytes=limit,
                                       device_total_bytes=device_total, progress=advance)
-        n_stats = service.ingest_stats(store, run_name, service.iter_stats_jsonl(stats_path), rank) \
+        n_stats = ingesting.ingest_stats(store, run_name, ingesting.iter_stats_jsonl(stats_path), rank) \
             if stats_path else 0
     finally:
         if prog is not None:
@@ -138,10 +138,10 @@ def _print_report(doc: dict) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def reanalyze(run_name, force, as_json):
     """Recompute stored results from the raw snapshots with this memq's analyzer version."""
-    from memq.store import service
+    from memq.pipeline import analyse
 
     store = open_cli_store()
-    report = service.reanalyze(store, run_name, force=force)
+    report = analyse.reanalyze(store, run_name, force=force)
     doc = report.as_dict()
     if as_json:
         write_json(doc)

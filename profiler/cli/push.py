@@ -50,8 +50,8 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     from memq.config import load_settings, redact_url
     from memq.errors import BadInput, BrokerUnavailable
     from memq.load import decode_snapshot_bytes, read_bytes
+    from memq.pipeline.ingest import infer_from_name
     from memq.redis_client import make_client
-    from memq.store.service import infer_from_name
 
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "

@@ -99,8 +99,8 @@ def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]
 
 def _from_run(run_name, rank, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
     from memq.cli._listing import open_cli_store
+    from memq.pipeline.sweeps import replay_for_run
     from memq.store.blob_snapshots import load_blob
-    from memq.store.sweeps import replay_for_run
 
     store = open_cli_store()
     doc = replay_for_run(store, run_name, rank, list(confs), sweep=sweep, limit_bytes=limit,

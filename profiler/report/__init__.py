@@ -55,9 +55,10 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
     Returns (document, {format: rendered text}): every format when saving, else `formats`.
     `simulate`: replay the top fragmented runs under the proposed setting (needs their blobs)."""
+    from memq.pipeline.sweeps import whatif_simulator
     from memq.report.data import build_report, stored_summary
     from memq.store import repository as repo
-    from memq.store.report_source import SqlReportSource, whatif_simulator
+    from memq.store.report_source import SqlReportSource
 
     with store.session() as s:
         doc = build_report(SqlReportSource(s), day, scope, now=now,

@@ -1,14 +1,11 @@
-"""What-if sweeps of OOM snapshots: computed by a worker (and `memq ingest`), stored, read back.
+"""What-if sweeps as rows: the plan of one OOM snapshot's sweep (its limit and seeds) and the stored
+results (the use case that computes them is pipeline/sweeps.py).
 
-- `sweep_snapshot(store, snapshot_id, load=None)`: the standard sweep (`memq whatif --sweep`'s
-  settings) of one OOM snapshot under its run's own limit, with the same rank's earlier snapshots
-  that carry a trace as seeds (profiler/analysis/whatif.py); upserted into `whatif_sweeps`, keyed by
-  (sha256, version, context). Snapshots that are not OOMs are skipped; a sweep already stored for the
-  same inputs is reused.
+- `plan_for(session, snapshot_id)`: what a sweep of that snapshot replays: its blob, its run's limit,
+  and the same rank's earlier snapshots that carry a trace (seeds).
+- `store_sweep(session, ...)`: upserted into `whatif_sweeps`, keyed by (sha256, version, context).
 - `sweeps_by_sha(session, shas)`: the newest stored sweep of the current version per snapshot bytes
-  (what `memq history` shows per OOM snapshot).
-- `replay_for_run(store, run, rank, confs, limit)`: `memq whatif --run`: the run's last OOM snapshot
-  (else its last snapshot) and its limit, from the history.
+  (what `memq history` shows per OOM snapshot); `attach_sweeps` adds them to listed snapshots.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from memq.errors import MemqError, NotFound
+from memq.errors import NotFound
 from memq.store import repository as repo
-from memq.store.connection import Store
 from memq.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
 
 #: Earlier snapshots (newest first, with a trace) a sweep replays before the OOM snapshot's window.
@@ -121,82 +117,12 @@ def plan_for(session, snapshot_id: int) -> SweepPlan:
                      recorded_oom=recorded_oom, earlier=earlier)
 
 
-def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
-             limit_bytes: int | None = None, sweep: bool = False) -> dict[str, Any]:
-    """Replay a plan (decoding its blobs with `load(sha256, source)`) under the recorded settings,
-    `confs`, and the standard sweep when `sweep` or no confs are given; the stored document."""
-    from memq.analysis.whatif import run_whatif, sweep_confs
-
-    target = load(plan.target.sha256, plan.target.source)
-    earlier, used = [], []
-    for ref in plan.earlier:
-        try:
-            earlier.append(load(ref.sha256, ref.source).snapshot)
-            used.append(ref)
-        except MemqError:
-            continue  # a blob gone or refused: seed with the others
-    snap = target.snapshot
-    wanted = [""]
-    for c in list(confs or []) + (sweep_confs(snap) if sweep or confs is None else []):
-        if c not in wanted:
-            wanted.append(c)
-    limit = limit_bytes if limit_bytes is not None else plan.limit_bytes
-    results = run_whatif(snap, limit, wanted, earlier=earlier, recorded_oom=plan.recorded_oom or None)
-    out = []
-    for r in results:
-        d = r.to_dict()
-        inputs = d.get("inputs") or {}
-        for k in ("joined", "seeds"):  # indices into `earlier` -> the user's terms
-            inputs[k] = [used[i].describe() for i in inputs.get(k) or [] if i < len(used)]
-        d["inputs"] = inputs
-        out.append(d)
-    return {"snapshot": plan.target.describe(), "run": plan.run_name, "limit_bytes": limit,
-            "limit_source": "--limit" if limit_bytes is not None else plan.limit_source,
-            "recorded_oom": plan.recorded_oom, "confs": wanted, "results": out}
-
-
-def _default_load(store: Store) -> Loader:
-    from memq.store.blob_snapshots import load_blob
-
-    return lambda sha, src: load_blob(store, sha, src)
-
-
-def sweep_snapshot(store: Store, snapshot_id: int, load: Loader | None = None) -> tuple[int | None, bool]:
-    """The stored sweep of one OOM snapshot: (its id, whether it was computed now); (None, False) for
-    a snapshot that is not an OOM or whose blob is gone."""
-    version = sweep_version()
-    with store.session() as s:
-        plan = plan_for(s, snapshot_id)
-        if not plan.recorded_oom:
-            return None, False
-        key = plan.context_key()
-        sid = s.execute(select(WhatIfSweep.id).where(
-            WhatIfSweep.sha256 == plan.target.sha256, WhatIfSweep.analyzer_version == version,
-            WhatIfSweep.context_key == key)).scalar_one_or_none()
-    if sid is not None:
-        return int(sid), False
-    try:
-        doc = run_plan(plan, load or _default_load(store))
-    except NotFound:
-        return None, False
-    with store.session() as s:
-        return store_sweep(s, plan.target.sha256, version, key, plan.limit_bytes, doc), True
-
-
 def oom_snapshot_ids(session, run_id: int, rank: int) -> list[int]:
     """The rank's analysed OOM snapshots (trigger oom, or an OOM in their analysis): what gets swept."""
     rows = session.execute(select(Snapshot.id, Snapshot.trigger, AnalysisResult.oom_requested_bytes)
                            .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
                            .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
     return [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
-
-
-def sweep_rank(store: Store, run_id: int, rank: int, load: Loader | None = None) -> int:
-    """Sweep every analysed OOM snapshot of one run's rank (stored ones are reused); returns how many
-    were computed now."""
-    with store.session() as s:
-        ids = oom_snapshot_ids(s, run_id, rank)
-    return sum(sweep_snapshot(store, sid, load)[1] for sid in ids)
 
 
 def store_sweep(session, sha256: str, version: str, key: str, limit_bytes: int | None, doc: dict) -> int:
@@ -244,34 +170,3 @@ def attach_sweeps(session, snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for s in snaps:
         s["whatif"] = found.get(s.get("sha256"))
     return snaps
-
-
-def target_for_run(session, run_name: str, rank: int | None = None) -> int:
-    """The snapshot `memq whatif --run` replays: the run's last OOM snapshot (of `rank` when given),
-    else its last snapshot."""
-    run_id = repo.run_id_for(session, run_name)
-    q = (select(Snapshot.id, Snapshot.trigger, AnalysisResult.result["oom"].label("oom"))
-         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-         .where(Snapshot.run_id == run_id))
-    if rank is not None:
-        q = q.where(Snapshot.rank == rank)
-    rows = session.execute(q.order_by(Snapshot.taken_at.desc(), Snapshot.id.desc())).all()
-    if not rows:
-        raise NotFound(f"run {run_name!r} has no snapshot" + (f" of rank {rank}" if rank is not None else ""),
-                       hint="nothing to replay: `memq history --run " + run_name + "` lists what it has")
-    for r in rows:
-        if r.trigger == "oom" or isinstance(r.oom, dict):
-            return int(r.id)
-    return int(rows[0].id)
-
-
-def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[str], sweep: bool = False,
-                   limit_bytes: int | None = None, load: Loader | None = None) -> dict[str, Any]:
-    """`memq whatif --run`: the document of `run_plan` for the run's target snapshot."""
-    with store.session() as s:
-        plan = plan_for(s, target_for_run(s, run_name, rank))
-    return run_plan(plan, load or _default_load(store), confs=list(confs), limit_bytes=limit_bytes, sweep=sweep)
-
-
-__all__ = ["MAX_SEEDS", "SweepPlan", "attach_sweeps", "oom_snapshot_ids", "plan_for", "replay_for_run", "run_plan", "store_sweep",
-           "sweep_rank", "sweep_snapshot", "sweep_version", "sweeps_by_sha", "target_for_run"]

@@ -275,7 +275,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     def fit_doc(request: Request) -> dict:
         from memq.analysis.fit import OPTIMIZER_NAMES, Question
-        from memq.store.fit_source import fit_for_run
+        from memq.pipeline.fit import fit_for_run
         from memq.units import parse_size
 
         q = query(request)

@@ -89,7 +89,7 @@ def spool_run(folder: Path) -> tuple[list, OomContext | None, list[str | None]]:
     context from the last OOM envelope's observer payload (as the dispatcher stores it), triggers.
     One rank's: pass a rank's folder for a multi-rank spool."""
     from memq.analysis.limits import observer_facts
-    from memq.store.service import oom_context as stored_context
+    from memq.pipeline.analyse import oom_context as stored_context
 
     snaps, triggers, ctx, start = [], [], None, {}
     for f in sorted(folder.rglob("*.mqs")):

@@ -42,8 +42,8 @@ from memq.analysis.ranks import (
 )
 from memq.load import load_snapshot_file
 from memq.model import OomContext
+from memq.pipeline.analyse import oom_context
 from memq.snapshot import parse_snapshot
-from memq.store.service import oom_context
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 REAL = FIX / "real"

@@ -5,8 +5,8 @@ diagnosis a worker computes must name them by where in the run they were taken. 
 from __future__ import annotations
 
 from memq.load import load_snapshot_file
+from memq.pipeline import analyse
 from memq.store import repository as repo
-from memq.store import service
 from tests.helpers import FIXTURES
 
 LEAK = FIXTURES / "captured" / "leak_epochs"
@@ -29,7 +29,7 @@ def test_run_diagnosis_speaks_of_epochs_and_steps_not_stream_ids(store):
                 context={"requested_bytes": 262144000} if oom else {}))
         ids.append(sid)
     for sid in ids:
-        out = service.process_snapshot(store, sid)
+        out = analyse.process_snapshot(store, sid)
         assert out.state == "done"
     diag = out.run_diagnosis["diagnosis"]
     assert diag["primary_cause"] == "leak"

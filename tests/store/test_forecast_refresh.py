@@ -1,4 +1,4 @@
-"""A stats batch moves a stored OOM forecast on (service.refresh_forecast), on SQLite and PostgreSQL: the
+"""A stats batch moves a stored OOM forecast on (analyse.refresh_forecast), on SQLite and PostgreSQL: the
 run diagnosis' forecast and the run's forecast columns change, nothing else; the same batch twice is
 one change; a run with no diagnosis is left alone."""
 
@@ -8,8 +8,8 @@ import json
 
 from sqlalchemy import select
 
+from memq.pipeline import analyse, ingest
 from memq.store import repository as repo
-from memq.store import service
 from memq.store.orm import Run, RunDiagnosis
 from tests.analysis.agent_data import FORECAST, spool_files, spool_run
 
@@ -19,8 +19,8 @@ CAP = json.loads((FORECAST / "truth.json").read_text())["val_logits"]["defaults"
 
 def _ingest_first(store, tmp_path, n: int) -> int:
     files = spool_files(SPOOL, tmp_path / "files")[:n]
-    service.ingest_files(store, repo.RunMeta(name="fc-refresh", status="running"),
-                         [service.SnapshotInput(path=str(f)) for f in files], limit_bytes=CAP)
+    ingest.ingest_files(store, repo.RunMeta(name="fc-refresh", status="running"),
+                         [ingest.SnapshotInput(path=str(f)) for f in files], limit_bytes=CAP)
     with store.session() as s:
         return s.execute(select(Run.id).where(Run.name == "fc-refresh")).scalar_one()
 
@@ -44,17 +44,17 @@ def test_refresh_moves_the_forecast_and_nothing_else(store, tmp_path):
     before, cause, _col = _stored(store, rid)
     assert before["forecast"]["oom_expected"] is True
     figs = _later_figures()
-    assert service.refresh_forecast(store, rid, 0, figs, 1.8e9) == "refreshed"
+    assert analyse.refresh_forecast(store, rid, 0, figs, 1.8e9) == "refreshed"
     after, cause2, col = _stored(store, rid)
     assert after["forecast"]["as_of_step"] == max(f["step"] for f in figs) > before["forecast"]["as_of_step"]
     assert after["forecast"]["as_of_time"] == 1.8e9 and col == after["forecast"]["step"]
     assert after["diagnosis"] == before["diagnosis"] and cause2 == cause
     assert after["forecast"]["site"] == before["forecast"]["site"]
     # the same batch again adds nothing
-    assert service.refresh_forecast(store, rid, 0, figs, 1.8e9) == "unchanged"
+    assert analyse.refresh_forecast(store, rid, 0, figs, 1.8e9) == "unchanged"
 
 
 def test_no_diagnosis_is_left_alone(store):
     with store.session() as s:
         rid = repo.upsert_run(s, repo.RunMeta(name="bare"))
-    assert service.refresh_forecast(store, rid, 0, _later_figures(), None) == "none"
+    assert analyse.refresh_forecast(store, rid, 0, _later_figures(), None) == "none"

@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import func, select
 
 import memq.analysis
-from memq.store import queries, service
+from memq.pipeline import analyse, ingest
+from memq.store import blob_snapshots, queries
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 from tests.helpers import REAL, REAL_RUNS, meta, run_files
@@ -15,8 +16,8 @@ from tests.helpers import REAL, REAL_RUNS, meta, run_files
 def _ingest(store, folder: str, name: str | None = None, **meta_kw):
     _, opts = REAL_RUNS[folder]
     m = meta(folder)
-    inputs = [service.SnapshotInput(path=str(p)) for p in run_files(folder)]
-    return service.ingest_files(store, repo.RunMeta(name=name or folder, **meta_kw), inputs,
+    inputs = [ingest.SnapshotInput(path=str(p)) for p in run_files(folder)]
+    return ingest.ingest_files(store, repo.RunMeta(name=name or folder, **meta_kw), inputs,
                                 limit_bytes=opts.get("limit"), device_total_bytes=opts.get("device_total")), m
 
 
@@ -53,7 +54,7 @@ def test_same_bytes_under_two_runs_share_one_blob_and_one_analysis(store, tmp_pa
 
 def test_history_orders_snapshots_in_time_and_reports_changes(store):
     _ingest(store, "seed_sgd", optimizer="SGD")
-    n = service.ingest_stats(store, "seed_sgd", service.iter_stats_jsonl(REAL / "seed_sgd" / "stats.jsonl"))
+    n = ingest.ingest_stats(store, "seed_sgd", ingest.iter_stats_jsonl(REAL / "seed_sgd" / "stats.jsonl"))
     assert n == 45
     with store.session() as s:
         h = queries.run_history(s, "seed_sgd")
@@ -94,10 +95,10 @@ def test_versions_flags_a_regression(store):
 def test_reanalyze_recomputes_from_blobs_once_per_version(store, monkeypatch):
     _ingest(store, "frag_synthetic")
     _ingest(store, "frag_synthetic", name="copy")
-    rep = service.reanalyze(store)
+    rep = analyse.reanalyze(store)
     assert rep.snapshots_considered == 0 and rep.runs_recomputed == 0  # all current
     monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.0-test")
-    rep = service.reanalyze(store)
+    rep = analyse.reanalyze(store)
     assert rep.snapshots_considered == 4
     assert rep.analysed == 2 and rep.reused == 2  # the copy reuses the new results: same bytes, same context
     assert rep.runs_recomputed == 2
@@ -106,14 +107,14 @@ def test_reanalyze_recomputes_from_blobs_once_per_version(store, monkeypatch):
         diag_versions = set(s.execute(select(RunDiagnosis.analyzer_version)).scalars())
         assert s.execute(select(Run.primary_cause).where(Run.name == "copy")).scalar_one() == "fragmentation"
     assert versions == {"99.0-test"} and diag_versions == {"99.0-test"}
-    assert service.reanalyze(store, "copy").snapshots_considered == 0
+    assert analyse.reanalyze(store, "copy").snapshots_considered == 0
 
 
 def test_multi_rank_runs_keep_ranks_apart(store):
     files = [str(p) for p in run_files("frag_synthetic")]
     meta_ = repo.RunMeta(name="ddp", world_size=2)
-    service.ingest_files(store, meta_, [service.SnapshotInput(files[0])], rank=0, limit_bytes=8589934592)
-    service.ingest_files(store, meta_, [service.SnapshotInput(p) for p in files], rank=1, limit_bytes=8589934592)
+    ingest.ingest_files(store, meta_, [ingest.SnapshotInput(files[0])], rank=0, limit_bytes=8589934592)
+    ingest.ingest_files(store, meta_, [ingest.SnapshotInput(p) for p in files], rank=1, limit_bytes=8589934592)
     with store.session() as s:
         all_ranks = queries.run_history(s, "ddp")
         r1 = queries.run_history(s, "ddp", rank=1)
@@ -129,7 +130,7 @@ def test_blobs_left_missing_are_reported_not_fatal(store, tmp_path, monkeypatch)
     for p in (tmp_path / "blobs").rglob("*.zst"):
         p.unlink()
     monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.1-test")
-    rep = service.reanalyze(store)
+    rep = analyse.reanalyze(store)
     assert rep.missing_blobs == 1 and rep.failed == 0
 
 
@@ -150,11 +151,11 @@ def test_process_snapshot_is_the_worker_path(store):
                 run_id=rid, sha256=ld.sha256, size_bytes=ld.raw_size, blob_ref=ref, step=i,
                 trigger="oom" if i else "periodic", context={"limit_bytes": 8589934592}))
         ids.append(sid)
-    first = service.process_snapshot(store, ids[0])
+    first = analyse.process_snapshot(store, ids[0])
     assert first.state == "done" and first.analysed
-    last = service.process_snapshot(store, ids[1])
+    last = analyse.process_snapshot(store, ids[1])
     assert last.run_diagnosis["diagnosis"]["primary_cause"] == "fragmentation"
-    assert service.process_snapshot(store, ids[1]).state == "skipped"  # duplicate delivery
+    assert analyse.process_snapshot(store, ids[1]).state == "skipped"  # duplicate delivery
     with store.session() as s:
         assert s.execute(select(Run.primary_cause).where(Run.id == rid)).scalar_one() == "fragmentation"
 
@@ -166,7 +167,7 @@ def test_process_snapshot_is_the_worker_path(store):
     with store.session() as s:
         sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(run_id=rid, sha256=sha, size_bytes=len(bad)))
     with pytest.raises(SnapshotError):
-        service.process_snapshot(store, sid)
+        analyse.process_snapshot(store, sid)
     with store.session() as s:
         state, err = s.execute(select(Snapshot.state, Snapshot.last_error).where(Snapshot.id == sid)).one()
     assert state == "failed" and "SnapshotError" in err
@@ -187,7 +188,7 @@ def test_files_without_trace_times_keep_the_given_order(store, tmp_path):
         (tmp_path / name).write_bytes(gzip.compress(pickle.dumps(raw)))
         paths.append(str(tmp_path / name))
     order = [paths[0], str(src[1]), paths[1], str(src[3])]
-    service.ingest_files(store, repo.RunMeta(name="mixed"), [service.SnapshotInput(p) for p in order])
+    ingest.ingest_files(store, repo.RunMeta(name="mixed"), [ingest.SnapshotInput(p) for p in order])
     with store.session() as s:
         h = queries.run_history(s, "mixed")
     assert [x["source"] for x in h["snapshots"]] == order
@@ -209,7 +210,7 @@ def test_run_diagnosis_reads_earlier_snapshots_from_digests_not_blobs(store, tmp
     assert len(removed) == 3
     for p in removed:
         p.unlink()
-    after = service.recompute_run(store, report.run_id, 0)
+    after = analyse.recompute_run(store, report.run_id, 0)
     assert after == before  # nothing lost with the blobs: the digests carry the earlier snapshots
     assert len(after["details"]["per_snapshot"]) == 4
 
@@ -226,27 +227,27 @@ def test_analyses_stored_without_digest_get_one_at_the_next_run_diagnosis(store)
 
     def load(sha, src):
         calls.append(sha)
-        return service.load_blob(store, sha, src)
+        return blob_snapshots.load_blob(store, sha, src)
 
-    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert analyse.recompute_run(store, report.run_id, 0, load=load) == before
     assert len(calls) == 4  # every snapshot decoded once
     with store.session() as s:
         assert s.execute(select(func.count()).where(AnalysisResult.digest.is_(None))).scalar_one() == 0
     calls.clear()
-    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert analyse.recompute_run(store, report.run_id, 0, load=load) == before
     assert len(calls) == 1  # now only the newest
     with store.session() as s:  # a digest of another format is replaced the same way
         s.execute(update(AnalysisResult).values(digest={"format": 0}))
     calls.clear()
-    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert analyse.recompute_run(store, report.run_id, 0, load=load) == before
     assert len(calls) == 4
     calls.clear()
-    assert service.recompute_run(store, report.run_id, 0, load=load) == before
+    assert analyse.recompute_run(store, report.run_id, 0, load=load) == before
     assert len(calls) == 1
 
 
 def test_digests_outside_the_window_of_a_run_diagnosis_are_dropped(store, monkeypatch):
-    monkeypatch.setattr(service, "MAX_RUN_SNAPSHOTS", 2)
+    monkeypatch.setattr(analyse, "MAX_RUN_SNAPSHOTS", 2)
     report, _ = _ingest(store, "seed_sgd", optimizer="SGD")
     ids = [x.snapshot_id for x in report.snapshots]  # time order
     with store.session() as s:
@@ -256,8 +257,8 @@ def test_digests_outside_the_window_of_a_run_diagnosis_are_dropped(store, monkey
     # the oldest bytes are also the newest snapshot of another run: that run's diagnosis fills the
     # digest in again (one decode), and the first run's diagnoses no longer drop it (shared)
     first = run_files("seed_sgd")[0]
-    service.ingest_files(store, repo.RunMeta(name="other"), [service.SnapshotInput(path=str(first))])
-    service.recompute_run(store, report.run_id, 0)
+    ingest.ingest_files(store, repo.RunMeta(name="other"), [ingest.SnapshotInput(path=str(first))])
+    analyse.recompute_run(store, report.run_id, 0)
     with store.session() as s:
         has = dict(s.execute(select(Snapshot.id, AnalysisResult.digest.is_not(None))
                              .join(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)).all())

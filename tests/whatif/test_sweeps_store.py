@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from memq.cli import cli
+from memq.pipeline import analyse, ingest
 from memq.store import repository as repo
-from memq.store import service
 from memq.store.orm import WhatIfSweep
 from tests.helpers import FIXTURES
 
@@ -20,9 +20,9 @@ CAP = 18484297728
 
 
 def _ingest(store, name="gc"):
-    inputs = [service.SnapshotInput(path=str(GC / f)) for f in ("epoch0.pickle.gz", "epoch1.pickle.gz",
+    inputs = [ingest.SnapshotInput(path=str(GC / f)) for f in ("epoch0.pickle.gz", "epoch1.pickle.gz",
                                                                   "oom.pickle.gz")]
-    return service.ingest_files(store, repo.RunMeta(name=name), inputs, limit_bytes=CAP)
+    return ingest.ingest_files(store, repo.RunMeta(name=name), inputs, limit_bytes=CAP)
 
 
 def _sweeps(store) -> int:
@@ -36,7 +36,7 @@ def test_ingest_stores_one_sweep_per_oom_snapshot_and_history_shows_it(store, me
     _ingest(store)  # the same files again: the stored sweep is found, nothing added
     _ingest(store, name="gc-again")  # the same bytes under another run: the same sweep is shared
     assert _sweeps(store) == 1
-    service.reanalyze(store, "gc", force=True)
+    analyse.reanalyze(store, "gc", force=True)
     assert _sweeps(store) == 1
 
     r = CliRunner().invoke(cli, ["history", "--run", "gc", "--json"])
@@ -98,7 +98,7 @@ def test_agent_default_oom_without_trace_is_stored_as_not_assessable(store, memq
     path = tmp_path / "oom.pickle"
     path.write_bytes(pickle.dumps(codec.decode(oom.blob), protocol=4))
     payload = json.loads(oom.fields["payload"])["oom"]
-    service.ingest_files(store, repo.RunMeta(name="agent-oom"), [service.SnapshotInput(
+    ingest.ingest_files(store, repo.RunMeta(name="agent-oom"), [ingest.SnapshotInput(
         path=str(path), oom_message=payload["message"], requested_bytes=payload["alloc"])],
         limit_bytes=payload["device_alloc"])
     doc = json.loads(CliRunner().invoke(cli, ["history", "--run", "agent-oom", "--json"]).output)

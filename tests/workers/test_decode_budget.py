@@ -4,7 +4,7 @@ redis-server, as a process whose own peak RSS (wait4) is asserted under MEMQ_DEC
 - past the budget's cap it is dead-lettered with the reason, and the good snapshot behind it is stored;
 - within a larger cap it is verified by streaming (sha256 and size) and stored, while the dispatcher
   stays far below the 256 MiB it inflated;
-- the worker's decode of a stored bomb (service.load_blob) is a TooLarge bad input, in bounded memory.
+- the worker's decode of a stored bomb (blob_snapshots.load_blob) is a TooLarge bad input, in bounded memory.
 """
 
 from __future__ import annotations
@@ -105,10 +105,10 @@ def test_worker_decode_of_a_stored_bomb_is_bad_input_in_bounded_memory(tmp_path)
     from memq.store.blobs import BlobStore
 
     BlobStore(tmp_path / "blobs", max_bytes=2 * size).put_encoded(bomb_sha, data, "gzip", size=size)
-    script = ("from memq.store.connection import open_store; from memq.store import service; "
+    script = ("from memq.store.connection import open_store; from memq.store import blob_snapshots; "
               "from memq.errors import TooLarge\n"
               "try:\n"
-              f"    service.load_blob(open_store(), {bomb_sha!r})\n"
+              f"    blob_snapshots.load_blob(open_store(), {bomb_sha!r})\n"
               "except TooLarge as exc:\n"
               "    print('TooLarge', exc)\n")
     rc, out, err, rss = peak_rss([sys.executable, "-c", script], env=env, timeout=300)

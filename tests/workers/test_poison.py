@@ -355,7 +355,7 @@ def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world,
     every time: the snapshot is failed with the reason after one attempt (not retried five times),
     and a dead letter records it. The snapshot row comes from the real dispatcher; the analysis
     itself is made to raise (no real snapshot recurses that deep past the decoder's nesting check)."""
-    from memq.store import service
+    from memq.pipeline import analyse
     from memq.workers import jobs
 
     env, st, r = world
@@ -368,7 +368,7 @@ def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world,
     def boom(*_a, **_k):
         raise error
 
-    monkeypatch.setattr(service, "analyse_snapshot", boom)
+    monkeypatch.setattr(analyse, "analyse_snapshot", boom)
     assert jobs.analyze(st, sid, task_id="t1") == "quarantined"
     with jobs._store(st).session() as s:
         from sqlalchemy import select
