@@ -51,7 +51,12 @@ class Finding:
 
 @dataclass
 class Facts:
-    """Everything the tests read. Sizes in bytes; None = unknown."""
+    """Everything the tests read. Sizes in bytes; None = unknown.
+
+    The short names are ARCHITECTURE.md's notation ("Causes"), kept so each test reads like its
+    definition: S = the failed request; S_min = the smallest request that rounds to S; A = bytes of
+    active blocks; A_req = their requested sizes; R = reserved (the segments' total); `limit` = LIMIT,
+    what the allocator may reserve in total."""
 
     has_oom: bool
     S: int | None
