@@ -124,7 +124,8 @@ def main() -> None:
             ok = row["time_ratio"] <= 1.0 and row["rss_ratio"] <= 1.0 and (events < 1e6 or med["memq"]["wall_s"] <= 10)
             print(f"{label:>24} ({raw_size / 1e6:.0f} MB pickle): plain {med['plain']['cpu_s']:.2f} s cpu "
                   f"{med['plain']['wall_s']:.2f} s wall {med['plain']['rss_mib']:.0f} MiB | memq "
-                  f"{med['memq']['cpu_s']:.2f} s cpu {med['memq']['wall_s']:.2f} s wall {med['memq']['rss_mib']:.0f} MiB"
+                  f"{med['memq']['cpu_s']:.2f} s cpu {med['memq']['wall_s']:.2f} s wall "
+                  f"{med['memq']['rss_mib']:.0f} MiB"
                   f" | time {row['time_ratio']:.2f}x rss {row['rss_ratio']:.2f}x, {row['us_per_event']:.2f} us/event "
                   f"{'OK' if ok else 'MISSED'}")
         flat = out[2]["us_per_event"] / out[0]["us_per_event"]
@@ -240,10 +241,12 @@ def view_benchmark(args) -> None:
             viz = time_memory_viz(p, viz_html, viz_js)
             rows.append({"file": label, "memq": memq, "memory_viz": viz})
             print(f"{label:>16}: memq view {memq['html_mib']:.1f} MiB (written in {built:.1f} s), opens in "
-                  f"{memq['open_s']:.2f} s, full detail in {memq['detail_s']:.2f} s, 1% zoom {1000 * memq['zoom_1pct_s']:.0f} ms,"
+                  f"{memq['open_s']:.2f} s, full detail in {memq['detail_s']:.2f} s, "
+                  f"1% zoom {1000 * memq['zoom_1pct_s']:.0f} ms,"
                   f" JS heap {memq['js_heap_mib']:.0f} MiB | memory_viz {viz['html_mib']:.1f} MiB: "
                   + (f"opens in {viz['open_s']:.2f} s ({viz['polygons']} polygons), a wheel zoom "
-                     f"{1000 * viz['zoom_s']:.0f} ms, JS heap {viz['js_heap_mib']:.0f} MiB" if viz.get("open_s") is not None
+                     f"{1000 * viz['zoom_s']:.0f} ms, JS heap {viz['js_heap_mib']:.0f} MiB"
+                     if viz.get("open_s") is not None
                      else f"never drew: {viz['failed']} {viz['errors'][:2]}"))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": platform.platform(), "view": rows}, indent=1))

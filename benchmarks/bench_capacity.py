@@ -263,9 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
                                                      trigger="epoch_end", step=100, epoch=1),
                        maxlen=st.stream_maxlen, approximate=True)
             after = used_memory(r)
+            zstd_bytes = sum(len(codec.compress(x, "zstd")) for x in raws)
             fig["redis_snapshot_entry"] = {"entries": m, "bytes_per_entry_and_blob": round((after - before) / m, 1),
-                                           "zstd_blob_bytes": round(sum(len(codec.compress(x, "zstd")) for x in raws) / m,
-                                                                    1)}
+                                           "zstd_blob_bytes": round(zstd_bytes / m, 1)}
             sids: list[int] = []
             d = Dispatcher(st, consumer="cap2", batch=100, block_ms=50, enqueue=sids.append)
             t0 = time.perf_counter()

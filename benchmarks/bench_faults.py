@@ -102,7 +102,8 @@ def main() -> int:
         # one beat, as deployments run it (deploy/compose.yaml): its reaper re-enqueues the analyses whose
         # task messages the broker lost while Redis was down (their rows stay `pending`)
         out = open(tmp / "beat.log", "ab")  # noqa: SIM115 - closed with the process
-        procs["beat"] = subprocess.Popen([sys.executable, "-m", "celery", "-A", "memq.workers.app", "beat", "-l", "WARNING",
+        procs["beat"] = subprocess.Popen([sys.executable, "-m", "celery", "-A", "memq.workers.app", "beat", "-l",
+                                          "WARNING",
                                           "-s", str(tmp / "beat-schedule")], env=env, cwd=ROOT, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         base = codec.decode_plain(codec.decompress(FIX.read_bytes()))

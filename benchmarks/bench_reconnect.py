@@ -161,7 +161,8 @@ def simulate(agents: int = 1000, jitter: bool = True, deadline_s: float = 60.0,
         def round_(seq: int) -> None:
             nonlocal submitted
             for t in transports:
-                if t.submit(Item("stats", payload={"seq": seq, "samples": [{"t": time.time(), "allocated_bytes": seq}]})):
+                if t.submit(Item("stats",
+                                 payload={"seq": seq, "samples": [{"t": time.time(), "allocated_bytes": seq}]})):
                     submitted += 1
 
         def at(s: float) -> None:

@@ -11,8 +11,9 @@ The data is made from real analysis results: the real fixtures (tests/fixtures/r
 are analysed once, and every run's run-level diagnosis is a copy of one of those documents
 (20-35 KB of JSON each, as stored) with its figures varied. Per day: `--runs` runs over 500 jobs
 and 8 clusters, about 6% OOM (causes from the fixtures), some near misses, 2% leaking runs whose
-stat-sample floor grows each epoch; every run has 2 snapshot rows (the last one the template's real snapshot, its blob stored, so the
-top fragmented runs are replayed by the allocator model as in production) and 30 stat samples.
+stat-sample floor grows each epoch; every run has 2 snapshot rows (the last one the template's real
+snapshot, its blob stored, so the top fragmented runs are replayed by the allocator model as in
+production) and 30 stat samples.
 The day before gets the same number of runs on an older torch version, so the regression query
 and the "changes against the previous report" section have history to read.
 

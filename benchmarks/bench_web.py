@@ -45,7 +45,8 @@ URLS = [
     ("runs page, page 1000 (offset 49,950)", "/runs?offset=49950"),
     ("runs page, last page (offset 99,950)", "/runs?offset=99950"),
     ("runs page, last page by its cursor (what the page's 'next' links use)", "/runs?after={cursor}&offset=99950"),
-    ("runs API, 500 rows, cause filter, sorted by fragmentation", "/api/runs?cause=fragmentation&limit=500&sort=fragmentation"),
+    ("runs API, 500 rows, cause filter, sorted by fragmentation",
+     "/api/runs?cause=fragmentation&limit=500&sort=fragmentation"),
     ("run page of a synthetic run", "/runs/run-050000"),
 ]
 
@@ -128,7 +129,8 @@ def bench_serve(args, say) -> list[str]:
                     wall.append(w)
                 say(f"{label}: server {summary(server)}; client wall median {statistics.median(wall):.1f} ms; "
                     f"{size:,} bytes")
-                rows.append(f"| {label} | `{path.format(since='<30 days ago>', cursor='<cursor>')}` | {statistics.median(server):.1f} | "
+                shown = path.format(since="<30 days ago>", cursor="<cursor>")
+                rows.append(f"| {label} | `{shown}` | {statistics.median(server):.1f} | "
                             f"{max(server):.1f} | {statistics.median(wall):.1f} |")
         finally:
             proc.send_signal(signal.SIGTERM)

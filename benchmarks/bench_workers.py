@@ -206,7 +206,8 @@ def throughput(b: Bench, n: int, runs: int) -> dict:
         time.sleep(0.1)
     t_diag = time.monotonic()
     return {"snapshots": n, "runs": runs, "push_s": t_pushed - t0, "analysed_s": t_done - t0,
-            "rate": n / (t_done - t0), "cpu_per_snapshot": cpu / n, "cpu_worker": cpu_w / n, "cpu_dispatcher": cpu_d / n, "with_run_diagnoses_s": t_diag - t0, "rate_with_diagnoses": n / (t_diag - t0)}
+            "rate": n / (t_done - t0), "cpu_per_snapshot": cpu / n, "cpu_worker": cpu_w / n,
+            "cpu_dispatcher": cpu_d / n, "with_run_diagnoses_s": t_diag - t0, "rate_with_diagnoses": n / (t_diag - t0)}
 
 
 def stats_rate(b: Bench, samples: int, per_entry: int = 1000) -> dict:
@@ -316,7 +317,8 @@ def main() -> int:
           f"per snapshot ({tp['cpu_worker'] * 1000:.0f} worker incl. run diagnoses, {tp['cpu_dispatcher'] * 1000:.0f} "
           f"dispatcher), so at most {cap:.1f} snapshots/s on {os.cpu_count()} otherwise idle cores")
     print(f"machine speed reference: decode + analysis of one snapshot in-process {ref:.0f} ms CPU; the pipeline "
-          f"costs {tp['cpu_per_snapshot'] * 1000 / ref:.1f}x that per snapshot (compare runs on other machines by this)")
+          f"costs {tp['cpu_per_snapshot'] * 1000 / ref:.1f}x that per snapshot "
+          "(compare runs on other machines by this)")
     print(f"load average before/after: {load0} / {os.getloadavg()[0]:.2f} (other jobs on this machine)")
     print(f"stat samples: {sr['samples']} in {sr['seconds']:.2f} s: {sr['rate']:,.0f} samples/s "
           f"(goal >= 20,000/s: {'met' if sr['rate'] >= 20000 else 'NOT met'})")

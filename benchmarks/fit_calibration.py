@@ -38,7 +38,8 @@ def measured(model: str) -> fit.Measured:
 
 
 def rows(truth: dict):
-    """(model, label, predicted, real, param-formula bytes) per shape; (model, predicted max, real max, next outcome)."""
+    """(model, label, predicted, real, param-formula bytes) per shape; (model, predicted max, real max,
+    next outcome)."""
     shapes, caps = [], []
     for model, d in truth.items():
         runs = d["runs"]

@@ -40,7 +40,8 @@ FIXTURES = ROOT / "tests" / "fixtures"
 PLAYBOOK_FIX = FIXTURES / "playbook"
 PLAYBOOK_FIX_REL = "tests/fixtures/playbook"
 OUTPUTS = (ROOT / pb.DOC_PATH, ROOT / "profiler" / pb.PACKAGED_NAME)
-OPTIMIZER_NAMES = {"sgd": "SGD", "sgd_momentum": "SGD, momentum 0.9", "adam": "Adam", "adamw": "AdamW (foreach, default)",
+OPTIMIZER_NAMES = {"sgd": "SGD", "sgd_momentum": "SGD, momentum 0.9", "adam": "Adam",
+                   "adamw": "AdamW (foreach, default)",
                    "adamw_forloop": "AdamW (foreach=False)", "adamw_fused": "AdamW (fused=True)",
                    "adafactor": "Adafactor (torch.optim)", "adamw_8bit": "AdamW 8-bit (bitsandbytes)"}
 
@@ -169,7 +170,8 @@ def section_optimizer(jobs: dict[str, Job]) -> str:
             continue
         r = j.result
         if r.get("outcome") == "unavailable":
-            rows.append([label, "not measured: " + r.get("reason", "unavailable").split(":")[0], "", "", "", "", f"`{j.path}`"])
+            rows.append([label, "not measured: " + r.get("reason", "unavailable").split(":")[0], "", "", "", "",
+                         f"`{j.path}`"])
             continue
         memq_state = memq_result(j.snaps)["composition"]["optimizer_state"] if j.snaps else None
         extra = r.get("step_extra_peak_bytes") or []
@@ -203,7 +205,8 @@ def section_optimizer(jobs: dict[str, Job]) -> str:
                      f"{b(steady(fused['step_extra_peak_bytes']))}. Near the limit, `fused=True` removes the "
                      f"foreach step's extra peak; it saves no state. (`{jobs['optim_adamw_fused'].path}`)")
     if fe:
-        lines.append(f"- The first step creates the state: AdamW's first `opt.step()` needed {b(fe['step_extra_peak_bytes'][0])} "
+        lines.append("- The first step creates the state: AdamW's first `opt.step()` needed "
+                     f"{b(fe['step_extra_peak_bytes'][0])} "
                      "more than the step before it. An OOM there is memq's `optimizer_state` cause; a leaner optimizer "
                      "or sharding the state (ZeRO/FSDP) is the fix, not an allocator setting. "
                      f"(`{jobs['optim_adamw'].path}`)")
@@ -257,7 +260,8 @@ def section_checkpointing(jobs: dict[str, Job]) -> str:
                          f"`{jobs[f'ckpt_off_b{bsz}'].path}`)")
     a8, a32 = by.get(("off", 8)), by.get(("off", 32))
     if a8 and a32:
-        lines.append(f"- Activations scale with the batch: 4x the batch saved {x(steady(a32['saved_after_forward']), steady(a8['saved_after_forward']))} "
+        ratio = x(steady(a32["saved_after_forward"]), steady(a8["saved_after_forward"]))
+        lines.append(f"- Activations scale with the batch: 4x the batch saved {ratio} "
                      "the bytes. Halving the batch halves them; it does nothing for parameters, gradients or "
                      "optimizer state, so when those dominate (memq's composition says which), a smaller batch "
                      f"cannot fix the OOM. (`{jobs['ckpt_off_b8'].path}`, `{jobs['ckpt_off_b32'].path}`)")
@@ -313,13 +317,15 @@ def section_empty_cache(jobs: dict[str, Job]) -> str:
         c = ck.result
         lines.append(f"- Between training steps (checkpointing off, batch 32): `empty_cache()` took reserved from "
                      f"{b(c['reserved_before_empty_cache'])} to {b(c['reserved_after_empty_cache'])}, and the next "
-                     f"step reserved {b(c['reserved_after_next_step'])} again, taking {ms(c['step_ms_after_empty_cache'])} "
+                     f"step reserved {b(c['reserved_after_next_step'])} again, taking "
+                     f"{ms(c['step_ms_after_empty_cache'])} "
                      f"against a median of {ms(steady(c['step_ms']))}. What it gives back, the next step takes "
                      f"again. (`{ck.path}`)")
     every, default = jobs.get("alloc_empty_cache_every_step"), jobs.get("alloc_default")
     if every and default:
         e, d = every.result, default.result
-        lines.append(f"- `empty_cache()` after every step of the fragmenting job of [the next section](#allocator-settings), "
+        lines.append("- `empty_cache()` after every step of the fragmenting job of "
+                     "[the next section](#allocator-settings), "
                      f"at the same cap: {outcome(e)} (the default allocator: {outcome(d)}), median step "
                      f"{ms(common_step_ms(e))} against {ms(common_step_ms(d))} over the steps both ran. "
                      f"(`{every.path}`)")
@@ -443,10 +449,12 @@ def section_leak(jobs: dict[str, Job]) -> str:
                      b(statistics.median(growth)) if growth else "n/a", cause(res), f"`{j.path}`"])
         if j is kept:
             kept_where = where
-    lines += ["A 4-layer GPT whose validation loop appends each batch's logits to a list (`all_logits.append(logits.float())`), "
+    lines += ["A 4-layer GPT whose validation loop appends each batch's logits to a list "
+              "(`all_logits.append(logits.float())`), "
               "under a cap of the first step's reserved bytes plus 8 epochs of that growth; the fix keeps a float per "
               "batch instead. Live bytes are memq's, at the agent's epoch-end snapshots (agent defaults).", "",
-              table(["job", "outcome", "live bytes at epoch ends", "growth per epoch", "memq says", "fixture"], rows), ""]
+              table(["job", "outcome", "live bytes at epoch ends", "growth per epoch", "memq says", "fixture"], rows),
+              ""]
     if kept:
         lines.append(f"- The kept logits add {b(kept.result.get('growth_per_epoch'))} an epoch by construction "
                      "(2 batches x 4 x 256 x 32,000 fp32); memq's epoch-end live bytes grow by that much, and the "
@@ -492,7 +500,8 @@ def section_workspace(cap_dir: Path) -> str:
                       "are tried.",
                       "- When such a request is the one that fails (frames in cuDNN or cuBLAS, memq's `workspace` "
                       "cause), turn benchmark mode off for that shape or cap the workspace "
-                      "(`CUBLAS_WORKSPACE_CONFIG`, `torch.backends.cudnn.benchmark = False`); an allocator setting does "
+                      "(`CUBLAS_WORKSPACE_CONFIG`, `torch.backends.cudnn.benchmark = False`); "
+                      "an allocator setting does "
                       "not change the request."])
 
 
@@ -524,12 +533,16 @@ def section_ranks(ddp: Path) -> str:
         verdicts.append([sc, "none" if out["failed_rank"] is None else str(out["failed_rank"]),
                          out["cause"] or "n/a", out["imbalance"] or "none", first or "n/a", f"`{_rel(ddp / sc)}`"])
     return "\n".join([heading("rank-imbalance"), "", advice("rank-imbalance"), "",
-                      "Two-rank DDP jobs under torchrun on one H200 (gloo), the same cap on each rank, the agent in each "
+                      "Two-rank DDP jobs under torchrun on one H200 (gloo), the same cap on each rank, "
+                      "the agent in each "
                       "rank: balanced; rank 1 fed 4x longer sequences (a sharding bug); rank 1 keeping every step's "
-                      "logits. Each rank's own figures, sent by its agent at exit (also when torchrun tears it down):", "",
+                      "logits. Each rank's own figures, sent by its agent at exit (also when torchrun tears it down):",
+                      "",
                       table(["job", "rank", "status", "peak allocated", "peak reserved", "cap", "fixture"], rows), "",
-                      "memq's cross-rank diagnosis of the same spools (each rank's snapshots analysed, then compared):", "",
-                      table(["job", "failing rank", "its cause", "imbalance", "memq's first advice", "fixture"], verdicts),
+                      "memq's cross-rank diagnosis of the same spools (each rank's snapshots analysed, "
+                      "then compared):", "",
+                      table(["job", "failing rank", "its cause", "imbalance", "memq's first advice", "fixture"],
+                            verdicts),
                       "",
                       "- When one rank fails and the others sit far below the cap, a smaller batch for every rank "
                       "wastes the others' memory: rebalance or bucket the shards by length for data imbalance, fix "

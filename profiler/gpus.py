@@ -47,4 +47,5 @@ def gpu_limit(name: str) -> tuple[int, str]:
     k = _key(name)
     if k not in TOTALS:
         raise BadInput(f"unknown GPU {name!r}", hint="known: " + ", ".join(sorted(TOTALS)) + "; or give --limit SIZE")
-    return TOTALS[k] - CONTEXT_BYTES, f"--gpu {k} ({TOTALS[k] / GiB:.2f} GiB, less {CONTEXT_BYTES >> 20} MiB CUDA context)"
+    return TOTALS[k] - CONTEXT_BYTES, (f"--gpu {k} ({TOTALS[k] / GiB:.2f} GiB, "
+                                       f"less {CONTEXT_BYTES >> 20} MiB CUDA context)")

@@ -8,8 +8,8 @@ layout torch has printed:
 - 1.x to 2.0, the layout most forum posts quote: "Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total
   capacity; 14.21 GiB already allocated; 3.75 MiB free; 14.50 GiB allowed; 14.50 GiB reserved in total
   by PyTorch)": "allowed" only under a per-process fraction, and before 1.4 "1.34 GiB cached" for the
-  cache's free part (reserved = allocated + cached). The device's free bytes are its own (all processes); the process's use is
-  not printed, so memory outside PyTorch is unknown there.
+  cache's free part (reserved = allocated + cached). The device's free bytes are its own (all
+  processes); the process's use is not printed, so memory outside PyTorch is unknown there.
 """
 
 from __future__ import annotations

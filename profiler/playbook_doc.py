@@ -58,7 +58,8 @@ def read_playbook(path: Path | str | None = None) -> str:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise MemqError(f"the playbook text is not installed ({p} is missing)",
-                        hint=f"regenerate it with `{REGENERATE}` in a memq checkout (a built package ships it)") from None
+                        hint=f"regenerate it with `{REGENERATE}` in a memq checkout "
+                             "(a built package ships it)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MemqError(f"the playbook text {p} cannot be read: {exc}",
                         hint=f"regenerate it with `{REGENERATE}`") from None

@@ -125,7 +125,8 @@ class Dispatcher:
         self._dead_ids: set[str] = set()  # dead-lettered from the batch in hand (not again on its retry)
         self._uncommitted: dict[str, tuple[int, str | None]] = {}
         self.fault = armed_fault()  # the crash tests' kill points; '' unless the test harness started us
-        self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs", "identity_refused",
+        self.counts = dict.fromkeys(("entries", "snapshots", "duplicates", "stats", "samples", "runs",
+                                     "identity_refused",
                                      "dead", "claimed", "acked", "outages", "errors"), 0)
         self.heartbeat = None
         # agents whose ACL refuses XADD append to an inbox list; moved into the stream here
@@ -605,7 +606,8 @@ class Dispatcher:
         ready = []
         for eid, fields, env in items:
             box: list = []
-            if self._attempt(eid, fields, lambda e=eid, f=fields, v=env, b=box: b.append(self.move_blob(e, f, v)))                     and box[0] is not None:  # None: dead-lettered inside (blob missing or bad)
+            moved = self._attempt(eid, fields, lambda e=eid, f=fields, v=env, b=box: b.append(self.move_blob(e, f, v)))
+            if moved and box[0] is not None:  # None: dead-lettered inside (blob missing or bad)
                 ready.append((eid, fields, env, box[0]))
         if not ready:
             return [], set()

@@ -18,8 +18,8 @@ per run and rank by `schedule_recompute`: at most one pending recompute, which r
 snapshot of the run finished for a quiet period (max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last
 recompute's duration)), or at the latest after max(10 x quiet, 20 x duration) from the first
 snapshot it waits for; while analyses wait (in the broker, or snapshot rows pending) it yields to
-them, up to a quarter of the visibility timeout. A run that receives many snapshots is diagnosed once per burst, not after each snapshot, and not
-ahead of the analyses.
+them, up to a quarter of the visibility timeout. A run that receives many snapshots is diagnosed
+once per burst, not after each snapshot, and not ahead of the analyses.
 
 After a recompute, each OOM snapshot of the rank gets its what-if sweep (`sweep(st, snapshot_id)`,
 task `whatif_sweep`): the standard settings replayed under the run's own limit, stored keyed by the
@@ -522,5 +522,6 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     return [(int(r.run_id), int(r.rank)) for r in rows]
 
 
-__all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep", "oom_snapshots", "schedule_recompute", "promote_run_status", "quarantine",
+__all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep", "oom_snapshots",
+           "schedule_recompute", "promote_run_status", "quarantine",
            "BrokerUnavailable"]

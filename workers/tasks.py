@@ -61,5 +61,6 @@ def reap(self) -> dict:
     return jobs.reap(_st(), SENDERS)
 
 
-__all__ = ["analyze_snapshot", "recompute_run", "refresh_forecast", "whatif_sweep", "reap", "enqueue_analysis", "send_recompute",
+__all__ = ["analyze_snapshot", "recompute_run", "refresh_forecast", "whatif_sweep", "reap", "enqueue_analysis",
+           "send_recompute",
            "send_sweep", "SENDERS", "runtime"]

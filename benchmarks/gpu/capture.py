@@ -1248,7 +1248,8 @@ class _PlainUnpickler(pickle.Unpickler):
 def selftest():
     """Torch-free checks against tests/fixtures/real (the label decisions must agree with theirs)."""
     base = os.environ.get("MEMQ_REAL_FIXTURES",
-                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures", "real"))
+                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "fixtures",
+                                       "real"))
 
     def load(p):
         with gzip.open(os.path.join(base, p)) as f:

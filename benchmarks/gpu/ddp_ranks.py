@@ -104,7 +104,8 @@ def run_all(a) -> int:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, env=env, cwd=ROOT)
             rc, text = p.returncode, p.stdout + p.stderr
         except subprocess.TimeoutExpired as exc:
-            rc, text = "timeout", (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+            out, err = (exc.stdout or b"").decode(errors="replace"), (exc.stderr or b"").decode(errors="replace")
+            rc, text = "timeout", out + err
         (d / "log.txt").write_text(text)
         lines = [ln for ln in text.splitlines() if ln.startswith("rank ") or "OutOfMemoryError" in ln]
         summary["scenarios"][sc] = {"rc": rc, "secs": round(time.time() - t0, 1), "lines": lines[-12:]}

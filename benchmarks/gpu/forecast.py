@@ -151,7 +151,8 @@ def run_job(args) -> None:
                     grow = {"val_logits": 2 * val_batch * seq * vocab * 4,
                             "best_weights": sum(v.numel() * v.element_size() for v in model.state_dict().values()),
                             "opt_recreate": 2 * sum(p.numel() * 4 for p in model.parameters()),
-                            "hook_feats": steps_per_epoch * sum(k.numel() * k.element_size() for k in kept[-1:])}.get(sc)
+                            "hook_feats": steps_per_epoch * sum(k.numel() * k.element_size()
+                                                                for k in kept[-1:])}.get(sc)
                     if cnn:
                         grow = 0
                     if sc == "cnn_val_graph":

@@ -75,7 +75,8 @@ def jobs_for(group: str, out: Path, alloc_cap: int | None = None) -> list[tuple[
                 for n, conf, every in ALLOC_SETTINGS]
     if group == "leak":
         tl = str(HERE / "train_leak.py")
-        return [(sc, [py, tl, "--memq", "--epochs", "12", *common(sc), *(["--fixed"] if sc == "leak_fixed" else [])], "")
+        return [(sc, [py, tl, "--memq", "--epochs", "12", *common(sc), *(["--fixed"] if sc == "leak_fixed" else [])],
+                 "")
                 for sc in ("leak_kept", "leak_fixed")]
     raise ValueError(group)
 

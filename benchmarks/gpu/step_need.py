@@ -331,8 +331,8 @@ def cap_for(sc: str, rule: tuple, measure: dict, ratio: float) -> int:
         return int((train + measure["load_peak_allocated"]) / 2)
     if kind == "first_step":
         # forward and backward fit, and half of AdamW's state
-        return int(measure["before_step_allocated"] + 0.5 * (measure["step_peaks"][0] - measure["before_step_allocated"])
-                   + 256 * (1 << 20))
+        before = measure["before_step_allocated"]
+        return int(before + 0.5 * (measure["step_peaks"][0] - before) + 256 * (1 << 20))
     raise ValueError(kind)
 
 

@@ -74,7 +74,8 @@ def main():
         from memq import agent
 
         agent.start(run=args.name, cluster=args.cluster)
-    res = {"scenario": args.scenario, "outcome": "completed", "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    res = {"scenario": args.scenario, "outcome": "completed",
+           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     step, epoch = 0, 0
     t0 = time.time()
     sm = args.small
@@ -105,7 +106,8 @@ def main():
                         torch.cuda.synchronize(dev)
                         res.setdefault("step_ms", []).append(round((time.perf_counter() - ts) * 1000, 3))
                         # read before mark_step resets the peaks: the run's own peaks, step by step
-                        res["run_peak_reserved"] = max(res.get("run_peak_reserved", 0), torch.cuda.max_memory_reserved(dev))
+                        res["run_peak_reserved"] = max(res.get("run_peak_reserved", 0),
+                                                       torch.cuda.max_memory_reserved(dev))
                         res["run_peak_allocated"] = max(res.get("run_peak_allocated", 0),
                                                         torch.cuda.max_memory_allocated(dev))
                     if agent is not None:

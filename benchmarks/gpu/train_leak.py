@@ -53,7 +53,8 @@ def main():
     model = GPT(vocab=args.vocab, d=args.d, layers=args.layers, heads=8, ctx=1024, ckpt=False).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     growth = args.val * args.val_batch * args.seq * args.vocab * 4  # float32 copies of the val logits
-    res = {"outcome": "completed", "fixed": args.fixed, "growth_per_epoch": growth, "leak_line": LEAK_LINE, "script": __file__}
+    res = {"outcome": "completed", "fixed": args.fixed, "growth_per_epoch": growth, "leak_line": LEAK_LINE,
+           "script": __file__}
     all_logits = []
     step, epoch, phase = 0, 0, "train"
     t0 = time.time()

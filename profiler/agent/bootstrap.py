@@ -31,7 +31,8 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # shadow the job's own modules: there the sitecustomize registers the package itself.
 PACKAGE_ROOT = PACKAGE_DIR.parent if PACKAGE_DIR.name == "memq" else None
 
-ENV_RUN, ENV_CLUSTER, ENV_JOB, ENV_OPTIONS = "MEMQ_AGENT_RUN", "MEMQ_AGENT_CLUSTER", "MEMQ_AGENT_JOB", "MEMQ_AGENT_OPTIONS"
+ENV_RUN, ENV_CLUSTER = "MEMQ_AGENT_RUN", "MEMQ_AGENT_CLUSTER"
+ENV_JOB, ENV_OPTIONS = "MEMQ_AGENT_JOB", "MEMQ_AGENT_OPTIONS"
 
 
 def _is_helper_process(argv: list[str]) -> bool:

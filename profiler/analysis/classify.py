@@ -376,7 +376,8 @@ def check_capacity(f: Facts) -> Finding:
         return out
     if total > f.limit:
         out.holds = True
-        out.strength = min(1.0, STRENGTH["capacity"] + (total - f.limit) / max(1, f.limit) * STRENGTH["capacity_per_over"])
+        out.strength = min(1.0,
+                           STRENGTH["capacity"] + (total - f.limit) / max(1, f.limit) * STRENGTH["capacity_per_over"])
         out.evidence.append(f"the live set alone does not fit: {g(f.A)} live + {g(f.S)} requested = {g(total)} "
                             f"> the limit of {g(f.limit)} ({f.limit_source}), whatever the allocator does")
         top = max(((c, v) for c, v in f.composition.items() if c != fr.UNKNOWN), key=lambda kv: kv[1],

@@ -1,14 +1,16 @@
 """How sure a diagnosis is of each cause it lists: one function, `confidence`, from the role the cause
 plays in the diagnosis and the strength of its deciding test (0..1, each `check_<cause>` says how
-clearly its numbers pass). The constants are in rules.py; docs/analysis.md ("Confidence") has the table:
+clearly its numbers pass). The constants are in rules.py; docs/analysis.md ("Causes") has the table:
 
-| role | confidence |
-|---|---|
-| primary | CONF_BASE + CONF_PER_STRENGTH x strength, less CONF_EARLIER_UNSETTLED when a cause earlier in the precedence could not be ruled out; at most CONF_MESSAGE_FRAGMENTATION for fragmentation read from a message alone |
-| weak primary (an OOM with no test settled) | CONF_UNSETTLED_PRIMARY |
-| also holds | CONF_SECONDARY_BASE + CONF_SECONDARY_PER_STRENGTH x strength, at least CONF_BELOW_PRIMARY under the primary, at least CONF_FLOOR |
-| listed (part of the story, its test does not hold) | CONF_SECONDARY_BASE, at least CONF_BELOW_PRIMARY under the primary, at least CONF_FLOOR |
-| not settled (an input is missing) | CONF_NOT_SETTLED |
+- primary: CONF_BASE + CONF_PER_STRENGTH x strength, less CONF_EARLIER_UNSETTLED when a cause
+  earlier in the precedence could not be ruled out; at most CONF_MESSAGE_FRAGMENTATION for
+  fragmentation read from an OOM message alone;
+- weak primary (an OOM with no test settled): CONF_UNSETTLED_PRIMARY;
+- also holds: CONF_SECONDARY_BASE + CONF_SECONDARY_PER_STRENGTH x strength, at least
+  CONF_BELOW_PRIMARY under the primary, never under CONF_FLOOR;
+- listed (part of the story, its test does not hold): CONF_SECONDARY_BASE, at least
+  CONF_BELOW_PRIMARY under the primary, never under CONF_FLOOR;
+- not settled (an input is missing): CONF_NOT_SETTLED.
 """
 
 from __future__ import annotations

@@ -149,7 +149,8 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         out["eta_s"] = round(max(0.0, (step - pts[-1].step) * seconds_per_step), 1)
         out["eta_low_s"] = round(max(0.0, (early - pts[-1].step) * seconds_per_step), 1)
         out["eta_high_s"] = round(max(0.0, (late - pts[-1].step) * seconds_per_step), 1)
-    r2 = _r2([p.step for p in seg], [p.live for p in seg], (seg[-1].live - seg[0].live) / max(1, seg[-1].step - seg[0].step))
+    r2 = _r2([p.step for p in seg], [p.live for p in seg],
+             (seg[-1].live - seg[0].live) / max(1, seg[-1].step - seg[0].step))
     out["confidence"] = round(min(0.95, (0.55 + 0.07 * (stretch - MIN_INTERVALS + 1)) * max(0.0, r2)), 2)
     when = f"step {step}" + (f" (epoch {out['epoch']})" if out["epoch"] is not None else "")
     per = (f"{_g(rate * epochs)} an epoch" if staircase and epochs else f"{_g(rate)} a step")

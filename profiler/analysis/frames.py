@@ -135,7 +135,8 @@ def phase_of(frames: list) -> str | None:
 _SKIP_FILES = re.compile(r"torch/nn/modules/module\.py|torch/utils/|torch/_|/contextlib\.py|functools\.py|"
                          r"torch/autograd/function\.py|torch/amp/")
 # The recorder's own C++ frames (stacks="all") and the allocator's internals say nothing about the caller.
-_SKIP_NAMES = re.compile(r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|c10::cuda::CUDACachingAllocator|"
+_SKIP_NAMES = re.compile(r"^(torch::unwind|torch::CapturedTraceback|torch::cuda::\(anonymous|"
+                         r"c10::cuda::CUDACachingAllocator|"
                          r"c10::cuda::|c10::impl::|c10::Dispatcher|c10::BoxedKernel|c10::KernelFunction|"
                          r"at::_ops::|std::|_PyEval|_PyObject|PyObject_|method_vectorcall|cfunction|"
                          r"\?\?|at::TensorBase::|at::empty|at::detail::empty)")

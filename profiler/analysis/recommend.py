@@ -42,7 +42,8 @@ def _setting_entry(f: Facts) -> str:
     return "allocator-settings"
 
 
-def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict, whatif: list[dict] | None = None) -> list[dict]:
+def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
+              whatif: list[dict] | None = None) -> list[dict]:
     recs: list[dict] = []
     S, A, R = f.S or 0, f.A, f.R
     stranded = R - A

@@ -1094,7 +1094,8 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                 continue
             out.append(_not_assessable(
                 conf, cfg, rep, limit_bytes, "from the rebuilt start of this mid-run window the request "
-                + ("of an earlier snapshot's window" if sim.oom_op < 0 else f"at trace entry {r.first_failure['trace_index']}")
+                + ("of an earlier snapshot's window" if sim.oom_op < 0
+                   else f"at trace entry {r.first_failure['trace_index']}")
                 + " fails for want of one free block, not of bytes (live + request fit the limit): whether this "
                 "setting's own cache, cut over the whole run, would have had that block is in no trace",
                 notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
@@ -1153,5 +1154,6 @@ def simulate_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str
 
 run_whatif_dicts = simulate_whatif  # the name memq.cli.analyze looks up
 
-__all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "WHATIF_MODEL_VERSION", "stitch_traces", "Replay", "WhatIfResult", "compile_trace", "config_from_settings",
+__all__ = ["SWEEP", "TORCH_VERSION_MODELLED", "WHATIF_MODEL_VERSION", "stitch_traces", "Replay", "WhatIfResult",
+           "compile_trace", "config_from_settings",
            "fidelity", "run_whatif", "run_whatif_dicts", "simulate_whatif", "sweep_confs", "K_SMALL_SIZE"]

@@ -318,7 +318,8 @@ def check_stream_limits(r, st, length: int, group: dict) -> list[Check]:
                          "find the writer (the agent user cannot set IDs through its function); drain and "
                          "DEL the stream if the ID space is running out", data=data))
     if st.stream_maxlen and length > 0.9 * st.stream_maxlen:
-        out.append(Check("stream-limits", WARN, f"{st.stream_key}: {length} entries, {100 * length // st.stream_maxlen}% "
+        out.append(Check("stream-limits", WARN,
+                         f"{st.stream_key}: {length} entries, {100 * length // st.stream_maxlen}% "
                          f"of MEMQ_STREAM_MAXLEN ({st.stream_maxlen}): the agents' next XADDs trim the oldest "
                          "entries, read or not", "start more dispatchers, check the stream trim (beat), or raise "
                          "MEMQ_STREAM_MAXLEN with Redis maxmemory", data=data))

@@ -32,7 +32,8 @@ def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limi
     """Will batch B (or length T) fit? Replays a measured training step at the new shape."""
     try:
         if bool(files) == bool(run_name):
-            raise BadInput("give snapshot FILE(s) or --run R, not both" if files else "give snapshot FILE(s) or --run R")
+            what = "give snapshot FILE(s) or --run R"
+            raise BadInput(f"{what}, not both" if files else what)
         if rank is not None and not run_name:
             raise BadInput("--rank goes with --run")
         if limit is not None and gpu:

@@ -33,7 +33,8 @@ CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_sp
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
-            Col("peak_reserved_bytes", "peak reserved", "bytes"), Col("peak_allocated_bytes", "peak allocated", "bytes"),
+            Col("peak_reserved_bytes", "peak reserved", "bytes"),
+            Col("peak_allocated_bytes", "peak allocated", "bytes"),
             Col("fragmentation_ratio", "frag", "ratio"), Col("snapshot_count", "snaps", "int"),
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
@@ -162,7 +163,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
         con.print("no stat samples for this run (ingest --stats FILE, or the agent, adds them)")
 
 
-RANK_COLS = [Col("rank", "rank", "int"), Col("status", "status"), Col("cause", "cause"), Col("oom_step", "OOM step", "int"),
+RANK_COLS = [Col("rank", "rank", "int"), Col("status", "status"), Col("cause", "cause"),
+             Col("oom_step", "OOM step", "int"),
              Col("last_step", "last step", "int"), Col("peak_allocated_bytes", "peak allocated", "bytes"),
              Col("peak_reserved_bytes", "peak reserved", "bytes"), Col("need_bytes", "step need", "bytes"),
              Col("parameters_bytes", "parameters", "bytes"), Col("optimizer_state_bytes", "optimizer", "bytes"),
@@ -185,7 +187,8 @@ def _print_ranks(con, ranks: dict | None) -> None:
             con.print(f"     playbook: {escape(link)}")
 
 
-WHATIF_OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "survives the window", "not_assessable": "not assessable"}
+WHATIF_OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "survives the window",
+                  "not_assessable": "not assessable"}
 
 
 def _print_whatif(con, snaps: list[dict]) -> None:

@@ -67,7 +67,8 @@ def report(day, scope, fmt, out, save):
     text = texts[fmt]
     if out:
         write_output(out, text)
-        click.echo(f"memq: wrote {safe_text(out)} ({fmt}, {doc['totals']['runs']} runs, {doc['totals']['oom_runs']} OOM, "
+        totals = doc["totals"]
+        click.echo(f"memq: wrote {safe_text(out)} ({fmt}, {totals['runs']} runs, {totals['oom_runs']} OOM, "
                    f"{doc['totals']['near_misses']} near misses)", err=True)
     else:
         sys.stdout.write(text)

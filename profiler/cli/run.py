@@ -21,8 +21,10 @@ from memq.errors import BadInput
 @click.option("--redis-url", default=None, help="Overrides MEMQ_REDIS_URL (redis:// or rediss://).")
 @click.option("--spool-dir", default=None, help="Overrides MEMQ_SPOOL_DIR.")
 @click.option("--history", type=click.Choice(["auto", "on", "off"]), default=None,
-              help="Allocator history recording (default auto: first steps, one step per periodic snapshot, on near the limit).")
-@click.option("--snapshot-every", "snapshot_every_s", type=int, default=None, help="Seconds between periodic snapshots.")
+              help="Allocator history recording (default auto: first steps, one step per periodic snapshot, "
+                   "on near the limit).")
+@click.option("--snapshot-every", "snapshot_every_s", type=int, default=None,
+              help="Seconds between periodic snapshots.")
 @click.option("--stats-interval", "stats_interval_s", type=int, default=None, help="Seconds between stats samples.")
 @click.option("--signal", "signal_name", default=None, help="Signal that takes a snapshot (default SIGUSR2).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

@@ -45,7 +45,8 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
     """Would another allocator setting have avoided this OOM? Replays the recorded alloc/free trace."""
     try:
         if bool(files) == bool(run_name):
-            raise BadInput("give snapshot FILE(s) or --run R, not both" if files else "give snapshot FILE(s) or --run R")
+            what = "give snapshot FILE(s) or --run R"
+            raise BadInput(f"{what}, not both" if files else what)
         if rank is not None and not run_name:
             raise BadInput("--rank goes with --run")
         for c in confs:  # refuse bad settings before reading anything

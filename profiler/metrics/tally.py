@@ -1,16 +1,17 @@
 """`SnapshotTally`: the history counters of the snapshots table, kept up to date from the rows done
 since the previous scrape instead of recounted at every scrape.
 
-A done snapshot never changes what it contributes (its run's cluster and job, whether it was an
-OOM and its cause, `analysed_at - created_at`: `analysed_at` is set once), so the done rows'
-totals only grow. A scrape reads the rows whose `analysed_at` is at or after the high-water mark
-minus an overlap (index ix_snapshots__analysed_at) and adds those it has not counted yet (their ids
-within the overlap are remembered; the mark never runs ahead of the database's clock). The overlap covers transactions that stamped `analysed_at`
-(their start time) before the mark but committed after the previous scrape read; it is far longer
-than the short transaction that marks a snapshot done. A full recount runs at the first scrape and
-then every MEMQ_EXPORTER_RESYNC_S, so what the increments cannot see (rows deleted by retention, a
-reanalysis that changed an OOM snapshot's cause) is corrected within that period, and two exporters
-report the same totals. Snapshots not yet done (pending, running, failed: few) are counted live.
+A done snapshot never changes what it contributes (its run's cluster and job, whether it was an OOM and
+its cause, `analysed_at - created_at`: `analysed_at` is set once), so the done rows' totals only grow. A
+scrape reads the rows whose `analysed_at` is at or after the high-water mark minus an overlap (index
+ix_snapshots__analysed_at) and adds those it has not counted yet (their ids within the overlap are
+remembered; the mark never runs ahead of the database's clock). The overlap covers transactions that
+stamped `analysed_at` (their start time) before the mark but committed after the previous scrape read;
+it is far longer than the short transaction that marks a snapshot done. A full recount runs at the first
+scrape and then every MEMQ_EXPORTER_RESYNC_S, so what the increments cannot see (rows deleted by
+retention, a reanalysis that changed an OOM snapshot's cause) is corrected within that period, and two
+exporters report the same totals. Snapshots not yet done (pending, running, failed: few) are counted
+live.
 """
 
 from __future__ import annotations

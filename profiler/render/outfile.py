@@ -72,7 +72,8 @@ def _checked_target(p: Path) -> Path:
     if st is not None:
         kind = stat.S_IFMT(st.st_mode)
         if kind != stat.S_IFREG:
-            raise OutputError(f"{_show(p)} is {_KINDS.get(kind, 'not a regular file')}; --out writes regular files only",
+            what = _KINDS.get(kind, "not a regular file")
+            raise OutputError(f"{_show(p)} is {what}; --out writes regular files only",
                               hint="name a regular file")
         p = Path(os.path.realpath(p))
     parent = p.parent

@@ -129,7 +129,8 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
-        con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}\n     effect: {v(rec['expected_effect'])}")
+        con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}\n"
+                  f"     effect: {v(rec['expected_effect'])}")
         link = doc_link(rec.get("playbook"))  # "" for a result stored before recommendations had one
         if link:
             con.print(f"     playbook: {v(link)}")

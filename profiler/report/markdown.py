@@ -64,14 +64,16 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
         L += ["### OOM runs", ""]
         L += _table(["run", "job", "cluster", "torch", "cause", "request", "limit", "recommendation"],
                     [[r["run"], r["job"], r["cluster"], r["torch_version"],
-                      r["primary_cause"] + (f" ({r['step_need']})" if r.get("step_need") else ""), _b(r["requested_bytes"]),
+                      r["primary_cause"] + (f" ({r['step_need']})" if r.get("step_need") else ""),
+                      _b(r["requested_bytes"]),
                       _b(r["limit_bytes"]), _with_playbook(r["recommendation"], r.get("recommendation_playbook"))]
                      for r in doc["ooms"]["runs"]])
     if doc["near_misses"]["runs"]:
         L += ["### Near misses (headroom under 5% of the limit)", ""]
         L += _table(["run", "job", "cluster", "peak reserved", "limit", "headroom"],
                     [[r["run"], r["job"], r["cluster"], _b(r["peak_reserved_bytes"]), _b(r["limit_bytes"]),
-                      f"{_b(r['headroom_bytes'])} ({100 * r['headroom_ratio']:.1f}%)"] for r in doc["near_misses"]["runs"]])
+                      f"{_b(r['headroom_bytes'])} ({100 * r['headroom_ratio']:.1f}%)"]
+                     for r in doc["near_misses"]["runs"]])
     L += ["## Regressions by torch version", ""]
     if doc["regressions"]:
         L += _table(["job", "torch", "OOM rate", "mean peak reserved", "what got worse", "new"],

@@ -244,7 +244,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         key = (row["sha256"], row["id"], row["analyzer_version"], row["state"])
         view = views.get(key, lambda: _snapshot_view(row, analysis))
         if sweep:  # the stored what-if sweep (memq whatif --sweep, made at ingest / by the workers)
-            view = {**view, "whatif": sweep["results"], "whatif_meta": {k: v for k, v in sweep.items() if k != "results"}}
+            view = {**view, "whatif": sweep["results"],
+                    "whatif_meta": {k: v for k, v in sweep.items() if k != "results"}}
         return {"snapshot": row, "analysis": analysis, "view": view}
 
     def _snapshot_view(row: dict, analysis: dict | None) -> dict:

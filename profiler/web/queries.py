@@ -63,7 +63,8 @@ def page_runs(session: Session, p: RunPage) -> dict[str, Any]:
         t, rid = _db_time(session, cursor[0]), cursor[1]
         forward = p.after is not None
         older = forward == desc  # the rows sought come after the cursor in the listing's order
-        cond = tuple_(Run.started_at, Run.id) < tuple_(t, rid) if older else tuple_(Run.started_at, Run.id) > tuple_(t, rid)
+        key, at = tuple_(Run.started_at, Run.id), tuple_(t, rid)
+        cond = key < at if older else key > at
         walk_desc = older
         q = base.where(cond).order_by(*((Run.started_at.desc(), Run.id.desc()) if walk_desc else
                                         (Run.started_at.asc(), Run.id.asc()))).limit(p.limit)

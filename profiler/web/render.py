@@ -51,7 +51,8 @@ def _env():
     env = Environment(loader=PackageLoader("memq.web", "templates"), autoescape=select_autoescape(["html"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
-                       forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time, q=lambda v: quote(str(v), safe=""),
+                       forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time,
+                       q=lambda v: quote(str(v), safe=""),
                        playbook_doc=doc_link, playbook_href=web_href)
     return env
 

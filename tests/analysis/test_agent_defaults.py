@@ -100,7 +100,8 @@ def test_without_an_earlier_recorded_step_fragmentation_says_what_it_cannot_tell
     need = d["step_need"]
     assert need["bytes"] is None and need["fits_limit"] is None and "no complete earlier training step" in need["basis"]
     # live + request, the request at the least its segment could stand for, less run-to-run noise
-    assert need["low"] == int((r["oom"]["requested_bytes"] - 2 * 2**20 + r["metrics"]["active_bytes"]) * (1 - RUN_NOISE))
+    live_and_request = r["oom"]["requested_bytes"] - 2 * 2**20 + r["metrics"]["active_bytes"]
+    assert need["low"] == int(live_and_request * (1 - RUN_NOISE))
     assert d["primary_cause"] == "fragmentation"
     frag = d["causes"][0]
     assert d["confidence"] < 0.7 < full["diagnosis"]["confidence"]

@@ -105,7 +105,8 @@ def test_oom_step_epoch_and_eta_from_the_staircase():
     last = figs[-1]
     ceiling = fm._ceilings(max(f["peak_reserved"] for f in figs[-3:]), 6 * GiB, 500 * MiB)[0]
     exc = fm._excursion(figs, [])
-    e = next(e for e in range(last["epoch"], 200) if last["allocated"] + (e - last["epoch"]) * 200 * MiB + exc > ceiling)
+    e = next(e for e in range(last["epoch"], 200)
+             if last["allocated"] + (e - last["epoch"]) * 200 * MiB + exc > ceiling)
     assert fc["oom_expected"] is True and fc["epoch"] == e and fc["step"] == e * 12
     assert fc["eta_s"] == pytest.approx((fc["step"] - last["step"]) * 0.5)
     assert fc["step_low"] <= fc["step"] <= fc["step_high"]

@@ -168,7 +168,8 @@ def test_the_process_memory_is_the_cgroup_limit_or_the_machine(tmp_path, monkeyp
 
 @pytest.mark.parametrize("command", ["analyze", "push"])
 def test_dev_zero_is_refused_at_once(tmp_path, command):
-    args = [command, "/dev/zero", "--max-bytes", "10MB"] if command == "analyze" else [command, "/dev/zero", "--run", "r"]
+    extra = ["--max-bytes", "10MB"] if command == "analyze" else ["--run", "r"]
+    args = [command, "/dev/zero", *extra]
     rc, _out, err, rss = peak_rss(memq_cmd(*args), env=_env(tmp_path), timeout=60)
     assert "character device" in _one_line_refusal(rc, err)
     assert rss < BUDGET

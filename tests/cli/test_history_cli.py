@@ -143,7 +143,8 @@ def test_compare_json(history_db):
         assert all(isinstance(v, int) for v in doc[side]["composition"].values())
     assert doc["runs"] == ["sgd", "adamw"] and doc["composition"]["delta"] == doc["composition_delta"]
     delta = doc["composition_delta"]
-    assert delta["optimizer_state"] == doc["b"]["composition"]["optimizer_state"] - doc["a"]["composition"]["optimizer_state"]
+    a, b = doc["a"]["composition"], doc["b"]["composition"]
+    assert delta["optimizer_state"] == b["optimizer_state"] - a["optimizer_state"]
     assert 0.40 * 2**30 < delta["optimizer_state"] < 0.50 * 2**30
     fields = {d["field"] for d in doc["differences"]}
     assert {"optimizer", "torch_version"} <= fields

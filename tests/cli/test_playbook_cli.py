@@ -110,7 +110,8 @@ def test_missing_playbook_text_says_how_to_regenerate(tmp_path):
     old = tmp_path / "old.md"
     old.write_text(PLACEHOLDER)
     p = memq_process("playbook", "workspace", "--file", str(old))
-    assert p.returncode == 1 and "has no section 'workspace'" in p.stderr and "python benchmarks/playbook.py" in p.stderr
+    assert p.returncode == 1 and "has no section 'workspace'" in p.stderr
+    assert "python benchmarks/playbook.py" in p.stderr
 
 
 # ----------------------------------------------------------------------------- memq explain

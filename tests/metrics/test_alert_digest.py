@@ -134,7 +134,8 @@ def test_thirty_verdicts_three_alerts_then_one_summary_of_27(store, fmt):
     assert {(c["kind"], c["cause"]): c["count"] for c in b["causes"]} == dict(expected)
     names = sorted(a.body["run"] for a in suppressed)
     by_time = [a.body["run"] for a in sorted(suppressed, key=lambda a: a.id)]
-    assert {b["first_run"], b["last_run"]} <= set(names) and (b["first_run"], b["last_run"]) == (by_time[0], by_time[-1])
+    assert {b["first_run"], b["last_run"]} <= set(names)
+    assert (b["first_run"], b["last_run"]) == (by_time[0], by_time[-1])
     assert b["link"] == "https://memq.example/ui/runs?cluster=c1&job=noisy"
 
     doc = summaries[0]["body"]
@@ -177,7 +178,8 @@ def test_the_exporter_still_counts_the_summarised_verdicts_as_suppressed(store):
     verdicts = dict(cluster="c1", job_name="noisy", kind="oom", cause="capacity")
     assert before.get("memq_verdicts_total", **verdicts) == after.get("memq_verdicts_total", **verdicts) == 6
     # the summaries have their own gauge
-    assert before.get("memq_alert_summaries", state="sent") == 0 and after.get("memq_alert_summaries", state="sent") == 1
+    assert before.get("memq_alert_summaries", state="sent") == 0
+    assert after.get("memq_alert_summaries", state="sent") == 1
 
 
 def test_a_job_that_stays_over_its_limit_gets_a_summary_at_the_end_of_the_hour(store):
@@ -439,7 +441,8 @@ def test_summary_wording_of_a_single_verdict():
                            "run only at 2026-12-01T10:00:00Z"}
     am = payload.render("alertmanager", body, "k" * 40, body["first_at"])
     assert am["alerts"][0]["labels"]["severity"] == "warning" and "runs_url" not in am["alerts"][0]["annotations"]
-    assert summary_key(None, "solo", [3, 1, 2]) == summary_key(None, "solo", [1, 2, 3]) != summary_key(None, "solo", [1, 2])
+    assert summary_key(None, "solo", [3, 1, 2]) == summary_key(None, "solo", [1, 2, 3])
+    assert summary_key(None, "solo", [1, 2, 3]) != summary_key(None, "solo", [1, 2])
     with pytest.raises(ValueError):
         summary_body("c", "j", [], "", 5)
 

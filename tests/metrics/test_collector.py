@@ -74,7 +74,8 @@ def test_aggregates(store):
         ooms = {(r[0], r[1], r[2]): int(r[3]) for r in q.oom_snapshots(s)}
     le = dict(zip(q.LATENCY_BUCKETS + (math.inf,), buckets, strict=True))
     assert count == 7 and math.isclose(total, 0.25 + 0.251 + 7 + 5000 + 1 + 2 + 3, rel_tol=1e-6)
-    assert (le[0.25], le[0.5], le[1.0], le[2.5], le[5.0], le[10.0], le[3600.0], le[math.inf]) == (1, 2, 3, 4, 5, 6, 6, 7)
+    got = (le[0.25], le[0.5], le[1.0], le[2.5], le[5.0], le[10.0], le[3600.0], le[math.inf])
+    assert got == (1, 2, 3, 4, 5, 6, 6, 7)
     assert states == {("c1", "train", "done"): 7, ("c2", "eval", "done"): 1, ("c2", "eval", "pending"): 1}
     assert ooms == {("c1", "train", "capacity"): 1, ("c1", "train", "fragmentation"): 1}
 

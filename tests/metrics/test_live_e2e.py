@@ -118,7 +118,8 @@ def test_exporter_reports_the_ingested_history(stack, rx):
     assert [lab["run"] for lab, _ in m.all("memq_run_headroom_ratio")] == ["m-near"]
     # analysis latency: from each snapshot row to its analysis attached
     assert m.get("memq_analysis_latency_seconds_count") == 5
-    buckets = [v for _, v in sorted(((float(lab["le"]), v) for lab, v in m.all("memq_analysis_latency_seconds_bucket")))]
+    series = m.all("memq_analysis_latency_seconds_bucket")
+    buckets = [v for _, v in sorted((float(lab["le"]), v) for lab, v in series)]
     assert buckets == sorted(buckets) and buckets[-1] == 5
     lat = stack.rows("SELECT extract(epoch FROM analysed_at - created_at) FROM snapshots")
     assert math.isclose(m.get("memq_analysis_latency_seconds_sum"), sum(float(r[0]) for r in lat), rel_tol=1e-6)

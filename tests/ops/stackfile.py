@@ -42,7 +42,8 @@ def make_secrets(tmp: Path, host: str, redis_port: int, database_url: str) -> Pa
     sec = copy / "secrets"
     for name in ("memq_redis_url", "agent_redis_url"):
         url = (sec / name).read_text().strip()
-        url = url.replace("@redis:6379/", f"@{host}:{redis_port}/").replace("@127.0.0.1:6379/", f"@{host}:{redis_port}/")
+        here = f"@{host}:{redis_port}/"
+        url = url.replace("@redis:6379/", here).replace("@127.0.0.1:6379/", here)
         (sec / name).write_text(url + "\n")
     (sec / "memq_database_url").write_text(database_url + "\n")
     return sec

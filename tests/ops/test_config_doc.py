@@ -85,7 +85,8 @@ def test_every_memq_variable_read_anywhere_is_documented():
     ("MEMQ_AGENT_HISTORY", "sometimes", "MEMQ_AGENT_HISTORY must be one of auto | on | off, got 'sometimes'"),
     ("MEMQ_ALERT_FORMAT", "teams", "MEMQ_ALERT_FORMAT must be one of slack | alertmanager, got 'teams'"),
     ("MEMQ_REDIS_URL", "redis://:hunter2@127.0.0.1:70000/0", "MEMQ_REDIS_URL: the port must be a number in 1..65535"),
-    ("MEMQ_DATABASE_URL", "postgresql://memq:hunter2@db:0/memq", "MEMQ_DATABASE_URL: the port must be a number in 1..65535"),
+    ("MEMQ_DATABASE_URL", "postgresql://memq:hunter2@db:0/memq",
+     "MEMQ_DATABASE_URL: the port must be a number in 1..65535"),
     ("MEMQ_CLAIM_IDLE_S", "soon", "MEMQ_CLAIM_IDLE_S must be an integer, got 'soon'"),
 ])
 def test_a_value_out_of_range_names_the_variable_and_what_is_allowed(tmp_path, var, value, says):

@@ -25,7 +25,8 @@ def _formatted(node: ast.expr) -> bool:
     if isinstance(node, ast.JoinedStr):
         return any(isinstance(v, ast.FormattedValue) for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mod, ast.Add)):
-        return isinstance(node.left, (ast.Constant, ast.JoinedStr)) or isinstance(node.right, (ast.Constant, ast.JoinedStr))
+        text = (ast.Constant, ast.JoinedStr)
+        return isinstance(node.left, text) or isinstance(node.right, text)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
         return isinstance(node.func.value, ast.Constant)
     return False
@@ -53,7 +54,8 @@ def test_no_stock_unpickling_outside_the_codec():
     for path in SOURCES:
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("load", "loads")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("load",
+                                                                                                           "loads")
                     and isinstance(node.func.value, ast.Name) and node.func.value.id in ("pickle", "cPickle", "dill")):
                 bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not bad, "pickle.load(s) on foreign bytes; use memq.codec.loads_restricted:\n" + "\n".join(bad)

@@ -76,7 +76,8 @@ def test_recent_acknowledged_entries_are_kept_for_a_while(srv):
 def test_beat_entry():
     st = load_settings({"MEMQ_CONFIG": "/nonexistent.toml", "MEMQ_STREAM_TRIM_INTERVAL_S": "30"})
     e = beat_entries(st)["memq-stream-trim"]
-    assert e["task"] == "workers.retention.trim_stream" and e["schedule"] == 30.0 and e["options"]["queue"] == "memq.ingest"
+    assert e["task"] == "workers.retention.trim_stream" and e["schedule"] == 30.0
+    assert e["options"]["queue"] == "memq.ingest"
     assert "memq-stream-trim" not in beat_entries(st.replace(stream_trim_interval_s=0))
 
 

@@ -40,7 +40,8 @@ def tls(tmp_path_factory):
              "-out", "server.crt", "-days", "2", "-extfile", "ext", cwd=tmp)
     port = free_port()
     sec = make_secrets(tmp, "127.0.0.1", port, "postgresql://unused@127.0.0.1:1/unused")
-    proc = subprocess.Popen([shutil.which("redis-server"), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+    proc = subprocess.Popen([shutil.which("redis-server"), "--port", "0", "--tls-port", str(port), "--bind",
+                             "127.0.0.1",
                              "--tls-cert-file", str(tmp / "server.crt"), "--tls-key-file", str(tmp / "server.key"),
                              "--tls-ca-cert-file", str(tmp / "ca.crt"), "--tls-auth-clients", "no",
                              "--aclfile", str(sec / "users.acl"), "--save", "", "--dir", str(tmp)],

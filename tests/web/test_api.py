@@ -243,7 +243,8 @@ def test_reports_listed_and_opened(server):
     rid = doc["reports"][1]["id"]
     code, headers, body = server.get(f"/reports/{rid}")
     assert code == 200 and b"memq report 2026-11-29" in body
-    assert "unsafe-inline" in headers["content-security-policy"] and "script-src" not in headers["content-security-policy"]
+    csp = headers["content-security-policy"]
+    assert "unsafe-inline" in csp and "script-src" not in csp
     assert server.json(f"/api/reports/{rid}")["summary"]["totals"]["runs"] >= 1
     # the other's stored path lies outside the report directory: not read, drawn from its figures
     code, _, body = server.get(f"/reports/{doc['reports'][0]['id']}")

@@ -73,7 +73,8 @@ def test_bomb_past_the_cap_is_dead_lettered_in_bounded_memory(tmp_path, private_
     assert rc == 0, err[-3000:]
     dead = [{k.decode(): v.decode() for k, v in f.items()} for _i, f in r.xrange(st.dead_letter_key)]
     assert [d["run"] for d in dead] == ["bomb"], dead
-    assert f"exceeds the limit of {budget // codec.DECODE_BYTES_PER_RAW_BYTE} bytes" in dead[0]["reason"], dead[0]["reason"]
+    reason = dead[0]["reason"]
+    assert f"exceeds the limit of {budget // codec.DECODE_BYTES_PER_RAW_BYTE} bytes" in reason, reason
     assert _runs(st) == {"good": 1}
     assert int(r.xpending(st.stream_key, "memq-dispatch")["pending"]) == 0
     assert rss < budget, f"dispatcher peak RSS {rss / MIB:.0f} MiB over the {budget / MIB:.0f} MiB budget"

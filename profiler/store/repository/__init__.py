@@ -89,7 +89,8 @@ __all__ = [
     "STAT_COLUMNS", "ClaimedSnapshot", "NewSnapshot", "RunMeta", "_db_time", "_insert", "claim_next",
     "claim_snapshot", "complete_snapshot", "context_key", "contract_only", "db_time", "delete_run",
     "drop_digests_outside_window", "fail_snapshot", "fill_digest", "find_analysis", "insert_snapshot",
-    "insert_stat_samples", "json_safe", "max_present", "forecast_summary", "refresh_run_summary", "requeue_expired", "run_id_for", "run_owner",
+    "insert_stat_samples", "json_safe", "max_present", "forecast_summary", "refresh_run_summary", "requeue_expired",
+    "run_id_for", "run_owner",
     "set_run_status", "stat_row", "store_analysis", "store_run_diagnosis", "to_utc", "upsert_report",
     "upsert_run", "utcnow",
 ]
