@@ -134,11 +134,10 @@ class Dispatcher:
 
     # ------------------------------------------------------------------------------ plumbing
     def _client(self):
-        import redis
+        from memq.redis_client import make_client
 
-        timeout = max(10.0, self.block_ms / 1000.0 + 5.0)
-        return redis.Redis.from_url(self.st.redis_url, socket_timeout=timeout, socket_connect_timeout=5,
-                                    health_check_interval=30)
+        timeout = max(10.0, self.block_ms / 1000.0 + 5.0)  # longer than one blocking read
+        return make_client(self.st.redis_url, timeout, connect_timeout_s=5, retries=True, health_check_s=30)
 
     @property
     def store(self):

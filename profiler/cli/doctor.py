@@ -130,9 +130,9 @@ def check_partitions(engine) -> list[Check]:
 
 
 def _redis_client(st):
-    import redis
+    from memq.redis_client import make_client
 
-    return redis.Redis.from_url(st.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    return make_client(st.redis_url, 5)
 
 
 def check_redis(st) -> tuple[list[Check], object | None]:
@@ -163,12 +163,13 @@ def check_broker(st) -> list[Check]:
     import redis
 
     from memq.config import redact_url
+    from memq.redis_client import make_client
 
     if not st.broker_url or st.broker_url == st.redis_url:
         return []
     where = redact_url(st.broker_url)
     try:
-        redis.Redis.from_url(st.broker_url, socket_timeout=5, socket_connect_timeout=5).ping()
+        make_client(st.broker_url, 5).ping()
     except (redis.RedisError, OSError, ValueError) as exc:
         return [Check("broker", ERROR, f"{where} unreachable: {type(exc).__name__}: {redact_url(str(exc))}",
                       "start it or fix MEMQ_BROKER_URL (or MEMQ_BROKER_URL_FILE)")]

@@ -207,3 +207,20 @@ def test_the_profiler_checks_see_the_cycles_and_arrows_they_forbid(tmp_path):
     assert ("memq.metrics.collector", "memq.cli.service") in bad
     assert ("memq.alloc_conf", "memq.analysis.allocator_model") in bad
     assert ("memq.redis_functions", "memq.agent.transport") in bad
+
+
+def test_redis_connections_are_made_in_one_module():
+    """Every Redis client of the product comes from memq.redis_client (timeouts and retries in one
+    place); a client made elsewhere is named here."""
+    made = []
+    for folder in ("profiler", "workers"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name == "redis_client.py" and path.parent.name == "profiler":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in ("from_url", "Redis", "StrictRedis")):
+                    base = ast.unparse(node.func.value)
+                    if "redis" in base.lower():
+                        made.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)}")
+    assert made == [], made
