@@ -36,6 +36,18 @@ def live_blocks(snap) -> dict[tuple[int, int], str]:
             if b.is_live}
 
 
+def appeared(before: dict, after: dict) -> list[tuple[int, int]]:
+    """Blocks live at `after` that were not live at `before`. The caching allocator hands a freed
+    block's address and size to the next request that fits, so (address, size) alone would take a
+    tensor freed and another allocated in its place for one that stayed: a block is the same only
+    when its allocation site is the same too. (Two tensors of one line at one address and size stay
+    one block: the snapshot keeps no allocation time.)"""
+    return [k for k, site in after.items() if before.get(k, _GONE) != site]
+
+
+_GONE = object()
+
+
 def detect_leak(points: list[dict], limit: int | None) -> dict:
     """`points`: per comparable snapshot, in time order: {"name", "active", "composition", "blocks"}
     (blocks from `live_blocks`). Returns {"holds", "evidence", "growth_by_site", "intervals", ...}."""
@@ -53,14 +65,14 @@ def detect_leak(points: list[dict], limit: int | None) -> dict:
         return result
     def stays(j: int, a: dict, b: dict, grow: int, thresh: int) -> bool:
         # Growth counts only when what appeared is still live at the later point (not churn).
-        return sum(k[1] for k in set(b["blocks"]) - set(a["blocks"])) >= grow * LEAK_PERSIST_SHARE
+        return sum(k[1] for k in appeared(a["blocks"], b["blocks"])) >= grow * LEAK_PERSIST_SHARE
 
     best = _longest_growth_streak(pts, limit, stays, result["intervals"])
     if best < LEAK_MIN_INTERVALS:
         return result
     first, last = pts[0], pts[-1]
     # Blocks that appeared after the first point and are live at the last: attribute by site.
-    kept = set(last["blocks"]) - set(first["blocks"])
+    kept = appeared(first["blocks"], last["blocks"])
     sites: Counter = Counter()
     for key in kept:
         sites[last["blocks"][key]] += key[1]
