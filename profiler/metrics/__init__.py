@@ -1,6 +1,6 @@
 """Live metrics for Prometheus (`memq exporter`).
 
-- `queries.py`: the few aggregate SQL queries a scrape runs (no per-run Python loops).
+- `store/metric_queries.py`: the few aggregate SQL queries a scrape runs (no per-run Python loops).
 - `collector.py`: a prometheus-client custom Collector that turns those aggregates and the ingest
   path's Redis state (`memq status`'s own functions) into metric families, at scrape time.
 - `exporter.py`: the HTTP server (`/metrics`, `/healthz`).

@@ -60,8 +60,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from memq.config import Settings
-from memq.metrics import queries as q
 from memq.metrics.tally import SnapshotTally, not_done
+from memq.store import metric_queries as q
 from memq.store import repository as repo
 from memq.store.orm import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
 

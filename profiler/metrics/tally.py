@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, literal, or_, select
 from sqlalchemy.orm import Session
 
-from memq.metrics import queries as q
+from memq.store import metric_queries as q
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, Snapshot
 

@@ -194,8 +194,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     # ------------------------------------------------------------------ documents (the JSON API)
     def runs_doc(request: Request) -> dict:
+        from memq.store.page_queries import SORTS, RunPage, page_runs
         from memq.store.queries import RunFilter
-        from memq.web.queries import SORTS, RunPage, page_runs
 
         p = P.run_page(query(request), SORTS)
         f = RunFilter(cluster=p["cluster"], job=p["job"], torch_version=p["torch_version"], status=p["status"],
@@ -219,7 +219,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return run_history(s, request.path_params["name"], rank, points=points)
 
     def lanes_doc(request: Request) -> dict:
-        from memq.web.queries import run_lanes
+        from memq.store.page_queries import run_lanes
 
         q = query(request)
         P.check_known(q, ("points",))
@@ -233,8 +233,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return int(raw)
 
     def snapshot_doc(request: Request) -> dict:
+        from memq.store.page_queries import snapshot_row
         from memq.store.sweeps import sweeps_by_sha
-        from memq.web.queries import snapshot_row
 
         P.check_known(query(request), ())
         with store.session() as s:
@@ -317,7 +317,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return torch_versions(s, job)
 
     def reports_doc(request: Request) -> dict:
-        from memq.web.queries import list_reports
+        from memq.store.page_queries import list_reports
 
         q = query(request)
         P.check_known(q, ("limit",))
@@ -326,7 +326,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return {"reports": rows, "count": len(rows)}
 
     def report_doc(request: Request) -> dict:
-        from memq.web.queries import report_row
+        from memq.store.page_queries import report_row
 
         P.check_known(query(request), ())
         raw = request.path_params["rid"]
@@ -340,7 +340,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return lambda request: Json(fn(request))
 
     def raw_snapshot(request: Request) -> Response:
-        from memq.web.queries import snapshot_row
+        from memq.store.page_queries import snapshot_row
 
         P.check_known(query(request), ())
         with store.session() as s:
@@ -367,7 +367,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return HTMLResponse(render_page("run.html", data=data, doc=doc, lanes=lanes, title=f"run {doc['run']['run']}"))
 
     def lanes_doc_for(name: str) -> dict:
-        from memq.web.queries import run_lanes
+        from memq.store.page_queries import run_lanes
 
         with store.session() as s:
             return run_lanes(s, name)
@@ -379,7 +379,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                                         title=doc["view"]["title"]))
 
     def picks() -> dict:
-        from memq.web.queries import pick_lists
+        from memq.store.page_queries import pick_lists
 
         with store.session() as s:
             return pick_lists(s)

@@ -14,9 +14,9 @@ from prometheus_client import generate_latest
 from sqlalchemy import select, update
 
 from memq.config import load_settings
-from memq.metrics import queries as q
 from memq.metrics.collector import OTHER
 from memq.metrics.exporter import registry_for
+from memq.store import metric_queries as q
 from memq.store import repository as repo
 from memq.store.orm import Snapshot
 from tests.conftest import memq_environ

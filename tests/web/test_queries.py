@@ -8,9 +8,9 @@ import datetime as dt
 
 import pytest
 
+from memq.store.page_queries import RunPage, page_runs
 from memq.store.queries import RunFilter
 from memq.store.repository import RunMeta, upsert_run
-from memq.web.queries import RunPage, page_runs
 
 T0 = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.UTC)
 

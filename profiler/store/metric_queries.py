@@ -1,4 +1,5 @@
-"""Aggregate queries of one scrape. Each returns plain rows; the collector names the metrics.
+"""The exporter's aggregate queries of one scrape (metrics/collector.py). Each returns plain rows;
+the collector names the metrics.
 
 Cost: two passes over the snapshots table alone (states per run, then joined to runs; the latency
 histogram from its own two timestamps), the OOM snapshots (few) with their analyses, one GROUP BY

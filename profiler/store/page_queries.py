@@ -1,4 +1,4 @@
-"""The few reads the web app needs beyond memq.store.queries (which it reuses for everything
+"""The few reads the web pages need beyond memq.store.queries (which they reuse for everything
 the CLI already answers): a sorted, paged runs listing with its total, per-rank lanes of a run, one
 snapshot row with its analysis, and the stored reports. Read-only; every value is a bound parameter.
 """
