@@ -53,6 +53,15 @@ class LazyGroup(click.Group):
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx):
+        """Every command's MemqError ends here: one line and its exit code (2 bad input, 4 unknown
+        run, ...), no traceback, whether the console script or a CliRunner runs the command."""
+        try:
+            return super().invoke(ctx)
+        except MemqError as exc:
+            click.echo(f"memq: error: {safe_text(exc)}", err=True)
+            sys.exit(exc.exit_code)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="memq")

@@ -11,8 +11,7 @@ import sys
 import click
 
 from memq.cli.analyze import SIZE
-from memq.errors import BadInput, MemqError
-from memq.render.safe import safe_text
+from memq.errors import BadInput
 
 
 @click.command()
@@ -30,23 +29,19 @@ from memq.render.safe import safe_text
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, gpu, as_json):
     """Will batch B (or length T) fit? Replays a measured training step at the new shape."""
-    try:
-        if bool(files) == bool(run_name):
-            what = "give snapshot FILE(s) or --run R"
-            raise BadInput(f"{what}, not both" if files else what)
-        if rank is not None and not run_name:
-            raise BadInput("--rank goes with --run")
-        if limit is not None and gpu:
-            raise BadInput("--limit and --gpu are exclusive")
-        limit_source = "--limit" if limit is not None else None
-        if gpu:
-            from memq.gpus import gpu_limit
+    if bool(files) == bool(run_name):
+        what = "give snapshot FILE(s) or --run R"
+        raise BadInput(f"{what}, not both" if files else what)
+    if rank is not None and not run_name:
+        raise BadInput("--rank goes with --run")
+    if limit is not None and gpu:
+        raise BadInput("--limit and --gpu are exclusive")
+    limit_source = "--limit" if limit is not None else None
+    if gpu:
+        from memq.gpus import gpu_limit
 
-            limit, limit_source = gpu_limit(gpu)
-        doc = _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source)
-    except MemqError as exc:
-        click.echo(f"memq: error: {safe_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
+        limit, limit_source = gpu_limit(gpu)
+    doc = _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source)
     if as_json:
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -15,9 +15,8 @@ import sys
 import click
 
 from memq.cli.analyze import SIZE
-from memq.errors import BadInput, MemqError
+from memq.errors import BadInput
 from memq.render.reasons import said_once
-from memq.render.safe import safe_text
 
 OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "window ok", "not_assessable": "n/a"}
 
@@ -43,23 +42,19 @@ def _fmt(n: int | None) -> str:
 @click.option("--max-bytes", type=SIZE, default=None, help="Refuse snapshots larger than this (uncompressed).")
 def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
     """Would another allocator setting have avoided this OOM? Replays the recorded alloc/free trace."""
-    try:
-        if bool(files) == bool(run_name):
-            what = "give snapshot FILE(s) or --run R"
-            raise BadInput(f"{what}, not both" if files else what)
-        if rank is not None and not run_name:
-            raise BadInput("--rank goes with --run")
-        for c in confs:  # refuse bad settings before reading anything
-            from memq.analysis.alloc_conf import parse_alloc_conf
+    if bool(files) == bool(run_name):
+        what = "give snapshot FILE(s) or --run R"
+        raise BadInput(f"{what}, not both" if files else what)
+    if rank is not None and not run_name:
+        raise BadInput("--rank goes with --run")
+    for c in confs:  # refuse bad settings before reading anything
+        from memq.analysis.alloc_conf import parse_alloc_conf
 
-            parse_alloc_conf(c)
-        if run_name:
-            results, title = _from_run(run_name, rank, limit, confs, sweep, max_bytes)
-        else:
-            results, title = _from_files(files, limit, confs, sweep, max_bytes)
-    except MemqError as exc:  # one line, the exit code of the error (2 bad input, 4 unknown run), no traceback
-        click.echo(f"memq: error: {safe_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
+        parse_alloc_conf(c)
+    if run_name:
+        results, title = _from_run(run_name, rank, limit, confs, sweep, max_bytes)
+    else:
+        results, title = _from_files(files, limit, confs, sweep, max_bytes)
     if as_json:
         json.dump(results, sys.stdout, indent=1)
         sys.stdout.write("\n")

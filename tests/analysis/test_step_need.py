@@ -19,7 +19,7 @@ import pytest
 
 from memq.analysis import analyze
 from memq.analysis import step_need as sn
-from memq.analysis.checkpoint import DUPLICATE_OVER_PARAMS, checkpoint_load
+from memq.analysis.checkpoint import DUPLICATE_OVER_PARAMS
 from memq.analysis.classify import SPIKE_FACTOR, Facts, check_activation_spike, check_fragmentation
 from memq.snapshot import parse_snapshot
 from tests.analysis.agent_data import STEP_NEED, rank_folder, spool_run, step_need_truth
@@ -244,35 +244,6 @@ def test_fragmentation_is_not_named_for_a_step_whose_need_does_not_fit():
     assert not check_fragmentation(_facts(step_need=over)).holds
     f_fits, f_unknown = check_fragmentation(_facts(step_need=fits)), check_fragmentation(_facts(step_need=unknown))
     assert f_fits.holds and f_unknown.holds and f_unknown.strength < f_fits.strength
-
-
-def test_duplicate_rule_just_under_and_over():
-    """A snapshot whose new blocks copy the parameters 1.2x / 1.3x (by size) beside live AdamW state."""
-    def snap(copies: float) -> tuple:
-        p = 64 * MiB
-        frames_p = [{"filename": "torch/nn/modules/module.py", "line": 1, "name": "_apply"}]
-        frames_s = [{"filename": "torch/optim/adamw.py", "line": 1, "name": "_init_group"}]
-        blocks, addr = [], 0
-
-        def add(size, frames):
-            nonlocal addr
-            blocks.append({"address": addr, "size": size, "requested_size": size, "state": "active_allocated",
-                           "frames": frames})
-            addr += size
-        for _ in range(10):
-            add(p, frames_p)
-        for _ in range(20):
-            add(p, frames_s)
-        before = {(b["address"], b["size"]): "x" for b in blocks}
-        for _ in range(int(copies * 10)):
-            add(p, [])
-        raw = {"segments": [{"device": 0, "address": 0, "total_size": addr, "stream": 0, "segment_type": "large",
-                             "allocated_size": addr, "active_size": addr, "blocks": blocks}],
-               "device_traces": [[]]}
-        return parse_snapshot(raw), before
-    for copies, found in ((DUPLICATE_OVER_PARAMS - 0.05, False), (DUPLICATE_OVER_PARAMS + 0.05, True)):
-        s, before = snap(copies)
-        assert (checkpoint_load([], s, before) is not None) is found, copies
 
 
 def test_an_unknown_limit_never_settles_the_fit():

@@ -56,7 +56,7 @@ def test_db_upgrade_current_downgrade(memq_env):
     assert cur["up_to_date"] and cur["current"] == cur["head"]
     memq("db", "downgrade", "base")
     res = memq("db", "current", ok=False)
-    assert isinstance(res.exception, SchemaOutOfDate) and res.exception.exit_code == 3
+    assert res.exit_code == SchemaOutOfDate.exit_code == 3 and res.stderr.startswith("memq: error: ")
     memq("db", "upgrade")
 
 
@@ -66,7 +66,7 @@ def test_credentials_never_printed(tmp_path, monkeypatch):
     for args in (["db", "current"], ["runs"], ["db", "upgrade"]):
         res = memq(*args, ok=False)
         assert res.exit_code != 0
-        text = res.output + str(res.exception)
+        text = res.output + res.stderr
         assert "hunter2-secret" not in text and "unavailable" in text
 
 
@@ -126,14 +126,15 @@ def test_history_json_and_table(history_db):
 
 
 def test_unknown_runs_are_clear_errors(history_db):
-    res = memq("history", "--run", "nope", ok=False)
-    assert isinstance(res.exception, NotFound) and "no run named 'nope'" in str(res.exception)
-    res = memq("history", "--run", "sgd", "--rank", "3", ok=False)
-    assert isinstance(res.exception, NotFound) and "rank 3" in str(res.exception)
-    res = memq("compare", "sgd", "nope", ok=False)
-    assert isinstance(res.exception, NotFound)
-    res = memq("versions", "--job", "nope", ok=False)
-    assert isinstance(res.exception, NotFound)
+    def not_found(*args) -> str:  # one line on stderr and NotFound's exit code, no traceback
+        res = memq(*args, ok=False)
+        assert res.exit_code == NotFound.exit_code == 4 and res.stderr.count("\n") == 1, res.stderr
+        assert res.stderr.startswith("memq: error: ") and "Traceback" not in res.output
+        return res.stderr
+    assert "no run named 'nope'" in not_found("history", "--run", "nope")
+    assert "rank 3" in not_found("history", "--run", "sgd", "--rank", "3")
+    assert "nope" in not_found("compare", "sgd", "nope")
+    assert "nope" in not_found("versions", "--job", "nope")
 
 
 def test_compare_json(history_db):
@@ -196,7 +197,7 @@ def test_server_schema_out_of_date_refused_by_commands(pg_server, tmp_path, monk
         for k, v in memq_environ(url, tmp_path).items():
             monkeypatch.setenv(k, v)
         res = memq("runs", ok=False)
-        assert isinstance(res.exception, SchemaOutOfDate) and "memq db upgrade" in str(res.exception)
+        assert res.exit_code == SchemaOutOfDate.exit_code and "memq db upgrade" in res.stderr
         memq("db", "upgrade")
         assert json.loads(memq("runs", "--json").output)["runs"] == []
 
@@ -245,7 +246,7 @@ def test_bad_file_mid_ingest_exits_2_and_keeps_what_was_stored(memq_env, tmp_pat
     bad.write_bytes(b"\x1f\x8b\x08\x00garbage")
     good = [str(p) for p in run_files("frag_synthetic")]
     res = memq("ingest", good[0], str(bad), good[1], "--run", "partial", "--limit", "8GiB", ok=False)
-    assert res.exception.exit_code == 2 and "broken.pickle.gz" in str(res.exception)
+    assert res.exit_code == 2 and "broken.pickle.gz" in res.stderr
     doc = json.loads(memq("history", "--run", "partial", "--json").output)
     assert len(doc["snapshots"]) == 1 and doc["diagnosis"] is not None
     doc = json.loads(memq("ingest", *good, "--run", "partial", "--limit", "8GiB", "--json").output)
