@@ -204,8 +204,9 @@ MAX_USER_METADATA = 200
 
 class _Frames:
     """Interns trace entries' frame lists by what they say: entries whose frames read the same
-    (filename, line, name) share one list, so passes can cache per list and the rest is freed as the
-    entries are parsed. The real 100k-entry H200 snapshot holds 55,150 lists of 486,682 frame dicts
+    (filename, line, name) share one list, so passes can cache per list; the lists dropped for it are
+    freed as the entries are parsed, or held by the snapshot when their frames would die with them
+    (`Snapshot.held`). The real 100k-entry H200 snapshot holds 55,150 lists of 486,682 frame dicts
     (no two of them the same object) that say 34 different things; the real 1M-entry capture keeps
     27 lists of its 293,691. Each kept frame is checked once, at the end (`check`); a list that is
     dropped for another is checked as it is dropped. The trace is not shape-checked as a whole
