@@ -42,10 +42,7 @@ def appeared(before: dict, after: dict) -> list[tuple[int, int]]:
     tensor freed and another allocated in its place for one that stayed: a block is the same only
     when its allocation site is the same too. (Two tensors of one line at one address and size stay
     one block: the snapshot keeps no allocation time.)"""
-    return [k for k, site in after.items() if before.get(k, _GONE) != site]
-
-
-_GONE = object()
+    return [k for k, site in after.items() if before.get(k) != site]  # a site is always a string
 
 
 def detect_leak(points: list[dict], limit: int | None) -> dict:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GiB = 1024**3
-MiB = 1024**2
+from memq.units import GiB, MiB, fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,8 @@ RULES: dict[str, Rule] = {}
 
 
 def _rule(name: str, value, unit: str, kind: str, source: str, used_in: str):
-    assert kind in ("definition", "measured", "judgement"), kind
+    if kind not in ("definition", "measured", "judgement"):
+        raise ValueError(f"rule {name}: kind {kind!r} is not definition, measured or judgement")
     RULES[name] = Rule(name, value, unit, kind, source, used_in)
     return value
 
@@ -254,9 +254,7 @@ STRENGTH: dict[str, float] = {
 
 
 def shown(value: float, unit: str) -> str:
-    if unit == "bytes":
-        return f"{value / MiB:g} MiB" if value < GiB else f"{value / GiB:g} GiB"
-    return f"{value:g}"
+    return fmt_bytes(value, "brief") if unit == "bytes" else f"{value:g}"
 
 
 def markdown_table() -> str:

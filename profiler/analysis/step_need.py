@@ -43,7 +43,6 @@ from memq.analysis.rules import (
 )
 
 # The thresholds, with their sources, are in rules.py (docs/analysis.md "The rules table").
-MIN_BYTES, SMALL_SHARE = ALIGN_MIN_BYTES, ALIGN_SMALL_SHARE
 
 
 def request_slack(S: int) -> int:
@@ -131,7 +130,7 @@ def align(ref: dict, fail_blocks: list[int], S: int) -> _Align | None:
     """The best (point, scale) of the earlier step for the failing step's live blocks + request."""
     sizes = [a[0] for a in ref["allocs"]]
     flags = [a[1] for a in ref["allocs"]]
-    floor = max(MIN_BYTES, int(S * SMALL_SHARE))
+    floor = max(ALIGN_MIN_BYTES, int(S * ALIGN_SMALL_SHARE))
     fail = sorted(b for b in [*fail_blocks, S] if b >= floor)
     fail_total = float(sum(fail)) or 1.0
     points = sum(1 for e in ref["events"] if e >= 0 and _scale_for(sizes[e], flags[e], S) is not None)

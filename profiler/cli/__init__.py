@@ -86,9 +86,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             __import__("os")._exit(0)
-    except MemqError as exc:
-        click.echo(f"memq: error: {safe_text(exc)}", err=True)
-        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("memq: aborted", err=True)
         sys.exit(130)

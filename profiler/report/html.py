@@ -3,6 +3,7 @@ request to any other file or host (it opens from a mail attachment or a file sha
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,11 @@ from memq.units import fmt_bytes
 
 # The page's template is a package file: HTML lines keep their natural length there.
 TEMPLATE_FILE = Path(__file__).with_name("templates") / "report.html"
+
+
+@functools.cache
+def _template_text() -> str:
+    return TEMPLATE_FILE.read_text()  # once per process, not once per report rendered
 
 
 def _env():
@@ -43,7 +49,7 @@ def render_html(doc: dict[str, Any]) -> str:
     cause_svg = plots.to_svg(plots.cause_figure(doc["breakdown"]["by_cause"]))
     trend_svg = plots.to_svg(plots.trend_figure(doc["trend"])) if doc.get("trend") else ""
     timelines = [{"run": t["run"], "svg": plots.to_svg(plots.timeline_figure(t))} for t in doc.get("timelines") or []]
-    return _env().from_string(TEMPLATE_FILE.read_text()).render(d=doc, cause_svg=cause_svg, trend_svg=trend_svg,
+    return _env().from_string(_template_text()).render(d=doc, cause_svg=cause_svg, trend_svg=trend_svg,
                                                                 timelines=timelines)
 
 

@@ -181,6 +181,7 @@ def test_the_alert_headroom_default_is_the_near_miss_share():
     from memq.config import Settings
 
     assert Settings.__dataclass_fields__["alert_headroom_pct"].default == 5
+    assert Settings.__dataclass_fields__["alert_headroom_pct"].default == round(100 * rules.NEAR_MISS_SHARE)
 
 
 @rule("NEAR_MISS_SHARE", "STRENGTH[optimizer_later]")

@@ -178,7 +178,7 @@ def test_gate_just_under_and_over_the_matched_share():
     S = ctx.requested_bytes
     A = per["metrics"]["active_bytes"]
     base = sn.align(ref, cur["blocks"], S)
-    floor = max(sn.MIN_BYTES, int(S * sn.SMALL_SHARE))
+    floor = max(sn.ALIGN_MIN_BYTES, int(S * sn.ALIGN_SMALL_SHARE))
     total = sum(b for b in [*cur["blocks"], S] if b >= floor)
     matched = base.matched * total
     odd = 7_654_321 * 13  # matches no tensor of this model at any scale
