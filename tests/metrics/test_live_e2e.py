@@ -1,5 +1,5 @@
 """Live metrics and alerts end to end: `memq push` and the agent -> Redis (shared, own prefix) ->
-`memq dispatcher` -> a Celery worker (`memq worker`, embedded beat) -> this module's own database;
+`memq dispatcher` -> a Celery worker (`memq worker`) and its beat -> this module's own database;
 then `memq exporter` scraped over HTTP, and the alerts received by a local HTTP server, including
 when the worker is SIGKILLed in the middle of a send and started again."""
 
@@ -166,7 +166,7 @@ def test_an_alert_survives_a_sigkill_during_the_send(stack, rx):
     assert [tuple(r) for r in row] == [("sending", 1, True)]  # received, not recorded as sent
     for name, p in list(stack.procs.items()):
         if name.startswith("worker") and p.poll() is None:
-            kill_group(p)  # SIGKILL to the worker, its pool process (the sender) and its beat
+            kill_group(p)  # SIGKILL to the worker and its pool process (the sender)
     stack.start_worker(concurrency=1)
     wait_for(lambda: _alert_states(stack).get("m-frag/oom:fragmentation", ("",))[0] == "sent", 90, 0.3,
              "the alert taken over and sent after the lease expired")

@@ -1,5 +1,6 @@
-"""The nightly report through the real services: a Celery worker process (`memq worker`, embedded
-beat) on the shared Redis under a unique key prefix, the report history in its own SQLite file.
+"""The nightly report through the real services: a Celery worker process (`memq worker`) and its
+beat (`celery beat`, a process of its own, as deployed) on the shared Redis under a unique key
+prefix, the report history in its own SQLite file.
 
 1. A message sent to the report queue is consumed by the worker: the report row and files appear.
 2. Beat fires the crontab entry at the configured UTC minute: the worker builds yesterday's report
@@ -96,7 +97,7 @@ def test_beat_fires_at_the_configured_utc_minute_and_reruns_replace(history, sha
         rows = _reports(history)
         assert [(r[0], r[1]) for r in rows] == [(yesterday, "all")]
         first_id, first_at = rows[0][2], rows[0][3]
-        assert "Scheduler: Sending due task memq-nightly-report" in stack.log_tail("worker", 200_000)
+        assert "Scheduler: Sending due task memq-nightly-report" in stack.log_tail("beat", 200_000)
     finally:
         stack.close()
     assert first_at is not None

@@ -153,8 +153,11 @@ class PrivatePostgres:
 
 
 class Stack:
-    """Environment and processes of one memq deployment under test: `memq dispatcher` and a Celery
-    worker (`memq worker`, with an embedded beat for the reaper), logs in the test's tmp dir."""
+    """Environment and processes of one memq deployment under test: `memq dispatcher`, Celery workers
+    (`memq worker`) and their one beat (for the reaper), logs in the test's tmp dir. The beat runs as
+    its own process, as every deployment runs it (deploy/compose.yaml): a worker with an embedded beat
+    (`-B`) can stop consuming after a Redis restart (kombu's redis transport, benchmarks/RESULTS.md
+    "Faults under load"), which is not the product's failure to test."""
 
     def __init__(self, tmp: Path, redis_url: str, database_url: str, **extra: str):
         self.tmp = tmp
@@ -173,6 +176,7 @@ class Stack:
         self.env.update(extra)
         self.procs: dict[str, subprocess.Popen] = {}
         self.n = 0
+        self.beat: subprocess.Popen | None = None
 
     # settings and clients as the processes see them
     @property
@@ -208,23 +212,33 @@ class Stack:
         return json.loads(self.memq(*args, "--json").stdout)
 
     # long-running processes
-    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict | None = None, module: str = "memq") -> subprocess.Popen:
         self.n += 1
         log = open(self.tmp / f"{name}-{self.n}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen([sys.executable, "-m", "memq", *args], env=env or self.env, stdout=log,
+        p = subprocess.Popen([sys.executable, "-m", module, *args], env=env or self.env, stdout=log,
                              stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
         p._memq_log = log  # type: ignore[attr-defined]
         self.procs[f"{name}-{self.n}"] = p
         return p
 
     def beat_schedule_file(self) -> Path:
-        """The schedule file the next `start_worker(beat=True)` gives its beat."""
-        return self.tmp / f"beat-{self.n + 1}"
+        """The schedule file of this stack's beat (started by the first `start_worker(beat=True)`)."""
+        return self.tmp / "beat-schedule"
+
+    def start_beat(self) -> subprocess.Popen:
+        """The stack's one beat, as the deployments start it (`celery -A memq.workers.app beat`); a
+        beat already running is kept (a second one would send every periodic task twice)."""
+        if self.beat is not None and self.beat.poll() is None:
+            return self.beat
+        self.beat = self._spawn("beat", ["-A", "memq.workers.app", "beat", "-l", "INFO",
+                                         "-s", str(self.beat_schedule_file()), "--pidfile="], module="celery")
+        return self.beat
 
     def start_worker(self, concurrency: int = 1, beat: bool = True, wait: bool = True) -> subprocess.Popen:
+        """A worker; with `beat`, the stack's beat too, when it has none running."""
         args = ["worker", "-c", str(concurrency), "-l", "INFO", "--without-mingle", "--without-gossip"]
         if beat:
-            args += ["-B", "-s", str(self.beat_schedule_file()), "--pidfile", ""]
+            self.start_beat()
         p = self._spawn("worker", args)
         if wait:
             wait_for(lambda: self.heartbeats("worker") or p.poll() is not None, 60, 0.2, "worker heartbeat")

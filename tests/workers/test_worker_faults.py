@@ -45,7 +45,11 @@ def _drained(stack: Stack) -> bool:
 
 
 def _done(stack: Stack, n: int, timeout: float = 90) -> None:
-    wait_for(lambda: stack.states().get("done", 0) >= n, timeout, 0.2, f"{n} snapshots done")
+    try:
+        wait_for(lambda: stack.states().get("done", 0) >= n, timeout, 0.2, f"{n} snapshots done")
+    except AssertionError as e:  # what each process last said: a CI log must show where it stuck
+        logs = "\n".join(stack.log_tail(name, 3000) for name in ("worker", "beat", "dispatcher"))
+        raise AssertionError(f"{e}; snapshot states {stack.states()}\n{logs}") from None
 
 
 class ListSource(ReplaySource):
