@@ -38,3 +38,40 @@ def test_a_tie_between_triggers_is_decided_the_same_under_every_hash_seed():
 
 def test_the_most_common_trigger_wins_over_the_first():
     assert _points(["manual", "periodic", "periodic", "signal"], 5) == [1, 2]
+
+
+# A run whose two trigger kinds tie 4 to 4 and disagree: the `manual` snapshots are one flat epoch
+# (the first epoch four times), the `periodic` ones the leak_epochs run's growing epochs 0-3.
+WHOLE = r"""
+import json, sys
+from memq.analysis import analyze
+from memq.load import load_snapshot_file
+d = sys.argv[1]
+files, triggers = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+r = analyze([load_snapshot_file(f"{d}/{f}.pickle.gz") for f in files], None, triggers=triggers)
+print(json.dumps({"diagnosis": r["diagnosis"], "forecast": r["forecast"], "leak": r["details"]["leak"]},
+                 sort_keys=True))
+"""
+LEAK_RUN = ROOT / "tests" / "fixtures" / "captured" / "leak_epochs"
+TIED_FILES = ["epoch0", "epoch0", "epoch0", "epoch1", "epoch0", "epoch2", "epoch0", "epoch3"]
+TIED_TRIGGERS = ["manual", "periodic"] * 4
+
+
+def _whole(files: list[str], triggers: list[str], seed: int) -> dict:
+    env = dict(os.environ, PYTHONHASHSEED=str(seed), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", WHOLE, str(LEAK_RUN), json.dumps(files), json.dumps(triggers)],
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def test_the_same_run_gets_the_same_verdict_under_every_hash_seed():
+    """The whole diagnosis, forecast and leak test, byte for byte, in processes of different string
+    hashing; and the tie is one that matters: either trigger's snapshots alone give another verdict."""
+    runs = [_whole(TIED_FILES, TIED_TRIGGERS, seed) for seed in (1, 2, 3, 4, 5, 6, 7, 8)]
+    assert all(r == runs[0] for r in runs[1:])
+    assert runs[0]["diagnosis"]["primary_cause"] == "healthy"  # `manual` came first: the flat epoch
+    growing = _whole(TIED_FILES[1::2], ["periodic"] * 4, 1)
+    flat = _whole(TIED_FILES[0::2], ["manual"] * 4, 1)
+    assert growing["diagnosis"]["primary_cause"] == "leak" and growing["leak"]["holds"]
+    assert flat["diagnosis"]["primary_cause"] == "healthy" and not flat["leak"]["holds"]
+    assert not runs[0]["leak"]["holds"]
