@@ -19,7 +19,10 @@ import click
 @click.option("-Q", "--queues", default="memq.ingest,memq.analyze,memq.report", show_default=True)
 @click.option("-c", "--concurrency", type=int, help="Pool processes (default: Celery's, the CPU count).")
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
-@click.option("-B", "--beat", is_flag=True, help="Also run the beat scheduler (run exactly one beat).")
+@click.option("-B", "--beat", is_flag=True,
+              help="Also run the beat scheduler, for development (run exactly one beat). Deployments run "
+                   "`celery -A memq.workers.app beat` as its own process: a worker with an embedded beat "
+                   "can stop consuming after a Redis restart.")
 @click.pass_context
 def worker(ctx, queues, concurrency, loglevel, beat):
     """Run a Celery worker for memq (other options go to `celery worker` unchanged)."""
