@@ -236,18 +236,23 @@ def view_benchmark(args) -> None:
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             built = time.perf_counter() - t
             memq = time_memq_view(p, out) | {"build_s": built}
-            viz_html = Path(tmp) / f"{path.stem}.viz.html"
-            memory_viz_html(path, viz_html, d3_js)
-            viz = time_memory_viz(p, viz_html, viz_js)
+            viz: dict = {"skipped": "not measured: give --memory-viz-js (offline, its page cannot fetch its script)"}
+            if viz_js:
+                viz_html = Path(tmp) / f"{path.stem}.viz.html"
+                memory_viz_html(path, viz_html, d3_js)
+                viz = time_memory_viz(p, viz_html, viz_js)
             rows.append({"file": label, "memq": memq, "memory_viz": viz})
+            if viz.get("skipped"):
+                theirs = viz["skipped"]
+            elif viz.get("open_s") is not None:
+                theirs = (f"{viz['html_mib']:.1f} MiB: opens in {viz['open_s']:.2f} s ({viz['polygons']} polygons), "
+                          f"a wheel zoom {1000 * viz['zoom_s']:.0f} ms, JS heap {viz['js_heap_mib']:.0f} MiB")
+            else:
+                theirs = f"{viz['html_mib']:.1f} MiB: never drew: {viz['failed']} {viz['errors'][:2]}"
             print(f"{label:>16}: memq view {memq['html_mib']:.1f} MiB (written in {built:.1f} s), opens in "
                   f"{memq['open_s']:.2f} s, full detail in {memq['detail_s']:.2f} s, "
                   f"1% zoom {1000 * memq['zoom_1pct_s']:.0f} ms,"
-                  f" JS heap {memq['js_heap_mib']:.0f} MiB | memory_viz {viz['html_mib']:.1f} MiB: "
-                  + (f"opens in {viz['open_s']:.2f} s ({viz['polygons']} polygons), a wheel zoom "
-                     f"{1000 * viz['zoom_s']:.0f} ms, JS heap {viz['js_heap_mib']:.0f} MiB"
-                     if viz.get("open_s") is not None
-                     else f"never drew: {viz['failed']} {viz['errors'][:2]}"))
+                  f" JS heap {memq['js_heap_mib']:.0f} MiB | memory_viz {theirs}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": platform.platform(), "view": rows}, indent=1))
 
