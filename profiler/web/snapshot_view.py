@@ -101,7 +101,8 @@ def _segments_drawn(ordered: list) -> set[int]:
 
 
 # The timeline's overview: at most this many points, each the highest total of its bucket of events
-# (so no peak between points is lost); the page zooms into any range at full detail from the packed
+# (so no peak between points is lost) with the bucket's lowest total beside it (so the steps' troughs
+# show where a million events fold into one column); the page zooms into any range at full detail from the packed
 # per-event changes (`_detail`), starting from the level vector stored every DETAIL_CHECKPOINT events.
 MAX_POINTS = 1000
 DETAIL_CHECKPOINT = 4096
@@ -117,7 +118,7 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
     trace = snap.trace
     cats = [BEFORE, *fr.CATEGORIES]
     if not trace:
-        return {"categories": cats, "t": [], "idx": [], "levels": [], "events": 0, "oom_index": None,
+        return {"categories": cats, "t": [], "idx": [], "levels": [], "low": [], "events": 0, "oom_index": None,
                 "peak_index": None, "time_unit": None, "detail": None}
     n = len(trace)
     ci = {c: i for i, c in enumerate(cats)}
@@ -136,6 +137,8 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
     idx: list[int] = []
     extra: list[tuple[int, list[int]]] = []
     best, best_i, best_row = -1, 0, level
+    low: list[int] = []
+    lo = None
     oom_i = None
     peak_i, peak = 0, -1
     frame_cat: dict[int, int] = {}  # id(frames) -> category: entries share interned frames lists
@@ -175,19 +178,24 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
             peak, peak_i = total, i
         if total > best:  # the bucket's highest point so far (first reached)
             best, best_i, best_row = total, i, list(level)
+        if lo is None or total < lo:
+            lo = total
         if i == oom_i:
             extra.append((i, list(level)))
         if i % bucket == bucket - 1 or i == n - 1:
             idx.append(best_i)
             rows.append(best_row)
-            best = -1
+            low.append(lo)
+            best, lo = -1, None
+    bucket_low = list(low)
     for i, row in extra:  # the OOM entry, where the bucket's high point is elsewhere
         if i not in idx:
             k = bisect_left(idx, i)
             idx.insert(k, i)
             rows.insert(k, row)
+            low.insert(k, bucket_low[i // bucket])
     ts = [times[i] + (t0 if has_time else 0) for i in idx]
-    return {"categories": cats, "t": ts, "idx": idx, "levels": rows, "events": n,
+    return {"categories": cats, "t": ts, "idx": idx, "levels": rows, "low": low, "events": n,
             "peak_index": idx.index(peak_i) if peak_i in idx else None, "peak_event": peak_i, "peak_bytes": peak,
             "oom_index": idx.index(oom_i) if oom_i is not None and oom_i in idx else None, "oom_event": oom_i,
             "time_unit": "us" if has_time else "event",

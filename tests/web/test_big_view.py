@@ -51,6 +51,8 @@ def test_the_packed_detail_replays_to_the_overview(tmp_path):
     C = len(tl["categories"])
     level = list(ckpt[:C])
     want = dict(zip(tl["idx"], tl["levels"], strict=True))
+    per = -(-tl["events"] // 1000)  # events per overview point (MAX_POINTS)
+    lows, lo = [], None
     checked = 0
     for i in range(tl["events"]):
         if not i % tl["detail"]["checkpoint"]:
@@ -58,12 +60,21 @@ def test_the_packed_detail_replays_to_the_overview(tmp_path):
         c = cats[i]
         if c != NO_CHANGE:
             level[c] += delta[i]
+        total = sum(level)
+        lo = total if lo is None else min(lo, total)
+        if i % per == per - 1 or i == tl["events"] - 1:
+            lows.append(lo)
+            lo = None
         if i in want:
             assert level == want[i], i
             checked += 1
     assert checked == len(tl["idx"])
     # each overview point is the highest of its bucket: no total between two points exceeds both
     assert max(map(sum, tl["levels"])) == tl["peak_bytes"]
+    # ... and carries its bucket's lowest total, which the flat band of highs alone would hide
+    assert tl["low"] == lows
+    assert all(lw <= sum(r) for lw, r in zip(tl["low"], tl["levels"], strict=True))
+    assert sum(sum(r) - lw for lw, r in zip(tl["low"], tl["levels"], strict=True)) / len(lows) > 64 * 2**20
 
 
 def test_zoom_to_a_window_draws_every_event_and_rescales(tmp_path):
@@ -78,6 +89,8 @@ def test_zoom_to_a_window_draws_every_event_and_rescales(tmp_path):
             assert "1000000 trace entries" in page.text_content("#cat-svg")
             page.wait_for_selector("#cat-timeline[data-detail='ready']", timeout=30_000)
             whole_top = float(page.get_attribute("#cat-svg", "data-ymax"))
+            assert page.get_attribute("#cat-svg", "data-low") == "drawn"  # 1,000 events a column
+            assert page.locator("#cat-low").get_attribute("d").count("L") == len(data["timeline"]["idx"]) - 1
             assert_not_blank(shot(page, tmp_path / "big-whole.png", full_page=True))
             a = 500_000
             page.evaluate(f"window.memqZoom({a}, {a + 10_000})")  # a 1% window
@@ -86,6 +99,7 @@ def test_zoom_to_a_window_draws_every_event_and_rescales(tmp_path):
             page.evaluate(f"window.memqZoom({a}, {a + 300})")  # fewer events than pixels: every one
             d = page.locator("#cat-svg path.band").first.get_attribute("d")
             assert d.count("L") == 2 * 300 - 1
+            assert page.get_attribute("#cat-svg", "data-low") == "none"  # every event drawn: no troughs hidden
             assert float(page.get_attribute("#cat-svg", "data-ymax")) < whole_top  # the axis is the window's
             assert_not_blank(shot(page, tmp_path / "big-zoom.png", full_page=True))
             # a drag across the chart zooms too; "whole trace" comes back

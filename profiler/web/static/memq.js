@@ -221,16 +221,21 @@
     for (c = 0; c < C; c++) lv[c] = D.ckpt[k * C + c];
     for (i = k * D.every; i < a; i++) { c = D.cat[i]; if (c !== 255) lv[c] += D.delta[i]; }
     for (c = 0; c < C; c++) tot += lv[c];
-    var idx = [], rows = [], every = b - a <= 2 * cols, per = every ? 1 : (b - a) / cols;
-    var end = a + per, best = -Infinity, bestI = a, bestRow = null;
+    // Each column: the composition at its highest total, and its lowest total (null when every event
+    // is drawn: the bands then are the whole story).
+    var idx = [], rows = [], low = [], every = b - a <= 2 * cols, per = every ? 1 : (b - a) / cols;
+    var end = a + per, best = -Infinity, bestI = a, bestRow = null, lo = Infinity;
     for (i = a; i < b; i++) {
       c = D.cat[i];
       if (c !== 255) { lv[c] += D.delta[i]; tot += D.delta[i]; }
       if (every) { idx.push(i); rows.push(Array.from(lv)); continue; }
       if (tot > best) { best = tot; bestI = i; bestRow = Array.from(lv); }
-      if (i + 1 >= end || i === b - 1) { idx.push(bestI); rows.push(bestRow); best = -Infinity; end += per; }
+      if (tot < lo) lo = tot;
+      if (i + 1 >= end || i === b - 1) {
+        idx.push(bestI); rows.push(bestRow); low.push(lo); best = -Infinity; lo = Infinity; end += per;
+      }
     }
-    return {idx: idx, rows: rows};
+    return {idx: idx, rows: rows, low: every ? null : low};
   }
 
   function catTimeline(box, view, panel) {
@@ -265,7 +270,7 @@
       return tl.time_unit === "us" ? (timeOf(i) / 1e6).toFixed(3) + " s" : "entry " + i;
     }
 
-    function draw(idx, rows, a, b) {
+    function draw(idx, rows, a, b, low) {
       var t0 = performance.now();
       box.textContent = "";
       svg = svgFor(box, W, H);
@@ -294,6 +299,18 @@
         p.addEventListener("click", function () { bandStacks(c); });
         base = top;
       });
+      // The lowest total of each column, where a column folds many events: the troughs between the
+      // peaks the bands show (a flat band over a million events is otherwise all the overview says).
+      var folded = low && low.length === m && low.some(function (v, k) { return v < tots[k]; });
+      if (folded) {
+        var ld = "";
+        for (var j = 0; j < m; j++) ld += (j ? "L" : "M") + x(idx[j]).toFixed(1) + "," + y(low[j]).toFixed(1);
+        el("path", {d: ld, "class": "low-line", id: "cat-low", "data-per-column": Math.round((b - a) / m)}, svg);
+        var lowest = Math.min.apply(null, low), highest = Math.max.apply(null, low);
+        el("text", {x: W - R - 4, y: y(low[m - 1]) + 14, "class": "label low-label", "text-anchor": "end"}, svg,
+           "lowest of each column: " + fmtBytes(lowest) + (highest > lowest ? " to " + fmtBytes(highest) : ""));
+      }
+      svg.setAttribute("data-low", folded ? "drawn" : "none");
       var oom = tl.oom_event;
       if (oom !== null && oom !== undefined && oom >= a && oom < b) {
         var ox = x(oom);
@@ -315,6 +332,7 @@
       var ms = performance.now() - t0;
       svg.setAttribute("data-render-ms", ms.toFixed(1));
       info.textContent = (b - a === n ? "whole trace" : "entries " + a + "-" + (b - 1)) +
+        (folded ? " · bands: each column's highest point; line: its lowest" : "") +
         (D ? " · drag across the chart to zoom, wheel to zoom around the pointer" : " · unpacking the full detail...");
       return ms;
     }
@@ -375,19 +393,19 @@
       a = Math.max(0, Math.floor(a)); b = Math.min(n, Math.ceil(b));
       if (b - a < 2) b = Math.min(n, a + 2);
       var w = windowRows(D, a, b, W - L - R);
-      return draw(w.idx, w.rows, a, b);
+      return draw(w.idx, w.rows, a, b, w.low);
     }
     out.addEventListener("click", function () { var c = (win[0] + win[1]) / 2, hw = (win[1] - win[0]) * 2; zoom(c - hw, c + hw); });
     all.addEventListener("click", function () { zoom(0, n); });
 
-    draw(tl.idx, tl.levels, 0, n);
+    draw(tl.idx, tl.levels, 0, n, tl.low);
     window.memqZoom = null;
     if (tl.detail && typeof DecompressionStream !== "undefined") {
       unpackDetail(tl.detail).then(function (d) {
         D = d;
         window.memqZoom = zoom;
         box.setAttribute("data-detail", "ready");
-        draw(tl.idx, tl.levels, win[0], win[1]);
+        if (win[0] === 0 && win[1] === n) draw(tl.idx, tl.levels, 0, n, tl.low); else zoom(win[0], win[1]);
       }).catch(function (e) { info.textContent = "full detail unavailable: " + e; box.setAttribute("data-detail", "failed"); });
     }
   }
