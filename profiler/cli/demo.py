@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 
 from memq.cli._listing import console, write_json
-from memq.playbook_doc import doc_link
+from memq.render.safe import rich_text as v
+from memq.render.terminal import recommendation_lines
 
 
 def demo_dir() -> Path:
@@ -86,15 +87,13 @@ def demo(as_json: bool) -> None:
     for rep in doc["runs"]:
         res = rep.get("diagnosis") or {}
         d = res.get("diagnosis") or {}
-        lines = [f"[dim]{rep['about']}[/dim]",
-                 f"[bold]{d.get('primary_cause')}[/bold] (confidence {d.get('confidence', 0):.2f})"]
+        lines = [f"[dim]{v(rep['about'])}[/dim]",
+                 f"[bold]{v(d.get('primary_cause'))}[/bold] (confidence {d.get('confidence', 0):.2f})"]
         for c in d.get("causes", [])[:1]:
             for ev in c.get("evidence", [])[:3]:
-                lines.append(f"  {ev}")
+                lines.append(f"  {v(ev)}")
         for rec in d.get("recommendations", [])[:2]:
-            lines.append(f"-> {rec['action']}: {rec.get('expected_effect', '')}")
-            if doc_link(rec.get("playbook")):
-                lines.append(f"   playbook: {doc_link(rec.get('playbook'))}")
+            lines += recommendation_lines(rec)
         con.print(Panel("\n".join(lines), title=f"{rep['run']} ({rep['status']})", expand=False))
     con.print(table("history (memq runs --cluster demo)", RUN_COLS, doc["history"]))
     with store.session() as s:

@@ -12,7 +12,8 @@ import click
 
 from memq.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
 from memq.cli.analyze import SIZE
-from memq.playbook_doc import doc_link
+from memq.render.safe import rich_text as v
+from memq.render.terminal import recommendation_lines
 
 
 def _progress(total: int, enabled: bool):
@@ -120,14 +121,12 @@ def _print_report(doc: dict) -> None:
     res = doc.get("diagnosis")
     if res:
         d = res["diagnosis"]
-        lines = [f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})"]
+        lines = [f"[bold]{v(d['primary_cause'])}[/bold] (confidence {d['confidence']:.2f})"]
         for c in d.get("causes", [])[:3]:
             for ev in c.get("evidence", [])[:2]:
-                lines.append(f"  {c['cause']}: {ev}")
+                lines.append(f"  {v(c['cause'])}: {v(ev)}")
         for r in d.get("recommendations", [])[:3]:
-            lines.append(f"-> {r['action']}: {r.get('expected_effect', '')}")
-            if doc_link(r.get("playbook")):
-                lines.append(f"   playbook: {doc_link(r.get('playbook'))}")
+            lines += recommendation_lines(r)
         con.print(Panel("\n".join(lines), title="run diagnosis", expand=False))
     con.print(f"stored in {doc['database']}; see `memq history --run {doc['run']}`")
 

@@ -129,8 +129,9 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
-        con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}\n"
-                  f"     effect: {v(rec['expected_effect'])}")
+        effect = _effect(rec)
+        con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}"
+                  + (f"\n     effect: {v(effect)}" if effect else ""))
         link = doc_link(rec.get("playbook"))  # "" for a result stored before recommendations had one
         if link:
             con.print(f"     playbook: {v(link)}")
@@ -141,6 +142,23 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             con.print(f"  {v(doc_link(e['id']) or e['id'])} ({v(e['title'])}): {v(e['why'])}")
     for w in det.get("warnings", []):
         con.print(f"[yellow]note:[/yellow] {v(w)}")
+
+
+def _effect(rec: dict) -> str:
+    """The expected effect to print; "" for the advice that states none ("-": no change needed)."""
+    effect = rec.get("expected_effect") or ""
+    return "" if effect == "-" else effect
+
+
+def recommendation_lines(rec: dict) -> list[str]:
+    """One recommendation as markup lines for a summary panel (memq ingest, memq demo): the action, its
+    effect and its playbook link, every value escaped (actions name frames from the snapshot)."""
+    effect = _effect(rec)
+    lines = [f"-> {v(rec['action'])}" + (f": {v(effect)}" if effect else "")]
+    link = doc_link(rec.get("playbook"))
+    if link:
+        lines.append(f"   playbook: {v(link)}")
+    return lines
 
 
 def _yn(v, figure, unknown: str) -> str:

@@ -185,3 +185,43 @@ def test_analyze_report_escapes_frames_from_the_snapshot(env, tmp_path):
     out = p.stdout.decode()
     _no_raw_controls(out)
     assert "fn\\x1b]0;TITLE\\x07[/bold]" in out
+
+
+def test_ingest_summary_escapes_frames_and_keeps_its_own_markup(env, tmp_path):
+    """`memq ingest`'s run diagnosis panel names the leak's allocation sites (frames from the snapshot):
+    a frame name that is rich markup (a closing tag, a link) is shown as written, never interpreted,
+    and the panel's own bold cause still renders as bold, not as a literal `[bold]` (an unescaped name
+    made the whole panel fall back to plain text); advice with no effect to state prints no lone '-'."""
+    import pickle
+
+    from memq import codec
+
+    leak = REAL.parent / "captured" / "leak_epochs"
+    names = ["epoch0", "epoch1", "epoch2", "epoch3", "epoch4", "oom"]
+    paths = []
+    for stem in names:
+        snap = codec.loads_restricted(codec.decompress((leak / f"{stem}.pickle.gz").read_bytes()))
+        frames = [f for seg in snap["segments"] for b in seg["blocks"] for f in b.get("frames") or []]
+        frames += [f for tr in snap.get("device_traces") or [] for e in tr for f in e.get("frames") or []]
+        for f in frames:
+            f["name"] = "[/bold]fn[link=http://evil.test]" + str(f.get("name"))
+        paths.append(tmp_path / f"{stem}.pickle")
+        paths[-1].write_bytes(pickle.dumps(snap, protocol=4))  # our own data, pickled here
+    p = _memq({**env, "FORCE_COLOR": "1", "TERM": "xterm-256color"}, "ingest", *map(str, paths),
+              "--run", "evil-frames", "--limit", "7516192768")
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    assert "[/bold]fn[link=http://evil.test]" in out  # the name as written
+    assert "\x1b]8;" not in out  # no hyperlink escape: the name was not read as markup
+    assert "[bold]" not in out
+    assert "\x1b[1mleak\x1b[0m" in out  # the panel's own markup rendered (bold)
+    assert "kept-tensors" in out
+
+
+def test_advice_with_no_effect_prints_no_lone_dash(env):
+    p = _memq(env, "ingest", str(REAL / "seed_sgd" / "epoch0.pickle.gz"), "--run", "quiet")
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    assert "-> No change needed" in out and "No change needed: -" not in out
+    p = _memq(env, "analyze", str(REAL / "seed_sgd" / "epoch0.pickle.gz"))
+    assert "No change needed" in p.stdout.decode() and "effect: -" not in p.stdout.decode()

@@ -96,6 +96,8 @@ def test_zoom_to_a_window_draws_every_event_and_rescales(tmp_path):
             page.evaluate(f"window.memqZoom({a}, {a + 10_000})")  # a 1% window
             assert page.get_attribute("#cat-svg", "data-window") == f"{a},{a + 10_000}"
             assert f"entries {a}-{a + 9_999} of 1000000" in page.text_content("#cat-svg")
+            # 8 events a column: the highs are the trace, troughs within LOW_GAP_SHARE of the axis
+            assert page.get_attribute("#cat-svg", "data-low") == "none"
             page.evaluate(f"window.memqZoom({a}, {a + 300})")  # fewer events than pixels: every one
             d = page.locator("#cat-svg path.band").first.get_attribute("d")
             assert d.count("L") == 2 * 300 - 1

@@ -238,6 +238,8 @@
     return {idx: idx, rows: rows, low: every ? null : low};
   }
 
+  var LOW_GAP_SHARE = 0.05;
+
   function catTimeline(box, view, panel) {
     var tl = view.timeline;
     var legend = document.getElementById("cat-legend");
@@ -301,7 +303,11 @@
       });
       // The lowest total of each column, where a column folds many events: the troughs between the
       // peaks the bands show (a flat band over a million events is otherwise all the overview says).
-      var folded = low && low.length === m && low.some(function (v, k) { return v < tots[k]; });
+      // Drawn only when the troughs sit well below the highs on average: within LOW_GAP_SHARE of the axis
+      // (a dozen pixels) the line would trace the bands' top and say nothing they do not.
+      var gap = 0;
+      if (low && low.length === m) tots.forEach(function (v, k) { gap += v - low[k]; });
+      var folded = m > 0 && low && low.length === m && gap / m > LOW_GAP_SHARE * ymax;
       if (folded) {
         var ld = "";
         for (var j = 0; j < m; j++) ld += (j ? "L" : "M") + x(idx[j]).toFixed(1) + "," + y(low[j]).toFixed(1);
