@@ -13,6 +13,7 @@ at most 10 s, and memq's cost per event is flat from 100k to 1M entries.
 
     python benchmarks/bench_big.py [--rounds 3] [--json out.json]
     python benchmarks/bench_big.py --view [--memory-viz-js MemoryViz.js] [--json out.json]
+    python benchmarks/bench_big.py --serve [--json out.json]
 
 `--view` times the page of `memq view` in headless Chromium (Debian's /usr/bin/chromium): open (until
 the overview is drawn), the per-event detail unpacked, and a zoom into a 1% window drawn and painted.
@@ -84,7 +85,12 @@ def main() -> None:
     ap.add_argument("--view", action="store_true", help="time the memq view page and memory_viz instead")
     ap.add_argument("--memory-viz-js", help="a copy of torch/utils/viz/MemoryViz.js")
     ap.add_argument("--d3", default="/usr/share/nodejs/d3/dist/d3.min.js", help="d3 v5 UMD build")
+    ap.add_argument("--serve", action="store_true",
+                    help="time the snapshot page of `memq serve` for the stored 1M capture instead")
     args = ap.parse_args()
+    if args.serve:
+        serve_benchmark(args)
+        return
     if args.view:
         view_benchmark(args)
         return
@@ -143,20 +149,23 @@ def _browser(p):
     return p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"])
 
 
-def time_memq_view(p, html: Path) -> dict:
+def time_memq_view(p, html: Path | str) -> dict:
+    """`html`: a page written by `memq view`, or the URL of a snapshot page of `memq serve`."""
     b = _browser(p)
     try:
         page = b.new_page(viewport={"width": 1280, "height": 900})
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         t = time.perf_counter()
-        page.goto(html.as_uri())
+        page.goto(html.as_uri() if isinstance(html, Path) else html)
         page.wait_for_selector("html[data-ready='1']", timeout=60_000)
         page.evaluate(PAINTED)
         opened = time.perf_counter() - t
         page.wait_for_selector("#cat-timeline[data-detail='ready']", timeout=60_000)
         detail = time.perf_counter() - t
-        n = page.evaluate("JSON.parse(document.getElementById('page-data').textContent).timeline.events")
+        # memq view's page carries the view itself; the served page carries it in the snapshot's document
+        n = page.evaluate("(d => (d.timeline || d.view.timeline).events)"
+                          "(JSON.parse(document.getElementById('page-data').textContent))")
         zooms = []
         for start in (0.1, 0.5, 0.9):
             a = int(n * start)
@@ -165,8 +174,9 @@ def time_memq_view(p, html: Path) -> dict:
             page.evaluate(PAINTED)
             zooms.append(time.perf_counter() - z)
         heap = page.evaluate("performance.memory ? performance.memory.usedJSHeapSize : null")
+        size = html.stat().st_size if isinstance(html, Path) else len(page.content().encode())
         return {"open_s": opened, "detail_s": detail, "zoom_1pct_s": max(zooms), "js_heap_mib": (heap or 0) / 2**20,
-                "html_mib": html.stat().st_size / 2**20, "errors": errors}
+                "html_mib": size / 2**20, "errors": errors}
     finally:
         b.close()
 
@@ -216,6 +226,45 @@ def time_memory_viz(p, html: Path, viz_js: str | None) -> dict:
                 "html_mib": html.stat().st_size / 2**20, "errors": errors}
     finally:
         b.close()
+
+
+def serve_benchmark(args) -> None:
+    """The real 1M capture ingested into a fresh SQLite history and opened from `memq serve` (a real
+    process): the first open decodes the stored blob and builds the view on the server, later opens
+    get it from the server's cache."""
+    import socket
+
+    from playwright.sync_api import sync_playwright
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
+        env.update(MEMQ_DATA_DIR=tmp, MEMQ_CONFIG=str(Path(tmp) / "none.toml"))
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "memq", "ingest", str(REAL_1M), "--run", "big1m", "--json"],
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+        ingest_s = time.perf_counter() - t
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while socket.socket().connect_ex(("127.0.0.1", port)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            url = f"http://127.0.0.1:{port}/snapshots/1"
+            rows = [time_memq_view(p, url) | {"open": k} for k in ("first", "second", "third")]
+        finally:
+            server.terminate()
+            server.wait(20)
+    print(f"memq ingest of the 1M capture: {ingest_s:.1f} s")
+    for r in rows:
+        print(f"memq serve /snapshots/1, {r['open']} open: opens in {r['open_s']:.2f} s, full detail in "
+              f"{r['detail_s']:.2f} s, 1% zoom {1000 * r['zoom_1pct_s']:.0f} ms, JS heap {r['js_heap_mib']:.0f} MiB"
+              + (f", page errors {r['errors']}" if r["errors"] else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": platform.platform(), "ingest_s": ingest_s,
+                                               "serve": rows}, indent=1))
 
 
 def view_benchmark(args) -> None:
