@@ -102,8 +102,9 @@ def _segments_drawn(ordered: list) -> set[int]:
 
 # The timeline's overview: at most this many points, each the highest total of its bucket of events
 # (so no peak between points is lost) with the bucket's lowest total beside it (so the steps' troughs
-# show where a million events fold into one column); the page zooms into any range at full detail from the packed
-# per-event changes (`_detail`), starting from the level vector stored every DETAIL_CHECKPOINT events.
+# show where a million events fold into one column); the page zooms into any range at full detail
+# from the packed per-event changes (`_detail`), starting from the level vector stored every
+# DETAIL_CHECKPOINT events.
 MAX_POINTS = 1000
 DETAIL_CHECKPOINT = 4096
 NO_CHANGE = 255  # category byte of an event that moves no level (free_requested, segment events, ...)
@@ -118,8 +119,8 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
     trace = snap.trace
     cats = [BEFORE, *fr.CATEGORIES]
     if not trace:
-        return {"categories": cats, "t": [], "idx": [], "levels": [], "low": [], "events": 0, "oom_index": None,
-                "peak_index": None, "time_unit": None, "detail": None}
+        return {"categories": cats, "t": [], "idx": [], "levels": [], "low": [], "events": 0,
+                "oom_index": None, "peak_index": None, "time_unit": None, "detail": None}
     n = len(trace)
     ci = {c: i for i, c in enumerate(cats)}
     level = [0] * len(cats)
