@@ -157,7 +157,7 @@ def time_memq_view(p, html: Path | str) -> dict:
         errors: list[str] = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         t = time.perf_counter()
-        page.goto(html.as_uri() if isinstance(html, Path) else html)
+        response = page.goto(html.as_uri() if isinstance(html, Path) else html)
         page.wait_for_selector("html[data-ready='1']", timeout=60_000)
         page.evaluate(PAINTED)
         opened = time.perf_counter() - t
@@ -174,7 +174,7 @@ def time_memq_view(p, html: Path | str) -> dict:
             page.evaluate(PAINTED)
             zooms.append(time.perf_counter() - z)
         heap = page.evaluate("performance.memory ? performance.memory.usedJSHeapSize : null")
-        size = html.stat().st_size if isinstance(html, Path) else len(page.content().encode())
+        size = html.stat().st_size if isinstance(html, Path) else len(response.body())  # what was sent
         return {"open_s": opened, "detail_s": detail, "zoom_1pct_s": max(zooms), "js_heap_mib": (heap or 0) / 2**20,
                 "html_mib": size / 2**20, "errors": errors}
     finally:
@@ -232,35 +232,23 @@ def serve_benchmark(args) -> None:
     """The real 1M capture ingested into a fresh SQLite history and opened from `memq serve` (a real
     process): the first open decodes the stored blob and builds the view on the server, later opens
     get it from the server's cache."""
-    import socket
-
+    from bench_web import served  # the same start-and-wait as the web benchmark's
     from playwright.sync_api import sync_playwright
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:
-        env.update(MEMQ_DATA_DIR=tmp, MEMQ_CONFIG=str(Path(tmp) / "none.toml"))
+        env.update(MEMQ_DATA_DIR=tmp, MEMQ_CONFIG=str(Path(tmp) / "none.toml"), MEMQ_SERVE_TOKEN="")
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "memq", "ingest", str(REAL_1M), "--run", "big1m", "--json"],
                        env=env, check=True, stdout=subprocess.DEVNULL)
         ingest_s = time.perf_counter() - t
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while socket.socket().connect_ex(("127.0.0.1", port)) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            url = f"http://127.0.0.1:{port}/snapshots/1"
-            rows = [time_memq_view(p, url) | {"open": k} for k in ("first", "second", "third")]
-        finally:
-            server.terminate()
-            server.wait(20)
+        with served(env) as base:
+            rows = [time_memq_view(p, base + "/snapshots/1") | {"open": k} for k in ("first", "second", "third")]
     print(f"memq ingest of the 1M capture: {ingest_s:.1f} s")
     for r in rows:
         print(f"memq serve /snapshots/1, {r['open']} open: opens in {r['open_s']:.2f} s, full detail in "
-              f"{r['detail_s']:.2f} s, 1% zoom {1000 * r['zoom_1pct_s']:.0f} ms, JS heap {r['js_heap_mib']:.0f} MiB"
+              f"{r['detail_s']:.2f} s, 1% zoom {1000 * r['zoom_1pct_s']:.0f} ms, JS heap {r['js_heap_mib']:.0f} MiB, "
+              f"page {r['html_mib']:.1f} MiB"
               + (f", page errors {r['errors']}" if r["errors"] else ""))
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": platform.platform(), "ingest_s": ingest_s,

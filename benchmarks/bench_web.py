@@ -19,6 +19,7 @@ Prints every figure and a markdown block for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -65,6 +66,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def served(env: dict):
+    """A real `memq serve` process with `env` on a free port, once it answers /healthz: its base URL.
+    Stopped (SIGTERM) on the way out."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level",
+                             "warning"], cwd=ROOT, env=env, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                fetch(base + "/healthz")
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
 def fetch(url: str) -> tuple[float, float, int]:
     t = time.perf_counter()
     with urllib.request.urlopen(url, timeout=60) as r:
@@ -99,20 +124,7 @@ def bench_serve(args, say) -> list[str]:
             c.execute(text("ANALYZE"))
         engine.dispose()
         say(f"generated {args.runs:,} runs in {time.perf_counter() - t:.1f} s")
-        port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level",
-                                 "warning"], cwd=ROOT, env={**os.environ, **env}, start_new_session=True)
-        try:
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    fetch(base + "/healthz")
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise
-                    time.sleep(0.2)
+        with served({**os.environ, **env}) as base:
             since = (dt.datetime.now(dt.UTC) - dt.timedelta(days=30)).date().isoformat()
             # the cursor of the 99,950th run, newest first: the 51st oldest
             with urllib.request.urlopen(base + f"/api/runs?order=asc&limit={args.runs - 99_950 + 1}") as r:
@@ -132,9 +144,6 @@ def bench_serve(args, say) -> list[str]:
                 shown = path.format(since="<30 days ago>", cursor="<cursor>")
                 rows.append(f"| {label} | `{shown}` | {statistics.median(server):.1f} | "
                             f"{max(server):.1f} | {statistics.median(wall):.1f} |")
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
     return rows
 
 

@@ -17,6 +17,14 @@ DEFAULTS_CONF = "expandable_segments:False"
 
 
 NO_CHANGE = "No change needed"
+# The expected effect of advice that states none (NO_CHANGE): a dash in JSON, nothing on a screen.
+NO_EFFECT = "-"
+
+
+def stated_effect(rec: dict) -> str:
+    """A recommendation's expected effect as a screen shows it: "" when it states none."""
+    effect = rec.get("expected_effect") or ""
+    return "" if effect == NO_EFFECT else effect
 
 
 def _rec(action: str, why: str, effect: str, playbook: str | None) -> dict:
@@ -258,7 +266,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
                              "a larger input no longer runs out of memory",
                              playbook="activation-checkpointing"))
         else:
-            recs.append(_rec(NO_CHANGE, "no OOM and no growth across snapshots", "-", playbook=None))
+            recs.append(_rec(NO_CHANGE, "no OOM and no growth across snapshots", NO_EFFECT, playbook=None))
     return recs
 
 

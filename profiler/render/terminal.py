@@ -10,6 +10,7 @@ from typing import TextIO
 from rich.panel import Panel
 from rich.table import Table
 
+from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
@@ -129,7 +130,7 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
-        effect = _effect(rec)
+        effect = stated_effect(rec)
         con.print(f"  {i}. [bold]{v(rec['action'])}[/bold]\n     why: {v(rec['why'])}"
                   + (f"\n     effect: {v(effect)}" if effect else ""))
         link = doc_link(rec.get("playbook"))  # "" for a result stored before recommendations had one
@@ -144,16 +145,10 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         con.print(f"[yellow]note:[/yellow] {v(w)}")
 
 
-def _effect(rec: dict) -> str:
-    """The expected effect to print; "" for the advice that states none ("-": no change needed)."""
-    effect = rec.get("expected_effect") or ""
-    return "" if effect == "-" else effect
-
-
 def recommendation_lines(rec: dict) -> list[str]:
     """One recommendation as markup lines for a summary panel (memq ingest, memq demo): the action, its
     effect and its playbook link, every value escaped (actions name frames from the snapshot)."""
-    effect = _effect(rec)
+    effect = stated_effect(rec)
     lines = [f"-> {v(rec['action'])}" + (f": {v(effect)}" if effect else "")]
     link = doc_link(rec.get("playbook"))
     if link:

@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from memq.analysis.recommend import NO_EFFECT
 from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
 from memq.store.report_queries import Scope, Window
@@ -326,7 +327,7 @@ def _setting_for(run: dict, parts: dict, frag: dict) -> dict[str, Any]:
     return {"setting": None,
             "why": "expandable_segments:True is already on; the free memory in pieces sits in segments that "
                    "hold live blocks (or in CUDA-graph private pools), which no allocator setting compacts",
-            "expected_effect": "-", "playbook": "allocator-settings", "setting_source": "rule"}
+            "expected_effect": NO_EFFECT, "playbook": "allocator-settings", "setting_source": "rule"}
 
 
 def _growing(runs: list[dict], floors: dict[int, list[dict]]) -> list[dict]:

@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
+from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import forecast_line
 from memq.render.reasons import said_once
@@ -53,7 +54,7 @@ def _env():
     env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
                        forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time,
                        q=lambda v: quote(str(v), safe=""),
-                       playbook_doc=doc_link, playbook_href=web_href)
+                       playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect)
     return env
 
 

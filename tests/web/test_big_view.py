@@ -14,7 +14,7 @@ import subprocess
 import sys
 from array import array
 
-from memq.web.snapshot_view import NO_CHANGE
+from memq.web.snapshot_view import MAX_POINTS, NO_CHANGE
 from tests.web.conftest import ROOT
 from tests.web.test_browser import Browser, assert_not_blank, shot
 
@@ -51,7 +51,7 @@ def test_the_packed_detail_replays_to_the_overview(tmp_path):
     C = len(tl["categories"])
     level = list(ckpt[:C])
     want = dict(zip(tl["idx"], tl["levels"], strict=True))
-    per = -(-tl["events"] // 1000)  # events per overview point (MAX_POINTS)
+    per = -(-tl["events"] // MAX_POINTS)  # events per overview point
     lows, lo = [], None
     checked = 0
     for i in range(tl["events"]):

@@ -311,7 +311,7 @@
       if (folded) {
         var ld = "";
         for (var j = 0; j < m; j++) ld += (j ? "L" : "M") + x(idx[j]).toFixed(1) + "," + y(low[j]).toFixed(1);
-        el("path", {d: ld, "class": "low-line", id: "cat-low", "data-per-column": Math.round((b - a) / m)}, svg);
+        el("path", {d: ld, "class": "low-line", id: "cat-low"}, svg);
         var lowest = Math.min.apply(null, low), highest = Math.max.apply(null, low);
         el("text", {x: W - R - 4, y: Math.min(y(low[m - 1]) + 14, H - B - 4), "class": "label low-label",
                     "text-anchor": "end"}, svg,
