@@ -39,8 +39,12 @@ def summarise(store, st: Settings, now: dt.datetime | None = None) -> list[str]:
         jobs = outbox.summary_candidates(s)
     keys = []
     for cluster, job in jobs:
-        with store.session() as s:
-            key = outbox.summarise_job(s, st, cluster, job, now=now)
+        try:
+            with store.session() as s:
+                key = outbox.summarise_job(s, st, cluster, job, now=now)
+        except Exception:  # one job's rows must never stop another job's summary or any alert
+            log.exception("alerts: the summary of %s / %s could not be built; the other jobs go on", cluster, job)
+            continue
         if key:
             keys.append(key)
             log.info("alerts: summary %s recorded for %s / %s", key[:12], cluster, job)
@@ -67,12 +71,23 @@ def deliver_due(store, st: Settings, limit: int = 100, post: Callable[..., send.
         for is_summary, row_id in due:
             tried.add((is_summary, row_id))
             prefix = "summary_" if is_summary else ""
-            with store.session() as s:
-                c = (outbox.claim_summary if is_summary else outbox.claim)(s, st, row_id, now=now)
+            try:
+                with store.session() as s:
+                    c = (outbox.claim_summary if is_summary else outbox.claim)(s, st, row_id, now=now)
+            except Exception:  # a row that cannot be claimed waits for the next sweep; the others go out
+                log.exception("alerts: %s %s could not be claimed; the other rows go on", prefix or "alert ", row_id)
+                out[prefix + "error"] += 1
+                continue
             if c is None:
                 out[prefix + "skipped"] += 1
                 continue
-            outcome = post(st.alert_webhook_url, outbox.document(st, c), c.idem_key, st.alert_timeout_s)
+            try:
+                doc = outbox.document(st, c)
+            except Exception as e:  # a body that cannot be rendered will not render on a retry either
+                log.exception("alerts: %s %s cannot be rendered", prefix or "alert ", row_id)
+                outcome = send.Outcome("refused", f"cannot be rendered: {type(e).__name__}: {e}")
+            else:
+                outcome = post(st.alert_webhook_url, doc, c.idem_key, st.alert_timeout_s)
             with store.session() as s:
                 state = outbox.finish(s, st, c, outcome, now=now)
             out[prefix + (state or "lost_lease")] += 1

@@ -16,10 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from memq.alerts.verdict import TITLES
-
-# most severe first: the summary is as severe as the worst verdict it covers
-KIND_ORDER = ("oom", "leak", "near_miss")
+from memq.alerts.verdict import TITLES, severity_rank
 
 
 @dataclass(frozen=True)
@@ -63,11 +60,12 @@ def fmt_span(seconds: float) -> str:
 
 
 def _cause_label(kind: str, cause: str | None) -> str:
-    if kind == "leak":
-        return TITLES[kind]
+    title = TITLES.get(kind, kind)
+    if kind in ("leak", "forecast"):
+        return title
     if kind == "near_miss":
-        return f"{TITLES[kind]}, cause {cause or '?'}"
-    return f"{TITLES[kind]} ({cause or '?'})"
+        return f"{title}, cause {cause or '?'}"
+    return f"{title} ({cause or '?'})"
 
 
 def summary_body(cluster: str | None, job: str | None, covered: Sequence[Covered], public_url: str,
@@ -78,10 +76,11 @@ def summary_body(cluster: str | None, job: str | None, covered: Sequence[Covered
     rows = sorted(covered, key=lambda c: (c.at, c.alert_id))
     per = Counter((c.kind, c.cause) for c in rows)
     causes = [{"kind": k, "cause": c, "count": n, "label": _cause_label(k, c)}
-              for (k, c), n in sorted(per.items(), key=lambda kv: (-kv[1], KIND_ORDER.index(kv[0][0]),
-                                                                    kv[0][1] or ""))]
+              for (k, c), n in sorted(per.items(), key=lambda kv: (-kv[1], severity_rank(kv[0][0]),
+                                                                    kv[0][0], kv[0][1] or ""))]
     kinds = Counter(c.kind for c in rows)
-    kind = next(k for k in KIND_ORDER if kinds.get(k))
+    order = sorted(kinds, key=lambda k: (severity_rank(k), k))
+    kind = order[0]
     first, last = rows[0], rows[-1]
     where = " / ".join(x for x in (cluster, job) if x) or "no job"
     n = len(rows)
@@ -89,7 +88,7 @@ def summary_body(cluster: str | None, job: str | None, covered: Sequence[Covered
              f"({max_per_hour} per hour)")
     return {
         "summary": True, "title": title, "cluster": cluster, "job": job, "kind": kind, "count": n,
-        "causes": causes, "kinds": {k: kinds[k] for k in KIND_ORDER if kinds.get(k)},
+        "causes": causes, "kinds": {k: kinds[k] for k in order},
         "first_run": first.run, "last_run": last.run, "first_at": iso_z(first.at), "last_at": iso_z(last.at),
         "span_s": int(round((last.at - first.at).total_seconds())),
         "link": runs_link(public_url, cluster, job), "max_per_hour": max_per_hour,

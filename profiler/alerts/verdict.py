@@ -30,6 +30,15 @@ from memq.render.step_need_text import step_need_line
 from memq.units import fmt_bytes
 
 KINDS = ("oom", "leak", "near_miss", "forecast")
+#: Every kind, most severe first: a summary is as severe as the worst verdict it covers. A forecast
+#: is an OOM on its way (paged as critical, payload.SEVERITY), so it ranks above a leak with none due.
+SEVERITY_ORDER = ("oom", "forecast", "leak", "near_miss")
+
+
+def severity_rank(kind: str) -> int:
+    """Position of `kind` in SEVERITY_ORDER; a kind this version does not know (a row written by a
+    newer one) ranks last instead of failing the summary that covers it."""
+    return SEVERITY_ORDER.index(kind) if kind in SEVERITY_ORDER else len(SEVERITY_ORDER)
 #: A forecast alert again only when the OOM now comes in under this share of the time the previous
 #: forecast alert gave (2 h -> under 1 h): a forecast that drifts by minutes is no news.
 FORECAST_EARLIER_SHARE = 0.5

@@ -22,7 +22,7 @@ from memq.metrics.exporter import registry_for
 from memq.store import repository as repo
 from memq.store import schema
 from memq.store.db import make_engine
-from memq.store.orm import Alert, AlertSummary
+from memq.store.orm import Alert, AlertSummary, Run
 from tests.conftest import memq_environ, temp_pg_database
 from tests.metrics.history import add_run
 from tests.metrics.receiver import Receiver
@@ -485,3 +485,73 @@ def test_alert_rows_survive_migration_0010_both_ways(kind, tmp_path, request):
                 assert conn.execute(text("SELECT count(*) FROM alerts WHERE state = 'suppressed'")).scalar_one() == 1
         finally:
             engine.dispose()
+
+
+@pytest.mark.parametrize("fmt", ["slack", "alertmanager"])
+def test_a_job_of_forecasts_over_its_limit_never_stops_another_jobs_pages(store, fmt):
+    """Round 4, attack 1: eleven running runs of one leaky code base, each forecast to run out of
+    memory within the alert horizon, pass their job's hourly limit. An hour later their summary is built (a
+    summary of forecasts only), goes out, and another team's OOM recorded after it is paged in the
+    same sweep: no verdict kind can fail a summary, and no row blocks the others."""
+    t0 = repo.utcnow()
+    with Receiver() as rx:
+        st = _st(store, rx.url, MEMQ_ALERT_JOB_MAX_PER_HOUR=10, MEMQ_ALERT_FORMAT=fmt)
+        with store.session() as s:
+            for i in range(11):
+                rid = add_run(s, f"leaky-{i:02d}", job="leaky")
+                # 5 h ahead: an hour later it is still more than half as far (no second forecast page)
+                s.execute(Run.__table__.update().where(Run.id == rid)
+                          .values(oom_forecast_at=repo.db_time(s, t0 + 5 * HOUR)))
+        assert len(delivery.sweep(store, st, now=t0)) == 11
+        assert delivery.deliver_due(store, st, now=t0) == {"sent": 10, "skipped": 1}
+        t1 = t0 + HOUR + dt.timedelta(seconds=1)
+        with store.session() as s:
+            add_run(s, "other-team-oom", job="victim", status="oom", cause="capacity", oom_count=1)
+        delivery.sweep(store, st, now=t1)
+        assert delivery.deliver_due(store, st, now=t1) == {"summary_sent": 1, "sent": 1}
+    (summary,) = _summaries(store)
+    assert summary.body["kind"] == "forecast" and summary.body["kinds"] == {"forecast": 1}
+    assert [c["label"] for c in summary.body["causes"]] == ["out of memory forecast"]
+    runs = [r["body"] for r in rx.requests]
+    assert any("other-team-oom" in str(b) for b in runs)
+
+
+def test_summaries_rank_every_verdict_kind_and_tolerate_an_unknown_one():
+    """Every kind a verdict can have orders a summary (a forecast is more severe than a leak and less
+    than an OOM); a kind this version does not know, from a newer writer, ranks last."""
+    from memq.alerts.verdict import KINDS, SEVERITY_ORDER
+    assert sorted(SEVERITY_ORDER) == sorted(KINDS)
+    at = dt.datetime(2026, 12, 1, 10, 0, tzinfo=dt.UTC)
+    for kind in KINDS:
+        body = summary_body("c", "j", [Covered(1, "r", kind, kind, "leak", at)], "", 5)
+        assert body["kind"] == kind and body["count"] == 1
+    mixed = [Covered(1, "a", "leak", "leak", "leak", at), Covered(2, "b", "forecast:1", "forecast", "leak", at),
+             Covered(3, "c", "x", "from_the_future", None, at)]
+    body = summary_body("c", "j", mixed, "", 5)
+    assert body["kind"] == "forecast" and list(body["kinds"]) == ["forecast", "leak", "from_the_future"]
+
+
+def test_a_summary_that_cannot_be_built_blocks_neither_other_jobs_nor_alerts(store, monkeypatch):
+    """One job whose summary raises (whatever the bug) is logged and skipped: another job's summary
+    and every due alert still go out in the same sweep."""
+    t0 = repo.utcnow()
+    with Receiver() as rx:
+        st = _st(store, rx.url, MEMQ_ALERT_JOB_MAX_PER_HOUR=1)
+        _add_runs(store, "bad", ["capacity", "capacity"], job="broken")
+        _add_runs(store, "good", ["capacity", "capacity"], job="fine")
+        delivery.sweep(store, st, now=t0)
+        assert delivery.deliver_due(store, st, now=t0) == {"sent": 2, "skipped": 2}
+        real = outbox.summary_body
+
+        def summary_body_failing_for_broken(cluster, job, *a, **kw):
+            if job == "broken":
+                raise RuntimeError("a bug in one job's summary")
+            return real(cluster, job, *a, **kw)
+
+        monkeypatch.setattr(outbox, "summary_body", summary_body_failing_for_broken)
+        t1 = t0 + HOUR + dt.timedelta(seconds=1)
+        with store.session() as s:
+            add_run(s, "fresh", job="third", status="oom", cause="capacity", oom_count=1)
+        delivery.sweep(store, st, now=t1)
+        assert delivery.deliver_due(store, st, now=t1) == {"summary_sent": 1, "sent": 1}
+    assert [x.job for x in _summaries(store)] == ["fine"]
