@@ -24,7 +24,7 @@ from memq.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
 from memq.analysis.forecast import forecast as oom_forecast
 from memq.analysis.forecast import inputs as forecast_inputs
 from memq.analysis.labels import agent_label
-from memq.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
+from memq.analysis.leak import detect_leak
 from memq.analysis.limits import resolve_limits
 from memq.analysis.memory import (
     largest_oversize_free_block,
@@ -102,14 +102,9 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
-    leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit)
     figs = (agents[-1] or {}).get("step_figures") or []
-    if not leak["holds"] and not leak["settled"] and figs:
-        # Too few comparable snapshots (e.g. `memq run` with no mark_epoch): the step boundaries the
-        # agent measured are comparable points too.
-        by_figures = detect_leak_from_figures(figure_points(figs), lim.limit)
-        if by_figures["settled"]:
-            leak = by_figures
+    leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit, figs,
+                       headroom=_headroom(lim.limit, S, m["active_bytes"], figs), at_oom=S is not None)
     earlier_peak, steps_seen = _earlier_step_peak(per)
     oom_frames = (oom_ev.frames if oom_ev is not None and oom_ev.frames else
                   list((agents[-1] or {}).get("oom_frames") or []) if S else [])
@@ -229,8 +224,28 @@ def _comparable_points(heads, per, names, triggers) -> list[dict]:
             counts = Counter(kinds)
             common = max(counts, key=lambda k: (counts[k], -kinds.index(k)))
             idx = [i for i in idx if trig[i] == common]
-    return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
-             "blocks": per[i]["live_blocks"]} for i in idx]
+    out = []
+    for i in idx:
+        a = per[i].get("agent") or {}
+        out.append({"name": names[i], "active": per[i]["metrics"]["active_bytes"],
+                    "composition": per[i]["composition"], "blocks": per[i]["live_blocks"],
+                    "step": a.get("step"), "epoch": a.get("epoch"), "t": a.get("time"),
+                    "epoch_end": trig[i] == "epoch_end"})
+    return out
+
+
+def _headroom(limit: int | None, S: int | None, active: int, figs: list) -> int | None:
+    """What the growth has to use up: LIMIT less the highest recent step peak (the need of a step, not
+    its floor); at an OOM, the room the run's figures started with (the room left is gone by then,
+    whatever the cause: only growth that used up a fair part of the start's room is a leak). None where
+    it cannot be told (the growth model then takes LIMIT less the last live bytes)."""
+    if not limit:
+        return None
+    peaks = [f["peak_allocated"] for f in figs if isinstance(f.get("peak_allocated"), int)
+             and isinstance(f.get("step"), int) and f["step"] >= 1]
+    if S is not None:
+        return int(limit - max(peaks[:4])) if peaks else None
+    return int(limit - max(peaks[-16:] + [active]))
 
 
 def _agent_limit(agents: list) -> int | None:
@@ -247,9 +262,10 @@ def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> tu
     figs = [f for f in agents[-1].get("step_figures") or []
             if as_of == len(per) - 1 or upto is None or f["step"] <= upto]
     idx = [i for i in keep if agents[i].get("comparable") or trig[i] == "epoch_end"] or keep
-    comparable = [{"step": agents[i].get("step") if agents[i].get("step") is not None else n + 1,
-                   "epoch": agents[i].get("epoch"), "active": per[i]["metrics"]["active_bytes"],
-                   "reserved": per[i]["metrics"]["reserved_bytes"]} for n, i in enumerate(idx)]
+    comparable = [{"step": agents[i].get("step"), "epoch": agents[i].get("epoch"),
+                   "epoch_end": trig[i] == "epoch_end", "t": agents[i].get("time"),
+                   "active": per[i]["metrics"]["active_bytes"], "reserved": per[i]["metrics"]["reserved_bytes"],
+                   "peak": per[i]["timeline"].get("peak_live_bytes")} for i in idx]
     timed = [(a["time"], a["step"]) for a in (agents[i] for i in keep)
              if isinstance(a.get("time"), (int, float)) and isinstance(a.get("step"), int)]
     sps = None
