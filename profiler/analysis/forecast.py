@@ -27,7 +27,7 @@ import math
 import statistics
 
 from memq.analysis import growth as gm
-from memq.analysis.leak import figure_series, grows_between_epochs, snapshot_series
+from memq.analysis.leak import figure_series, snapshot_series
 from memq.analysis.rules import GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
 from memq.units import fmt_bytes
 
@@ -77,7 +77,7 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     if g.state == "too_few":
         out["basis"] = f"{g.why} ({basis_pts})"
         return out
-    epoch_len = _epoch_length(pts) if unit == "step" else None
+    epoch_len = _epoch_length(pts) if unit == "step" else None  # epochs marked, growth inside them
     t = g.trend
     if t is not None and g.leak:
         if unit == "step":
@@ -109,8 +109,7 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     reserved_now = max([int(f.get("peak_reserved") or f.get("reserved") or 0) for f in figs[-2:]]
                        + [int(c.get("reserved") or 0) for c in comparable[-1:]] + [0])
     ceilings = _ceilings(reserved_now, limit, largest_segment)
-    staircase = bool(epoch_len) and grows_between_epochs(figs)
-    cr = gm.crossing(g, exc, ceilings, per=float(epoch_len) if staircase else 1.0)
+    cr = gm.crossing(g, exc, ceilings)
     if cr is None or not math.isfinite(cr.x):
         out.update(oom_expected=False, confidence=0.5, basis=f"{g.why} ({basis_pts})")
         return out
@@ -133,7 +132,9 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     if unit == "step":
         out.update(oom_expected=True, step=at, step_low=early, step_high=late)
         if epoch_len:
-            out["epoch"] = _epoch_at(pts[-1], at, epoch_len)
+            starts = _epoch_starts(figs, pts)
+            out["epoch"] = (starts.epoch_of(at) if starts is not None and hasattr(starts, "epoch_of")
+                            else _epoch_at(pts[-1], at, epoch_len))
         sps = _seconds_per_step(figs) or seconds_per_step
         if sps:
             last_step = pts[-1].x
@@ -144,8 +145,19 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         between = f"between steps {early:,} and {late:,}" if late is not None else f"from step {early:,} on"
     elif unit == "epoch":
         out.update(oom_expected=True, epoch=at)
+        first_step = _epoch_starts(figs, pts)
+        if first_step is not None:  # the points know their steps: the failing epoch's first step
+            out.update(step=first_step(at), step_low=first_step(early),
+                       step_high=None if late is None else first_step(late))
+        sps = _seconds_per_step(figs) or seconds_per_step
         spe = _seconds_per_point(pts)
-        if spe:
+        if out["step"] is not None and sps and pts[-1].step is not None:
+            last_step = pts[-1].step
+            out["eta_s"] = round(max(0.0, (out["step"] - last_step) * sps), 1)
+            out["eta_low_s"] = round(max(0.0, (out["step_low"] - last_step) * sps), 1)
+            if out["step_high"] is not None:
+                out["eta_high_s"] = round(max(0.0, (out["step_high"] - last_step) * sps), 1)
+        elif spe:
             out["eta_s"] = round(max(0.0, (at - pts[-1].x) * spe), 1)
         when = f"epoch {at}"
         between = f"between epochs {early} and {late}" if late is not None else f"from epoch {early} on"
@@ -154,7 +166,7 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         when = f"{at - int(pts[-1].x)} more snapshot(s) at this spacing"
         between = f"between {early - int(pts[-1].x)} and {late - int(pts[-1].x) if late else '?'}"
     out["confidence"] = _confidence(g)
-    per = (f"{_g(t.slope * epoch_len)} an epoch" if staircase and epoch_len else gm._rate(t.slope, unit))
+    per = gm._rate(t.slope, unit)
     out["basis"] = (f"live bytes grow {per} ({g.trend.n} points, {basis_pts}"
                     + (f", since {g.since.label}" if g.earlier is not None and g.since is not None else "")
                     + f"); a step needs {_g(exc)} above them, and the allocator can reserve up to "
@@ -181,11 +193,10 @@ def _confidence(g: gm.Growth) -> float:
 
 
 def _series(figs: list[dict], comparable: list[dict]) -> tuple[list[gm.Point], str, str]:
-    pts = figure_series(figs)
+    pts, unit = figure_series(figs)
     if len(pts) >= GROWTH_FEW_POINTS:
-        kind = "epochs' last step boundaries" if len({p.epoch for p in pts}) == len(pts) and \
-            grows_between_epochs(figs) else "step boundaries"
-        return pts, "step", f"{len(pts)} {kind}"
+        kind = "epochs' last step boundaries" if unit == "epoch" else "step boundaries"
+        return pts, unit, f"{len(pts)} {kind}"
     comp = [{"name": _comp_label(c, i), "active": int(c.get("active") or 0), "step": c.get("step"),
              "epoch": c.get("epoch"), "epoch_end": bool(c.get("epoch_end")), "t": c.get("t")}
             for i, c in enumerate(comparable)]
@@ -210,6 +221,34 @@ def _seconds_per_step(figs: list[dict]) -> float | None:
         return (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
     ms = [f["ms"] for f in figs if isinstance(f.get("ms"), (int, float)) and f["ms"] > 0]
     return statistics.median(ms) / 1000.0 if ms else None
+
+
+def _epoch_starts(figs: list[dict], pts: list[gm.Point]):
+    """A function from an epoch to its first step, from the step figures (every boundary read, each
+    epoch's end taken midway between its last read step and the next epoch's first: thinned reads
+    hide the true end) or from epoch points that know their steps; None when steps are unknown."""
+    steps = [gm.Point(x=float(f["step"]), live=0, label="", step=f["step"], epoch=f.get("epoch")) for f in figs
+             if isinstance(f.get("epoch"), int)]
+    per = _epoch_length(steps) if steps else None
+    if per:
+        lo: dict[int, int] = {}
+        hi: dict[int, int] = {}
+        for p in steps:
+            lo[p.epoch] = min(p.step, lo.get(p.epoch, p.step))
+            hi[p.epoch] = max(p.step, hi.get(p.epoch, p.step))
+        done = [e for e in sorted(hi) if e + 1 in lo]
+        if done:
+            e0 = done[-1]
+            end = (hi[e0] + lo[e0 + 1] - 1) / 2
+            start = lambda e: int(round(end + (e - e0 - 1) * per + 1))  # noqa: E731
+            start.epoch_of = lambda step: e0 + 1 + math.floor((step - (end + 1)) / per)  # type: ignore[attr-defined]
+            return start
+    known = [(p.x, p.step) for p in pts if p.step is not None]
+    if len(known) >= 2 and known[-1][0] > known[0][0]:
+        spe = (known[-1][1] - known[0][1]) / (known[-1][0] - known[0][0])
+        x_last, s_last = known[-1]
+        return lambda e: int(round(s_last + (e - x_last - 1) * spe + 1))
+    return None
 
 
 def _seconds_per_point(pts: list[gm.Point]) -> float | None:

@@ -107,10 +107,14 @@ class Growth:
 
     def as_json(self) -> dict:
         t = self.trend
+
+        def num(v: float | None) -> float | None:  # JSON has no infinity: an unknown bound is null
+            return round(v, 1) if v is not None and math.isfinite(v) else None
         return {"state": self.state, "unit": self.unit, "points": self.points, "few": self.few,
-                "rate_bytes": None if t is None else round(t.slope, 1),
-                "rate_low_bytes": None if t is None else round(t.low, 1),
-                "rate_high_bytes": None if t is None else round(t.high, 1),
+                "trend_points": None if t is None else t.n,
+                "rate_bytes": None if t is None else num(t.slope),
+                "rate_low_bytes": None if t is None else num(t.low),
+                "rate_high_bytes": None if t is None else num(t.high),
                 "since": None if self.since is None else self.since.label,
                 "since_x": None if self.since is None else self.since.x,
                 "first": None if self.first is None else self.first.label,
@@ -298,8 +302,11 @@ def _matters(trend: Trend, pts: list[Point], unit: str, limit: int | None, headr
 def _describe(trend: Trend, since: Point, pts: list[Point], unit: str, sc: float, late: bool) -> str:
     start = f"since {since.label}" if late else f"from {pts[0].label} to {pts[-1].label}"
     noise = f", scatter {_g(sc)}" if sc > 0 else ""
-    return (f"live bytes grow {_rate(trend.slope, unit)} (95% interval {_rate(trend.low, unit, sign=False)} to "
-            f"{_rate(trend.high, unit, sign=False)}, {trend.n} points {start}{noise})")
+    if math.isfinite(trend.high):
+        interval = f"95% interval {_rate(trend.low, unit, sign=False)} to {_rate(trend.high, unit, sign=False)}"
+    else:  # Sen's upper rank lies beyond the pairs on a few points: only the lower bound is known
+        interval = f"at least {_rate(trend.low, unit, sign=False)} at 95%"
+    return f"live bytes grow {_rate(trend.slope, unit)} ({interval}, {trend.n} points {start}{noise})"
 
 
 # -- the projection --------------------------------------------------------------------------------

@@ -40,9 +40,11 @@ def appeared(before: dict, after: dict) -> list[tuple[int, int]]:
     return [k for k, site in after.items() if before.get(k) != site]  # a site is always a string
 
 
-def figure_series(figures: list[dict]) -> list[gm.Point]:
-    """The agent's per-step figures as growth points: live bytes at every step boundary after the first
-    optimizer step (step 0's boundary is where gradients and optimizer state appear: warm-up), x = step.
+def figure_series(figures: list[dict]) -> tuple[list[gm.Point], str]:
+    """The agent's per-step figures as growth points and their unit: live bytes at every step boundary
+    after the first optimizer step (step 0's boundary is where gradients and optimizer state appear:
+    warm-up), x = step; where live bytes move only between epochs, each epoch's last boundary, x = epoch
+    (a step series would be a staircase whose pairwise slopes are mostly zero: pairs inside one epoch).
     Figures come from other people's jobs: one with a field of another type is left out."""
     out, seen = [], set()
     for f in figures:
@@ -55,15 +57,14 @@ def figure_series(figures: list[dict]) -> list[gm.Point]:
         out.append(gm.Point(x=float(step), live=int(live), label=f"step {step}", step=step, epoch=ep, t=t))
     out.sort(key=lambda p: p.x)
     if grows_between_epochs(figures):
-        # Live bytes move only from one epoch to the next: a step series is a staircase whose pairwise
-        # slopes are mostly zero (pairs inside one epoch); its points are the epochs' last boundaries.
         last: dict[int, gm.Point] = {}
         for p in out:
             if p.epoch is not None:
                 last[p.epoch] = p
         if len(last) >= GROWTH_FEW_POINTS:
-            return [last[e] for e in sorted(last)]
-    return out
+            return [gm.Point(x=float(e), live=p.live, label=f"the end of epoch {e} (step {p.step})", step=p.step,
+                             epoch=e, t=p.t) for e, p in sorted(last.items())], "epoch"
+    return out, "step"
 
 
 def grows_between_epochs(figures: list[dict]) -> bool:
@@ -86,15 +87,16 @@ def grows_between_epochs(figures: list[dict]) -> bool:
 
 
 def snapshot_series(points: list[dict]) -> tuple[list[gm.Point], str]:
-    """Comparable snapshots as growth points, and their unit: steps where every one knows its step,
-    else epochs (epoch-end snapshots; numbered in order where the files do not say), else the order."""
-    if points and all(_int(p.get("step")) for p in points):
-        return [gm.Point(x=float(p["step"]), live=int(p["active"]), label=p["name"], step=p["step"],
-                         epoch=p.get("epoch"), t=p.get("t")) for p in points], "step"
+    """Comparable snapshots as growth points, and their unit: epochs for epoch-end snapshots (numbered
+    in order where the files do not say), else steps where every one knows its step, else the order."""
     if points and all(p.get("epoch_end") for p in points):
         known = all(_int(p.get("epoch")) for p in points)
         return [gm.Point(x=float(p["epoch"] if known else i), live=int(p["active"]), label=p["name"],
-                         epoch=p["epoch"] if known else i, t=p.get("t")) for i, p in enumerate(points)], "epoch"
+                         epoch=p["epoch"] if known else i, step=p.get("step") if _int(p.get("step")) else None,
+                         t=p.get("t")) for i, p in enumerate(points)], "epoch"
+    if points and all(_int(p.get("step")) for p in points):
+        return [gm.Point(x=float(p["step"]), live=int(p["active"]), label=p["name"], step=p["step"],
+                         epoch=p.get("epoch"), t=p.get("t")) for p in points], "step"
     return [gm.Point(x=float(i), live=int(p["active"]), label=p["name"], t=p.get("t"))
             for i, p in enumerate(points)], "point"
 
@@ -109,9 +111,9 @@ def after_warmup(points: list[dict]) -> list[dict]:
 def choose_series(snap_points: list[dict], figures: list[dict]) -> tuple[list[gm.Point], str, str]:
     """(points, unit, source): the per-step figures where they hold enough points (every step boundary
     is a comparable point, and there are many more of them), else the comparable snapshots."""
-    figs = figure_series(figures)
+    figs, unit = figure_series(figures)
     if len(figs) >= GROWTH_FEW_POINTS:
-        return figs, "step", "the agent's figures at every step boundary"
+        return figs, unit, "the agent's figures at every step boundary"
     pts, unit = snapshot_series(after_warmup(snap_points))
     return pts, unit, "comparable snapshots"
 
@@ -172,11 +174,11 @@ def detect_leak(points: list[dict], limit: int | None, figures: list[dict] | Non
         result["allocating_site"] = top["site"]
         result["evidence"].append(f"{_g(top['bytes'])} of blocks still live at {last_name} were allocated "
                                   f"at {top['site']}")
-    elif unframed:
+    if unframed and (not framed or unframed > framed[0]["bytes"]):
         result["evidence"].append(
             f"{_g(unframed)} of the growth carries no allocation frames (allocated while history recording "
             f"was paused), so its line is not known from these snapshots: {HOW_TO_GET_FRAMES}")
-    else:
+    if not framed and not unframed:
         result["evidence"].append(f"which line allocates the growth is not known from the figures: "
                                   f"{HOW_TO_GET_FRAMES}")
     return result

@@ -61,9 +61,9 @@ def test_a_spike_or_a_one_off_copy_is_no_trend():
 
 def test_the_real_healthy_run_is_flat_and_a_leak_over_it_is_growing():
     figs = healthy_figures()
-    flat = gm.assess(leak.figure_series(figs), "step", limit=8 * GiB)
+    flat = gm.assess(leak.figure_series(figs)[0], "step", limit=8 * GiB)
     assert flat.state == "flat", flat.why
-    g = gm.assess(leak.figure_series(with_growth(figs, per_step=8 * MiB)), "step", limit=8 * GiB)
+    g = gm.assess(leak.figure_series(with_growth(figs, per_step=8 * MiB))[0], "step", limit=8 * GiB)
     assert g.state == "growing" and g.trend.slope == pytest.approx(8 * MiB, rel=0.05), g.why
     assert "95% interval" in g.why
 
