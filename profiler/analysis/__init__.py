@@ -69,15 +69,17 @@ def _per(s: Snapshot | SnapshotDigest) -> Mapping[str, Any]:
 
 def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,
             triggers: list[str | None] | None = None, optimizer: str | None = None,
-            whatif: list[dict] | None = None, labels: list[str | None] | None = None) -> dict:
+            whatif: list[dict] | None = None, labels: list[str | None] | None = None,
+            figures: list[dict] | None = None) -> dict:
     """`items`: Snapshot objects or objects with a `.snapshot` (and optionally `.path`), in time order.
     `names`: file names (`snapshots[].file`). `labels`: how evidence names each snapshot, in the
     user's terms (labels.snapshot_label from trigger/step/epoch); a snapshot the agent sent labels
     itself from its embedded facts, and the name is the last resort.
     `triggers`: per snapshot (epoch_end, periodic, oom, ...) when known, to pick comparable points
     (else the agent's own). `whatif`: results of the allocator model for the last snapshot, cited by
-    the recommendations. Any item but the last may be a SnapshotDigest (see per_snapshot.py): the
-    result is the same."""
+    the recommendations. `figures`: per-step figures the agent sent in stats batches (the run's series
+    beyond what the last snapshot embeds; the growth model reads both, by step). Any item but the last
+    may be a SnapshotDigest (see per_snapshot.py): the result is the same."""
     if not items:
         raise ValueError("analyze() needs at least one snapshot")
     snaps: list[Snapshot | SnapshotDigest] = [getattr(x, "snapshot", x) for x in items]
@@ -102,7 +104,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
-    figs = (agents[-1] or {}).get("step_figures") or []
+    figs = merge_figures((agents[-1] or {}).get("step_figures") or [], figures or [])
     leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit, figs,
                        headroom=_headroom(lim.limit, S, m["active_bytes"], figs), at_oom=S is not None)
     earlier_peak, steps_seen = _earlier_step_peak(per)
@@ -158,7 +160,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         oom = {"requested_bytes": S, "limit_bytes": lim.limit,
                "fits_largest_free_block": S <= largest_usable,
                "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
-    fc, fc_inputs = _forecast(per, heads, trig, lim.limit)
+    fc, fc_inputs = _forecast(per, heads, trig, lim.limit, figures or [])
     if fc is not None and fc.get("oom_expected"):
         # where the growth is allocated and what to change there: what a page about it must say
         fc["site"] = leak.get("allocating_site") if leak.get("holds") else None
@@ -252,14 +254,28 @@ def _agent_limit(agents: list) -> int | None:
     return next(((a or {}).get("limit_bytes") for a in reversed(agents) if (a or {}).get("limit_bytes")), None)
 
 
-def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> tuple[dict | None, dict]:
+def merge_figures(embedded: list[dict], sent: list[dict]) -> list[dict]:
+    """One series from the figures a snapshot embeds and those stats batches sent, by step (the
+    snapshot's own reading of a step wins), oldest first."""
+    if not sent:
+        return list(embedded)
+    by_step: dict = {}
+    for f in [*sent, *embedded]:
+        st = f.get("step") if isinstance(f, dict) else None
+        if isinstance(st, int) and not isinstance(st, bool):
+            by_step[st] = f
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _forecast(per: list[dict], heads: list, trig: list, limit: int | None,
+              sent: list[dict]) -> tuple[dict | None, dict]:
     """The OOM forecast as of the last snapshot that is not an OOM one (a run that has run out keeps
     the forecast it had before: it can be judged against what happened)."""
     keep = [i for i, h in enumerate(heads) if not h[4]]
     as_of = keep[-1] if keep else len(per) - 1
     agents = [p.get("agent") or {} for p in per]
     upto = agents[as_of].get("step")
-    figs = [f for f in agents[-1].get("step_figures") or []
+    figs = [f for f in merge_figures(agents[-1].get("step_figures") or [], sent)
             if as_of == len(per) - 1 or upto is None or f["step"] <= upto]
     idx = [i for i in keep if agents[i].get("comparable") or trig[i] == "epoch_end"] or keep
     comparable = [{"step": agents[i].get("step"), "epoch": agents[i].get("epoch"),

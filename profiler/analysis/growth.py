@@ -217,7 +217,10 @@ def assess(points: list[Point], unit: str, *, limit: int | None, headroom: int |
         recent = theil_sen(xs[cut:], ys[cut:])
         sc = scatter(recent, xs[cut:], ys[cut:])
         since = pts[cut]
-        if earlier.low > 0 and earlier.slope > 0 and recent.high < GROWTH_PLATEAU_SHARE * earlier.slope:
+        # growth before the change (a rise beyond the recent regime's scatter; a short early rise of two
+        # or three intervals has no Sen's bound of its own), then a recent regime bounded well below it
+        rose = recent.at(recent.x0) - ys[0] > GROWTH_NOISE_MULTIPLE * sc
+        if earlier.slope > 0 and rose and recent.high < GROWTH_PLATEAU_SHARE * earlier.slope:
             # where the growth reached the flat level (the split can fall a point early on a bend)
             level = recent.at(recent.x0)
             top = next((p for p in pts if p.live >= level - 0.05 * max(1.0, level - pts[0].live)), since)
