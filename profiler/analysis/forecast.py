@@ -105,7 +105,7 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         out["basis"] = (f"{g.why}, but the limit is not known: give it (`--limit` for files, "
                         "`memq runs set-limit RUN SIZE` for a stored run) to know when it runs out")
         return out
-    exc = _excursion(figs, pts)
+    exc = _excursion(figs, pts) or _snapshot_excursion(comparable)
     reserved_now = max([int(f.get("peak_reserved") or f.get("reserved") or 0) for f in figs[-2:]]
                        + [int(c.get("reserved") or 0) for c in comparable[-1:]] + [0])
     ceilings = _ceilings(reserved_now, limit, largest_segment)
@@ -309,7 +309,15 @@ def _excursion(figures: list[dict], pts: list[gm.Point]) -> int:
         # The median: the first step of an epoch that creates a new optimizer's state (or runs right
         # after validation) goes higher once; the floor after it already holds what it added.
         return max(0, int(statistics.median(ups)))
-    return 0  # comparable snapshots alone: the floor is the need (the projection is then the latest)
+    return 0
+
+
+def _snapshot_excursion(comparable: list[dict]) -> int:
+    """Without step figures: how far the recorded traces of the comparable snapshots went above their
+    live bytes (the median), 0 where they recorded no step (the floor is then the need)."""
+    ups = [int(c["peak"]) - int(c.get("active") or 0) for c in comparable[-RECENT_STEPS:]
+           if isinstance(c.get("peak"), int) and c["peak"] > int(c.get("active") or 0)]
+    return int(statistics.median(ups)) if ups else 0
 
 
 def _ceilings(reserved_now: int, limit: int, segment: int | None) -> tuple[int, int]:
