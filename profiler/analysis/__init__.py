@@ -105,8 +105,11 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
     figs = merge_figures((agents[-1] or {}).get("step_figures") or [], figures or [])
-    leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit, figs,
-                       headroom=_headroom(lim.limit, S, m["active_bytes"], figs), at_oom=S is not None)
+    # the growth model's limit: the given or resolved one, else what the agent read (its cap, else the
+    # card: an uncapped job runs out where the card does)
+    grow_limit = lim.limit or _agent_limit(agents)
+    leak = detect_leak(_comparable_points(heads, per, tags, trig), grow_limit, figs,
+                       headroom=_headroom(grow_limit, S, m["active_bytes"], figs), at_oom=S is not None)
     earlier_peak, steps_seen = _earlier_step_peak(per)
     oom_frames = (oom_ev.frames if oom_ev is not None and oom_ev.frames else
                   list((agents[-1] or {}).get("oom_frames") or []) if S else [])

@@ -147,8 +147,9 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         out.update(oom_expected=True, epoch=at)
         first_step = _epoch_starts(figs, pts)
         if first_step is not None:  # the points know their steps: the failing epoch's first step
+            # the interval in steps covers whole epochs: from the early epoch's first step to the late one's last
             out.update(step=first_step(at), step_low=first_step(early),
-                       step_high=None if late is None else first_step(late))
+                       step_high=None if late is None else first_step(late + 1) - 1)
         sps = _seconds_per_step(figs) or seconds_per_step
         spe = _seconds_per_point(pts)
         if out["step"] is not None and sps and pts[-1].step is not None:
