@@ -27,6 +27,7 @@ import math
 import statistics
 
 from memq.analysis import growth as gm
+from memq.analysis.series import compact
 from memq.analysis.leak import figure_series, snapshot_series
 from memq.analysis.rules import GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
 from memq.units import fmt_bytes
@@ -385,7 +386,8 @@ def inputs(figures: list[dict], limit: int | None, *, largest_segment: int | Non
            composition: list[dict], comparable: list[dict], as_of_time: float | None) -> dict:
     """What `forecast` was given, as plain data: the run diagnosis keeps it so that the agent's stats
     batches (per-step figures between snapshots) can move the forecast on without a snapshot."""
-    return {"figures": [{k: f.get(k) for k in _FIG_KEYS} for f in _usable(figures)][-MAX_FIGURES:],
+    return {"figures": compact([{k: f.get(k) for k in _FIG_KEYS if f.get(k) is not None} for f in _usable(figures)],
+                               MAX_FIGURES),
             "limit": limit, "largest_segment": largest_segment, "seconds_per_step": seconds_per_step,
             "composition": composition[-8:], "comparable": comparable[-64:], "as_of_time": as_of_time}
 
@@ -398,7 +400,8 @@ def refresh(kept: dict, new_figures: list[dict], as_of_time: float | None) -> tu
     add = [f for f in _usable(new_figures) if f["step"] > last]
     if not add:
         return None
-    figs = (old + sorted(({k: f.get(k) for k in _FIG_KEYS} for f in add), key=lambda f: f["step"]))[-MAX_FIGURES:]
+    figs = compact(old + sorted(({k: f.get(k) for k in _FIG_KEYS if f.get(k) is not None} for f in add),
+                                key=lambda f: f["step"]), MAX_FIGURES)
     t = as_of_time if isinstance(as_of_time, (int, float)) else kept.get("as_of_time")
     nxt = dict(kept, figures=figs, as_of_time=t)
     fc = forecast(figs, kept.get("limit"), largest_segment=kept.get("largest_segment"),
