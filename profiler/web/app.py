@@ -32,7 +32,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from memq.config import Settings, load_settings
-from memq.errors import BadInput, MemqError, NotFound, SchemaOutOfDate, SnapshotError, StorageUnavailable
+from memq.errors import (
+    BadInput,
+    DecodeUnavailable,
+    MemqError,
+    NotFound,
+    SchemaOutOfDate,
+    SnapshotError,
+    StorageUnavailable,
+)
 from memq.web import params as P
 from memq.web.render import render_page
 
@@ -56,7 +64,7 @@ def _status(exc: MemqError) -> int:
         return 404
     if isinstance(exc, BadInput):
         return 400
-    if isinstance(exc, (SchemaOutOfDate, StorageUnavailable)):
+    if isinstance(exc, (SchemaOutOfDate, StorageUnavailable, DecodeUnavailable)):
         return 503
     return 500
 
