@@ -104,7 +104,7 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         return out
     if not limit:
         out["basis"] = (f"{g.why}, but the limit is not known: give it (`--limit` for files, "
-                        "`memq runs set-limit RUN SIZE` for a stored run) to know when it runs out")
+                        "`memq reanalyze --run RUN --limit SIZE` for a stored run) to know when it runs out")
         return out
     exc = _excursion(figs, pts) or _snapshot_excursion(comparable)
     reserved_now = max([int(f.get("peak_reserved") or f.get("reserved") or 0) for f in figs[-2:]]

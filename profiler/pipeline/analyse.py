@@ -334,16 +334,22 @@ class ReanalyzeReport:
 
 
 def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
-              progress: Progress | None = None) -> ReanalyzeReport:
+              progress: Progress | None = None, limit_bytes: int | None = None) -> ReanalyzeReport:
     """Bring every snapshot (of one run, or all) and run-level diagnosis to the current analyzer
     version, recomputing from the stored blobs. `force` also redoes the run-level diagnoses that
-    are already current."""
+    are already current. `limit_bytes` (one run only) is the run's limit given after the fact: stored,
+    then its diagnoses and forecast are made again under it."""
     _, version = analyzer()
     rep = ReanalyzeReport(analyzer_version=version)
+    if limit_bytes is not None and run_name is None:
+        raise BadInput("a limit is given to one run: name it (--run RUN --limit SIZE)")
     with store.session() as s:
         q = select(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256)
         if run_name is not None:
             run_id = repo.run_id_for(s, run_name)
+            if limit_bytes is not None:
+                repo.set_run_limit(s, run_id, limit_bytes)
+                force = True
             q = q.where(Snapshot.run_id == run_id)
         snaps = s.execute(q.where((Snapshot.analyzer_version.is_(None)) | (Snapshot.analyzer_version != version)
                                   | (Snapshot.state != "done")).order_by(Snapshot.id)).all()
