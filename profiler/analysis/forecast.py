@@ -27,9 +27,9 @@ import math
 import statistics
 
 from memq.analysis import growth as gm
-from memq.analysis.series import compact
 from memq.analysis.leak import figure_series, snapshot_series
 from memq.analysis.rules import GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
+from memq.analysis.series import compact
 from memq.units import fmt_bytes
 
 #: Parameters' multiple that gradients + optimizer state reach when every parameter trains with
