@@ -110,7 +110,8 @@ def test_oom_step_epoch_and_eta_from_the_staircase():
 
 def test_unknown_limit_says_what_to_pass():
     fc = fm.forecast(_grow(_healthy_figures(), 200 * MiB), None)
-    assert fc["oom_expected"] is None and "--limit" in fc["basis"] and "memq reanalyze --run RUN --limit SIZE" in fc["basis"]
+    assert fc["oom_expected"] is None and "--limit" in fc["basis"]
+    assert "memq reanalyze --run RUN --limit SIZE" in fc["basis"]
 
 
 def test_too_few_points_is_null_with_reason():
