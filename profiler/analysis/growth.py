@@ -272,7 +272,7 @@ def _few(pts: list[Point], base: dict, limit: int | None, headroom: int | None, 
     desc = _describe(trend, pts[0], pts, unit, 0.0, False)
     state = "growing" if matters else "small"
     return Growth(state, trend=trend, few=True, since=pts[0], matters=matters,
-                  why=f"{desc} (only {len(pts)} points, every interval growing)" + (f"; {reason}" if matters
+                  why=f"{desc} (only {len(pts)} points)" + (f"; {reason}" if matters
                                                                                      else f", but {reason}"),
                   **base)
 
@@ -305,7 +305,9 @@ def _matters(trend: Trend, pts: list[Point], unit: str, limit: int | None, headr
 def _describe(trend: Trend, since: Point, pts: list[Point], unit: str, sc: float, late: bool) -> str:
     start = f"since {since.label}" if late else f"from {pts[0].label} to {pts[-1].label}"
     noise = f", scatter {_g(sc)}" if sc > 0 else ""
-    if math.isfinite(trend.high):
+    if math.isfinite(trend.high) and trend.high - trend.low <= 0.005 * abs(trend.slope):
+        interval = "the same in every interval"
+    elif math.isfinite(trend.high):
         interval = f"95% interval {_rate(trend.low, unit, sign=False)} to {_rate(trend.high, unit, sign=False)}"
     else:  # Sen's upper rank lies beyond the pairs on a few points: only the lower bound is known
         interval = f"at least {_rate(trend.low, unit, sign=False)} at 95%"
