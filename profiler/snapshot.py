@@ -372,9 +372,10 @@ _UNSHARED_REFS = 3
 # its stack, or held, has more and stays remembered: it stays in memory anyway).
 _LIST_UNSHARED_REFS = 4
 _LIST_LAST_REFS = 5
-# Lists tried per five frame identities: real stacks that agree on five frames differ elsewhere in
-# a few ways at most (the C++ stacks of the cuDNN capture: 188 lists, 2 at most per key).
-_SAME_ENDS = 8
+# Lists tried per five frame identities. Real stacks that agree on those five frames differ
+# elsewhere in a few ways: the stacks="all" cuDNN capture (tests/fixtures/captured/cudnn_workspace)
+# has 64 stacks, at most 8 per key, most alone. Each try is one C list comparison.
+_SAME_ENDS = 32
 
 
 def _flat_frame(f: Any) -> bool:
