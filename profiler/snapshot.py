@@ -442,16 +442,17 @@ def _odd_entry(e: dict, k: int, device: int, frames: list) -> TraceEvent | None:
     addr = get("addr")
     stream = get("stream", 0)
     t_us = get("time_us")
-    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream if type(stream) is int else 0,
-                    t_us if type(t_us) is int else None, frames)
-    if action == "oom":
+    stream = stream if type(stream) is int else 0
+    t_us = t_us if type(t_us) is int else None
+    if action == "oom":  # one tuple made, not three: a cuDNN plan search records thousands of these
         # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
         dfree = get("device_free", addr)
         pool = get("pool_id")
         ok_pool = type(pool) in (list, tuple) and all(type(v) is int for v in pool[:4])
-        ev = ev._replace(addr=None, device_free=dfree if type(dfree) is int else None,
-                         pool_id=tuple(pool[:4]) if ok_pool else None)
-    elif action == "annotate":
+        return TraceEvent(action, None, size, stream, t_us, frames, dfree if type(dfree) is int else None,
+                          tuple(pool[:4]) if ok_pool else None)
+    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream, t_us, frames)
+    if action == "annotate":
         meta = get("user_metadata")
         if type(meta) is str:
             ev = ev._replace(user_metadata=meta[:MAX_USER_METADATA])
