@@ -79,12 +79,15 @@ def test_streamed_decode_keeps_the_size_cap_and_the_refusal_of_code():
 
 def test_streamed_decode_bounds_the_tuple_nesting_by_the_thread_stack():
     """Hashing a tuple nested N deep needs N levels of C stack. Streaming, the size is not known
-    ahead, so the decoding thread gets the largest stack (2 GiB of address space, ~8.3M levels) and
+    ahead, so the decoding thread gets the largest stack (4 GiB of address space, ~16.6M levels) and
     the reader refuses more tuple opcodes than that before the unpickler reaches them."""
-    depth = 9_000_000
-    data = b"\x80\x02)" + b"\x85" * depth + b"."  # EMPTY_TUPLE, TUPLE1 x depth
+    depth = 17_000_000  # past the bound: the bytes of a tuple opcode, here in a string (cheap to build)
+    data = b"\x80\x04\x8d" + depth.to_bytes(8, "little") + b"t" * depth + b"."  # BINUNICODE8
     with pytest.raises(TooLarge, match="nest tuples"):
         codec.decode_stream(gzip.compress(data), 2 * len(data))
+    under = 16_000_000
+    data = b"\x80\x04\x8d" + under.to_bytes(8, "little") + b"t" * under + b"."
+    assert codec.decode_stream(gzip.compress(data), 2 * len(data))[2] == len(data)
     shallow = b"\x80\x02)" + b"\x85" * 10_000 + b"."
     assert codec.decode_stream(gzip.compress(shallow), 2 * len(shallow), check=False)[2] == len(shallow)
 
