@@ -119,8 +119,9 @@ def main() -> None:
                     help="trace shapes to build and measure at 100k and 1M entries (benchmarks/trace_shapes.py)")
     ap.add_argument("--sizes", default="100000,1000000", help="entries per shape")
     ap.add_argument("--stream", type=int, default=0, metavar="EVENTS",
-                    help="also decode one C++-frames trace of EVENTS entries (10000000) with memq alone, "
-                         "under the default decode budget, and report its cost per event")
+                    help="also analyse one trace of EVENTS entries (10000000) with memq alone, under the "
+                         "decode budget it needs, and report its cost per event")
+    ap.add_argument("--stream-shape", default="python", choices=trace_shapes.SHAPES)
     ap.add_argument("--no-real", action="store_true", help="skip the stored real files")
     ap.add_argument("--view", action="store_true", help="time the memq view page and memory_viz instead")
     ap.add_argument("--memory-viz-js", help="a copy of torch/utils/viz/MemoryViz.js")
@@ -172,27 +173,27 @@ def main() -> None:
             print(f"{'':>24} {shape}: cost per event {sizes[-1] // 1000}k / {sizes[0] // 1000}k = {growth:.2f} "
                   "(flat = 1.00)", flush=True)
             out.extend(rows)
-        stream = stream_benchmark(args.stream, Path(tmp), env) if args.stream else None
+        stream = stream_benchmark(args.stream, args.stream_shape, Path(tmp), env) if args.stream else None
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": platform.platform(), "rows": out, "stream": stream},
                                               indent=1))
 
 
-def stream_benchmark(events: int, tmp: Path, env: dict) -> dict:
-    """One `cpp_lists` trace of `events` entries through `memq analyze` alone (a plain load of it would
-    need several times the memory), under the default decode budget: its cost per event beside the
-    1M figure above, and its peak RSS beside the budget."""
-    from memq.config import load_settings
-
-    path = tmp / f"cpp_lists_{events}.pickle.gz"
-    _build_shape("cpp_lists", events, path)
+def stream_benchmark(events: int, shape: str, tmp: Path, env: dict) -> dict:
+    """One `shape` trace of `events` entries through `memq analyze` alone (a plain load of it would need
+    more memory than this machine lends a benchmark twice), with the decode budget such a file needs
+    (DECODE_BYTES_PER_RAW_BYTE x its pickle): its cost per event beside the 1M figures above, and its
+    peak RSS beside that budget."""
+    path = tmp / f"{shape}_{events}.pickle.gz"
+    _build_shape(shape, events, path)
     raw = codec.inflated_digest(path.read_bytes(), 2**40)[1]
-    budget = load_settings().decode_budget()
-    r = measure([sys.executable, "-m", "memq", "analyze", str(path), "--json"], env)
+    budget = codec.DECODE_BYTES_PER_RAW_BYTE * raw + 2**30
+    r = measure([sys.executable, "-m", "memq", "analyze", str(path), "--json"],
+                env | {"MEMQ_DECODE_BUDGET_BYTES": str(budget)})
     path.unlink()
-    row = {"events": events, "pickle_bytes": raw, "budget_bytes": budget, **r,
+    row = {"shape": shape, "events": events, "pickle_bytes": raw, "budget_bytes": budget, **r,
            "us_per_event": 1e6 * r["cpu_s"] / events}
-    print(f"{'':>24} cpp_lists {events // 1_000_000}M streamed ({raw / 1e6:.0f} MB pickle, budget "
+    print(f"{shape + ' ' + str(events // 1_000_000) + 'M':>24} ({raw / 1e6:.0f} MB pickle, memq alone, decode budget "
           f"{budget / 2**30:.1f} GiB): {r['cpu_s']:.1f} s cpu {r['wall_s']:.1f} s wall {r['rss_mib']:.0f} MiB, "
           f"{row['us_per_event']:.2f} us/event", flush=True)
     return row

@@ -160,9 +160,14 @@ def _capped(nbytes: int):
 # count), and a bound past what that stack holds is refused.
 _TUPLE_OPCODES = b"\x85\x86\x87t"  # TUPLE1, TUPLE2, TUPLE3, TUPLE
 _INLINE_TUPLE_OPS = 20_000
-_STACK_PER_LEVEL = 256  # measured ~56 bytes per nesting level of tuplehash
+# A level of tuplehash takes 64-80 bytes of stack (CPython 3.11, x86_64: a 64 MiB stack hashes a tuple
+# nested 838,860 deep and crashes at 1,048,576); 256 leaves room for other builds. The largest stack is
+# address space only (pages count when touched): 4 GiB bounds the nesting at 16.6M levels, and the
+# tuple-opcode bytes of a real 10M-entry trace (890 MB of pickle: 8.3M of them, mostly inside 8-byte
+# addresses and times) stay under it.
+_STACK_PER_LEVEL = 256
 _STACK_BASE = 32 * 1024**2
-_STACK_MAX = 2 * 1024**3
+_STACK_MAX = 4 * 1024**3
 
 
 def _stack_needed(data: bytes) -> int:
@@ -180,7 +185,7 @@ class _Unpickling:
     stack of _STACK_MAX (address space only: pages count when used), and kept. A thread made per
     decode was not reliably gone when the next decode measured the address space it may use (Python's
     threads are detached; glibc unmaps a dead thread's stack only when another thread starts), so a
-    dead decode's 2 GiB loosened the next cap, and in a busy process a new one could not get its stack.
+    dead decode's stack loosened the next cap, and in a busy process a new one could not get its stack.
     After a decode that failed (hostile input, which may have used deep stack) it is let go, so the
     stack pages that decode touched are not kept resident."""
 
@@ -219,7 +224,7 @@ class _Unpickling:
                 except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
                     box["error"] = exc
                 finally:
-                    del fn, job
+                    del fn, job, box  # nothing of this decode stays referenced by the idle thread
                     done.set()
 
         old = threading.stack_size()

@@ -372,9 +372,10 @@ _UNSHARED_REFS = 3
 # its stack, or held, has more and stays remembered: it stays in memory anyway).
 _LIST_UNSHARED_REFS = 4
 _LIST_LAST_REFS = 5
-# Lists tried per five frame identities: real stacks that agree on five frames differ elsewhere in
-# a few ways at most (the C++ stacks of the cuDNN capture: 188 lists, 2 at most per key).
-_SAME_ENDS = 8
+# Lists tried per five frame identities. Real stacks that agree on those five frames differ
+# elsewhere in a few ways: the stacks="all" cuDNN capture (tests/fixtures/captured/cudnn_workspace)
+# has 64 stacks, at most 8 per key, most alone. Each try is one C list comparison.
+_SAME_ENDS = 32
 
 
 def _flat_frame(f: Any) -> bool:
@@ -441,16 +442,17 @@ def _odd_entry(e: dict, k: int, device: int, frames: list) -> TraceEvent | None:
     addr = get("addr")
     stream = get("stream", 0)
     t_us = get("time_us")
-    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream if type(stream) is int else 0,
-                    t_us if type(t_us) is int else None, frames)
-    if action == "oom":
+    stream = stream if type(stream) is int else 0
+    t_us = t_us if type(t_us) is int else None
+    if action == "oom":  # one tuple made, not three: a cuDNN plan search records thousands of these
         # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
         dfree = get("device_free", addr)
         pool = get("pool_id")
         ok_pool = type(pool) in (list, tuple) and all(type(v) is int for v in pool[:4])
-        ev = ev._replace(addr=None, device_free=dfree if type(dfree) is int else None,
-                         pool_id=tuple(pool[:4]) if ok_pool else None)
-    elif action == "annotate":
+        return TraceEvent(action, None, size, stream, t_us, frames, dfree if type(dfree) is int else None,
+                          tuple(pool[:4]) if ok_pool else None)
+    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream, t_us, frames)
+    if action == "annotate":
         meta = get("user_metadata")
         if type(meta) is str:
             ev = ev._replace(user_metadata=meta[:MAX_USER_METADATA])

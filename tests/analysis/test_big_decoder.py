@@ -79,12 +79,15 @@ def test_streamed_decode_keeps_the_size_cap_and_the_refusal_of_code():
 
 def test_streamed_decode_bounds_the_tuple_nesting_by_the_thread_stack():
     """Hashing a tuple nested N deep needs N levels of C stack. Streaming, the size is not known
-    ahead, so the decoding thread gets the largest stack (2 GiB of address space, ~8.3M levels) and
+    ahead, so the decoding thread gets the largest stack (4 GiB of address space, ~16.6M levels) and
     the reader refuses more tuple opcodes than that before the unpickler reaches them."""
-    depth = 9_000_000
-    data = b"\x80\x02)" + b"\x85" * depth + b"."  # EMPTY_TUPLE, TUPLE1 x depth
+    depth = 17_000_000  # past the bound: the bytes of a tuple opcode, here in a string (cheap to build)
+    data = b"\x80\x04\x8d" + depth.to_bytes(8, "little") + b"t" * depth + b"."  # BINUNICODE8
     with pytest.raises(TooLarge, match="nest tuples"):
         codec.decode_stream(gzip.compress(data), 2 * len(data))
+    under = 16_000_000
+    data = b"\x80\x04\x8d" + under.to_bytes(8, "little") + b"t" * under + b"."
+    assert codec.decode_stream(gzip.compress(data), 2 * len(data))[2] == len(data)
     shallow = b"\x80\x02)" + b"\x85" * 10_000 + b"."
     assert codec.decode_stream(gzip.compress(shallow), 2 * len(shallow), check=False)[2] == len(shallow)
 
@@ -315,3 +318,32 @@ def test_a_list_remembered_by_identity_is_let_go_after_its_last_entry():
     kept = {id(ev.frames) for ev in events}
     # what is still remembered is a list kept for its stack anyway, never one that would be freed
     assert fs._by_list and all(id(f) in kept or f in fs.held for f, _c in fs._by_list.values())
+
+
+def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_limit_and_past_it():
+    """_SAME_ENDS lists that agree on their first, quarter, middle, three-quarter and last frames are
+    each found by identity; past it, a list is found by its text: the same answer, at the text's cost."""
+    from memq import snapshot as snapshot_mod
+    from memq.snapshot import _SAME_ENDS, _Frames
+
+    ends = [{"filename": "e.py", "line": n, "name": "f"} for n in range(5)]
+    between = [{"filename": "m.py", "line": n, "name": "g"} for n in range(_SAME_ENDS + 2)]
+    holder = []  # frames other lists hold too, as torch pickles them
+
+    def stack(k: int) -> list:  # 9 frames: positions 0, 2, 4, 6, 8 are the five looked at
+        fl = [ends[0], between[k], ends[1], between[k], ends[2], between[k], ends[3], between[k], ends[4]]
+        holder.append(fl)
+        return list(fl)
+
+    fs = _Frames(10**6)
+    kept = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
+    assert len({id(c) for c in kept}) == _SAME_ENDS + 2  # all different stacks
+    calls = []
+    real = snapshot_mod._Frames._by_text
+    snapshot_mod._Frames._by_text = lambda self, f: calls.append(1) or real(self, f)
+    try:
+        again = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
+    finally:
+        snapshot_mod._Frames._by_text = real
+    assert [id(c) for c in again] == [id(c) for c in kept]
+    assert len(calls) == 2  # the two past the limit, by their text; the first _SAME_ENDS by identity
