@@ -18,6 +18,7 @@ import socket
 import click
 
 from memq.cli.analyze import SIZE
+from memq.render.words import plural
 
 
 @click.command()
@@ -120,7 +121,7 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
         return
     for s in sent:
         click.echo(f"pushed {s['file']} ({s['sha256'][:12]}, {s['trigger']})")
-    click.echo(f"{len(sent)} snapshots of run {run_name} sent to {st.stream_key} at {redact_url(url)}; "
+    click.echo(f"{plural(len(sent), 'snapshot')} of run {run_name} sent to {st.stream_key} at {redact_url(url)}; "
                f"`memq status` shows the backlog, `memq history --run {run_name}` the results")
 
 

@@ -90,7 +90,7 @@ def test_runs_filters(history_db):
     assert names("--cause", "fragmentation") == ["frag"]
     assert names("--label", "team=nlp") == ["adamw", "sgd"]
     assert names("--torch-version", "2.11") == ["adamw", "cap"]
-    assert names("--limit", "1") and len(names("--limit", "1")) == 1
+    assert names("--rows", "1") and len(names("--rows", "1")) == 1
     started = dt.datetime(2026, 11, 29, 20, 34, tzinfo=dt.UTC)  # when the fixtures were captured
     recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=7) <= started
     assert names("--cluster", "east", "--since", "7d") == (["adamw", "sgd"] if recent else [])
