@@ -238,11 +238,23 @@ class Dispatcher:
                     break
         finally:
             self.heartbeat.stop()
+        self._leave_group()
         why = getattr(self, "stop_reason", None) or ("a stop request" if self.stop_event.is_set() else "idle_exit_s")
         # a warning, so that it shows at any log level: an operator reading why ingest paused sees it
         log.warning("dispatcher %s stopped on %s after finishing the entries in hand (acknowledged; nothing "
                     "half-done is left): %s", self.consumer, why, self.counts)
         return dict(self.counts)
+
+    def _leave_group(self) -> None:
+        """A clean stop with nothing pending leaves the consumer group, so `memq status` does not list a
+        stopped dispatcher as a consumer forever; one holding entries stays for the others to reclaim."""
+        try:
+            mine = [c for c in self.r.xinfo_consumers(self.stream, self.group)
+                    if (c["name"].decode() if isinstance(c["name"], bytes) else c["name"]) == self.consumer]
+            if mine and int(mine[0].get("pending", 0)) == 0:
+                self.r.xgroup_delconsumer(self.stream, self.group, self.consumer)
+        except Exception as exc:  # noqa: BLE001 - stopping must not fail over bookkeeping
+            log.warning("dispatcher %s could not leave group %s: %s", self.consumer, self.group, exc)
 
     def step(self) -> int:
         """One round: reclaim when due, read a batch (or retry the one kept from an outage),

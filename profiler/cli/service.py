@@ -91,8 +91,21 @@ def _print(doc: dict) -> None:
     s = doc["stream"]
     con.print(f"[bold]stream[/bold] {v(s['key'])} at {v(doc['redis'])}: {s['length']} entries, "
               f"{s['pending']} pending, lag {s['lag'] if s['lag'] is not None else '-'}")
-    for c in s["consumers"]:
+    from memq.pipeline.status import CONSUMER_GONE_S
+
+    def fmt_duration(sec: float) -> str:
+        return f"{sec / 3600:.1f} h" if sec >= 3600 else f"{sec / 60:.0f} min"
+
+    live = [c for c in s["consumers"] if not c.get("gone")]
+    gone = [c for c in s["consumers"] if c.get("gone")]
+    for c in live:
         con.print(f"  consumer {v(c['name'])}: {c['pending']} pending, idle {c['idle_s']} s")
+    if gone:
+        held = sum(c["pending"] for c in gone)
+        con.print(f"  {len(gone)} consumer(s) gone (idle over {fmt_duration(CONSUMER_GONE_S)}: stopped or killed "
+                  f"dispatchers){f', holding {held} pending entries that live dispatchers reclaim' if held else ''}: "
+                  + ", ".join(f"{v(c['name'])} ({fmt_duration(c['idle_s'])})" for c in gone[:5])
+                  + (f" and {len(gone) - 5} more" if len(gone) > 5 else ""))
     con.print("[bold]queues[/bold] " + ", ".join(f"{v(q)} {n}" for q, n in doc["queues"].items())
               + f"; {doc['queues_unacked']} unacknowledged")
     dl = doc["dead_letters"]

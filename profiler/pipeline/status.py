@@ -7,6 +7,16 @@ from __future__ import annotations
 import json
 import time
 
+# A consumer idle longer than this is gone (a dispatcher that was killed, or stopped before it could
+# leave the group): a live one attempts a read at least every --block-ms, at most 60 s (memq dispatcher),
+# and Redis counts a consumer's idle time from its last read attempt; ten such waits leave room for a
+# slow batch.
+CONSUMER_GONE_S = 600
+
+
+def consumer_gone(idle_s: float, gone_after_s: float = CONSUMER_GONE_S) -> bool:
+    return idle_s > gone_after_s
+
 
 def _text(v) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
@@ -18,7 +28,7 @@ def _queue_depth(r, prefix: str, queue: str) -> int:
     return sum(int(r.llen(prefix + k)) for k in keys)
 
 
-def collect_status(st, with_db: bool = True) -> dict:
+def collect_status(st, with_db: bool = True, gone_after_s: float = CONSUMER_GONE_S) -> dict:
     """What `memq status` shows, as one dict (byte-free: counts and ages only)."""
     from memq.config import redact_url
     from memq.queues import GROUP, QUEUES
@@ -46,8 +56,9 @@ def collect_status(st, with_db: bool = True) -> dict:
     s["consumers"] = []
     if g:
         for c in r.xinfo_consumers(st.stream_key, GROUP):
+            idle_s = round(int(c.get("idle", 0)) / 1000, 1)
             s["consumers"].append({"name": _text(c["name"]), "pending": int(c.get("pending", 0)),
-                                   "idle_s": round(int(c.get("idle", 0)) / 1000, 1)})
+                                   "idle_s": idle_s, "gone": consumer_gone(idle_s, gone_after_s)})
     bprefix = st.broker_key_prefix
     broker = r if (st.broker_url or st.redis_url) == st.redis_url else shared_client(st.broker_url, timeout_s=5)
     for q in QUEUES:

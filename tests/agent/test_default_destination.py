@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 CODE = """
 import sys
 sys.modules['torch'] = None  # no GPU needed: the source records nothing
@@ -25,6 +27,15 @@ def _run(tmp_path, **env):
                          timeout=60, env=base | env)
     assert out.returncode == 0 and "job ran" in out.stdout, out.stderr
     return [ln for ln in out.stderr.splitlines() if "sends to" in ln]
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    import redis
+
+    for db in (0, 3):  # what the two agents sent under this file's own prefix
+        redis.Redis(db=db).delete("memq-test-dest:ingest")
 
 
 def test_the_default_destination_is_said_once(tmp_path):
