@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -39,7 +40,8 @@ from memq.units import fmt_bytes  # noqa: E402
 FIXTURES = ROOT / "tests" / "fixtures"
 PLAYBOOK_FIX = FIXTURES / "playbook"
 PLAYBOOK_FIX_REL = "tests/fixtures/playbook"
-OUTPUTS = (ROOT / pb.DOC_PATH, ROOT / "profiler" / pb.PACKAGED_NAME)
+OUTPUTS = (ROOT / pb.DOC_PATH, ROOT / "profiler" / pb.PACKAGED_NAME)  # what users read: situations, no fixtures
+SOURCES = ROOT / "benchmarks" / "playbook_sources.md"  # for developers: the same page, each figure with its fixture
 OPTIMIZER_NAMES = {"sgd": "SGD", "sgd_momentum": "SGD, momentum 0.9", "adam": "Adam",
                    "adamw": "AdamW (foreach, default)",
                    "adamw_forloop": "AdamW (foreach=False)", "adamw_fused": "AdamW (fused=True)",
@@ -573,6 +575,34 @@ def render(jobs: dict[str, Job], captures: dict) -> str:
     return "\n".join(parts)
 
 
+CITATION = re.compile(r" ?\((?:`tests/fixtures/[^`]+`(?:, )?)+\)")
+SOURCES_NOTE = ("Every figure cites the fixture it was measured on; memq's figures are memq's own analysis of what "
+                "its agent sent from the same job, so this page is regenerated (and checked in CI) whenever the "
+                "analyzer changes. ")
+USER_NOTE = "memq's figures are memq's own analysis of what its agent sent from the same job. "
+
+
+def user_text(dev: str) -> str:
+    """The page a user reads (the wheel's `memq playbook`, /playbook, docs/playbook.md): the situations
+    and figures without the repository's fixture paths, columns, or how the page is kept up to date."""
+    out, drop = [], None
+    for line in dev.replace(SOURCES_NOTE, USER_NOTE).splitlines():
+        if line.startswith("|"):
+            cells = line[1:-1].split("|")
+            names = [c.strip() for c in cells]
+            if "fixture" in names:
+                drop = names.index("fixture")
+            if drop is not None and drop < len(cells):
+                cells = cells[:drop] + cells[drop + 1:]
+            line = "|" + "|".join(cells) + "|"
+        else:
+            drop = None  # a table ended
+            line = CITATION.sub("", line).replace("Measured (`", "Measured (").replace("`): ", "): ")
+            line = re.sub(r": `tests/fixtures/[^`]+`\)", ")", line)  # "(..., measured ...: `tests/fixtures/x`)"
+        out.append(line)
+    return "\n".join(out)
+
+
 def generate() -> str:
     captures = json.loads((PLAYBOOK_FIX / "captures.json").read_text())
     return render(load_all(), captures)
@@ -582,10 +612,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed files instead of writing")
     a = ap.parse_args(argv)
-    text = generate()
+    dev = generate()
+    texts = {out: user_text(dev) for out in OUTPUTS} | {SOURCES: dev}
     if a.check:
         bad = 0
-        for out in OUTPUTS:
+        for out, text in texts.items():
             old = out.read_text() if out.exists() else ""
             if old != text:
                 bad = 1
@@ -594,7 +625,7 @@ def main(argv=None) -> int:
         if bad:
             print("\nthe playbook differs from its fixtures: run `python benchmarks/playbook.py`", file=sys.stderr)
         return bad
-    for out in OUTPUTS:
+    for out, text in texts.items():
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         print(f"wrote {_rel(out)}")

@@ -39,9 +39,25 @@ def text(gen):
     return gen.generate()
 
 
-def test_committed_playbook_is_what_the_fixtures_give(text):
+def test_committed_playbook_is_what_the_fixtures_give(gen, text):
+    assert (ROOT / "benchmarks" / "playbook_sources.md").read_text() == text, \
+        "benchmarks/playbook_sources.md differs from its regeneration: run `python benchmarks/playbook.py`"
     for path in (ROOT / pb.DOC_PATH, ROOT / "profiler" / pb.PACKAGED_NAME):
-        assert path.read_text() == text, f"{path} differs from its regeneration: run `python benchmarks/playbook.py`"
+        assert path.read_text() == gen.user_text(text), \
+            f"{path} differs from its regeneration: run `python benchmarks/playbook.py`"
+
+
+def test_the_users_playbook_speaks_of_situations_not_fixtures(gen, text):
+    """The wheel has no tests/ folder: the page its users read names no fixture, has no fixture column and
+    does not speak of how it is kept in CI (issue 42 item 7); the developer's copy keeps every source."""
+    user = gen.user_text(text)
+    for word in ("tests/fixtures", "fixture", "regenerated", "in CI"):
+        assert word not in user, word
+    assert user.count("\n|") > 20 and text.count("tests/fixtures") > 50
+    lines = text.splitlines()
+    assert [ln.count("|") for ln in user.splitlines() if ln.startswith("|---")] == \
+        [ln.count("|") - ("fixture" in prev) for prev, ln in zip(lines, lines[1:], strict=False)
+         if ln.startswith("|---")]
 
 
 def test_every_entry_has_its_section(text):
