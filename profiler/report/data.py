@@ -37,6 +37,7 @@ from memq.analysis import growth as gm
 from memq.analysis.recommend import NO_EFFECT
 from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
+from memq.render.words import said
 from memq.store.report_queries import Scope, Window
 
 SCHEMA = 1
@@ -513,7 +514,7 @@ def summary_lines(doc: dict) -> list[str]:
     lines = [f"{t['runs']} runs in {doc['scope_label']} on {doc['date']}: {t['oom_runs']} OOM, "
              f"{t['near_misses']} near misses (headroom under 5% of the limit)."]
     if doc["ooms"]["count"]:
-        lines.append("OOMs by cause: " + ", ".join(f"{k} {v}" for k, v in doc["ooms"]["by_cause"].items()) + ".")
+        lines.append("OOMs by cause: " + ", ".join(f"{said(k)} {v}" for k, v in doc["ooms"]["by_cause"].items()) + ".")
     regs = doc["regressions"]
     if regs:
         lines.append("Regressions: " + "; ".join(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memq.render.words import said
 from memq.units import fmt_bytes
 
 
@@ -53,7 +54,7 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
     L += ["## OOMs and near misses by root cause", ""]
     if doc["breakdown"]["by_cause"]:
         L += _table(["cause", "OOM runs", "near misses"],
-                    [[r["cause"], r["ooms"], r["near_misses"]] for r in doc["breakdown"]["by_cause"]])
+                    [[said(r["cause"]), r["ooms"], r["near_misses"]] for r in doc["breakdown"]["by_cause"]])
         L += _table(["cluster", "OOM runs", "near misses"],
                     [[r["cluster"], r["ooms"], r["near_misses"]] for r in doc["breakdown"]["by_cluster"]])
         L += _table(["job", "OOM runs", "near misses"],
@@ -64,7 +65,7 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
         L += ["### OOM runs", ""]
         L += _table(["run", "job", "cluster", "torch", "cause", "request", "limit", "recommendation"],
                     [[r["run"], r["job"], r["cluster"], r["torch_version"],
-                      r["primary_cause"] + (f" ({r['step_need']})" if r.get("step_need") else ""),
+                      said(r["primary_cause"]) + (f" ({r['step_need']})" if r.get("step_need") else ""),
                       _b(r["requested_bytes"]),
                       _b(r["limit_bytes"]), _with_playbook(r["recommendation"], r.get("recommendation_playbook"))]
                      for r in doc["ooms"]["runs"]])
@@ -87,7 +88,7 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
     if doc["fragmented"]:
         L += _table(["run", "job", "cause", "fragmentation", "free in pieces", "setting that would help",
                      "allocator model with it"],
-                    [[r["run"], r["job"], r["primary_cause"], f"{r['fragmentation_ratio']:.2f}",
+                    [[r["run"], r["job"], said(r["primary_cause"]), f"{r['fragmentation_ratio']:.2f}",
                       _b(r["fragmented_free_bytes"]),
                       _with_playbook(f"`{r['setting']}`" if r["setting"] else "-", r.get("playbook")), _sim(r)]
                      for r in doc["fragmented"]])
@@ -96,7 +97,7 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
     L += ["## Memory that grows across epochs", ""]
     if doc["growing"]:
         L += _table(["run", "job", "cause", "growth", "source"],
-                    [[g["run"], g["job"], g["primary_cause"], "+" + _b(g["growth_bytes"]),
+                    [[g["run"], g["job"], said(g["primary_cause"]), "+" + _b(g["growth_bytes"]),
                       g["source"] + (f"; forecast: {g['forecast']}" if g.get("forecast") else "")]
                      for g in doc["growing"]])
     else:

@@ -187,7 +187,7 @@ def test_rerun_replaces_and_stores_in_the_database_and_directory(history):
         assert (base / f"{DAY1}.{ext}").stat().st_size > 0
     assert json.loads((base / f"{DAY1}.json").read_text())["totals"] == first["totals"]
     md = _report(history, DAY1, fmt="md")
-    assert "| frag_dyn_expandable | dyn | b |" in md and "external_memory" in md
+    assert "| frag_dyn_expandable | dyn | b |" in md and "external memory" in md and "external_memory" not in md
     # the what-if outcomes come with their basis, in both renderings
     assert "not assessable: the recorded settings too get through this window" in md
     assert "no OOM within the recorded window only (confidence medium)" in md
