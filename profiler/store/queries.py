@@ -132,8 +132,9 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
     run = _run_row(session, name)
     q = (select(Snapshot.id, Snapshot.rank, Snapshot.step, Snapshot.epoch, Snapshot.trigger, Snapshot.taken_at,
                 Snapshot.sha256, Snapshot.size_bytes, Snapshot.state, Snapshot.analyzer_version, Snapshot.source,
-                AnalysisResult.reserved_bytes, AnalysisResult.allocated_bytes, AnalysisResult.active_bytes,
-                AnalysisResult.fragmentation_ratio, AnalysisResult.largest_free_block_bytes,
+                Snapshot.last_error, AnalysisResult.reserved_bytes, AnalysisResult.allocated_bytes,
+                AnalysisResult.active_bytes, AnalysisResult.fragmentation_ratio,
+                AnalysisResult.largest_free_block_bytes,
                 AnalysisResult.result["diagnosis"].label("diagnosis"),
                 AnalysisResult.result["composition"].label("composition"),
                 AnalysisResult.result["oom"].label("oom"))
@@ -154,6 +155,8 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
             "id": r.id, "rank": r.rank, "step": r.step, "epoch": r.epoch, "trigger": r.trigger,
             "taken_at": iso(r.taken_at), "sha256": r.sha256, "size_bytes": r.size_bytes, "source": r.source,
             "state": r.state, "analyzer_version": r.analyzer_version,
+            # why a snapshot is not analysed (quarantined, or failed with attempts left); None otherwise
+            "last_error": r.last_error if r.state != "done" else None,
             "reserved_bytes": r.reserved_bytes, "allocated_bytes": r.allocated_bytes, "active_bytes": r.active_bytes,
             "fragmentation_ratio": r.fragmentation_ratio, "largest_free_block_bytes": r.largest_free_block_bytes,
             "composition": r.composition, "oom": r.oom, "diagnosis": r.diagnosis,

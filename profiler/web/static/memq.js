@@ -107,8 +107,13 @@
     } else {
       var main = hist.stats ? hist.stats.rank : null;
       var own = snaps.filter(function (s) { return main === null || s.rank === main; });
-      line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.reserved_bytes || 0)]; }), "reserved");
-      line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.allocated_bytes || 0)]; }), "allocated");
+      // snapshots not analysed yet (or quarantined) have no figures: the lines skip them, not drop to 0
+      var pts = function (key) {
+        return own.map(function (s, j) { return s[key] === null || s[key] === undefined ? null : [x(snapT(s, j)), y(s[key])]; })
+          .filter(function (p) { return p !== null; });
+      };
+      line(pts("reserved_bytes"), "reserved");
+      line(pts("allocated_bytes"), "allocated");
       document.getElementById("timeline-note").textContent =
         "No stat samples stored for this run: the lines join the snapshots' own figures.";
     }
@@ -170,7 +175,7 @@
       el("text", {x: L - 8, y: top + LH / 2, "class": "tick", "text-anchor": "end"}, svg, "rank " + ln.rank);
       var ser = (ln.stats.series || []).filter(function (p) { return p.reserved_bytes !== null && !isNaN(parseT(p.t)); });
       var pts = ser.length ? ser.map(function (p) { return [x(parseT(p.t)), y(p.reserved_bytes)]; })
-        : ln.snapshots.filter(function (s) { return !isNaN(parseT(s.taken_at)); }).map(function (s) { return [x(parseT(s.taken_at)), y(s.reserved_bytes || 0)]; });
+        : ln.snapshots.filter(function (s) { return !isNaN(parseT(s.taken_at)) && s.reserved_bytes !== null; }).map(function (s) { return [x(parseT(s.taken_at)), y(s.reserved_bytes || 0)]; });
       if (pts.length) el("path", {d: pts.map(function (p, j) { return (j ? "L" : "M") + p[0].toFixed(1) + "," + p[1].toFixed(1); }).join("") + (pts.length === 1 ? "h1" : ""), "class": "reserved"}, svg);
       ln.snapshots.forEach(function (s, j) {
         var t = dom.useIndex ? j : parseT(s.taken_at);
