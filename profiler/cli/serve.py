@@ -28,8 +28,13 @@ def serve(host, port, workers, root_path, log_level):
                    "this port reads the history (put an authenticating proxy in front, or set a token)", err=True)
     if workers > 1 and settings.is_embedded_db:
         raise ConfigError("several --workers need a server database (MEMQ_DATABASE_URL=postgresql://...)")
+    from memq.web.guard import HeaderTimeoutH11, log_config
+
+    # h11 with a deadline on each request head (guard.HeaderTimeoutH11); the access log without tokens
     common = dict(host=host, port=port, root_path=root_path, log_level=log_level, server_header=False,
-                  proxy_headers=True, timeout_graceful_shutdown=10)
+                  proxy_headers=True, timeout_graceful_shutdown=10,
+                  http=HeaderTimeoutH11,
+                  log_config=log_config(log_level))
     if workers > 1:
         uvicorn.run("memq.web.app:app_from_env", factory=True, workers=workers, **common)
     else:

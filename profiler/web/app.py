@@ -34,6 +34,7 @@ from starlette.staticfiles import StaticFiles
 from memq.config import Settings, load_settings
 from memq.errors import BadInput, MemqError, NotFound, SchemaOutOfDate, SnapshotError, StorageUnavailable
 from memq.web import params as P
+from memq.web.guard import host_allowed, site_local
 from memq.web.render import render_page
 
 STATIC = Path(__file__).parent / "static"
@@ -90,9 +91,10 @@ class SecurityMiddleware:
     opening any page once with `?token=T` (which then redirects to the same URL without it, so the
     token does not stay in the address bar or in Referer headers)."""
 
-    def __init__(self, app, token: str | None):
+    def __init__(self, app, token: str | None, hosts: tuple[str, ...] = ("*",)):
         self.app = app
         self.token = (token or "").encode()
+        self.hosts = hosts
 
     def _ok(self, scope) -> tuple[bool, str | None]:
         if not self.token:
@@ -108,14 +110,20 @@ class SecurityMiddleware:
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         if hmac.compare_digest(query.get("token", "").encode(), self.token):
             rest = urlencode([(k, v) for k, v in parse_qsl(scope["query_string"].decode("latin-1")) if k != "token"])
-            # Only to a path of this server: "//host/x" (or "/\\host") read as a location is another host.
-            path = "/" + scope["path"].lstrip("/\\")
-            return True, path + (f"?{rest}" if rest else "")
+            # Only to a path of this server (guard.site_local: "//host", "/\\host", "/%09/host" would not be).
+            return True, site_local(scope["path"]) + (f"?{rest}" if rest else "")
         return False, None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if scope["path"] != "/healthz" and not host_allowed(headers.get(b"host", b"").decode("latin-1"), self.hosts):
+            # 421 Misdirected Request: the name is not one this server answers (MEMQ_SERVE_HOSTS)
+            await send({"type": "http.response.start", "status": 421, "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"), *self._headers(scope)]})
+            await send({"type": "http.response.body", "body": b"memq: this Host is not served (MEMQ_SERVE_HOSTS)\n"})
+            return None
         ok, redirect = self._ok(scope)
         if not ok:
             api = scope["path"].startswith("/api/")
@@ -127,7 +135,10 @@ class SecurityMiddleware:
             await send({"type": "http.response.body", "body": body})
             return None
         if redirect is not None:
-            cookie = (f"{COOKIE}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict").encode()
+            # Secure when the browser reached us over TLS (directly or through a trusted proxy's
+            # X-Forwarded-Proto), so the cookie never travels back over plain HTTP
+            secure = "; Secure" if scope.get("scheme") == "https" else ""
+            cookie = (f"{COOKIE}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict{secure}").encode()
             await send({"type": "http.response.start", "status": 303, "headers": [
                 (b"location", redirect.encode()), (b"set-cookie", cookie), *self._headers(scope)]})
             await send({"type": "http.response.body", "body": b""})
@@ -472,7 +483,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     app = Starlette(routes=routes, exception_handlers={MemqError: memq_error, HTTPException: http_error},
                     lifespan=lifespan)
-    app.add_middleware(SecurityMiddleware, token=token)
+    app.add_middleware(SecurityMiddleware, token=token, hosts=settings.serve_host_list)
     return app
 
 
