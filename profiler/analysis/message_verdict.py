@@ -104,7 +104,9 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
                        [f"the per-process cap ran out: reserved {g(R)} + request {g(S)} > {g(cap)} allowed "
                         f"({cap_src}), while the device still had {g(F)} free; allocated {g(A)} + request {g(S)} is "
                         "over the cap too"], lim=cap, src=cap_src)
-        # within the cap once compacted: decided below against the cap (fragmentation or the step's edge)
+        # within the cap once compacted: decided below against the cap (fragmentation or the step's edge),
+        # the cap named first (the device had room: a batch size is not what ran out)
+        fig["cap_ran_out"] = True
     capped = bool(cap and R is not None and R + S > cap * (1 - PRINTED_ROUNDING))
     if not capped and others and others_sum >= S and (F is None or S <= F + others_sum):
         names = ", ".join(f"process {pid} ({g(b)})" for pid, b in sorted(others, key=lambda x: -x[1]))

@@ -480,6 +480,11 @@ def message_recommendations(v, msg) -> list[dict]:
             "private-pool memory stays reserved as long as its graphs exist", "no change", "expandable-segments")
         return recs
     server_first("the pasted text names an inference server")
+    if f.get("cap_ran_out"):
+        add(f"The per-process cap ran out, not the device: raise torch.cuda.set_per_process_memory_fraction if the "
+            f"device is this job's (it had {g(f.get('device_free'))} free), or make the job fit the {g(v.limit)} cap",
+            f"reserved {g(R)} + request {g(S)} is over the {g(v.limit)} cap ({v.limit_source})",
+            "the request is served under a higher cap", "allocator-settings")
     if sit == "near_limit":
         add("Leave the step headroom: a smaller micro-batch with gradient accumulation (or activation checkpointing); "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gets this request through the cached pieces but "
