@@ -415,8 +415,9 @@ def explain_message(ctx: OomContext) -> dict:
                     "fragmentation_ratio": None, "stranded_bytes": None},
         "oom": None if S is None else {"requested_bytes": S, "limit_bytes": v.limit,
                                        "fits_largest_free_block": None,
-                                       "fits_if_compacted": (A + S <= v.limit) if (A is not None and v.limit)
-                                       else None},
+                                       # MPS's cap counts the process's other Metal allocations too
+                                       "fits_if_compacted": (A + (msg.other_allocations_bytes or 0) + S <= v.limit)
+                                       if (A is not None and v.limit) else None},
         "composition": {c: None for c in fr.CATEGORIES},
         "diagnosis": {"primary_cause": v.primary, "confidence": v.confidence, "causes": causes,
                       "recommendations": recs},

@@ -19,6 +19,8 @@ CUDA_ERROR = ("RuntimeError: CUDA error: out of memory\nCUDA kernel errors might
 MPS = ("MPS backend out of memory (MPS allocated: 17.68 GB, other allocations: 3.95 MB, max allowed: 18.13 GB). Tried "
        "to allocate 1024.00 MB on private pool. Use PYTORCH_MPS_HIGH_WATERMARK_RATIO=0.0 to disable upper limit for "
        "memory allocations (may cause system failure).")
+MPS_OTHER = ("MPS backend out of memory (MPS allocated: 9.57 GiB, other allocations: 17.35 GiB, max allowed: 27.20 "
+             "GiB). Tried to allocate 292.50 MiB on private pool.")
 PRIVATE_POOLS = ("OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of "
                  "47.53 GiB of which 896.00 KiB is free. Process 1686436 has 47.51 GiB memory in use. Of the allocated "
                  "memory 47.00 GiB is allocated by PyTorch, with 46.22 GiB allocated in private pools (e.g., CUDA "
@@ -66,6 +68,9 @@ def test_an_mps_message_gets_mps_advice():
     assert code == 0 and doc["diagnosis"]["primary_cause"] != "healthy"
     assert "PYTORCH_MPS_HIGH_WATERMARK_RATIO" in first(doc)
     assert doc["oom"]["requested_bytes"] == 1024 * MiB and doc["oom"]["limit_bytes"] == int(round(18.13 * GiB))
+    # the cap counts the other Metal allocations too: 9.57 + 17.35 + 0.29 GiB is over 27.20 GiB
+    _, other, _ = explain(MPS_OTHER)
+    assert other["oom"]["fits_if_compacted"] is False and other["diagnosis"]["primary_cause"] == "external_memory"
 
 
 def test_private_pools_are_inside_allocated_not_added_again():
