@@ -526,8 +526,13 @@ def _step_figures(v: Any) -> tuple[StepFigures, ...]:
                                peak_reserved=_opt_int(d.get("peak_reserved")) or 0, allocated=alloc,
                                reserved=_opt_int(d.get("reserved")) or 0, retries=_opt_int(d.get("retries")) or 0,
                                ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,
-                               tokens=_opt_int(d.get("tokens"))))
+                               tokens=_opt_int(d.get("tokens")), span=max(1, _opt_int(d.get("span")) or 1),
+                               time=_opt_float(d.get("t"))))
     return tuple(out)
+
+
+def _opt_float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 MAX_OOM_FRAMES = 64
