@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import functools
 import resource
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -64,3 +66,48 @@ def test_bombs_are_refused_while_valid_snapshots_decode_beside_them():
     failed = [repr(v) for ok, v in results[2:] if not ok]
     assert not failed, failed
     assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_a_decode_that_cannot_get_its_thread_is_transient_not_the_snapshots_fault(tmp_path):
+    """A process with too little address space left for the unpickling thread's stack: the decode
+    says so as DecodeUnavailable (exit 1, retried by workers, 503 from memq serve, never cached),
+    not as an unreadable snapshot; the same process reads it once the space is back."""
+    code = (
+        "import resource, sys\n"
+        "from memq.errors import DecodeUnavailable\n"
+        "from memq.load import decode_snapshot_bytes\n"
+        f"data = open({str(SNAPSHOTS[0])!r}, 'rb').read()\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "old = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + 1024**3, old[1]))\n"
+        "try:\n"
+        "    decode_snapshot_bytes(data, 64 * 1024**2)\n"
+        "    print('decoded')\n"
+        "except DecodeUnavailable as exc:\n"
+        "    print('unavailable', exc)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, old)\n"
+        "print('then', len(decode_snapshot_bytes(data, 64 * 1024**2).snapshot.trace))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("unavailable cannot start the decoding thread"), p.stdout
+    assert "then " in p.stdout and not p.stdout.rstrip().endswith("then 0")
+
+
+def test_transient_decode_failures_are_retried_and_never_cached_as_a_page():
+    from memq.errors import DecodeUnavailable
+    from memq.web.app import _status, _Views
+    from memq.workers.runtime import is_transient
+
+    assert is_transient(DecodeUnavailable("no thread")) and not is_transient(TooLarge("too big"))
+    assert _status(DecodeUnavailable("no thread")) == 503
+    views = _Views()
+
+    def fails():
+        raise DecodeUnavailable("no thread")
+
+    try:
+        views.get(("sha", 1), fails)
+    except DecodeUnavailable:
+        pass
+    assert views.get(("sha", 1), lambda: {"ok": True}) == {"ok": True}
