@@ -284,17 +284,19 @@ class _Frames:
         # A list that later entries share (torch pickles one list per allocation, read again by its
         # frees) is remembered by its identity until its last entry is read: it is held meanwhile, so
         # its id stays its own, and let go then, so that memory follows the entries still to come.
-        seen = self._by_list.get(id(f))
+        by_list = self._by_list
+        i = id(f)
+        seen = by_list.get(i)
         if seen is not None and seen[0] is f:
             c = seen[1]
             if getrefcount(f) <= _LIST_LAST_REFS:
-                del self._by_list[id(f)]
+                del by_list[i]
+        elif getrefcount(f) > _LIST_UNSHARED_REFS:  # before _by_frames: it may keep f itself
+            by_list[i] = (f, c := self._by_frames(f))
         else:
-            shared = getrefcount(f) > _LIST_UNSHARED_REFS  # before _by_frames: it may keep f itself
             c = self._by_frames(f)
-            if shared:
-                self._by_list[id(f)] = (f, c)
-        self._last, self._last_canon = f, c  # held: its id cannot be reused while it is compared
+        self._last = f  # held: its id cannot be reused while it is compared
+        self._last_canon = c
         return c
 
     def _by_frames(self, f: list) -> list:
@@ -310,7 +312,9 @@ class _Frames:
             key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
             tried = self._by_ids.get(key)
             if tried is None:
-                self._by_ids[key] = tried = []
+                tried = self._by_ids[key] = []
+            elif tried[0][0] == f:  # the common case: the first list with these five frames
+                return tried[0][1]
             for g, c in tried:
                 if g == f:
                     return c
