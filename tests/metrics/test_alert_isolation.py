@@ -16,7 +16,7 @@ from memq.config import load_settings
 from memq.store import repository as repo
 from memq.store.orm import Alert, AlertSummary, Run
 from tests.conftest import memq_environ
-from tests.metrics.history import add_run
+from tests.metrics.history import add_run, set_run
 from tests.metrics.receiver import Receiver
 
 HOUR = dt.timedelta(seconds=outbox.JOB_WINDOW_S)
@@ -132,3 +132,72 @@ def test_a_flapping_forecast_is_paged_at_most_once_an_hour(store):
     with store.session() as s:
         kinds = list(s.execute(select(Alert.verdict).where(Alert.run_id == rid)).scalars())
     assert len(rx.requests) == len(kinds) and 2 <= len(kinds) <= 3, kinds
+
+
+# ------------------------------------------------------ attack 2: the global limit as a weapon
+
+
+def _oom(store, name: str, owner: str | None, job: str, t: dt.datetime) -> int:
+    """An OOM run of `owner` (the principal whose signed envelope created it), recorded at `t`."""
+    with store.session() as s:
+        rid = add_run(s, name, job=job, status="oom", cause="capacity", oom_count=1)
+        set_run(s, rid, owner=owner, updated_at=repo.db_time(s, t))
+    return rid
+
+
+def _states(store, owner: str | None) -> list[str]:
+    with store.session() as s:
+        return list(s.execute(select(Alert.state).where(Alert.owner == owner).order_by(Alert.id)).scalars())
+
+
+def test_another_principals_runs_under_my_job_name_do_not_spend_my_budget(store):
+    """Round 4, attack 2 (second half): with the default `jobs: ["*"]` any key may write job `train`.
+    Five OOM runs of team-c under it pass the job's limit; team-b's own OOM in `train` a minute later
+    is still paged: the budget is per (principal, cluster, job)."""
+    t0 = repo.utcnow()
+    with Receiver() as rx:
+        st = _st(store, rx.url, MEMQ_ALERT_JOB_MAX_PER_HOUR=3)
+        for i in range(5):
+            _oom(store, f"squat-{i}", "team-c", "train", t0)
+        delivery.sweep(store, st, now=t0)
+        assert delivery.deliver_due(store, st, now=t0) == {"sent": 3, "skipped": 2}
+        t1 = t0 + dt.timedelta(minutes=1)
+        _oom(store, "real-oom", "team-b", "train", t1)
+        delivery.sweep(store, st, now=t1)
+        assert delivery.deliver_due(store, st, now=t1) == {"sent": 1}
+    assert _states(store, "team-b") == ["sent"]
+    assert "real-oom" in str(rx.requests[-1]["body"])
+
+
+def test_a_flood_of_one_principal_cannot_starve_anothers_page_or_summary(store):
+    """Round 4, attack 2: team-a files two tiny OOM runs every 5 minutes under rotating job names for
+    two hours, keeping the limit of all jobs (6 an hour here) full. team-b's two OOMs of one job (its
+    job limit is 1) still go out: the first at once, the second in its job's summary within the hour
+    after it, because each principal with recent verdicts is guaranteed its share of the limit."""
+    t0 = repo.utcnow()
+    victim_at = t0 + dt.timedelta(minutes=2)
+    with Receiver() as rx:
+        st = _st(store, rx.url, MEMQ_ALERT_JOB_MAX_PER_HOUR=1, MEMQ_ALERT_MAX_PER_HOUR=6)
+        n = 0
+        for step in range(25):  # 2 h in 5-minute sweeps
+            t = t0 + dt.timedelta(minutes=5 * step)
+            for _ in range(2):
+                _oom(store, f"flood-{n}", "team-a", f"rot-{n}", t)
+                n += 1
+            if step == 0:
+                delivery.sweep(store, st, now=t)
+                delivery.deliver_due(store, st, now=t)
+                for i in range(2):
+                    _oom(store, f"victim-{i}", "team-b", "train", victim_at)
+                t = victim_at
+            delivery.sweep(store, st, now=t)
+            delivery.deliver_due(store, st, now=t)
+            if step == 0:
+                assert _states(store, "team-b") == ["sent", "suppressed"]
+    with store.session() as s:
+        summaries = list(s.execute(select(AlertSummary).where(AlertSummary.owner == "team-b")).scalars())
+    assert len(summaries) == 1 and summaries[0].state == "sent", [(x.state, x.last_error) for x in summaries]
+    assert repo.to_utc(summaries[0].sent_at) <= victim_at + 2 * HOUR
+    # the flood itself stayed within its own budget: at most the limit an hour plus nothing of team-b's
+    sent_a = sum(1 for r in rx.requests if "flood-" in str(r["body"]) and "victim" not in str(r["body"]))
+    assert sent_a <= 6 * 3
