@@ -349,10 +349,9 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             ev = _odd_entry(e, k, device, intern(f) if f else empty)
             if ev is not None:
                 append(ev)
-    if out:  # two C-level passes: a few ms per million entries
-        if min(map(_EVENT_SIZE, out)) < 0:
-            raise SnapshotError(f"device_traces[{device}] has an entry of negative size")
-        _bytes_total(map(_EVENT_SIZE, out), f"device_traces[{device}] entry sizes")
+    # one C-level pass (about a tenth of the loop above): the magnitudes, so a negative size cannot
+    # cancel a hostile one either
+    _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
 
 

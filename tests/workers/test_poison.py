@@ -486,5 +486,7 @@ def test_snapshot_sizes_just_at_and_over_the_cap():
     assert parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES])).traces
     with pytest.raises(SnapshotError, match="a snapshot may claim"):
         parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES, 1]))
+    with pytest.raises(SnapshotError, match="a snapshot may claim"):
+        parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES, -1]))  # a negative size cancels nothing
     with pytest.raises(SnapshotError, match="negative"):
-        parse_snapshot(_hostile_dict([1], [-5]))
+        parse_snapshot(_hostile_dict([-5]))
