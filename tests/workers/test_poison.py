@@ -89,6 +89,8 @@ POISON = {
     "NaN in payload": (lambda: _fields(payload='{"x": NaN}'), "not valid JSON"),
     "deep payload": (lambda: _fields(payload='{"a":' * 100 + "1" + "}" * 100), "nested deeper"),
     "unknown kind": (lambda: _fields(raw={"kind": "drop_table"}), "unknown kind"),
+    "look-alike run name": (lambda: _fields(run="ll\u0430ma-sft"), "mixes the scripts CYRILLIC, LATIN"),
+    "full-width job name": (lambda: _fields(job="\uff4c\uff4c\uff41\uff4d\uff41"), "not in Unicode NFKC form"),
 }
 
 
@@ -124,8 +126,17 @@ def test_name_rule_refuses(bad):
 
 
 def test_name_rule_keeps_printable_unicode():
-    for ok in ("exp-42", "résumé/ü", "模型-训练", "a b", "r" * 200, "emoji \U0001f680"):
+    for ok in ("exp-42", "résumé/ü", "模型-训练", "a b", "r" * 200, "emoji \U0001f680", "日本語のモデル-v2",
+               "한국어-model", "Ελληνικά"):
         assert names.check_name("run", ok) == ok
+
+
+@pytest.mark.parametrize("bad", ["ll\u0430ma", "run-\u03b1", "\uff4c\uff4c\uff41\uff4d\uff41", "\ufb01ne",
+                                 "re\u0301sume\u0301"])
+def test_name_rule_refuses_look_alikes(bad):
+    with pytest.raises(names.BadName, match="mixes the scripts|NFKC"):
+        names.check_name("job", bad)
+    assert names.check_name("host", bad) == bad  # host names are the machine's, not a job's choice
 
 
 def test_every_case_of_the_issue_is_dead_lettered_and_the_good_entries_behind_it_go_through(world):
