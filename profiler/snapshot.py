@@ -41,6 +41,21 @@ _ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segme
             "segment_unmap", "oom", "snapshot", "annotate"}
 
 
+#: The most bytes a snapshot may claim in all: each of its segments' sizes and their sum, each trace
+#: entry's size and the sum over a device's trace. 2**56 bytes (64 PiB) is ~500,000 times an H200's
+#: 141 GB, and leaves a factor of 128 below PostgreSQL's BIGINT (2**63 - 1) for what the analysis
+#: derives from them (sums of peaks, what-if scalings), so a hostile size is refused here, as bad
+#: input (never retried), instead of overflowing a column in the worker.
+MAX_FIGURE_BYTES = 2**56
+
+
+def _bytes_total(values, what: str) -> None:
+    """Refuse a negative size or sizes summing past MAX_FIGURE_BYTES (each is then below it too)."""
+    total = sum(values)
+    if total > MAX_FIGURE_BYTES:
+        raise SnapshotError(f"{what} sum to {total} bytes, over the {MAX_FIGURE_BYTES} a snapshot may claim")
+
+
 def _int(v: Any, what: str, default: int | None = None) -> int:
     if isinstance(v, bool):
         return int(v)
@@ -95,6 +110,7 @@ def _parse(raw: Any, consume: bool, nbytes: int | None) -> Snapshot:
         seg, legacy = _parse_segment(s, i)
         legacy_history |= legacy
         segments.append(seg)
+    _bytes_total((seg.total_size for seg in segments), "the segments' sizes")
 
     traces_raw = raw.get("device_traces", [])
     if not isinstance(traces_raw, list):
@@ -184,6 +200,12 @@ def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
             frames=frames,
         ))
         cursor += size
+    sizes = [total, *(b.size for b in blocks), *(b.requested_size for b in blocks)]
+    if min(sizes) < 0:
+        raise SnapshotError(f"segment {i} has a negative size")
+    _bytes_total(sizes[:1], f"segment {i} total_size")
+    _bytes_total((b.size for b in blocks), f"segment {i} block sizes")
+    _bytes_total((b.requested_size for b in blocks), f"segment {i} requested sizes")
     seg_type = s.get("segment_type")
     if seg_type not in ("small", "large"):
         seg_type = "small" if total <= 2 * SMALL_SIZE and total == 2 * SMALL_SIZE else "large"
@@ -421,7 +443,13 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             ev = _odd_entry(e, k, device, intern(f) if f else empty)
             if ev is not None:
                 append(ev)
+    # one C-level pass (about a tenth of the loop above): the magnitudes, so a negative size cannot
+    # cancel a hostile one either
+    _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
+
+
+_EVENT_SIZE = itemgetter(2)
 
 
 _ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")

@@ -424,8 +424,9 @@ class Dispatcher:
                 continue
             try:
                 env = envelope.parse(fields, self.limits)
-                if self.keyring:
-                    env = dataclasses.replace(env, owner=identity.verify(fields, self.keyring))
+                if self.keyring:  # the signer owns the run, and its name is scoped by it (identity.py)
+                    who = identity.verify(fields, self.keyring)
+                    env = dataclasses.replace(env, owner=who, run=identity.scoped_run(who, env.run))
             except identity.IdentityError as exc:
                 self.counts["identity_refused"] += 1
                 self._dead_and_ack(eid, fields, f"identity: {exc}")
