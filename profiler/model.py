@@ -138,6 +138,8 @@ class StepFigures:
     retries: int = 0
     ms: float | None = None
     tokens: int | None = None  # the step's input size, when the job passed mark_step(tokens=)
+    span: int = 1  # boundaries the figure covers (the agent thins its reads on very fast steps)
+    time: float | None = None  # unix seconds at the boundary, when the agent sent it
 
 
 @dataclass(frozen=True, slots=True)

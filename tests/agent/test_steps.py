@@ -211,3 +211,22 @@ def test_the_observer_keeps_the_failing_allocations_python_stack(shared):
     assert "fire_oom" in names and "_oom_from" in names  # innermost first: the allocation's caller chain
     assert names.index("fire_oom") < names.index("_oom_from")
     assert all(set(f) == {"filename", "line", "name"} for f in frames)
+
+
+def test_the_first_boundaries_are_all_read_whatever_the_stride(shared):
+    """A fast leak that kills in a dozen steps has a figure at every step boundary: the first
+    FULL_READ_BOUNDARIES are read even when the reading's cost against a tiny step makes the stride
+    large (a step budget of 1e-9 here: past them, every boundary but one in a thousand is skipped)."""
+    from memq.agent.steps import FULL_READ_BOUNDARIES
+
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    src.signals = [sig(GIB + i * (126 << 20)) for i in range(101)]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1e-9)
+    for i in range(100):
+        a.mark_step(i, 0)
+    steps = [f["step"] for f in a.tracker.figures]
+    a.stop(10)
+    assert FULL_READ_BOUNDARIES == 64
+    assert steps[:FULL_READ_BOUNDARIES] == list(range(FULL_READ_BOUNDARIES))  # just under: every one read
+    assert steps[FULL_READ_BOUNDARIES:] == []  # just over: the stride again
