@@ -52,6 +52,7 @@ from typing import Any
 from memq import envelope, identity
 from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from memq.analysis.limits import observer_facts, real_cap
+from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
 from memq.config import Settings, redact_url
 from memq.errors import (
@@ -574,8 +575,10 @@ class Dispatcher:
                 figs = env.payload.get("step_figures")
                 if isinstance(figs, list) and figs:
                     got = figures.setdefault((rid, env.rank), ([], 0.0))
-                    got[0].extend(f for f in figs[-MAX_FORECAST_FIGURES:] if isinstance(f, dict))
-                    figures[(rid, env.rank)] = (got[0][-MAX_FORECAST_FIGURES:], max(got[1], env.ts / 1000.0))
+                    got[0].extend(f for f in figs if isinstance(f, dict))
+                    # a long batch keeps its whole shape at bounded size (older figures merged pairwise)
+                    figures[(rid, env.rank)] = (compact_figures(got[0], MAX_FORECAST_FIGURES),
+                                                max(got[1], env.ts / 1000.0))
                 if isinstance(env.payload.get("rank_figures"), dict):
                     rank_figures.upsert(s, rid, env.rank, env.payload["rank_figures"], None, _ts(env.ts))
                 samples = env.payload.get("samples")

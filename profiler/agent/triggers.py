@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from memq.agent.steps import FLUSH_FIGURES, stride_for
+from memq.agent.steps import FLUSH_FIGURES, FULL_READ_BOUNDARIES, stride_for
 from memq.agent.transport import Item
 
 log = logging.getLogger("memq.agent")
@@ -141,7 +141,9 @@ class AgentTriggers:
             s = ms / 1000
             self._step_s = s if self._step_s is None else 0.9 * self._step_s + 0.1 * s
         self._since_read += 1
-        if self._since_read < self._stride:
+        # The first FULL_READ_BOUNDARIES boundaries are all read, whatever the stride: a fast leak that
+        # kills in a dozen steps has its points (64 readings of ~25 us, once a run)
+        if self._since_read < self._stride and self.tracker.boundaries >= FULL_READ_BOUNDARIES:
             # a thinned boundary: only the live bytes (one counter), so the figure that covers it
             # keeps their range and a fast leak or a plateau still shows between readings
             live = self._safe_call(self.source.allocated) if hasattr(self.source, "allocated") else None

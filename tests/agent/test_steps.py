@@ -257,3 +257,22 @@ def test_thinned_boundaries_keep_the_live_range_to_the_last_step(shared):
     assert sum(f.get("span", 1) for f in sent) == sent[-1]["step"] + 1 >= n - MAX_STRIDE
     assert all(f["allocated_min"] <= f["allocated"] <= f["allocated_max"] for f in thinned)
     assert any(f["allocated_min"] < f["allocated"] for f in thinned)
+
+
+def test_the_first_boundaries_are_all_read_whatever_the_stride(shared):
+    """A fast leak that kills in a dozen steps has a figure at every step boundary: the first
+    FULL_READ_BOUNDARIES are read even when the reading's cost against a tiny step makes the stride
+    large (a step budget of 1e-9 here: past them, every boundary but one in a thousand is skipped)."""
+    from memq.agent.steps import FULL_READ_BOUNDARIES
+
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    src.signals = [sig(GIB + i * (126 << 20)) for i in range(101)]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1e-9)
+    for i in range(100):
+        a.mark_step(i, 0)
+    steps = [f["step"] for f in a.tracker.figures]
+    a.stop(10)
+    assert FULL_READ_BOUNDARIES == 64
+    assert steps[:FULL_READ_BOUNDARIES] == list(range(FULL_READ_BOUNDARIES))  # just under: every one read
+    assert steps[FULL_READ_BOUNDARIES:] == []  # just over: the stride again

@@ -116,6 +116,15 @@ def set_run_status(session: Session, run_name: str, status: str, ended_at: dt.da
 
 
 
+def set_run_limit(session: Session, run_id: int, limit_bytes: int) -> None:
+    """What the allocator may reserve in this run, given after the fact (a cap the agent could not read,
+    or the card of a job recorded before agents reported it): the next diagnosis and forecast use it."""
+    if limit_bytes <= 0:
+        raise BadInput(f"a run's limit must be positive, not {limit_bytes}")
+    session.execute(update(Run).where(Run.id == run_id).values(memory_limit_bytes=int(limit_bytes),
+                                                               updated_at=func.current_timestamp()))
+
+
 def delete_run(session: Session, run_name: str) -> None:
     """Remove a run with its stat samples, snapshots and diagnoses (blobs and shared analysis
     results stay: other runs may hold the same bytes)."""

@@ -107,8 +107,11 @@
     } else {
       var main = hist.stats ? hist.stats.rank : null;
       var own = snaps.filter(function (s) { return main === null || s.rank === main; });
-      line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.reserved_bytes || 0)]; }), "reserved");
-      line(own.map(function (s, j) { return [x(snapT(s, j)), y(s.allocated_bytes || 0)]; }), "allocated");
+      // a snapshot not analysed yet (or quarantined) has no figures: the lines skip it, not drop to zero
+      var known = function (k) { return own.map(function (s, j) { return [snapT(s, j), s[k]]; })
+        .filter(function (q) { return q[1] !== null && q[1] !== undefined; }); };
+      line(known("reserved_bytes").map(function (q) { return [x(q[0]), y(q[1])]; }), "reserved");
+      line(known("allocated_bytes").map(function (q) { return [x(q[0]), y(q[1])]; }), "allocated");
       document.getElementById("timeline-note").textContent =
         "No stat samples stored for this run: the lines join the snapshots' own figures.";
     }
@@ -116,9 +119,10 @@
       var from = Math.max(0, limit - (fc.headroom_bytes || 0));
       var p = el("path", {d: "M" + x(Math.max(t0, fcFrom)).toFixed(1) + "," + y(from).toFixed(1) + "L" + x(fcTo).toFixed(1) + "," +
                          y(limit).toFixed(1), "class": "forecast", id: "forecast-line"}, svg);
-      el("title", {}, p, "forecast: the step's need reaches the limit" + (fc.epoch !== null ? " in epoch " + fc.epoch : "") + " (step " + fc.step + ")");
+      var stepTxt = fc.step !== null && fc.step !== undefined ? "step " + fc.step : null;
+      el("title", {}, p, "forecast: the step's need reaches the limit" + (fc.epoch !== null ? " in epoch " + fc.epoch : "") + (stepTxt ? " (" + stepTxt + ")" : ""));
       el("text", {x: x(fcTo) - 4, y: y(limit) + 14, "class": "label forecast-label", "text-anchor": "end"}, svg,
-         "forecast OOM" + (fc.epoch !== null ? " · epoch " + fc.epoch : "") + " · step " + fc.step);
+         "forecast OOM" + (fc.epoch !== null ? " · epoch " + fc.epoch : "") + (stepTxt ? " · " + stepTxt : ""));
     }
     if (limit) {
       el("line", {x1: L, x2: W - R, y1: y(limit), y2: y(limit), "class": "limit"}, svg);
