@@ -101,6 +101,14 @@ def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+
+def _outside(value, total: int | None) -> int | None:
+    """Bytes held outside PyTorch as run_start says, kept only when they fit the device."""
+    v = _int_or_none(value)
+    if v is None or v < 0 or (total is not None and v >= total):
+        return None
+    return v
+
 class Dispatcher:
     def __init__(self, st: Settings, *, consumer: str | None = None, group: str = GROUP, batch: int = 100,
                  block_ms: int = 1000, enqueue: Callable[[int], None] | None = None):
@@ -548,6 +556,7 @@ class Dispatcher:
             labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
             driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
             memory_limit_bytes=real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
+            non_pytorch_bytes=_outside(p.get("non_pytorch_bytes"), total),
             optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
             world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:

@@ -102,6 +102,9 @@ class Run(Base):
     gpu_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     #: What the allocator may reserve (per-process cap), bytes; None = the device.
     memory_limit_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: Device memory held outside this run's PyTorch at its start (bytes): an uncapped run's limit is
+    #: the device total less this.
+    non_pytorch_bytes: Mapped[int | None] = mapped_column(BigInteger)
     #: PYTORCH_CUDA_ALLOC_CONF as the process saw it.
     allocator_conf: Mapped[str | None] = mapped_column(String(500))
     optimizer: Mapped[str | None] = mapped_column(String(100))
