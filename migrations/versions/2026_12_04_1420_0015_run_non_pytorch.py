@@ -1,7 +1,7 @@
 """runs.non_pytorch_bytes: device memory held outside the run's PyTorch when it started.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-04 14:00 UTC
 
 The agent reads it at run_start (device total - device free - reserved). An uncapped run's limit is
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
