@@ -43,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from memq import codec  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import trace_shapes  # noqa: E402
+
 DATA = ROOT / "benchmarks" / "data"
 REAL_100K = DATA / "big.pickle.gz"
 REAL_1M = DATA / "h200_1m_trace.pickle.gz"
@@ -77,11 +80,49 @@ def measure(cmd: list[str], env: dict) -> dict:
     return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024}
 
 
+def _row(label: str, path: Path, events: int, rounds: int, env: dict) -> dict:
+    raw_size = codec.inflated_digest(path.read_bytes(), 2**40)[1]  # streamed: this process stays small
+    runs: dict[str, list[dict]] = {"plain": [], "memq": []}
+    for _ in range(rounds):
+        runs["plain"].append(measure([sys.executable, "-c", PLAIN, str(path)], env))
+        runs["memq"].append(measure([sys.executable, "-m", "memq", "analyze", str(path), "--json"], env))
+    med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "cpu_s", "rss_mib")}
+           for k, v in runs.items()}
+    row = {"file": label, "events": events, "pickle_bytes": raw_size, **med,
+           "time_ratio": med["memq"]["cpu_s"] / med["plain"]["cpu_s"],
+           "wall_ratio": med["memq"]["wall_s"] / med["plain"]["wall_s"],
+           "rss_ratio": med["memq"]["rss_mib"] / med["plain"]["rss_mib"],
+           "us_per_event": 1e6 * med["memq"]["cpu_s"] / events}
+    ok = row["time_ratio"] <= 1.0 and row["rss_ratio"] <= 1.0 and (events < 1e6 or med["memq"]["wall_s"] <= 10)
+    print(f"{label:>24} ({raw_size / 1e6:.0f} MB pickle): plain {med['plain']['cpu_s']:.2f} s cpu "
+          f"{med['plain']['wall_s']:.2f} s wall {med['plain']['rss_mib']:.0f} MiB | memq "
+          f"{med['memq']['cpu_s']:.2f} s cpu {med['memq']['wall_s']:.2f} s wall "
+          f"{med['memq']['rss_mib']:.0f} MiB"
+          f" | time {row['time_ratio']:.2f}x rss {row['rss_ratio']:.2f}x, {row['us_per_event']:.2f} us/event "
+          f"{'OK' if ok else 'MISSED'}", flush=True)
+    return row
+
+
+def _build_shape(shape: str, events: int, path: Path) -> None:
+    # in a child: ru_maxrss survives exec, so the children measured later must not fork from a
+    # process that once held the whole trace
+    subprocess.run([sys.executable, __file__, "--make-shape", shape, str(events), str(path)], check=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--make-tiled", help=argparse.SUPPRESS)
+    ap.add_argument("--make-shape", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--shapes", default=",".join(trace_shapes.SHAPES),
+                    help="trace shapes to build and measure at 100k and 1M entries (benchmarks/trace_shapes.py)")
+    ap.add_argument("--sizes", default="100000,1000000", help="entries per shape")
+    ap.add_argument("--stream", type=int, default=0, metavar="EVENTS",
+                    help="also analyse one trace of EVENTS entries (10000000) with memq alone, under the "
+                         "decode budget it needs, and report its cost per event")
+    ap.add_argument("--stream-shape", default="python", choices=trace_shapes.SHAPES)
+    ap.add_argument("--no-real", action="store_true", help="skip the stored real files")
     ap.add_argument("--view", action="store_true", help="time the memq view page and memory_viz instead")
     ap.add_argument("--memory-viz-js", help="a copy of torch/utils/viz/MemoryViz.js")
     ap.add_argument("--d3", default="/usr/share/nodejs/d3/dist/d3.min.js", help="d3 v5 UMD build")
@@ -97,48 +138,65 @@ def main() -> None:
     if args.make_tiled:
         Path(args.make_tiled).write_bytes(gzip.compress(tiled(codec.decompress(REAL_100K.read_bytes()), 10), 6))
         return
+    if args.make_shape:
+        shape, n, out = args.make_shape
+        Path(out).write_bytes(gzip.compress(trace_shapes.build(shape, int(n)), 1))
+        return
     # default settings; byte code written once, as an installed package has it
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_") and k != "PYTHONDONTWRITEBYTECODE"}
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    shapes = [x for x in args.shapes.split(",") if x]
     with tempfile.TemporaryDirectory() as tmp:
         env["MEMQ_DATA_DIR"] = tmp  # nothing of the user's
-        tiled_path = Path(tmp) / "tiled_1m.pickle.gz"
-        # built in a child: ru_maxrss survives exec, so the children measured later must not fork
-        # from a process that once held the tiled trace
-        subprocess.run([sys.executable, __file__, "--make-tiled", str(tiled_path)], check=True)
         subprocess.run([sys.executable, "-m", "memq", "analyze", str(REAL_100K), "--json"], env=env,
                        stdout=subprocess.DEVNULL, check=True)  # warm-up: byte code compiled
-        files = [("real 100k", REAL_100K, 100_000), ("real 1M capture", REAL_1M, 1_000_000),
-                 ("1M tiled from the 100k", tiled_path, 1_000_000)]
-        print(f"machine: {platform.machine()} {os.cpu_count()} cores, CPython {platform.python_version()}; "
-              f"{args.rounds} interleaved rounds, medians; memq = `memq analyze FILE --json`, "
-              "plain = python -c 'pickle.loads(gzip.decompress(...))'")
+        print(f"machine: {platform.machine()} {os.cpu_count()} cores, CPython {platform.python_version()}, "
+              f"load average {os.getloadavg()[0]:.1f}; {args.rounds} interleaved rounds, medians; "
+              "memq = `memq analyze FILE --json`, plain = python -c 'pickle.loads(gzip.decompress(...))'",
+              flush=True)
         out = []
-        for label, path, events in files:
-            raw_size = len(codec.decompress(path.read_bytes(), 2**40))
-            runs: dict[str, list[dict]] = {"plain": [], "memq": []}
-            for _ in range(args.rounds):
-                runs["plain"].append(measure([sys.executable, "-c", PLAIN, str(path)], env))
-                runs["memq"].append(measure([sys.executable, "-m", "memq", "analyze", str(path), "--json"], env))
-            med = {k: {m: statistics.median(r[m] for r in v) for m in ("wall_s", "cpu_s", "rss_mib")}
-                   for k, v in runs.items()}
-            row = {"file": label, "events": events, "pickle_bytes": raw_size, **med,
-                   "time_ratio": med["memq"]["cpu_s"] / med["plain"]["cpu_s"],
-                   "wall_ratio": med["memq"]["wall_s"] / med["plain"]["wall_s"],
-                   "rss_ratio": med["memq"]["rss_mib"] / med["plain"]["rss_mib"],
-                   "us_per_event": 1e6 * med["memq"]["cpu_s"] / events}
-            out.append(row)
-            ok = row["time_ratio"] <= 1.0 and row["rss_ratio"] <= 1.0 and (events < 1e6 or med["memq"]["wall_s"] <= 10)
-            print(f"{label:>24} ({raw_size / 1e6:.0f} MB pickle): plain {med['plain']['cpu_s']:.2f} s cpu "
-                  f"{med['plain']['wall_s']:.2f} s wall {med['plain']['rss_mib']:.0f} MiB | memq "
-                  f"{med['memq']['cpu_s']:.2f} s cpu {med['memq']['wall_s']:.2f} s wall "
-                  f"{med['memq']['rss_mib']:.0f} MiB"
-                  f" | time {row['time_ratio']:.2f}x rss {row['rss_ratio']:.2f}x, {row['us_per_event']:.2f} us/event "
-                  f"{'OK' if ok else 'MISSED'}")
-        flat = out[2]["us_per_event"] / out[0]["us_per_event"]
-        print(f"cost per event, 1M tiled / real 100k (same entries): {flat:.2f} (flat = 1.00)")
+        if not args.no_real:
+            tiled_path = Path(tmp) / "tiled_1m.pickle.gz"
+            subprocess.run([sys.executable, __file__, "--make-tiled", str(tiled_path)], check=True)
+            for label, path, events in (("real 100k", REAL_100K, 100_000), ("real 1M capture", REAL_1M, 1_000_000),
+                                        ("1M tiled from the 100k", tiled_path, 1_000_000)):
+                out.append(_row(label, path, events, args.rounds, env))
+            tiled_path.unlink()
+        for shape in shapes:
+            rows = []
+            for n in sizes:
+                path = Path(tmp) / f"{shape}_{n}.pickle.gz"
+                _build_shape(shape, n, path)
+                rows.append(_row(f"{shape} {n // 1000}k", path, n, args.rounds, env) | {"shape": shape})
+                path.unlink()
+            growth = rows[-1]["us_per_event"] / rows[0]["us_per_event"]
+            print(f"{'':>24} {shape}: cost per event {sizes[-1] // 1000}k / {sizes[0] // 1000}k = {growth:.2f} "
+                  "(flat = 1.00)", flush=True)
+            out.extend(rows)
+        stream = stream_benchmark(args.stream, args.stream_shape, Path(tmp), env) if args.stream else None
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": platform.platform(), "rows": out,
-                                               "per_event_growth": flat}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": platform.platform(), "rows": out, "stream": stream},
+                                              indent=1))
+
+
+def stream_benchmark(events: int, shape: str, tmp: Path, env: dict) -> dict:
+    """One `shape` trace of `events` entries through `memq analyze` alone (a plain load of it would need
+    more memory than this machine lends a benchmark twice), with the decode budget such a file needs
+    (DECODE_BYTES_PER_RAW_BYTE x its pickle): its cost per event beside the 1M figures above, and its
+    peak RSS beside that budget."""
+    path = tmp / f"{shape}_{events}.pickle.gz"
+    _build_shape(shape, events, path)
+    raw = codec.inflated_digest(path.read_bytes(), 2**40)[1]
+    budget = codec.DECODE_BYTES_PER_RAW_BYTE * raw + 2**30
+    r = measure([sys.executable, "-m", "memq", "analyze", str(path), "--json"],
+                env | {"MEMQ_DECODE_BUDGET_BYTES": str(budget)})
+    path.unlink()
+    row = {"shape": shape, "events": events, "pickle_bytes": raw, "budget_bytes": budget, **r,
+           "us_per_event": 1e6 * r["cpu_s"] / events}
+    print(f"{shape + ' ' + str(events // 1_000_000) + 'M':>24} ({raw / 1e6:.0f} MB pickle, memq alone, decode budget "
+          f"{budget / 2**30:.1f} GiB): {r['cpu_s']:.1f} s cpu {r['wall_s']:.1f} s wall {r['rss_mib']:.0f} MiB, "
+          f"{row['us_per_event']:.2f} us/event", flush=True)
+    return row
 
 
 PAINTED = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"

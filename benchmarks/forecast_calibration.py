@@ -79,11 +79,15 @@ def judge(sc: str, variant: str) -> dict:
         row["lead_s"] = round(oom_t - first["time"], 2) if first and first["time"] and oom_t else None
         row["lead_steps"] = (t["oom_step"] - first["step"]) if first and first["step"] is not None else None
         del end
-        # once made, it stays: every later forecast expects the OOM, within one epoch (or 15%) of the first
+        # once made, it stays: every later forecast expects the OOM, within one epoch (or an epoch's steps, or 15%)
+        # of the first
         tol = t.get("steps_per_epoch") or STEP_TOL * t["oom_step"]
         later = [r["forecast"] for r in rows[rows.index(first):]] if first else []
-        row["stable"] = all(f and f["oom_expected"] and abs(f["step"] - first["forecast"]["step"]) <= tol
-                            for f in later)
+        # the contract's own measure where both name an epoch: the epoch within one
+        row["stable"] = all(f and f["oom_expected"] and (
+            abs(f["epoch"] - first["forecast"]["epoch"]) <= 1
+            if f.get("epoch") is not None and first["forecast"].get("epoch") is not None
+            else abs(f["step"] - first["forecast"]["step"]) <= tol) for f in later)
         row["ok"] = row["ok"] and row["stable"]
     else:
         row["ok"] = not alarms

@@ -7,8 +7,9 @@ three ways, each ending in a `BadInput` subclass, never in an OOM, a RecursionEr
 - size: compressed input is inflated in chunks with a hard cap on the output (`iter_inflate`);
   `inflated_digest` verifies a blob against its sha256 without ever holding the inflated bytes;
 - memory: the object graph a pickle or JSON document builds is bounded by the process's address
-  space while it is built (`address_space_capped`), and callers pick the byte cap from the decode
-  budget (`raw_limit`, `MEMQ_DECODE_BUDGET_BYTES`);
+  space while it is built (`address_space_capped`), one decode at a time per process
+  (`decode_turn`), so each decode gets its own cap and the limit is restored exactly; callers pick
+  the byte cap from the decode budget (`raw_limit`, `MEMQ_DECODE_BUDGET_BYTES`);
 - shape: nothing nests deeper than `MAX_NESTING` and no container is shared more than a tree
   allows (`check_shape`), so later code can walk the data without recursion limits.
 """
@@ -21,13 +22,14 @@ import gzip
 import io
 import json
 import pickle
+import queue
 import resource
 import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from memq.errors import NestedTooDeep, RefusedPickle, SnapshotError, TooLarge
+from memq.errors import DecodeUnavailable, NestedTooDeep, RefusedPickle, SnapshotError, TooLarge
 
 DEFAULT_MAX_BYTES = 4 * 1024**3  # uncompressed; the 100k-entry H200 snapshot is ~21 MB
 
@@ -93,15 +95,37 @@ def gc_paused(*, freeze: bool = False):
             gc.enable()
 
 
+# One decode at a time builds objects under the address-space cap. RLIMIT_AS belongs to the whole
+# process: a second decode that set its own cap while the first ran would leave the first's unpickling
+# thread no room for its stack ("can't start new thread"), and interleaved save/restore pairs could leave
+# any limit behind. Unpickling holds the GIL throughout, so decodes in threads never ran in parallel:
+# taking turns costs no throughput. Re-entrant: a decode may nest a smaller one on its own thread.
+_DECODE_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def decode_turn():
+    """This thread's turn to decode: no other thread of the process sets or holds the cap until it ends."""
+    with _DECODE_LOCK:
+        yield
+
+
 @contextlib.contextmanager
 def address_space_capped(nbytes: int):
-    """Cap this process's address space while building objects from `nbytes` foreign bytes.
+    """Cap this process's address space while building objects from `nbytes` foreign bytes (in this
+    thread's decode turn, so the cap and its restore belong to one decode).
 
     The C unpickler sizes its memo table from the index a LONG_BINPUT opcode names, so a 4 MiB
     pickle whose index was tampered with can make it zero-fill gigabytes before any object exists,
     and a pickle of empty containers builds ~200 bytes of objects per byte. A real snapshot needs
     less than DECODE_BYTES_PER_RAW_BYTE times its size; past that the allocation fails with
     MemoryError, which becomes a TooLarge input error. Linux only."""
+    with decode_turn(), _capped(nbytes):
+        yield
+
+
+@contextlib.contextmanager
+def _capped(nbytes: int):
     try:
         with open("/proc/self/statm") as fh:
             used = int(fh.read().split()[0]) * resource.getpagesize()
@@ -132,12 +156,18 @@ def address_space_capped(nbytes: int):
 # deeper than the pickle has tuple opcodes, and counting the bytes those opcodes use is one C pass
 # over the input (an upper bound: the same bytes occur inside strings and integers). Below
 # _INLINE_TUPLE_OPS the calling thread's stack is ample (8 MiB holds ~150k levels); above it the
-# unpickler runs on a thread whose stack fits the bound (virtual memory; only used pages count).
+# unpickler runs on a thread with a stack of _STACK_MAX (`_Unpickling`; address space, only used pages
+# count), and a bound past what that stack holds is refused.
 _TUPLE_OPCODES = b"\x85\x86\x87t"  # TUPLE1, TUPLE2, TUPLE3, TUPLE
 _INLINE_TUPLE_OPS = 20_000
-_STACK_PER_LEVEL = 256  # measured ~56 bytes per nesting level of tuplehash
+# A level of tuplehash takes 64-80 bytes of stack (CPython 3.11, x86_64: a 64 MiB stack hashes a tuple
+# nested 838,860 deep and crashes at 1,048,576); 256 leaves room for other builds. The largest stack is
+# address space only (pages count when touched): 4 GiB bounds the nesting at 16.6M levels, and the
+# tuple-opcode bytes of a real 10M-entry trace (890 MB of pickle: 8.3M of them, mostly inside 8-byte
+# addresses and times) stay under it.
+_STACK_PER_LEVEL = 256
 _STACK_BASE = 32 * 1024**2
-_STACK_MAX = 2 * 1024**3
+_STACK_MAX = 4 * 1024**3
 
 
 def _stack_needed(data: bytes) -> int:
@@ -150,29 +180,85 @@ def _stack_needed(data: bytes) -> int:
     return need
 
 
-def _on_stack(fn: Callable[[], T], stack_bytes: int) -> T:
-    """fn() on a thread with a stack of `stack_bytes` (the caller's thread when 0)."""
-    if not stack_bytes:
-        return fn()
-    box: dict[str, Any] = {}
+class _Unpickling:
+    """The one thread pickles are unpickled on when they may nest tuples deeply: made once, with a
+    stack of _STACK_MAX (address space only: pages count when used), and kept. A thread made per
+    decode was not reliably gone when the next decode measured the address space it may use (Python's
+    threads are detached; glibc unmaps a dead thread's stack only when another thread starts), so a
+    dead decode's stack loosened the next cap, and in a busy process a new one could not get its stack.
+    After a decode that failed (hostile input, which may have used deep stack) it is let go, so the
+    stack pages that decode touched are not kept resident."""
 
-    def run() -> None:
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+
+    def run(self, fn: Callable[[], T], cap_bytes: int) -> T:
+        """fn() on the thread, under the cap for `cap_bytes` of pickle. In the caller's decode turn."""
+        if self._thread is None or not self._thread.is_alive():
+            self._start()
+        box: dict[str, Any] = {}
+        done = threading.Event()
+        with _capped(cap_bytes):  # set and restored by the caller, around the whole of fn()
+            self._jobs.put((fn, box, done))
+            done.wait()
+        if "error" in box:
+            self.retire()
+            raise box["error"]
+        return box["value"]
+
+    def retire(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _start(self) -> None:
+        jobs = self._jobs
+
+        def serve() -> None:
+            while (job := jobs.get()) is not None:
+                fn, box, done = job
+                try:
+                    box["value"] = fn()
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                    box["error"] = exc
+                finally:
+                    del fn, job, box  # nothing of this decode stays referenced by the idle thread
+                    done.set()
+
+        old = threading.stack_size()
         try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
+            threading.stack_size(_STACK_MAX)
+            t = threading.Thread(target=serve, name="memq-unpickle", daemon=True)
+            try:
+                t.start()
+            except RuntimeError as exc:  # the process is out of threads or address space: not the input's fault
+                raise DecodeUnavailable(f"cannot start the decoding thread now ({_short(exc)})",
+                                        hint="retry later; the snapshot itself was not read") from exc
+        finally:
+            threading.stack_size(old)
+        self._thread = t
 
-    old = threading.stack_size()
-    try:
-        threading.stack_size(stack_bytes)
-        t = threading.Thread(target=run, name="memq-unpickle", daemon=True)
-        t.start()  # the stack is mapped here, before the unpickler caps the address space
-    finally:
-        threading.stack_size(old)
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+
+_UNPICKLING = _Unpickling()
+
+
+def _capped_on_stack(fn: Callable[[], T], stack_bytes: int, cap_bytes: int) -> T:
+    """fn() under the address-space cap for `cap_bytes` of pickle, on the unpickling thread when it
+    needs more stack than the caller's thread has (`stack_bytes` > 0), in this thread's decode turn."""
+    with decode_turn():
+        if not stack_bytes:
+            with _capped(cap_bytes):
+                return fn()
+        return _UNPICKLING.run(fn, cap_bytes)
+
+
+def discard_decoding_stack() -> None:
+    """After hostile input (refused later than the unpickling itself): let the unpickling thread go, so
+    whatever stack it touched is not kept resident by a long-lived process."""
+    with decode_turn():
+        _UNPICKLING.retire()
 
 
 def check_shape(obj: Any, nbytes: int) -> None:
@@ -206,8 +292,7 @@ def loads_restricted(data: bytes, *, check: bool = True) -> Any:
     not validate itself)."""
 
     def load() -> Any:
-        with address_space_capped(len(data)):
-            return _RestrictedUnpickler(io.BytesIO(data)).load()
+        return _RestrictedUnpickler(io.BytesIO(data)).load()
 
     return _unpickled(load, _stack_needed(data), len(data), check)
 
@@ -315,8 +400,7 @@ def decode_stream(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, check: boo
         return decode_plain(raw, check=check), reader.sha256(), reader.size
 
     def load() -> Any:
-        with address_space_capped(max_bytes):
-            obj = _RestrictedUnpickler(reader).load()
+        obj = _RestrictedUnpickler(reader).load()
         reader.read()  # what follows the STOP opcode still counts in the hash, as in the whole-file path
         return obj
 
@@ -326,13 +410,19 @@ def decode_stream(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, *, check: boo
 
 def _unpickled(load: Callable[[], Any], stack: int, cap_bytes: int, check: bool,
                nbytes: Callable[[], int] | None = None) -> Any:
+    """load() under the cap for `cap_bytes` of pickle, on a stack of `stack` bytes; any failure that is
+    the input's becomes a SnapshotError, one that is the process's (DecodeUnavailable) stays itself."""
     try:
         with gc_paused():
-            obj = _on_stack(load, stack)
+            obj = _capped_on_stack(load, stack, cap_bytes)
             if check:
-                check_shape(obj, nbytes() if nbytes else cap_bytes)
+                try:
+                    check_shape(obj, nbytes() if nbytes else cap_bytes)
+                except SnapshotError:
+                    discard_decoding_stack()
+                    raise
             return obj
-    except SnapshotError:
+    except (SnapshotError, DecodeUnavailable):
         raise
     except RecursionError as exc:
         raise NestedTooDeep("pickle nests too deeply") from exc

@@ -287,14 +287,18 @@ class Settings:
         ("`memq serve`: bearer token every request must carry (Authorization: Bearer T, or open a page "
          "once with ?token=T); '' = none (then bind to localhost or put an authenticating proxy in front)."),
         from_file=True)
-    serve_hosts: str = setting("localhost,127.0.0.1,[::1]", "MEMQ_SERVE_HOSTS",
-        ("`memq serve`: comma-separated Host names it answers (a port after the name is ignored); any "
-         "other Host gets 421, so a DNS-rebinding page cannot read the history through a browser on "
-         "this machine. Behind a proxy list the public name; '*' = any (only with MEMQ_SERVE_TOKEN)."))
+    serve_allowed_hosts: str = setting("", "MEMQ_SERVE_ALLOWED_HOSTS",
+        ("`memq serve`: comma-separated Host names it answers (a `*.` prefix takes subdomains). '' = "
+         "localhost, 127.0.0.1 and [::1] only while no MEMQ_SERVE_TOKEN is set (a page on another site that "
+         "rebinds its name to 127.0.0.1 is refused), any Host once a token is set."))
     serve_header_timeout_s: int = setting(10, "MEMQ_SERVE_HEADER_TIMEOUT_S",
-        ("`memq serve`: seconds a connection has to send a whole request head (request line and headers); "
-         "slower ones are closed, so slow-header connections cannot pile up to the file limit."),
-        minimum=1, maximum=300)
+        ("`memq serve`: seconds a connection has to send a whole request head; a client that trickles "
+         "its headers (or sends nothing) is disconnected, so slow connections cannot hold every file "
+         "descriptor."), minimum=1, maximum=300)
+    serve_max_connections: int = setting(512, "MEMQ_SERVE_MAX_CONNECTIONS",
+        ("`memq serve`: open connections per server process before new requests are answered 503; keep it "
+         "under the process' file limit (LimitNOFILE=4096 in deploy/systemd/memq-serve.service)."),
+        minimum=8, maximum=65536)
     # Live metrics (`memq exporter`) and alerts (workers/alerts.py, profiler/alerts/).
     public_url: str = setting("", "MEMQ_PUBLIC_URL",
         ("Base URL of the memq web pages; alerts link to `<MEMQ_PUBLIC_URL>/runs/<run name>` ('' = no "
@@ -389,11 +393,6 @@ class Settings:
         """A counter of every dead letter ever written: the dead stream is trimmed, so its length stops
         growing once full; `memq status` and the exporter's memq_dead_lettered_total read this."""
         return self.dead_letter_key + ":total"
-
-    @property
-    def serve_host_list(self) -> tuple[str, ...]:
-        """MEMQ_SERVE_HOSTS as lower-case names ('*' stays '*')."""
-        return tuple(h.strip().lower() for h in self.serve_hosts.split(",") if h.strip())
 
     @property
     def is_embedded_db(self) -> bool:

@@ -61,6 +61,11 @@ class NestedTooDeep(SnapshotError):
     """The input nests containers deeper than any snapshot does (refused before anything recurses)."""
 
 
+class DecodeUnavailable(MemqError):
+    """The decoder cannot run now (no thread or address space left in this process): nothing is known
+    about the input, and retrying later may succeed. Never cached or recorded as the input's fault."""
+
+
 class NotRegularFile(BadInput):
     """A path names a device, FIFO, socket or directory where memq reads or writes regular files only."""
 

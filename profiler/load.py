@@ -106,7 +106,17 @@ def decode_snapshot_bytes(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES,
     value the parser checks itself (codec.check_shape's bounds, in one pass instead of two)."""
     if not data:
         raise SnapshotError("empty input")
-    with codec.gc_paused():
+    try:
+        return _decode(data, max_bytes, keep_raw, name, digest)
+    except SnapshotError:
+        codec.discard_decoding_stack()  # hostile input may have used the unpickling thread's deep stack
+        raise
+
+
+def _decode(data: bytes, max_bytes: int, keep_raw: bool, name: str, digest: bool) -> LoadedSnapshot:
+    # The parse in the same turn as the unpickling: what it allocates never eats the headroom another
+    # thread's decode was given under the process-wide cap.
+    with codec.decode_turn(), codec.gc_paused():
         if keep_raw:
             raw = codec.decompress(data, max_bytes)
             if not raw:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 from itertools import chain
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from sys import getrefcount
 from typing import Any
 
@@ -39,6 +39,21 @@ _STATES = {
 }
 _ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
             "segment_unmap", "oom", "snapshot", "annotate"}
+
+
+#: The most bytes a snapshot may claim in all: each of its segments' sizes and their sum, each trace
+#: entry's size and the sum over a device's trace. 2**56 bytes (64 PiB) is ~500,000 times an H200's
+#: 141 GB, and leaves a factor of 128 below PostgreSQL's BIGINT (2**63 - 1) for what the analysis
+#: derives from them (sums of peaks, what-if scalings), so a hostile size is refused here, as bad
+#: input (never retried), instead of overflowing a column in the worker.
+MAX_FIGURE_BYTES = 2**56
+
+
+def _bytes_total(values, what: str) -> None:
+    """Refuse a negative size or sizes summing past MAX_FIGURE_BYTES (each is then below it too)."""
+    total = sum(values)
+    if total > MAX_FIGURE_BYTES:
+        raise SnapshotError(f"{what} sum to {total} bytes, over the {MAX_FIGURE_BYTES} a snapshot may claim")
 
 
 def _int(v: Any, what: str, default: int | None = None) -> int:
@@ -95,6 +110,7 @@ def _parse(raw: Any, consume: bool, nbytes: int | None) -> Snapshot:
         seg, legacy = _parse_segment(s, i)
         legacy_history |= legacy
         segments.append(seg)
+    _bytes_total((seg.total_size for seg in segments), "the segments' sizes")
 
     traces_raw = raw.get("device_traces", [])
     if not isinstance(traces_raw, list):
@@ -172,18 +188,30 @@ def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
             hist = b.get("history") or []
             frames = hist[-1].get("frames", []) if hist and isinstance(hist[-1], dict) else []
         blk_addr = b.get("address")
+        if isinstance(frames, list):
+            _cut_long_text(frames)
+        else:
+            frames = []
         blocks.append(Block(
             address=_int(blk_addr, "block address") if blk_addr is not None else cursor,
             size=size,
             requested_size=_int(b.get("requested_size"), f"segment {i} block {j} requested_size", size),
             state=state,
-            frames=frames if isinstance(frames, list) else [],
+            frames=frames,
         ))
         cursor += size
+    sizes = [total, *(b.size for b in blocks), *(b.requested_size for b in blocks)]
+    if min(sizes) < 0:
+        raise SnapshotError(f"segment {i} has a negative size")
+    _bytes_total(sizes[:1], f"segment {i} total_size")
+    _bytes_total((b.size for b in blocks), f"segment {i} block sizes")
+    _bytes_total((b.requested_size for b in blocks), f"segment {i} requested sizes")
     seg_type = s.get("segment_type")
     if seg_type not in ("small", "large"):
         seg_type = "small" if total <= 2 * SMALL_SIZE and total == 2 * SMALL_SIZE else "large"
     frames = s.get("frames")
+    if isinstance(frames, list):
+        _cut_long_text(frames)
     return Segment(
         device=_int(s.get("device"), "segment device", 0),
         address=address,
@@ -198,6 +226,45 @@ def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
 
 
 _PLAIN = frozenset((str, int, float, bool, type(None)))
+# Frame text is cut here, where it is read, so that no later pass (the stack rules' regexes, site
+# names, the report) can take time or space that grows with one name's length: a 1.7 MB snapshot of
+# 127 KB frame names took 18 s to analyse. 512 characters hold every Python path and function name
+# and the part of a demangled C++ symbol that the rules and the site names read (its namespace and
+# function, before the argument list); the longest real name seen, in the stacks="all" capture of
+# tests/fixtures/captured/cudnn_workspace, is 1,473 characters of template arguments. A cut text
+# ends with FRAME_TEXT_CUT and says how much was cut (docs/analysis.md, "Frame text").
+MAX_FRAME_TEXT = 512
+FRAME_TEXT_CUT = "…[cut: {} more chars]"
+_FRAME_TEXT_KEYS = ("name", "filename")
+
+
+def cut_frame_text(text: str) -> str:
+    """`text` as it is kept: whole up to MAX_FRAME_TEXT characters, else its first MAX_FRAME_TEXT and
+    the marker."""
+    if len(text) <= MAX_FRAME_TEXT:
+        return text
+    return text[:MAX_FRAME_TEXT] + FRAME_TEXT_CUT.format(len(text) - MAX_FRAME_TEXT)
+
+
+def _cut_long_text(frames: list) -> None:
+    """Cut the names and file names of `frames` (a list of frames, changed in place) past
+    MAX_FRAME_TEXT. The common case, dict frames of short text, is one C pass per field."""
+    if not frames:
+        return
+    if all(type(f) is dict for f in frames):
+        for key in _FRAME_TEXT_KEYS:
+            texts = [v for v in map(methodcaller("get", key), frames) if type(v) is str]
+            if texts and max(map(len, texts)) > MAX_FRAME_TEXT:
+                for f in frames:
+                    v = f.get(key)
+                    if type(v) is str and len(v) > MAX_FRAME_TEXT:
+                        f[key] = cut_frame_text(v)
+        return
+    for i, f in enumerate(frames):  # legacy tuple frames (filename, line, name): rebuilt when too long
+        if type(f) is dict:
+            _cut_long_text([f])
+        elif type(f) in (list, tuple) and any(type(v) is str and len(v) > MAX_FRAME_TEXT for v in f):
+            frames[i] = type(f)(cut_frame_text(v) if type(v) is str else v for v in f)
 _EMPTY_FRAMES: list = []  # shared by every entry recorded without a stack (most of them); never mutated
 MAX_USER_METADATA = 200
 
@@ -216,7 +283,8 @@ class _Frames:
 
     def __init__(self, budget: int) -> None:
         self._lists: dict[tuple, list] = {}
-        self._by_first: dict[int, tuple[list, list]] = {}
+        self._by_list: dict[int, tuple[list, list]] = {}
+        self._by_ids: dict[tuple, list[tuple[list, list]]] = {}
         self._odd: dict[int, list] = {}  # lists of frames that have no text key (legacy tuples, odd dicts)
         self.held: list[list] = []  # lists dropped for an equal one, freed with the snapshot
         self._last: list | None = None
@@ -232,25 +300,58 @@ class _Frames:
             raise SnapshotError(f"data reuses containers ({self.refs} frame references from a "
                                 f"{self._budget}-byte input); snapshots are plain trees")
         if f is self._last:  # a third of the entries of the real 1M capture repeat the previous list
+            if getrefcount(f) <= _LIST_LAST_REFS + 1:  # + self._last
+                self._by_list.pop(id(f), None)
             return self._last_canon
-        # Lists of frame objects that other lists share too (the pickle's memo shares them in a
-        # capture taken at once) are found by their first frame's identity and confirmed by list
-        # equality; the rest by their text. A list is remembered by identity only while
-        # its first frame is shared: it is held, so its ids stay its own.
-        first = f[0]
-        seen = self._by_first.get(id(first))
-        if seen is not None and seen[0] == f:  # list equality tries identity first, in C
+        # A list that later entries share (torch pickles one list per allocation, read again by its
+        # frees) is remembered by its identity until its last entry is read: it is held meanwhile, so
+        # its id stays its own, and let go then, so that memory follows the entries still to come.
+        by_list = self._by_list
+        i = id(f)
+        seen = by_list.get(i)
+        if seen is not None and seen[0] is f:
             c = seen[1]
+            if getrefcount(f) <= _LIST_LAST_REFS:
+                del by_list[i]
+        elif getrefcount(f) > _LIST_UNSHARED_REFS:  # before _by_frames: it may keep f itself
+            by_list[i] = (f, c := self._by_frames(f))
         else:
+            c = self._by_frames(f)
+        self._last = f  # held: its id cannot be reused while it is compared
+        self._last_canon = c
+        return c
+
+    def _by_frames(self, f: list) -> list:
+        """The kept list that reads like `f`. Lists of frame objects that other lists share too (torch
+        pickles one dict per distinct frame) are found by the identities of five of their frames and
+        confirmed by list equality (identity first, in C): a fixed cost per list, and a C comparison
+        per frame reference, as the unpickler's own. The rest, whose frames are their own, by their
+        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that (lists
+        crafted to agree there) a list is found by its text, which costs more but stays linear."""
+        first = f[0]
+        if getrefcount(first) > _UNSHARED_REFS:
+            n = len(f)
+            key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
+            tried = self._by_ids.get(key)
+            if tried is None:
+                tried = self._by_ids[key] = []
+            elif tried[0][0] == f:  # the common case: the first list with these five frames
+                return tried[0][1]
+            for g, c in tried:
+                if g == f:
+                    return c
             c = self._by_text(f)
-            if getrefcount(first) > _UNSHARED_REFS:
-                self._by_first[id(first)] = (f, c)
+            if len(tried) < _SAME_ENDS:
+                tried.append((f, c))  # f held: the ids in the key stay its frames'
             elif c is not f:
-                # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
-                # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
-                # freeing it, a worker frees it whole when the analysis is done).
                 self.held.append(f)
-        self._last, self._last_canon = f, c  # held: its id cannot be reused while it is compared
+            return c
+        c = self._by_text(f)
+        if c is not f:
+            # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
+            # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
+            # freeing it, a worker frees it whole when the analysis is done).
+            self.held.append(f)
         return c
 
     def _by_text(self, f: list) -> list:
@@ -274,6 +375,11 @@ class _Frames:
         frames = list(chain.from_iterable(chain(self._lists.values(), self._odd.values())))
         kinds = set(map(type, frames))
         if kinds == {dict}:
+            _cut_long_text(frames)  # the frame dicts are shared by the lists: cut once, read cut by all
+        else:
+            for kept in chain(self._lists.values(), self._odd.values()):
+                _cut_long_text(kept)
+        if kinds == {dict}:
             plain = not any(map(gc.is_tracked, frames))
         else:
             plain = kinds <= {dict, list, tuple, *_PLAIN} and all(map(_flat_frame, frames))
@@ -283,9 +389,19 @@ class _Frames:
 
 
 _FRAME_TEXT = itemgetter("filename", "line", "name")
-# References to a list's first frame while intern() reads it when no other list holds it: the list,
+# References to a list's first frame while _by_frames() reads it when no other list holds it: the list,
 # the local name and getrefcount's own argument.
 _UNSHARED_REFS = 3
+# References to a frames list while intern() first reads it: the entry's dict, the parser's local
+# name, intern's argument and getrefcount's own; more when entries still to be read hold it. Once
+# remembered, the memo's tuple adds one: at _LIST_LAST_REFS nothing else holds it (a list kept for
+# its stack, or held, has more and stays remembered: it stays in memory anyway).
+_LIST_UNSHARED_REFS = 4
+_LIST_LAST_REFS = 5
+# Lists tried per five frame identities. Real stacks that agree on those five frames differ
+# elsewhere in a few ways: the stacks="all" cuDNN capture (tests/fixtures/captured/cudnn_workspace)
+# has 64 stacks, at most 8 per key, most alone. Each try is one C list comparison.
+_SAME_ENDS = 32
 
 
 def _flat_frame(f: Any) -> bool:
@@ -327,7 +443,13 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             ev = _odd_entry(e, k, device, intern(f) if f else empty)
             if ev is not None:
                 append(ev)
+    # one C-level pass (about a tenth of the loop above): the magnitudes, so a negative size cannot
+    # cancel a hostile one either
+    _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
+
+
+_EVENT_SIZE = itemgetter(2)
 
 
 _ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
@@ -352,16 +474,17 @@ def _odd_entry(e: dict, k: int, device: int, frames: list) -> TraceEvent | None:
     addr = get("addr")
     stream = get("stream", 0)
     t_us = get("time_us")
-    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream if type(stream) is int else 0,
-                    t_us if type(t_us) is int else None, frames)
-    if action == "oom":
+    stream = stream if type(stream) is int else 0
+    t_us = t_us if type(t_us) is int else None
+    if action == "oom":  # one tuple made, not three: a cuDNN plan search records thousands of these
         # For OOM the addr slot carries the CUDA-reported free bytes in some versions.
         dfree = get("device_free", addr)
         pool = get("pool_id")
         ok_pool = type(pool) in (list, tuple) and all(type(v) is int for v in pool[:4])
-        ev = ev._replace(addr=None, device_free=dfree if type(dfree) is int else None,
-                         pool_id=tuple(pool[:4]) if ok_pool else None)
-    elif action == "annotate":
+        return TraceEvent(action, None, size, stream, t_us, frames, dfree if type(dfree) is int else None,
+                          tuple(pool[:4]) if ok_pool else None)
+    ev = TraceEvent(action, addr if type(addr) is int else None, size, stream, t_us, frames)
+    if action == "annotate":
         meta = get("user_metadata")
         if type(meta) is str:
             ev = ev._replace(user_metadata=meta[:MAX_USER_METADATA])
@@ -435,8 +558,13 @@ def _step_figures(v: Any) -> tuple[StepFigures, ...]:
                                peak_reserved=_opt_int(d.get("peak_reserved")) or 0, allocated=alloc,
                                reserved=_opt_int(d.get("reserved")) or 0, retries=_opt_int(d.get("retries")) or 0,
                                ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,
-                               tokens=_opt_int(d.get("tokens"))))
+                               tokens=_opt_int(d.get("tokens")), span=max(1, _opt_int(d.get("span")) or 1),
+                               time=_opt_float(d.get("t"))))
     return tuple(out)
+
+
+def _opt_float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 MAX_OOM_FRAMES = 64

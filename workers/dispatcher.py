@@ -52,6 +52,7 @@ from typing import Any
 from memq import envelope, identity
 from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from memq.analysis.limits import observer_facts, real_cap
+from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
 from memq.config import Settings, redact_url
 from memq.errors import (
@@ -99,6 +100,14 @@ def _ts(ms: int | None):
 def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
+
+
+def _outside(value, total: int | None) -> int | None:
+    """Bytes held outside PyTorch as run_start says, kept only when they fit the device."""
+    v = _int_or_none(value)
+    if v is None or v < 0 or (total is not None and v >= total):
+        return None
+    return v
 
 class Dispatcher:
     def __init__(self, st: Settings, *, consumer: str | None = None, group: str = GROUP, batch: int = 100,
@@ -424,8 +433,9 @@ class Dispatcher:
                 continue
             try:
                 env = envelope.parse(fields, self.limits)
-                if self.keyring:
-                    env = dataclasses.replace(env, owner=identity.verify(fields, self.keyring))
+                if self.keyring:  # the signer owns the run, and its name is scoped by it (identity.py)
+                    who = identity.verify(fields, self.keyring)
+                    env = dataclasses.replace(env, owner=who, run=identity.scoped_run(who, env.run))
             except identity.IdentityError as exc:
                 self.counts["identity_refused"] += 1
                 self._dead_and_ack(eid, fields, f"identity: {exc}")
@@ -547,6 +557,7 @@ class Dispatcher:
             labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
             driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
             memory_limit_bytes=real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
+            non_pytorch_bytes=_outside(p.get("non_pytorch_bytes"), total),
             optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
             world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:
@@ -575,8 +586,10 @@ class Dispatcher:
                 figs = env.payload.get("step_figures")
                 if isinstance(figs, list) and figs:
                     got = figures.setdefault((rid, env.rank), ([], 0.0))
-                    got[0].extend(f for f in figs[-MAX_FORECAST_FIGURES:] if isinstance(f, dict))
-                    figures[(rid, env.rank)] = (got[0][-MAX_FORECAST_FIGURES:], max(got[1], env.ts / 1000.0))
+                    got[0].extend(f for f in figs if isinstance(f, dict))
+                    # a long batch keeps its whole shape at bounded size (older figures merged pairwise)
+                    figures[(rid, env.rank)] = (compact_figures(got[0], MAX_FORECAST_FIGURES),
+                                                max(got[1], env.ts / 1000.0))
                 if isinstance(env.payload.get("rank_figures"), dict):
                     rank_figures.upsert(s, rid, env.rank, env.payload["rank_figures"], None, _ts(env.ts))
                 samples = env.payload.get("samples")

@@ -417,11 +417,16 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     return ((result or {}).get("diagnosis") or {}).get("primary_cause")
 
 
-def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_time: float | None) -> str:
-    """A stats batch's per-step figures move the rank's OOM forecast on (memq.pipeline.analyse.refresh_forecast)."""
+def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_time: float | None,
+                     senders: Senders | None = None) -> str:
+    """A stats batch's per-step figures move the rank's OOM forecast on (memq.pipeline.analyse.refresh_forecast);
+    when they move the growth model's leak verdict, the run diagnosis is scheduled again."""
     from memq.pipeline import analyse
 
-    return analyse.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
+    out = analyse.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
+    if out == "verdict_changed" and senders is not None:
+        schedule_recompute(st, run_id, rank, senders.recompute)
+    return out
 
 
 # ---------------------------------------------------------------------------------- what-if sweeps

@@ -48,7 +48,7 @@ def recompute_run(self, run_id: int, rank: int = 0) -> str | None:
 
 @app.task(base=MemqTask, bind=True, name="workers.tasks.refresh_forecast")
 def refresh_forecast(self, run_id: int, rank: int, figures: list, as_of_time: float | None = None) -> str:
-    return jobs.refresh_forecast(_st(), int(run_id), int(rank), figures, as_of_time)
+    return jobs.refresh_forecast(_st(), int(run_id), int(rank), figures, as_of_time, SENDERS)
 
 
 @app.task(base=MemqTask, bind=True, name="workers.tasks.whatif_sweep")

@@ -182,9 +182,18 @@ class TorchSource:
                 md[key] = fn()
             except Exception:  # noqa: BLE001 - absent on this torch: leave it out
                 pass
+        try:  # what is held outside this process's PyTorch: an uncapped job's limit is the card less it
+            free, total = torch.cuda.mem_get_info(dev)
+            reserved = int(torch.cuda.memory_reserved(dev))
+            md["device_free"] = int(free)
+            md["non_pytorch_bytes"] = max(0, int(total) - int(free) - reserved)
+        except Exception:  # noqa: BLE001
+            pass
         limit = self.limit_bytes()
         if limit:
             md["limit_bytes"] = limit
+            if md.get("memory_fraction", 1.0) < 1.0:
+                md["process_cap_bytes"] = limit
         return md
 
     def _allocator_settings(self) -> dict | None:
@@ -223,6 +232,13 @@ class TorchSource:
         if reset:
             torch._C._cuda_resetPeakMemoryStats(dev)
         return out
+
+    def allocated(self) -> int | None:
+        """Live bytes now, the one counter a thinned boundary reads (no peak reset)."""
+        torch, dev = self._torch, self._dev
+        if torch is None or dev is None:
+            return None  # set by the first step_signals(): no reading before the first full one
+        return int(torch._C._cuda_memoryStats(dev)["allocated_bytes"]["all"]["current"])
 
     def snapshot(self) -> dict | None:
         if not self.ready() or not self.can_snapshot():
@@ -343,6 +359,11 @@ class ReplaySource:
         alloc, res = line.get("allocated_bytes.all.current", 0), line.get("reserved_bytes.all.current", 0)
         return (alloc, res, line.get("allocated_bytes.all.peak", alloc), line.get("reserved_bytes.all.peak", res),
                 line.get("num_alloc_retries", 0))
+
+    def allocated(self) -> int | None:
+        """Live bytes at a thinned boundary: `self.live` (a list the test sets, consumed in order)."""
+        live = getattr(self, "live", None)
+        return int(live.pop(0)) if live else None
 
     def read(self, entry: dict) -> bytes:
         return codec.decompress((self.folder / entry["file"]).read_bytes(), self._max_bytes)

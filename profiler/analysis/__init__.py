@@ -24,7 +24,7 @@ from memq.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
 from memq.analysis.forecast import forecast as oom_forecast
 from memq.analysis.forecast import inputs as forecast_inputs
 from memq.analysis.labels import agent_label
-from memq.analysis.leak import detect_leak, detect_leak_from_figures, figure_points
+from memq.analysis.leak import detect_leak
 from memq.analysis.limits import resolve_limits
 from memq.analysis.memory import (
     largest_oversize_free_block,
@@ -39,7 +39,7 @@ from memq.model import OomContext, Snapshot, frame_file, frame_name
 if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
-ANALYZER_VERSION = "1.4.2"
+ANALYZER_VERSION = "1.5.1"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -69,15 +69,17 @@ def _per(s: Snapshot | SnapshotDigest) -> Mapping[str, Any]:
 
 def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | None = None,
             triggers: list[str | None] | None = None, optimizer: str | None = None,
-            whatif: list[dict] | None = None, labels: list[str | None] | None = None) -> dict:
+            whatif: list[dict] | None = None, labels: list[str | None] | None = None,
+            figures: list[dict] | None = None) -> dict:
     """`items`: Snapshot objects or objects with a `.snapshot` (and optionally `.path`), in time order.
     `names`: file names (`snapshots[].file`). `labels`: how evidence names each snapshot, in the
     user's terms (labels.snapshot_label from trigger/step/epoch); a snapshot the agent sent labels
     itself from its embedded facts, and the name is the last resort.
     `triggers`: per snapshot (epoch_end, periodic, oom, ...) when known, to pick comparable points
     (else the agent's own). `whatif`: results of the allocator model for the last snapshot, cited by
-    the recommendations. Any item but the last may be a SnapshotDigest (see per_snapshot.py): the
-    result is the same."""
+    the recommendations. `figures`: per-step figures the agent sent in stats batches (the run's series
+    beyond what the last snapshot embeds; the growth model reads both, by step). Any item but the last
+    may be a SnapshotDigest (see per_snapshot.py): the result is the same."""
     if not items:
         raise ValueError("analyze() needs at least one snapshot")
     snaps: list[Snapshot | SnapshotDigest] = [getattr(x, "snapshot", x) for x in items]
@@ -102,14 +104,12 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
     largest_usable = largest_usable_free_block(last_snap, S, stream, pool) if S else m["largest_free_block_bytes"]
     blocked = largest_oversize_free_block(last_snap, S) if S else 0
 
-    leak = detect_leak(_comparable_points(heads, per, tags, trig), lim.limit)
-    figs = (agents[-1] or {}).get("step_figures") or []
-    if not leak["holds"] and not leak["settled"] and figs:
-        # Too few comparable snapshots (e.g. `memq run` with no mark_epoch): the step boundaries the
-        # agent measured are comparable points too.
-        by_figures = detect_leak_from_figures(figure_points(figs), lim.limit)
-        if by_figures["settled"]:
-            leak = by_figures
+    figs = merge_figures((agents[-1] or {}).get("step_figures") or [], figures or [])
+    # the growth model's limit: the given or resolved one, else what the agent read (its cap, else the
+    # card: an uncapped job runs out where the card does)
+    grow_limit = lim.limit or _agent_limit(agents)
+    leak = detect_leak(_comparable_points(heads, per, tags, trig), grow_limit, figs,
+                       headroom=_headroom(grow_limit, S, m["active_bytes"], figs), at_oom=S is not None)
     earlier_peak, steps_seen = _earlier_step_peak(per)
     oom_frames = (oom_ev.frames if oom_ev is not None and oom_ev.frames else
                   list((agents[-1] or {}).get("oom_frames") or []) if S else [])
@@ -163,7 +163,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         oom = {"requested_bytes": S, "limit_bytes": lim.limit,
                "fits_largest_free_block": S <= largest_usable,
                "fits_if_compacted": (m["active_bytes"] + S <= lim.limit) if lim.limit is not None else None}
-    fc, fc_inputs = _forecast(per, heads, trig, lim.limit)
+    fc, fc_inputs = _forecast(per, heads, trig, lim.limit, figures or [])
     if fc is not None and fc.get("oom_expected"):
         # where the growth is allocated and what to change there: what a page about it must say
         fc["site"] = leak.get("allocating_site") if leak.get("holds") else None
@@ -229,27 +229,62 @@ def _comparable_points(heads, per, names, triggers) -> list[dict]:
             counts = Counter(kinds)
             common = max(counts, key=lambda k: (counts[k], -kinds.index(k)))
             idx = [i for i in idx if trig[i] == common]
-    return [{"name": names[i], "active": per[i]["metrics"]["active_bytes"], "composition": per[i]["composition"],
-             "blocks": per[i]["live_blocks"]} for i in idx]
+    out = []
+    for i in idx:
+        a = per[i].get("agent") or {}
+        out.append({"name": names[i], "active": per[i]["metrics"]["active_bytes"],
+                    "composition": per[i]["composition"], "blocks": per[i]["live_blocks"],
+                    "step": a.get("step"), "epoch": a.get("epoch"), "t": a.get("time"),
+                    "epoch_end": trig[i] == "epoch_end"})
+    return out
+
+
+def _headroom(limit: int | None, S: int | None, active: int, figs: list) -> int | None:
+    """What the growth has to use up: LIMIT less the highest recent step peak (the need of a step, not
+    its floor); at an OOM, the room the run's figures started with (the room left is gone by then,
+    whatever the cause: only growth that used up a fair part of the start's room is a leak). None where
+    it cannot be told (the growth model then takes LIMIT less the last live bytes)."""
+    if not limit:
+        return None
+    peaks = [f["peak_allocated"] for f in figs if isinstance(f.get("peak_allocated"), int)
+             and isinstance(f.get("step"), int) and f["step"] >= 1]
+    if S is not None:
+        return int(limit - max(peaks[:4])) if peaks else None
+    return int(limit - max(peaks[-16:] + [active]))
 
 
 def _agent_limit(agents: list) -> int | None:
     return next(((a or {}).get("limit_bytes") for a in reversed(agents) if (a or {}).get("limit_bytes")), None)
 
 
-def _forecast(per: list[dict], heads: list, trig: list, limit: int | None) -> tuple[dict | None, dict]:
+def merge_figures(embedded: list[dict], sent: list[dict]) -> list[dict]:
+    """One series from the figures a snapshot embeds and those stats batches sent, by step (the
+    snapshot's own reading of a step wins), oldest first."""
+    if not sent:
+        return list(embedded)
+    by_step: dict = {}
+    for f in [*sent, *embedded]:
+        st = f.get("step") if isinstance(f, dict) else None
+        if isinstance(st, int) and not isinstance(st, bool):
+            by_step[st] = f
+    return [by_step[k] for k in sorted(by_step)]
+
+
+def _forecast(per: list[dict], heads: list, trig: list, limit: int | None,
+              sent: list[dict]) -> tuple[dict | None, dict]:
     """The OOM forecast as of the last snapshot that is not an OOM one (a run that has run out keeps
     the forecast it had before: it can be judged against what happened)."""
     keep = [i for i, h in enumerate(heads) if not h[4]]
     as_of = keep[-1] if keep else len(per) - 1
     agents = [p.get("agent") or {} for p in per]
     upto = agents[as_of].get("step")
-    figs = [f for f in agents[-1].get("step_figures") or []
+    figs = [f for f in merge_figures(agents[-1].get("step_figures") or [], sent)
             if as_of == len(per) - 1 or upto is None or f["step"] <= upto]
     idx = [i for i in keep if agents[i].get("comparable") or trig[i] == "epoch_end"] or keep
-    comparable = [{"step": agents[i].get("step") if agents[i].get("step") is not None else n + 1,
-                   "epoch": agents[i].get("epoch"), "active": per[i]["metrics"]["active_bytes"],
-                   "reserved": per[i]["metrics"]["reserved_bytes"]} for n, i in enumerate(idx)]
+    comparable = [{"step": agents[i].get("step"), "epoch": agents[i].get("epoch"),
+                   "epoch_end": trig[i] == "epoch_end", "t": agents[i].get("time"),
+                   "active": per[i]["metrics"]["active_bytes"], "reserved": per[i]["metrics"]["reserved_bytes"],
+                   "peak": per[i]["timeline"].get("peak_live_bytes")} for i in idx]
     timed = [(a["time"], a["step"]) for a in (agents[i] for i in keep)
              if isinstance(a.get("time"), (int, float)) and isinstance(a.get("step"), int)]
     sps = None
@@ -390,33 +425,52 @@ def message_facts(ctx: OomContext) -> Facts:
 
 
 def explain_message(ctx: OomContext) -> dict:
-    """The contract from an OOM message alone: what the message carries, null for the rest."""
+    """The contract from an OOM message alone: what the message carries, null for the rest, and the
+    verdict its own figures settle (message_verdict.py), with advice for that situation first."""
+    from memq.analysis.message_verdict import judge
+    from memq.analysis.recommend import message_recommendations
+
     msg = ctx.message
-    A = msg.allocated_bytes if msg else None
-    R = msg.reserved_bytes if msg else None
-    lim = resolve_limits(None, ctx, R)
-    S = lim.requested
-    facts = message_facts(ctx)
-    primary, conf, causes, findings = diagnose(facts)  # largest_known=False: no free blocks in a message
-    recs = recommend(primary, facts, None, facts.leak)
-    unalloc = msg.reserved_unallocated_bytes if msg else None
+    if msg is None:
+        raise ValueError("explain_message() needs a parsed message")
+    v = judge(msg, limit=ctx.limit_bytes, device_total=ctx.device_total_bytes)
+    A, R, S = msg.allocated_bytes, msg.reserved_bytes, msg.requested_bytes
+    unalloc = msg.reserved_unallocated_bytes
+    causes = [{"cause": v.primary, "confidence": v.confidence, "evidence": v.evidence}]
+    causes += [{"cause": c, "confidence": conf, "evidence": e} for c, conf, e in v.others if c != v.primary]
+    recs = message_recommendations(v, msg)
+    T = v.figures.get("device_total")
+    F = msg.device_free_bytes
+    non_pt = (T - F - R) if (T is not None and F is not None and R is not None) else None
     return {
         "schema": SCHEMA,
         "snapshots": [],
         "metrics": {"reserved_bytes": R, "allocated_bytes": A, "active_bytes": None, "requested_bytes": None,
                     "reserved_unallocated_bytes": unalloc, "largest_free_block_bytes": None,
-                    "fragmentation_ratio": None, "stranded_bytes": unalloc},
-        "oom": None if S is None else {"requested_bytes": S, "limit_bytes": lim.limit,
+                    "fragmentation_ratio": None, "stranded_bytes": None},
+        "oom": None if S is None else {"requested_bytes": S, "limit_bytes": v.limit,
                                        "fits_largest_free_block": None,
-                                       "fits_if_compacted": (A + S <= lim.limit) if (A is not None and lim.limit)
-                                       else None},
+                                       # MPS's cap counts the process's other Metal allocations too
+                                       "fits_if_compacted": (A + (msg.other_allocations_bytes or 0) + S <= v.limit)
+                                       if (A is not None and v.limit) else None},
         "composition": {c: None for c in fr.CATEGORIES},
-        "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes, "recommendations": recs},
+        "diagnosis": {"primary_cause": v.primary, "confidence": v.confidence, "causes": causes,
+                      "recommendations": recs},
         # The playbook entries the message's own figures point to (and popular advice they rule out).
-        "playbook": message_playbook(facts, unalloc, msg.text if msg else ""),
+        # Only where the message's figures alone decide between the cache and the step (a cap, another
+        # process, graphs' pools or a failure outside the allocator have their own advice above).
+        "playbook": (message_playbook(message_facts(ctx), unalloc, msg.text)
+                     if v.situation in ("fragmentation", "near_limit", "capacity", "external", "own_libraries", "cap")
+                     else []),
         "details": {"analyzer_version": ANALYZER_VERSION,
-                    "limits": {"requested_bytes": S, "limit_bytes": lim.limit, "limit_source": lim.limit_source,
-                               "device_total_bytes": lim.device_total, "device_free_bytes": lim.device_free,
-                               "non_pytorch_bytes": lim.non_pytorch},
-                    "message": msg.text if msg else ""},
+                    "message_verdict": v.situation,
+                    "message_layout": msg.layout, "message_kind": msg.kind, "platform": msg.platform,
+                    "server": msg.server, "truncated": msg.truncated, "notes": list(msg.notes),
+                    "other_processes": [{"pid": pid, "bytes": b} for pid, b in msg.other_processes],
+                    "limits": {"requested_bytes": S, "limit_bytes": v.limit, "limit_source": v.limit_source,
+                               "device_total_bytes": T, "device_free_bytes": F,
+                               "this_process_bytes": msg.process_in_use_bytes,
+                               "private_pool_bytes": msg.private_pool_bytes,
+                               "non_pytorch_bytes": non_pt},
+                    "message": msg.text},
     }

@@ -127,8 +127,8 @@ def check_leak(f: Facts) -> Finding:
     lk = f.leak
     out = Finding("leak", bool(lk.get("holds")), evidence=list(lk.get("evidence", [])))
     if out.holds:
-        grew = sum(1 for i in lk.get("intervals", []) if i["grew"])
-        out.strength = min(1.0, STRENGTH["leak"] + STRENGTH["leak_per_interval"] * grew)
+        intervals = max(0, int(lk.get("points") or 0) - 1)
+        out.strength = min(1.0, STRENGTH["leak"] + STRENGTH["leak_per_interval"] * intervals)
     elif not lk.get("settled", True):
         out.missing.append(lk["evidence"][0] if lk.get("evidence") else "several snapshots of one run")
         out.evidence = []

@@ -1,52 +1,37 @@
 """When a running job will run out of memory, from the live bytes it keeps between steps (pure).
 
-ARCHITECTURE.md "Forecast". The series is the agent's per-step figures: live bytes at each step
-boundary (`memory_allocated()` after the step, the same point of every step) and the step's peak.
-Comparable snapshots stand in where a run has no figures (files given to `memq analyze`).
+ARCHITECTURE.md "Forecast". Whether live bytes grow, and at what rate, is the growth model's
+(growth.py), on the same series the leak verdict reads (leak.choose_series): the agent's figures at
+every step boundary, else comparable snapshots (epoch-end files counted in epochs). A plateau, a
+floor that moves only with input shapes, or growth too small to matter is no forecast. This module
+adds what a date needs:
 
-- Points: one per epoch (its last boundary) when the run marks epochs, else one per window of
-  steps. Boundaries up to and including the first optimizer step are warm-up and left out.
-- Sustained growth: each of the last `MIN_INTERVALS` intervals grew by more than the leak threshold,
-  max(64 MiB, 1% of LIMIT). Growth that stops (a cache filling up), a floor that moves with input
-  shapes, or a one-off jump is not sustained.
 - Bounded growth: where the comparable snapshots say the growth is gradients and optimizer state and
   both stay within what every parameter training would need (3x the parameters: a gradient and two
   AdamW moments), it is parameters starting to train (progressive unfreezing): its ceiling is
   projected, not a line.
-- The need of a coming step: its floor (the line through the points) plus the step's own excursion
-  above the floor (the largest of the recent steps: peak - floor before it).
+- The need of a coming step: its floor (the growth model's line) plus the step's own excursion above
+  the floor (the median of the recent steps: peak - floor before it).
 - What the allocator can still reserve: the cache grows in segments; the largest one (the biggest
   input-sized block, rounded) is what a step needs whole. The reserve ceiling is the reserved bytes
   now plus as many such segments as still fit under LIMIT; the step whose need passes that ceiling is
   the one that fails. Without a segment size the ceiling is LIMIT itself.
-- Epoch-end growth (the floor moves only between epochs) fails in the first step of an epoch;
-  growth inside epochs fails at the step the line reaches. The interval comes from the slope's
-  standard error (2 sigma) and from the two ceilings (segments, LIMIT).
+- Epoch-end growth (the floor moves only between epochs) fails in the first step of an epoch; growth
+  inside epochs fails at the step the line reaches. The interval comes from the slope's 95% interval
+  and from the two ceilings (segments, LIMIT).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 
+from memq.analysis import growth as gm
+from memq.analysis.leak import figure_series, snapshot_series
+from memq.analysis.rules import GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
+from memq.analysis.series import compact
 from memq.units import fmt_bytes
 
-MiB = 1 << 20
-#: The leak test's threshold (ARCHITECTURE.md cause 2): growth must pass it to count.
-LEAK_MIN_BYTES = 64 * MiB
-LEAK_LIMIT_SHARE = 0.01
-#: Consecutive growing intervals a forecast needs. Two is the leak test's (a fact about the past);
-#: a projection needs one more, so a cache that fills in two steps of growth and stops is never
-#: projected (the cache_fill control in tests/fixtures/forecast).
-MIN_INTERVALS = 3
-#: Points a run without epochs is cut into (windows of at least MIN_WINDOW steps); where live bytes
-#: grow, windows in which the growth so far would pass the threshold WINDOW_MARGIN times. A window's
-#: interval then counts as growing above half the threshold: the agent thins its boundary reads, so
-#: windows hold uneven numbers of steps' growth.
-WINDOWS = 8
-MIN_WINDOW = 10
-WINDOW_MARGIN = 1.2
 #: Parameters' multiple that gradients + optimizer state reach when every parameter trains with
 #: AdamW (1 gradient + 2 moments); a little over, for rounding.
 TRAINED_MULTIPLE = 3.05
@@ -54,76 +39,62 @@ TRAINED_MULTIPLE = 3.05
 STATE_SHARE = 0.8
 #: A near miss: the steps' peak within this share of LIMIT.
 NEAR_MISS_SHARE = 0.10
-#: The slope's uncertainty taken for the interval (standard errors).
-SIGMAS = 2.0
-#: Figures kept as a forecast's inputs (the run diagnosis stores them, stats batches add to them): the
-#: agent's own ring holds as many, and the stored details stay far under MAX_DETAILS_CHARS.
+#: Figures kept as a forecast's inputs (the run diagnosis stores them, stats batches add to them):
+#: older ones are merged pairwise (series.compact), so a long run keeps its whole shape.
 MAX_FIGURES = 512
 #: Recent steps whose excursion above the floor (their median) sets the coming step's.
 RECENT_STEPS = 16
-
-
-@dataclass(frozen=True)
-class Point:
-    step: int
-    epoch: int | None
-    live: int          # live bytes at the boundary
-    peak: int          # the highest step peak in the point's window
-    reserved: int      # the highest reserved bytes in the window
 
 
 def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | None = None,
              seconds_per_step: float | None = None, composition: list[dict] | None = None,
              as_of_time: float | None = None, comparable: list[dict] | None = None) -> dict | None:
     """`figures`: the agent's per-step figures, oldest first ({step, epoch, allocated, peak_allocated,
-    peak_reserved, ...}). `comparable`: comparable snapshots ({step, epoch, active, reserved}) used
-    when there are no figures. `composition`: per comparable snapshot, its composition by category
-    (oldest first). Returns the contract's object, or None when there is no data at all."""
-    figures = _usable(figures)
-    usable = figures
-    live = int(usable[-1]["allocated"]) if usable else max([int(c.get("active") or 0) for c in comparable or []] + [0])
-    thresh = max(LEAK_MIN_BYTES, int(LEAK_LIMIT_SHARE * (limit or live)))
-    pts, basis_pts = _points(figures, comparable or [], thresh)
-    if pts is None:
+    peak_reserved, t, ...}). `comparable`: comparable snapshots ({step, epoch, epoch_end, active,
+    reserved}) used when there are no figures. `composition`: per comparable snapshot, its composition
+    by category (oldest first). Returns the contract's object, or None when there is no data at all."""
+    figs = _usable(figures)
+    comparable = comparable or []
+    if not figs and not comparable and not figures:
         return None
+    pts, unit, basis_pts = _series(figs, comparable)
+    if not pts and not figs and not comparable:
+        return None
+    live_now = pts[-1].live if pts else 0
+    peaks = [int(f["peak_allocated"]) for f in figs[-RECENT_STEPS:]] or \
+        [int(c.get("peak") or c.get("active") or 0) for c in comparable[-2:]] or [live_now]
+    peak_now = max(peaks)
     out = {"oom_expected": None, "step": None, "epoch": None, "eta_s": None, "rate_bytes_per_step": None,
            "headroom_bytes": None, "confidence": 0.0, "basis": "",
            "limit_bytes": limit, "as_of_step": pts[-1].step if pts else None, "as_of_time": as_of_time,
            "rate_bytes_per_epoch": None, "step_low": None, "step_high": None, "eta_low_s": None,
-           "eta_high_s": None, "points": len(pts), "series": basis_pts, "near_miss": None}
-    if len(pts) < MIN_INTERVALS + 1:
-        out["basis"] = (f"{len(pts)} point(s) after warm-up ({basis_pts}); a forecast needs "
-                        f"{MIN_INTERVALS + 1} to tell a steady growth from a one-off")
-        return out
-    peak_now = max(p.peak for p in pts[-2:])
+           "eta_high_s": None, "points": len(pts), "series": basis_pts, "near_miss": None,
+           "unit": unit, "growth": None}
     if limit:
         out["headroom_bytes"] = int(limit - peak_now)
-        out["near_miss"] = _near_miss(pts, limit)
-    windows = basis_pts.startswith("step boundaries every")
-    stretch = _growth_stretch(pts, thresh // 2 if windows else thresh)
-    if stretch < MIN_INTERVALS:
-        span = pts[-1].step - pts[0].step
-        moved = pts[-1].live - pts[0].live
-        tail = (f"; it moved by {_g(moved)} in all, but not in each of the last {MIN_INTERVALS} intervals by "
-                f"more than the leak threshold of {_g(thresh)}" if moved > thresh else "")
-        out.update(oom_expected=False, confidence=round(min(0.9, 0.5 + 0.05 * len(pts)), 2),
-                   basis=f"no sustained growth: live bytes at step boundaries moved by {_g(moved)} over {span} "
-                         f"steps ({basis_pts}){tail}")
+        out["near_miss"] = _near_miss(figs, comparable, limit)
+    g = gm.assess(pts, unit, limit=limit, headroom=(limit - peak_now) if limit else None)
+    out["growth"] = g.as_json()
+    if g.state == "too_few":
+        out["basis"] = f"{g.why} ({basis_pts})"
         return out
-    seg = pts[-1 - stretch:]
-    # The slope of every boundary in the stretch, not of the points: windows of steps that do not line
-    # up with a growth that comes every N steps would alias it.
-    raw = [f for f in _usable(figures) if seg[0].step <= f["step"] <= seg[-1].step] or \
-        [{"step": p.step, "allocated": p.live} for p in seg]
-    rate, se = _slope([f["step"] for f in raw], [int(f["allocated"]) for f in raw])
-    out["rate_bytes_per_step"] = round(rate, 1)
-    epochs = _epoch_length(pts)
-    if epochs:
-        out["rate_bytes_per_epoch"] = round(rate * epochs, 1)
+    epoch_len = _epoch_length(pts) if unit == "step" else None  # epochs marked, growth inside them
+    t = g.trend
+    if t is not None and g.leak:
+        if unit == "step":
+            out["rate_bytes_per_step"] = round(t.slope, 1)
+            if epoch_len:
+                out["rate_bytes_per_epoch"] = round(t.slope * epoch_len, 1)
+        elif unit == "epoch":
+            out["rate_bytes_per_epoch"] = round(t.slope, 1)
+    if not g.leak:
+        conf = 0.5 + 0.05 * min(8, len(pts))
+        out.update(oom_expected=False, confidence=round(min(0.9, conf), 2), basis=f"{g.why} ({basis_pts})")
+        return out
     bounded = _bounded_by_parameters(composition or [])
     if bounded is not None:
-        ceiling = pts[-1].live + bounded["room"]
-        need = ceiling + _excursion(figures, pts)
+        ceiling = live_now + bounded["room"]
+        need = ceiling + _excursion(figs, pts)
         fits = limit is None or need <= limit
         out.update(oom_expected=False if fits else None, confidence=0.7,
                    basis=(f"the growth is gradients and optimizer state of parameters that started training "
@@ -132,33 +103,162 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
                           + (f"; the step's need then, {_g(need)}, fits the limit" if fits and limit else "")))
         return out
     if not limit:
-        out["basis"] = (f"live bytes grow by {_g(rate)} a step ({stretch} intervals in a row), but the limit is "
-                        "not known: pass --limit (or let the agent report its cap) to know when it runs out")
+        out["basis"] = (f"{g.why}, but the limit is not known: give it (`--limit` for files, "
+                        "`memq reanalyze --run RUN --limit SIZE` for a stored run) to know when it runs out")
         return out
-    exc = _excursion(figures, pts)
-    ceilings = _ceilings(pts[-1].reserved, limit, largest_segment)
-    staircase = epochs is not None and basis_pts.startswith("the last step boundary")
-    at = [_crossing(pts[-1], r, exc, c, epochs if staircase else None)
-          for r, c in ((rate, ceilings[0]), (rate + SIGMAS * se, ceilings[0]), (max(rate - SIGMAS * se, rate / 2),
-                                                                               ceilings[1]))]
-    step, early, late = at[0], min(at[1], at[0]), max(at[2], at[0])
-    out.update(oom_expected=True, step=step, step_low=early, step_high=late)
-    if epochs:
-        out["epoch"] = _epoch_at(pts[-1], step, epochs)
-    if seconds_per_step:
-        out["eta_s"] = round(max(0.0, (step - pts[-1].step) * seconds_per_step), 1)
-        out["eta_low_s"] = round(max(0.0, (early - pts[-1].step) * seconds_per_step), 1)
-        out["eta_high_s"] = round(max(0.0, (late - pts[-1].step) * seconds_per_step), 1)
-    r2 = _r2([p.step for p in seg], [p.live for p in seg],
-             (seg[-1].live - seg[0].live) / max(1, seg[-1].step - seg[0].step))
-    out["confidence"] = round(min(0.95, (0.55 + 0.07 * (stretch - MIN_INTERVALS + 1)) * max(0.0, r2)), 2)
-    when = f"step {step}" + (f" (epoch {out['epoch']})" if out["epoch"] is not None else "")
-    per = (f"{_g(rate * epochs)} an epoch" if staircase and epochs else f"{_g(rate)} a step")
-    out["basis"] = (f"live bytes at step boundaries grow by {per} ({stretch} intervals in a row, {basis_pts}); "
-                    f"a step needs {_g(exc)} above them, and the allocator can reserve up to {_g(ceilings[0])} "
-                    f"of the {_g(limit)} limit" + (f" in segments of {_g(largest_segment)}" if largest_segment else "")
-                    + f": it runs out in {when}, between steps {early} and {late}")
+    exc = _excursion(figs, pts) or _snapshot_excursion(comparable)
+    reserved_now = max([int(f.get("peak_reserved") or f.get("reserved") or 0) for f in figs[-2:]]
+                       + [int(c.get("reserved") or 0) for c in comparable[-1:]] + [0])
+    ceilings = _ceilings(reserved_now, limit, largest_segment)
+    cr = gm.crossing(g, exc, ceilings)
+    cr = _reserve_first(cr, _reserved_series(figs, comparable, pts, unit), limit, pts)
+    if cr is None or not math.isfinite(cr.x):
+        out.update(oom_expected=False, confidence=0.5, basis=f"{g.why} ({basis_pts})")
+        return out
+    at, early, late = int(cr.x), int(cr.early), int(cr.late) if math.isfinite(cr.late) else None
+    lived = max(1.0, pts[-1].x - pts[0].x)
+    ahead = at - pts[-1].x
+    if ahead > GROWTH_HORIZON_MULTIPLE * lived:
+        # the growth model's horizon: a date further out than that is no forecast (the growth may stop)
+        out.update(oom_expected=False, confidence=0.5,
+                   basis=f"{g.why}; at this rate the limit is {_ahead(ahead, unit)} away, beyond "
+                         f"{GROWTH_HORIZON_MULTIPLE:g}x what the series covers ({basis_pts})")
+        return out
+    if g.few:
+        # three points grow steadily: said, with the date it points to, but not claimed (a cache that
+        # fills for two epochs looks the same until the fourth point)
+        out["basis"] = (f"{g.why}; at this rate the limit is reached {_ahead(ahead, unit)} on, "
+                        f"but {g.points} points cannot tell a leak from a cache that is still filling: "
+                        f"one more point settles it ({basis_pts})")
+        return out
+    if unit == "step":
+        out.update(oom_expected=True, step=at, step_low=early, step_high=late)
+        if epoch_len:
+            starts = _epoch_starts(figs, pts)
+            out["epoch"] = (starts.epoch_of(at) if starts is not None and hasattr(starts, "epoch_of")
+                            else _epoch_at(pts[-1], at, epoch_len))
+        sps = _seconds_per_step(figs) or seconds_per_step
+        if sps:
+            last_step = pts[-1].x
+            out["eta_s"] = round(max(0.0, (at - last_step) * sps), 1)
+            out["eta_low_s"] = round(max(0.0, (early - last_step) * sps), 1)
+            out["eta_high_s"] = None if late is None else round(max(0.0, (late - last_step) * sps), 1)
+        when = f"step {at:,}" + (f" (epoch {out['epoch']})" if out["epoch"] is not None else "")
+        between = f"between steps {early:,} and {late:,}" if late is not None else f"from step {early:,} on"
+    elif unit == "epoch":
+        out.update(oom_expected=True, epoch=at)
+        first_step = _epoch_starts(figs, pts)
+        if first_step is not None:  # the points know their steps: the failing epoch's first step
+            # the interval in steps covers whole epochs: from the early epoch's first step to the late one's last
+            out.update(step=first_step(at), step_low=first_step(early),
+                       step_high=None if late is None else first_step(late + 1) - 1)
+        sps = _seconds_per_step(figs) or seconds_per_step
+        spe = _seconds_per_point(pts)
+        if out["step"] is not None and sps and pts[-1].step is not None:
+            last_step = pts[-1].step
+            out["eta_s"] = round(max(0.0, (out["step"] - last_step) * sps), 1)
+            out["eta_low_s"] = round(max(0.0, (out["step_low"] - last_step) * sps), 1)
+            if out["step_high"] is not None:
+                out["eta_high_s"] = round(max(0.0, (out["step_high"] - last_step) * sps), 1)
+        elif spe:
+            out["eta_s"] = round(max(0.0, (at - pts[-1].x) * spe), 1)
+        when = f"epoch {at}"
+        between = f"between epochs {early} and {late}" if late is not None else f"from epoch {early} on"
+    else:
+        out.update(oom_expected=True)
+        when = f"{at - int(pts[-1].x)} more snapshot(s) at this spacing"
+        between = f"between {early - int(pts[-1].x)} and {late - int(pts[-1].x) if late else '?'}"
+    out["confidence"] = _confidence(g)
+    per = gm._rate(t.slope, unit)
+    out["basis"] = (f"live bytes grow {per} ({g.trend.n} points, {basis_pts}"
+                    + (f", since {g.since.label}" if g.earlier is not None and g.since is not None else "")
+                    + f"); a step needs {_g(exc)} above them, and the allocator can reserve up to "
+                    f"{_g(ceilings[0])} of the {_g(limit)} limit"
+                    + (f" in segments of {_g(largest_segment)}" if largest_segment else "")
+                    + f": it runs out in {when}, {between}")
     return out
+
+
+def _ahead(x: float, unit: str) -> str:
+    n = int(round(x))
+    word = {"step": "step", "epoch": "epoch"}.get(unit, "snapshot")
+    return f"{n:,} {word}{'s' if n != 1 else ''}"
+
+
+def _confidence(g: gm.Growth) -> float:
+    """More points and a tighter interval, more confidence; few points are said as such."""
+    t = g.trend
+    width = (t.high - t.low) / (2 * t.slope) if t and t.slope > 0 and math.isfinite(t.high - t.low) else 1.0
+    base = 0.55 + 0.04 * min(10, g.points)
+    if g.few:
+        base = 0.5
+    return round(max(0.3, min(0.95, base * (1.0 - min(0.5, width / 2)))), 2)
+
+
+def _series(figs: list[dict], comparable: list[dict]) -> tuple[list[gm.Point], str, str]:
+    pts, unit = figure_series(figs)
+    if len(pts) >= GROWTH_FEW_POINTS:
+        kind = "epochs' last step boundaries" if unit == "epoch" else "step boundaries"
+        return pts, unit, f"{len(pts)} {kind}"
+    comp = [{"name": _comp_label(c, i), "active": int(c.get("active") or 0), "step": c.get("step"),
+             "epoch": c.get("epoch"), "epoch_end": bool(c.get("epoch_end")), "t": c.get("t")}
+            for i, c in enumerate(comparable)]
+    spts, unit = snapshot_series(comp)
+    if unit == "step":
+        spts = [p for p in spts if p.step is not None and p.step >= 1]
+    kind = "epoch-end snapshots" if unit == "epoch" else "comparable snapshots"
+    return spts, unit, f"{len(spts)} {kind}"
+
+
+def _comp_label(c: dict, i: int) -> str:
+    if c.get("epoch_end"):
+        return f"the end of epoch {c['epoch'] if isinstance(c.get('epoch'), int) else i}"
+    if isinstance(c.get("step"), int):
+        return f"step {c['step']}"
+    return f"snapshot {i + 1}"
+
+
+def _seconds_per_step(figs: list[dict]) -> float | None:
+    timed = [(f["t"], f["step"]) for f in figs if isinstance(f.get("t"), (int, float))]
+    if len(timed) >= 2 and timed[-1][1] > timed[0][1] and timed[-1][0] > timed[0][0]:
+        return (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+    ms = [f["ms"] for f in figs if isinstance(f.get("ms"), (int, float)) and f["ms"] > 0]
+    return statistics.median(ms) / 1000.0 if ms else None
+
+
+def _epoch_starts(figs: list[dict], pts: list[gm.Point]):
+    """A function from an epoch to its first step, from the step figures (every boundary read, each
+    epoch's end taken midway between its last read step and the next epoch's first: thinned reads
+    hide the true end) or from epoch points that know their steps; None when steps are unknown."""
+    steps = [gm.Point(x=float(f["step"]), live=0, label="", step=f["step"], epoch=f.get("epoch")) for f in figs
+             if isinstance(f.get("epoch"), int)]
+    per = _epoch_length(steps) if steps else None
+    if per:
+        lo: dict[int, int] = {}
+        hi: dict[int, int] = {}
+        for p in steps:
+            lo[p.epoch] = min(p.step, lo.get(p.epoch, p.step))
+            hi[p.epoch] = max(p.step, hi.get(p.epoch, p.step))
+        done = [e for e in sorted(hi) if e + 1 in lo]
+        if done:
+            e0 = done[-1]
+            end = (hi[e0] + lo[e0 + 1] - 1) / 2
+            start = lambda e: int(round(end + (e - e0 - 1) * per + 1))  # noqa: E731
+            start.epoch_of = lambda step: e0 + 1 + math.floor((step - (end + 1)) / per)  # type: ignore[attr-defined]
+            return start
+    known = [(p.x, p.step) for p in pts if p.step is not None]
+    if len(known) >= 2 and known[-1][0] > known[0][0]:
+        spe = (known[-1][1] - known[0][1]) / (known[-1][0] - known[0][0])
+        x_last, s_last = known[-1]
+        return lambda e: int(round(s_last + (e - x_last - 1) * spe + 1))
+    return None
+
+
+def _seconds_per_point(pts: list[gm.Point]) -> float | None:
+    timed = [(p.t, p.x) for p in pts if p.t is not None]
+    if len(timed) >= 2 and timed[-1][1] > timed[0][1] and timed[-1][0] > timed[0][0]:
+        return (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+    return None
 
 
 # -- the series ------------------------------------------------------------------------------------
@@ -184,109 +284,97 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _points(figures: list[dict], comparable: list[dict], thresh: int) -> tuple[list[Point] | None, str]:
-    """Epoch points where the run marks epochs and its live bytes move between them; else windows."""
-    figs = _usable(figures)
-    if not figs:
-        comp = [c for c in comparable if isinstance(c.get("step"), int) and c["step"] >= 1]
-        if not comp and not figures and not comparable:
-            return None, ""
-        pts = [Point(c["step"], c.get("epoch"), int(c["active"]), int(c.get("peak") or c["active"]),
-                     int(c.get("reserved") or c["active"])) for c in comp]
-        return pts, f"{len(pts)} comparable snapshots"
-    marked = [f for f in figs if f.get("epoch") is not None]
-    if len(marked) >= 0.5 * len(figs) and len({f["epoch"] for f in marked}) >= 2 and _grows_between_epochs(figs):
-        groups: dict = {}
-        for f in marked:
-            groups.setdefault(f["epoch"], []).append(f)
-        pts = [_window_point(groups[e]) for e in sorted(groups)]
-        return pts, f"the last step boundary of each of {len(pts)} epochs"
-    first, last = figs[0]["step"], figs[-1]["step"]
-    width = max(MIN_WINDOW, math.ceil((last - first + 1) / WINDOWS))
-    rate = _slope([f["step"] for f in figs], [int(f["allocated"]) for f in figs])[0]
-    if rate > 0 and figs[-1]["allocated"] - figs[0]["allocated"] > thresh:
-        # Windows long enough that a steady growth passes the threshold in each (WINDOW_MARGIN).
-        width = max(MIN_WINDOW, math.ceil(WINDOW_MARGIN * thresh / rate))
-    groups = {}
-    for f in figs:  # aligned on the last boundary: the newest point is the newest reading
-        groups.setdefault((last - f["step"]) // width, []).append(f)
-    pts = [_window_point(groups[k]) for k in sorted(groups, reverse=True)]
-    return pts, f"step boundaries every {width} steps"
+def _epoch_length(pts: list[gm.Point]) -> int | None:
+    """Steps per epoch. Thinned boundary reads hide an epoch's true last step: it lies between the last
+    step read in the epoch and the step before the first one read in the next, so each epoch's end is
+    taken midway, and the length is the mean over every epoch that has a successor."""
+    lo: dict[int, int] = {}
+    hi: dict[int, int] = {}
+    for p in pts:
+        if p.epoch is not None and p.step is not None:
+            lo[p.epoch] = min(p.step, lo.get(p.epoch, p.step))
+            hi[p.epoch] = max(p.step, hi.get(p.epoch, p.step))
+    ep = sorted(hi)
+    ends = [(e, (hi[e] + lo[n] - 1) / 2) for e, n in zip(ep, ep[1:], strict=False) if n == e + 1]
+    if len(ends) >= 2:
+        return max(1, round((ends[-1][1] - ends[0][1]) / (ends[-1][0] - ends[0][0])))
+    if len(ep) >= 2:
+        return max(1, round((hi[ep[-1]] - hi[ep[0]]) / (ep[-1] - ep[0])))
+    return None
 
 
-def _window_point(fs: list[dict]) -> Point:
-    last = fs[-1]
-    return Point(last["step"], last.get("epoch"), int(last["allocated"]),
-                 max(int(f.get("peak_allocated") or f["allocated"]) for f in fs),
-                 max(int(f.get("peak_reserved") or f.get("reserved") or 0) for f in fs))
-
-
-def _growth_stretch(pts: list[Point], thresh: int) -> int:
-    """How many of the last intervals each grew by more than the leak threshold."""
-    n = 0
-    for a, b in zip(reversed(pts[:-1]), reversed(pts[1:]), strict=False):
-        if b.live - a.live <= thresh:
-            break
-        n += 1
-    return n
-
-
-def _slope(xs: list[int], ys: list[int]) -> tuple[float, float]:
-    """Least-squares slope and its standard error."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        return 0.0, 0.0
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    a = my - b * mx
-    if n <= 2:
-        return b, 0.0
-    rss = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
-    return b, math.sqrt(rss / (n - 2) / sxx)
-
-
-def _r2(xs: list[int], ys: list[int], b: float) -> float:
-    my, mx = sum(ys) / len(ys), sum(xs) / len(xs)
-    tot = sum((y - my) ** 2 for y in ys)
-    if tot == 0:
-        return 0.0
-    a = my - b * mx
-    return 1.0 - sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True)) / tot
-
-
-def _epoch_length(pts: list[Point]) -> int | None:
-    """Steps per epoch, from the points' steps where epochs are marked."""
-    ep = [(p.epoch, p.step) for p in pts if p.epoch is not None]
-    gaps = [(s2 - s1) / (e2 - e1) for (e1, s1), (e2, s2) in zip(ep, ep[1:], strict=False) if e2 > e1]
-    return round(statistics.median(gaps)) if gaps else None
-
-
-def _grows_between_epochs(figures: list[dict]) -> bool:
-    """True when live bytes move only from one epoch to the next (validation, a checkpoint copy, a new
-    optimizer), not from step to step inside an epoch."""
-    within = between = 0
-    for a, b in zip(figures, figures[1:], strict=False):
-        if a.get("epoch") is None or b.get("epoch") is None or a.get("step", 0) < 1:
-            continue
-        d = abs(int(b["allocated"]) - int(a["allocated"]))
-        if a["epoch"] == b["epoch"]:
-            within += d
-        else:
-            between += d
-    return between > 4 * within
-
-
-def _excursion(figures: list[dict], pts: list[Point]) -> int:
+def _excursion(figures: list[dict], pts: list[gm.Point]) -> int:
     """How far a step goes above the live bytes it starts from (the largest of the recent steps)."""
     figs = [f for f in figures if isinstance(f.get("allocated"), int) and isinstance(f.get("peak_allocated"), int)]
-    ups = [int(b["peak_allocated"]) - int(a["allocated"]) for a, b in zip(figs, figs[1:], strict=False)
-           if b.get("step", 0) >= 1][-RECENT_STEPS:]
+    # a figure of one step: its peak above the floor it started from (the figure before); a figure of
+    # thinned reads (span > 1): its peak above its own floor, since the floor it started from is
+    # several steps and the growth between them older
+    ups = [int(b["peak_allocated"]) - int(b["allocated"] if int(b.get("span") or 1) > 1 else a["allocated"])
+           for a, b in zip(figs, figs[1:], strict=False) if b.get("step", 0) >= 1][-RECENT_STEPS:]
     if ups:
         # The median: the first step of an epoch that creates a new optimizer's state (or runs right
         # after validation) goes higher once; the floor after it already holds what it added.
         return max(0, int(statistics.median(ups)))
-    return max(0, max(p.peak - p.live for p in pts[-3:]))
+    return 0
+
+
+def _reserved_series(figs: list[dict], comparable: list[dict], pts: list[gm.Point], unit: str) -> list[tuple]:
+    """(x, reserved bytes, reserved less live bytes) at the growth series' points: the figures' peak
+    reserved and peak live (each epoch's highest where the points are epochs), else the comparable
+    snapshots' reserved and live bytes."""
+    if figs:
+        if unit == "epoch":
+            by: dict[int, tuple[int, int]] = {}
+            for f in figs:
+                if isinstance(f.get("epoch"), int):
+                    r0, a0 = by.get(f["epoch"], (0, 0))
+                    by[f["epoch"]] = (max(r0, int(f.get("peak_reserved") or 0)),
+                                      max(a0, int(f.get("peak_allocated") or 0)))
+            return sorted((float(e), r, r - a) for e, (r, a) in by.items() if r)
+        return [(float(f["step"]), int(f["peak_reserved"]), int(f["peak_reserved"]) - int(f.get("peak_allocated") or 0))
+                for f in figs if f.get("peak_reserved")]
+    xs = [p.x for p in pts]
+    rows = comparable[-len(xs):] if xs else []
+    return [(x, int(c["reserved"]), int(c["reserved"]) - int(c.get("active") or 0))
+            for x, c in zip(xs, rows, strict=False) if c.get("reserved")]
+
+
+def _reserve_first(cr: gm.Crossing | None, reserved: list[tuple], limit: int,
+                   pts: list[gm.Point]) -> gm.Crossing | None:
+    """The reserve can run out before the need does: a leak whose blocks each take a segment of their
+    own (large blocks are not split for others) strands free bytes beside them, and the cache grows
+    faster than the live bytes. Where the reserved bytes above the live ones themselves trend up (their
+    Theil-Sen lower bound over the recent half of the series above zero: bytes the allocator cannot give
+    back), the OOM comes at the earlier of the two crossings: the reserved bytes' line meeting LIMIT. A
+    cache that merely holds a step's freed blocks (released when the cap is reached) does not trend."""
+    if cr is None or len(reserved) < 8:
+        return cr
+    recent = reserved[len(reserved) // 2:]
+    gap = gm.theil_sen([x for x, _, _ in recent], [float(g) for _, _, g in recent])
+    if gap.low <= 0:
+        return cr
+    t = gm.theil_sen([x for x, _, _ in recent], [float(r) for _, r, _ in recent])
+    if t.slope <= 0 or t.low <= 0:
+        return cr
+    x_last = pts[-1].x if pts else recent[-1][0]
+    at = x_last + max(0.0, (limit - t.at(x_last)) / t.slope)
+    if at >= cr.x:
+        return cr
+    early = min(cr.early, x_last + max(0.0, (limit - t.at(x_last)) / t.high)) if math.isfinite(t.high) else cr.early
+    return gm.Crossing(math.floor(at) + 1, min(early, math.floor(at) + 1), max(cr.late, math.floor(at) + 1))
+
+
+def _snapshot_excursion(comparable: list[dict]) -> int:
+    """Without step figures: how far the recorded traces of the comparable snapshots went above their
+    live bytes (the median), else their reserved bytes above the live ones."""
+    ups = [int(c["peak"]) - int(c.get("active") or 0) for c in comparable[-RECENT_STEPS:]
+           if isinstance(c.get("peak"), int) and c["peak"] > int(c.get("active") or 0)]
+    if not ups:
+        # no trace: the cache the allocator keeps between steps holds the step's freed blocks, so the
+        # reserved bytes above the live ones stand for what a step adds
+        ups = [int(c["reserved"]) - int(c.get("active") or 0) for c in comparable[-RECENT_STEPS:]
+               if isinstance(c.get("reserved"), int) and c["reserved"] > int(c.get("active") or 0)]
+    return int(statistics.median(ups)) if ups else 0
 
 
 def _ceilings(reserved_now: int, limit: int, segment: int | None) -> tuple[int, int]:
@@ -298,23 +386,8 @@ def _ceilings(reserved_now: int, limit: int, segment: int | None) -> tuple[int, 
     return int(reserved_now + n * segment), limit
 
 
-def _crossing(last: Point, rate: float, exc: int, ceiling: int, epoch_len: int | None) -> int:
-    """The first step whose need (floor + excursion) passes the ceiling."""
-    gap = ceiling - exc - last.live
-    if gap < 0:
-        return last.step + 1
-    if rate <= 0:
-        return 1 << 40
-    if epoch_len:
-        per_epoch = rate * epoch_len
-        k = math.floor(gap / per_epoch) + 1  # the floor moves once per epoch; the next epoch's first step fails
-        start = last.step - (last.step % epoch_len) if last.epoch is not None else last.step
-        return int(start + k * epoch_len)
-    return int(last.step + math.floor(gap / rate) + 1)
-
-
-def _epoch_at(last: Point, step: int, epoch_len: int) -> int | None:
-    if last.epoch is None:
+def _epoch_at(last: gm.Point, step: int, epoch_len: int) -> int | None:
+    if last.epoch is None or last.step is None:
         return None
     start = last.step - (last.step % epoch_len)
     return int(last.epoch + (step - start) // epoch_len)
@@ -337,15 +410,19 @@ def _bounded_by_parameters(comps: list[dict]) -> dict | None:
     return {"room": max(0, ceiling - held), "ceiling": ceiling, "params": params}
 
 
-def _near_miss(pts: list[Point], limit: int) -> dict | None:
+def _near_miss(figs: list[dict], comparable: list[dict], limit: int) -> dict | None:
     """The steps' peak close to the limit: said even when nothing grows (one more token of context, a
     larger batch, a torch upgrade is then an OOM)."""
-    peak = max(p.peak for p in pts)
+    peaks = [int(f["peak_allocated"]) for f in figs] or [int(c.get("peak") or c.get("active") or 0)
+                                                        for c in comparable]
+    if not peaks:
+        return None
+    peak = max(peaks)
     head = limit - peak
     if head > NEAR_MISS_SHARE * limit:
         return None
-    recent = [p.peak for p in pts[-(MIN_INTERVALS + 1):]]
-    rising = all(b > a for a, b in zip(recent, recent[1:], strict=False))
+    recent = peaks[-4:]
+    rising = len(recent) > 1 and all(b > a for a, b in zip(recent, recent[1:], strict=False))
     return {"peak_bytes": int(peak), "headroom_bytes": int(head), "headroom_share": round(head / limit, 4),
             "rising": rising}
 
@@ -356,14 +433,16 @@ def _g(n: float) -> str:
 
 # -- inputs kept with the run diagnosis, refreshed by stats batches -------------------------------
 
-_FIG_KEYS = ("step", "epoch", "allocated", "peak_allocated", "peak_reserved", "reserved", "ms")
+_FIG_KEYS = ("step", "epoch", "allocated", "peak_allocated", "peak_reserved", "reserved", "ms", "t", "span",
+             "step_first", "allocated_min", "allocated_max")
 
 
 def inputs(figures: list[dict], limit: int | None, *, largest_segment: int | None, seconds_per_step: float | None,
            composition: list[dict], comparable: list[dict], as_of_time: float | None) -> dict:
     """What `forecast` was given, as plain data: the run diagnosis keeps it so that the agent's stats
     batches (per-step figures between snapshots) can move the forecast on without a snapshot."""
-    return {"figures": [{k: f.get(k) for k in _FIG_KEYS} for f in _usable(figures)][-MAX_FIGURES:],
+    return {"figures": compact([{k: f.get(k) for k in _FIG_KEYS if f.get(k) is not None} for f in _usable(figures)],
+                               MAX_FIGURES),
             "limit": limit, "largest_segment": largest_segment, "seconds_per_step": seconds_per_step,
             "composition": composition[-8:], "comparable": comparable[-64:], "as_of_time": as_of_time}
 
@@ -376,7 +455,8 @@ def refresh(kept: dict, new_figures: list[dict], as_of_time: float | None) -> tu
     add = [f for f in _usable(new_figures) if f["step"] > last]
     if not add:
         return None
-    figs = (old + sorted(({k: f.get(k) for k in _FIG_KEYS} for f in add), key=lambda f: f["step"]))[-MAX_FIGURES:]
+    figs = compact(old + sorted(({k: f.get(k) for k in _FIG_KEYS if f.get(k) is not None} for f in add),
+                                key=lambda f: f["step"]), MAX_FIGURES)
     t = as_of_time if isinstance(as_of_time, (int, float)) else kept.get("as_of_time")
     nxt = dict(kept, figures=figs, as_of_time=t)
     fc = forecast(figs, kept.get("limit"), largest_segment=kept.get("largest_segment"),

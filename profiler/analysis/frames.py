@@ -143,7 +143,20 @@ _SKIP_NAMES = re.compile(r"^(torch::unwind|torch::CapturedTraceback|torch::cuda:
 
 
 def stack_signature(frames: list, depth: int = 3) -> str:
-    """A short, stable name for an allocation site: the innermost frames outside torch plumbing."""
+    """A short, stable name for an allocation site: the innermost frames outside torch plumbing.
+    Read once per frames list at the default depth: a C++ stack (stacks="all") passes a dozen
+    plumbing frames before the first that names a site, for each of thousands of live blocks."""
+    if depth == 3:
+        return _site_of(frames)
+    return _stack_signature(frames, depth)
+
+
+@per_frames_list
+def _site_of(frames: list) -> str:
+    return _stack_signature(frames, 3)
+
+
+def _stack_signature(frames: list, depth: int) -> str:
     if not frames:
         return "<no frames>"
     picked = []

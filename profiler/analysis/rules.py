@@ -45,34 +45,49 @@ CUDA_CONTEXT_BYTES = _rule(
     "CUDA_CONTEXT_BYTES", 1 * GiB, "bytes", "definition",
     "ARCHITECTURE.md cause 1: A + S would fit device total minus a normal context (~1 GiB)", "classify")
 
-# ------------------------------------------------------------------ cause 2: leak
-LEAK_MIN_POINTS = _rule(
-    "LEAK_MIN_POINTS", 3, "count", "definition",
-    "ARCHITECTURE.md cause 2: growth in at least two consecutive intervals needs three comparable points "
-    "after warm-up", "leak")
-LEAK_MIN_INTERVALS = _rule(
-    "LEAK_MIN_INTERVALS", 2, "count", "definition",
-    "ARCHITECTURE.md cause 2: live bytes grow in at least two consecutive intervals", "leak")
-LEAK_MIN_GROWTH_BYTES = _rule(
-    "LEAK_MIN_GROWTH_BYTES", 64 * MiB, "bytes", "definition",
-    "ARCHITECTURE.md cause 2: each interval grows by more than max(64 MiB, 1% of LIMIT or of A)", "leak")
-LEAK_MIN_GROWTH_SHARE = _rule(
-    "LEAK_MIN_GROWTH_SHARE", 0.01, "share of LIMIT (or A)", "definition",
-    "ARCHITECTURE.md cause 2: max(64 MiB, 1% of LIMIT or of A)", "leak")
+# ------------------------------------------------------------------ cause 2: leak (growth.py)
+GROWTH_MIN_POINTS = _rule(
+    "GROWTH_MIN_POINTS", 4, "count", "definition",
+    "ARCHITECTURE.md cause 2 asks for a trend whose 95% interval is above zero: four points rising in "
+    "order are the fewest whose chance under no trend (1/24, Mann-Kendall) is under 5%", "growth")
+GROWTH_FEW_POINTS = _rule(
+    "GROWTH_FEW_POINTS", 3, "count", "definition",
+    "ARCHITECTURE.md cause 2, few points: a fast leak or three epoch-end files still decide when every "
+    "interval grew steadily; under three points there is no interval to compare", "growth")
+GROWTH_STEADY_SHARE = _rule(
+    "GROWTH_STEADY_SHARE", 0.5, "share of the largest interval's growth", "judgement",
+    "with three points, a steady rise: no interval under half the largest (a one-off jump, or a cache "
+    "that slows as it fills, grows mostly in one interval)", "growth")
+GROWTH_MIN_SEGMENT = _rule(
+    "GROWTH_MIN_SEGMENT", 4, "count", "judgement",
+    "a regime before or after a change point needs a trend of its own: GROWTH_MIN_POINTS points", "growth")
+GROWTH_CHANGE_GAIN = _rule(
+    "GROWTH_CHANGE_GAIN", 0.5, "share of one line's squared residuals", "judgement",
+    "two regimes are said only where two lines at least halve one line's squared residuals: a straight "
+    "leak with noise never gains that much from a split, a cache that stops gains far more", "growth")
+GROWTH_PLATEAU_SHARE = _rule(
+    "GROWTH_PLATEAU_SHARE", 0.25, "share of the earlier regime's slope", "judgement",
+    "ARCHITECTURE.md cause 2, still going: growth stopped when the recent regime's 95% upper bound is under "
+    "a quarter of the earlier slope (a leak that merely slows stays above it)", "growth")
+GROWTH_NOISE_MULTIPLE = _rule(
+    "GROWTH_NOISE_MULTIPLE", 3.0, "x the run's scatter", "definition",
+    "ARCHITECTURE.md cause 2: a rise over the window larger than the run's own scatter about the line; "
+    "three standard deviations, so dynamic shapes that move the floor are not read as a rise", "growth")
+GROWTH_MATTERS_SHARE = _rule(
+    "GROWTH_MATTERS_SHARE", 0.01, "share of LIMIT (or of the live bytes)", "definition",
+    "ARCHITECTURE.md cause 2, it matters: it has already added more than 1% of LIMIT (of A when LIMIT is "
+    "unknown)", "growth")
+GROWTH_HORIZON_MULTIPLE = _rule(
+    "GROWTH_HORIZON_MULTIPLE", 10.0, "x the span the series covers", "judgement",
+    "ARCHITECTURE.md cause 2, it matters: the growth would use the headroom within the run's horizon, "
+    "which is rarely known; ten times what the run has lived covers a job at a tenth of its life (the "
+    "earliest point a forecast is judged at is half), and leaves out a 512-byte-a-step drift that would "
+    "need millions of steps", "growth")
 LEAK_PERSIST_SHARE = _rule(
-    "LEAK_PERSIST_SHARE", 0.5, "share of the interval's growth", "judgement",
+    "LEAK_PERSIST_SHARE", 0.5, "share of the growth", "judgement",
     "ARCHITECTURE.md cause 2 asks that the growth be blocks that stay live; half of it, because a step's "
     "own churn (a new activation at an old block's size) replaces some of the kept blocks between points",
     "leak")
-LEAK_FIGURES_FALLBACK_SHARE = _rule(
-    "LEAK_FIGURES_FALLBACK_SHARE", 0.5, "share of the interval's threshold", "judgement",
-    "the agent's per-step figures have no blocks: a grown interval counts as staying live unless a later "
-    "point falls back by more than half the growth threshold (allocated bytes at a step boundary move by "
-    "a step's leftovers, well under 64 MiB on the fixtures)", "leak")
-LEAK_FIGURE_POINTS = _rule(
-    "LEAK_FIGURE_POINTS", 6, "count", "judgement",
-    "about six evenly spaced step boundaries when the figures span fewer than three epochs: enough for the "
-    "two-interval test with margin, few enough that each interval spans many steps", "leak")
 UNFREEZE_OPT_SHARE = _rule(
     "UNFREEZE_OPT_SHARE", 0.8, "share of the growth", "judgement",
     "ARCHITECTURE.md cause 2's progressive-unfreezing exception applies when the growth is optimizer "
@@ -228,8 +243,8 @@ CONF_MESSAGE_FRAGMENTATION = _rule(
 _STRENGTHS = {
     "external_full_at_floor_x": (2, "x the floor", "memory outside PyTorch at twice the external floor is as "
                                  "clear as it gets (strength 1); at the floor, 0.5"),
-    "leak": (0.5, "strength", "a leak with its two grown intervals starts at 0.7 (0.5 + 2 x 0.1)"),
-    "leak_per_interval": (0.1, "strength", "each grown interval adds 0.1: five make it certain"),
+    "leak": (0.5, "strength", "a leak on the fewest points (three, two intervals) starts at 0.7 (0.5 + 2 x 0.1)"),
+    "leak_per_interval": (0.1, "strength", "each interval of the trend adds 0.1: five make it certain"),
     "optimizer_first_step": (0.9, "strength", "state created in the first step: nothing else could have grown"),
     "optimizer_later": (0.6, "strength", "state created later (a re-created optimizer): less certain"),
     "checkpoint_load": (0.85, "strength", "the frames or the duplicated blocks say a checkpoint is being loaded"),

@@ -134,13 +134,16 @@ def _print_report(doc: dict) -> None:
 @click.command()
 @click.option("--run", "run_name", help="Only this run (default: every run).")
 @click.option("--force", is_flag=True, help="Also recompute run-level diagnoses that are already current.")
+@click.option("--limit", "limit_bytes", type=SIZE,
+              help="The run's limit, given after the fact (a cap its agent could not read): stored with the run, "
+                   "whose diagnosis and forecast are made again under it. Needs --run.")
 @click.option("--json", "as_json", is_flag=True)
-def reanalyze(run_name, force, as_json):
+def reanalyze(run_name, force, limit_bytes, as_json):
     """Recompute stored results from the raw snapshots with this memq's analyzer version."""
     from memq.pipeline import analyse
 
     store = open_cli_store()
-    report = analyse.reanalyze(store, run_name, force=force)
+    report = analyse.reanalyze(store, run_name, force=force, limit_bytes=limit_bytes)
     doc = report.as_dict()
     if as_json:
         write_json(doc)

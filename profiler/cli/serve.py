@@ -28,13 +28,16 @@ def serve(host, port, workers, root_path, log_level):
                    "this port reads the history (put an authenticating proxy in front, or set a token)", err=True)
     if workers > 1 and settings.is_embedded_db:
         raise ConfigError("several --workers need a server database (MEMQ_DATABASE_URL=postgresql://...)")
-    from memq.web.guard import HeaderTimeoutH11, log_config
+    import logging
 
-    # h11 with a deadline on each request head (guard.HeaderTimeoutH11); the access log without tokens
+    from memq.web.protocol import HeaderDeadlineProtocol, RedactToken
+
+    HeaderDeadlineProtocol.header_timeout_s = float(settings.serve_header_timeout_s)
+    logging.getLogger("uvicorn.access").addFilter(RedactToken())
     common = dict(host=host, port=port, root_path=root_path, log_level=log_level, server_header=False,
                   proxy_headers=True, timeout_graceful_shutdown=10,
-                  http=HeaderTimeoutH11,
-                  log_config=log_config(log_level))
+                  http=HeaderDeadlineProtocol,
+                  limit_concurrency=settings.serve_max_connections)
     if workers > 1:
         uvicorn.run("memq.web.app:app_from_env", factory=True, workers=workers, **common)
     else:

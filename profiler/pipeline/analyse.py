@@ -142,7 +142,8 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
     """Move a rank's OOM forecast on with the per-step figures of a stats batch (the agent sends them
     between snapshots). Only the `forecast` of the stored run diagnosis and the run's forecast columns
     change, and only when the diagnosis is still the one read: a recompute that lands meanwhile wins.
-    Returns refreshed | unchanged | none (no diagnosis, or one from before forecasts were kept)."""
+    Returns refreshed | verdict_changed (the growth model's leak verdict moved: the caller has the run
+    diagnosed again) | unchanged | none (no diagnosis, or one from before forecasts were kept)."""
     from memq.analysis.forecast import refresh
 
     with store.session() as s:
@@ -159,6 +160,8 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
         if out is None:
             return "unchanged"
         fc, nxt = out
+        was_leak = bool((details.get("leak") or {}).get("holds"))
+        now_leak = ((fc or {}).get("growth") or {}).get("state") == "growing"
         if fc is not None and fc.get("oom_expected"):
             fc["site"], fc["advice"] = kept.get("site"), kept.get("advice")
         result["forecast"] = fc
@@ -172,7 +175,20 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
         diags = s.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
         s.execute(update(Run).where(Run.id == run_id).values(**repo.forecast_summary(diags),
                                                              updated_at=func.current_timestamp()))
-    return "refreshed"
+    # the leak verdict reads the same growth model: when the new figures move it (a cache that stopped
+    # growing, a leak that began), the run diagnosis is made again over the whole series
+    return "verdict_changed" if was_leak != now_leak else "refreshed"
+
+
+def _kept_figures(store: Store, run_id: int, rank: int) -> list[dict]:
+    """The per-step figures the rank's stats batches added to its stored forecast inputs: the growth
+    model reads the whole series, not only what the newest snapshot embeds."""
+    with store.session() as s:
+        result = s.execute(select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id,
+                                                             RunDiagnosis.rank == rank)).scalar_one_or_none()
+    kept = ((result or {}).get("details") or {}).get("forecast_input") or {}
+    figs = kept.get("figures") if isinstance(kept, dict) else None
+    return [f for f in figs if isinstance(f, dict)] if isinstance(figs, list) else []
 
 
 def stored_run_result(store: Store, run_id: int, rank: int) -> dict | None:
@@ -272,7 +288,8 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
                    run.gpu_memory_bytes or last_ctx.get("device_total_bytes"),
                    last_ctx.get("message"), last_ctx.get("requested_bytes"), last_ctx.get("device_free_bytes"))
     result = analyze(loaded, oom_context(facts), names=[r.source or r.sha256[:12] for r in used],
-                     triggers=[r.trigger for r in used], optimizer=run.optimizer, labels=[_label(r) for r in used])
+                     triggers=[r.trigger for r in used], optimizer=run.optimizer, labels=[_label(r) for r in used],
+                     figures=_kept_figures(store, run_id, rank))
     analysed = [r for r in used if r.allocated_bytes is not None]
     peak_row = max(analysed, key=lambda r: r.allocated_bytes, default=None)
     details = result.get("details") or {}
@@ -317,16 +334,22 @@ class ReanalyzeReport:
 
 
 def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
-              progress: Progress | None = None) -> ReanalyzeReport:
+              progress: Progress | None = None, limit_bytes: int | None = None) -> ReanalyzeReport:
     """Bring every snapshot (of one run, or all) and run-level diagnosis to the current analyzer
     version, recomputing from the stored blobs. `force` also redoes the run-level diagnoses that
-    are already current."""
+    are already current. `limit_bytes` (one run only) is the run's limit given after the fact: stored,
+    then its diagnoses and forecast are made again under it."""
     _, version = analyzer()
     rep = ReanalyzeReport(analyzer_version=version)
+    if limit_bytes is not None and run_name is None:
+        raise BadInput("a limit is given to one run: name it (--run RUN --limit SIZE)")
     with store.session() as s:
         q = select(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256)
         if run_name is not None:
             run_id = repo.run_id_for(s, run_name)
+            if limit_bytes is not None:
+                repo.set_run_limit(s, run_id, limit_bytes)
+                force = True
             q = q.where(Snapshot.run_id == run_id)
         snaps = s.execute(q.where((Snapshot.analyzer_version.is_(None)) | (Snapshot.analyzer_version != version)
                                   | (Snapshot.state != "done")).order_by(Snapshot.id)).all()

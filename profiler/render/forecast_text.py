@@ -52,10 +52,29 @@ def forecast_line(fc: Mapping[str, Any] | None, now: float | None = None) -> str
         return f"no OOM expected: {fc.get('basis')}{tail}"
     left = remaining_s(fc, now)
     when = fmt_duration(left) if left is not None else "time unknown"
-    where = (f"epoch {fc['epoch']} (step {fc['step']}, {when})" if fc.get("epoch") is not None
-             else f"step {fc['step']} ({when})")
+    if fc.get("epoch") is not None and fc.get("step") is not None:
+        where = f"epoch {fc['epoch']} (step {fc['step']:,}, {when})"
+    elif fc.get("epoch") is not None:
+        where = f"epoch {fc['epoch']} ({when})"
+    else:
+        where = f"step {fc.get('step'):,} ({when})" if fc.get("step") is not None else f"the coming snapshots ({when})"
     per_epoch = fc.get("rate_bytes_per_epoch")
     rate = (f"+{fmt_bytes(per_epoch, 'brief')} per epoch" if per_epoch else
             f"+{fmt_bytes(fc.get('rate_bytes_per_step'), 'brief')} per step")
+    rate += _trend_tail(fc.get("growth"))
     site = f": the growth is allocated at {fc['site']}" if fc.get("site") else ""
     return f"will run out of memory in {where} at {rate}{site}"
+
+
+def _trend_tail(g: Any) -> str:
+    """ "(95%: +1.1 to +1.4 GiB per step, 12 points since step 40)": what the rate stands on."""
+    if not isinstance(g, Mapping) or g.get("rate_low_bytes") is None:
+        return ""
+    unit = {"step": "step", "epoch": "epoch"}.get(g.get("unit"), "point")
+    lo, hi = g.get("rate_low_bytes"), g.get("rate_high_bytes")
+    if isinstance(hi, (int, float)) and math.isfinite(hi):
+        rng = f"95%: {fmt_bytes(lo, 'brief')} to {fmt_bytes(hi, 'brief')} per {unit}"
+    else:
+        rng = f"at least {fmt_bytes(lo, 'brief')} per {unit} at 95%"
+    since = f" since {g['since']}" if g.get("since") else ""
+    return f" ({rng}, {g.get('trend_points') or g.get('points')} points{since})"

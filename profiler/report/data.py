@@ -18,9 +18,8 @@ beyond short `text` lines. Sections (all byte counts are integers):
   rate by 10 points, or mean fragmentation by 0.1; `new` when the previous report lacked it.
 - `fragmented`: runs whose cached free memory is most in pieces (free bytes outside the largest
   free block), with the allocator setting that would help and why.
-- `growing`: runs whose memory grows across epochs: the per-epoch floor of allocated bytes (stat
-  samples) rises in every one of at least two consecutive intervals by more than max(64 MiB, 1% of
-  the limit or of the floor), or the run's diagnosis is a leak.
+- `growing`: runs whose memory grows across epochs: the growth model (analysis/growth.py) calls the
+  per-epoch floor of allocated bytes (stat samples) a leak, or the run's diagnosis is a leak.
 - `changes`: against the previous report of the scope (stored, else computed for the day before).
 - `trend`: mean fragmentation and OOM count per day from stored reports plus this one.
 - `timelines`: memory timelines of the flagged runs (stat samples, snapshots, limit, OOM).
@@ -34,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from memq.analysis import growth as gm
 from memq.analysis.recommend import NO_EFFECT
 from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
@@ -338,24 +338,16 @@ def _growing(runs: list[dict], floors: dict[int, list[dict]]) -> list[dict]:
         if r is None or len(epochs) < 3:
             continue
         limit, _ = _limit(r)
-        intervals = []
-        for a, b in zip(epochs, epochs[1:], strict=False):
-            base = limit if limit else a["min_allocated_bytes"]
-            thr = max(64 * MiB, int(0.01 * base))
-            d = b["min_allocated_bytes"] - a["min_allocated_bytes"]
-            intervals.append({"from_epoch": a["epoch"], "to_epoch": b["epoch"], "growth_bytes": d,
-                              "threshold_bytes": thr, "grew": d > thr})
-        run_len, best = 0, 0
-        for iv in intervals:
-            run_len = run_len + 1 if iv["grew"] else 0
-            best = max(best, run_len)
-        if best < 2:
+        pts = [gm.Point(x=float(e["epoch"]), live=int(e["min_allocated_bytes"]), label=f"epoch {e['epoch']}",
+                        epoch=e["epoch"]) for e in epochs]
+        g = gm.assess(pts, "epoch", limit=limit)
+        if not g.leak:
             continue
-        grown = [iv["growth_bytes"] for iv in intervals if iv["grew"]]
+        growth = epochs[-1]["min_allocated_bytes"] - epochs[0]["min_allocated_bytes"]
         out.append({"run_id": run_id, **_run_ref(r), "source": "stat samples",
-                    "epochs": len(epochs), "intervals_grown": len(grown), "consecutive_grown": best,
-                    "growth_bytes": epochs[-1]["min_allocated_bytes"] - epochs[0]["min_allocated_bytes"],
-                    "mean_growth_per_epoch_bytes": int(sum(grown) / len(grown)),
+                    "epochs": len(epochs), "points": g.points, "growth_bytes": growth,
+                    "mean_growth_per_epoch_bytes": int(g.trend.slope) if g.trend else None,
+                    "summary": g.why,
                     "floors": [e["min_allocated_bytes"] for e in epochs],
                     "epoch_numbers": [e["epoch"] for e in epochs], "leak_evidence": None})
     return out
@@ -369,7 +361,8 @@ def _add_leaks(growing: list[dict], runs: list[dict], parts: dict[int, dict], fl
         leak = p.get("leak") or {}
         if r["primary_cause"] != "leak" and not leak.get("holds"):
             continue
-        growth = sum(int(iv.get("growth_bytes") or 0) for iv in leak.get("intervals") or [] if iv.get("grew"))
+        gj = leak.get("growth") or {}
+        growth = int(gj.get("added_bytes") or 0)
         evidence = next((e for c in ((p.get("diagnosis") or {}).get("causes") or []) if c.get("cause") == "leak"
                          for e in c.get("evidence") or []), None)
         if r["id"] in have:
@@ -378,9 +371,9 @@ def _add_leaks(growing: list[dict], runs: list[dict], parts: dict[int, dict], fl
             continue
         have[r["id"]] = {"run_id": r["id"], **_run_ref(r), "source": "snapshots",
                          "epochs": len(floors.get(r["id"]) or []),
-                         "intervals_grown": sum(1 for iv in leak.get("intervals") or [] if iv.get("grew")),
-                         "consecutive_grown": None, "growth_bytes": growth,
-                         "mean_growth_per_epoch_bytes": None, "floors": [], "epoch_numbers": [],
+                         "points": gj.get("points"), "growth_bytes": growth,
+                         "mean_growth_per_epoch_bytes": None, "summary": gj.get("summary"),
+                         "floors": [], "epoch_numbers": [],
                          "leak_evidence": evidence}
     for g in have.values():
         fc = (parts.get(g["run_id"]) or {}).get("forecast")

@@ -132,9 +132,8 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
     run = _run_row(session, name)
     q = (select(Snapshot.id, Snapshot.rank, Snapshot.step, Snapshot.epoch, Snapshot.trigger, Snapshot.taken_at,
                 Snapshot.sha256, Snapshot.size_bytes, Snapshot.state, Snapshot.analyzer_version, Snapshot.source,
-                Snapshot.last_error, AnalysisResult.reserved_bytes, AnalysisResult.allocated_bytes,
-                AnalysisResult.active_bytes, AnalysisResult.fragmentation_ratio,
-                AnalysisResult.largest_free_block_bytes,
+                AnalysisResult.reserved_bytes, AnalysisResult.allocated_bytes, AnalysisResult.active_bytes,
+                AnalysisResult.fragmentation_ratio, AnalysisResult.largest_free_block_bytes,
                 AnalysisResult.result["diagnosis"].label("diagnosis"),
                 AnalysisResult.result["composition"].label("composition"),
                 AnalysisResult.result["oom"].label("oom"))
@@ -155,8 +154,6 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
             "id": r.id, "rank": r.rank, "step": r.step, "epoch": r.epoch, "trigger": r.trigger,
             "taken_at": iso(r.taken_at), "sha256": r.sha256, "size_bytes": r.size_bytes, "source": r.source,
             "state": r.state, "analyzer_version": r.analyzer_version,
-            # why a snapshot is not analysed (quarantined, or failed with attempts left); None otherwise
-            "last_error": r.last_error if r.state != "done" else None,
             "reserved_bytes": r.reserved_bytes, "allocated_bytes": r.allocated_bytes, "active_bytes": r.active_bytes,
             "fragmentation_ratio": r.fragmentation_ratio, "largest_free_block_bytes": r.largest_free_block_bytes,
             "composition": r.composition, "oom": r.oom, "diagnosis": r.diagnosis,
@@ -282,7 +279,19 @@ def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
     oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
     if oom.get("limit_bytes"):
         return {"bytes": int(oom["limit_bytes"]), "source": "the OOM analysis"}
+    card = card_limit(run)
+    if card is not None:
+        return {"bytes": card, "source": "the device less memory outside PyTorch"}
     return {"bytes": None, "source": None}
+
+
+def card_limit(run: Run | Any) -> int | None:
+    """An uncapped run's limit from its run_start: the device total less what was held outside its
+    PyTorch then. None without both figures."""
+    total, outside = getattr(run, "gpu_memory_bytes", None), getattr(run, "non_pytorch_bytes", None)
+    if not total or outside is None:
+        return None
+    return max(0, int(total) - int(outside))
 
 
 def _diag_dict(d: RunDiagnosis | None) -> dict[str, Any] | None:

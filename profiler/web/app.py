@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -32,9 +33,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from memq.config import Settings, load_settings
-from memq.errors import BadInput, MemqError, NotFound, SchemaOutOfDate, SnapshotError, StorageUnavailable
+from memq.errors import (
+    BadInput,
+    DecodeUnavailable,
+    MemqError,
+    NotFound,
+    SchemaOutOfDate,
+    SnapshotError,
+    StorageUnavailable,
+)
 from memq.web import params as P
-from memq.web.guard import host_allowed, site_local
 from memq.web.render import render_page
 
 STATIC = Path(__file__).parent / "static"
@@ -43,6 +51,15 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 # Nightly reports are self-contained HTML with an inline <style> and no script.
 REPORT_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; frame-ancestors 'none'"
 COOKIE = "memq_token"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def site_local(path: str) -> str:
+    """A Location on this server for `path`: control characters and spaces (which browsers drop, so
+    "/\t/evil.example" becomes "//evil.example") and leading slashes and backslashes collapse to one
+    slash, and the rest is percent-encoded."""
+    clean = "".join(ch for ch in path if ch.isprintable() and not ch.isspace())
+    return "/" + quote(clean.lstrip("/\\"), safe="/:@!$&'()*+,;=-._~")
 # the /fit form and /api/fit: the run, and `memq fit`'s options
 FIT_PARAMS = ("run", "rank", "batch", "from_batch", "seq", "from_seq", "optimizer", "limit", "gpu")
 
@@ -57,7 +74,7 @@ def _status(exc: MemqError) -> int:
         return 404
     if isinstance(exc, BadInput):
         return 400
-    if isinstance(exc, (SchemaOutOfDate, StorageUnavailable)):
+    if isinstance(exc, (SchemaOutOfDate, StorageUnavailable, DecodeUnavailable)):
         return 503
     return 500
 
@@ -91,10 +108,22 @@ class SecurityMiddleware:
     opening any page once with `?token=T` (which then redirects to the same URL without it, so the
     token does not stay in the address bar or in Referer headers)."""
 
-    def __init__(self, app, token: str | None, hosts: tuple[str, ...] = ("*",)):
+    def __init__(self, app, token: str | None, allowed_hosts: str = ""):
         self.app = app
         self.token = (token or "").encode()
-        self.hosts = hosts
+        named = [h.strip().lower() for h in allowed_hosts.split(",") if h.strip()]
+        # Without a token, only loopback names by default: a page elsewhere that rebinds its own name to
+        # 127.0.0.1 sends its name as Host, and is refused (DNS rebinding)
+        self.hosts = named or ([] if self.token else list(LOOPBACK_HOSTS))
+
+    def _host_ok(self, scope) -> bool:
+        if not self.hosts:
+            return True
+        host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").strip().lower()
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if host.startswith("[") and "]" in host:
+            name = host[: host.index("]") + 1]
+        return any(name == h or (h.startswith("*.") and name.endswith(h[1:])) for h in self.hosts)
 
     def _ok(self, scope) -> tuple[bool, str | None]:
         if not self.token:
@@ -110,19 +139,17 @@ class SecurityMiddleware:
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
         if hmac.compare_digest(query.get("token", "").encode(), self.token):
             rest = urlencode([(k, v) for k, v in parse_qsl(scope["query_string"].decode("latin-1")) if k != "token"])
-            # Only to a path of this server (guard.site_local: "//host", "/\\host", "/%09/host" would not be).
             return True, site_local(scope["path"]) + (f"?{rest}" if rest else "")
         return False, None
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        if scope["path"] != "/healthz" and not host_allowed(headers.get(b"host", b"").decode("latin-1"), self.hosts):
-            # 421 Misdirected Request: the name is not one this server answers (MEMQ_SERVE_HOSTS)
+        if not self._host_ok(scope):
             await send({"type": "http.response.start", "status": 421, "headers": [
                 (b"content-type", b"text/plain; charset=utf-8"), *self._headers(scope)]})
-            await send({"type": "http.response.body", "body": b"memq: this Host is not served (MEMQ_SERVE_HOSTS)\n"})
+            await send({"type": "http.response.body", "body": b"memq: this Host is not served here "
+                        b"(MEMQ_SERVE_ALLOWED_HOSTS lists the names it answers)\n"})
             return None
         ok, redirect = self._ok(scope)
         if not ok:
@@ -135,9 +162,7 @@ class SecurityMiddleware:
             await send({"type": "http.response.body", "body": body})
             return None
         if redirect is not None:
-            # Secure when the browser reached us over TLS (directly or through a trusted proxy's
-            # X-Forwarded-Proto), so the cookie never travels back over plain HTTP
-            secure = "; Secure" if scope.get("scheme") == "https" else ""
+            secure = "; Secure" if scope.get("scheme") == "https" else ""  # over TLS, never sent in clear
             cookie = (f"{COOKIE}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict{secure}").encode()
             await send({"type": "http.response.start", "status": 303, "headers": [
                 (b"location", redirect.encode()), (b"set-cookie", cookie), *self._headers(scope)]})
@@ -483,7 +508,12 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     app = Starlette(routes=routes, exception_handlers={MemqError: memq_error, HTTPException: http_error},
                     lifespan=lifespan)
-    app.add_middleware(SecurityMiddleware, token=token, hosts=settings.serve_host_list)
+    app.add_middleware(SecurityMiddleware, token=token, allowed_hosts=settings.serve_allowed_hosts)
+    from memq.web.protocol import RedactToken  # also in each process that --workers starts
+
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactToken) for f in access.filters):
+        access.addFilter(RedactToken())
     return app
 
 

@@ -45,6 +45,15 @@ def _bytes(v: Any) -> str:
     return fmt_bytes(v, unknown="-")
 
 
+#: What a snapshot without a diagnosis is doing, in words (the states of store/repository/snapshots.py).
+SNAPSHOT_STATES = {"pending": "waiting for analysis", "running": "being analysed",
+                   "failed": "quarantined (could not be analysed)", "done": "analysed, no diagnosis"}
+
+
+def _snapshot_state(state: Any) -> str:
+    return SNAPSHOT_STATES.get(str(state), f"state {state}" if state else "not analysed yet")
+
+
 @functools.lru_cache(maxsize=1)
 def _env():
     from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -53,7 +62,7 @@ def _env():
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
                        forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time,
-                       q=lambda v: quote(str(v), safe=""),
+                       q=lambda v: quote(str(v), safe=""), snapshot_state=_snapshot_state,
                        playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect)
     return env
 

@@ -322,9 +322,10 @@ def test_a_leak_shows_in_the_step_figures_of_the_oom_snapshot_alone():
     r = analyze([snap], OomContext(limit_bytes=LEAK_CAP, requested_bytes=262144000))
     d = r["diagnosis"]
     assert d["primary_cause"] == "leak", d["causes"][0]
-    assert r["details"]["leak"]["source"] == "the agent's per-step figures"
+    assert r["details"]["leak"]["source"] == "the agent's figures at every step boundary"
     text = _evidence(r) + _advice(r)
-    assert "the end of epoch 1 (step 15)" in text and 'history="on"' in text and "<no frames>" not in text
+    assert "from the end of epoch 0 (step 7) to the end of epoch 4 (step 39)" in text
+    assert "+0.98 GiB an epoch" in text and 'history="on"' in text and "<no frames>" not in text
     only = analyze([parse(oom)], OomContext(limit_bytes=LEAK_CAP, requested_bytes=262144000))
     assert only["diagnosis"]["primary_cause"] != "leak"  # without the figures: not settled
 

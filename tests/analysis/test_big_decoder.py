@@ -79,12 +79,15 @@ def test_streamed_decode_keeps_the_size_cap_and_the_refusal_of_code():
 
 def test_streamed_decode_bounds_the_tuple_nesting_by_the_thread_stack():
     """Hashing a tuple nested N deep needs N levels of C stack. Streaming, the size is not known
-    ahead, so the decoding thread gets the largest stack (2 GiB of address space, ~8.3M levels) and
+    ahead, so the decoding thread gets the largest stack (4 GiB of address space, ~16.6M levels) and
     the reader refuses more tuple opcodes than that before the unpickler reaches them."""
-    depth = 9_000_000
-    data = b"\x80\x02)" + b"\x85" * depth + b"."  # EMPTY_TUPLE, TUPLE1 x depth
+    depth = 17_000_000  # past the bound: the bytes of a tuple opcode, here in a string (cheap to build)
+    data = b"\x80\x04\x8d" + depth.to_bytes(8, "little") + b"t" * depth + b"."  # BINUNICODE8
     with pytest.raises(TooLarge, match="nest tuples"):
         codec.decode_stream(gzip.compress(data), 2 * len(data))
+    under = 16_000_000
+    data = b"\x80\x04\x8d" + under.to_bytes(8, "little") + b"t" * under + b"."
+    assert codec.decode_stream(gzip.compress(data), 2 * len(data))[2] == len(data)
     shallow = b"\x80\x02)" + b"\x85" * 10_000 + b"."
     assert codec.decode_stream(gzip.compress(shallow), 2 * len(shallow), check=False)[2] == len(shallow)
 
@@ -195,7 +198,7 @@ def test_lists_sharing_frame_objects_are_found_by_identity_and_told_apart_by_the
     alone = _Frames(10**6)
     for n in range(100):  # frames no other list holds: nothing is held by identity
         alone.intern([{"filename": "m.py", "line": n, "name": "f"}])
-    assert not alone._by_first and len(alone._lists) == 100
+    assert not alone._by_ids and not alone._by_list and len(alone._lists) == 100
 
 
 def test_the_real_100k_snapshot_keeps_one_list_per_stack_it_records():
@@ -247,3 +250,100 @@ def test_memq_analyze_of_a_healthy_snapshot_imports_only_what_it_uses():
     assert "memq.analysis" in imported and "json" in imported  # the probe sees the command's imports
     assert "_hashlib" not in imported and "hashlib" not in imported
     assert not {"memq.analysis.allocator_model", "memq.analysis.whatif", "tomllib"} & imported
+
+
+def _cpp_trace(copies: int, one_list_per_entry: bool) -> dict:
+    """The real stacks="all" capture (35 C++ and Python frames a stack) repeated `copies` times, frames
+    shared as torch pickles them (one dict per distinct frame); each entry its own frames list, or one
+    list per allocation read again by its frees (torch's own sharing)."""
+    snap = codec.loads_restricted(_raw(ROOT / "tests" / "fixtures" / "captured" / "cudnn_workspace"
+                                       / "after_benchmark_step.pickle.gz"))
+    frames: dict[tuple, dict] = {}
+    out = []
+    for k in range(copies):
+        by_addr: dict = {}
+        for e in snap["device_traces"][0]:
+            if "addr" not in e:  # the capture's own `snapshot` marker
+                continue
+            e2 = {**e, "addr": e["addr"] + (k << 40)}
+            fl = [frames.setdefault((f["filename"], f["line"], f["name"]), f) for f in e.get("frames") or []]
+            if not one_list_per_entry and e["action"] != "alloc" and e2["addr"] in by_addr:
+                fl = by_addr[e2["addr"]]
+            by_addr.setdefault(e2["addr"], fl)
+            e2["frames"] = fl
+            out.append(e2)
+    snap["device_traces"] = [out]
+    return snap
+
+
+@pytest.mark.parametrize("one_list_per_entry", [True, False])
+def test_lists_of_shared_frames_are_read_by_their_text_once_per_stack_not_once_per_list(one_list_per_entry):
+    """Reading a list's text is the costly path (35 frames of C++ symbols): it runs once per distinct
+    stack, however many list objects say it (it ran for 434,497 of the 1M entries of such a trace)."""
+    from memq import snapshot as snapshot_mod
+
+    calls = []
+    real = snapshot_mod._Frames._by_text
+
+    def counting(self, f):
+        calls.append(1)
+        return real(self, f)
+
+    raw = _cpp_trace(40, one_list_per_entry)
+    n_entries = len(raw["device_traces"][0])
+    stacks = {tuple((f["filename"], f["line"], f["name"]) for f in e["frames"]) for e in raw["device_traces"][0]
+              if e["frames"]}
+    data = pickle.dumps(raw, protocol=4)
+    snapshot_mod._Frames._by_text = counting
+    try:
+        snap = decode_snapshot_bytes(data).snapshot
+    finally:
+        snapshot_mod._Frames._by_text = real
+    assert len(snap.trace) == n_entries > 10_000
+    assert len(calls) <= 2 * len(stacks) < 400, (len(calls), len(stacks))
+    assert len({id(ev.frames) for ev in snap.trace if ev.frames}) == len(stacks)
+
+
+def test_a_list_remembered_by_identity_is_let_go_after_its_last_entry():
+    """torch's one list per allocation, read again by its frees: remembered while entries still to
+    come hold it, so that memory follows what is left to read."""
+    raw = _cpp_trace(3, one_list_per_entry=False)
+    from memq.snapshot import _Frames, _parse_trace
+
+    trace = raw["device_traces"][0]
+    shared = {id(e["frames"]) for e in trace if e["frames"]}
+    assert len(shared) < len(trace) * 0.7  # frees read their allocation's list
+    fs = _Frames(10**9)
+    events = _parse_trace(trace, 0, fs, consume=True)
+    kept = {id(ev.frames) for ev in events}
+    # what is still remembered is a list kept for its stack anyway, never one that would be freed
+    assert fs._by_list and all(id(f) in kept or f in fs.held for f, _c in fs._by_list.values())
+
+
+def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_limit_and_past_it():
+    """_SAME_ENDS lists that agree on their first, quarter, middle, three-quarter and last frames are
+    each found by identity; past it, a list is found by its text: the same answer, at the text's cost."""
+    from memq import snapshot as snapshot_mod
+    from memq.snapshot import _SAME_ENDS, _Frames
+
+    ends = [{"filename": "e.py", "line": n, "name": "f"} for n in range(5)]
+    between = [{"filename": "m.py", "line": n, "name": "g"} for n in range(_SAME_ENDS + 2)]
+    holder = []  # frames other lists hold too, as torch pickles them
+
+    def stack(k: int) -> list:  # 9 frames: positions 0, 2, 4, 6, 8 are the five looked at
+        fl = [ends[0], between[k], ends[1], between[k], ends[2], between[k], ends[3], between[k], ends[4]]
+        holder.append(fl)
+        return list(fl)
+
+    fs = _Frames(10**6)
+    kept = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
+    assert len({id(c) for c in kept}) == _SAME_ENDS + 2  # all different stacks
+    calls = []
+    real = snapshot_mod._Frames._by_text
+    snapshot_mod._Frames._by_text = lambda self, f: calls.append(1) or real(self, f)
+    try:
+        again = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
+    finally:
+        snapshot_mod._Frames._by_text = real
+    assert [id(c) for c in again] == [id(c) for c in kept]
+    assert len(calls) == 2  # the two past the limit, by their text; the first _SAME_ENDS by identity

@@ -176,7 +176,7 @@ def test_analyze_report_escapes_frames_from_the_snapshot(env, tmp_path):
     snap = codec.loads_restricted(codec.decompress((REAL / "seed_adamw" / "epoch0.pickle.gz").read_bytes()))
     frames = [f for seg in snap["segments"] for b in seg["blocks"] for f in b.get("frames") or []]
     frames += [f for tr in snap.get("device_traces") or [] for e in tr for f in e.get("frames") or []]
-    for f in frames:
+    for f in {id(f): f for f in frames}.values():  # each frame once (the pickle may share them)
         f["name"] = "fn\x1b]0;TITLE\x07[/bold]" + str(f.get("name"))
     path = tmp_path / "evil.pickle"
     path.write_bytes(pickle.dumps(snap, protocol=4))  # our own data, pickled here
@@ -203,7 +203,9 @@ def test_ingest_summary_escapes_frames_and_keeps_its_own_markup(env, tmp_path):
         snap = codec.loads_restricted(codec.decompress((leak / f"{stem}.pickle.gz").read_bytes()))
         frames = [f for seg in snap["segments"] for b in seg["blocks"] for f in b.get("frames") or []]
         frames += [f for tr in snap.get("device_traces") or [] for e in tr for f in e.get("frames") or []]
-        for f in frames:
+        # each frame once: the pickle shares one dict per distinct frame among the lists that hold it,
+        # so prefixing per occurrence grew names to 127 KB (a test of escaping, not of long names)
+        for f in {id(f): f for f in frames}.values():
             f["name"] = "[/bold]fn[link=http://evil.test]" + str(f.get("name"))
         paths.append(tmp_path / f"{stem}.pickle")
         paths[-1].write_bytes(pickle.dumps(snap, protocol=4))  # our own data, pickled here

@@ -555,3 +555,39 @@ def test_a_summary_that_cannot_be_built_blocks_neither_other_jobs_nor_alerts(sto
         delivery.sweep(store, st, now=t1)
         assert delivery.deliver_due(store, st, now=t1) == {"summary_sent": 1, "sent": 1}
     assert [x.job for x in _summaries(store)] == ["fine"]
+
+
+HOSTILE = "c-1 <!channel> URGENT <https://evil.example/login|memq: re-authenticate here>"
+
+
+@pytest.mark.parametrize("fmt", ["slack", "alertmanager"])
+def test_names_cannot_ping_or_link_from_an_alert(store, fmt):
+    """Round 4, attack 4: a run, cluster and job named with Slack markup page as plain text: no
+    `<!channel>`, no disguised link; the only link in the Slack text is memq's own run page; an
+    Alertmanager label carries the name as a printable string, cut at MAX_LABEL_CHARS."""
+    t0 = repo.utcnow()
+    with Receiver() as rx:
+        st = _st(store, rx.url, MEMQ_ALERT_FORMAT=fmt)
+        with store.session() as s:
+            add_run(s, HOSTILE, cluster="<!here>", job="j\n<!everyone>" + "x" * 180, status="oom",
+                    cause="capacity", oom_count=1)
+        delivery.sweep(store, st, now=t0)
+        assert delivery.deliver_due(store, st, now=t0) == {"sent": 1}
+    body = rx.requests[0]["body"]
+    if fmt == "slack":
+        text = body["text"]
+        for markup in ("<!channel>", "<!here>", "<!everyone>", "<https://evil"):
+            assert markup not in text
+        assert "&lt;!channel&gt;" in text and "&lt;https://evil.example/login|memq: re-authenticate here&gt;" in text
+        links = [part.split(">")[0] for part in text.split("<")[1:]]
+        assert len(links) == 1 and links[0].startswith("https://memq.example/ui/runs/c-1%20%3C%21channel%3E")
+        assert "\n<!everyone>" not in text and text.count("\n") == 4  # title, cause, evidence, advice, link
+    else:
+        labels = body["alerts"][0]["labels"]
+        assert labels["run"] == HOSTILE and labels["cluster"] == "<!here>"
+        assert labels["job_name"].startswith("j\ufffd<!everyone>") and "\n" not in labels["job_name"]
+
+
+def test_slack_escaping_is_slacks_own():
+    assert payload.slack_text("a & b <c> d\ne") == "a &amp; b &lt;c&gt; d e"
+    assert payload.slack_url("https://x/runs/a|b>c") == "https://x/runs/a%7Cb%3Ec"

@@ -58,3 +58,32 @@ def test_no_diagnosis_is_left_alone(store):
     with store.session() as s:
         rid = repo.upsert_run(s, repo.RunMeta(name="bare"))
     assert analyse.refresh_forecast(store, rid, 0, _later_figures(), None) == "none"
+
+
+CACHE = next((FORECAST / "cache_fill" / "defaults").iterdir())
+CACHE_CAP = json.loads((FORECAST / "truth.json").read_text())["cache_fill"]["defaults"]["cap_bytes"]
+
+
+def test_figures_that_show_the_growth_stopped_make_the_run_diagnosed_again(store, tmp_path):
+    """cache_fill (a cache that fills for two epochs, then stays): diagnosed on its first snapshots, the
+    growth looks like a leak; the stats batches' figures of the later epochs show the plateau, which
+    moves the growth model's verdict (refresh says so), and the run's diagnosis made again over the
+    whole series (the kept figures included) is no leak, its forecast a plateau."""
+    files = spool_files(CACHE, tmp_path / "files")
+    snaps, _ctx, trig = spool_run(CACHE)
+    n = 5
+    ingest.ingest_files(store, repo.RunMeta(name="cache-run", status="running"),
+                        [ingest.SnapshotInput(path=str(f)) for f in files[:n]], limit_bytes=CACHE_CAP)
+    with store.session() as s:
+        rid = s.execute(select(Run.id).where(Run.name == "cache-run")).scalar_one()
+    before, cause, _col = _stored(store, rid)
+    assert before["details"]["leak"]["holds"] and cause == "leak", before["details"]["leak"]["evidence"]
+    last = [s for s, t in zip(snaps, trig, strict=True) if t != "oom"][-1]
+    figs = [{"step": f.step, "epoch": f.epoch, "allocated": f.allocated, "peak_allocated": f.peak_allocated,
+             "peak_reserved": f.peak_reserved, "reserved": f.reserved, "ms": f.ms} for f in last.agent.step_figures]
+    assert analyse.refresh_forecast(store, rid, 0, figs, 1.8e9) == "verdict_changed"
+    analyse.recompute_run(store, rid, 0)
+    after, cause2, _col = _stored(store, rid)
+    assert cause2 != "leak" and not after["details"]["leak"]["holds"]
+    assert after["forecast"]["growth"]["state"] == "plateau" and after["forecast"]["oom_expected"] is False
+    assert "then flat for" in after["forecast"]["basis"]

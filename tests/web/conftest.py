@@ -123,15 +123,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-def _start(history: History, tmp: Path, token: str | None, *, env_extra: dict[str, str] | None = None,
-           log_level: str = "warning", preexec_fn=None) -> Server:
+def _start(history: History, tmp: Path, token: str | None) -> Server:
     port = free_port()
-    env = {**os.environ, **history.env, "MEMQ_SERVE_TOKEN": token or "", **(env_extra or {})}
+    env = {**os.environ, **history.env, "MEMQ_SERVE_TOKEN": token or ""}
     log = tmp / f"serve-{port}.log"
     fh = open(log, "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level", log_level],
-                            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=preexec_fn)
+    proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level", "warning"],
+                            cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
 
     def up():

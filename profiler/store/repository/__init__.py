@@ -13,6 +13,7 @@ Runs (`runs`)
   keep their stored value, labels are merged, `started_at` keeps the earliest and `ended_at` the
   latest value seen. Safe to call from every rank and every retry.
 - `set_run_status(session, run_name, status, ended_at=None)`: running | completed | oom | crashed.
+- `set_run_limit(session, run_id, limit_bytes)`: a limit given after the fact.
 - `delete_run(session, run_name)`: the run with its samples, snapshots and diagnoses.
 
 Snapshots, module `snapshots` (the analysis work queue; state pending -> running -> done | failed)
@@ -67,6 +68,7 @@ from memq.store.repository.runs import (
     delete_run,
     run_id_for,
     run_owner,
+    set_run_limit,
     set_run_status,
     upsert_run,
 )
@@ -91,6 +93,6 @@ __all__ = [
     "drop_digests_outside_window", "fail_snapshot", "fill_digest", "find_analysis", "insert_snapshot",
     "insert_stat_samples", "json_safe", "max_present", "forecast_summary", "refresh_run_summary", "requeue_expired",
     "run_id_for", "run_owner",
-    "set_run_status", "stat_row", "store_analysis", "store_run_diagnosis", "to_utc", "upsert_report",
+    "set_run_limit", "set_run_status", "stat_row", "store_analysis", "store_run_diagnosis", "to_utc", "upsert_report",
     "upsert_run", "utcnow",
 ]

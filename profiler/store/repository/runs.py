@@ -39,6 +39,7 @@ class RunMeta:
     gpu_model: str | None = None
     gpu_memory_bytes: int | None = None
     memory_limit_bytes: int | None = None
+    non_pytorch_bytes: int | None = None
     allocator_conf: str | None = None
     optimizer: str | None = None
     param_count: int | None = None
@@ -58,8 +59,8 @@ class RunMeta:
 
 
 _KEEP_COLUMNS = ("job", "cluster", "host", "username", "project", "torch_version", "cuda_version",
-                 "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes", "allocator_conf",
-                 "optimizer", "param_count", "world_size", "rank", "status")
+                 "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes", "non_pytorch_bytes",
+                 "allocator_conf", "optimizer", "param_count", "world_size", "rank", "status")
 
 
 def upsert_run(session: Session, meta: RunMeta, *, first_wins: bool = False) -> int:
@@ -114,6 +115,15 @@ def set_run_status(session: Session, run_name: str, status: str, ended_at: dt.da
     if res.rowcount == 0:
         raise NotFound(f"no run named {run_name!r}", hint="list runs with `memq runs`")
 
+
+
+def set_run_limit(session: Session, run_id: int, limit_bytes: int) -> None:
+    """What the allocator may reserve in this run, given after the fact (a cap the agent could not read,
+    or the card of a job recorded before agents reported it): the next diagnosis and forecast use it."""
+    if limit_bytes <= 0:
+        raise BadInput(f"a run's limit must be positive, not {limit_bytes}")
+    session.execute(update(Run).where(Run.id == run_id).values(memory_limit_bytes=int(limit_bytes),
+                                                               updated_at=func.current_timestamp()))
 
 
 def delete_run(session: Session, run_name: str) -> None:

@@ -107,13 +107,11 @@
     } else {
       var main = hist.stats ? hist.stats.rank : null;
       var own = snaps.filter(function (s) { return main === null || s.rank === main; });
-      // snapshots not analysed yet (or quarantined) have no figures: the lines skip them, not drop to 0
-      var pts = function (key) {
-        return own.map(function (s, j) { return s[key] === null || s[key] === undefined ? null : [x(snapT(s, j)), y(s[key])]; })
-          .filter(function (p) { return p !== null; });
-      };
-      line(pts("reserved_bytes"), "reserved");
-      line(pts("allocated_bytes"), "allocated");
+      // a snapshot not analysed yet (or quarantined) has no figures: the lines skip it, not drop to zero
+      var known = function (k) { return own.map(function (s, j) { return [snapT(s, j), s[k]]; })
+        .filter(function (q) { return q[1] !== null && q[1] !== undefined; }); };
+      line(known("reserved_bytes").map(function (q) { return [x(q[0]), y(q[1])]; }), "reserved");
+      line(known("allocated_bytes").map(function (q) { return [x(q[0]), y(q[1])]; }), "allocated");
       document.getElementById("timeline-note").textContent =
         "No stat samples stored for this run: the lines join the snapshots' own figures.";
     }
@@ -121,9 +119,10 @@
       var from = Math.max(0, limit - (fc.headroom_bytes || 0));
       var p = el("path", {d: "M" + x(Math.max(t0, fcFrom)).toFixed(1) + "," + y(from).toFixed(1) + "L" + x(fcTo).toFixed(1) + "," +
                          y(limit).toFixed(1), "class": "forecast", id: "forecast-line"}, svg);
-      el("title", {}, p, "forecast: the step's need reaches the limit" + (fc.epoch !== null ? " in epoch " + fc.epoch : "") + " (step " + fc.step + ")");
+      var stepTxt = fc.step !== null && fc.step !== undefined ? "step " + fc.step : null;
+      el("title", {}, p, "forecast: the step's need reaches the limit" + (fc.epoch !== null ? " in epoch " + fc.epoch : "") + (stepTxt ? " (" + stepTxt + ")" : ""));
       el("text", {x: x(fcTo) - 4, y: y(limit) + 14, "class": "label forecast-label", "text-anchor": "end"}, svg,
-         "forecast OOM" + (fc.epoch !== null ? " · epoch " + fc.epoch : "") + " · step " + fc.step);
+         "forecast OOM" + (fc.epoch !== null ? " · epoch " + fc.epoch : "") + (stepTxt ? " · " + stepTxt : ""));
     }
     if (limit) {
       el("line", {x1: L, x2: W - R, y1: y(limit), y2: y(limit), "class": "limit"}, svg);
@@ -175,7 +174,7 @@
       el("text", {x: L - 8, y: top + LH / 2, "class": "tick", "text-anchor": "end"}, svg, "rank " + ln.rank);
       var ser = (ln.stats.series || []).filter(function (p) { return p.reserved_bytes !== null && !isNaN(parseT(p.t)); });
       var pts = ser.length ? ser.map(function (p) { return [x(parseT(p.t)), y(p.reserved_bytes)]; })
-        : ln.snapshots.filter(function (s) { return !isNaN(parseT(s.taken_at)) && s.reserved_bytes !== null; }).map(function (s) { return [x(parseT(s.taken_at)), y(s.reserved_bytes || 0)]; });
+        : ln.snapshots.filter(function (s) { return !isNaN(parseT(s.taken_at)); }).map(function (s) { return [x(parseT(s.taken_at)), y(s.reserved_bytes || 0)]; });
       if (pts.length) el("path", {d: pts.map(function (p, j) { return (j ? "L" : "M") + p[0].toFixed(1) + "," + p[1].toFixed(1); }).join("") + (pts.length === 1 ? "h1" : ""), "class": "reserved"}, svg);
       ln.snapshots.forEach(function (s, j) {
         var t = dom.useIndex ? j : parseT(s.taken_at);
