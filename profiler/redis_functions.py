@@ -109,6 +109,7 @@ class Relay:
         self.counts = {"moved": 0, "refused": 0, "errors": 0, "held": 0}
         self.last_error: str | None = None
         self.waiting = 0  # inbox elements left after the last step
+        self.hurry = False
         self._checked = False
         self._next_log = 0.0
 
@@ -124,10 +125,12 @@ class Relay:
     def step(self) -> int:
         import redis
 
+        self.hurry = False
         try:
             # Most deployments' agents write the stream directly; only an inbox in use needs the
             # library (so a development Redis never gets one loaded for nothing).
             if not self.client.llen(self.inbox):
+                self.waiting = 0
                 return 0
             if not self._checked:
                 ensure_library(self.client)
@@ -165,6 +168,9 @@ class Relay:
                 self._next_log = time.monotonic() + 60
                 log.warning("relay %s -> %s: %d inbox elements wait: the stream holds MAXLEN %d unread entries "
                             "(dispatchers behind)", self.inbox, self.stream, waiting, self.maxlen)
+        # elements left behind a step that made progress: the dispatcher reads without waiting and
+        # relays again at once; held (stream full) or failing: it waits as usual, never a busy loop
+        self.hurry = bool((moved or refused) and waiting and not err)
         if err:
             self._error(f"stream {self.stream} refused an inbox element: {_text(err)}")
         return moved

@@ -319,8 +319,8 @@ class Dispatcher:
 
         with runtime.redis_errors(self.st.redis_url):
             try:
-                # no wait while the inbox still holds elements: the next relay step moves them
-                block = None if self.stop_event.is_set() or self.relay.waiting else self.block_ms
+                # no wait while the relay is clearing the inbox: its next step goes on at once
+                block = None if self.stop_event.is_set() or self.relay.hurry else self.block_ms
                 resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=self.batch,
                                          block=block)
             except redis.ResponseError as exc:

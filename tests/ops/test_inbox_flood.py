@@ -8,6 +8,7 @@ dead-lettered one by one: the victim's entry behind them was not stored within 1
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,17 @@ def test_a_sustained_flood_is_cleared_as_fast_as_it_is_pushed(flood):
     assert got["victims_stored"] == got["victims_sent"] >= 5, got
     assert got["victim_wait_max_s"] < 3.0, got
     assert got["inbox_left"] <= 100_000, got  # the inbox did not grow with the flood
+
+
+def test_an_idle_dispatcher_blocks_on_its_stream_again_after_a_flood(flood):
+    """Reads without waiting only while the relay clears the inbox: once it is empty the dispatcher
+    blocks on its stream again (no busy loop burning a core)."""
+    srv, st, d, inbox = flood
+    srv["agents"]["file"].rpush(inbox, *([b"x"] * 1000))
+    d.step()
+    assert srv["memq"].llen(inbox) == 0
+    d.step()
+    assert not d.relay.hurry
+    t0 = time.perf_counter()
+    d.step()  # nothing anywhere: one blocking read of block_ms (200 ms)
+    assert time.perf_counter() - t0 >= 0.15
