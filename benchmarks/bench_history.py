@@ -232,10 +232,10 @@ def main() -> int:
             f"memq history --run {synthetic} --json ({len(hist['snapshots'])} snapshot, "
             f"{hist['stats']['count']} samples)":
                 timed(cli_call(["history", "--run", synthetic, "--json"]), args.repeat),
-            f"memq runs --cluster c07 --since 7d --json ({n_runs} runs shown, default --limit 50)":
+            f"memq runs --cluster c07 --since 7d --json ({n_runs} runs shown, default --rows 50)":
                 timed(cli_call(["runs", "--cluster", "c07", "--since", "7d", "--json"]), args.repeat),
-            "memq runs --cluster c07 --since 7d --limit 1000 --json":
-                timed(cli_call(["runs", "--cluster", "c07", "--since", "7d", "--limit", "1000", "--json"]),
+            "memq runs --cluster c07 --since 7d --rows 1000 --json":
+                timed(cli_call(["runs", "--cluster", "c07", "--since", "7d", "--rows", "1000", "--json"]),
                       args.repeat),
         }
 

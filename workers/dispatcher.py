@@ -202,7 +202,9 @@ class Dispatcher:
                     raise
 
     # ------------------------------------------------------------------------------ main loop
-    def request_stop(self, *_: Any) -> None:
+    def request_stop(self, signum: int | None = None, *_: Any) -> None:
+        # the reason is logged by the loop, not here: a handler that logs can interrupt a log call
+        self.stop_reason = signal.Signals(signum).name if signum else "a stop request"
         self.stop_event.set()
 
     def run(self, install_signals: bool = True, idle_exit_s: float | None = None) -> dict[str, int]:
@@ -244,7 +246,10 @@ class Dispatcher:
                     break
         finally:
             self.heartbeat.stop()
-        log.info("dispatcher %s stopped: %s", self.consumer, self.counts)
+        why = getattr(self, "stop_reason", None) or ("a stop request" if self.stop_event.is_set() else "idle_exit_s")
+        # a warning, so that it shows at any log level: an operator reading why ingest paused sees it
+        log.warning("dispatcher %s stopped on %s after finishing the entries in hand (acknowledged; nothing "
+                    "half-done is left): %s", self.consumer, why, self.counts)
         return dict(self.counts)
 
     def step(self) -> int:

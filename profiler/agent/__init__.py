@@ -92,12 +92,37 @@ def start(run: str, cluster: str, **options: Any) -> Agent:
             if _current is not None and not _current.stopped:
                 return _current
             _current = Agent(run, cluster, **options).start()
+            if not options.get("redis_url"):
+                _say_default_destination()
             return _current
     except Exception:  # noqa: BLE001 - a broken config must not stop training
         import logging
 
         logging.getLogger("memq.agent").warning("memq agent not started", exc_info=True)
         return _Null()  # type: ignore[return-value]
+
+
+_said_destination = False
+
+
+def _say_default_destination() -> None:
+    """Once per process: the agent sends to the default Redis because nothing named one, which on a
+    training host is rarely where the service runs; a warning, never an exception."""
+    global _said_destination
+    import logging
+
+    from memq.config import Settings, load_settings, redact_url
+
+    try:
+        url = load_settings().redis_url
+    except Exception:  # noqa: BLE001 - the agent already started; this is only a hint
+        return
+    if _said_destination or url != Settings.redis_url:
+        return
+    _said_destination = True
+    logging.getLogger("memq.agent").warning(
+        "memq agent sends to %s (the default: no redis_url given); set MEMQ_REDIS_URL or "
+        "memq.agent.start(..., redis_url=...) to send to the memq service", redact_url(url))
 
 
 def current() -> Agent | None:

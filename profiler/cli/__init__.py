@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "view": "memq.cli.view:view",
     "playbook": "memq.cli.playbook:playbook",
     "relay": "memq.cli.relay:relay",
+    "key": "memq.cli.key:key",
 }
 
 

@@ -1,8 +1,8 @@
 """`memq demo`: real snapshots shipped inside the package, analysed into the embedded history.
 
-Needs no Redis, no worker and no server database: the runs go into the embedded SQLite history
-(the configured database when that is SQLite, else `<data dir>/demo.db`, so a demo never writes
-into a shared server). Running it again stores nothing twice and analyses nothing twice.
+Needs no Redis, no worker and no server database: the runs go into a store of their own,
+`<data dir>/demo.db` (never the user's history, never a shared server), unless `--database URL`
+names another. Running it again stores nothing twice and analyses nothing twice.
 """
 
 from __future__ import annotations
@@ -31,10 +31,13 @@ def demo_store(database_url: str | None = None):
     from memq.store.connection import open_store
 
     settings = load_settings()
-    url = database_url or settings.database_url
-    if not url.startswith("sqlite"):
-        url = f"sqlite:///{Path(settings.data_dir) / 'demo.db'}"
+    url = database_url or demo_database_url(settings)
     return open_store(settings, database_url=url)
+
+
+def demo_database_url(settings) -> str:
+    """The demo's own SQLite file beside the history: demo runs never land among the user's runs."""
+    return f"sqlite:///{Path(settings.data_dir) / 'demo.db'}"
 
 
 def run_demo(store) -> dict:
@@ -66,7 +69,9 @@ def run_demo(store) -> dict:
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Everything the demo stored and found, as JSON.")
-def demo(as_json: bool) -> None:
+@click.option("--database", "database_url", metavar="URL",
+              help="Store the demo runs here instead of the demo's own <data dir>/demo.db.")
+def demo(as_json: bool, database_url: str | None) -> None:
     """Analyse a few real H200 snapshots into the local history and show what memq finds."""
     from rich.panel import Panel
 
@@ -74,7 +79,7 @@ def demo(as_json: bool) -> None:
     from memq.cli.history import RUN_COLS, _flat, _print_history
     from memq.store.queries import run_history
 
-    store = demo_store()
+    store = demo_store(database_url)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:
         ctx.call_on_close(store.close)
@@ -83,7 +88,8 @@ def demo(as_json: bool) -> None:
         write_json(doc)
         return
     con = console()
-    con.print(f"memq demo: {len(doc['runs'])} real runs from an NVIDIA H200 (torch 2.11) -> {doc['database']}")
+    con.print(f"memq demo: {len(doc['runs'])} real runs from an NVIDIA H200 (torch 2.11), stored apart from "
+              f"your history in {v(doc['database'])}")
     for rep in doc["runs"]:
         res = rep.get("diagnosis") or {}
         d = res.get("diagnosis") or {}
@@ -101,5 +107,6 @@ def demo(as_json: bool) -> None:
     con.print("[bold]memq history --run demo-sgd[/bold]")
     _print_history(hist, [_flat(x) for x in hist["snapshots"]])
     con.print(f"[bold]demo-sgd vs demo-adamw[/bold]: {doc['compare_sgd_adamw']['explanation']['text']}")
-    con.print("next: memq history --run demo-fragmentation | memq compare demo-sgd demo-adamw | "
-              "memq versions --job gpt-120m")
+    env = f"MEMQ_DATABASE_URL={doc['database']}"
+    con.print(f"next (the demo's store): {v(env)} memq history --run demo-fragmentation\n"
+              f"  {v(env)} memq compare demo-sgd demo-adamw\n  {v(env)} memq serve")

@@ -26,6 +26,7 @@ from memq.render.forecast_text import forecast_line
 from memq.render.reasons import said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
+from memq.render.words import labelled, plural, said
 from memq.units import fmt_bytes, sparkline
 
 CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
@@ -51,7 +52,9 @@ RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_co
 @click.option("--cause", type=click.Choice(CAUSES), help="Run-level primary cause.")
 @click.option("--since", help="Started within (7d, 24h, 30m) or since a date (2026-11-01).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Repeatable; all must match.")
-@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--rows", "-n", "limit", type=click.IntRange(1, 100_000), default=50, show_default=True,
+              help="How many runs to list.")
+@click.option("--limit", "memory_limit", hidden=True, expose_value=False, callback=lambda ctx, p, v: _no_limit(v))
 @output_options()
 def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_json, as_csv):
     """List runs, newest first."""
@@ -63,8 +66,15 @@ def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_js
     store = open_cli_store()
     with store.session() as s:
         rows = list_runs(s, f)
-    emit(fmt, {"runs": rows, "count": len(rows)}, rows, RUN_COLS, title=f"{len(rows)} runs", csv_keys=RUN_CSV,
+    emit(fmt, {"runs": rows, "count": len(rows)}, rows, RUN_COLS, title=plural(len(rows), "run"), csv_keys=RUN_CSV,
          empty="no runs match")
+
+
+def _no_limit(value):
+    # everywhere else --limit is a memory size; a row count under the same name would be read as one
+    if value is not None:
+        raise click.UsageError(f"--limit is a memory limit in memq; to list {value} runs use --rows {value} "
+                               f"(or -n {value})")
 
 
 SNAP_COLS = [Col("rank", "rank", "int"), Col("step", "step", "int"), Col("epoch", "epoch", "int"),
@@ -131,7 +141,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
             head.append(f"-> {r['action']}" + (f"\n   playbook: {link}" if link else ""))
     fc_line = forecast_line(doc.get("forecast"), time.time())
     if fc_line and (run["status"] == "running" or (doc.get("forecast") or {}).get("oom_expected")):
-        head.append(rich_text(("forecast: " if run["status"] == "running" else "forecast while it ran: ") + fc_line))
+        head.append(rich_text(labelled("forecast" if run["status"] == "running" else "forecast while it ran", fc_line)))
     fit_line = own_fit_line(doc.get("fit"))
     if fit_line:
         head.append(rich_text(fit_line))
@@ -187,10 +197,6 @@ def _print_ranks(con, ranks: dict | None) -> None:
             con.print(f"     playbook: {escape(link)}")
 
 
-WHATIF_OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "survives the window",
-                  "not_assessable": "not assessable"}
-
-
 def _print_whatif(con, snaps: list[dict]) -> None:
     """The stored what-if sweep of each OOM snapshot: every setting's outcome with its reason."""
     from rich.markup import escape
@@ -210,7 +216,7 @@ def _print_whatif(con, snaps: list[dict]) -> None:
             con.print(f"  every setting: not assessable ({escape(str(reasons.pop()))})")  # e.g. no trace
             continue
         for r, why in zip(w["results"], said_once(w["results"]), strict=True):
-            outcome = WHATIF_OUTCOME.get(r.get("verdict"), str(r.get("predicted_oom")))
+            outcome = said(r.get("verdict")) if r.get("verdict") else str(r.get("predicted_oom"))
             line = f"  {escape(r['conf'] or '(recorded)')}: {outcome}"
             if r.get("predicted_oom") is not None:
                 line += f", confidence {r['confidence']}, peak reserved {cell(r['peak_reserved_bytes'], 'bytes')}"

@@ -18,6 +18,7 @@ import socket
 import click
 
 from memq.cli.analyze import SIZE
+from memq.render.words import plural
 
 
 @click.command()
@@ -114,14 +115,39 @@ def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit,
     finally:
         client.close()
     doc = {"run": run_name, "cluster": cluster, "rank": rank, "stream": st.stream_key, "snapshots": sent,
-           "run_end": None if tail is None else status}
+           "run_end": None if tail is None else status,
+           "warning": signing_note(st.agent_key, st.agent_keyring, cluster, job)}
     if as_json:
         write_json(doc)
         return
+    note = signing_note(st.agent_key, st.agent_keyring, cluster, job)
+    if note:
+        click.echo(f"memq: warning: {note}", err=True)
     for s in sent:
-        click.echo(f"pushed {s['file']} ({s['sha256'][:12]}, {s['trigger']})")
-    click.echo(f"{len(sent)} snapshots of run {run_name} sent to {st.stream_key} at {redact_url(url)}; "
+        click.echo(f"{'sent' if note else 'pushed'} {s['file']} ({s['sha256'][:12]}, {s['trigger']})")
+    click.echo(f"{plural(len(sent), 'snapshot')} of run {run_name} sent to {st.stream_key} at {redact_url(url)}; "
                f"`memq status` shows the backlog, `memq history --run {run_name}` the results")
+
+
+def signing_note(key_text: str, keyring_text: str, cluster: str, job: str | None) -> str | None:
+    """What the pusher can know of how a dispatcher will take its envelopes: unsigned ones are
+    dead-lettered wherever a keyring is held, and a key the local keyring lacks (or whose clusters or
+    jobs leave this one out) is refused at the door. None when nothing speaks against them."""
+    from memq.identity import IdentityError, parse_key, parse_keyring, sign, verify
+
+    check = "check `memq status` (dead letters) once they are read"
+    if not key_text:
+        return ("these envelopes are unsigned: a dispatcher that holds a keyring dead-letters them; give the "
+                f"agent key (MEMQ_AGENT_KEY_FILE, made by `memq key new`) where one is in use, and {check}")
+    if not keyring_text:
+        return None
+    key = parse_key(key_text)
+    try:
+        verify(sign({"type": "run_start", "cluster": cluster, "job": job or ""}, key), parse_keyring(keyring_text))
+    except IdentityError as exc:
+        return (f"the keyring configured here refuses this key ({exc.message}): the dispatcher dead-letters "
+                f"them; {check}")
+    return None
 
 
 def _key(text: str):

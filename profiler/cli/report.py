@@ -22,6 +22,7 @@ from memq.cli._listing import open_cli_store
 from memq.errors import BadInput, NotFound
 from memq.render.outfile import check_output, write_output
 from memq.render.safe import safe_text
+from memq.render.words import plural
 
 
 def _date(ctx, param, value):
@@ -68,8 +69,8 @@ def report(day, scope, fmt, out, save):
     if out:
         write_output(out, text)
         totals = doc["totals"]
-        click.echo(f"memq: wrote {safe_text(out)} ({fmt}, {totals['runs']} runs, {totals['oom_runs']} OOM, "
-                   f"{doc['totals']['near_misses']} near misses)", err=True)
+        click.echo(f"memq: wrote {safe_text(out)} ({fmt}, {plural(totals['runs'], 'run')}, {totals['oom_runs']} OOM, "
+                   f"{plural(totals['near_misses'], 'near miss')})", err=True)
     else:
         sys.stdout.write(text)
 
@@ -104,5 +105,6 @@ def plot(run_name, out, points):
         from memq.report.html import render_timeline_html
 
         write_output(out, render_timeline_html(tl))
-    click.echo(f"memq: wrote {safe_text(out)} ({len(tl['series'])} timeline points, {len(tl['snapshots'])} snapshots"
+    click.echo(f"memq: wrote {safe_text(out)} ({plural(len(tl['series']), 'timeline point')}, "
+               f"{plural(len(tl['snapshots']), 'snapshot')}"
                f"{', OOM marked' if tl['oom'] else ''})", err=True)

@@ -14,11 +14,10 @@ import sys
 
 import click
 
-from memq.cli.analyze import SIZE
+from memq.cli.analyze import SIZE, build_context
 from memq.errors import BadInput
 from memq.render.reasons import said_once
-
-OUTCOME = {"oom": "OOM", "fits": "fits", "survives_window": "window ok", "not_assessable": "n/a"}
+from memq.render.words import plural, said
 
 
 def _fmt(n: int | None) -> str:
@@ -37,16 +36,22 @@ def _fmt(n: int | None) -> str:
 @click.option("--conf", "confs", multiple=True, metavar="SETTING",
               help="A PYTORCH_CUDA_ALLOC_CONF value to try (repeatable; join settings with commas). "
                    "'' is the recorded configuration.")
+@click.option("--oom-message", metavar="TEXT",
+              help="The 'CUDA out of memory...' text from the log: its 'allowed' cap (or the device) is the limit "
+                   "when --limit is not given, read as `memq analyze` reads it.")
 @click.option("--sweep", is_flag=True, help="Also try the standard list of settings.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list, one object per setting.")
 @click.option("--max-bytes", type=SIZE, default=None, help="Refuse snapshots larger than this (uncompressed).")
-def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
+def whatif(files, run_name, rank, limit, confs, sweep, oom_message, as_json, max_bytes):
     """Would another allocator setting have avoided this OOM? Replays the recorded alloc/free trace."""
     if bool(files) == bool(run_name):
         what = "give snapshot FILE(s) or --run R"
         raise BadInput(f"{what}, not both" if files else what)
     if rank is not None and not run_name:
         raise BadInput("--rank goes with --run")
+    if oom_message and run_name:
+        raise BadInput("--oom-message goes with snapshot files; a run's history already holds its OOM")
+    ctx = build_context(limit, None, oom_message) if oom_message else None  # refused before any file is read
     for c in confs:  # refuse bad settings before reading anything
         from memq.analysis.alloc_conf import parse_alloc_conf
 
@@ -54,7 +59,7 @@ def whatif(files, run_name, rank, limit, confs, sweep, as_json, max_bytes):
     if run_name:
         results, title = _from_run(run_name, rank, limit, confs, sweep, max_bytes)
     else:
-        results, title = _from_files(files, limit, confs, sweep, max_bytes)
+        results, title = _from_files(files, limit, confs, sweep, max_bytes, ctx)
     if as_json:
         json.dump(results, sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -72,7 +77,7 @@ def _wanted(confs, sweep: bool, snapshot) -> list[str]:
     return wanted
 
 
-def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
+def _from_files(files, limit, confs, sweep, max_bytes, ctx=None) -> tuple[list[dict], str]:
     from memq.analysis.whatif import run_whatif
     from memq.config import load_settings
     from memq.load import load_snapshot_file
@@ -81,6 +86,10 @@ def _from_files(files, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]
     max_b = min(max_bytes or cap, cap)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
     last = loaded[-1].snapshot
+    if limit is None and ctx is not None:
+        from memq.analysis.limits import resolve_limits
+
+        limit = resolve_limits(last, ctx, None).limit  # the message's cap, as `memq analyze` resolves it
     results = run_whatif(last, limit, _wanted(confs, sweep, last), earlier=[x.snapshot for x in loaded[:-1]])
     out = []
     for r in results:
@@ -112,17 +121,43 @@ def _from_run(run_name, rank, limit, confs, sweep, max_bytes) -> tuple[list[dict
     return doc["results"], title
 
 
+def answer_line(results: list[dict]) -> str:
+    """The sweep's answer in one line: the best setting that avoids the OOM and its headroom, or that
+    none does, or why the question has no answer."""
+    rec = next((r for r in results if not r.get("conf")), None)
+    others = [r for r in results if r.get("conf")]
+    best = max((r for r in others if r.get("verdict") in ("fits", "survives_window")),
+               key=lambda r: (r["verdict"] == "fits", r.get("headroom_bytes") or 0), default=None)
+    if rec is not None and rec.get("predicted_oom") is False:
+        return f"answer: the recorded settings already fit ({_fmt(rec.get('headroom_bytes'))} headroom)"
+    if best is not None:
+        window = "" if best["verdict"] == "fits" else " over the recorded window"
+        return (f"answer: {best['conf']} avoids the OOM{window}, {_fmt(best.get('headroom_bytes'))} headroom "
+                f"(confidence {best.get('confidence')})")
+    ooms = sum(1 for r in others if r.get("predicted_oom"))
+    unknown = sum(1 for r in others if r.get("predicted_oom") is None)
+    if ooms and not unknown:
+        return "answer: no allocator setting tried avoids the OOM"
+    if ooms:
+        return (f"answer: no setting is shown to avoid the OOM: {plural(ooms, 'setting')} still "
+                f"{'runs' if ooms == 1 else 'run'} out, "
+                f"{unknown} not assessable (why below)")
+    return "answer: not assessable (why below)"
+
+
 def render_text(results: list[dict], title: str, out) -> None:
     lim = results[0]["limit_bytes"] if results else None
     out.write(f"{title}, limit {_fmt(lim)}\n")
+    if results:
+        out.write(answer_line(results) + "\n")
     width = max(len(r["conf"] or "(recorded)") for r in results)
-    out.write(f"{'setting'.ljust(width)}  {'outcome':<10} {'peak reserved':>14} {'headroom':>18}  confidence\n")
+    out.write(f"{'setting'.ljust(width)}  {'outcome':<19} {'peak reserved':>14} {'headroom':>18}  confidence\n")
     for r in results:
-        outcome = OUTCOME.get(r.get("verdict"), "OOM" if r["predicted_oom"] else "fits")
+        outcome = said(r.get("verdict")) if r.get("verdict") else ("OOM" if r["predicted_oom"] else "fits")
         room = _fmt(r["headroom_bytes"]) if r["predicted_oom"] is not None else "-"
         if r["predicted_oom"] and r.get("shortfall_bytes") is not None:
             room = f"short {_fmt(r['shortfall_bytes'])}"  # what the failing request lacked under the limit
-        out.write(f"{(r['conf'] or '(recorded)').ljust(width)}  {outcome:<10} {_fmt(r['peak_reserved_bytes']):>14} "
+        out.write(f"{(r['conf'] or '(recorded)').ljust(width)}  {outcome:<19} {_fmt(r['peak_reserved_bytes']):>14} "
                   f"{room:>18}  {r['confidence']}\n")
     for r, why in zip(results, said_once(results), strict=True):  # why an answer is missing or partial
         if why:

@@ -22,8 +22,28 @@ def fits_word(v: bool | None) -> str:
     return {True: "yes", False: "no", None: "undetermined (the interval straddles the limit)"}[v]
 
 
+def answer_line(doc: dict) -> str:
+    """`memq fit` in one line: does the asked shape fit, with what headroom, and the largest that does."""
+    lim, shape = doc.get("limit_bytes"), _shape(doc)
+    largest = ""
+    for unit, name in (("batch", "batch"), ("seq", "sequence length")):
+        if doc.get(f"max_{unit}") is not None:
+            largest = f"; largest {name} that fits: {doc[f'max_{unit}'] or 'none'}"
+            break
+    if lim is None:
+        return f"answer: {shape} needs about {fmt_bytes(doc['peak_bytes'])}; whether it fits is undetermined " \
+               "(no limit known: give --limit SIZE or --gpu NAME)"
+    if doc["fits"] is True:
+        return (f"answer: {shape} fits the {fmt_bytes(lim)} limit, {fmt_bytes(doc.get('headroom_bytes'))} "
+                f"headroom{largest}")
+    if doc["fits"] is False:
+        return f"answer: {shape} does not fit the {fmt_bytes(lim)} limit (needs about " \
+               f"{fmt_bytes(doc['peak_bytes'])}){largest}"
+    return f"answer: {shape} may or may not fit the {fmt_bytes(lim)} limit (the interval straddles it){largest}"
+
+
 def render_fit(doc: dict) -> str:
-    lines = [f"measured: {safe_text(doc.get('source') or '')}"]
+    lines = [answer_line(doc), f"measured: {safe_text(doc.get('source') or '')}"]
     lim = doc.get("limit_bytes")
     lines.append(f"{_shape(doc)} ({doc['scale']:g}x the measured input-sized tensors)")
     lines.append(f"  predicted peak reserved  {fmt_bytes(doc['peak_bytes'])} ({fmt_bytes(doc['low'])} - "

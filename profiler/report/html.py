@@ -25,6 +25,10 @@ def _env():
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["gib"] = lambda v: f"{(v or 0) / 1024**3:.2f}"
     env.globals["b"] = lambda v: "-" if v is None else fmt_bytes(v)
+    from memq.render.words import noun, plural, said
+
+    env.filters.update(said=said, plural=plural)
+    env.globals["noun"] = noun
     from memq.report.data import simulated_outcome
 
     env.globals["sim_outcome"] = simulated_outcome

@@ -15,6 +15,8 @@ import datetime as dt
 import io
 from typing import Any
 
+from memq.render.words import said
+
 GiB = 1024**3
 COLORS = {"reserved": "#4c72b0", "allocated": "#55a868", "limit": "#c44e52", "oom": "#c44e52",
           "snapshot": "#8172b2", "near": "#dd8452", "frag": "#937860"}
@@ -94,7 +96,14 @@ def timeline_figure(tl: dict[str, Any], width: float = 9.0, height: float = 3.4)
             ax.vlines([ox], [low], [low + req], color=COLORS["oom"], lw=7, alpha=0.35,
                       label=f"live + request {req:.2f} GiB")
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(f"{unit} since {t0.strftime('%Y-%m-%d %H:%M:%S') if t0 else '-'} UTC ({source})")
+    if span > 0:
+        ax.set_xlabel(f"{unit} since {t0.strftime('%Y-%m-%d %H:%M:%S') if t0 else '-'} UTC ({source})")
+    else:
+        # one moment (a run with one snapshot): a time axis would be matplotlib's +-1e-17 around 0, with
+        # five identical tick labels; the point sits mid-plot under one tick that names the moment
+        ax.set_xlim(-1.0, 1.0)
+        ax.set_xticks([0.0], [t0.strftime("%H:%M:%S") if t0 else "-"])
+        ax.set_xlabel(f"one moment, {t0.strftime('%Y-%m-%d') if t0 else '-'} UTC ({source})")
     ax.set_ylabel("GiB")
     cause = tl.get("primary_cause") or "not analysed"
     title = f"{tl['run']}  ({tl.get('job') or '-'} / {tl.get('cluster') or '-'}, {tl.get('status')}, {cause})"
@@ -114,8 +123,8 @@ def cause_figure(by_cause: list[dict], width: float = 6.0):
     o = [r["ooms"] for r in rows]
     n = [r["near_misses"] for r in rows]
     ax.barh(ys, o, color=COLORS["oom"], label="OOM runs")
-    ax.barh(ys, n, left=o, color=COLORS["near"], label="near misses")
-    ax.set_yticks(list(ys), [r["cause"] for r in rows])
+    ax.barh(ys, n, left=o, color=COLORS["near"], label="near misses")  # a legend names the series
+    ax.set_yticks(list(ys), [said(r["cause"]) for r in rows])
     ax.set_xlabel("runs")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)

@@ -282,6 +282,9 @@ def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
     card = card_limit(run)
     if card is not None:
         return {"bytes": card, "source": "the device less memory outside PyTorch"}
+    if getattr(run, "gpu_memory_bytes", None):
+        # no cap and no OOM: the run could use the whole device, whose total the agent or ingest recorded
+        return {"bytes": int(run.gpu_memory_bytes), "source": "the device total"}
     return {"bytes": None, "source": None}
 
 
@@ -408,8 +411,29 @@ DRIVERS = {
     "workspace": ("torch_version", "cuda_version", "driver_version", "gpu_model"),
     "other": ("torch_version", "labels", "allocator_conf"),
     "unknown": ("torch_version", "labels"),
-    "cache": ("allocator_conf", "torch_version", "memory_limit_bytes"),
+    "cache": ("allocator_conf", "allocator_settings", "torch_version", "memory_limit_bytes"),
 }
+
+# Two limits closer than this are one limit: torch's OOM message prints sizes with two decimals of GiB
+# (c10 CUDACachingAllocator format_size), so a limit read from "18.85 GiB allowed" is within 0.005 GiB of
+# the cap the run announced, and two such readings within 0.01 GiB of each other.
+SAME_LIMIT_WITHIN_BYTES = 10 * 2**30 // 1000
+
+
+def same_limit(a: int | None, b: int | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return abs(int(a) - int(b)) <= SAME_LIMIT_WITHIN_BYTES
+
+
+def recorded_allocator_settings(main: RunDiagnosis | None) -> str | None:
+    """The allocator settings the snapshots recorded (torch >= 2.3), "defaults" when none differs from
+    torch's; None where the snapshots predate the record."""
+    rec = (((main.result or {}).get("details") or {}).get("allocator_settings") or {}) if main else {}
+    if not rec.get("known"):
+        return None
+    return ",".join(rec.get("non_default") or []) or "defaults"
+
 
 
 def _run_side(session: Session, name: str) -> dict[str, Any]:
@@ -422,6 +446,7 @@ def _run_side(session: Session, name: str) -> dict[str, Any]:
     side = run_dict(run)
     side["composition"] = comp
     side["limit"] = run_limit(run, main)
+    side["allocator_settings"] = recorded_allocator_settings(main)
     side["ranks"] = ranks
     side["diagnosis"] = with_rank_advice((main.result or {}).get("diagnosis") if main else None, side["ranks"])
     return side
@@ -439,8 +464,12 @@ def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
     frag = {"a": fa, "b": fb, "delta": round(fb - fa, 6) if fa is not None and fb is not None else None}
     diffs = [{"field": f, "a": A[f], "b": B[f]} for f in COMPARED_SETTINGS
              if A[f] != B[f] and f != "memory_limit_bytes"]
+    sa, sb = A["allocator_settings"], B["allocator_settings"]
+    if sa is not None and sb is not None and sa != sb:
+        # what the allocator ran with, read from the snapshots: a run's announced allocator_conf may be unset
+        diffs.append({"field": "allocator_settings", "a": sa, "b": sb, "source": "recorded in the snapshots"})
     la, lb = A["limit"], B["limit"]
-    if la["bytes"] != lb["bytes"]:
+    if not same_limit(la["bytes"], lb["bytes"]):
         # the limit each verdict used (a run's cap, else what its OOM analysis derived), not only the
         # announced cap: one run with an OOM-derived limit and one without is a difference, not "-" vs bytes
         diffs.append({"field": "limit", "a": la["bytes"], "b": lb["bytes"], "kind": "bytes",

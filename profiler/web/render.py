@@ -18,6 +18,7 @@ from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import forecast_line
 from memq.render.reasons import said_once
 from memq.render.step_need_text import step_need_headline
+from memq.render.words import labelled, plural, said
 from memq.units import fmt_bytes
 
 
@@ -63,7 +64,8 @@ def _env():
     env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
                        forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time,
                        q=lambda v: quote(str(v), safe=""), snapshot_state=_snapshot_state,
-                       playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect)
+                       playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect,
+                       said=said, plural=plural, labelled=labelled)
     return env
 
 

@@ -5,6 +5,7 @@ files: offline from files, and from the history after `memq ingest` (real Postgr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,9 @@ def test_fit_text_names_the_answer(files):
     cap = TRUTH["gpt_bf16"]["cap"]["cap_bytes"]
     out = memq("fit", *files["gpt_bf16"], "--batch", 32, "--from-batch", 4, "--limit", cap).output
     assert "batch 4 -> 32 (8x the measured input-sized tensors)" in out
+    # the answer first, in one line (issue 42 item 10)
+    assert re.fullmatch(r"answer: batch 4 -> 32 does not fit the [\d.]+ GiB limit \(needs about [\d.]+ GiB\); "
+                        r"largest batch that fits: 23", out.splitlines()[0]), out.splitlines()[0]
     assert "fits: no" in out and "largest batch that fits: 23" in out
     assert "note: autocast weight copies found" in out
 
@@ -60,6 +64,7 @@ def test_fit_gpu_and_seq(files):
 
 def test_fit_without_a_limit_is_undetermined(files):
     out = memq("fit", *files["gpt_s"], "--batch", 8, "--from-batch", 4).output
+    assert out.startswith("answer: batch 4 -> 8 needs about ") and "undetermined" in out.splitlines()[0]
     assert "fits: undetermined: no limit known (give --limit SIZE or --gpu NAME)" in out
 
 

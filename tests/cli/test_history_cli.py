@@ -90,7 +90,7 @@ def test_runs_filters(history_db):
     assert names("--cause", "fragmentation") == ["frag"]
     assert names("--label", "team=nlp") == ["adamw", "sgd"]
     assert names("--torch-version", "2.11") == ["adamw", "cap"]
-    assert names("--limit", "1") and len(names("--limit", "1")) == 1
+    assert names("--rows", "1") and len(names("--rows", "1")) == 1
     started = dt.datetime(2026, 11, 29, 20, 34, tzinfo=dt.UTC)  # when the fixtures were captured
     recent = dt.datetime.now(dt.UTC) - dt.timedelta(days=7) <= started
     assert names("--cluster", "east", "--since", "7d") == (["adamw", "sgd"] if recent else [])
@@ -224,9 +224,24 @@ def test_demo_works_without_services(tmp_path, monkeypatch):
     assert causes == {"demo-sgd": "healthy", "demo-adamw": "healthy", "demo-fragmentation": "fragmentation",
                       "demo-capacity": "capacity"}
     assert all(not s["created"] and not s["analysed"] for r in doc["runs"] for s in r["snapshots"])
-    assert (tmp_path / "data" / "memq.db").exists()
+    # the demo has its own store: the user's history (memq.db) gets no demo run
+    assert doc["database"] == f"sqlite:///{tmp_path / 'data' / 'demo.db'}"
+    assert f"stored apart from your history in sqlite:///{tmp_path / 'data' / 'demo.db'}" in " ".join(out.split())
+    memq("db", "upgrade")
+    assert json.loads(memq("runs", "--json").output)["runs"] == []
+    monkeypatch.setenv("MEMQ_DATABASE_URL", doc["database"])  # as the demo's "next" line says
     hist = json.loads(memq("history", "--run", "demo-sgd", "--json").output)
     assert hist["stats"]["count"] == 45
+    # no cap and no OOM: the header's limit is the device total the run recorded, never "limit -"
+    assert hist["limit"] == {"bytes": 150109880320, "source": "the device total"}
+    assert "limit -" not in memq("history", "--run", "demo-sgd").output
+
+
+def test_demo_into_a_named_database(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMQ_DATA_DIR", str(tmp_path / "data"))
+    url = f"sqlite:///{tmp_path / 'mine.db'}"
+    doc = json.loads(memq("demo", "--json", "--database", url).output)
+    assert doc["database"] == url and not (tmp_path / "data" / "demo.db").exists()
 
 
 @pytest.mark.postgres
@@ -273,3 +288,28 @@ def test_an_oom_run_never_reads_as_zero_ooms(memq_env):
     ingest("capacity", "cap-stats", "--stats", str(REAL / "seed_sgd" / "stats.jsonl"))
     text = " ".join(memq("history", "--run", "cap-stats").output.split())
     assert "OOMs 0" not in text and "ended in an OOM after its last stat sample" in text
+
+
+def test_compare_reads_values_not_wording(memq_env):
+    """Issue 42 item 4: the one limit (18.85 GiB, once the run's cap, once read from the OOM message)
+    is no difference; expandable_segments True vs False, recorded in the snapshots, is one."""
+    memq("db", "upgrade")
+    ingest("frag_dynamic_1.15", "plain", "--oom-message", meta("frag_dynamic_1.15")["oom_message"])
+    ingest("frag_dynamic_expandable_1.15", "expandable", "--limit", str(meta("frag_dynamic_1.15")["cap_bytes"]))
+    doc = json.loads(memq("compare", "plain", "expandable", "--json").output)
+    diffs = {d["field"]: d for d in doc["differences"]}
+    assert doc["a"]["limit"]["source"] != doc["b"]["limit"]["source"]  # different words, one value
+    assert "limit" not in diffs
+    assert (diffs["allocator_settings"]["a"], diffs["allocator_settings"]["b"]) == ("defaults",
+                                                                                   "expandable_segments:True")
+    text = memq("compare", "plain", "expandable").output
+    assert "allocator_settings" in text and "18.85 GiB" not in text.split("settings and versions that differ")[1]
+
+
+def test_same_limit_just_under_and_over_the_message_precision():
+    from memq.store.queries import SAME_LIMIT_WITHIN_BYTES, same_limit
+
+    cap = 20244645632
+    assert same_limit(cap, cap + SAME_LIMIT_WITHIN_BYTES) and same_limit(cap, cap - SAME_LIMIT_WITHIN_BYTES)
+    assert not same_limit(cap, cap + SAME_LIMIT_WITHIN_BYTES + 1)
+    assert same_limit(None, None) and not same_limit(cap, None)

@@ -67,7 +67,7 @@ def test_whatif_run_takes_snapshot_and_limit_from_the_history(store, memq_env):
     confs = [x["conf"] for x in json.loads(r.output)]
     assert confs[0] == "" and "max_split_size_mb:256" in confs and "expandable_segments:True" in confs
     text = CliRunner().invoke(cli, ["whatif", "--run", "gc", "--rank", "0", "--sweep"]).output
-    assert "run gc rank 0, oom snapshot" in text and "window ok" in text
+    assert "run gc rank 0, oom snapshot" in text and "survives the window" in text
 
 
 def test_whatif_run_errors(store, memq_env):

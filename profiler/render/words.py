@@ -1,0 +1,55 @@
+"""The words every screen uses for memq's enums and counts: one mapping, read by the terminal, the web
+pages and the report, so `external_memory` or `not_assessable` never reaches a reader as an identifier
+and "1 snapshots" is never printed."""
+
+from __future__ import annotations
+
+# Causes (docs/causes.md) and what-if outcomes, as a reader says them. The identifiers stay in JSON,
+# CSV and the CLI's filter options (`--cause external_memory`).
+WORDS = {
+    "external_memory": "external memory",
+    "leak": "leak",
+    "optimizer_state": "optimizer state",
+    "activation_spike": "activation spike",
+    "workspace": "workspace",
+    "allocator_config": "allocator settings",
+    "fragmentation": "fragmentation",
+    "capacity": "capacity",
+    "healthy": "healthy",
+    "oom": "OOM",
+    "fits": "fits",
+    "survives_window": "survives the window",
+    "not_assessable": "not assessable",
+}
+
+
+def said(value: object) -> str:
+    """An enum as words; "-" for none; an unknown identifier with its underscores as spaces."""
+    if value is None or value == "":
+        return "-"
+    text = str(value)
+    return WORDS.get(text, text.replace("_", " "))
+
+
+# English plurals memq prints: the irregular ones; every other noun takes an "s".
+PLURALS = {"near miss": "near misses", "this": "these", "entry": "entries", "is": "are"}
+
+
+def noun(n: int | float | None, word: str, many: str | None = None) -> str:
+    """The noun alone, as the count asks: a card shows the number apart from it."""
+    return word if n == 1 else (many or PLURALS.get(word) or word + "s")
+
+
+def plural(n: int | float | None, word: str, many: str | None = None) -> str:
+    """"1 snapshot", "2 snapshots", "1 near miss", "3 near misses"."""
+    count = 0 if n is None else n
+    return f"{count} {noun(count, word, many)}"
+
+
+def labelled(label: str, line: str) -> str:
+    """`label: line`, once: a line that names itself ("OOM forecast: not known yet") keeps its own words
+    after the caller's label ("forecast: not known yet"), never "forecast: OOM forecast: ..."."""
+    head, sep, rest = line.partition(": ")
+    if sep and head.lower().endswith(label.split()[0].lower()):
+        line = rest
+    return f"{label}: {line}"
