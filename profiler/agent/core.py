@@ -146,7 +146,6 @@ class Agent(AgentTriggers, AgentRecording, AgentSignals):
         self._step_s: float | None = None
         self._stride = 1
         self._since_read = 0
-        self._live_range: tuple[int, int] | None = None  # live bytes over the thinned boundaries
         self._limit: int | None = None
         self.oom_snapshots = 0
         self.exception_text: str | None = None

@@ -233,13 +233,6 @@ class TorchSource:
             torch._C._cuda_resetPeakMemoryStats(dev)
         return out
 
-    def allocated(self) -> int | None:
-        """Live bytes now, the one counter a thinned boundary reads (no peak reset)."""
-        torch, dev = self._torch, self._dev
-        if torch is None or dev is None:
-            return None  # set by the first step_signals(): no reading before the first full one
-        return int(torch._C._cuda_memoryStats(dev)["allocated_bytes"]["all"]["current"])
-
     def snapshot(self) -> dict | None:
         if not self.ready() or not self.can_snapshot():
             return None
@@ -359,11 +352,6 @@ class ReplaySource:
         alloc, res = line.get("allocated_bytes.all.current", 0), line.get("reserved_bytes.all.current", 0)
         return (alloc, res, line.get("allocated_bytes.all.peak", alloc), line.get("reserved_bytes.all.peak", res),
                 line.get("num_alloc_retries", 0))
-
-    def allocated(self) -> int | None:
-        """Live bytes at a thinned boundary: `self.live` (a list the test sets, consumed in order)."""
-        live = getattr(self, "live", None)
-        return int(live.pop(0)) if live else None
 
     def read(self, entry: dict) -> bytes:
         return codec.decompress((self.folder / entry["file"]).read_bytes(), self._max_bytes)

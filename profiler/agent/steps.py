@@ -86,8 +86,7 @@ class StepTracker:
 
     # -- figures ---------------------------------------------------------------------------------
     def figure(self, step: int | None, epoch: int | None, sig: tuple | None, ms: float | None,
-               span: int = 1, t: float | None = None, live_range: tuple[int, int] | None = None) -> dict | None:
-        """`live_range`: (min, max) of the live bytes read at the thinned boundaries this figure covers."""
+               span: int = 1, t: float | None = None) -> dict | None:
         if sig is None:
             return None
         alloc, reserved, peak_alloc, peak_reserved, retries = (int(x) for x in sig)
@@ -98,8 +97,6 @@ class StepTracker:
             fig["t"] = round(float(t), 3)  # unix seconds: lets a forecast name a time
         if span > 1:
             fig["span"] = span  # the figures cover this many steps (boundary reads were thinned)
-            lo, hi = live_range if live_range else (alloc, alloc)
-            fig["allocated_min"], fig["allocated_max"] = min(lo, alloc), max(hi, alloc)
         self.figures.append(fig)
         if len(self._pending) == self._pending.maxlen:
             self.dropped += 1
