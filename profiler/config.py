@@ -320,9 +320,9 @@ class Settings:
         "Alerts: a run's next verdict waits until this long after its previous alert was sent.",
         minimum=0)
     alert_job_max_per_hour: int = setting(10, "MEMQ_ALERT_JOB_MAX_PER_HOUR",
-        ("Alerts: alerts sent per job (cluster, job) in any hour; beyond it verdicts are recorded as "
-         "suppressed and sent as one summary per job once its hour has room again (at the latest an hour "
-         "after the first of them)."),
+        ("Alerts: alerts sent per job (principal, cluster, job: another principal's runs under the same job "
+         "name count on their own) in any hour; beyond it verdicts are recorded as suppressed and sent as one "
+         "summary per job once its hour has room again (at the latest an hour after the first of them)."),
         minimum=0)
     forecast_alert_s: int = setting(6 * 3600, "MEMQ_FORECAST_ALERT_S",
         ("Alerts: a running run whose forecast OOM comes sooner than this many seconds is alerted (once, and "
@@ -333,8 +333,10 @@ class Settings:
          "seconds per rank (snapshots recompute it regardless); 0 = every batch."),
         minimum=0)
     alert_max_per_hour: int = setting(60, "MEMQ_ALERT_MAX_PER_HOUR",
-        ("Alerts: pages of all jobs together in any hour (alerts and summaries); beyond it verdicts are "
-         "suppressed and summarised per job as with MEMQ_ALERT_JOB_MAX_PER_HOUR, and summaries wait for room."),
+        ("Alerts: pages of all jobs together in any hour (alerts and summaries); beyond it a principal still "
+         "pages up to its share (this limit divided among the principals with a verdict in the last hour), "
+         "other verdicts are suppressed and summarised per job as with MEMQ_ALERT_JOB_MAX_PER_HOUR, and "
+         "summaries wait for room."),
         minimum=1)
     alert_lookback_h: int = setting(24, "MEMQ_ALERT_LOOKBACK_H",
         "Alerts: the sweep looks for new verdicts among runs updated in the last this many hours.",

@@ -9,9 +9,14 @@ Redis cannot say which ACL user appended a stream entry, so the writer signs it.
   the signature covers the blob too.
 - `verify(fields, keyring)` returns the key's principal, or raises IdentityError naming what failed:
   unsigned, unknown key, bad signature, a cluster or job the key may not write (fnmatch patterns).
-- A run belongs to the principal whose envelope created it (`runs.owner`); the dispatcher dead-letters
-  any later envelope of that run from another principal, so a forged run_start, run_end or OOM under a
-  victim's run name changes nothing of the victim's.
+- Run names are scoped by principal: with a keyring, the run a signed envelope names is stored as
+  `<principal>/<run>` (`scoped_run`; a name that already starts with the principal's own prefix is
+  kept), so no key can claim, fill or shadow another principal's run: a squatter's `llama-sft-0412`
+  is `team-c/llama-sft-0412`, the owner's is `team-a/llama-sft-0412`. A principal is a name without
+  `/` (checked when the keyring is read), so the prefix is unambiguous.
+- A run also belongs to the principal whose envelope created it (`runs.owner`); the dispatcher
+  dead-letters any later envelope of that run from another principal (runs created before names were
+  scoped, or unsigned), so a forged run_start, run_end or OOM changes nothing of the victim's.
 - Rotation: a principal may hold several keys at once (a new kid beside the old one); runs belong to the
   principal, not the key, so a job restarted with the new key keeps writing its runs.
 """
@@ -27,11 +32,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memq.errors import BadInput
+from memq.names import MAX_LEN, name_problem
 
 #: HMAC keys shorter than this are refused (RFC 2104: at least the hash's output length).
 MIN_SECRET_BYTES = 32
 _KID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
 _SIG_FIELDS = ("kid", "sig")
+#: Between a principal and its run names (`team-a/llama-sft-0412`); refused in principals.
+SCOPE_SEP = "/"
 
 
 class IdentityError(BadInput):
@@ -93,6 +101,9 @@ def parse_keyring(text: str) -> dict[str, Key]:
         principal = k.get("principal")
         if not isinstance(principal, str) or not principal or len(principal) > 200:
             raise BadInput(f"key {kid}: principal must be a name of 1-200 characters")
+        if SCOPE_SEP in principal or name_problem(principal, max_len=200):
+            raise BadInput(f"key {kid}: principal {principal[:60]!r} must be printable text without "
+                           f"{SCOPE_SEP!r} (it prefixes the principal's run names)")
         pats = {}
         for name in ("clusters", "jobs"):
             v = k.get(name, ["*"])
@@ -149,3 +160,15 @@ def owner_mismatch(run: str, owner: str | None, principal: str | None) -> Identi
     return IdentityError(f"run {run[:200]!r} belongs to {owner or 'unsigned writers'}, not to "
                          f"{principal or 'an unsigned writer'}: envelopes of a run come from the identity "
                          "that created it")
+
+
+def scoped_run(principal: str, run: str) -> str:
+    """The stored name of `run` sent by `principal`: `<principal>/<run>`, or `run` itself when it
+    already carries that prefix (so `memq history team-a/x` and a push of `team-a/x` agree). An
+    IdentityError when the scoped name is longer than a run name may be (runs.name)."""
+    prefix = principal + SCOPE_SEP
+    out = run if run.startswith(prefix) else prefix + run
+    if len(out) > MAX_LEN["run"]:
+        raise IdentityError(f"run name {run[:60]!r} scoped by its principal ({out[:60]!r}...) is {len(out)} "
+                            f"characters long, over the limit of {MAX_LEN['run']}: use a shorter run name")
+    return out

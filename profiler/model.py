@@ -138,6 +138,8 @@ class StepFigures:
     retries: int = 0
     ms: float | None = None
     tokens: int | None = None  # the step's input size, when the job passed mark_step(tokens=)
+    span: int = 1  # boundaries the figure covers (the agent thins its reads on very fast steps)
+    time: float | None = None  # unix seconds at the boundary, when the agent sent it
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,15 +241,26 @@ class OomMessage:
     process_in_use_bytes: int | None = None
     allowed_bytes: int | None = None
     allocated_bytes: int | None = None
-    private_pool_bytes: int | None = None
+    private_pool_bytes: int | None = None  # inside allocated_bytes (torch prints allocated + private pools)
     reserved_unallocated_bytes: int | None = None
     text: str = ""
+    # Which message it is (oom_message.py): the allocator's layout, or a failure outside it.
+    layout: str | None = None
+    kind: str = "allocator"  # allocator | cuda_error | cublas | cudnn | mps | block_limit | server_warmup
+    platform: str = "cuda"  # cuda | hip | xpu | mps
+    other_processes: tuple[tuple[int, int], ...] = ()  # (pid, bytes) of processes other than this one
+    other_allocations_bytes: int | None = None  # MPS: "other allocations"
+    server: str | None = None  # an inference server named in the pasted text (vllm, sglang)
+    truncated: bool = False
+    notes: tuple[str, ...] = ()  # figures the message prints but that cannot hold, and why they were dropped
 
     @property
     def reserved_bytes(self) -> int | None:
+        # torch >= 2.4 prints "allocated" as allocated + private pools and "unallocated" as reserved
+        # minus both (c10/cuda/CUDACachingAllocator.cpp): reserved is their sum, pools never added again.
         if self.allocated_bytes is None or self.reserved_unallocated_bytes is None:
             return None
-        return self.allocated_bytes + self.reserved_unallocated_bytes + (self.private_pool_bytes or 0)
+        return self.allocated_bytes + self.reserved_unallocated_bytes
 
     @property
     def non_pytorch_bytes(self) -> int | None:

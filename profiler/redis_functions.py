@@ -8,8 +8,8 @@ allowed FCALL but not XADD cannot append through a function either. memq therefo
     agent      SET <prefix>blob:<sha256> (as before) and RPUSH <stream>:inbox <JSON array of fields>
                (RPUSH has no options: it can only append)
     dispatcher FCALL memq_relay: moves inbox elements into the stream with `*` IDs and the
-               deployment's MAXLEN ~ N, refuses malformed ones as stub entries (dead-lettered by the
-               dispatcher with the reason), and caps the TTL of each relayed snapshot's blob
+               deployment's MAXLEN ~ N, drops malformed ones in bulk (counted; one dead letter per
+               step says how many), and caps the TTL of each relayed snapshot's blob
 
 In a hardened deployment (deploy/redis/users.acl.template) the agent user has RPUSH on the inbox and
 no XADD; the agent's transport tries XADD first and switches to the inbox when the ACL refuses it, so
@@ -34,10 +34,14 @@ from typing import Any
 log = logging.getLogger("memq.redis_functions")
 
 LIBRARY = "memq"
-VERSION = 3  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
+VERSION = 4  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
 SOURCE = Path(__file__).with_name("memq_functions.lua")
 #: Elements moved per FCALL: the function blocks Redis while it runs, so keep each call short.
 RELAY_BATCH = 1000
+#: Redis time one relay step may spend dropping junk, in calls of up to 100,000 drops each (the
+#: Lua library's MAX_DROPS_PER_CALL): junk is cleared at least as fast as the agent user can push it
+#: (benchmarks/bench_inbox_flood.py), and the dispatcher reads its stream between steps.
+RELAY_STEP_BUDGET_S = 0.25
 #: An inbox element waiting longer than this means nobody relays it (doctor's warning).
 STALE_INBOX_S = 60
 
@@ -98,19 +102,21 @@ class Relay:
     counted, and the dispatcher carries on reading the stream."""
 
     def __init__(self, client, *, stream: str, key_prefix: str, maxlen: int, blob_ttl_s: int,
-                 batch: int = RELAY_BATCH):
+                 batch: int = RELAY_BATCH, dead_key: str | None = None, dead_maxlen: int = 100_000):
         self.client, self.stream, self.inbox = client, stream, inbox_key(stream)
         self.key_prefix, self.maxlen, self.blob_ttl_s, self.batch = key_prefix, maxlen, blob_ttl_s, batch
+        self.dead_key, self.dead_maxlen = dead_key, dead_maxlen
         self.counts = {"moved": 0, "refused": 0, "errors": 0, "held": 0}
         self.last_error: str | None = None
         self.waiting = 0  # inbox elements left after the last step
+        self.hurry = False
         self._checked = False
         self._next_log = 0.0
 
     @classmethod
     def for_settings(cls, client, st) -> Relay:
         return cls(client, stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
-                   blob_ttl_s=st.blob_ttl_s)
+                   blob_ttl_s=st.blob_ttl_s, dead_key=st.dead_letter_key)
 
     def _call(self):
         return self.client.fcall("memq_relay", 2, self.inbox, self.stream, self.batch, self.maxlen,
@@ -119,22 +125,33 @@ class Relay:
     def step(self) -> int:
         import redis
 
+        self.hurry = False
         try:
             # Most deployments' agents write the stream directly; only an inbox in use needs the
             # library (so a development Redis never gets one loaded for nothing).
             if not self.client.llen(self.inbox):
+                self.waiting = 0
                 return 0
             if not self._checked:
                 ensure_library(self.client)
                 self._checked = True
-            try:
-                moved, refused, err = self._call()
-            except redis.ResponseError as exc:
-                if not _missing(exc):  # a Redis restarted without persistence lost the library
-                    raise
-                ensure_library(self.client)
-                moved, refused, err = self._call()
+            moved = refused = 0
+            err = ""
+            until = time.monotonic() + RELAY_STEP_BUDGET_S
+            while True:  # more calls only while they drop junk: moves are capped by `batch` per step
+                try:
+                    m, f, err = self._call()
+                except redis.ResponseError as exc:
+                    if not _missing(exc):  # a Redis restarted without persistence lost the library
+                        raise
+                    ensure_library(self.client)
+                    m, f, err = self._call()
+                moved, refused = moved + int(m), refused + int(f)
+                if err or not int(f) or moved >= self.batch or time.monotonic() >= until:
+                    break
             waiting = self.client.llen(self.inbox)
+            if refused:
+                self._dead_summary(refused)
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
             raise
         except redis.RedisError as exc:
@@ -144,16 +161,33 @@ class Relay:
         self.counts["moved"] += moved
         self.counts["refused"] += refused
         self.waiting = waiting
-        if not moved and waiting:
+        if not moved and not refused and waiting:
             # Back-pressure, not loss: the stream is full of unread entries; the inbox keeps the rest.
             self.counts["held"] += 1
             if time.monotonic() >= self._next_log:
                 self._next_log = time.monotonic() + 60
                 log.warning("relay %s -> %s: %d inbox elements wait: the stream holds MAXLEN %d unread entries "
                             "(dispatchers behind)", self.inbox, self.stream, waiting, self.maxlen)
+        # elements left behind a step that made progress: the dispatcher reads without waiting and
+        # relays again at once; held (stream full) or failing: it waits as usual, never a busy loop
+        self.hurry = bool((moved or refused) and waiting and not err)
         if err:
             self._error(f"stream {self.stream} refused an inbox element: {_text(err)}")
         return moved
+
+    def _dead_summary(self, refused: int) -> None:
+        """One dead letter for every junk element a step dropped (a dead letter each would let a
+        flood push real dead letters out of the capped dead stream); the total counter counts each."""
+        if not self.dead_key:
+            return
+        pipe = self.client.pipeline(transaction=True)
+        pipe.xadd(self.dead_key, {"v": "0", "stage": "relay", "dropped": str(refused), "relay_error": "junk",
+                                  "reason": f"relay: dropped {refused} inbox element(s) that are not a JSON "
+                                            f"array of field names and values",
+                                  "dead_at": str(int(time.time() * 1000))},
+                  maxlen=self.dead_maxlen, approximate=True)
+        pipe.incrby(self.dead_key + ":total", refused)
+        pipe.execute()
 
     def _error(self, what: str) -> None:
         self.counts["errors"] += 1

@@ -41,6 +41,21 @@ _ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc", "segme
             "segment_unmap", "oom", "snapshot", "annotate"}
 
 
+#: The most bytes a snapshot may claim in all: each of its segments' sizes and their sum, each trace
+#: entry's size and the sum over a device's trace. 2**56 bytes (64 PiB) is ~500,000 times an H200's
+#: 141 GB, and leaves a factor of 128 below PostgreSQL's BIGINT (2**63 - 1) for what the analysis
+#: derives from them (sums of peaks, what-if scalings), so a hostile size is refused here, as bad
+#: input (never retried), instead of overflowing a column in the worker.
+MAX_FIGURE_BYTES = 2**56
+
+
+def _bytes_total(values, what: str) -> None:
+    """Refuse a negative size or sizes summing past MAX_FIGURE_BYTES (each is then below it too)."""
+    total = sum(values)
+    if total > MAX_FIGURE_BYTES:
+        raise SnapshotError(f"{what} sum to {total} bytes, over the {MAX_FIGURE_BYTES} a snapshot may claim")
+
+
 def _int(v: Any, what: str, default: int | None = None) -> int:
     if isinstance(v, bool):
         return int(v)
@@ -95,6 +110,7 @@ def _parse(raw: Any, consume: bool, nbytes: int | None) -> Snapshot:
         seg, legacy = _parse_segment(s, i)
         legacy_history |= legacy
         segments.append(seg)
+    _bytes_total((seg.total_size for seg in segments), "the segments' sizes")
 
     traces_raw = raw.get("device_traces", [])
     if not isinstance(traces_raw, list):
@@ -184,6 +200,12 @@ def _parse_segment(s: Any, i: int) -> tuple[Segment, bool]:
             frames=frames,
         ))
         cursor += size
+    sizes = [total, *(b.size for b in blocks), *(b.requested_size for b in blocks)]
+    if min(sizes) < 0:
+        raise SnapshotError(f"segment {i} has a negative size")
+    _bytes_total(sizes[:1], f"segment {i} total_size")
+    _bytes_total((b.size for b in blocks), f"segment {i} block sizes")
+    _bytes_total((b.requested_size for b in blocks), f"segment {i} requested sizes")
     seg_type = s.get("segment_type")
     if seg_type not in ("small", "large"):
         seg_type = "small" if total <= 2 * SMALL_SIZE and total == 2 * SMALL_SIZE else "large"
@@ -284,17 +306,19 @@ class _Frames:
         # A list that later entries share (torch pickles one list per allocation, read again by its
         # frees) is remembered by its identity until its last entry is read: it is held meanwhile, so
         # its id stays its own, and let go then, so that memory follows the entries still to come.
-        seen = self._by_list.get(id(f))
+        by_list = self._by_list
+        i = id(f)
+        seen = by_list.get(i)
         if seen is not None and seen[0] is f:
             c = seen[1]
             if getrefcount(f) <= _LIST_LAST_REFS:
-                del self._by_list[id(f)]
+                del by_list[i]
+        elif getrefcount(f) > _LIST_UNSHARED_REFS:  # before _by_frames: it may keep f itself
+            by_list[i] = (f, c := self._by_frames(f))
         else:
-            shared = getrefcount(f) > _LIST_UNSHARED_REFS  # before _by_frames: it may keep f itself
             c = self._by_frames(f)
-            if shared:
-                self._by_list[id(f)] = (f, c)
-        self._last, self._last_canon = f, c  # held: its id cannot be reused while it is compared
+        self._last = f  # held: its id cannot be reused while it is compared
+        self._last_canon = c
         return c
 
     def _by_frames(self, f: list) -> list:
@@ -310,7 +334,9 @@ class _Frames:
             key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
             tried = self._by_ids.get(key)
             if tried is None:
-                self._by_ids[key] = tried = []
+                tried = self._by_ids[key] = []
+            elif tried[0][0] == f:  # the common case: the first list with these five frames
+                return tried[0][1]
             for g, c in tried:
                 if g == f:
                     return c
@@ -417,7 +443,13 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             ev = _odd_entry(e, k, device, intern(f) if f else empty)
             if ev is not None:
                 append(ev)
+    # one C-level pass (about a tenth of the loop above): the magnitudes, so a negative size cannot
+    # cancel a hostile one either
+    _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
+
+
+_EVENT_SIZE = itemgetter(2)
 
 
 _ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
@@ -526,8 +558,13 @@ def _step_figures(v: Any) -> tuple[StepFigures, ...]:
                                peak_reserved=_opt_int(d.get("peak_reserved")) or 0, allocated=alloc,
                                reserved=_opt_int(d.get("reserved")) or 0, retries=_opt_int(d.get("retries")) or 0,
                                ms=float(ms) if isinstance(ms, (int, float)) and not isinstance(ms, bool) else None,
-                               tokens=_opt_int(d.get("tokens"))))
+                               tokens=_opt_int(d.get("tokens")), span=max(1, _opt_int(d.get("span")) or 1),
+                               time=_opt_float(d.get("t"))))
     return tuple(out)
+
+
+def _opt_float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
 
 
 MAX_OOM_FRAMES = 64

@@ -101,6 +101,14 @@ def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+
+def _outside(value, total: int | None) -> int | None:
+    """Bytes held outside PyTorch as run_start says, kept only when they fit the device."""
+    v = _int_or_none(value)
+    if v is None or v < 0 or (total is not None and v >= total):
+        return None
+    return v
+
 class Dispatcher:
     def __init__(self, st: Settings, *, consumer: str | None = None, group: str = GROUP, batch: int = 100,
                  block_ms: int = 1000, enqueue: Callable[[int], None] | None = None):
@@ -328,7 +336,8 @@ class Dispatcher:
 
         with runtime.redis_errors(self.st.redis_url):
             try:
-                block = None if self.stop_event.is_set() else self.block_ms
+                # no wait while the relay is clearing the inbox: its next step goes on at once
+                block = None if self.stop_event.is_set() or self.relay.hurry else self.block_ms
                 resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=self.batch,
                                          block=block)
             except redis.ResponseError as exc:
@@ -441,8 +450,9 @@ class Dispatcher:
                 continue
             try:
                 env = envelope.parse(fields, self.limits)
-                if self.keyring:
-                    env = dataclasses.replace(env, owner=identity.verify(fields, self.keyring))
+                if self.keyring:  # the signer owns the run, and its name is scoped by it (identity.py)
+                    who = identity.verify(fields, self.keyring)
+                    env = dataclasses.replace(env, owner=who, run=identity.scoped_run(who, env.run))
             except identity.IdentityError as exc:
                 self.counts["identity_refused"] += 1
                 self._dead_and_ack(eid, fields, f"identity: {exc}")
@@ -564,6 +574,7 @@ class Dispatcher:
             labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
             driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
             memory_limit_bytes=real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
+            non_pytorch_bytes=_outside(p.get("non_pytorch_bytes"), total),
             optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
             world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:

@@ -22,7 +22,14 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from memq.config import Settings, load_settings, redact_url
-from memq.errors import BadInput, BrokerUnavailable, SchemaOutOfDate, StorageError, StorageUnavailable
+from memq.errors import (
+    BadInput,
+    BrokerUnavailable,
+    DecodeUnavailable,
+    SchemaOutOfDate,
+    StorageError,
+    StorageUnavailable,
+)
 from memq.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
 from memq.redis_client import forget_shared, shared_client
 
@@ -129,8 +136,8 @@ def is_transient(exc: BaseException) -> bool:
     """True for an outage (retry later), False for bad data (never retry). See the module docstring."""
     import redis
 
-    if isinstance(exc, (BrokerUnavailable, SchemaOutOfDate, redis.ConnectionError, redis.TimeoutError,
-                        redis.BusyLoadingError)):
+    if isinstance(exc, (BrokerUnavailable, SchemaOutOfDate, DecodeUnavailable, redis.ConnectionError,
+                        redis.TimeoutError, redis.BusyLoadingError)):
         return True
     if isinstance(exc, redis.ResponseError):
         return _redis_not_ready(exc)

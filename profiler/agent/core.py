@@ -66,7 +66,7 @@ class Agent(AgentTriggers, AgentRecording, AgentSignals):
                  world_size: int | None = None, host: str | None = None, redis_url: str | None = None,
                  stream: str | None = None, key_prefix: str | None = None, stream_maxlen: int | None = None,
                  blob_ttl_s: int | None = None, spool_dir: str | None = None, spool_max_bytes: int | None = None,
-                 fsync: bool = True, stats_interval_s: float | None = None, stats_flush_s: float = 60.0,
+                 fsync: bool = True, stats_interval_s: float | None = None, stats_flush_s: float = 30.0,
                  snapshot_every_s: float | None = None, snapshot_on_epoch: bool = True,
                  history: str | None = None, stacks: str = "python", context: str = "all",
                  max_entries: int | None = None, warmup_steps: int = 3, warmup_s: float = 120.0,

@@ -182,9 +182,18 @@ class TorchSource:
                 md[key] = fn()
             except Exception:  # noqa: BLE001 - absent on this torch: leave it out
                 pass
+        try:  # what is held outside this process's PyTorch: an uncapped job's limit is the card less it
+            free, total = torch.cuda.mem_get_info(dev)
+            reserved = int(torch.cuda.memory_reserved(dev))
+            md["device_free"] = int(free)
+            md["non_pytorch_bytes"] = max(0, int(total) - int(free) - reserved)
+        except Exception:  # noqa: BLE001
+            pass
         limit = self.limit_bytes()
         if limit:
             md["limit_bytes"] = limit
+            if md.get("memory_fraction", 1.0) < 1.0:
+                md["process_cap_bytes"] = limit
         return md
 
     def _allocator_settings(self) -> dict | None:

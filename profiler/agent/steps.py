@@ -32,6 +32,16 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 GROWTH_MIN_BYTES = 64 * MIB
+# Unsent step figures kept between two stats flushes. A flush goes out every FLUSH_FIGURES figures
+# (or stats_flush_s), so this only fills when the transport is stalled; ~200 bytes a figure as JSON.
+PENDING_MAX = 8192
+FLUSH_FIGURES = 512
+# Most boundaries one reading may cover: a 1 ms step still gets a figure every 0.1 s.
+MAX_STRIDE = 100
+#: Boundaries read at the start of a run whatever the stride (agent.triggers): a leak of 126 MiB a step
+#: runs out in about 13 steps, and the growth model needs its points (GROWTH_FEW_POINTS and more); at
+#: ~25 us a reading on the H200 this costs under 2 ms once per run.
+FULL_READ_BOUNDARIES = 64
 
 
 @dataclass
@@ -62,6 +72,10 @@ class StepTracker:
         self.large_factor = float(large_factor)
         self.large_window_steps = int(large_window_steps)
         self.figures: deque[dict] = deque(maxlen=maxlen)
+        # figures not yet handed to a stats batch, kept apart from the ring: a burst of fast steps
+        # between two flushes must not push unsent figures out (the ring keeps only the recent ones)
+        self._pending: deque[dict] = deque(maxlen=PENDING_MAX)
+        self.dropped = 0
         self.boundaries = 0
         self.base_live: int | None = None       # live bytes at the last comparable point
         self.epoch_live: int | None = None      # live bytes at the last epoch end
@@ -69,28 +83,34 @@ class StepTracker:
         self.window: str | None = None          # reason of the open window, None when none
         self._peaks: deque[int] = deque(maxlen=64)
         self._max_peak = 0
-        self._sent = 0                          # figures already handed to a stats batch
 
     # -- figures ---------------------------------------------------------------------------------
     def figure(self, step: int | None, epoch: int | None, sig: tuple | None, ms: float | None,
-               span: int = 1) -> dict | None:
+               span: int = 1, t: float | None = None) -> dict | None:
         if sig is None:
             return None
         alloc, reserved, peak_alloc, peak_reserved, retries = (int(x) for x in sig)
         fig = {"step": step, "epoch": epoch, "peak_allocated": max(peak_alloc, alloc),
                "peak_reserved": max(peak_reserved, reserved), "allocated": alloc, "reserved": reserved,
                "retries": retries, "ms": None if ms is None else round(ms, 3)}
+        if t is not None:
+            fig["t"] = round(float(t), 3)  # unix seconds: lets a forecast name a time
         if span > 1:
             fig["span"] = span  # the figures cover this many steps (boundary reads were thinned)
         self.figures.append(fig)
-        self._sent += 1
+        if len(self._pending) == self._pending.maxlen:
+            self.dropped += 1
+        self._pending.append(fig)
         return fig
+
+    def pending(self) -> int:
+        return len(self._pending)
 
     def unsent(self) -> list[dict]:
         """Figures added since the last call (for the next stats batch), oldest first."""
-        n = min(self._sent, len(self.figures))
-        self._sent = 0
-        return list(self.figures)[len(self.figures) - n:] if n else []
+        out = list(self._pending)
+        self._pending.clear()
+        return out
 
     def last(self) -> dict | None:
         return self.figures[-1] if self.figures else None
@@ -160,4 +180,4 @@ def stride_for(cost_s: float, step_s: float | None, budget_frac: float = 0.002) 
     """How many boundaries share one reading so that reading costs at most `budget_frac` of step time."""
     if not step_s or step_s <= 0 or cost_s <= 0:
         return 1
-    return max(1, min(1000, math.ceil(cost_s / (budget_frac * step_s))))
+    return max(1, min(MAX_STRIDE, math.ceil(cost_s / (budget_frac * step_s))))

@@ -38,10 +38,10 @@ def summarise(store, st: Settings, now: dt.datetime | None = None) -> list[str]:
     with store.session() as s:
         jobs = outbox.summary_candidates(s)
     keys = []
-    for cluster, job in jobs:
+    for cluster, job, owner in jobs:
         try:
             with store.session() as s:
-                key = outbox.summarise_job(s, st, cluster, job, now=now)
+                key = outbox.summarise_job(s, st, cluster, job, now=now, owner=owner)
         except Exception:  # one job's rows must never stop another job's summary or any alert
             log.exception("alerts: the summary of %s / %s could not be built; the other jobs go on", cluster, job)
             continue

@@ -140,7 +140,7 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
     now = now or repo.utcnow()
     near = 1.0 - st.alert_headroom_pct / 100.0
     q = select(Run.id, Run.name, Run.cluster, Run.job, Run.status, Run.primary_cause, Run.oom_count,
-               Run.peak_reserved_bytes, _limit_col().label("limit"), Run.oom_forecast_at).where(
+               Run.peak_reserved_bytes, _limit_col().label("limit"), Run.oom_forecast_at, Run.owner).where(
         Run.primary_cause.is_not(None))
     if run_ids is not None:
         ids = sorted({int(i) for i in run_ids})
@@ -156,7 +156,9 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
                         and_(Run.peak_reserved_bytes.is_not(None), _limit_col() > 0,
                              Run.peak_reserved_bytes >= _limit_col() * near)))
     candidates = []
-    rows = [_facts(r) for r in session.execute(q)]
+    fetched = list(session.execute(q))
+    owners = {int(r.id): r.owner for r in fetched}
+    rows = [_facts(r) for r in fetched]
     last = _last_forecasts(session, [f.run_id for f in rows if f.oom_forecast_at is not None]) if rows else {}
     for f in rows:
         v = verdict_of(f, st.alert_headroom_pct)
@@ -179,6 +181,7 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
         key = idempotency_key(f.name, v.key)
         stmt = repo._insert(session, Alert).values(
             run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause, cluster=f.cluster, job=f.job,
+            owner=owners.get(f.run_id),
             idem_key=key, body=body, state=state, next_attempt_at=repo.db_time(session, now),
             created_at=repo.db_time(session, now))  # the caller's clock: summaries are timed from it
         res = session.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "verdict"]))
@@ -219,23 +222,28 @@ def due_summary_ids(session: Session, limit: int, now: dt.datetime | None = None
         .order_by(AlertSummary.next_attempt_at, AlertSummary.id).limit(limit)).scalars()]
 
 
-def _same_job(model, cluster: str | None, job: str | None):
-    return and_(model.cluster == cluster if cluster is not None else model.cluster.is_(None),
-                model.job == job if job is not None else model.job.is_(None))
+def _eq(col, value):
+    return col == value if value is not None else col.is_(None)
 
 
-def _job_recent(session: Session, cluster: str | None, job: str | None, now: dt.datetime,
+def _same_job(model, owner: str | None, cluster: str | None, job: str | None):
+    """One budget: a (principal, cluster, job). Another principal's runs under the same job name
+    (any key may write any job under the default `jobs: ["*"]`) spend their own budget, not this one."""
+    return and_(_eq(model.owner, owner), _eq(model.cluster, cluster), _eq(model.job, job))
+
+
+def _job_recent(session: Session, owner: str | None, cluster: str | None, job: str | None, now: dt.datetime,
                 other_than: int | None = None) -> int:
     """Alerts of the job claimed in the last JOB_WINDOW_S: its verdicts' (suppressed ones never
     are) and its summaries' (a summary is a page too, so it takes a slot)."""
     since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
     q = select(func.count()).select_from(Alert).where(
-        _same_job(Alert, cluster, job), Alert.state != "suppressed", Alert.claimed_at > since)
+        _same_job(Alert, owner, cluster, job), Alert.state != "suppressed", Alert.claimed_at > since)
     if other_than is not None:
         q = q.where(Alert.id != other_than)
     n = session.execute(q).scalar_one()
     n += session.execute(select(func.count()).select_from(AlertSummary).where(
-        _same_job(AlertSummary, cluster, job), AlertSummary.claimed_at > since)).scalar_one()
+        _same_job(AlertSummary, owner, cluster, job), AlertSummary.claimed_at > since)).scalar_one()
     return int(n)
 
 
@@ -256,6 +264,53 @@ def _global_recent(session: Session, now: dt.datetime, *, alert: int | None = No
     return int(session.execute(qa).scalar_one()) + int(session.execute(qs).scalar_one())
 
 
+def _principal_recent(session: Session, owner: str | None, now: dt.datetime, *, alert: int | None = None,
+                      summary: int | None = None) -> int:
+    """Pages of one principal's jobs in the last JOB_WINDOW_S, the one being claimed left out."""
+    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
+    qa = select(func.count()).select_from(Alert).where(_eq(Alert.owner, owner), Alert.state != "suppressed",
+                                                       Alert.claimed_at > since)
+    qs = select(func.count()).select_from(AlertSummary).where(_eq(AlertSummary.owner, owner),
+                                                              AlertSummary.claimed_at > since)
+    if alert is not None:
+        qa = qa.where(Alert.id != alert)
+    if summary is not None:
+        qs = qs.where(AlertSummary.id != summary)
+    return int(session.execute(qa).scalar_one()) + int(session.execute(qs).scalar_one())
+
+
+def _active_principals(session: Session, now: dt.datetime) -> int:
+    """Principals with a verdict recorded in the last JOB_WINDOW_S (sent, held back or suppressed:
+    a principal whose every verdict the full window suppressed is one that wants its share)."""
+    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
+    return int(session.execute(select(func.count(func.distinct(func.coalesce(Alert.owner, ""))))
+                               .where(Alert.created_at > since)).scalar_one())
+
+
+def fair_share(max_per_hour: int, principals: int) -> int:
+    """Pages of MEMQ_ALERT_MAX_PER_HOUR guaranteed to each principal with recent verdicts."""
+    return max_per_hour // max(1, principals)
+
+
+def _global_room(session: Session, st: Settings, owner: str | None, now: dt.datetime, *,
+                 alert: int | None = None, summary: int | None = None) -> tuple[bool, str]:
+    """Whether the limit of all jobs lets this page go, and if not why. It goes while the window of
+    every principal holds fewer than MEMQ_ALERT_MAX_PER_HOUR pages, and in any case while its own
+    principal has paged less than its fair share (the limit divided among the principals with recent
+    verdicts): a principal that fills the window with its own volume cannot starve another's page.
+    The cost: in an hour where one principal filled the window, the others' shares come on top of it
+    (below twice the limit in all)."""
+    every = _global_recent(session, now, alert=alert, summary=summary)
+    if every < st.alert_max_per_hour:
+        return True, ""
+    share = fair_share(st.alert_max_per_hour, _active_principals(session, now))
+    mine = _principal_recent(session, owner, now, alert=alert, summary=summary)
+    if mine < share:
+        return True, ""
+    return False, (f"rate limit: {every} alerts of all jobs in the last hour (MEMQ_ALERT_MAX_PER_HOUR="
+                   f"{st.alert_max_per_hour}), {mine} of them of this principal (its share: {share})")
+
+
 def _lock_global(session: Session) -> None:
     """Claims of every job count against one window: taken one at a time (PostgreSQL; SQLite writes
     one transaction at a time anyway)."""
@@ -263,10 +318,10 @@ def _lock_global(session: Session) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(hashtext('memq-alerts:global'))"))
 
 
-def _lock_job(session: Session, cluster: str | None, job: str | None) -> None:
+def _lock_job(session: Session, owner: str | None, cluster: str | None, job: str | None) -> None:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
-                        {"k": "memq-alerts:" + json.dumps([cluster, job])})
+                        {"k": "memq-alerts:" + json.dumps([owner, cluster, job])})
 
 
 def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None = None) -> Claim | None:
@@ -279,15 +334,15 @@ def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None
         update(Alert).where(Alert.id == alert_id, _claimable(t))
         .values(state="sending", claim_token=token, lease_until=t + dt.timedelta(seconds=st.alert_lease_s),
                 attempts=Alert.attempts + 1, claimed_at=t)
-        .returning(Alert.id, Alert.run_id, Alert.cluster, Alert.job, Alert.idem_key, Alert.body, Alert.attempts,
-                   Alert.created_at)).first()
+        .returning(Alert.id, Alert.run_id, Alert.owner, Alert.cluster, Alert.job, Alert.idem_key, Alert.body,
+                   Alert.attempts, Alert.created_at)).first()
     if row is None:
         return None
     if row.attempts > st.alert_max_attempts:
         _set(session, row.id, state="failed", lease_until=None,
              last_error=f"gave up after {st.alert_max_attempts} attempts")
         return None
-    _lock_job(session, row.cluster, row.job)
+    _lock_job(session, row.owner, row.cluster, row.job)
     others = Alert.id != row.id
     last_of_run = session.execute(select(func.max(Alert.claimed_at)).where(
         Alert.run_id == row.run_id, others, Alert.state.in_(("sending", "sent")))).scalar_one()
@@ -297,20 +352,19 @@ def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None
             _set(session, row.id, state="pending", lease_until=None, claim_token=None, claimed_at=None,
                  attempts=row.attempts - 1, next_attempt_at=repo.db_time(session, until))
             return None
-    recent = _job_recent(session, row.cluster, row.job, now, other_than=row.id)
+    recent = _job_recent(session, row.owner, row.cluster, row.job, now, other_than=row.id)
     if recent >= st.alert_job_max_per_hour:
         _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
              last_error=f"rate limit: {recent} alerts of this job in the last hour "
                         f"(MEMQ_ALERT_JOB_MAX_PER_HOUR={st.alert_job_max_per_hour})")
         return None
     _lock_global(session)
-    every = _global_recent(session, now, alert=row.id)
-    if every >= st.alert_max_per_hour:
+    room, why = _global_room(session, st, row.owner, now, alert=row.id)
+    if not room:
         # a flood of forged or real job names cannot page more than this; held-back verdicts are
         # summarised per job as the job limit's are, and summaries wait for room in this window too
         _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
-             last_error=f"rate limit: {every} alerts of all jobs in the last hour "
-                        f"(MEMQ_ALERT_MAX_PER_HOUR={st.alert_max_per_hour})")
+             last_error=why)
         return None
     return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at))
@@ -349,28 +403,28 @@ def document(st: Settings, c: Claim) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ summaries
 
 
-def summary_candidates(session: Session) -> list[tuple[str | None, str | None]]:
-    """(cluster, job) pairs with suppressed verdicts no summary covers yet (cheap: an index on
+def summary_candidates(session: Session) -> list[tuple[str | None, str | None, str | None]]:
+    """(cluster, job, principal) with suppressed verdicts no summary covers yet (cheap: an index on
     (state, summarised_by)); whether a summary is due is decided per job by `summarise_job`."""
-    return [(r.cluster, r.job) for r in session.execute(
-        select(Alert.cluster, Alert.job).where(Alert.state == "suppressed", Alert.summarised_by.is_(None))
-        .group_by(Alert.cluster, Alert.job).order_by(Alert.cluster, Alert.job))]
+    return [(r.cluster, r.job, r.owner) for r in session.execute(
+        select(Alert.cluster, Alert.job, Alert.owner).where(Alert.state == "suppressed", Alert.summarised_by.is_(None))
+        .group_by(Alert.cluster, Alert.job, Alert.owner).order_by(Alert.cluster, Alert.job, Alert.owner))]
 
 
 def summarise_job(session: Session, st: Settings, cluster: str | None, job: str | None,
-                  now: dt.datetime | None = None) -> str | None:
+                  now: dt.datetime | None = None, owner: str | None = None) -> str | None:
     """Record the summary of the job's suppressed, not yet summarised verdicts if one is due (the
     module docstring says when). Returns its key, or None (not due, nothing to cover, or another
     sender covered the rows first: then this transaction is rolled back and writes nothing)."""
     now = now or repo.utcnow()
-    _lock_job(session, cluster, job)  # PostgreSQL: one summariser per job at a time
-    uncovered = (_same_job(Alert, cluster, job), Alert.state == "suppressed", Alert.summarised_by.is_(None))
+    _lock_job(session, owner, cluster, job)  # PostgreSQL: one summariser per job at a time
+    uncovered = (_same_job(Alert, owner, cluster, job), Alert.state == "suppressed", Alert.summarised_by.is_(None))
     # whether one is due first, from one aggregate: the sweep asks every 15 s while a busy job's
     # rows wait out their hour, and reads them only when they go out
     oldest = repo.to_utc(session.execute(select(func.min(Alert.created_at)).where(*uncovered)).scalar_one())
     if oldest is None:
         return None
-    window_open = _job_recent(session, cluster, job, now) < st.alert_job_max_per_hour
+    window_open = _job_recent(session, owner, cluster, job, now) < st.alert_job_max_per_hour
     if not window_open and oldest > now - dt.timedelta(seconds=JOB_WINDOW_S):
         return None  # still inside the hour that held them back: they wait, nothing is lost
     rows = session.execute(
@@ -381,11 +435,11 @@ def summarise_job(session: Session, st: Settings, cluster: str | None, job: str 
     covered = [Covered(alert_id=int(r.id), run=r.name, verdict=r.verdict, kind=r.kind, cause=r.cause,
                        at=repo.to_utc(r.created_at)) for r in rows]
     ids = [c.alert_id for c in covered]
-    key = summary_key(cluster, job, ids)
+    key = summary_key(cluster, job, ids)  # the ids are unique across principals: so is the key
     body = summary_body(cluster, job, covered, st.public_url, st.alert_job_max_per_hour)
     res = session.execute(
         repo._insert(session, AlertSummary).values(
-            cluster=cluster, job=job, idem_key=key, covered=len(ids), body=body, state="pending",
+            owner=owner, cluster=cluster, job=job, idem_key=key, covered=len(ids), body=body, state="pending",
             next_attempt_at=repo.db_time(session, now), created_at=repo.db_time(session, now))
         .on_conflict_do_nothing(index_elements=["idem_key"]).returning(AlertSummary.id)).first()
     if res is None:  # the same rows were summarised by another sender a moment ago
@@ -411,7 +465,7 @@ def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datet
         update(AlertSummary).where(AlertSummary.id == summary_id, _claimable(t, AlertSummary))
         .values(state="sending", claim_token=token, lease_until=t + dt.timedelta(seconds=st.alert_lease_s),
                 attempts=AlertSummary.attempts + 1, claimed_at=t)
-        .returning(AlertSummary.id, AlertSummary.cluster, AlertSummary.job, AlertSummary.idem_key,
+        .returning(AlertSummary.id, AlertSummary.owner, AlertSummary.cluster, AlertSummary.job, AlertSummary.idem_key,
                    AlertSummary.body, AlertSummary.attempts, AlertSummary.created_at)).first()
     if row is None:
         return None
@@ -421,9 +475,9 @@ def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datet
         return None
     # its claimed_at counts in the job's window: committed under the job's lock, as a claim's
     # count of that window is read under it
-    _lock_job(session, row.cluster, row.job)
+    _lock_job(session, row.owner, row.cluster, row.job)
     _lock_global(session)
-    if _global_recent(session, now, summary=row.id) >= st.alert_max_per_hour:
+    if not _global_room(session, st, row.owner, now, summary=row.id)[0]:
         # the window of all jobs is full: the summary waits (its rows stay covered by it)
         _set(session, row.id, AlertSummary, state="pending", lease_until=None, claim_token=None, claimed_at=None,
              attempts=row.attempts - 1, next_attempt_at=t + dt.timedelta(seconds=GLOBAL_RETRY_S))

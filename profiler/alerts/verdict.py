@@ -8,7 +8,8 @@ A verdict is the part of a run's state that is worth a page:
   (MEMQ_ALERT_HEADROOM_PCT) of its limit (the per-process cap, else the device's memory).
 - `forecast:<n>`: the run is still running and its OOM forecast (analysis/forecast.py) comes sooner
   than MEMQ_FORECAST_ALERT_S; `n` counts the forecast alerts of the run: a later one only when the
-  forecast OOM moved much earlier (to under FORECAST_EARLIER_SHARE of the time the last alert gave).
+  forecast OOM moved much earlier (to under FORECAST_EARLIER_SHARE of the time the last alert gave),
+  and no sooner than FORECAST_MIN_INTERVAL_S after the last one.
 "Once per verdict change" is once per distinct verdict of a run: a run that goes back to an
 earlier verdict (A -> B -> A) is not alerted for A a second time (the outbox key is (run, verdict)).
 Anything else (healthy with headroom, no diagnosis yet) is no verdict. A run with an OOM but no
@@ -42,6 +43,12 @@ def severity_rank(kind: str) -> int:
 #: A forecast alert again only when the OOM now comes in under this share of the time the previous
 #: forecast alert gave (2 h -> under 1 h): a forecast that drifts by minutes is no news.
 FORECAST_EARLIER_SHARE = 0.5
+#: ... and never sooner than this after the previous forecast alert of the run was recorded. Without
+#: a floor a forecast that flaps (out to hours, back to minutes, or past due) re-pages at every
+#: MEMQ_ALERT_RUN_INTERVAL_S (10 min) for hours. One hour is JOB_WINDOW_S, the period every page
+#: budget is counted over: a run's forecast takes at most one of its job's slots per window. An OOM
+#: that comes sooner is paged as an OOM anyway.
+FORECAST_MIN_INTERVAL_S = 3600
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,8 @@ def forecast_verdict(status: str, oom_at: dt.datetime | None, now: dt.datetime, 
     if last is None:
         return Verdict("forecast:1", "forecast", "leak")
     n, was_at, recorded = last
+    if (now - recorded).total_seconds() < FORECAST_MIN_INTERVAL_S:
+        return None
     said = (was_at - recorded).total_seconds()  # what the previous alert gave; <= 0: it said "due now"
     if said > 0 and left < FORECAST_EARLIER_SHARE * said:
         return Verdict(f"forecast:{n + 1}", "forecast", "leak")

@@ -39,7 +39,7 @@ from memq.model import OomContext, Snapshot, frame_file, frame_name
 if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
-ANALYZER_VERSION = "1.5.0"
+ANALYZER_VERSION = "1.5.2"  # 1.5: growth as a trend; 1.5.1: private pools; 1.5.2: composition by provenance
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -425,33 +425,52 @@ def message_facts(ctx: OomContext) -> Facts:
 
 
 def explain_message(ctx: OomContext) -> dict:
-    """The contract from an OOM message alone: what the message carries, null for the rest."""
+    """The contract from an OOM message alone: what the message carries, null for the rest, and the
+    verdict its own figures settle (message_verdict.py), with advice for that situation first."""
+    from memq.analysis.message_verdict import judge
+    from memq.analysis.recommend import message_recommendations
+
     msg = ctx.message
-    A = msg.allocated_bytes if msg else None
-    R = msg.reserved_bytes if msg else None
-    lim = resolve_limits(None, ctx, R)
-    S = lim.requested
-    facts = message_facts(ctx)
-    primary, conf, causes, findings = diagnose(facts)  # largest_known=False: no free blocks in a message
-    recs = recommend(primary, facts, None, facts.leak)
-    unalloc = msg.reserved_unallocated_bytes if msg else None
+    if msg is None:
+        raise ValueError("explain_message() needs a parsed message")
+    v = judge(msg, limit=ctx.limit_bytes, device_total=ctx.device_total_bytes)
+    A, R, S = msg.allocated_bytes, msg.reserved_bytes, msg.requested_bytes
+    unalloc = msg.reserved_unallocated_bytes
+    causes = [{"cause": v.primary, "confidence": v.confidence, "evidence": v.evidence}]
+    causes += [{"cause": c, "confidence": conf, "evidence": e} for c, conf, e in v.others if c != v.primary]
+    recs = message_recommendations(v, msg)
+    T = v.figures.get("device_total")
+    F = msg.device_free_bytes
+    non_pt = (T - F - R) if (T is not None and F is not None and R is not None) else None
     return {
         "schema": SCHEMA,
         "snapshots": [],
         "metrics": {"reserved_bytes": R, "allocated_bytes": A, "active_bytes": None, "requested_bytes": None,
                     "reserved_unallocated_bytes": unalloc, "largest_free_block_bytes": None,
-                    "fragmentation_ratio": None, "stranded_bytes": unalloc},
-        "oom": None if S is None else {"requested_bytes": S, "limit_bytes": lim.limit,
+                    "fragmentation_ratio": None, "stranded_bytes": None},
+        "oom": None if S is None else {"requested_bytes": S, "limit_bytes": v.limit,
                                        "fits_largest_free_block": None,
-                                       "fits_if_compacted": (A + S <= lim.limit) if (A is not None and lim.limit)
-                                       else None},
+                                       # MPS's cap counts the process's other Metal allocations too
+                                       "fits_if_compacted": (A + (msg.other_allocations_bytes or 0) + S <= v.limit)
+                                       if (A is not None and v.limit) else None},
         "composition": {c: None for c in fr.CATEGORIES},
-        "diagnosis": {"primary_cause": primary, "confidence": conf, "causes": causes, "recommendations": recs},
+        "diagnosis": {"primary_cause": v.primary, "confidence": v.confidence, "causes": causes,
+                      "recommendations": recs},
         # The playbook entries the message's own figures point to (and popular advice they rule out).
-        "playbook": message_playbook(facts, unalloc, msg.text if msg else ""),
+        # Only where the message's figures alone decide between the cache and the step (a cap, another
+        # process, graphs' pools or a failure outside the allocator have their own advice above).
+        "playbook": (message_playbook(message_facts(ctx), unalloc, msg.text)
+                     if v.situation in ("fragmentation", "near_limit", "capacity", "external", "own_libraries", "cap")
+                     else []),
         "details": {"analyzer_version": ANALYZER_VERSION,
-                    "limits": {"requested_bytes": S, "limit_bytes": lim.limit, "limit_source": lim.limit_source,
-                               "device_total_bytes": lim.device_total, "device_free_bytes": lim.device_free,
-                               "non_pytorch_bytes": lim.non_pytorch},
-                    "message": msg.text if msg else ""},
+                    "message_verdict": v.situation,
+                    "message_layout": msg.layout, "message_kind": msg.kind, "platform": msg.platform,
+                    "server": msg.server, "truncated": msg.truncated, "notes": list(msg.notes),
+                    "other_processes": [{"pid": pid, "bytes": b} for pid, b in msg.other_processes],
+                    "limits": {"requested_bytes": S, "limit_bytes": v.limit, "limit_source": v.limit_source,
+                               "device_total_bytes": T, "device_free_bytes": F,
+                               "this_process_bytes": msg.process_in_use_bytes,
+                               "private_pool_bytes": msg.private_pool_bytes,
+                               "non_pytorch_bytes": non_pt},
+                    "message": msg.text},
     }

@@ -30,6 +30,8 @@ from memq.analysis.rules import (
 )
 from memq.units import fmt_bytes, fmt_need
 
+#: How to give a limit that is not known: both commands exist (files, and a run already stored).
+LIMIT_HINT = "give the limit (--limit SIZE for files; memq reanalyze --run RUN --limit SIZE for a stored run)"
 PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
               "allocator_config", "fragmentation", "capacity", "healthy")
 CAUSES = frozenset(PRECEDENCE)
@@ -424,7 +426,7 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
         primary = next((x for x in findings if x.cause == "capacity"), findings[-1])
         primary_conf = confidence("weak_primary")
         primary.evidence.insert(0, "no deciding test could be settled with the inputs given; "
-                                   + "; ".join(primary.missing or ["pass --limit"]))
+                                   + "; ".join(primary.missing or [LIMIT_HINT]))
     else:
         earlier = PRECEDENCE[: PRECEDENCE.index(primary.cause)]
         primary_conf = confidence(

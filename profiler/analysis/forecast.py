@@ -111,6 +111,7 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
                        + [int(c.get("reserved") or 0) for c in comparable[-1:]] + [0])
     ceilings = _ceilings(reserved_now, limit, largest_segment)
     cr = gm.crossing(g, exc, ceilings)
+    cr = _reserve_first(cr, _reserved_series(figs, comparable, pts, unit), limit, pts)
     if cr is None or not math.isfinite(cr.x):
         out.update(oom_expected=False, confidence=0.5, basis=f"{g.why} ({basis_pts})")
         return out
@@ -305,8 +306,11 @@ def _epoch_length(pts: list[gm.Point]) -> int | None:
 def _excursion(figures: list[dict], pts: list[gm.Point]) -> int:
     """How far a step goes above the live bytes it starts from (the largest of the recent steps)."""
     figs = [f for f in figures if isinstance(f.get("allocated"), int) and isinstance(f.get("peak_allocated"), int)]
-    ups = [int(b["peak_allocated"]) - int(a["allocated"]) for a, b in zip(figs, figs[1:], strict=False)
-           if b.get("step", 0) >= 1][-RECENT_STEPS:]
+    # a figure of one step: its peak above the floor it started from (the figure before); a figure of
+    # thinned reads (span > 1): its peak above its own floor, since the floor it started from is
+    # several steps and the growth between them older
+    ups = [int(b["peak_allocated"]) - int(b["allocated"] if int(b.get("span") or 1) > 1 else a["allocated"])
+           for a, b in zip(figs, figs[1:], strict=False) if b.get("step", 0) >= 1][-RECENT_STEPS:]
     if ups:
         # The median: the first step of an epoch that creates a new optimizer's state (or runs right
         # after validation) goes higher once; the floor after it already holds what it added.
@@ -314,11 +318,62 @@ def _excursion(figures: list[dict], pts: list[gm.Point]) -> int:
     return 0
 
 
+def _reserved_series(figs: list[dict], comparable: list[dict], pts: list[gm.Point], unit: str) -> list[tuple]:
+    """(x, reserved bytes, reserved less live bytes) at the growth series' points: the figures' peak
+    reserved and peak live (each epoch's highest where the points are epochs), else the comparable
+    snapshots' reserved and live bytes."""
+    if figs:
+        if unit == "epoch":
+            by: dict[int, tuple[int, int]] = {}
+            for f in figs:
+                if isinstance(f.get("epoch"), int):
+                    r0, a0 = by.get(f["epoch"], (0, 0))
+                    by[f["epoch"]] = (max(r0, int(f.get("peak_reserved") or 0)),
+                                      max(a0, int(f.get("peak_allocated") or 0)))
+            return sorted((float(e), r, r - a) for e, (r, a) in by.items() if r)
+        return [(float(f["step"]), int(f["peak_reserved"]), int(f["peak_reserved"]) - int(f.get("peak_allocated") or 0))
+                for f in figs if f.get("peak_reserved")]
+    xs = [p.x for p in pts]
+    rows = comparable[-len(xs):] if xs else []
+    return [(x, int(c["reserved"]), int(c["reserved"]) - int(c.get("active") or 0))
+            for x, c in zip(xs, rows, strict=False) if c.get("reserved")]
+
+
+def _reserve_first(cr: gm.Crossing | None, reserved: list[tuple], limit: int,
+                   pts: list[gm.Point]) -> gm.Crossing | None:
+    """The reserve can run out before the need does: a leak whose blocks each take a segment of their
+    own (large blocks are not split for others) strands free bytes beside them, and the cache grows
+    faster than the live bytes. Where the reserved bytes above the live ones themselves trend up (their
+    Theil-Sen lower bound over the recent half of the series above zero: bytes the allocator cannot give
+    back), the OOM comes at the earlier of the two crossings: the reserved bytes' line meeting LIMIT. A
+    cache that merely holds a step's freed blocks (released when the cap is reached) does not trend."""
+    if cr is None or len(reserved) < 8:
+        return cr
+    recent = reserved[len(reserved) // 2:]
+    gap = gm.theil_sen([x for x, _, _ in recent], [float(g) for _, _, g in recent])
+    if gap.low <= 0:
+        return cr
+    t = gm.theil_sen([x for x, _, _ in recent], [float(r) for _, r, _ in recent])
+    if t.slope <= 0 or t.low <= 0:
+        return cr
+    x_last = pts[-1].x if pts else recent[-1][0]
+    at = x_last + max(0.0, (limit - t.at(x_last)) / t.slope)
+    if at >= cr.x:
+        return cr
+    early = min(cr.early, x_last + max(0.0, (limit - t.at(x_last)) / t.high)) if math.isfinite(t.high) else cr.early
+    return gm.Crossing(math.floor(at) + 1, min(early, math.floor(at) + 1), max(cr.late, math.floor(at) + 1))
+
+
 def _snapshot_excursion(comparable: list[dict]) -> int:
     """Without step figures: how far the recorded traces of the comparable snapshots went above their
-    live bytes (the median), 0 where they recorded no step (the floor is then the need)."""
+    live bytes (the median), else their reserved bytes above the live ones."""
     ups = [int(c["peak"]) - int(c.get("active") or 0) for c in comparable[-RECENT_STEPS:]
            if isinstance(c.get("peak"), int) and c["peak"] > int(c.get("active") or 0)]
+    if not ups:
+        # no trace: the cache the allocator keeps between steps holds the step's freed blocks, so the
+        # reserved bytes above the live ones stand for what a step adds
+        ups = [int(c["reserved"]) - int(c.get("active") or 0) for c in comparable[-RECENT_STEPS:]
+               if isinstance(c.get("reserved"), int) and c["reserved"] > int(c.get("active") or 0)]
     return int(statistics.median(ups)) if ups else 0
 
 

@@ -68,7 +68,8 @@ def agent_facts(snap: Snapshot) -> dict | None:
     out = {k: getattr(a, k) for k in _AGENT}
     out["step_figures"] = [{"step": f.step, "epoch": f.epoch, "peak_allocated": f.peak_allocated,
                             "allocated": f.allocated, "peak_reserved": f.peak_reserved, "reserved": f.reserved,
-                            "retries": f.retries, "tokens": f.tokens, "ms": f.ms} for f in a.step_figures]
+                            "retries": f.retries, "tokens": f.tokens, "ms": f.ms, "span": f.span, "t": f.time}
+                           for f in a.step_figures]
     out["oom_frames"] = list(a.oom_frames)
     return out
 

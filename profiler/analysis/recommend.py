@@ -332,3 +332,176 @@ def message_playbook(f: Facts, unallocated: int | None, text: str) -> list[dict]
         add("workspace", "the text names cuDNN/cuBLAS: their workspaces are sized from the device's free "
                          "memory, not the cap")
     return out
+
+
+# --- advice for a message alone (`memq explain`; analysis/message_verdict.py decides the situation) ---
+
+_SERVER_ACTION = {
+    "vllm": ("Lower vLLM's memory settings: gpu_memory_utilization (the share of the device it takes for weights, "
+             "KV cache and CUDA graphs), max_num_seqs and max_model_len; --enforce-eager skips CUDA-graph memory; a "
+             "quantized model (AWQ/GPTQ/FP8) halves the weights"),
+    "sglang": ("Lower SGLang's memory settings: --mem-fraction-static, --max-running-requests and --context-length; "
+               "--disable-cuda-graph skips CUDA-graph memory; a quantized model halves the weights"),
+}
+_SHRINK = ("Reduce the step's memory: smaller micro-batch with gradient accumulation, activation checkpointing, "
+           "shorter sequences or smaller images (for inference: torch.no_grad() / inference_mode(), fp16/bf16)")
+
+
+def _context_sized(others: list) -> bool:
+    """Other processes of a few hundred MiB each, all alike: other ranks' CUDA contexts on this device."""
+    sizes = [b for _, b in others]
+    return len(sizes) >= 2 and max(sizes) < 1 << 30 and max(sizes) - min(sizes) < 64 << 20
+
+
+def message_recommendations(v, msg) -> list[dict]:
+    """Ranked advice for a message-only verdict (MessageVerdict `v` of OomMessage `msg`): what the
+    message's own figures point to first; never a figure the message does not give."""
+    recs: list[dict] = []
+    f = v.figures
+    S, A, R = f.get("requested"), f.get("allocated"), f.get("reserved")
+    server = msg.server
+
+    def add(action, why, effect, playbook):
+        recs.append(_rec(action, why, effect, playbook))
+
+    def server_first(why):
+        if server:
+            add(_SERVER_ACTION[server], why, "the server's own reservation leaves the device the room it ran out of",
+                "allocator-settings")
+
+    sit = v.situation
+    if sit == "mps":
+        add("Raise or lift the MPS memory cap: PYTORCH_MPS_HIGH_WATERMARK_RATIO (a higher ratio, or 0.0 to remove the "
+            "cap; the system may then swap or stall)",
+            f"the cap is {g(f.get('allowed'))} and this process's Metal memory plus the {g(S)} request is over it",
+            f"the {g(S)} request is served from unified memory above the old cap", "allocator-settings")
+        add(_SHRINK, "the unified memory is shared with the system: what the step needs is what runs out",
+            "the step's peak drops below the cap", "activation-checkpointing")
+        if (f.get("other_allocations") or 0) > (f.get("allocated") or 0):
+            add("Release Metal memory PyTorch no longer uses: torch.mps.empty_cache(), and other models loaded in the "
+                "same process", f"other allocations ({g(f.get('other_allocations'))}) exceed MPS allocated "
+                f"({g(f.get('allocated'))})", "frees the other allocations' cached part", "empty-cache")
+        return recs
+    if sit == "server_warmup":
+        server = server or "vllm"
+        server_first("the server reserves memory for its largest batch at start-up and that did not fit")
+        return recs
+    if sit == "block_limit":
+        add("Split the tensor below the per-allocation limit (chunk the operation), or allow large allocations on "
+            "Intel GPUs (UR_L0_USE_RELAXED_ALLOCATION_LIMITS=1 with a build that supports it)",
+            v.evidence[-1], "the request is served from the device's free memory", "allocator-settings")
+        add("Do not shrink the batch for this first", "the device had room; one allocation's size is what was refused",
+            "no change", "activation-checkpointing")
+        return recs
+    if sit == "cublas":
+        add("Free device memory for cuBLAS before the first matmul: check nvidia-smi for other processes on this GPU, "
+            "run on one GPU that has free memory (CUDA_VISIBLE_DEVICES), or cap PyTorch's cache "
+            "(torch.cuda.set_per_process_memory_fraction) so the library has room",
+            v.evidence[-1], "cuBLAS creates its handle and workspace", "workspace")
+        add("Run once with CUDA_LAUNCH_BLOCKING=1 to see the call that failed", "CUDA reports errors asynchronously",
+            "the traceback names the failing operation", "workspace")
+        return recs
+    if sit == "cudnn":
+        add("Set torch.backends.cudnn.benchmark=False (benchmarking tries algorithms with large workspaces), and "
+            "shrink the batch if it still fails", v.evidence[-1],
+            "cuDNN picks an algorithm whose workspace fits", "workspace")
+        return recs
+    if sit == "cuda_error":
+        server_first("the server sizes its reservation from the device, leaving CUDA graphs and libraries little room")
+        add("Find the call that ran out: rerun with CUDA_LAUNCH_BLOCKING=1; check nvidia-smi for other processes; "
+            "leave headroom outside PyTorch's cache for libraries (torch.cuda.set_per_process_memory_fraction below "
+            "1, smaller NCCL buffers with NCCL_BUFFSIZE, CUBLAS_WORKSPACE_CONFIG=:4096:8)",
+            v.evidence[-1], "the failing call and the memory it needed become visible", "external-memory")
+        add("Do not read this as PyTorch's allocator running out", "the caching allocator's message ('Tried to "
+            "allocate ...') was not raised: allocator settings and empty_cache() act on another memory",
+            "no change", "external-memory")
+        return recs
+    if sit == "no_figures":
+        server_first("the pasted text names an inference server")
+        add("Paste the whole message (it is cut before its figures), or analyze a snapshot (memq analyze FILE)",
+            v.evidence[-1], "the diagnosis then names one cause, with the advice for it", "allocator-settings")
+        return recs
+    if sit == "over_device":
+        add("Shrink the tensor behind this one request (batch, resolution, sequence length), process it in chunks, or "
+            "shard/offload the model", v.evidence[-1], f"the request drops below the {g(f.get('device_total'))} device",
+            "activation-checkpointing")
+        return recs
+    if sit == "cap":
+        add("Raise the per-process cap (torch.cuda.set_per_process_memory_fraction) or fit the job under it",
+            v.evidence[-1], f"the {g(S)} request fits once the cap allows reserved + request", "allocator-settings")
+        add(_SHRINK, f"under the {g(v.limit)} cap the step must need less", "the step fits the cap",
+            "activation-checkpointing")
+        return recs
+    if sit == "other_processes":
+        others = sorted(f.get("other_processes") or [], key=lambda x: -x[1])
+        names = ", ".join(f"process {pid} ({g(b)})" for pid, b in others)
+        ranks = _context_sized(others)
+        add(f"Stop or move the other processes on this GPU: {names}"
+            + ("; they look like other ranks' CUDA contexts on this device: call torch.cuda.set_device(local_rank) "
+               "before any CUDA call in each rank" if ranks
+               else "; give each job its own device (CUDA_VISIBLE_DEVICES)"),
+            v.evidence[-1], f"frees up to {g(sum(b for _, b in others))}; the {g(S)} request then fits",
+            "external-memory")
+        server_first("the pasted text names an inference server")
+        return recs
+    if sit == "below_free":
+        if msg.platform == "xpu" and S is not None and S >= 4 << 30:
+            add("Split the tensor below 4 GiB: Intel GPUs refuse one allocation above 4 GiB unless relaxed limits "
+                "are on", v.evidence[-1], "the request is served from the free memory", "allocator-settings")
+        add("Do not shrink the batch first: find the limit that ran out. Look for "
+            "torch.cuda.set_per_process_memory_fraction and PYTORCH_CUDA_ALLOC_CONF in the job; watch nvidia-smi "
+            "for another process whose use jumps; on Windows (WDDM) and unified-memory devices the free figure is "
+            "not what can be committed; rerun once to rule out a transient driver failure",
+            v.evidence[-1], "the limit that refused the request is named", "allocator-settings")
+        return recs
+    if sit == "own_libraries":
+        add("Shrink this process's memory outside PyTorch's cache: other frameworks' preallocation "
+            "(XLA_PYTHON_CLIENT_PREALLOCATE=false, cupy's pool limit), NCCL buffers (NCCL_BUFFSIZE), cuBLAS/cuDNN "
+            "workspaces (CUBLAS_WORKSPACE_CONFIG=:4096:8, cudnn.benchmark=False)",
+            v.evidence[-1], "the request fits once those buffers shrink", "external-memory")
+        add("Do not look for another program holding the GPU first",
+            "the message's 'this process' figure shows the memory is this process's own", "no change",
+            "external-memory")
+        return recs
+    if sit == "external":
+        server_first("the pasted text names an inference server")
+        add("Find and stop what else holds the GPU (nvidia-smi --query-compute-apps=pid,used_memory --format=csv); "
+            "give each job its own device (CUDA_VISIBLE_DEVICES)", v.evidence[-1],
+            f"the {g(S)} request then fits", "external-memory")
+        add("Do not tune PyTorch's allocator for this OOM",
+            f"allocator settings and empty_cache() act only on PyTorch's own {g(R)}", "no change", "external-memory")
+        return recs
+    if sit == "private_pools":
+        add("Release the CUDA graphs' private pools before eager allocations: torch.compile(mode='default') or "
+            "'max-autotune-no-cudagraphs' instead of 'reduce-overhead', share one pool across graphs "
+            "(torch.cuda.graph(..., pool=...)), or create optimizer state before capturing",
+            v.evidence[-1], f"frees up to {g(f.get('private_pools'))} for eager code", "allocator-settings")
+        add("Do not expect expandable_segments or empty_cache() to help here",
+            "private-pool memory stays reserved as long as its graphs exist", "no change", "expandable-segments")
+        return recs
+    server_first("the pasted text names an inference server")
+    if f.get("cap_ran_out"):
+        add(f"The per-process cap ran out, not the device: raise torch.cuda.set_per_process_memory_fraction if the "
+            f"device is this job's (it had {g(f.get('device_free'))} free), or make the job fit the {g(v.limit)} cap",
+            f"reserved {g(R)} + request {g(S)} is over the {g(v.limit)} cap ({v.limit_source})",
+            "the request is served under a higher cap", "allocator-settings")
+    if sit == "near_limit":
+        add("Leave the step headroom: a smaller micro-batch with gradient accumulation (or activation checkpointing); "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gets this request through the cached pieces but "
+            f"leaves only {g(v.limit - A - S)} for the rest of the step",
+            v.evidence[-1], "the step fits with room to spare, whichever of the two it was", "activation-checkpointing")
+        add("Do not call torch.cuda.empty_cache() for this", "the unallocated bytes sit in segments that still hold "
+            "live blocks, which empty_cache() cannot release", "no change", "empty-cache")
+        return recs
+    if sit == "capacity":
+        add(_SHRINK, v.evidence[-1] + ": the live set does not fit",
+            "the step's peak drops by what the batch or sequence holds", "activation-checkpointing")
+        add("Do not expect allocator settings or empty_cache() to fix this",
+            "expandable_segments and max_split_size_mb only rearrange cached free memory", "no change",
+            "allocator-settings")
+        return recs
+    add("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", v.evidence[-1],
+        f"the {g(S)} request fits: allocated {g(A)} + request <= {g(v.limit)}", "expandable-segments")
+    add("Do not call torch.cuda.empty_cache() for this", "the unallocated bytes sit in segments that still hold live "
+        "blocks, which empty_cache() cannot release", "no change", "empty-cache")
+    return recs

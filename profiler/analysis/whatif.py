@@ -939,9 +939,10 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
         limit_bytes = device_bound_limit(snap, rep)
         if limit_bytes is not None:
             per_process = False
-            common.append(f"no limit given: using the device-bound limit {fmt_bytes(limit_bytes)} (reserved bytes at the "
-                          "recorded OOM + the free bytes CUDA reported there); pass --limit for a per-process "
-                          "cap (set_per_process_memory_fraction), which also enables garbage collection")
+            common.append(f"no limit given: using the device-bound limit {fmt_bytes(limit_bytes)} "
+                          "(reserved bytes at the recorded OOM + the free bytes CUDA reported there); pass --limit "
+                          "for a per-process cap (set_per_process_memory_fraction), which also enables garbage "
+                          "collection")
         else:  # still replayed: the peaks and the model check hold without a limit
             reason = ("no limit known: without the per-process cap (--limit, or the run's limit in the history) "
                       "nothing can run out of memory in the model; peak reserved is still predicted")
@@ -967,9 +968,9 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
         over = [i for i, v in enumerate(rec_reserved[:rep.recorded_oom_ops[0]]) if v > limit_bytes]
         if over:
             limit_from = over[-1] + 1
-            common.append(f"the recorded run reserved more than the limit of {fmt_bytes(limit_bytes)} until trace entry "
-                          f"{rep.op_event[over[-1]]} (the cap was set or lowered later in the run): the limit is "
-                          "applied from there on")
+            common.append(f"the recorded run reserved more than the limit of {fmt_bytes(limit_bytes)} until "
+                          f"trace entry {rep.op_event[over[-1]]} (the cap was set or lowered later in the run): "
+                          "the limit is applied from there on")
     rec_sim = _simulate(rep, rec_cfg, limit_bytes, "recorded", record=True, per_process=per_process,
                         limit_from=limit_from)
     fid = fidelity(rep, rec_sim)
@@ -981,8 +982,8 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                       f"{fmt_bytes(limit_bytes)} the model {what}; the limit must be the per-process cap the run had",
                       rec_sim, fid)
     if hypothetical:
-        common.append(f"the recorded run reserved up to {fmt_bytes(max(rec_reserved))}, more than this limit: the replay "
-                      "predicts what a lower cap would have done")
+        common.append(f"the recorded run reserved up to {fmt_bytes(max(rec_reserved))}, more than this limit: "
+                      "the replay predicts what a lower cap would have done")
     if not rec_oom and rec_sim.oom_op is not None and not hypothetical:
         return all_na(f"under the recorded settings the model runs out of memory at trace entry "
                       f"{rep.op_event[rec_sim.oom_op] if rec_sim.oom_op >= 0 else 0} where the recorded run did "

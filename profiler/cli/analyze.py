@@ -64,9 +64,16 @@ def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_deta
     ctx = build_context(limit, device_total, oom_message)
     with codec.gc_paused(freeze=True):  # a million parsed events: the GC would rescan them, for nothing
         loaded = [load_snapshot_file(f, max_bytes=max_b, digest=False) for f in files]  # never named by hash
+        from memq.analysis.message_check import reconcile
+
+        ctx, mismatch = reconcile(ctx, loaded[-1].snapshot)  # another OOM's message: the snapshot's figures win
+        for line in mismatch:
+            click.echo(f"memq: warning: {line}", err=True)
         result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer,
                               whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
                               labels=[_label(f) for f in files])
+        if mismatch:
+            result["details"]["warnings"] = sorted({*result["details"].get("warnings", []), *mismatch})
         _emit(result, as_json, no_details)
     keep_until_exit(loaded, result)
 

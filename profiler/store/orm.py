@@ -102,6 +102,9 @@ class Run(Base):
     gpu_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     #: What the allocator may reserve (per-process cap), bytes; None = the device.
     memory_limit_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    #: Device memory held outside this run's PyTorch at its start (bytes): an uncapped run's limit is
+    #: the device total less this.
+    non_pytorch_bytes: Mapped[int | None] = mapped_column(BigInteger)
     #: PYTORCH_CUDA_ALLOC_CONF as the process saw it.
     allocator_conf: Mapped[str | None] = mapped_column(String(500))
     optimizer: Mapped[str | None] = mapped_column(String(100))
@@ -299,6 +302,8 @@ class AlertSummary(Base):
     __tablename__ = "alert_summaries"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    #: The principal of the runs it covers (runs.owner; NULL: unsigned). Budgets are per principal.
+    owner: Mapped[str | None] = mapped_column(String(200))
     cluster: Mapped[str | None] = mapped_column(String(200))
     job: Mapped[str | None] = mapped_column(String(200))
     #: Derived from the ids it covers: a resend after a crash carries the same key.
@@ -340,6 +345,7 @@ class Alert(Base):
     kind: Mapped[str] = mapped_column(String(16))
     cause: Mapped[str | None] = mapped_column(String(32))
     # copied from the run so rate limits and metrics need no join
+    owner: Mapped[str | None] = mapped_column(String(200))
     cluster: Mapped[str | None] = mapped_column(String(200))
     job: Mapped[str | None] = mapped_column(String(200))
     idem_key: Mapped[str] = mapped_column(String(64), unique=True)

@@ -279,10 +279,22 @@ def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
     oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
     if oom.get("limit_bytes"):
         return {"bytes": int(oom["limit_bytes"]), "source": "the OOM analysis"}
+    card = card_limit(run)
+    if card is not None:
+        return {"bytes": card, "source": "the device less memory outside PyTorch"}
     if getattr(run, "gpu_memory_bytes", None):
         # no cap and no OOM: the run could use the whole device, whose total the agent or ingest recorded
         return {"bytes": int(run.gpu_memory_bytes), "source": "the device total"}
     return {"bytes": None, "source": None}
+
+
+def card_limit(run: Run | Any) -> int | None:
+    """An uncapped run's limit from its run_start: the device total less what was held outside its
+    PyTorch then. None without both figures."""
+    total, outside = getattr(run, "gpu_memory_bytes", None), getattr(run, "non_pytorch_bytes", None)
+    if not total or outside is None:
+        return None
+    return max(0, int(total) - int(outside))
 
 
 def _diag_dict(d: RunDiagnosis | None) -> dict[str, Any] | None:

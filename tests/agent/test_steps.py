@@ -211,3 +211,66 @@ def test_the_observer_keeps_the_failing_allocations_python_stack(shared):
     assert "fire_oom" in names and "_oom_from" in names  # innermost first: the allocation's caller chain
     assert names.index("fire_oom") < names.index("_oom_from")
     assert all(set(f) == {"filename", "line", "name"} for f in frames)
+
+
+def test_every_figure_reaches_the_stream_in_batches_with_its_time(shared):
+    """1,500 boundaries between two timed flushes: the figures go out in batches of FLUSH_FIGURES and
+    the rest with the stop, none dropped (a ring of 512 used to lose all but the last 512)."""
+    import time
+
+    from memq.agent.steps import FLUSH_FIGURES
+
+    r, prefix, stream = shared
+    src = DictSource(REAL / "seed_adamw")
+    src.signals = [sig(GIB + i * (1 << 20)) for i in range(1500)]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, step_budget=1e9, stats_flush_s=3600,
+                   comparable_every_steps=0)
+    t0 = time.time()
+    for i in range(1500):
+        a.mark_step(i, i // 100)
+    a.stop(10)
+    batches = [e.payload.get("step_figures", []) for e in entries(r, stream) if e.kind == "stats"]
+    sent = [f for b in batches for f in b]
+    assert [f["step"] for f in sent] == list(range(1500))
+    assert max(len(b) for b in batches) == FLUSH_FIGURES and len(batches) >= 1500 // FLUSH_FIGURES
+    assert all(t0 - 1 <= f["t"] <= time.time() + 1 for f in sent)
+
+
+def test_thinned_boundaries_reach_the_last_step(shared):
+    """Very fast steps are read every MAX_STRIDE boundaries at most (a stride once pinned at 1,000 by a
+    slow boundary left a 1,000-step run with no figure after its start); the spans add up to the steps
+    and the last figures reach the service with the run's end."""
+    from memq.agent.steps import MAX_STRIDE
+
+    r, prefix, stream = shared
+    src = DictSource(REAL / "seed_adamw")
+    n = 1000
+    src.signals = [sig(GIB + i * (1 << 20)) for i in range(n)]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, step_budget=1e-12, comparable_every_steps=0)
+    for i in range(n):
+        a.mark_step(i, 0)
+    a.stop(10)
+    sent = [f for e in entries(r, stream) if e.kind == "stats" for f in e.payload.get("step_figures", [])]
+    thinned = [f for f in sent if f.get("span", 1) > 1]
+    assert thinned and all(f["span"] <= MAX_STRIDE for f in thinned)
+    assert sum(f.get("span", 1) for f in sent) == sent[-1]["step"] + 1 >= n - MAX_STRIDE
+    assert all(isinstance(f["t"], float) for f in sent)
+
+
+def test_the_first_boundaries_are_all_read_whatever_the_stride(shared):
+    """A fast leak that kills in a dozen steps has a figure at every step boundary: the first
+    FULL_READ_BOUNDARIES are read even when the reading's cost against a tiny step makes the stride
+    large (a step budget of 1e-9 here: past them, every boundary but one in a thousand is skipped)."""
+    from memq.agent.steps import FULL_READ_BOUNDARIES
+
+    r, prefix, stream = shared
+    src = DictSource(REAL / "capacity")
+    src.signals = [sig(GIB + i * (126 << 20)) for i in range(101)]
+    a = make_agent(source=src, stream=stream, key_prefix=prefix, stats_interval_s=0, step_budget=1e-9)
+    for i in range(100):
+        a.mark_step(i, 0)
+    steps = [f["step"] for f in a.tracker.figures]
+    a.stop(10)
+    assert FULL_READ_BOUNDARIES == 64
+    assert steps[:FULL_READ_BOUNDARIES] == list(range(FULL_READ_BOUNDARIES))  # just under: every one read
+    assert steps[FULL_READ_BOUNDARIES:] == []  # just over: the stride again

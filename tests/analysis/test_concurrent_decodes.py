@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import functools
 import resource
+import subprocess
+import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from memq import codec
 from memq.errors import TooLarge
@@ -64,3 +68,111 @@ def test_bombs_are_refused_while_valid_snapshots_decode_beside_them():
     failed = [repr(v) for ok, v in results[2:] if not ok]
     assert not failed, failed
     assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_a_decode_that_cannot_get_its_thread_is_transient_not_the_snapshots_fault(tmp_path):
+    """A process with too little address space left for the unpickling thread's stack: the decode
+    says so as DecodeUnavailable (exit 1, retried by workers, 503 from memq serve, never cached),
+    not as an unreadable snapshot; the same process reads it once the space is back."""
+    code = (
+        "import resource, sys\n"
+        "from memq.errors import DecodeUnavailable\n"
+        "from memq.load import decode_snapshot_bytes\n"
+        f"data = open({str(SNAPSHOTS[0])!r}, 'rb').read()\n"
+        "used = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "old = resource.getrlimit(resource.RLIMIT_AS)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (used + 1024**3, old[1]))\n"
+        "try:\n"
+        "    decode_snapshot_bytes(data, 64 * 1024**2)\n"
+        "    print('decoded')\n"
+        "except DecodeUnavailable as exc:\n"
+        "    print('unavailable', exc)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, old)\n"
+        "print('then', len(decode_snapshot_bytes(data, 64 * 1024**2).snapshot.trace))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("unavailable cannot start the decoding thread"), p.stdout
+    assert "then " in p.stdout and not p.stdout.rstrip().endswith("then 0")
+
+
+def test_transient_decode_failures_are_retried_and_never_cached_as_a_page():
+    from memq.errors import DecodeUnavailable
+    from memq.web.app import _status, _Views
+    from memq.workers.runtime import is_transient
+
+    assert is_transient(DecodeUnavailable("no thread")) and not is_transient(TooLarge("too big"))
+    assert _status(DecodeUnavailable("no thread")) == 503
+    views = _Views()
+
+    def fails():
+        raise DecodeUnavailable("no thread")
+
+    try:
+        views.get(("sha", 1), fails)
+    except DecodeUnavailable:
+        pass
+    assert views.get(("sha", 1), lambda: {"ok": True}) == {"ok": True}
+
+
+@pytest.mark.slow  # about 90 s here: three 100k-entry snapshots ingested and served
+def test_memq_serve_reads_valid_snapshots_opened_at_once(tmp_path):
+    """The attack through the real server: eight snapshot pages of a fresh history requested at the
+    same moment (each decodes its stored blob on the server's threads) all show their snapshot; none
+    says it cannot be read, then or on a later open."""
+    import json
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    from tests.bombs import clean_env
+
+    env = clean_env(MEMQ_DATABASE_URL=f"sqlite:///{tmp_path / 'h.db'}", MEMQ_DATA_DIR=str(tmp_path / "data"),
+                    MEMQ_BLOB_DIR=str(tmp_path / "blobs"), MEMQ_CONFIG=str(tmp_path / "none.toml"),
+                    MEMQ_SERVE_TOKEN="")
+    # the real 100k-entry snapshot made three distinct files (one entry's time moved), which take the
+    # server long enough to decode that the decodes overlap, and five small real snapshots
+    import gzip
+    import pickle
+
+    big_file = REAL.parents[2] / "benchmarks" / "data" / "big.pickle.gz"
+    big = codec.loads_restricted(codec.decompress(big_file.read_bytes()))
+    files = sorted(REAL.glob("*/*.pickle.gz"))[:THREADS - 3]
+    for i in range(3):
+        big["device_traces"][0][-1]["time_us"] += 1
+        files.append(tmp_path / f"big{i}.pickle.gz")
+        files[-1].write_bytes(gzip.compress(pickle.dumps(big, protocol=4), 1))  # our own data, pickled here
+    del big
+    for i, f in enumerate(files):
+        subprocess.run([sys.executable, "-m", "memq", "ingest", str(f), "--run", f"r{i}", "--json"], env=env,
+                       check=True, capture_output=True, timeout=120)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level", "warning"],
+                            env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(base + "/healthz", timeout=5).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.2)
+
+        def page(sid: int):
+            with urllib.request.urlopen(f"{base}/api/snapshots/{sid}", timeout=120) as r:
+                return json.loads(r.read())
+
+        for _ in range(2):  # at once, then again from the server's cache
+            results = _in_threads([functools.partial(page, sid) for sid in range(1, len(files) + 1)])
+            failed = [repr(v) for ok, v in results if not ok]
+            assert not failed, failed
+            errors = [v["view"].get("blob_error") for _, v in results]
+            assert errors == [None] * len(files), errors
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from memq.alerts.verdict import FORECAST_EARLIER_SHARE, forecast_verdict
+from memq.alerts.verdict import FORECAST_EARLIER_SHARE, FORECAST_MIN_INTERVAL_S, forecast_verdict
 from memq.analysis import analyze
 from memq.analysis import forecast as fm
 from memq.model import OomContext
@@ -189,13 +189,25 @@ def test_forecast_verdict_once_then_only_when_much_earlier():
     assert forecast_verdict("running", at, NOW, 6 * 3600, None).key == "forecast:1"
     assert forecast_verdict("running", at, NOW, 3600, None) is None  # not near enough yet
     assert forecast_verdict("completed", at, NOW, 6 * 3600, None) is None
-    last = (1, NOW + dt.timedelta(hours=2), NOW)  # the first alert said: in 2 h
+    then = NOW - dt.timedelta(seconds=FORECAST_MIN_INTERVAL_S)
+    last = (1, then + dt.timedelta(hours=2), then)  # the first alert, the floor ago, said: in 2 h
     just_under = NOW + dt.timedelta(seconds=FORECAST_EARLIER_SHARE * 7200 - 1)
     just_over = NOW + dt.timedelta(seconds=FORECAST_EARLIER_SHARE * 7200 + 1)
     assert forecast_verdict("running", just_under, NOW, 6 * 3600, last).key == "forecast:2"
     assert forecast_verdict("running", just_over, NOW, 6 * 3600, last) is None
     due = (1, NOW - dt.timedelta(minutes=5), NOW - dt.timedelta(minutes=1))  # it said: due now
     assert forecast_verdict("running", NOW - dt.timedelta(minutes=9), NOW, 6 * 3600, due) is None
+
+
+def test_a_flapping_forecast_pages_a_run_at_most_once_per_floor():
+    """A forecast that swings back to "much earlier" minutes after its page (2 h said, now 1 min) is
+    news only once FORECAST_MIN_INTERVAL_S has passed since that page: just under, none; just over, one."""
+    last = (1, NOW + dt.timedelta(hours=2), NOW)
+    soon = dt.timedelta(minutes=1)
+    for after_s, want in ((FORECAST_MIN_INTERVAL_S - 1, None), (FORECAST_MIN_INTERVAL_S, "forecast:2")):
+        t = NOW + dt.timedelta(seconds=after_s)
+        v = forecast_verdict("running", t + soon, t, 6 * 3600, last)
+        assert (v.key if v else None) == want, after_s
 
 
 def test_limit_from_context_drives_the_forecast():

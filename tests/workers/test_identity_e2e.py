@@ -1,10 +1,11 @@
-"""One job cannot touch another's data (deploy/SECURITY.md, "Identity"): a dispatcher with a keyring takes
-only signed envelopes, each within its key's clusters and jobs, and binds every run to the principal that
-created it. A private redis-server with the shipped ACL file (deploy/redis, via make-secrets.sh): the
-services as `memq`, every writer as `memq-agent`, which may only SET blobs and RPUSH to the inbox, so
-every envelope here goes through the inbox and the dispatcher's relay. A real dispatcher and worker (with
-its beat) on their own PostgreSQL database; the victim's run is pushed with `memq push` under its own key,
-the attacks are what an agent with another team's key (or none) can write."""
+"""One job cannot touch another's data (deploy/SECURITY.md, "Identity"): a dispatcher with a keyring takes only
+signed envelopes, each within its key's clusters and jobs, and scopes every run name by the principal that
+signed it (`team-a/victim`), so no key can claim, fill or shadow another's run. A private redis-server with the
+shipped ACL file (deploy/redis, via make-secrets.sh): the services as `memq`, every writer as `memq-agent`,
+which may only SET blobs and RPUSH to the inbox, so every envelope here goes through the inbox and the
+dispatcher's relay. A real dispatcher and worker (with its beat) on their own PostgreSQL database; the victim's
+run is pushed with `memq push` under its own key, the attacks are what an agent with another team's key (or
+none) can write."""
 
 from __future__ import annotations
 
@@ -82,8 +83,8 @@ def _inbox(acl, fields: dict) -> None:
     acl["agents"]["file"].rpush("memq:ingest:inbox", redis_functions.encode_fields(fields))
 
 
-def _victim(stack) -> dict:
-    return stack.memq_json("history", "--run", "victim")
+def _victim(stack, name: str = "team-a/victim") -> dict:
+    return stack.memq_json("history", "--run", name)
 
 
 def _dead_reasons(stack) -> list[str]:
@@ -100,9 +101,10 @@ def test_a_run_is_its_creators(stack, acl, keys):
     except AssertionError as exc:
         raise AssertionError((_dead_reasons(stack), stack.log_tail("dispatcher", 1500))) from exc
     before = _victim(stack)["run"]
-    assert stack.rows("SELECT owner FROM runs WHERE name = 'victim'")[0][0] == "team-a"
+    assert stack.rows("SELECT owner FROM runs WHERE name = 'team-a/victim'")[0][0] == "team-a"
 
     # another team's key, its own cluster, the victim's run name: an OOM snapshot, a run_start, a run_end
+    # (stored under team-b/victim: the other team's own run, nothing of the victim's)
     _push(stack, acl, keys["files"]["b1"], str(REAL / "capacity" / "oom.pickle.gz"), "--run", "victim",
           "--cluster", "c-b", "--trigger", "oom", "--status", "oom",
           "--oom-message", "CUDA out of memory. Tried to allocate 2.00 GiB")  # a forged OOM
@@ -116,9 +118,8 @@ def test_a_run_is_its_creators(stack, acl, keys):
     _inbox(acl, dict(good, payload=json.dumps({"status": "oom"})))
     _push(stack, acl, None, str(SGD / "epoch2.pickle.gz"), "--run", "victim", "--cluster", "c-a", "--job", "train")
 
-    # each push is three envelopes (run_start, snapshot, run_end): 5 + 3 + 1 + 3 dead letters in all
-    expected = {"belongs to team-a": 5, "may not write cluster 'c-a'": 3, "bad signature": 1,
-                "unsigned envelope": 3}
+    # each push is three envelopes (run_start, snapshot, run_end): 3 + 1 + 3 dead letters in all
+    expected = {"may not write cluster 'c-a'": 3, "bad signature": 1, "unsigned envelope": 3}
 
     def all_dead():
         r = _dead_reasons(stack)
@@ -131,4 +132,32 @@ def test_a_run_is_its_creators(stack, acl, keys):
     for k in ("cluster", "job", "status", "world_size", "gpu_memory_bytes", "snapshot_count", "ended_at",
               "oom_count", "primary_cause"):
         assert after[k] == before[k], k
-    assert stack.rows("SELECT count(*) FROM runs WHERE name = 'b-run'")[0][0] == 0
+    assert stack.rows("SELECT count(*) FROM runs WHERE name IN ('b-run', 'team-b/b-run')")[0][0] == 0
+    assert stack.rows("SELECT count(*) FROM runs WHERE name = 'victim'")[0][0] == 0
+    wait_for(lambda: _victim(stack, "team-b/victim")["run"]["oom_count"] >= 1, 90, 0.5, "team-b's own OOM")
+    assert not any("belongs to" in r for r in _dead_reasons(stack))
+
+
+def test_a_squatted_run_name_neither_dead_letters_the_owner_nor_shows_the_forgery(stack, acl, keys):
+    """Round 4, attack 3: team-b's key claims run `llama-sft-0412` first, with a forged OOM; then the
+    real owner (team-a) pushes its run of that name. Every envelope of team-a is taken (none
+    dead-lettered "belongs to team-b"), and team-a's history of the run holds its snapshot, not the
+    squatter's OOM: the two are different runs, `team-b/llama-sft-0412` and `team-a/llama-sft-0412`."""
+    run = "llama-sft-0412"
+    _push(stack, acl, keys["files"]["b1"], str(REAL / "capacity" / "oom.pickle.gz"), "--run", run,
+          "--cluster", "c-b", "--trigger", "oom", "--status", "oom",
+          "--oom-message", "CUDA out of memory. Tried to allocate 2.00 GiB")
+    wait_for(lambda: stack.rows("SELECT count(*) FROM runs WHERE name = :n", n=f"team-b/{run}")[0][0] == 1,
+             90, 0.5, "the squatter's run")
+    _push(stack, acl, keys["files"]["a1"], str(SGD / "epoch0.pickle.gz"), "--run", run, "--cluster", "c-a",
+          "--job", "sft")
+    try:
+        wait_for(lambda: _victim(stack, f"team-a/{run}")["run"]["snapshot_count"] == 1, 90, 0.5, "the owner's run")
+    except AssertionError as exc:
+        raise AssertionError((_dead_reasons(stack), stack.log_tail("dispatcher", 1500))) from exc
+    mine = _victim(stack, f"team-a/{run}")["run"]
+    assert mine["cluster"] == "c-a" and mine["job"] == "sft" and mine["oom_count"] == 0
+    assert mine["status"] != "oom"
+    assert not any(run in r and "belongs to" in r for r in _dead_reasons(stack))
+    owners = stack.rows("SELECT name, owner FROM runs WHERE name LIKE :p ORDER BY owner", p=f"%{run}")
+    assert [tuple(r) for r in owners] == [(f"team-a/{run}", "team-a"), (f"team-b/{run}", "team-b")]

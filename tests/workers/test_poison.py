@@ -89,6 +89,8 @@ POISON = {
     "NaN in payload": (lambda: _fields(payload='{"x": NaN}'), "not valid JSON"),
     "deep payload": (lambda: _fields(payload='{"a":' * 100 + "1" + "}" * 100), "nested deeper"),
     "unknown kind": (lambda: _fields(raw={"kind": "drop_table"}), "unknown kind"),
+    "look-alike run name": (lambda: _fields(run="ll\u0430ma-sft"), "mixes the scripts CYRILLIC, LATIN"),
+    "full-width job name": (lambda: _fields(job="\uff4c\uff4c\uff41\uff4d\uff41"), "not in Unicode NFKC form"),
 }
 
 
@@ -124,8 +126,17 @@ def test_name_rule_refuses(bad):
 
 
 def test_name_rule_keeps_printable_unicode():
-    for ok in ("exp-42", "résumé/ü", "模型-训练", "a b", "r" * 200, "emoji \U0001f680"):
+    for ok in ("exp-42", "résumé/ü", "模型-训练", "a b", "r" * 200, "emoji \U0001f680", "日本語のモデル-v2",
+               "한국어-model", "Ελληνικά"):
         assert names.check_name("run", ok) == ok
+
+
+@pytest.mark.parametrize("bad", ["ll\u0430ma", "run-\u03b1", "\uff4c\uff4c\uff41\uff4d\uff41", "\ufb01ne",
+                                 "re\u0301sume\u0301"])
+def test_name_rule_refuses_look_alikes(bad):
+    with pytest.raises(names.BadName, match="mixes the scripts|NFKC"):
+        names.check_name("job", bad)
+    assert names.check_name("host", bad) == bad  # host names are the machine's, not a job's choice
 
 
 def test_every_case_of_the_issue_is_dead_lettered_and_the_good_entries_behind_it_go_through(world):
@@ -431,3 +442,62 @@ def test_a_later_run_start_never_overwrites_what_the_first_set(world):
     assert got == {"cluster": "prod", "job": "train-42", "host": "node-1", "world_size": 8,
                    "gpu_memory_bytes": 80 * GiB, "torch_version": "2.11.0", "gpu_model": "H200", "rank": 0}
     assert labels == {"team": "vision", "x": "1"}  # only a label it did not have is added
+
+
+def _hostile_dict(segment_sizes: list[int], trace_sizes: list[int] = ()) -> dict:
+    segs = [{"device": 0, "address": i << 60, "total_size": n, "stream": 0, "segment_type": "large",
+             "blocks": [{"size": n, "requested_size": n, "state": "active_allocated", "frames": []}]}
+            for i, n in enumerate(segment_sizes)]
+    trace = [{"action": "alloc", "addr": k, "size": n, "stream": 0, "time_us": k, "frames": []}
+             for k, n in enumerate(trace_sizes)]
+    return {"segments": segs, "device_traces": [trace]}
+
+
+def _hostile_snapshot(segment_sizes: list[int], trace_sizes: list[int] = ()) -> bytes:
+    import pickle
+
+    return pickle.dumps(_hostile_dict(segment_sizes, trace_sizes), protocol=4)
+
+
+@pytest.mark.parametrize("segments, trace", [([2**62, 2**62], []), ([2**20], [2**62, 2**62, 2**62])],
+                         ids=["segments", "trace"])
+def test_a_hostile_size_is_refused_at_once_never_retried(world, segments, trace):
+    """Round 4 (minor): a snapshot whose sizes sum past what a BIGINT column holds. The worker's
+    decode refuses it as bad input, once, with the reason (it used to overflow a column on every
+    attempt, retried for half an hour as if it were a bug); the blob goes to the real dispatcher
+    and the real restricted decoder first."""
+    from sqlalchemy import select
+
+    from memq import codec
+    from memq.store.orm import Snapshot
+    from memq.workers import jobs
+
+    env, st, r = world
+    raw = _hostile_snapshot(segments, trace)
+    blob = codec.compress(raw, "gzip")
+    r.set(envelope.blob_key(sha(raw), st.key_prefix), blob)
+    r.xadd(st.stream_key, _fields("snapshot", run="hostile", sha256=sha(raw), size=str(len(raw))))
+    enqueued: list[int] = []
+    Dispatcher(st, consumer="c1", block_ms=50, enqueue=enqueued.append).run(install_signals=False, idle_exit_s=0.3)
+    assert _dead(r, st) == [] and len(enqueued) == 1
+    assert jobs.analyze(st, enqueued[0], task_id="t1") == "quarantined"
+    with jobs._store(st).session() as s:
+        row = s.execute(select(Snapshot.state, Snapshot.attempts, Snapshot.last_error)
+                        .where(Snapshot.id == enqueued[0])).one()
+    assert row.state == "failed" and row.attempts == 1 and "a snapshot may claim" in row.last_error
+
+
+def test_snapshot_sizes_just_at_and_over_the_cap():
+    from memq.snapshot import MAX_FIGURE_BYTES, SnapshotError, parse_snapshot
+
+    ok = parse_snapshot(_hostile_dict([MAX_FIGURE_BYTES // 2, MAX_FIGURE_BYTES // 2]))
+    assert sum(s.total_size for s in ok.segments) == MAX_FIGURE_BYTES
+    with pytest.raises(SnapshotError, match="a snapshot may claim"):
+        parse_snapshot(_hostile_dict([MAX_FIGURE_BYTES // 2, MAX_FIGURE_BYTES // 2 + 1]))
+    assert parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES])).traces
+    with pytest.raises(SnapshotError, match="a snapshot may claim"):
+        parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES, 1]))
+    with pytest.raises(SnapshotError, match="a snapshot may claim"):
+        parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES, -1]))  # a negative size cancels nothing
+    with pytest.raises(SnapshotError, match="negative"):
+        parse_snapshot(_hostile_dict([-5]))

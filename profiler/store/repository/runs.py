@@ -39,6 +39,7 @@ class RunMeta:
     gpu_model: str | None = None
     gpu_memory_bytes: int | None = None
     memory_limit_bytes: int | None = None
+    non_pytorch_bytes: int | None = None
     allocator_conf: str | None = None
     optimizer: str | None = None
     param_count: int | None = None
@@ -58,8 +59,8 @@ class RunMeta:
 
 
 _KEEP_COLUMNS = ("job", "cluster", "host", "username", "project", "torch_version", "cuda_version",
-                 "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes", "allocator_conf",
-                 "optimizer", "param_count", "world_size", "rank", "status")
+                 "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes", "non_pytorch_bytes",
+                 "allocator_conf", "optimizer", "param_count", "world_size", "rank", "status")
 
 
 def upsert_run(session: Session, meta: RunMeta, *, first_wins: bool = False) -> int:

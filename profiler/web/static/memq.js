@@ -514,7 +514,7 @@
          "the limit of " + fmtBytes(fit.limit_bytes) + (fit.limit_source ? " (" + fit.limit_source + ")" : "") +
          (fit.fits_if_compacted ? ": a compacted cache would have served it" : ": no allocator setting makes it fit"));
     } else {
-      wrapped(svg, L, 126, W - 8 - L, "label", fmtBytes(A) + " live + " + fmtBytes(S) + " requested; the limit is unknown (give --limit) so whether a compacted cache fits is open");
+      wrapped(svg, L, 126, W - 8 - L, "label", fmtBytes(A) + " live + " + fmtBytes(S) + " requested; the limit is unknown (memq reanalyze --run RUN --limit SIZE gives it) so whether a compacted cache fits is open");
     }
   }
 

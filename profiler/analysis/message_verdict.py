@@ -1,0 +1,216 @@
+"""What an out-of-memory message alone says happened (`memq explain`): one situation, read from the
+message's own figures in the order that settles it, with the cause of the contract and the evidence.
+
+Pure: an OomMessage (oom_message.py) and the CLI's limits in, a MessageVerdict out. No figure the
+message does not give is invented: where a figure is missing the evidence says so.
+
+Order (the first that holds decides; ARCHITECTURE.md "OOM messages, read to the letter"):
+1. failures outside the caching allocator (CUDA error, cuBLAS/cuDNN, MPS, a server's warm-up,
+   a platform's per-allocation limit): their own verdicts, never a batch-size one first;
+2. a request larger than the whole device;
+3. a per-process cap ("allowed" or --limit) that ran out while the device had room;
+4. other processes named with their bytes, when theirs alone would make the request fit;
+5. a request smaller than the free memory the message reports: another limit ran out;
+6. memory outside PyTorch: this process's own libraries (the message's "this process" figure) or
+   something else on the device;
+7. CUDA graphs' private pools holding most of what is allocated;
+8. allocated + request against what the process could reserve: capacity, or fragmentation when the
+   cached free memory would hold the request with room left for the rest of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memq.analysis.classify import external_floor, g
+from memq.analysis.rules import CUDA_CONTEXT_BYTES
+from memq.model import OomMessage
+
+GiB = 1 << 30
+
+#: The failing request is one allocation of a step that is still running: the rest of the step
+#: allocates after it. When allocated + request leaves less than this share of what the process
+#: could reserve, the step does not fit whatever the cache's arrangement, and a message cannot show
+#: otherwise. Source: the corpus (tests/fixtures/oom_messages/corpus.jsonl): both messages that fit
+#: "if compacted" with a confirmed fix left 5.2% (EpipolarPose #6) and 2.5% (pytorch #16417), and a
+#: smaller batch fixed both.
+NEAR_LIMIT_SHARE = 0.10
+
+#: Private pools (CUDA graphs) holding more than this share of the allocated bytes are what fills the
+#: device (torch >= 2.4 prints them inside "allocated"). Source: half is the point where the graphs
+#: hold more than eager code does.
+PRIVATE_POOL_SHARE = 0.5
+
+#: torch prints sizes with two decimals ("1.05 GiB"): a figure is known to within half a unit of its
+#: last digit, under 0.5% of any figure of 1.00 or more in its unit (format_size in c10).
+PRINTED_ROUNDING = 0.005
+
+#: Intel XPU (Arc, Level Zero without relaxed limits) refuses one allocation above 4 GiB whatever is
+#: free (IPEX #629, intel-xpu-backend-for-triton #7477 in the corpus).
+XPU_BLOCK_LIMIT = 4 * GiB
+
+
+@dataclass
+class MessageVerdict:
+    situation: str
+    primary: str
+    confidence: float
+    evidence: list[str]
+    others: list[tuple[str, float, list[str]]] = field(default_factory=list)
+    limit: int | None = None
+    limit_source: str | None = None
+    figures: dict = field(default_factory=dict)
+
+
+def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = None) -> MessageVerdict:
+    """The verdict for one message. `limit` (--limit) and `device_total` (--device-total) override the
+    message's own figures when given."""
+    notes = list(msg.notes)
+    if msg.kind != "allocator":
+        v = _outside(msg)
+        v.evidence.extend(notes)
+        return v
+    S, A, R, U = msg.requested_bytes, msg.allocated_bytes, msg.reserved_bytes, msg.reserved_unallocated_bytes
+    T = device_total or msg.device_total_bytes
+    F = msg.device_free_bytes
+    P = msg.process_in_use_bytes
+    cap, cap_src = (limit, "--limit") if limit else (msg.allowed_bytes, "the message's 'allowed'")
+    others = list(msg.other_processes)
+    others_sum = sum(b for _, b in others)
+    fig = {"requested": S, "allocated": A, "reserved": R, "device_total": T, "device_free": F,
+           "this_process": P, "allowed": cap, "other_processes": others, "private_pools": msg.private_pool_bytes}
+    ev = [f"the message: request {g(S)}, allocated {g(A)}, reserved {g(R)}, device {g(T)} with {g(F)} free"
+          + (f", this process {g(P)}" if P is not None else "") + (f", {g(cap)} allowed" if cap else "")]
+    ev += notes
+
+    def out(situation, primary, conf, lines, lim=None, src=None, also=()):
+        return MessageVerdict(situation, primary, conf, ev + lines, list(also), lim, src, fig)
+
+    if S is None or (A is None and F is None):
+        return out("no_figures", "capacity", 0.2,
+                   ["the message is cut before its figures (no allocated, reserved or free bytes): the cause is "
+                    "not settled; paste the whole message, or analyze a snapshot"])
+    if msg.platform == "xpu" and S > XPU_BLOCK_LIMIT and (F is None or S <= F):
+        return out("block_limit", "allocator_config", 0.7,
+                   [f"the {g(S)} request is over the {g(XPU_BLOCK_LIMIT)} a single XPU allocation may take, while "
+                    f"{g(F)} is free: the platform's per-allocation limit refused it, not the device's memory"])
+    if T is not None and S > T:
+        return out("over_device", "capacity", 0.95,
+                   [f"the one request of {g(S)} is larger than the whole device ({g(T)}): no setting and no other "
+                    "process makes it fit"], lim=T, src="the device total")
+    if cap and R is not None and R + S > cap * (1 - PRINTED_ROUNDING) and (F is None or F >= S):
+        if A is None or A + S > cap:
+            return out("cap", "capacity", 0.8,
+                       [f"the per-process cap ran out: reserved {g(R)} + request {g(S)} > {g(cap)} allowed "
+                        f"({cap_src}), while the device still had {g(F)} free; allocated {g(A)} + request {g(S)} is "
+                        "over the cap too"], lim=cap, src=cap_src)
+        # within the cap once compacted: decided below against the cap (fragmentation or the step's edge),
+        # the cap named first (the device had room: a batch size is not what ran out)
+        fig["cap_ran_out"] = True
+    capped = bool(cap and R is not None and R + S > cap * (1 - PRINTED_ROUNDING))
+    if not capped and others and others_sum >= S and (F is None or S <= F + others_sum):
+        names = ", ".join(f"process {pid} ({g(b)})" for pid, b in sorted(others, key=lambda x: -x[1]))
+        return out("other_processes", "external_memory", 0.85,
+                   [f"other processes hold {g(others_sum)} of the device: {names}; the {g(S)} request fits once "
+                    f"theirs is free ({g(F)} free now)"])
+    if not capped and F is not None and S <= F and T is not None:
+        return out("below_free", "allocator_config", 0.5,
+                   [f"the request of {g(S)} is smaller than the {g(F)} the device reports free: the device did not "
+                    "run out; another limit did (a per-process cap the message does not print, the platform's "
+                    "per-allocation limit, memory another process took between the failure and the report, or "
+                    "the driver)"])
+    lim = lsrc = None
+    if cap:
+        lim, lsrc = cap, cap_src
+    elif F is not None and R is not None:
+        lim, lsrc = R + F, "reserved + device free (what this process could reserve)"
+    non_pt = (T - F - R) if (T is not None and F is not None and R is not None) else None
+    if not capped and non_pt is not None and T is not None and non_pt > external_floor(T) and A is not None \
+            and A + S <= T - CUDA_CONTEXT_BYTES:
+        own = (P - R) if P is not None and R is not None else None
+        if own is not None and own >= non_pt / 2:
+            return out("own_libraries", "external_memory", 0.7,
+                       [f"{g(non_pt)} of the device is outside PyTorch's cache, and {g(own)} of it is this process's "
+                        f"own ({g(P)} in use, {g(R)} of it PyTorch's): its CUDA context, cuBLAS/cuDNN workspaces, "
+                        "NCCL buffers or another framework in the same process, not another program"],
+                       lim=lim, src=lsrc)
+        who = (f"{g(non_pt - own)} of it outside this process" if own is not None
+               else "the message does not say whose (torch < 2.1 prints no process figures)")
+        return out("external", "external_memory", 0.75,
+                   [f"{g(non_pt)} of the {g(T)} device is used outside PyTorch's cache ({who}); allocated {g(A)} + "
+                    f"request {g(S)} would fit the device without it"], lim=lim, src=lsrc)
+    Q = msg.private_pool_bytes
+    if Q and A and Q > PRIVATE_POOL_SHARE * A:
+        return out("private_pools", "capacity", 0.75,
+                   [f"{g(Q)} of the {g(A)} allocated is in private pools (CUDA graphs): memory eager code (an "
+                    "optimizer creating its state, a new input shape) cannot use while those graphs live; torch "
+                    "prints it inside 'allocated', so reserved is {R}".format(R=g(R))], lim=lim, src=lsrc)
+    if A is None or lim is None:
+        return out("no_figures", "capacity", 0.3,
+                   ["the message gives the request but not both the allocated and the free figures: whether the "
+                    "step did not fit or the cache was in pieces is not settled"], lim=lim, src=lsrc)
+    need = A + S
+    room = lim - need
+    if room < 0:
+        return out("capacity", "capacity", 0.85,
+                   [f"allocated {g(A)} + request {g(S)} = {g(need)} exceeds {g(lim)} ({lsrc}) by {g(-room)}"],
+                   lim=lim, src=lsrc)
+    if room < NEAR_LIMIT_SHARE * lim:
+        # ARCHITECTURE.md cause 7 holds (the request fits a compacted cache), but the step's need cannot be
+        # projected from a message: capacity is as likely, and the advice must cover both.
+        return out("near_limit", "fragmentation", 0.45,
+                   [f"allocated {g(A)} + request {g(S)} = {g(need)} fits {g(lim)} ({lsrc}) once compacted, but leaves "
+                    f"only {g(room)} for the rest of the step, which allocates after this request; a message does not "
+                    "give the step's need, so whether the step fits is not settled"],
+                   lim=lim, src=lsrc,
+                   also=[("capacity", 0.4, [f"{g(room)} of {g(lim)} left after this request: under "
+                                            f"{NEAR_LIMIT_SHARE:.0%} of the limit"])])
+    # a message gives no free blocks: fragmentation from a message alone is never more than likely
+    return out("fragmentation", "fragmentation", 0.6,
+               [f"allocated {g(A)} + request {g(S)} = {g(need)} fits {g(lim)} ({lsrc}) with {g(room)} left, yet the "
+                f"request failed: the {g(U)} reserved but unallocated is in pieces (the message does not give the "
+                "free blocks)"], lim=lim, src=lsrc)
+
+
+def _outside(msg: OomMessage) -> MessageVerdict:
+    """Failures outside the caching allocator: what each means."""
+    k = msg.kind
+    fig = {"requested": msg.requested_bytes}
+    if k == "mps":
+        S, A, other, M = msg.requested_bytes, msg.allocated_bytes, msg.other_allocations_bytes, msg.allowed_bytes
+        fig.update(allocated=A, other_allocations=other, allowed=M)
+        total = (A or 0) + (other or 0) + (S or 0)
+        return MessageVerdict("mps", "capacity" if (other or 0) <= (A or 0) else "external_memory", 0.7,
+                              [f"MPS: allocated {g(A)} + other allocations {g(other)} + request {g(S)} = {g(total)} "
+                               "is over "
+                               f"the {g(M)} high-watermark cap (PYTORCH_MPS_HIGH_WATERMARK_RATIO times the "
+                               "recommended working set of the unified memory)"], limit=M,
+                              limit_source="the message's 'max allowed'", figures=fig)
+    if k == "server_warmup":
+        return MessageVerdict("server_warmup", "capacity", 0.7,
+                              ["the inference server ran out while warming up with its maximum batch (max_num_seqs "
+                               "dummy requests) in the memory its gpu_memory_utilization left"], figures=fig)
+    if k == "block_limit":
+        return MessageVerdict("block_limit", "allocator_config", 0.8,
+                              [f"the platform refuses a single allocation of {g(msg.requested_bytes)}: "
+                               + "; ".join(msg.notes) + "; the device's memory did not run out"], figures=fig)
+    if k == "cublas":
+        return MessageVerdict("cublas", "workspace", 0.6,
+                              ["cuBLAS could not allocate its handle or workspace: that allocation goes to the driver, "
+                               "outside PyTorch's cache, and fails when the cache or another process holds the device"],
+                              figures=fig)
+    if k == "cudnn":
+        return MessageVerdict("cudnn", "workspace", 0.6,
+                              ["cuDNN could not allocate its workspace (outside PyTorch's cache): benchmarking "
+                               "(cudnn.benchmark) tries algorithms with large workspaces, in the memory the cache "
+                               "left"],
+                              figures=fig)
+    if msg.layout == "thc":
+        return MessageVerdict("cuda_error", "capacity", 0.3,
+                              ["torch 0.x's allocator failed (THCStorage): the message gives no figures; the cause is "
+                               "not settled"], figures=fig)
+    return MessageVerdict("cuda_error", "external_memory", 0.4,
+                          ["'CUDA error: out of memory' comes from the CUDA runtime, not from PyTorch's caching "
+                           "allocator: a cudaMalloc outside the cache (a kernel launch, cuBLAS/cuDNN/NCCL buffers, "
+                           "CUDA-graph capture, context creation) found the device full; the message gives no figures, "
+                           "and the failing call may be an earlier asynchronous one"], figures=fig)

@@ -1,0 +1,43 @@
+"""The growth model on the H200 growth capture set (tests/fixtures/growth; benchmarks/growth_calibration.py
+judges each run): every control ends with no leak verdict and never gets an OOM forecast, and the leaks
+are diagnosed leak at their OOM with the line that keeps the tensor, as benchmarks/RESULTS.md reports.
+The runs RESULTS names as missed are the known misses below, each with its reason; a test pins each
+one, so a change that mends one (or breaks another) is seen."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.growth_calibration import judge, runs, truth  # noqa: E402
+
+#: the agent of the capture read one boundary in many on 1-3 ms steps: these fast leaks under `memq run`
+#: reached the service with one or two figures (it now reads every one of a run's first 64)
+FEW_FIGURES = {("step_256m", "run"), ("step_126m", "run")}
+#: tuning half: three bursts in 15 epochs read as a trend at a quarter of the run's life
+BURSTS = {("cache_bursts", "defaults")}
+CONTROLS = [(sc, v) for sc, v in runs() if not truth()[sc][v].get("leak") and (sc, v) not in BURSTS]
+LEAKS = [(sc, v) for sc, v in runs() if truth()[sc][v].get("leak") and (sc, v) not in FEW_FIGURES]
+
+
+@pytest.mark.parametrize("sc,variant", CONTROLS)
+def test_no_control_is_a_leak_or_forecast(sc, variant):
+    row = judge(sc, variant)
+    assert row["verdict_ok"] and row["forecast_ok"], (row["verdict"], row.get("false_alarms"))
+
+
+@pytest.mark.parametrize("sc,variant", LEAKS)
+def test_every_leak_is_diagnosed_at_its_oom_with_its_line(sc, variant):
+    row = judge(sc, variant)
+    assert row["verdict"] == "leak", row
+    if variant == "defaults":  # at defaults the agent records stacks on growth: the line is named
+        assert row["site"] and "growth_capture.py" in row["site"], row["site"]
+
+
+@pytest.mark.parametrize("sc,variant", sorted(FEW_FIGURES | BURSTS))
+def test_the_known_misses_stay_as_reported(sc, variant):
+    row = judge(sc, variant)
+    assert not row["ok"], f"{sc}/{variant} now passes: update benchmarks/RESULTS.md and this list"

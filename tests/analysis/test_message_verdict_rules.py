@@ -1,0 +1,67 @@
+"""The rule constants of a message-only verdict (analysis/message_verdict.py, message_check.py), each just
+under and just over its figure, through torch's own message layout."""
+
+from __future__ import annotations
+
+from memq.analysis.message_verdict import (
+    NEAR_LIMIT_SHARE,
+    PRINTED_ROUNDING,
+    PRIVATE_POOL_SHARE,
+    XPU_BLOCK_LIMIT,
+    judge,
+)
+from memq.oom_message import parse_oom_message
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+def current(S, T, F, A, U, *, allowed=None, pools=None, dev="CUDA"):
+    """A torch >= 2.4 message with the given figures (GiB)."""
+    cap = f"{allowed:.2f} GiB allowed; " if allowed else ""
+    pool = f"with {pools:.2f} GiB allocated in private pools (e.g., CUDA Graphs), " if pools else ""
+    return (f"{dev} out of memory. Tried to allocate {S:.2f} GiB. GPU 0 has a total capacity of {T:.2f} GiB of which "
+            f"{F:.2f} GiB is free. {cap}Of the allocated memory {A:.2f} GiB is allocated by PyTorch, {pool}and "
+            f"{U:.2f} GiB is reserved by PyTorch but unallocated.")
+
+
+def verdict(text):
+    return judge(parse_oom_message(text))
+
+
+def test_near_limit_share_just_under_and_over():
+    # what the process could reserve: R + F = 10 GiB; allocated 8 + request s leaves 10 - 8 - s
+    lim = 10.0
+    just_inside = lim * (1 - NEAR_LIMIT_SHARE) - 8.0 - 0.02  # room just over 10%: fragmentation
+    just_over = lim * (1 - NEAR_LIMIT_SHARE) - 8.0 + 0.02  # room just under 10%: the step's edge
+    assert verdict(current(just_inside, 10.2, 0.5, 8.0, 1.5)).situation in ("fragmentation",)
+    v = verdict(current(just_over, 10.2, 0.5, 8.0, 1.5))
+    assert v.situation == "near_limit" and [c for c, _, _ in v.others] == ["capacity"]
+
+
+def test_private_pool_share_just_under_and_over():
+    over = verdict(current(0.5, 48.0, 0.001, 47.0, 0.1, pools=47.0 * PRIVATE_POOL_SHARE + 0.1))
+    under = verdict(current(0.5, 48.0, 0.001, 47.0, 0.1, pools=47.0 * PRIVATE_POOL_SHARE - 0.1))
+    assert over.situation == "private_pools" and under.situation != "private_pools"
+
+
+def test_printed_rounding_reads_a_cap_at_its_printed_figure():
+    # reserved 1.00 + request 0.04 against 1.05 allowed: over the cap once the print's rounding is allowed for
+    cap = 1.05
+    inside = (1 - PRINTED_ROUNDING) * cap - 1.0 - 0.01
+    over = (1 - PRINTED_ROUNDING) * cap - 1.0 + 0.01
+    assert verdict(current(inside, 255.0, 244.0, 0.9, 0.1, allowed=cap)).situation == "below_free"
+    assert verdict(current(over, 255.0, 244.0, 0.99, 0.01, allowed=cap)).figures.get("cap_ran_out")
+
+
+def test_xpu_block_limit_just_under_and_over():
+    limit = XPU_BLOCK_LIMIT / GiB
+    assert verdict(current(limit + 0.01, 15.11, 15.11, 0.0, 0.0, dev="XPU")).situation == "block_limit"
+    assert verdict(current(limit - 0.01, 15.11, 15.11, 0.0, 0.0, dev="XPU")).situation == "below_free"
+
+
+def test_same_request_bytes_just_under_and_over():
+    from memq.analysis.message_check import SAME_REQUEST_BYTES, _differs
+
+    s = 64 * MiB
+    assert not _differs(s, s + SAME_REQUEST_BYTES - 1, SAME_REQUEST_BYTES)
+    assert _differs(s, s + SAME_REQUEST_BYTES + 1, SAME_REQUEST_BYTES)
