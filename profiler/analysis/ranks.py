@@ -176,6 +176,15 @@ def diagnose_ranks(facts: Iterable[RankFacts]) -> dict[str, Any]:
 
 
 def _imbalance(first: RankFacts, others: list[RankFacts], ev: list[str]) -> str:
+    # A rank's own leak first: blocks it keeps from before a snapshot's trace read as parameters by
+    # provenance, which would make a leak look like uneven sharding
+    if first.leak or first.cause == "leak":
+        if not any(f.leak or f.cause == "leak" for f in others):
+            ev.append(f"rank {first.rank}'s live bytes grow (between comparable points or step boundaries: its "
+                      "own diagnosis is a leak); the other ranks' do not")
+            return "leak"
+        ev.append("every rank leaks: the growth is not specific to one rank")
+        return "none"
     p1, o1 = _state(first.composition)
     states = [_state(f.composition) for f in others if f.composition]
     if p1 is not None and states:
@@ -189,13 +198,6 @@ def _imbalance(first: RankFacts, others: list[RankFacts], ev: list[str]) -> str:
             ev.append(f"rank {first.rank} holds {_gib(o1)} of optimizer state, the other ranks "
                       f"{_gib(int(statistics.median(with_opt)))}")
             return "state"
-    if first.leak or first.cause == "leak":
-        if not any(f.leak or f.cause == "leak" for f in others):
-            ev.append(f"rank {first.rank}'s live bytes grow (between comparable points or step boundaries: its "
-                      "own diagnosis is a leak); the other ranks' do not")
-            return "leak"
-        ev.append("every rank leaks: the growth is not specific to one rank")
-        return "none"
     a1 = activation_bytes(first)
     acts = [a for a in (activation_bytes(f) for f in others) if a is not None]
     n1 = need_bytes(first)
