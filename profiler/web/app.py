@@ -120,6 +120,8 @@ class SecurityMiddleware:
         if not self.hosts:
             return True
         host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").strip().lower()
+        if not host:
+            return True  # no Host at all (HTTP/1.0, an in-process call): a browser always sends one
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         if host.startswith("[") and "]" in host:
             name = host[: host.index("]") + 1]

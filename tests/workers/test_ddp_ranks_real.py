@@ -162,8 +162,8 @@ def test_leak_rank_1_leak_imbalance(stack):
     assert d["primary_cause"] == "leak" and d["failed_rank"] == 1
     leak = next(c for c in d["causes"] if c["cause"] == "leak")
     # two comparable snapshots before the OOM (warm-up, end of epoch 0): the per-step figures settle it
-    growth = next(e for e in leak["evidence"] if e.startswith("live bytes at step boundaries"))
-    assert "0.69 GiB per interval" in growth, growth
+    growth = next(e for e in leak["evidence"] if e.startswith("live bytes grow"))
+    assert "+0.69 GiB a step" in growth and "8 points" in growth, growth
     assert d["recommendations"][0]["action"].startswith("Look for code that runs on rank 1 only")
     assert any("keeps tensors alive" in r["action"] for r in d["recommendations"])
 

@@ -52,7 +52,9 @@ def _settled(stack: Stack, run: str, n: int, status: str) -> dict:
 
 def test_agent_run_is_analysed_and_matches_memq_ingest(stack):
     src = ReplaySource(REAL / "seed_sgd")
-    a = make_agent(stack, "e2e-sgd", src, stats_interval_s=0, job="job-e2e", host="node-1")
+    # warm-up outlasts these 45 steps: the agent's own baseline snapshot at its end (a comparable periodic
+    # one) would take one of the four recorded files that are compared with memq ingest below
+    a = make_agent(stack, "e2e-sgd", src, stats_interval_s=0, job="job-e2e", host="node-1", warmup_steps=100)
     assert a.snapshot("manual")  # before_training
     for epoch in range(3):
         for step in range(epoch * 15, epoch * 15 + 15):
