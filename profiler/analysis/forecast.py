@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 from memq.analysis import growth as gm
 from memq.analysis.leak import figure_series, snapshot_series
@@ -134,9 +135,8 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     if unit == "step":
         out.update(oom_expected=True, step=at, step_low=early, step_high=late)
         if epoch_len:
-            starts = _epoch_starts(figs, pts)
-            out["epoch"] = (starts.epoch_of(at) if starts is not None and hasattr(starts, "epoch_of")
-                            else _epoch_at(pts[-1], at, epoch_len))
+            clock = _epoch_clock(figs, pts)
+            out["epoch"] = clock.epoch_of(at) if clock is not None else _epoch_at(pts[-1], at, epoch_len)
         sps = _seconds_per_step(figs) or seconds_per_step
         if sps:
             last_step = pts[-1].x
@@ -147,11 +147,11 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         between = f"between steps {early:,} and {late:,}" if late is not None else f"from step {early:,} on"
     elif unit == "epoch":
         out.update(oom_expected=True, epoch=at)
-        first_step = _epoch_starts(figs, pts)
-        if first_step is not None:  # the points know their steps: the failing epoch's first step
+        clock = _epoch_clock(figs, pts)
+        if clock is not None:  # the points know their steps: the failing epoch's first step
             # the interval in steps covers whole epochs: from the early epoch's first step to the late one's last
-            out.update(step=first_step(at), step_low=first_step(early),
-                       step_high=None if late is None else first_step(late + 1) - 1)
+            out.update(step=clock.first_step(at), step_low=clock.first_step(early),
+                       step_high=None if late is None else clock.first_step(late + 1) - 1)
         sps = _seconds_per_step(figs) or seconds_per_step
         spe = _seconds_per_point(pts)
         if out["step"] is not None and sps and pts[-1].step is not None:
@@ -226,10 +226,26 @@ def _seconds_per_step(figs: list[dict]) -> float | None:
     return statistics.median(ms) / 1000.0 if ms else None
 
 
-def _epoch_starts(figs: list[dict], pts: list[gm.Point]):
-    """A function from an epoch to its first step, from the step figures (every boundary read, each
-    epoch's end taken midway between its last read step and the next epoch's first: thinned reads
-    hide the true end) or from epoch points that know their steps; None when steps are unknown."""
+@dataclass(frozen=True)
+class EpochClock:
+    """Epochs and steps of one run: epoch `e` starts at end + (e - e0 - 1) x per + 1, where `end` is the
+    last step of epoch `e0`."""
+
+    e0: float
+    end: float
+    per: float
+
+    def first_step(self, epoch: float) -> int:
+        return int(round(self.end + (epoch - self.e0 - 1) * self.per + 1))
+
+    def epoch_of(self, step: float) -> int:
+        return int(self.e0 + 1 + math.floor((step - (self.end + 1)) / self.per))
+
+
+def _epoch_clock(figs: list[dict], pts: list[gm.Point]) -> EpochClock | None:
+    """From the step figures (each epoch's end taken midway between its last read step and the next
+    epoch's first: thinned reads hide the true end), else from epoch points that know their steps;
+    None when steps are unknown."""
     steps = [gm.Point(x=float(f["step"]), live=0, label="", step=f["step"], epoch=f.get("epoch")) for f in figs
              if isinstance(f.get("epoch"), int)]
     per = _epoch_length(steps) if steps else None
@@ -241,16 +257,11 @@ def _epoch_starts(figs: list[dict], pts: list[gm.Point]):
             hi[p.epoch] = max(p.step, hi.get(p.epoch, p.step))
         done = [e for e in sorted(hi) if e + 1 in lo]
         if done:
-            e0 = done[-1]
-            end = (hi[e0] + lo[e0 + 1] - 1) / 2
-            start = lambda e: int(round(end + (e - e0 - 1) * per + 1))  # noqa: E731
-            start.epoch_of = lambda step: e0 + 1 + math.floor((step - (end + 1)) / per)  # type: ignore[attr-defined]
-            return start
+            return EpochClock(done[-1], (hi[done[-1]] + lo[done[-1] + 1] - 1) / 2, per)
     known = [(p.x, p.step) for p in pts if p.step is not None]
     if len(known) >= 2 and known[-1][0] > known[0][0]:
         spe = (known[-1][1] - known[0][1]) / (known[-1][0] - known[0][0])
-        x_last, s_last = known[-1]
-        return lambda e: int(round(s_last + (e - x_last - 1) * spe + 1))
+        return EpochClock(known[-1][0], known[-1][1], spe)
     return None
 
 

@@ -30,7 +30,7 @@ step where steps are known, else the epoch, else the point's index; `unit` says 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from memq.analysis.rules import (
     GROWTH_CHANGE_GAIN,
@@ -99,7 +99,6 @@ class Growth:
     matters: bool = False
     why: str = ""                        # one sentence for every screen
     few: bool = False                    # decided on fewer than GROWTH_MIN_POINTS points
-    notes: list[str] = field(default_factory=list)
 
     @property
     def leak(self) -> bool:
