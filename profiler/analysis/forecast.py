@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from memq.analysis import growth as gm
 from memq.analysis.leak import figure_series, snapshot_series
-from memq.analysis.rules import GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
+from memq.analysis.rules import FORECAST_NEAR_MISS_SHARE, GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
 from memq.analysis.series import compact
 from memq.units import fmt_bytes
 
@@ -38,8 +38,6 @@ from memq.units import fmt_bytes
 TRAINED_MULTIPLE = 3.05
 #: Growth that is at least this share gradients and optimizer state is parameters starting to train.
 STATE_SHARE = 0.8
-#: A near miss: the steps' peak within this share of LIMIT.
-NEAR_MISS_SHARE = 0.10
 #: Figures kept as a forecast's inputs (the run diagnosis stores them, stats batches add to them):
 #: older ones are merged pairwise (series.compact), so a long run keeps its whole shape.
 MAX_FIGURES = 512
@@ -430,7 +428,7 @@ def _near_miss(figs: list[dict], comparable: list[dict], limit: int) -> dict | N
         return None
     peak = max(peaks)
     head = limit - peak
-    if head > NEAR_MISS_SHARE * limit:
+    if head > FORECAST_NEAR_MISS_SHARE * limit:
         return None
     recent = peaks[-4:]
     rising = len(recent) > 1 and all(b > a for a, b in zip(recent, recent[1:], strict=False))

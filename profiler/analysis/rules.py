@@ -83,6 +83,10 @@ GROWTH_HORIZON_MULTIPLE = _rule(
     "which is rarely known; ten times what the run has lived covers a job at a tenth of its life (the "
     "earliest point a forecast is judged at is half), and leaves out a 512-byte-a-step drift that would "
     "need millions of steps", "growth")
+FORECAST_NEAR_MISS_SHARE = _rule(
+    "FORECAST_NEAR_MISS_SHARE", 0.10, "share of LIMIT", "judgement",
+    "the forecast says a near miss beside 'no OOM expected' when the steps' peak comes within a tenth of "
+    "LIMIT: twice the last free bytes (NEAR_MISS_SHARE), so a run is told before it is in them", "forecast")
 LEAK_PERSIST_SHARE = _rule(
     "LEAK_PERSIST_SHARE", 0.5, "share of the growth", "judgement",
     "ARCHITECTURE.md cause 2 asks that the growth be blocks that stay live; half of it, because a step's "
