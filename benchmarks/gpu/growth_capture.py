@@ -2,7 +2,7 @@
 on an H200 whose live memory grows (leaks) or moves without leaking (controls), with the real outcome,
 in one command.
 
-    python3 growth_capture.py all --out DIR [--only a,b] [--budget S] [--parallel 4]
+    python3 growth_capture.py all --out DIR [--only a,b|original|fresh] [--budget S] [--parallel 4]
     python3 growth_capture.py job SCENARIO --variant V --result R.json [--spool DIR] [--hand DIR]
 
 Every job trains the same small MLP (4 blocks of 1024 -> 4096 -> 1024, AdamW; 1-3 ms steps), so that
@@ -65,6 +65,25 @@ SCENARIOS: dict[str, dict] = {
     "uncapped_epoch": dict(leak=True, kind="epoch", fixed=4 * GiB, spe=4, epochs=60, uncapped=True),
     "uncapped_cache": dict(leak=False, kind="cache", fixed=4 * GiB, until=5, spe=4, epochs=35, uncapped=True),
 }
+
+# The fresh set: jobs added after the growth model's last change and judged once, untouched, at the end
+# (tests/fixtures/growth/README.md says which half each scenario is in).
+FRESH: dict[str, dict] = {
+    "fr_epoch_p3": dict(leak=True, kind="epoch", share=0.03, target=30, spe=12, epochs=60, hand=True),
+    "fr_epoch_p05": dict(leak=True, kind="epoch", share=0.005, target=150, spe=3, epochs=260),
+    "fr_step_16m": dict(leak=True, kind="step", fixed=16 * MiB, target=150, spe=10, epochs=40),
+    "fr_step_256k": dict(leak=True, kind="step", fixed=256 << 10, target=2500, spe=50, epochs=80),
+    "fr_late_leak": dict(leak=True, kind="epoch", share=0.02, target=35, spe=6, epochs=150, start=15, hand=True),
+    "fr_accum_leak": dict(leak=True, kind="epoch", share=0.01, target=60, spe=6, epochs=120, accum=True),
+    "fr_dynamic_step_leak": dict(leak=True, kind="step", fixed=2 * MiB, target=600, spe=20, epochs=60,
+                                 dynamic=True),
+    "fr_cache_long": dict(leak=False, kind="cache", share=0.015, until=12, spe=6, epochs=80, hand=True),
+    "fr_bursts": dict(leak=False, kind="bursts", share=0.03, bursts=(2, 6, 10, 20), spe=8, epochs=60),
+    "fr_ramp_accum": dict(leak=False, kind="ramp", spe=8, epochs=40, accum=True),
+    "fr_uncapped_1g": dict(leak=True, kind="step", fixed=1 * GiB, spe=10, epochs=30, uncapped=True),
+    "fr_uncapped_cache": dict(leak=False, kind="cache", fixed=3 * GiB, until=8, spe=5, epochs=40, uncapped=True),
+}
+SCENARIOS.update(FRESH)
 
 
 def variants(sc: str) -> tuple[str, ...]:
@@ -145,7 +164,7 @@ def run_job(args) -> None:
             model.train()
             for micro_step in range(spe):
                 b = batch_size()
-                accum = 4 if spec["kind"] == "accum" else 1
+                accum = 4 if spec["kind"] == "accum" or spec.get("accum") else 1
                 for _ in range(accum):
                     x = torch.randn(b, width, device=dev)
                     loss = F.mse_loss(model(x), x) / accum
@@ -246,7 +265,8 @@ def main() -> None:
     if args.cmd == "job":
         run_job(args)
         return
-    names = [s for s in (args.only.split(",") if args.only else SCENARIOS) if s]
+    groups = {"fresh": list(FRESH), "original": [s for s in SCENARIOS if s not in FRESH]}
+    names = groups.get(args.only) or [s for s in (args.only.split(",") if args.only else SCENARIOS) if s]
     r = Runner(args.out, args.budget, args.timeout)
     capped = [(s, v) for s in names if not SCENARIOS[s].get("uncapped") for v in variants(s)]
     whole = [(s, v) for s in names if SCENARIOS[s].get("uncapped") for v in variants(s)]
