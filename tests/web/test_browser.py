@@ -403,3 +403,40 @@ def test_run_page_draws_the_forecast(browser, forecast_server, tmp_path):
     assert "forecast OOM" in page.text_content("#timeline-svg")
     assert_not_blank(shot(page, tmp_path / "run-forecast.png", full_page=True), red=True)
     browser.clean()
+
+
+def test_segment_map_and_composition_bar_show_one_class_per_block(tmp_path):
+    """A published 3.4B-parameter AdamW full step (stacks="all"): the segment map's blocks and the
+    composition bar show the same classes (parameters, gradients, optimizer state), and the bar's
+    bytes are the map's blocks summed by class."""
+    from playwright.sync_api import sync_playwright
+
+    snap = ROOT / "tests/fixtures/public_snapshots/cs336_2.7b_memory_ctx128_fullstep.pickle.gz"
+    out = tmp_path / "view.html"
+    res = subprocess.run([sys.executable, "-m", "memq", "view", str(snap), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    with sync_playwright() as p:
+        b = Browser(p, None)
+        try:
+            page = b.open(out.as_uri())
+            on_map = page.evaluate("""() => { const s = {}; document.querySelectorAll('#segmap-svg rect.block')
+                .forEach(r => r.classList.forEach(c => { if (c.startsWith('cat-')) s[c.slice(4)] = 1; }));
+                return Object.keys(s).sort(); }""")
+            bar = page.evaluate("""() => Array.from(document.querySelectorAll('#composition rect'))
+                .map(r => (r.querySelector('title') || {}).textContent).filter(Boolean)""")
+            in_bar = sorted(t.split(" ")[0] for t in bar)
+            assert on_map == in_bar
+            assert {"parameters", "gradients", "optimizer_state"} <= set(in_bar)
+            assert "unknown" not in in_bar and "other" not in in_bar
+            by_map = page.evaluate("""() => { const s = {};
+                const DATA = JSON.parse(document.getElementById('page-data').textContent);
+                DATA.segments.forEach(g => g.blocks.forEach(b => {
+                if (b.c) s[b.c] = (s[b.c] || 0) + b.s; })); return s; }""")
+            assert by_map == {k: v for k, v in page.evaluate(
+                "() => JSON.parse(document.getElementById('page-data').textContent).composition").items() if v}
+            page.locator("#composition").scroll_into_view_if_needed()
+            assert_not_blank(shot(page, tmp_path / "one_class.png", full_page=True))
+            b.clean()
+        finally:
+            b.browser.close()
