@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-ROLES = ("parameter", "gradient", "optimizer_state", "buffer")
+from memq.model import AGENT_ROLES as ROLES  # the analysis reads the same table
+
 PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER = range(len(ROLES))
 MAX_RANGES = 200_000  # beyond this the list is cut (and says so): a snapshot's metadata stays bounded
 SCHEMA = 1

@@ -1,44 +1,76 @@
 """What every live byte is, by provenance: the one place that decides a live block's class.
 
-Every screen (composition, the segment map, the category timeline, `memq analyze`, the report) reads
-`block_classes`, so one block has one class everywhere (ARCHITECTURE.md "Composition and phase").
+Every screen (composition, the segment map, the category timeline, `memq analyze`, `memq fit`'s peak,
+the report) reads `block_classes`, so one block has one class everywhere (ARCHITECTURE.md "Composition
+and phase"), and says where the class came from: known from the job (the agent's roles) or inferred
+from the trace.
 
+Evidence, strongest first:
+- the agent's roles (agent/roles.py): a block holding a storage the job's optimizer or model owns is
+  that class, whatever its frames say or whenever it was made;
+- the block's own stack, or the stack of the trace entry that made it: optimizer code, library
+  workspaces, parameter creation and loading, gradient accumulation;
+- when in the step it was made and whether it outlived it: made by the autograd engine (its frames,
+  or, with stacks="python", no frames at all: the engine's thread records none) and still live once
+  backward is over, at a parameter's size: gradients; made in forward and still live: activations;
+- blocks older than the trace with no frames of their own: parameters only with evidence, either the
+  optimizer state's sizes (Adam keeps 2 blocks per parameter of its size, SGD momentum 1: the
+  parameters it implies that nothing else accounts for), or a trace that covers the step from its start
+  while nothing else is known to be a parameter and there is no optimizer state (forward only,
+  inference). Otherwise they stay unknown: a leak kept from earlier steps, or the activations of a step
+  whose start fell out of a short ring buffer, also predate the trace.
 A frame name that happens to be on a stack is weak evidence: with stacks="all" every forward
 allocation passes `torch::autograd::VariableType::*` (forward dispatch), and a gradient is allocated
 by the backward node that computed it (`MmBackward0::apply`), not by `AccumulateGrad`, which only
-keeps it. So a class comes from where in the step a block was made and whether it outlived it:
-- made in optimizer code: optimizer state (it is live, so it persists);
-- made by the autograd engine (its frames, or, with stacks="python", no frames at all: the engine's
-  thread records none) and still live once backward is over, or the size of a parameter without
-  its gradient yet: gradients;
-- live and never allocated inside the trace (it predates the recording) when the trace starts with a
-  forward or with the recording itself: parameters and buffers (for inference: weights and caches);
-- library workspaces by their frames;
-- the rest that forward made and that is still live: activations.
-Pure: a Snapshot in, plain data out; memoised on the snapshot.
+keeps it. Pure: a Snapshot in, plain data out; memoised on the snapshot.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import Counter
 from typing import NamedTuple
 
 from memq.analysis import frames as fr
-from memq.model import Snapshot
+from memq.analysis.rules import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUBLAS_WORKSPACE_OLD_BYTES,
+    OPTIMIZER_SGD_MULTIPLE,
+    STEP_START_ORPHAN_SHARE,
+)
+from memq.model import AGENT_ROLES, Snapshot, frame_file
 
 # Where a class came from, as the screens say it.
+FROM_JOB = "job"  # the agent's roles: the job's optimizer or model holds this storage
 FROM_FRAMES = "frames"  # the allocation's own stack names the code that made it
 FROM_TRACE = "trace"  # when in the recorded step it was made, and that it outlived the step
-FROM_SIZE = "size"  # frameless: its size matches a parameter's
+FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or a workspace's
+FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
+SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, BEFORE_TRACE)
+KNOWN = "known from the job"
+INFERRED = "inferred from the trace"
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer_step"
+
+_ROLE_CLASS = {"parameter": fr.PARAMETERS, "buffer": fr.PARAMETERS, "gradient": fr.GRADIENTS,
+               "optimizer_state": fr.OPTIMIZER_STATE}
+ROLE_CLASSES = tuple(_ROLE_CLASS[r] for r in AGENT_ROLES)
+# State tensors per parameter of the same size, by optimizer (torch.optim's own classes).
+_STATE_PER_PARAM = (("adamw", 2), ("adamax", 2), ("nadam", 2), ("radam", 2), ("lamb", 2), ("adam", 2),
+                    ("sgd", 1), ("rmsprop", 1), ("adagrad", 1), ("lion", 1))
 
 
 class BlockClass(NamedTuple):
     cls: str
     source: str
     event: int  # index of the trace entry that allocated it; -1 when it predates the trace
+
+
+def origin(source: str) -> str:
+    """How a screen says where a class came from."""
+    return KNOWN if source == FROM_JOB else INFERRED
 
 
 def event_phase(frames: list, trace_has_frames: bool) -> str | None:
@@ -60,6 +92,26 @@ def block_classes(snap: Snapshot) -> dict[int, BlockClass]:
     if done is None:
         done = snap.memo["block_classes"] = _classify(snap)
     return done
+
+
+def _role_lookup(roles: tuple):
+    """A function: block (address, size) -> the class of the agent's first role whose storage starts
+    inside the block (a storage starts at its block's address), or None."""
+    if not roles:
+        return lambda addr, size: None
+    starts = [r[0] for r in roles]
+
+    def find(addr: int, size: int) -> str | None:
+        i = bisect.bisect_left(starts, addr)
+        best = None
+        while i < len(roles) and roles[i][0] < addr + size:
+            code = roles[i][2]
+            if best is None or code < best:
+                best = code
+            i += 1
+        return ROLE_CLASSES[best] if best is not None else None
+
+    return find
 
 
 def _classify(snap: Snapshot) -> dict[int, BlockClass]:
@@ -88,70 +140,206 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             break
         if ph in (PHASE_FORWARD, PHASE_OPTIMIZER):
             after_bwd = True
+    role_of = _role_lookup(snap.agent.roles if snap.agent is not None else ())
+    forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     out: dict[int, BlockClass] = {}
     undecided = []
-    param_sizes: Counter = Counter()
+    predating = []  # older than the trace, no frames of their own, no role: decided by evidence below
     for b in live:
         i = made.get(b.address, -1)
+        known = role_of(b.address, b.size)
+        if known is not None:
+            out[b.address] = BlockClass(known, FROM_JOB, i)
+            continue
         frames = b.frames or (trace[i].frames if i >= 0 else [])
         if i < 0 and not b.frames:
-            if trace:
-                out[b.address] = BlockClass(fr.PARAMETERS, BEFORE_TRACE, -1)
-                param_sizes[b.size] += 1
-            else:
-                undecided.append(b)
+            predating.append(b)
             continue
         cat = fr.categorize(frames) if frames else fr.UNKNOWN
         if cat in (fr.OPTIMIZER_STATE, fr.WORKSPACE_CAT, fr.GRADIENTS, fr.PARAMETERS):
             out[b.address] = BlockClass(cat, FROM_FRAMES, i)
-            if cat == fr.PARAMETERS:
-                param_sizes[b.size] += 1
             continue
         ph = event_phase(frames, trace_has_frames) if i >= 0 else (fr.phase_of(frames) if frames else None)
         if ph == PHASE_BACKWARD:
             undecided.append(b)  # a gradient or a backward intermediate: decided by size below
             continue
         if frames:
-            # Made in forward (or setup) by code no rule names, and still live: forward's output.
-            keep = cat != fr.OTHER or i < 0
-            out[b.address] = BlockClass(cat if keep else fr.ACTIVATIONS, FROM_FRAMES if keep else FROM_TRACE, i)
+            # Made by code no rule names and still live: forward's output where the trace shows a
+            # forward pass (own modules, stacks="all"), else what the frames said ("other").
+            if cat == fr.OTHER and i >= 0:
+                if forward_seen is None:
+                    forward_seen = _trace_shows_forward(trace)
+                if forward_seen:
+                    out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
+                    continue
+            out[b.address] = BlockClass(cat, FROM_FRAMES, i)
         else:
             undecided.append(b)
-    _split_predating(live, out, trace, trace_has_frames, last_bwd)
+    _resolve_predating(snap, predating, out, trace, trace_has_frames, last_bwd, made)
+    param_sizes = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    grads_known = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS)
+    for size, n in grads_known.items():  # one gradient per parameter
+        param_sizes[size] = max(0, param_sizes[size] - n)
+    in_bwd_at_end = _in_backward_at_end(trace, last_bwd)
     for b in undecided:
         i = made.get(b.address, -1)
-        if param_sizes.get(b.size, 0) > 0:
-            param_sizes[b.size] -= 1
-            out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE if not trace_has_frames else FROM_TRACE, i)
-        elif i >= 0 and trace_has_frames and (after_bwd or not _in_backward_at_end(trace, last_bwd)):
+        if param_sizes.get(tensor_size(b), 0) > 0:
+            param_sizes[tensor_size(b)] -= 1
+            out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE if not b.frames else FROM_TRACE, i)
+        elif not b.frames and _workspace_sized(tensor_size(b)):
+            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)
+        elif i >= 0 and trace_has_frames and not any(param_sizes.values()) and not _params_known(out) \
+                and (after_bwd or not in_bwd_at_end):
+            # no parameter is known to size it against: made by the engine, kept after backward
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_TRACE, i)
         elif i >= 0 and trace_has_frames:
-            out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
+            out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE, i)
     return out
 
 
-def _split_predating(live: list, out: dict, trace: list, trace_has_frames: bool, last_bwd: int) -> None:
-    """Gradients that predate the recording. A backward ran inside the trace but left no gradient made
-    there (it accumulated in place into `.grad` kept from an earlier step): each parameter then has a
-    gradient of its size among the blocks older than the trace, so of every size those blocks come in,
-    half are gradients (Adam's state, when it predates too, is found by its frames' absence the same
-    way only with the optimizer named, so it is left to the parameters here)."""
-    if last_bwd < 0 or _in_backward_at_end(trace, last_bwd):
-        return
-    if any(bc is not None and bc.cls == fr.GRADIENTS and bc.event >= 0 for bc in out.values()):
-        return
-    if any(b.address not in out and made_in_backward(b, trace, trace_has_frames) for b in live):
-        return
-    groups: dict[int, list] = {}
+_NONE = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
+
+
+def tensor_size(b) -> int:
+    """The bytes the tensor asked for (the allocator rounds a block to 512 B and may leave up to 1 MiB of
+    a segment unsplit beside it, so two tensors of one shape can sit in blocks of two sizes)."""
+    return b.requested_size if 0 < b.requested_size <= b.size else b.size
+
+
+def _params_known(out: dict) -> bool:
+    return any(bc.cls == fr.PARAMETERS for bc in out.values())
+
+
+def _workspace_sized(size: int) -> bool:
+    return size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
+
+
+def _trace_shows_forward(trace: list) -> bool:
+    """A forward pass in the trace: an entry under module code or a backward somewhere (so some
+    forward ran), looked for in at most the first and last 4000 entries."""
+    part = trace if len(trace) <= 8000 else trace[:4000] + trace[-4000:]
+    seen: set[int] = set()
+    for ev in part:
+        if not ev.frames or id(ev.frames) in seen:
+            continue
+        seen.add(id(ev.frames))
+        if fr.phase_of(ev.frames) in ("forward", "backward"):
+            return True
+    return False
+
+
+def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
+    """Optimizer state blocks per parameter of the same size: from the optimizer the agent named, the
+    optimizer's file in the state's frames, or the ratio of state to known parameter bytes (above
+    OPTIMIZER_SGD_MULTIPLE: Adam's two moments); None when nothing says."""
+    names = []
+    if snap.agent is not None and snap.agent.optimizer:
+        names.append(snap.agent.optimizer.lower())
+    trace = snap.trace
     for b in live:
         bc = out.get(b.address)
-        if bc is not None and bc.source == BEFORE_TRACE:
-            groups.setdefault(b.size, []).append(b)
-    for same in groups.values():
-        for b in same[len(same) - len(same) // 2:]:
-            out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
+        if bc is None or bc.cls != fr.OPTIMIZER_STATE:
+            continue
+        frames = b.frames or (trace[bc.event].frames if bc.event >= 0 else [])
+        for f in frames:
+            path = frame_file(f).lower()
+            if "/optim/" in path:
+                names.append(path.rsplit("/", 1)[-1])
+                break
+        if len(names) > 1:
+            break
+    for name in names:
+        for key, k in _STATE_PER_PARAM:
+            if key in name:
+                return k
+    params = sum(b.size for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    state = sum(b.size for b in live if out.get(b.address, _NONE).cls == fr.OPTIMIZER_STATE)
+    if params and state:
+        return 2 if state > OPTIMIZER_SGD_MULTIPLE * params else 1
+    return None
+
+
+def covers_step_start(trace: list, made: dict, predating_bytes: int, trace_has_frames: bool) -> bool:
+    """The trace holds the step from its start: it frees almost nothing it did not allocate (at most
+    STEP_START_ORPHAN_SHARE of the bytes older than it), and it does not begin inside backward or the
+    optimizer step. A ring buffer that wrapped mid-step fails both."""
+    if not trace:
+        return False
+    allocated: set[int] = set()
+    orphan = 0
+    first_phase = None
+    for ev in trace:
+        if ev.action == "alloc":
+            allocated.add(ev.addr)
+            if first_phase is None and ev.frames:
+                first_phase = event_phase(ev.frames, trace_has_frames)
+        elif ev.action == "free_requested" and ev.addr not in allocated:
+            orphan += ev.size
+    if first_phase in (PHASE_BACKWARD, PHASE_OPTIMIZER):
+        return False
+    return orphan <= STEP_START_ORPHAN_SHARE * max(predating_bytes, 1)
+
+
+def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, trace_has_frames: bool,
+                       last_bwd: int, made: dict) -> None:
+    """Blocks older than the trace with no frames and no role. Parameters where the optimizer state's
+    sizes imply them (each size's state blocks / state per parameter, less the parameters already
+    known) or, with no optimizer state and nothing known to be a parameter, where the trace covers the
+    step from its start; gradients kept from an earlier backward beside them (a backward that ran in
+    the trace made none: it accumulated into them); cuBLAS workspaces by their size; the rest unknown."""
+    if not predating:
+        return
+    live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
+    state_sizes = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.OPTIMIZER_STATE)
+    known_params = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    by_size: dict[int, list] = {}
+    for b in predating:
+        by_size.setdefault(tensor_size(b), []).append(b)
+    params: dict[int, list] = {}
+    if state_sizes:
+        k = state_per_param(snap, out, live) or 1
+        for size, group in by_size.items():
+            need = math.ceil(state_sizes.get(size, 0) / k) - known_params.get(size, 0)
+            if need > 0:
+                params[size] = group[:need]
+                for b in params[size]:
+                    out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
+    elif not known_params and covers_step_start(trace, made, sum(b.size for b in predating), trace_has_frames):
+        for size, group in by_size.items():
+            params[size] = group
+            for b in group:
+                out[b.address] = BlockClass(fr.PARAMETERS, BEFORE_TRACE, -1)
+    if _grads_predate(out, predating, trace, trace_has_frames, last_bwd):
+        for size, group in by_size.items():
+            mine = params.get(size, [])
+            if not state_sizes:  # each parameter and its gradient are two blocks of this size
+                for b in mine[len(mine) - len(mine) // 2:]:
+                    out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
+            else:
+                n_params = len(mine) + known_params.get(size, 0)
+                rest = [b for b in group if b.address not in out or out[b.address].cls != fr.PARAMETERS]
+                for b in rest[:n_params]:
+                    out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
+    for b in predating:
+        if b.address in out:
+            continue
+        if _workspace_sized(tensor_size(b)):
+            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
+        else:
+            out[b.address] = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
+
+
+def _grads_predate(out: dict, predating: list, trace: list, trace_has_frames: bool, last_bwd: int) -> bool:
+    """A backward ran inside the trace and is over, but left no gradient made there (it accumulated in
+    place into `.grad` kept from an earlier step): the gradients are among the blocks older than the
+    trace."""
+    if last_bwd < 0 or _in_backward_at_end(trace, last_bwd):
+        return False
+    if any(bc.cls == fr.GRADIENTS and bc.event >= 0 for bc in out.values()):
+        return False
+    return not any(b.address not in out and made_in_backward(b, trace, trace_has_frames) for b in predating)
 
 
 def made_in_backward(b, trace: list, trace_has_frames: bool) -> bool:
@@ -166,7 +354,8 @@ def _in_backward_at_end(trace: list, last_bwd: int) -> bool:
 
 
 def composition(snap: Snapshot) -> tuple[dict, dict]:
-    """Live bytes by class, and the top allocation sites of each (every screen's composition)."""
+    """Live bytes by class, and the top allocation sites of each (every screen's composition). Each
+    site says where its class came from (`origin`: known from the job, or inferred from the trace)."""
     totals = dict.fromkeys(fr.CATEGORIES, 0)
     sites: dict[str, Counter] = {c: Counter() for c in fr.CATEGORIES}
     classes = block_classes(snap)
@@ -179,14 +368,37 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
             cls = bc.cls if bc else fr.UNKNOWN
             totals[cls] += b.size
             frames = b.frames or (trace[bc.event].frames if bc and bc.event >= 0 else [])
-            if frames:
+            if bc and bc.source == FROM_JOB:
+                site = "<known from the job: the optimizer's or the model's tensors>"
+            elif frames:
                 site = fr.stack_signature(frames)
+            elif bc and bc.source == FROM_STATE:
+                site = "<allocated before the trace began, sized as the optimizer state implies>"
             elif bc and bc.source == BEFORE_TRACE:
                 site = "<allocated before the trace began>"
             elif bc and bc.cls == fr.GRADIENTS:
                 site = "<autograd thread, matches a parameter's size>"
+            elif bc and bc.cls == fr.WORKSPACE_CAT:
+                site = "<no frames, the size of a cuBLAS workspace>"
             else:
                 site = "<no frames>"
-            sites[cls][site] += b.size
-    top = {c: [{"site": s, "bytes": n} for s, n in sites[c].most_common(5)] for c in fr.CATEGORIES if sites[c]}
+            sites[cls][(site, origin(bc.source) if bc else INFERRED)] += b.size
+    top = {c: [{"site": s, "bytes": n, "origin": o} for (s, o), n in sites[c].most_common(5)]
+           for c in fr.CATEGORIES if sites[c]}
     return totals, top
+
+
+def origins(snap: Snapshot) -> dict:
+    """Live bytes of each class by where the class came from: {class: {"known from the job": n,
+    "inferred from the trace": m}} (classes with bytes only)."""
+    out: dict[str, dict] = {}
+    classes = block_classes(snap)
+    for seg in snap.segments:
+        for b in seg.blocks:
+            if b.is_live:
+                bc = classes.get(b.address)
+                cls = bc.cls if bc else fr.UNKNOWN
+                o = origin(bc.source) if bc else INFERRED
+                d = out.setdefault(cls, {})
+                d[o] = d.get(o, 0) + b.size
+    return out

@@ -124,6 +124,22 @@ SEGMENT_ROUNDING_BYTES = _rule(
     "ARCHITECTURE.md cause 7: large requests are rounded up to 2 MiB, so a block holds its request plus "
     "up to 2 MiB", "analysis")
 
+# ------------------------------------------------------------------ composition by provenance
+STEP_START_ORPHAN_SHARE = _rule(
+    "STEP_START_ORPHAN_SHARE", 0.01, "share of the live bytes older than the trace", "measured",
+    "blocks older than the trace read as parameters only where the trace covers the step's start: such a "
+    "trace frees almost nothing it did not allocate (0 bytes in the ten published CS336 snapshots, recorded "
+    "from before the step), while a ring buffer that wrapped mid-run frees 5-140% of what predates it "
+    "(tests/fixtures/real, max_entries=8000)", "provenance")
+CUBLAS_WORKSPACE_BYTES = _rule(
+    "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "definition",
+    "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "
+    "one block per handle and stream, made on the thread that first multiplies (the autograd engine's "
+    "thread records no Python frames)", "provenance")
+CUBLAS_WORKSPACE_OLD_BYTES = _rule(
+    "CUBLAS_WORKSPACE_OLD_BYTES", 2 * 4096 * 1024 + 8 * 16 * 1024, "bytes", "definition",
+    "torch's default CUBLAS_WORKSPACE_CONFIG before compute capability 9.0 (':4096:2:16:8')", "provenance")
+
 # ------------------------------------------------------------------ cause 4: activation_spike
 SPIKE_FACTOR = _rule(
     "SPIKE_FACTOR", 1.5, "x the earlier steps' peak", "definition",
