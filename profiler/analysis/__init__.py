@@ -191,6 +191,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                        "non_pytorch_bytes": lim.non_pytorch, "largest_usable_free_block_bytes": largest_usable,
                        "oom_site": fr.stack_signature(oom_frames) if oom_frames else None},
             "composition_sites": last["sites"],
+            # each class's bytes by where the class came from: known from the job, or inferred from the trace
+            "composition_origin": last.get("origins") or {},
             "timeline": {k: v for k, v in tl.items() if k not in ("step_start_indices",)},
             "peak_reserved_bytes": peak_reserved,
             "checkpoint_load": loading,

@@ -35,6 +35,7 @@ from typing import NamedTuple
 from memq.analysis import frames as fr
 from memq.analysis.rules import (
     CUBLAS_WORKSPACE_BYTES,
+    CUBLAS_WORKSPACE_MAX_BLOCKS,
     CUBLAS_WORKSPACE_OLD_BYTES,
     OPTIMIZER_SGD_MULTIPLE,
     STEP_START_ORPHAN_SHARE,
@@ -181,12 +182,13 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     for size, n in grads_known.items():  # one gradient per parameter
         param_sizes[size] = max(0, param_sizes[size] - n)
     in_bwd_at_end = _in_backward_at_end(trace, last_bwd)
+    workspaces = _workspace_blocks([b for b in undecided if not b.frames])
     for b in undecided:
         i = made.get(b.address, -1)
         if param_sizes.get(tensor_size(b), 0) > 0:
             param_sizes[tensor_size(b)] -= 1
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE if not b.frames else FROM_TRACE, i)
-        elif not b.frames and _workspace_sized(tensor_size(b)):
+        elif b.address in workspaces:
             out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)
         elif i >= 0 and trace_has_frames and not any(param_sizes.values()) and not _params_known(out) \
                 and (after_bwd or not in_bwd_at_end):
@@ -210,10 +212,6 @@ def tensor_size(b) -> int:
 
 def _params_known(out: dict) -> bool:
     return any(bc.cls == fr.PARAMETERS for bc in out.values())
-
-
-def _workspace_sized(size: int) -> bool:
-    return size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
 
 
 def _trace_shows_forward(trace: list) -> bool:
@@ -322,13 +320,32 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 rest = [b for b in group if b.address not in out or out[b.address].cls != fr.PARAMETERS]
                 for b in rest[:n_params]:
                     out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
-    for b in predating:
-        if b.address in out:
-            continue
-        if _workspace_sized(tensor_size(b)):
+    # one gradient per parameter: the rest at a parameter's size (kept from an earlier backward, or
+    # accumulating); a cuBLAS workspace by its size, when there are no more of them than handles
+    free_params = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    free_params.subtract(Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS))
+    rest = [b for b in predating if b.address not in out]
+    workspaces = _workspace_blocks(rest)
+    for b in rest:
+        if free_params.get(tensor_size(b), 0) > 0:
+            free_params[tensor_size(b)] -= 1
+            out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE, -1)
+        elif b.address in workspaces:
             out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
+
+
+def _workspace_blocks(frameless: list) -> set:
+    """Addresses of the frameless blocks that are cuBLAS workspaces by their size: only where that size
+    comes in no more blocks than CUBLAS_WORKSPACE_MAX_BLOCKS (a handle per thread and stream); more are
+    tensors of that shape."""
+    out = set()
+    for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
+        same = [b.address for b in frameless if tensor_size(b) == size]
+        if 0 < len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
+            out.update(same)
+    return out
 
 
 def _grads_predate(out: dict, predating: list, trace: list, trace_has_frames: bool, last_bwd: int) -> bool:

@@ -139,6 +139,12 @@ CUBLAS_WORKSPACE_BYTES = _rule(
 CUBLAS_WORKSPACE_OLD_BYTES = _rule(
     "CUBLAS_WORKSPACE_OLD_BYTES", 2 * 4096 * 1024 + 8 * 16 * 1024, "bytes", "definition",
     "torch's default CUBLAS_WORKSPACE_CONFIG before compute capability 9.0 (':4096:2:16:8')", "provenance")
+CUBLAS_WORKSPACE_MAX_BLOCKS = _rule(
+    "CUBLAS_WORKSPACE_MAX_BLOCKS", 4, "count", "measured",
+    "frameless blocks of a cuBLAS workspace's size are workspaces only up to four of them (a handle for the "
+    "training thread and one for the autograd engine's, each on a stream or two: 1-2 in every H200 capture "
+    "here); the agent's OOM snapshots of tests/fixtures/step_need hold 15-20 frameless 32 MiB activations",
+    "provenance")
 
 # ------------------------------------------------------------------ cause 4: activation_spike
 SPIKE_FACTOR = _rule(

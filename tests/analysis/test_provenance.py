@@ -190,8 +190,8 @@ def test_a_frameless_block_the_size_of_a_cublas_workspace_is_a_workspace():
 def test_older_blocks_sized_as_the_optimizer_state_implies_are_parameters():
     """Adam's state (frames in torch/optim/adam.py) made in the trace: two blocks per parameter of its size.
     Of the frameless blocks older than the trace, those the state implies are parameters (known from the
-    state, not from being old); one more of a parameter's size than the state implies, and one of a size
-    no state has, stay unknown."""
+    state, not from being old); one more of a parameter's size than the state implies is its gradient,
+    kept from an earlier backward (one per parameter), and one of a size no state has stays unknown."""
     base = 1 << 32
     adam = [{"filename": "/x/torch/optim/adam.py", "name": "_init_group", "line": 1}]
     p1, p2, extra, odd = base, base + 64 * MiB, base + 128 * MiB, base + 192 * MiB
@@ -203,4 +203,33 @@ def test_older_blocks_sized_as_the_optimizer_state_implies_are_parameters():
     classes = block_classes(_synthetic(live, trace))
     got = {a: (classes[a].cls, classes[a].source) for a in (p1, p2, extra, odd)}
     assert got[p1] == (fr.PARAMETERS, pv.FROM_STATE) and got[p2] == (fr.PARAMETERS, pv.FROM_STATE)
-    assert got[extra][0] == fr.UNKNOWN and got[odd][0] == fr.UNKNOWN
+    assert got[extra] == (fr.GRADIENTS, pv.FROM_SIZE) and got[odd][0] == fr.UNKNOWN
+
+
+def test_the_agents_roles_come_first_and_every_site_says_so():
+    """The published forward-only snapshot without its trace has nothing to say its weights are
+    parameters; with the roles an agent would send (the storages of the optimizer's parameters), they
+    are, known from the job, and a role beats the frames a block carries."""
+    from dataclasses import replace
+
+    from memq.model import AGENT_ROLES, AgentInfo
+
+    snap = _snap(PUB / "cs336_2.7b_memory_ctx512_forward.pickle.gz")
+    snap.traces[snap.trace_device] = []
+    weights = [b for seg in snap.segments for b in seg.blocks if b.is_live and not b.frames]
+    framed = next(b for seg in snap.segments for b in seg.blocks if b.is_live and b.frames)
+    code = AGENT_ROLES.index
+    roles = sorted([(b.address, b.requested_size, code("parameter")) for b in weights]
+                   + [(framed.address, framed.requested_size, code("optimizer_state"))])
+    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(roles))
+    out = analyze([snap])
+    comp = out["composition"]
+    assert comp["parameters"] == sum(b.size for b in weights) > 12 * GiB
+    assert comp["optimizer_state"] == framed.size and comp["unknown"] == 0
+    classes = block_classes(snap)
+    assert {classes[b.address].source for b in weights} == {pv.FROM_JOB}
+    by_origin = pv.origins(snap)
+    assert by_origin["parameters"] == {pv.KNOWN: comp["parameters"]}
+    assert set(by_origin["activations"]) == {pv.INFERRED}
+    assert out["details"]["composition_origin"]["parameters"] == {pv.KNOWN: comp["parameters"]}
+    assert out["details"]["composition_sites"]["parameters"][0]["origin"] == pv.KNOWN
