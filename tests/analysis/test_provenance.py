@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from memq.agent import spool
 from memq.analysis import analyze
 from memq.analysis import frames as fr
-from memq.agent import spool
 from memq.analysis import provenance as pv
 from memq.analysis.provenance import block_classes
 from memq.analysis.rules import CUBLAS_WORKSPACE_BYTES, STEP_START_ORPHAN_SHARE
