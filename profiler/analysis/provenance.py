@@ -52,6 +52,15 @@ BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, BEFORE_TRACE)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
+# How a screen says what decided one block's class (the segment map's block, the composition's site).
+SOURCE_WORDS = {
+    FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's)",
+    FROM_FRAMES: "inferred from the trace: the stack that allocated it",
+    FROM_TRACE: "inferred from the trace: when in the step it was made, and that it outlived it",
+    FROM_SIZE: "inferred from the trace: no frames, its size (a parameter's, a cuBLAS workspace's)",
+    FROM_STATE: "inferred from the trace: allocated before the trace began, sized as the optimizer state implies",
+    BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
+}
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer_step"
 
@@ -72,6 +81,18 @@ class BlockClass(NamedTuple):
 def origin(source: str) -> str:
     """How a screen says where a class came from."""
     return KNOWN if source == FROM_JOB else INFERRED
+
+
+def origin_words(by_origin: dict | None) -> str:
+    """One class's bytes by origin ({KNOWN: n, INFERRED: m}) in words, for a table cell or a title."""
+    if not by_origin:
+        return ""
+    known, inferred = by_origin.get(KNOWN, 0), by_origin.get(INFERRED, 0)
+    if known and not inferred:
+        return KNOWN
+    if inferred and not known:
+        return INFERRED
+    return f"{known / (known + inferred):.0%} {KNOWN}, the rest {INFERRED}"
 
 
 def event_phase(frames: list, trace_has_frames: bool) -> str | None:

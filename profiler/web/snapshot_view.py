@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import Any
 
 from memq.analysis import frames as fr
-from memq.analysis.provenance import block_classes
+from memq.analysis.provenance import SOURCE_WORDS, block_classes
 from memq.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
 
 MAX_FRAMES = 48  # innermost frames kept per stack: the deep tail is interpreter plumbing
@@ -81,18 +81,15 @@ def segment_map(snap: Snapshot, stacks: _Stacks, trace_frames: dict | None = Non
                 frames = trace_frames.get((b.address, b.requested_size)) or []
                 from_trace = 1 if frames else 0
             k = stacks.add(frames)
+            bc = classes.get(b.address) if b.is_live else None
             blocks.append({"o": b.address - seg.address, "s": b.size, "r": b.requested_size, "st": b.state,
-                           "c": _class_of(classes, b.address) if b.is_live else None, "k": k,
-                           "x": live and b.state == INACTIVE, "kt": from_trace})
+                           "c": (bc.cls if bc is not None else fr.UNKNOWN) if b.is_live else None, "k": k,
+                           "x": live and b.state == INACTIVE, "kt": from_trace,
+                           "v": bc.source if bc is not None else None})
         segs.append({"address": seg.address, "size": seg.total_size, "stream": seg.stream,
                      "pool": seg.segment_type, "private": seg.is_private_pool, "expandable": seg.is_expandable,
                      "device": seg.device, "blocks": blocks})
     return {"segments": segs, "stranded_bytes": stranded_total, "omitted": omitted if omitted["segments"] else None}
-
-
-def _class_of(classes: dict, address: int) -> str:
-    bc = classes.get(address)
-    return bc.cls if bc is not None else fr.UNKNOWN
 
 
 def _segments_drawn(ordered: list) -> set[int]:
@@ -253,6 +250,9 @@ def snapshot_view(snap: Snapshot | None, analysis: dict[str, Any] | None, *, tit
     view: dict[str, Any] = {
         "title": title, "meta": meta or {}, "blob_error": blob_error,
         "metrics": analysis.get("metrics"), "composition": analysis.get("composition"),
+        # where each class came from (known from the job, inferred from the trace), and the words for
+        # what decided one block's class (the segment map's "v")
+        "composition_origin": details.get("composition_origin"), "source_words": SOURCE_WORDS,
         "diagnosis": analysis.get("diagnosis"), "oom": analysis.get("oom"), "fit": fit_test(analysis),
         "limits": details.get("limits"), "allocator_settings": details.get("allocator_settings"),
         "whatif": analysis.get("whatif") or details.get("whatif"),
