@@ -24,8 +24,8 @@ Truth, per job (DIR/<job>/truth.json), taken at the dump from the objects that o
   memq must say (CLASS_OF; unattributed blocks are activations while forward or backward runs, and
   `other` after the step); `alloc_phase` is when the block was allocated: `before_trace`, `setup`
   (inside the trace, before the dump step), `forward`, `backward`, `optimizer_step`, from the trace
-  entry's time and the job's phase boundaries (`boundaries`, unix microseconds; a marker allocation
-  of MARKER_BYTES at the dump step's start checks the clock: `clock_offset_us`);
+  entry's time and the job's phase boundaries of every step (`boundaries`, unix microseconds; a marker
+  allocation of MARKER_BYTES at the dump step's start checks the clock: `clock_offset_us`);
 - `class_bytes`, `label_bytes`, `live_bytes`; `peak_phase` (the phase of the dump step with the highest
   `max_memory_allocated`, or the phase of the failed request) and `peaks`;
 - `agent_roles`: what memq's agent would send with this snapshot (memq.agent.roles.collect), when
@@ -296,7 +296,7 @@ def run_job(name: str, out: str) -> None:
             cu.synchronize()
             peaks[cur["phase"]] = max(peaks.get(cur["phase"], 0), cu.max_memory_allocated(dev))
             cu.reset_peak_memory_stats(dev)
-            boundaries.append([time.time() * 1e6, phase])
+        boundaries.append([time.time() * 1e6, phase])  # every step's: a block's phase in whichever step
         cur["phase"] = phase
 
     def all_roles() -> list:
@@ -389,7 +389,7 @@ def run_job(name: str, out: str) -> None:
             m = torch.empty(MARKER_BYTES, dtype=torch.uint8, device=dev)
             cur["marker_t_us"] = time.time() * 1e6
             del m
-            boundaries.append([time.time() * 1e6, "zero_grad"])
+        boundaries.append([time.time() * 1e6, "zero_grad"])
         cur["phase"] = "zero_grad"
         opt.zero_grad(set_to_none=spec["accum"] == 1)
         for micro in range(spec["accum"]):
@@ -493,13 +493,17 @@ def run_job(name: str, out: str) -> None:
                     cur["base"] = cu.memory_allocated(dev)
                     cu.reset_peak_memory_stats(dev)
                     x, y = batch_of(step)
+                    mark("forward")
                     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=spec["amp"]):
                         logits = fwd(x)
                         loss = F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
                     cu.synchronize()
                     cur["fwd_end"] = cu.memory_allocated(dev)
+                    mark("backward")
                     loss.backward()
+                    mark("optimizer_step")
                     opt.step()
+                    mark("end")
                     del logits, loss, x, y
                     cu.synchronize()
                     cur["peak"] = cu.max_memory_allocated(dev)
