@@ -6,6 +6,7 @@ tuning half and the held-back half by a fixed rule: the first hex digit of the s
 uncompressed pickle, 0-7 tuning, 8-f held back.
 
     python benchmarks/composition_truth.py [--extra DIR]
+    python benchmarks/composition_truth.py --gpu DIR   (the captures of benchmarks/gpu/composition_capture.py)
 
 `--extra DIR` adds the public snapshots that cannot be checked in (no licence), fetched as
 tests/fixtures/public_snapshots/README.md says. Truth: tests/fixtures/public_snapshots/truth.json.
@@ -65,10 +66,96 @@ def score(path: Path, truth: dict) -> dict:
             "pred_gib": {k: round(v / 2**30, 2) for k, v in pred.items()}}
 
 
+# The capture's phase names (benchmarks/gpu/composition_capture.py) as the analysis names phases.
+GPU_PHASE = {"zero_grad": "forward", "forward": "forward", "backward": "backward", "after_backward": "backward",
+             "optimizer_step": "optimizer_step", "end": "optimizer_step", "setup": "setup",
+             "before_trace": "before_trace"}
+
+
+def _pred_phase(bc, snap, has_frames: bool) -> str:
+    if bc is None or bc.event < 0:
+        return "before_trace"
+    return event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"
+
+
+def score_gpu(job_dir: Path, with_roles: bool) -> dict:
+    """One capture of benchmarks/gpu/composition_capture.py against the truth taken from its tensors:
+    the share of live bytes whose class is right, block by block (truth `other`, a step's leftovers,
+    is right as other or activations); the share whose allocation phase is right (a block made before
+    the first step, `setup`, is right as anything but backward or the optimizer step; one older than
+    the trace only as before_trace); the peak's phase. `with_roles`: the roles the agent sent with it
+    (the capture's `agent_roles`) are given to the analysis, as at the agent's defaults."""
+    from dataclasses import replace
+
+    from memq.analysis import analyze
+    from memq.model import AgentInfo
+
+    truth = json.loads((job_dir / "truth.json").read_text())
+    snap = load_snapshot_file(job_dir / "snapshot.pickle.gz")
+    snap = getattr(snap, "snapshot", snap)
+    roles = truth.get("agent_roles") or {}
+    if with_roles:
+        if not isinstance(roles.get("ranges"), list):
+            return {}
+        snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in roles["ranges"])))
+    classes = block_classes(snap)
+    has_frames = any(ev.frames for ev in snap.trace)
+    total = right = right_phase = 0
+    wrong: Counter = Counter()
+    for addr, size, _label, cls, alloc_phase in truth["blocks"]:
+        bc = classes.get(addr)
+        got = bc.cls if bc is not None else "unknown"
+        total += size
+        if got == cls or (cls == "other" and got in ("other", fr.ACTIVATIONS)):
+            right += size
+        else:
+            wrong[f"{cls}->{got}"] += size
+        want, ph = GPU_PHASE.get(alloc_phase, alloc_phase), _pred_phase(bc, snap, has_frames)
+        if ph == want or (want == "setup" and ph not in ("backward", "optimizer_step", "before_trace")):
+            right_phase += size
+    res = analyze([snap])
+    peak = ((res.get("details") or {}).get("timeline") or {}).get("peak_phase") or ""
+    want_peak = GPU_PHASE.get(truth.get("peak_phase") or "", truth.get("peak_phase"))
+    return {"live_gib": total / 2**30, "class_share": right / max(total, 1), "phase_share": right_phase / max(total, 1),
+            "peak_phase": peak.split(" ")[0] or None, "peak_truth": want_peak,
+            "peak_right": (peak.split(" ")[0] or None) == want_peak if snap.trace else None,
+            "wrong_gib": {k: round(v / 2**30, 3) for k, v in wrong.most_common(4)}}
+
+
+def main_gpu(folder: Path) -> int:
+    rows = []
+    for job_dir in sorted(p for p in folder.iterdir() if (p / "truth.json").exists()):
+        half = "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
+        for roles in (False, True):
+            r = score_gpu(job_dir, roles)
+            if r:
+                rows.append((half, job_dir.name + (" +roles" if roles else ""), r))
+    print(f"{'half':10} {'capture':44} {'live':>8} {'class':>7} {'phase':>7} {'peak':>16}  wrong (GiB)")
+    for half, name, r in sorted(rows, key=lambda x: (x[0] != "tuning", x[1])):
+        peak = f"{r['peak_phase']}/{r['peak_truth']}" if r["peak_right"] is not None else "(no trace)"
+        print(f"{half:10} {name:44} {r['live_gib']:6.2f}Gi {r['class_share']:7.1%} {r['phase_share']:7.1%} "
+              f"{peak:>16}  {r['wrong_gib']}")
+    for half in ("tuning", "held-back"):
+        for roles in (False, True):
+            got = [r for h, n, r in rows if h == half and n.endswith("+roles") == roles]
+            if got:
+                peaks = [r["peak_right"] for r in got if r["peak_right"] is not None]
+                mean = sum(r["class_share"] for r in got) / len(got)
+                print(f"{half}{' with the agent roles' if roles else ''}: {len(got)} captures, class share worst "
+                      f"{min(r['class_share'] for r in got):.1%} mean {mean:.1%}; "
+                      f"phase share worst {min(r['phase_share'] for r in got):.1%}; peak phase right "
+                      f"{sum(peaks)}/{len(peaks)}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--extra", type=Path, default=None)
+    ap.add_argument("--gpu", type=Path, default=None,
+                    help="a benchmarks/gpu/composition_capture.py --out folder: score its captures instead")
     args = ap.parse_args()
+    if args.gpu is not None:
+        return main_gpu(args.gpu)
     truth = json.loads(TRUTH.read_text())
     rows = []
     for name, t in truth["snapshots"].items():
