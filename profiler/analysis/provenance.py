@@ -38,7 +38,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_MAX_BLOCKS,
     CUBLAS_WORKSPACE_OLD_BYTES,
     OPTIMIZER_SGD_MULTIPLE,
-    STEP_START_ORPHAN_SHARE,
+    STEP_START_ORPHAN_FREES,
 )
 from memq.model import AGENT_ROLES, Snapshot, frame_file
 
@@ -280,14 +280,14 @@ def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
     return None
 
 
-def covers_step_start(trace: list, made: dict, predating_bytes: int, trace_has_frames: bool) -> bool:
-    """The trace holds the step from its start: it frees almost nothing it did not allocate (at most
-    STEP_START_ORPHAN_SHARE of the bytes older than it), and it does not begin inside backward or the
-    optimizer step. A ring buffer that wrapped mid-step fails both."""
+def covers_step_start(trace: list, trace_has_frames: bool) -> bool:
+    """The trace holds the step from its start: it frees at most STEP_START_ORPHAN_FREES blocks it did
+    not allocate (the previous step's outputs, as their names are rebound), and it does not begin
+    inside backward or the optimizer step. A ring buffer that wrapped mid-step fails both."""
     if not trace:
         return False
     allocated: set[int] = set()
-    orphan = 0
+    orphans = 0
     first_phase = None
     for ev in trace:
         if ev.action == "alloc":
@@ -295,10 +295,10 @@ def covers_step_start(trace: list, made: dict, predating_bytes: int, trace_has_f
             if first_phase is None and ev.frames:
                 first_phase = event_phase(ev.frames, trace_has_frames)
         elif ev.action == "free_requested" and ev.addr not in allocated:
-            orphan += ev.size
-    if first_phase in (PHASE_BACKWARD, PHASE_OPTIMIZER):
-        return False
-    return orphan <= STEP_START_ORPHAN_SHARE * max(predating_bytes, 1)
+            orphans += 1
+            if orphans > STEP_START_ORPHAN_FREES:
+                return False
+    return first_phase not in (PHASE_BACKWARD, PHASE_OPTIMIZER)
 
 
 def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, trace_has_frames: bool,
@@ -325,7 +325,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 params[size] = group[:need]
                 for b in params[size]:
                     out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
-    elif not known_params and covers_step_start(trace, made, sum(b.size for b in predating), trace_has_frames):
+    elif not known_params and covers_step_start(trace, trace_has_frames):
         for size, group in by_size.items():
             params[size] = group
             for b in group:

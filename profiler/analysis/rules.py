@@ -125,12 +125,13 @@ SEGMENT_ROUNDING_BYTES = _rule(
     "up to 2 MiB", "analysis")
 
 # ------------------------------------------------------------------ composition by provenance
-STEP_START_ORPHAN_SHARE = _rule(
-    "STEP_START_ORPHAN_SHARE", 0.01, "share of the live bytes older than the trace", "measured",
-    "blocks older than the trace read as parameters only where the trace covers the step's start: such a "
-    "trace frees almost nothing it did not allocate (0 bytes in the ten published CS336 snapshots, recorded "
-    "from before the step), while a ring buffer that wrapped mid-run frees 5-140% of what predates it "
-    "(tests/fixtures/real, max_entries=8000)", "provenance")
+STEP_START_ORPHAN_FREES = _rule(
+    "STEP_START_ORPHAN_FREES", 8, "count", "measured",
+    "blocks older than the trace read as parameters only where the trace covers the step from its start: "
+    "such a trace frees few blocks it did not allocate, the previous step's outputs as their names are "
+    "rebound (0 in the ten published CS336 snapshots, 2 in the published 12-layer one recorded after five "
+    "warm-up steps), while a ring buffer that wrapped mid-step frees the earlier part's activations, one "
+    "or more per layer (35-151 in tests/fixtures/real, max_entries=8000)", "provenance")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "definition",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "

@@ -14,7 +14,7 @@ from memq.analysis import analyze
 from memq.analysis import frames as fr
 from memq.analysis import provenance as pv
 from memq.analysis.provenance import block_classes
-from memq.analysis.rules import CUBLAS_WORKSPACE_BYTES, STEP_START_ORPHAN_SHARE
+from memq.analysis.rules import CUBLAS_WORKSPACE_BYTES, STEP_START_ORPHAN_FREES
 from memq.codec import decode, decompress
 from memq.load import load_snapshot_file
 from memq.model import ACTIVE_ALLOCATED, INACTIVE, AllocatorSettings, Block, Segment, Snapshot, TraceEvent
@@ -161,20 +161,24 @@ def _ev(action, addr, size, frames=FWD):
 
 
 def test_a_trace_that_frees_what_it_did_not_allocate_does_not_cover_the_step_start():
-    """STEP_START_ORPHAN_SHARE: a trace may free at most 1% of the bytes older than it and still be read as
-    covering the step from its start (then those bytes are the weights); just over, they stay unknown."""
+    """STEP_START_ORPHAN_FREES: a trace may free up to 8 blocks older than itself (the previous step's
+    outputs as their names are rebound) and still be read as covering the step from its start (then the
+    frameless blocks older than it are the weights); one more, and they stay unknown."""
     base = 1 << 32
     weights = [(base + i * 64 * MiB, 64 * MiB, []) for i in range(4)]  # 256 MiB older than the trace
     act = base + 4 * 64 * MiB
-    predating = 4 * 64 * MiB
-    for orphan, want in ((int(STEP_START_ORPHAN_SHARE * predating) // 512 * 512, fr.PARAMETERS),
-                         (int(STEP_START_ORPHAN_SHARE * predating) // 512 * 512 + 512, fr.UNKNOWN)):
-        trace = [_ev("free_requested", base - 8 * MiB, orphan), _ev("free_completed", base - 8 * MiB, orphan),
-                 _ev("alloc", act, 2 * MiB)]
+    n = int(STEP_START_ORPHAN_FREES)
+    for orphans, want in ((n, fr.PARAMETERS), (n + 1, fr.UNKNOWN)):
+        trace = [_ev("free_requested", base - (k + 1) * 8 * MiB, 4 * MiB) for k in range(orphans)]
+        trace.append(_ev("alloc", act, 2 * MiB))
         snap = _synthetic(weights + [(act, 2 * MiB, FWD)], trace)
         classes = block_classes(snap)
-        assert {classes[a].cls for a, _, _ in weights} == {want}, orphan
+        assert {classes[a].cls for a, _, _ in weights} == {want}, orphans
         assert classes[act].cls == fr.ACTIVATIONS
+    # a trace that begins in backward (a ring that wrapped there) does not cover the step's start either
+    bwd = [{"filename": "/x/torch/autograd/graph.py", "name": "_engine_run_backward", "line": 1}]
+    snap = _synthetic(weights + [(act, 2 * MiB, bwd)], [_ev("alloc", act, 2 * MiB, bwd)])
+    assert {block_classes(snap)[a].cls for a, _, _ in weights} == {fr.UNKNOWN}
 
 
 def test_a_frameless_block_the_size_of_a_cublas_workspace_is_a_workspace():
@@ -182,7 +186,7 @@ def test_a_frameless_block_the_size_of_a_cublas_workspace_is_a_workspace():
     trace = [_ev("alloc", base + 512 * MiB, 2 * MiB)]
     for size, want in ((CUBLAS_WORKSPACE_BYTES, fr.WORKSPACE_CAT), (CUBLAS_WORKSPACE_BYTES + 512, fr.UNKNOWN)):
         # older than a trace that did not start at the step's start (it frees a block it never made)
-        t = [_ev("free_requested", base - 64 * MiB, 64 * MiB)] + trace
+        t = [_ev("free_requested", base - (k + 1) * 64 * MiB, 64 * MiB) for k in range(9)] + trace
         snap = _synthetic([(base, size, []), (base + 512 * MiB, 2 * MiB, FWD)], t)
         assert block_classes(snap)[base].cls == want
 
