@@ -190,9 +190,12 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             # forward pass (own modules, stacks="all"), else what the frames said ("other").
             if cat == fr.OTHER and i >= 0:
                 if forward_seen is None:
-                    forward_seen = _trace_shows_forward(trace)
-                if forward_seen:
-                    out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
+                    forward_seen = _first_forward(trace)
+                if forward_seen >= 0:
+                    # made before the trace's first forward and still live: setup's (an inference
+                    # engine's weights, KV caches, buffers); made after it: forward's output
+                    out[b.address] = BlockClass(fr.PARAMETERS if i < forward_seen else fr.ACTIVATIONS,
+                                                FROM_TRACE, i)
                     continue
             out[b.address] = BlockClass(cat, FROM_FRAMES, i)
         else:
@@ -235,18 +238,17 @@ def _params_known(out: dict) -> bool:
     return any(bc.cls == fr.PARAMETERS for bc in out.values())
 
 
-def _trace_shows_forward(trace: list) -> bool:
-    """A forward pass in the trace: an entry under module code or a backward somewhere (so some
-    forward ran), looked for in at most the first and last 4000 entries."""
-    part = trace if len(trace) <= 8000 else trace[:4000] + trace[-4000:]
+def _first_forward(trace: list) -> int:
+    """Index of the trace's first entry under module code or the autograd engine (a forward pass, or a
+    backward, which some forward preceded), or -1 when the trace shows none."""
     seen: set[int] = set()
-    for ev in part:
+    for i, ev in enumerate(trace):
         if not ev.frames or id(ev.frames) in seen:
             continue
         seen.add(id(ev.frames))
         if fr.phase_of(ev.frames) in ("forward", "backward"):
-            return True
-    return False
+            return i
+    return -1
 
 
 def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
