@@ -14,7 +14,6 @@ from memq.analysis import analyze
 from memq.analysis import frames as fr
 from memq.analysis import provenance as pv
 from memq.analysis.provenance import block_classes
-from memq.analysis.rules import CUBLAS_WORKSPACE_BYTES, STEP_START_ORPHAN_FREES
 from memq.codec import decode, decompress
 from memq.load import load_snapshot_file
 from memq.model import ACTIVE_ALLOCATED, INACTIVE, AllocatorSettings, Block, Segment, Snapshot, TraceEvent
@@ -25,6 +24,7 @@ HERE = Path(__file__).resolve().parent.parent / "fixtures"
 PUB = HERE / "public_snapshots"
 TRUTH = json.loads((PUB / "truth.json").read_text())["snapshots"]
 GiB = 2**30
+rule = pytest.mark.rule
 
 
 def _snap(path):
@@ -140,7 +140,7 @@ def test_the_real_runs_keep_their_parameters_and_name_the_cublas_workspace():
     snap = _snap(HERE / "real/seed_adamw/epoch1.pickle.gz")
     comp = analyze([snap])["composition"]
     assert comp["parameters"] == 481_781_760
-    assert comp["workspace"] == CUBLAS_WORKSPACE_BYTES and comp["unknown"] == 0
+    assert comp["workspace"] == 32 * MiB and comp["unknown"] == 0
 
 
 def _synthetic(live: list[tuple[int, int, list]], trace: list) -> Snapshot:
@@ -160,6 +160,7 @@ def _ev(action, addr, size, frames=FWD):
     return TraceEvent(action, addr, size, 0, 0, frames)
 
 
+@rule("STEP_START_ORPHAN_FREES")
 def test_a_trace_that_frees_what_it_did_not_allocate_does_not_cover_the_step_start():
     """STEP_START_ORPHAN_FREES: a trace may free up to 8 blocks older than itself (the previous step's
     outputs as their names are rebound) and still be read as covering the step from its start (then the
@@ -167,8 +168,7 @@ def test_a_trace_that_frees_what_it_did_not_allocate_does_not_cover_the_step_sta
     base = 1 << 32
     weights = [(base + i * 64 * MiB, 64 * MiB, []) for i in range(4)]  # 256 MiB older than the trace
     act = base + 4 * 64 * MiB
-    n = int(STEP_START_ORPHAN_FREES)
-    for orphans, want in ((n, fr.PARAMETERS), (n + 1, fr.UNKNOWN)):
+    for orphans, want in ((8, fr.PARAMETERS), (9, fr.UNKNOWN)):
         trace = [_ev("free_requested", base - (k + 1) * 8 * MiB, 4 * MiB) for k in range(orphans)]
         trace.append(_ev("alloc", act, 2 * MiB))
         snap = _synthetic(weights + [(act, 2 * MiB, FWD)], trace)
@@ -181,14 +181,22 @@ def test_a_trace_that_frees_what_it_did_not_allocate_does_not_cover_the_step_sta
     assert {block_classes(snap)[a].cls for a, _, _ in weights} == {fr.UNKNOWN}
 
 
+@rule("CUBLAS_WORKSPACE_BYTES", "CUBLAS_WORKSPACE_OLD_BYTES", "CUBLAS_WORKSPACE_MAX_BLOCKS")
 def test_a_frameless_block_the_size_of_a_cublas_workspace_is_a_workspace():
+    """Older than a trace that did not start at the step's start (it frees blocks it never made), with no
+    frames: 32 MiB or 8.125 MiB blocks are cuBLAS workspaces, up to four of them; 512 bytes more, or a
+    fifth of that size (tensors of that shape), and they stay unknown."""
     base = 1 << 32
-    trace = [_ev("alloc", base + 512 * MiB, 2 * MiB)]
-    for size, want in ((CUBLAS_WORKSPACE_BYTES, fr.WORKSPACE_CAT), (CUBLAS_WORKSPACE_BYTES + 512, fr.UNKNOWN)):
-        # older than a trace that did not start at the step's start (it frees a block it never made)
-        t = [_ev("free_requested", base - (k + 1) * 64 * MiB, 64 * MiB) for k in range(9)] + trace
-        snap = _synthetic([(base, size, []), (base + 512 * MiB, 2 * MiB, FWD)], t)
-        assert block_classes(snap)[base].cls == want
+    act = base + 1024 * MiB
+    orphans = [_ev("free_requested", base - (k + 1) * 64 * MiB, 64 * MiB) for k in range(9)]
+    trace = orphans + [_ev("alloc", act, 2 * MiB)]
+    cases = ((32 * MiB, 1, fr.WORKSPACE_CAT), (8519680, 1, fr.WORKSPACE_CAT), (32 * MiB + 512, 1, fr.UNKNOWN),
+             (32 * MiB, 4, fr.WORKSPACE_CAT), (32 * MiB, 5, fr.UNKNOWN))
+    for size, count, want in cases:
+        blocks = [(base + k * 40 * MiB, size, []) for k in range(count)]
+        snap = _synthetic(blocks + [(act, 2 * MiB, FWD)], trace)
+        classes = block_classes(snap)
+        assert {classes[a].cls for a, _, _ in blocks} == {want}, (size, count)
 
 
 def test_older_blocks_sized_as_the_optimizer_state_implies_are_parameters():
