@@ -38,9 +38,10 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_MAX_BLOCKS,
     CUBLAS_WORKSPACE_OLD_BYTES,
     OPTIMIZER_SGD_MULTIPLE,
+    STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
-from memq.model import AGENT_ROLES, Snapshot, frame_file
+from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_name
 
 # Where a class came from, as the screens say it.
 FROM_JOB = "job"  # the agent's roles: the job's optimizer or model holds this storage
@@ -163,6 +164,12 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         if ph in (PHASE_FORWARD, PHASE_OPTIMIZER):
             after_bwd = True
     role_of = _role_lookup(snap.agent.roles if snap.agent is not None else ())
+    roles_known = bool(snap.agent is not None and snap.agent.roles)
+    # cuBLAS workspaces by their size: frameless, or framed by code no rule names (the thread's first
+    # multiply), no more of them than handles
+    workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None and (
+        not (b.frames or (trace[made[b.address]].frames if b.address in made else []))
+        or fr.categorize(b.frames or trace[made[b.address]].frames) == fr.OTHER)])
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     out: dict[int, BlockClass] = {}
     undecided = []
@@ -186,34 +193,40 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             undecided.append(b)  # a gradient or a backward intermediate: decided by size below
             continue
         if frames:
+            if cat == fr.OTHER and b.address in workspaces:
+                out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
+                continue
             # Made by code no rule names and still live: forward's output where the trace shows a
             # forward pass (own modules, stacks="all"), else what the frames said ("other").
             if cat == fr.OTHER and i >= 0:
                 if forward_seen is None:
                     forward_seen = _first_forward(trace)
                 if forward_seen >= 0:
-                    # made before the trace's first forward and still live: setup's (an inference
-                    # engine's weights, KV caches, buffers); made after it: forward's output
-                    out[b.address] = BlockClass(fr.PARAMETERS if i < forward_seen else fr.ACTIVATIONS,
-                                                FROM_TRACE, i)
+                    # in inference (no backward, no optimizer in the trace), made before the first forward
+                    # and still live: setup's (an engine's weights, KV caches, buffers); otherwise the
+                    # step's (its inputs, forward's outputs)
+                    setup = i < forward_seen and last_bwd < 0 and not _trace_has_optimizer(trace)
+                    out[b.address] = BlockClass(fr.PARAMETERS if setup else fr.ACTIVATIONS, FROM_TRACE, i)
                     continue
             out[b.address] = BlockClass(cat, FROM_FRAMES, i)
         else:
             undecided.append(b)
-    _resolve_predating(snap, predating, out, trace, trace_has_frames, last_bwd, made)
+    _resolve_predating(snap, predating, out, trace, trace_has_frames, last_bwd, workspaces, undecided, made)
     param_sizes = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
     grads_known = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS)
     for size, n in grads_known.items():  # one gradient per parameter
         param_sizes[size] = max(0, param_sizes[size] - n)
     in_bwd_at_end = _in_backward_at_end(trace, last_bwd)
-    workspaces = _workspace_blocks([b for b in undecided if not b.frames])
     for b in undecided:
         i = made.get(b.address, -1)
-        if param_sizes.get(tensor_size(b), 0) > 0:
+        if b.address in workspaces:
+            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)
+        elif roles_known and not b.frames:
+            # the job said which gradients exist: a frameless block it did not name is not one
+            out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
+        elif param_sizes.get(tensor_size(b), 0) > 0:
             param_sizes[tensor_size(b)] -= 1
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE if not b.frames else FROM_TRACE, i)
-        elif b.address in workspaces:
-            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)
         elif i >= 0 and trace_has_frames and not any(param_sizes.values()) and not _params_known(out) \
                 and (after_bwd or not in_bwd_at_end):
             # no parameter is known to size it against: made by the engine, kept after backward
@@ -239,16 +252,20 @@ def _params_known(out: dict) -> bool:
 
 
 def _first_forward(trace: list) -> int:
-    """Index of the trace's first entry under module code or the autograd engine (a forward pass, or a
-    backward, which some forward preceded), or -1 when the trace shows none."""
+    """Index of the trace's first entry inside a module's call (`forward`, `_call_impl`: a forward pass,
+    not the model's construction), or -1 when the trace shows none."""
     seen: set[int] = set()
     for i, ev in enumerate(trace):
         if not ev.frames or id(ev.frames) in seen:
             continue
         seen.add(id(ev.frames))
-        if fr.phase_of(ev.frames) in ("forward", "backward"):
+        if any(fr.FORWARD_NAME.search(frame_name(f)) for f in ev.frames):
             return i
     return -1
+
+
+def _trace_has_optimizer(trace: list) -> bool:
+    return any(ev.frames and fr.is_optimizer(ev.frames) for ev in trace)
 
 
 def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
@@ -297,6 +314,8 @@ def covers_step_start(trace: list, trace_has_frames: bool) -> bool:
             if first_phase is None and ev.frames:
                 first_phase = event_phase(ev.frames, trace_has_frames)
         elif ev.action == "free_requested" and ev.addr not in allocated:
+            if ev.frames and fr.is_optimizer(ev.frames):
+                continue  # zero_grad releasing the last step's gradients: the step's start itself
             orphans += 1
             if orphans > STEP_START_ORPHAN_FREES:
                 return False
@@ -304,7 +323,7 @@ def covers_step_start(trace: list, trace_has_frames: bool) -> bool:
 
 
 def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, trace_has_frames: bool,
-                       last_bwd: int, made: dict) -> None:
+                       last_bwd: int, workspaces: set, undecided: list, made: dict) -> None:
     """Blocks older than the trace with no frames and no role. Parameters where the optimizer state's
     sizes imply them (each size's state blocks / state per parameter, less the parameters already
     known) or, with no optimizer state and nothing known to be a parameter, where the trace covers the
@@ -317,7 +336,8 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     known_params = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
     by_size: dict[int, list] = {}
     for b in predating:
-        by_size.setdefault(tensor_size(b), []).append(b)
+        if b.address not in workspaces:
+            by_size.setdefault(tensor_size(b), []).append(b)
     params: dict[int, list] = {}
     if state_sizes:
         k = state_per_param(snap, out, live) or 1
@@ -328,11 +348,28 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 for b in params[size]:
                     out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
     elif not known_params and covers_step_start(trace, trace_has_frames):
+        k = _state_split(snap, trace, by_size)
         for size, group in by_size.items():
-            params[size] = group
-            for b in group:
+            if k and len(group) % (k + 1) == 0:
+                # each parameter and its k state tensors: the oldest of every k + 1 are the parameters (the
+                # model is made before the optimizer's first step), and the oldest blocks sit at the
+                # highest addresses (the driver hands out address space from the top: 330 of the 354
+                # parameter-sized blocks of the framed captures here, tests/analysis/test_provenance.py)
+                group = sorted(group, key=lambda b: -b.address)
+                n = len(group) // (k + 1)
+                params[size] = group[:n]
+                for b in group[n:]:
+                    out[b.address] = BlockClass(fr.OPTIMIZER_STATE, FROM_STATE, -1)
+            elif k and size >= (1 << 20):
+                continue  # a size that is no parameter with its state: nothing says what it is
+            else:
+                params[size] = group
+            for b in params[size]:
                 out[b.address] = BlockClass(fr.PARAMETERS, BEFORE_TRACE, -1)
-    if _grads_predate(out, predating, trace, trace_has_frames, last_bwd):
+    made_in_bwd = any(b.address in made and tensor_size(b) in by_size
+                      and event_phase(trace[made[b.address]].frames, trace_has_frames) == PHASE_BACKWARD
+                      for b in undecided)
+    if not made_in_bwd and _grads_predate(out, predating, trace, trace_has_frames, last_bwd):
         for size, group in by_size.items():
             mine = params.get(size, [])
             if not state_sizes:  # each parameter and its gradient are two blocks of this size
@@ -348,13 +385,17 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     free_params = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
     free_params.subtract(Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS))
     rest = [b for b in predating if b.address not in out]
-    workspaces = _workspace_blocks(rest)
+    roles_known = snap.agent is not None and bool(snap.agent.roles)
     for b in rest:
-        if free_params.get(tensor_size(b), 0) > 0:
+        if b.address in workspaces:
+            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
+        elif roles_known:
+            # the job named its parameters, gradients and optimizer state: what it did not name and no
+            # frames explain is the step's (activations, inputs, kept outputs)
+            out[b.address] = BlockClass(fr.ACTIVATIONS, BEFORE_TRACE, -1)
+        elif free_params.get(tensor_size(b), 0) > 0:
             free_params[tensor_size(b)] -= 1
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE, -1)
-        elif b.address in workspaces:
-            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
 
@@ -369,6 +410,38 @@ def _workspace_blocks(frameless: list) -> set:
         if 0 < len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
             out.update(same)
     return out
+
+
+def _state_split(snap: Snapshot, trace: list, by_size: dict) -> int:
+    """State tensors per parameter among blocks older than the trace, when an optimizer is evidenced (the
+    agent named it, or its code ran in the trace: a step, or zero_grad releasing the last gradients) and
+    every size of at least 1 MiB comes in a multiple of k + 1 blocks (a parameter and its k state
+    tensors); 0 when nothing says there is state among them."""
+    named = (snap.agent.optimizer or "").lower() if snap.agent is not None else ""
+    seen_optimizer = bool(named)
+    for ev in trace:
+        if ev.frames and fr.is_optimizer(ev.frames):
+            seen_optimizer = True
+            for f in ev.frames:
+                path = frame_file(f).lower()
+                if "/optim/" in path and not path.endswith("/optimizer.py"):
+                    named = named or path.rsplit("/", 1)[-1]
+            if named:
+                break
+    if not seen_optimizer:
+        return 0
+    groups = [(size, len(g)) for size, g in by_size.items() if size >= (1 << 20) and len(g) > 1]
+    total = sum(size * n for size, n in groups)
+    if not total:
+        return 0
+
+    def fits(k: int) -> bool:  # nearly all those bytes come in multiples of k + 1 blocks
+        return sum(size * n for size, n in groups if n % (k + 1) == 0) >= STATE_SPLIT_SHARE * total
+
+    for key, k in _STATE_PER_PARAM:
+        if key in named:
+            return k if fits(k) else 0
+    return next((k for k in (2, 1) if fits(k)), 0)
 
 
 def _grads_predate(out: dict, predating: list, trace: list, trace_has_frames: bool, last_bwd: int) -> bool:

@@ -132,6 +132,11 @@ STEP_START_ORPHAN_FREES = _rule(
     "rebound (0 in the ten published CS336 snapshots, 2 in the published 12-layer one recorded after five "
     "warm-up steps), while a ring buffer that wrapped mid-step frees the earlier part's activations, one "
     "or more per layer (35-151 in tests/fixtures/real, max_entries=8000)", "provenance")
+STATE_SPLIT_SHARE = _rule(
+    "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
+    "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
+    "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
+    "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "
