@@ -167,9 +167,14 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     roles_known = bool(snap.agent is not None and snap.agent.roles)
     # cuBLAS workspaces by their size: frameless, or framed by code no rule names (the thread's first
     # multiply), no more of them than handles
-    workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None and (
-        not (b.frames or (trace[made[b.address]].frames if b.address in made else []))
-        or fr.categorize(b.frames or trace[made[b.address]].frames) == fr.OTHER)])
+    def frames_of(b) -> list:
+        return b.frames or (trace[made[b.address]].frames if b.address in made else [])
+
+    # (a size the optimizer keeps state of is a parameter's, not a workspace's)
+    state_sized = {tensor_size(b) for b in live if frames_of(b) and fr.is_optimizer(frames_of(b))}
+    workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None
+                                    and tensor_size(b) not in state_sized
+                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)])
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     out: dict[int, BlockClass] = {}
     undecided = []

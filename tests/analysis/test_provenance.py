@@ -245,3 +245,26 @@ def test_the_agents_roles_come_first_and_every_site_says_so():
     assert set(by_origin["activations"]) == {pv.INFERRED}
     assert out["details"]["composition_origin"]["parameters"] == {pv.KNOWN: comp["parameters"]}
     assert out["details"]["composition_sites"]["parameters"][0]["origin"] == pv.KNOWN
+
+
+@rule("STATE_SPLIT_SHARE")
+def test_older_blocks_split_into_parameters_and_state_where_nine_tenths_come_in_threes():
+    """A trace from a step's start (zero_grad's frees are the optimizer's) after warm-up steps: the
+    parameters and AdamW's two moments are all older than it, frameless. Where 90% of those bytes come in
+    multiples of three blocks of one size, each three are a parameter (the highest address: made first)
+    and its state; at 89% nothing is split (all read as parameters, as in a forward-only trace)."""
+    base = 1 << 40
+    zero_grad = [{"filename": "/x/torch/optim/optimizer.py", "name": "zero_grad", "line": 1}]
+    for odd_mib, want_state in ((10, True), (11, False)):
+        # 90 MiB in three 30 MiB triples (param + 2 moments), and odd_mib MiB alone in two blocks of one size
+        triples = [(base - (k + 1) * 64 * MiB, 10 * MiB, []) for k in range(9)]
+        lone = [(base - 2048 * MiB - k * 64 * MiB, odd_mib * MiB // 2, []) for k in range(2)]
+        act = base + 512 * MiB
+        trace = [_ev("free_requested", base + 1024 * MiB, 10 * MiB, zero_grad), _ev("alloc", act, 2 * MiB)]
+        snap = _synthetic(triples + lone + [(act, 2 * MiB, FWD)], trace)
+        classes = block_classes(snap)
+        got = [classes[a].cls for a, _, _ in sorted(triples, key=lambda t: -t[0])]
+        if want_state:  # 90 / (90 + 10): the nine 10 MiB blocks are three parameters and six moments
+            assert got == [fr.PARAMETERS] * 3 + [fr.OPTIMIZER_STATE] * 6, got
+        else:  # 90 / (90 + 11) < 90%: no split
+            assert set(got) == {fr.PARAMETERS}, got
