@@ -207,11 +207,9 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
                 if forward_seen is None:
                     forward_seen = _first_forward(trace)
                 if forward_seen >= 0:
-                    # in inference (no backward, no optimizer in the trace), made before the first forward
-                    # and still live: setup's (an engine's weights, KV caches, buffers); otherwise the
-                    # step's (its inputs, forward's outputs)
-                    setup = i < forward_seen and last_bwd < 0 and not _trace_has_optimizer(trace)
-                    out[b.address] = BlockClass(fr.PARAMETERS if setup else fr.ACTIVATIONS, FROM_TRACE, i)
+                    # the step's: its inputs, forward's outputs (an inference engine's KV cache made by its
+                    # own code reads so too: nothing in a trace tells it from a first step's input)
+                    out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
                     continue
             out[b.address] = BlockClass(cat, FROM_FRAMES, i)
         else:
@@ -267,10 +265,6 @@ def _first_forward(trace: list) -> int:
         if any(fr.FORWARD_NAME.search(frame_name(f)) for f in ev.frames):
             return i
     return -1
-
-
-def _trace_has_optimizer(trace: list) -> bool:
-    return any(ev.frames and fr.is_optimizer(ev.frames) for ev in trace)
 
 
 def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
