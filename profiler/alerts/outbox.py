@@ -69,7 +69,8 @@ from memq.alerts.verdict import RunFacts, alert_body, forecast_verdict, idempote
 from memq.config import Settings
 from memq.errors import ConfigError
 from memq.store import repository as repo
-from memq.store.orm import Alert, AlertSummary, Run, RunDiagnosis
+from memq.store.orm import Alert, AlertSummary, Run
+from memq.store.run_verdicts import verdict_result
 
 JOB_WINDOW_S = 3600
 
@@ -124,15 +125,6 @@ def _last_forecasts(session: Session, run_ids: list[int]) -> dict[int, tuple[int
     return out
 
 
-def _main_result(session: Session, run_id: int, cause: str | None) -> dict[str, Any] | None:
-    """The diagnosis of the rank that carries the run's verdict (its cause, the highest peak)."""
-    doc = session.execute(
-        select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id)
-        .order_by((RunDiagnosis.primary_cause == cause).desc(), RunDiagnosis.peak_reserved_bytes.desc().nulls_last(),
-                  RunDiagnosis.rank).limit(1)).scalar_one_or_none()
-    return dict(doc) if doc is not None else None
-
-
 def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | None = None,
                     now: dt.datetime | None = None) -> list[str]:
     """Record the current verdict of the given runs (default: every run updated within
@@ -176,7 +168,7 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
     for f, v in candidates:
         if (f.run_id, v.key) in known:
             continue
-        body = alert_body(f, v, _main_result(session, f.run_id, v.cause), st.public_url, st.alert_headroom_pct,
+        body = alert_body(f, v, verdict_result(session, f.run_id, forecast=v.kind == "forecast"), st.public_url, st.alert_headroom_pct,
                           now=_utc(now))
         key = idempotency_key(f.name, v.key)
         stmt = repo._insert(session, Alert).values(

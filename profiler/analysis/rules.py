@@ -240,6 +240,12 @@ CONF_MESSAGE_FRAGMENTATION = _rule(
     "an OOM message gives no free blocks: fragmentation from a message alone is suspected, never sure",
     "confidence")
 
+LEAK_LISTED_CONFIDENCE = _rule(
+    "LEAK_LISTED_CONFIDENCE", 0.5, "confidence", "judgement",
+    "a rank's own leak (the cross-rank comparison) is a leak its diagnosis lists at even odds or more "
+    "(CONF_BASE): a leak primary with no earlier cause unsettled always is, one that also holds from "
+    "strength 0.5", "ranks")
+
 # ------------------------------------------------------------------ strengths (classify.py)
 #: How clearly each deciding test's numbers pass (0..1), which confidence.py turns into confidence.
 #: All are judgement: what matters is the order they put causes in (a request whose own frames name

@@ -26,10 +26,12 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from memq.analysis.ranks import RankFacts, diagnose_ranks
+from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
+from memq.analysis.run_verdict import forecast_rank
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
+from memq.store.run_verdicts import verdict_rank
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "other", "unknown")
 MiB = 1024 * 1024
@@ -115,13 +117,14 @@ def get_run(session: Session, name: str) -> dict[str, Any]:
 
 
 def _main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagnosis | None:
-    q = select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)
-    if rank is not None:
-        return session.execute(q.where(RunDiagnosis.rank == rank)).scalar_one_or_none()
-    diags = session.execute(q).scalars().all()
-    if not diags:
-        return None
-    return max(diags, key=lambda d: (bool((d.result or {}).get("oom")), d.peak_reserved_bytes or 0, -d.rank))
+    """The run-level diagnosis of `rank`, else of the rank that speaks for the run
+    (analysis/run_verdict.run_verdict, read through store/run_verdicts)."""
+    if rank is None:
+        rank = verdict_rank(session, run_id)
+        if rank is None:
+            return None
+    return session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)
+                           ).scalar_one_or_none()
 
 
 # ------------------------------------------------------------------------------------------ history
@@ -163,8 +166,6 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
     attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
     main = _main_diagnosis(session, run.id, rank)
     ranks = rank_section(session, run.id)
-    if rank is None and ranks["failed_rank"] is not None:  # the run's verdict is the first failing rank's
-        main = _main_diagnosis(session, run.id, ranks["failed_rank"]) or main
     stat_rank = rank if rank is not None else (main.rank if main is not None else (snaps[0]["rank"] if snaps else 0))
     return {
         "run": run_dict(run),
@@ -183,19 +184,19 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
 
 
 def run_forecast(session: Session, run_id: int, rank: int | None = None) -> dict[str, Any] | None:
-    """The run's OOM forecast (ARCHITECTURE.md "Forecast"): of the rank that will run out first, else of
-    the rank that matters most (the main diagnosis); None before any analysis."""
+    """The run's OOM forecast (ARCHITECTURE.md "Forecast"): of the rank that will run out first
+    (analysis/run_verdict.forecast_rank), else of the rank that speaks for the run; None before any
+    analysis."""
     q = select(RunDiagnosis.rank, RunDiagnosis.result["forecast"].label("fc")).where(RunDiagnosis.run_id == run_id)
     if rank is not None:
         q = q.where(RunDiagnosis.rank == rank)
     rows = [(r.rank, r.fc) for r in session.execute(q).all() if isinstance(r.fc, dict)]
     if not rows:
         return None
-    coming = [(fc.get("eta_s") if fc.get("eta_s") is not None else float("inf"), fc.get("step") or 0, rk, fc)
-              for rk, fc in rows if fc.get("oom_expected")]
-    if coming:
-        _eta, _step, rk, fc = min(coming, key=lambda t: (t[0], t[1], t[2]))
-        return dict(fc, rank=rk)
+    by_rank = dict(rows)
+    first = forecast_rank(by_rank)
+    if first is not None:
+        return dict(by_rank[first], rank=first)
     main = _main_diagnosis(session, run_id, rank)
     fc = next((fc for rk, fc in rows if main is not None and rk == main.rank), rows[0][1])
     return dict(fc, rank=main.rank if main is not None else rows[0][0])
@@ -235,7 +236,7 @@ def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
         out.append(RankFacts(
             rank=rank, status=f.get("status"), end_reason=f.get("end_reason"),
             cause=d.primary_cause if d else None, confidence=d.confidence if d else None,
-            leak=any(c.get("cause") == "leak" and (c.get("confidence") or 0) >= 0.5 for c in diag.get("causes") or []),
+            leak=leak_listed(diag),
             peak_allocated_bytes=max(peak_a) if peak_a else None, peak_reserved_bytes=max(peak_r) if peak_r else None,
             limit_bytes=f.get("limit_bytes") or ((res.get("oom") or {}).get("limit_bytes")),
             last_step=f.get("last_step"), step_peak_bytes=sp.get("max_peak_allocated"),
@@ -440,8 +441,6 @@ def _run_side(session: Session, name: str) -> dict[str, Any]:
     run = _run_row(session, name)
     main = _main_diagnosis(session, run.id, None)
     ranks = rank_section(session, run.id)
-    if ranks["failed_rank"] is not None:
-        main = _main_diagnosis(session, run.id, ranks["failed_rank"]) or main
     comp = {c: int((main.peak_composition or {}).get(c, 0) or 0) for c in CATEGORIES} if main else None
     side = run_dict(run)
     side["composition"] = comp

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import func, null, or_, select, update
 from sqlalchemy.orm import Session
 
+from memq.analysis.run_verdict import forecast_moment, forecast_rank
 from memq.store.orm import (
     AnalysisResult,
     Run,
@@ -19,6 +20,7 @@ from memq.store.orm import (
     StatSample,
 )
 from memq.store.repository.common import _db_time, _insert, json_safe, utcnow
+from memq.store.run_verdicts import verdict_rank
 
 
 def context_key(ctx: Mapping[str, Any] | None) -> str:
@@ -122,8 +124,8 @@ def store_run_diagnosis(session: Session, run_id: int, rank: int, analyzer_versi
 
 
 def refresh_run_summary(session: Session, run_id: int) -> None:
-    """Copy the verdict of the rank that matters most onto the run row, with peaks over snapshots
-    and stat samples. The rank that matters: an OOM diagnosis first, then the highest peak."""
+    """Copy the verdict of the rank that speaks for the run (analysis/run_verdict.run_verdict) onto the
+    run row, with peaks over snapshots and stat samples."""
     diags = session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
     snap_peak = session.execute(
         select(func.max(AnalysisResult.reserved_bytes), func.max(AnalysisResult.allocated_bytes),
@@ -146,11 +148,8 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
         "updated_at": func.current_timestamp(),
     }
     if diags:
-        def weight(d: RunDiagnosis):
-            oom = bool((d.result or {}).get("oom"))
-            return (oom, d.peak_reserved_bytes or 0, -d.rank)
-
-        main = max(diags, key=weight)
+        speaks = verdict_rank(session, run_id)
+        main = next(d for d in diags if d.rank == speaks)
         values["primary_cause"] = main.primary_cause
         values["cause_confidence"] = main.confidence
         values["fragmentation_ratio"] = ((main.result or {}).get("metrics") or {}).get("fragmentation_ratio")
@@ -159,20 +158,18 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
 
 
 def forecast_summary(diags) -> dict[str, Any]:
-    """The run row's OOM forecast columns: the rank that runs out first (its step and the wall-clock
-    moment), None when no rank's forecast expects an OOM."""
-    coming = []
-    for d in diags:
-        fc = (d.result or {}).get("forecast") or {}
-        if fc.get("oom_expected") and isinstance(fc.get("step"), int):
-            at = None
-            if isinstance(fc.get("as_of_time"), (int, float)) and isinstance(fc.get("eta_s"), (int, float)):
-                at = dt.datetime.fromtimestamp(fc["as_of_time"] + fc["eta_s"], dt.UTC)
-            coming.append((at or dt.datetime.max.replace(tzinfo=dt.UTC), fc["step"], at))
-    if not coming:
+    """The run row's OOM forecast columns: the forecast of the rank that runs out first
+    (analysis/run_verdict.forecast_rank), its step and the wall-clock moment; None when no rank's
+    forecast expects an OOM."""
+    by_rank = {d.rank: (d.result or {}).get("forecast") for d in diags}
+    rank = forecast_rank(by_rank)
+    if rank is None:
         return {"oom_forecast_step": None, "oom_forecast_at": None}
-    _key, step, at = min(coming)
-    return {"oom_forecast_step": step, "oom_forecast_at": at}
+    fc = by_rank[rank]
+    step = fc.get("step")
+    at = forecast_moment(fc)
+    return {"oom_forecast_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+            "oom_forecast_at": dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None}
 
 
 def max_present(*vals):
