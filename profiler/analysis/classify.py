@@ -14,6 +14,7 @@ from typing import Any
 
 from memq.analysis import frames as fr
 from memq.analysis.confidence import confidence
+from memq.analysis.headroom import in_last_free_bytes
 from memq.analysis.memory import segment_needed
 from memq.analysis.rules import (
     CUDA_CONTEXT_BYTES,
@@ -21,7 +22,6 @@ from memq.analysis.rules import (
     EXTERNAL_MIN_BYTES,
     FRAG_SPIKE_LIKE_PENALTY,
     FRAG_UNSETTLED_PENALTY,
-    NEAR_MISS_SHARE,
     PRIVATE_POOL_SHARE,
     SPIKE_FACTOR,
     STRENGTH,
@@ -154,7 +154,7 @@ def check_optimizer_state(f: Facts) -> Finding:
         return out
     total = f.A + (f.S or 0) if f.has_oom else (f.peak_live or f.A)
     over = total - f.limit
-    near = f.limit - total < NEAR_MISS_SHARE * f.limit
+    near = in_last_free_bytes(total, f.limit)
     created = opt + (f.S or 0) if f.has_oom else opt
     if (over > 0 or near) and created >= max(over, 0):
         out.holds = True
@@ -404,7 +404,7 @@ def check_healthy(f: Facts) -> Finding:
         head = f.limit - f.peak_reserved
         out.evidence.append(f"peak reserved {g(f.peak_reserved)} leaves {g(head)} ({_pct(head, f.limit)}) "
                             f"under the limit of {g(f.limit)}")
-        if head < NEAR_MISS_SHARE * f.limit:
+        if in_last_free_bytes(f.peak_reserved, f.limit):
             out.strength = STRENGTH["healthy_near_miss"]
             out.evidence.append("headroom is under 5% of the limit: a near miss; a larger input would OOM")
     else:

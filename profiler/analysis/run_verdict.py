@@ -17,9 +17,7 @@ asks this function, so they never disagree about which rank's diagnosis is the r
    1-9: a leaking rank speaks before a healthy one with a higher peak, as a leak is primary before the
    causes after it in one diagnosis), then the highest peak reserved, then the lowest rank.
 
-`near_miss`: the one definition of a near miss (a run, or a snapshot, within the last free bytes of a
-known limit without an OOM), and `in_last_free_bytes` it is made of. `forecast_rank`: which rank's
-OOM forecast is the run's.
+`forecast_rank`: which rank's OOM forecast is the run's. The one near miss is analysis/headroom.py.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from typing import Any
 
 from memq.analysis.classify import PRECEDENCE
 from memq.analysis.ranks import RankFacts, failed_ranks
-from memq.analysis.rules import NEAR_MISS_SHARE
 
 
 @dataclass(frozen=True)
@@ -94,28 +91,3 @@ def forecast_rank(forecasts: Mapping[int, Mapping[str, Any] | None]) -> int | No
             coming.append((inf if at is None else at,
                            step if isinstance(step, int) and not isinstance(step, bool) else inf, rank))
     return min(coming)[2] if coming else None
-
-
-def headroom_ratio(peak_reserved: int | None, limit: int | None) -> float | None:
-    """Share of the limit left free at the peak (negative past it); None when either is unknown."""
-    if not peak_reserved or not limit or limit <= 0:
-        return None
-    return 1.0 - peak_reserved / limit
-
-
-def in_last_free_bytes(used: int | None, limit: int | None, share: float = NEAR_MISS_SHARE) -> bool:
-    """ARCHITECTURE.md's "the last free bytes": what is used (a peak, or A + S) leaves less than `share`
-    of a known limit free (past the limit included)."""
-    if used is None or limit is None:
-        return False
-    return limit - used < share * limit
-
-
-def near_miss(peak_reserved: int | None, limit: int | None, *, oom: bool = False,
-              share: float = NEAR_MISS_SHARE) -> bool:
-    """The one definition of a near miss, for a run or a snapshot: no OOM, and the peak reserved bytes
-    in the last free bytes of a known limit (NEAR_MISS_SHARE; the alerts pass MEMQ_ALERT_HEADROOM_PCT,
-    5 by default, as `share`)."""
-    if oom or not limit or limit <= 0:
-        return False
-    return in_last_free_bytes(peak_reserved, limit, share)

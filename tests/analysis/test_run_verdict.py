@@ -1,19 +1,13 @@
-"""The run-level rules of analysis/run_verdict.py: which rank speaks for a run, which rank's forecast is
-the run's, and the one near miss."""
+"""The run-level rules of analysis/run_verdict.py (which rank speaks for a run, which rank's forecast is
+the run's) and analysis/headroom.py (the one near miss)."""
 
 from __future__ import annotations
 
 import pytest
 
 from memq.analysis.ranks import RankFacts
-from memq.analysis.run_verdict import (
-    RankDiagnosis,
-    forecast_rank,
-    in_last_free_bytes,
-    near_miss,
-    rank_diagnosis,
-    run_verdict,
-)
+from memq.analysis.headroom import in_last_free_bytes, near_miss
+from memq.analysis.run_verdict import RankDiagnosis, forecast_rank, rank_diagnosis, run_verdict
 
 GiB = 1 << 30
 rule = pytest.mark.rule
