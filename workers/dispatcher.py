@@ -51,6 +51,7 @@ from typing import Any
 
 from memq import envelope, identity
 from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
+from memq.analysis import run_status
 from memq.analysis.limits import observer_facts, real_cap
 from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
@@ -583,13 +584,12 @@ class Dispatcher:
         self.counts["runs"] += 1
 
     def on_run_end(self, env: envelope.Envelope) -> None:
-        status = envelope.LEGACY_RUN_STATUSES.get(env.payload.get("status"), env.payload.get("status"))
-        if status not in jobs.STATUS_ORDER:
-            status = "completed"
+        status = run_status.from_run_end(envelope.LEGACY_RUN_STATUSES.get(env.payload.get("status"),
+                                                                       env.payload.get("status")))
         with self._tx() as s:
             rid = self._run_id(s, env)
             repo.upsert_run(s, repo.RunMeta(name=env.run, ended_at=_ts(env.ts)))
-            jobs.promote_run_status(s, rid, status)
+            repo.move_run_status(s, rid, status)
             figures = env.payload.get("figures")
             if isinstance(figures, dict):  # the rank's own peaks, also of a rank torn down by the launcher
                 rank_figures.upsert(s, rid, env.rank, figures, env.payload.get("status"), _ts(env.ts))
@@ -722,7 +722,7 @@ class Dispatcher:
             source=f"{self.stream}/{eid}", context=facts))
         state = "pending" if created else s.execute(select(Snapshot.state).where(Snapshot.id == sid)).scalar_one()
         if env.trigger == "oom":
-            jobs.promote_run_status(s, rid, "oom")
+            repo.move_run_status(s, rid, "oom")
         return sid, state, created
 
 

@@ -78,26 +78,6 @@ def _need(senders: Senders | None, what: str) -> Senders:
     return senders
 
 
-#: running < completed < crashed < oom: a run's status only moves up this order.
-STATUS_ORDER = ("running", "completed", "crashed", "oom")
-
-
-# ------------------------------------------------------------------------------------- run status
-
-
-def promote_run_status(session, run_id: int, status: str, ended_at: dt.datetime | None = None) -> bool:
-    """Set the run's status unless it already holds a later one in STATUS_ORDER (an OOM is never
-    downgraded by a late `run_end: completed`). Returns whether the row changed."""
-    if status not in STATUS_ORDER:
-        raise BadInput(f"run status {status!r} is not one of {', '.join(STATUS_ORDER)}")
-    lower = STATUS_ORDER[:STATUS_ORDER.index(status)]
-    values: dict[str, Any] = {"status": status, "updated_at": func.current_timestamp()}
-    if ended_at is not None:
-        values["ended_at"] = repo._db_time(session, ended_at)
-    res = session.execute(update(Run).where(Run.id == run_id, Run.status.in_(lower)).values(**values))
-    return bool(res.rowcount)
-
-
 def _is_oom(result: dict | None) -> bool:
     return bool(result and result.get("oom"))
 
@@ -292,7 +272,7 @@ def _after_done(st: Settings, snapshot_id: int, senders: Senders) -> None:
                         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
                         .where(Snapshot.id == snapshot_id)).one()
         if row.trigger == "oom" or row.oom_requested_bytes is not None or row.oom:
-            promote_run_status(s, row.run_id, "oom")
+            repo.move_run_status(s, row.run_id, "oom")
     schedule_recompute(st, row.run_id, row.rank, senders.recompute)
 
 
@@ -405,7 +385,7 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     took = time.monotonic() - t0
     if _is_oom(result):
         with store.session() as s:
-            promote_run_status(s, run_id, "oom")
+            repo.move_run_status(s, run_id, "oom")
     try:
         r.set(_cost_key(st, run_id, rank), f"{took:.3f}", ex=7 * 24 * 3600)
     except Exception:  # noqa: BLE001
@@ -528,5 +508,5 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
 
 
 __all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep", "oom_snapshots",
-           "schedule_recompute", "promote_run_status", "quarantine",
+           "schedule_recompute", "quarantine",
            "BrokerUnavailable"]

@@ -28,13 +28,16 @@ from memq.analysis.rules import (
     WORKSPACE_LIMIT_SHARE,
     MiB,
 )
+from memq.model import CAUSE_NAMES
 from memq.units import fmt_bytes, fmt_need
 
 #: How to give a limit that is not known: both commands exist (files, and a run already stored).
 LIMIT_HINT = "give the limit (--limit SIZE for files; memq reanalyze --run RUN --limit SIZE for a stored run)"
 PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
               "allocator_config", "fragmentation", "capacity", "healthy")
-CAUSES = frozenset(PRECEDENCE)
+CAUSES = frozenset(CAUSE_NAMES)
+if set(PRECEDENCE) != CAUSES:  # one vocabulary (memq/model.py), one order of decision (here)
+    raise ImportError("classify.PRECEDENCE must order exactly memq.model.CAUSE_NAMES")
 
 
 @dataclass

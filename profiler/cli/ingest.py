@@ -12,6 +12,7 @@ import click
 
 from memq.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
 from memq.cli.analyze import SIZE
+from memq.model import RUN_STATUSES
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
 
@@ -48,8 +49,9 @@ def _progress(total: int, enabled: bool):
 @click.option("--oom-message", metavar="TEXT", help="The 'CUDA out of memory' text (applies to the last file).")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, exists=True),
               help="stats.jsonl of memory_stats() samples for the timeline (fields t, step, epoch).")
-@click.option("--status", type=click.Choice(["running", "completed", "oom", "crashed"]),
-              help="Run status (default: oom when the last snapshot shows one, else completed for new runs).")
+@click.option("--status", type=click.Choice(RUN_STATUSES),
+              help="Run status, set as given (default: oom when the run diagnosis of the files finds one, "
+                   "else completed for new runs; a status only moves up running < completed < crashed < oom).")
 @click.option("--host")
 @click.option("--user", "username")
 @click.option("--project")

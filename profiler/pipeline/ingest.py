@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import select, update
 
+from memq.analysis import run_status
 from memq.errors import BadInput, MemqError
 from memq.load import LoadedSnapshot, load_snapshot_file
 from memq.pipeline.analyse import Progress, analyse_snapshot, oom_facts, recompute_run, stored_run_result
@@ -165,15 +166,12 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         sweep_snapshot(store, snap.snapshot_id, load=lambda sha, src: cache.get(sha) or load_blob(store, sha, src))
     if progress:
         progress("run diagnosis")
-    status = meta.status
-    if status is None:
-        oom = bool(report.diagnosis and report.diagnosis.get("oom"))
-        status = "oom" if oom else (None if existed else "completed")
+    status = run_status.after_ingest(meta.status, bool(report.diagnosis and report.diagnosis.get("oom")),
+                                     created=not existed)
     with store.session() as s:
         if status is not None:
-            current = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
-            if not (current == "crashed" and meta.status is None):
-                repo.set_run_status(s, meta.name, status, ended_at=max(times))
+            repo.upsert_run(s, repo.RunMeta(name=meta.name, ended_at=max(times)))
+            repo.move_run_status(s, run_id, status, ended_at=max(times), given=meta.status is not None)
         report.status = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
     return report
 

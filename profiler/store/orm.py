@@ -47,6 +47,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from memq.model import RUN_STATUSES
+
 NAMING = {
     "ix": "ix_%(table_name)s__%(column_0_N_name)s",
     "uq": "uq_%(table_name)s__%(column_0_N_name)s",
@@ -55,11 +57,8 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-RUN_STATUSES = ("running", "completed", "oom", "crashed")
 TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
 SNAPSHOT_STATES = ("pending", "running", "done", "failed")
-CAUSES = ("fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
-          "external_memory", "allocator_config", "healthy")
 
 # JSONB on PostgreSQL (indexable, compact), JSON text on SQLite.
 JsonDoc = JSON().with_variant(JSONB(), "postgresql")

@@ -12,7 +12,8 @@ Runs (`runs`)
 - `upsert_run(session, RunMeta(...)) -> run_id`: create or update a run by name; fields left None
   keep their stored value, labels are merged, `started_at` keeps the earliest and `ended_at` the
   latest value seen. Safe to call from every rank and every retry.
-- `set_run_status(session, run_name, status, ended_at=None)`: running | completed | oom | crashed.
+- `move_run_status(session, run_id, status, ended_at=None, given=False)`: running < completed < crashed <
+  oom, by the one rule of analysis/run_status.py (up the order only, or as a person gave it).
 - `set_run_limit(session, run_id, limit_bytes)`: a limit given after the fact.
 - `delete_run(session, run_name)`: the run with its samples, snapshots and diagnoses.
 
@@ -69,7 +70,7 @@ from memq.store.repository.runs import (
     run_id_for,
     run_owner,
     set_run_limit,
-    set_run_status,
+    move_run_status,
     upsert_run,
 )
 from memq.store.repository.snapshots import (
@@ -93,6 +94,6 @@ __all__ = [
     "drop_digests_outside_window", "fail_snapshot", "fill_digest", "find_analysis", "insert_snapshot",
     "insert_stat_samples", "json_safe", "max_present", "forecast_summary", "refresh_run_summary", "requeue_expired",
     "run_id_for", "run_owner",
-    "set_run_limit", "set_run_status", "stat_row", "store_analysis", "store_run_diagnosis", "to_utc", "upsert_report",
+    "move_run_status", "set_run_limit", "stat_row", "store_analysis", "store_run_diagnosis", "to_utc", "upsert_report",
     "upsert_run", "utcnow",
 ]
