@@ -204,6 +204,33 @@ RUN_NOISE = _rule(
     "run-to-run difference of one job: 0.02% (tests/fixtures/agent_defaults dyn, a GPT) and 0.32% "
     "(tests/fixtures/step_need cnn_dyn, a CNN); the lower bound allows 0.5%", "step_need")
 
+# ------------------------------------------------------------------ changes between snapshots, runs, versions (compare.py)
+CHANGE_MIN_BYTES = _rule(
+    "CHANGE_MIN_BYTES", 64 * MiB, "bytes", "judgement",
+    "a change between two snapshots or two runs is named from 64 MiB: under a typical activation tensor of "
+    "the fixtures' models, allocator rounding and a batch's shape wobble stay below it", "compare")
+CHANGE_MIN_SHARE = _rule(
+    "CHANGE_MIN_SHARE", 0.01, "share of the bytes it changed from", "judgement",
+    "... and from 1% of what it changed from, so a run of 80 GiB is not told about 64 MiB moves", "compare")
+CHANGE_FRAG_RATIO = _rule(
+    "CHANGE_FRAG_RATIO", 0.1, "fragmentation ratio", "judgement",
+    "a fragmentation ratio that moves by a tenth between snapshots is a change worth naming", "compare")
+SAME_LIMIT_WITHIN_BYTES = _rule(
+    "SAME_LIMIT_WITHIN_BYTES", 10 * GiB // 1000, "bytes", "measured",
+    "torch's OOM message prints sizes with two decimals of GiB (c10 CUDACachingAllocator format_size): a "
+    "limit read from '18.85 GiB allowed' is within 0.005 GiB of the cap announced, two such readings within "
+    "0.01 GiB of each other", "compare")
+REGRESSION_PEAK_GROWTH = _rule(
+    "REGRESSION_PEAK_GROWTH", 0.10, "share of the previous version's mean", "judgement",
+    "a torch version whose runs' mean peak reserved grows by more than a tenth over the job's previous "
+    "version is flagged (`memq versions`, the nightly report)", "compare")
+REGRESSION_OOM_RATE = _rule(
+    "REGRESSION_OOM_RATE", 0.10, "share of runs", "judgement",
+    "... or whose OOM rate rises by ten points or more", "compare")
+REGRESSION_FRAG = _rule(
+    "REGRESSION_FRAG", 0.10, "fragmentation ratio", "judgement",
+    "... or whose mean fragmentation ratio rises by a tenth or more", "compare")
+
 # ------------------------------------------------------------------ confidence (confidence.py)
 CONF_BASE = _rule(
     "CONF_BASE", 0.5, "confidence", "judgement",

@@ -230,7 +230,8 @@ def _print_whatif(con, snaps: list[dict]) -> None:
 @output_options()
 def compare(run_a, run_b, as_json, as_csv):
     """Two runs side by side: peaks, composition deltas, settings that differ, and what explains the gap."""
-    from memq.store.queries import CATEGORIES, compare_runs
+    from memq.analysis.frames import CATEGORIES
+    from memq.store.queries import compare_runs
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()

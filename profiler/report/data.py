@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from memq.analysis import growth as gm
+from memq.analysis.compare import version_figures, version_key, version_regressions
 from memq.analysis.headroom import near_miss
 from memq.analysis.rules import NEAR_MISS_SHARE
 from memq.analysis.recommend import NO_EFFECT
@@ -45,9 +46,6 @@ from memq.store.report_queries import Scope, Window
 
 SCHEMA = 1
 MiB = 1024**2
-REGRESSION_PEAK_GROWTH = 0.10
-REGRESSION_OOM_RATE = 0.10
-REGRESSION_FRAG = 0.10
 FRAG_MIN_RATIO = 0.30
 FRAG_MIN_BYTES = 256 * MiB
 MAX_LISTED = 50
@@ -232,12 +230,6 @@ def _breakdown(ooms: list[dict], near: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _version_key(v: str | None) -> tuple:
-    from memq.store.queries import version_key
-
-    return version_key(v)
-
-
 def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
     by_job: dict[str, list[dict]] = {}
     for s in stats:
@@ -245,23 +237,15 @@ def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
     before = {(r["job"], r["torch_version"]) for r in (previous or {}).get("regressions") or []}
     out = []
     for job, versions in sorted(by_job.items()):
-        versions.sort(key=lambda s: _version_key(s["torch_version"]))
+        versions.sort(key=lambda s: version_key(s["torch_version"]))
         for prev, cur in zip(versions, versions[1:], strict=False):
             if not cur["runs_in_window"]:
                 continue
-            reasons = []
-            p_rate, c_rate = prev["oom_runs"] / prev["runs"], cur["oom_runs"] / cur["runs"]
-            if prev["mean_peak_reserved_bytes"] and cur["mean_peak_reserved_bytes"] is not None:
-                growth = cur["mean_peak_reserved_bytes"] / prev["mean_peak_reserved_bytes"] - 1
-                if growth > REGRESSION_PEAK_GROWTH:
-                    reasons.append(f"mean peak reserved +{growth:.0%}")
-            if c_rate - p_rate >= REGRESSION_OOM_RATE - 1e-9:
-                reasons.append(f"OOM rate {p_rate:.0%} -> {c_rate:.0%}")
-            pf, cf = prev["mean_fragmentation_ratio"], cur["mean_fragmentation_ratio"]
-            if pf is not None and cf is not None and cf - pf >= REGRESSION_FRAG - 1e-9:
-                reasons.append(f"mean fragmentation {pf:.2f} -> {cf:.2f}")
+            reasons = version_regressions(version_figures(prev), version_figures(cur))
             if not reasons:
                 continue
+            p_rate, c_rate = prev["oom_runs"] / prev["runs"], cur["oom_runs"] / cur["runs"]
+            pf, cf = prev["mean_fragmentation_ratio"], cur["mean_fragmentation_ratio"]
             out.append({
                 "job": job, "torch_version": cur["torch_version"], "previous_version": prev["torch_version"],
                 "runs": cur["runs"], "previous_runs": prev["runs"], "runs_in_window": cur["runs_in_window"],
