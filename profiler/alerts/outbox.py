@@ -168,8 +168,8 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
     for f, v in candidates:
         if (f.run_id, v.key) in known:
             continue
-        body = alert_body(f, v, verdict_result(session, f.run_id, forecast=v.kind == "forecast"), st.public_url, st.alert_headroom_pct,
-                          now=_utc(now))
+        result = verdict_result(session, f.run_id, forecast=v.kind == "forecast")
+        body = alert_body(f, v, result, st.public_url, st.alert_headroom_pct, now=_utc(now))
         key = idempotency_key(f.name, v.key)
         stmt = repo._insert(session, Alert).values(
             run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause, cluster=f.cluster, job=f.job,

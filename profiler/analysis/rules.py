@@ -204,7 +204,7 @@ RUN_NOISE = _rule(
     "run-to-run difference of one job: 0.02% (tests/fixtures/agent_defaults dyn, a GPT) and 0.32% "
     "(tests/fixtures/step_need cnn_dyn, a CNN); the lower bound allows 0.5%", "step_need")
 
-# ------------------------------------------------------------------ changes between snapshots, runs, versions (compare.py)
+# ------------------------------------------------------------------ changes between runs (compare.py)
 CHANGE_MIN_BYTES = _rule(
     "CHANGE_MIN_BYTES", 64 * MiB, "bytes", "judgement",
     "a change between two snapshots or two runs is named from 64 MiB: under a typical activation tensor of "
@@ -272,6 +272,37 @@ LEAK_LISTED_CONFIDENCE = _rule(
     "a rank's own leak (the cross-rank comparison) is a leak its diagnosis lists at even odds or more "
     "(CONF_BASE): a leak primary with no earlier cause unsettled always is, one that also holds from "
     "strength 0.5", "ranks")
+
+# ------------------------------------------------------------------ an OOM message alone (message_verdict.py)
+#: The confidence of each situation a message's own figures settle (confidence.message_confidence): how
+#: much of the cause the figures decide, all judgement. Fragmentation from a message is
+#: CONF_MESSAGE_FRAGMENTATION, as in a diagnosis.
+_MESSAGE_CONFIDENCE = {
+    "cut_before_figures": (0.2, "the message is cut before its figures: a guess at the likeliest cause"),
+    "request_only": (0.3, "the request but not both the allocated and the free figures: step or cache not settled"),
+    "xpu_block_limit": (0.7, "an XPU request over the platform's 4 GiB per-allocation limit while memory was free"),
+    "block_limit": (0.8, "the platform says itself that it refuses one allocation of that size"),
+    "over_device": (0.95, "one request larger than the whole device: nothing else could make it fit"),
+    "cap": (0.8, "the per-process cap ran out with the device's room printed beside it"),
+    "other_processes": (0.85, "other processes named with their bytes, enough to make the request fit"),
+    "below_free": (0.5, "a request under the free memory reported: another limit ran out, which one not said"),
+    "own_libraries": (0.7, "memory outside the cache that the message's own process figure says is its own"),
+    "external": (0.75, "memory outside the cache, whose the message does not say in full"),
+    "private_pools": (0.75, "CUDA graphs' private pools hold most of what is allocated"),
+    "capacity": (0.85, "allocated + request over what the process could reserve, by the message's figures"),
+    "near_limit": (0.45, "fits once compacted with under a tenth left for the rest of the step: as likely capacity"),
+    "near_limit_capacity": (0.4, "the capacity listed beside a near-limit fragmentation, just below it"),
+    "mps": (0.7, "MPS's high-watermark cap, with the other allocations printed"),
+    "server_warmup": (0.7, "an inference server's warm-up with its largest batch, as its message says"),
+    "cublas": (0.6, "cuBLAS's own handle or workspace allocation failed outside the cache"),
+    "cudnn": (0.6, "cuDNN's workspace allocation failed outside the cache"),
+    "thc_error": (0.3, "torch 0.x's THCStorage failure prints no figures"),
+    "cuda_error": (0.4, "'CUDA error: out of memory' from the runtime, outside the cache, with no figures"),
+}
+MESSAGE_CONFIDENCE: dict[str, float] = {
+    k: _rule(f"MESSAGE_CONFIDENCE[{k}]", v, "confidence", "judgement", why, "message_verdict")
+    for k, (v, why) in _MESSAGE_CONFIDENCE.items()
+} | {"fragmentation": CONF_MESSAGE_FRAGMENTATION}
 
 # ------------------------------------------------------------------ strengths (classify.py)
 #: How clearly each deciding test's numbers pass (0..1), which confidence.py turns into confidence.

@@ -145,8 +145,9 @@ def diagnosis_parts(session: Session, run_ids: Sequence[int]) -> dict[int, dict[
                 RunDiagnosis.result["forecast"].label("forecast"))
          .where(RunDiagnosis.run_id.in_(bindparam("ids", expanding=True))))
     speaks = verdict_ranks(session, ids)
-    return {r.run_id: {"rank": r.rank, "oom": r.oom, "diagnosis": r.diagnosis, "allocator_settings": r.allocator_settings,
-                       "leak": r.leak, "limits": r.limits, "forecast": r.forecast}
+    return {r.run_id: {"rank": r.rank, "oom": r.oom, "diagnosis": r.diagnosis,
+                       "allocator_settings": r.allocator_settings, "leak": r.leak, "limits": r.limits,
+                       "forecast": r.forecast}
             for r in session.execute(q, {"ids": ids}) if r.rank == speaks.get(r.run_id)}
 
 

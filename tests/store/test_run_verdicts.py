@@ -36,7 +36,8 @@ def _two_ranks(store, name: str = "ddp") -> int:
     with store.session() as s:
         rid = repo.upsert_run(s, repo.RunMeta(name=name, job="train", cluster="c", started_at=T0,
                                               memory_limit_bytes=16 * GiB))
-        for rank, cause, peak, late, frag in ((0, "capacity", 10 * GiB, 0, 0.1), (1, "fragmentation", 12 * GiB, 60, 0.7)):
+        for rank, cause, peak, late, frag in ((0, "capacity", 10 * GiB, 0, 0.1),
+                                              (1, "fragmentation", 12 * GiB, 60, 0.7)):
             sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(
                 run_id=rid, sha256=f"{rank}" * 64, size_bytes=10, rank=rank, step=7, trigger="oom",
                 taken_at=T0 + dt.timedelta(seconds=late)))
