@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memq.errors import BadInput
-from memq.model import RUN_STATUSES
+from memq.model import RUN_STATUSES, TRIGGERS
 
 VERSION = 1
 KINDS = ("run_start", "stats", "snapshot", "run_end")
-TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
 CODECS = ("zstd", "gzip")
 OOM_KEYS = ("alloc", "device_alloc", "device_free", "device_total", "message")
 

@@ -701,26 +701,22 @@ class Dispatcher:
 
     def _insert(self, s, eid: str, env: envelope.Envelope, ref: str) -> tuple[int, str, bool]:
         """The snapshot row (ON CONFLICT DO NOTHING); returns (id, state, created)."""
-        from sqlalchemy import select
-
-        from memq.store.orm import Run, Snapshot
-
         known = self._sized.get(env.sha256)
         if known is None:
             # the blob was already stored, so its bytes were not inflated here: the size must agree
             # with the rows that did (memq ingest records the real size)
-            known = s.execute(select(Snapshot.size_bytes).where(Snapshot.sha256 == env.sha256).limit(1)).scalar()
+            known = repo.known_blob_size(s, env.sha256)
         if known is not None and env.size is not None and int(known) != env.size:
             raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the blob {env.sha256[:12]}")
         oom = env.oom or {}
         rid = self._run_id(s, env)
-        run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()
+        run = repo.run_settings(s, rid)
         facts = observer_facts(oom, run.memory_limit_bytes, run.gpu_memory_bytes)
         sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
             run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
             epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,
             source=f"{self.stream}/{eid}", context=facts))
-        state = "pending" if created else s.execute(select(Snapshot.state).where(Snapshot.id == sid)).scalar_one()
+        state = "pending" if created else repo.snapshot_row(s, sid).state
         if env.trigger == "oom":
             repo.move_run_status(s, rid, "oom")
         return sid, state, created

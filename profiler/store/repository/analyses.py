@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, null, or_, select, update
+from sqlalchemy import and_, func, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from memq.analysis.run_verdict import forecast_moment, forecast_rank
@@ -175,3 +175,65 @@ def forecast_summary(diags) -> dict[str, Any]:
 def max_present(*vals):
     present = [int(v) for v in vals if v is not None]
     return max(present) if present else None
+
+
+# ------------------------------------------------------------------------------------- reads
+
+
+def analysis_cause(session: Session, analysis_id: int) -> str | None:
+    return session.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == analysis_id)).scalar_one()
+
+
+def analysis_doc(session: Session, analysis_id: int) -> dict | None:
+    """The stored result of one analysis, or None."""
+    return session.execute(select(AnalysisResult.result).where(AnalysisResult.id == analysis_id)).scalar_one_or_none()
+
+
+def run_result(session: Session, run_id: int, rank: int, analyzer_version: str | None = None) -> dict | None:
+    """The stored run-level result of a rank (made by `analyzer_version` when given), or None."""
+    q = select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)
+    if analyzer_version is not None:
+        q = q.where(RunDiagnosis.analyzer_version == analyzer_version)
+    doc = session.execute(q).scalar_one_or_none()
+    return None if doc is None else dict(doc)
+
+
+def run_result_row(session: Session, run_id: int, rank: int):
+    """(result, computed_at) of a rank's run diagnosis, or None."""
+    return session.execute(select(RunDiagnosis.result, RunDiagnosis.computed_at)
+                           .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)).one_or_none()
+
+
+def replace_run_result(session: Session, run_id: int, rank: int, computed_at: dt.datetime,
+                       result: Mapping[str, Any]) -> bool:
+    """Write `result` over a rank's run diagnosis only if it is still the one computed at `computed_at`
+    (a recompute that landed meanwhile wins); then the run row's forecast columns follow. Returns
+    whether it was written."""
+    done = session.execute(update(RunDiagnosis)
+                           .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank,
+                                  RunDiagnosis.computed_at == computed_at)
+                           .values(result=result).execution_options(synchronize_session=False))
+    if not done.rowcount:
+        return False
+    diags = session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
+    session.execute(update(Run).where(Run.id == run_id).values(**forecast_summary(diags),
+                                                               updated_at=func.current_timestamp()))
+    return True
+
+
+def stale_diagnoses(session: Session, computed_before: dt.datetime, max_snapshots: int,
+                    limit: int = 200) -> list[tuple[int, int]]:
+    """(run, rank) pairs whose analysed snapshots (up to `max_snapshots`) are not all in their run-level
+    diagnosis, made before `computed_before`, or that have none."""
+    done = (select(Snapshot.run_id, Snapshot.rank, func.count().label("n"))
+            .where(Snapshot.state == "done").group_by(Snapshot.run_id, Snapshot.rank).subquery())
+    old = _db_time(session, computed_before)
+    fewest = (func.least(done.c.n, max_snapshots) if session.get_bind().dialect.name == "postgresql"
+              else func.min(done.c.n, max_snapshots))
+    rows = session.execute(
+        select(done.c.run_id, done.c.rank)
+        .outerjoin(RunDiagnosis, and_(RunDiagnosis.run_id == done.c.run_id, RunDiagnosis.rank == done.c.rank))
+        .where((RunDiagnosis.run_id.is_(None))
+               | and_(RunDiagnosis.snapshot_count < fewest, RunDiagnosis.computed_at < old))
+        .limit(limit)).all()
+    return [(int(r.run_id), int(r.rank)) for r in rows]

@@ -140,3 +140,19 @@ def delete_run(session: Session, run_name: str) -> None:
 
 def run_owner(session: Session, run_id: int) -> str | None:
     return session.execute(select(Run.owner).where(Run.id == run_id)).scalar_one_or_none()
+
+
+def find_run_id(session: Session, run_name: str) -> int | None:
+    rid = session.execute(select(Run.id).where(Run.name == run_name)).scalar_one_or_none()
+    return None if rid is None else int(rid)
+
+
+def run_settings(session: Session, run_id: int):
+    """(memory_limit_bytes, gpu_memory_bytes, optimizer) of a run, what its analyses use; None when
+    there is no such run."""
+    return session.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
+                           .where(Run.id == run_id)).one_or_none()
+
+
+def run_status(session: Session, run_id: int) -> str:
+    return session.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
