@@ -145,7 +145,7 @@ def test_one_near_miss():
 # ----------------------------------------------------------------------------------- confidence
 
 CONFIDENCE_HOMES = {"profiler/analysis/confidence.py", "profiler/analysis/rules.py",
-                    # still its own (the lead's model): docs/analysis.md says how it moves
+                    # still computes its own (`_confidence` and the levels of its other outcomes)
                     "profiler/analysis/forecast.py"}
 
 
