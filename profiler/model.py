@@ -16,6 +16,15 @@ INACTIVE = "inactive"
 
 SMALL_SIZE = 1024 * 1024  # requests up to 1 MiB come from the small pool
 
+#: The causes a diagnosis names (ARCHITECTURE.md "CAUSE is one of"), in the contract's order; the order
+#: they are decided in is analysis/classify.py PRECEDENCE.
+CAUSE_NAMES = ("fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
+               "external_memory", "allocator_config", "healthy")
+#: Where in a run a snapshot was taken (the envelope's `trigger`).
+TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
+#: A run's status, in the order it may move (analysis/run_status.py): running < completed < crashed < oom.
+RUN_STATUSES = ("running", "completed", "crashed", "oom")
+
 Frames = list  # list of frame dicts; empty when no stack was recorded
 
 # The roles the agent reports for the tensors it can see (agent/roles.py sends their index): the

@@ -60,7 +60,7 @@ class AgentRecording:
 
     def _set_recording(self, want: bool, at_boundary: bool = False) -> None:
         """Apply a policy decision. Pausing empties the trace, so a recorded stretch that ends
-        (warm-up, a periodic recorded step, a recording window, a near miss that passed) is
+        (warm-up, a periodic recorded step, a recording window, low headroom that passed) is
         snapshotted first."""
         if self.recording and not want and self.policy.mode == "auto":
             self.take_snapshot("periodic", payload={"reason": self.policy.reason}, at_boundary=at_boundary)

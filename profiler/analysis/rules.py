@@ -49,7 +49,8 @@ CUDA_CONTEXT_BYTES = _rule(
 GROWTH_MIN_POINTS = _rule(
     "GROWTH_MIN_POINTS", 4, "count", "definition",
     "ARCHITECTURE.md cause 2 asks for a trend whose 95% interval is above zero: four points rising in "
-    "order are the fewest whose chance under no trend (1/24, Mann-Kendall) is under 5%", "growth")
+    "order are the fewest whose chance under no trend (1/24, Mann-Kendall) is under 5%; of a series that "
+    "grows in steps between points that do not move (a cache filling in bursts), four rises", "growth")
 GROWTH_FEW_POINTS = _rule(
     "GROWTH_FEW_POINTS", 3, "count", "definition",
     "ARCHITECTURE.md cause 2, few points: a fast leak or three epoch-end files still decide when every "
@@ -234,6 +235,33 @@ RUN_NOISE = _rule(
     "run-to-run difference of one job: 0.02% (tests/fixtures/agent_defaults dyn, a GPT) and 0.32% "
     "(tests/fixtures/step_need cnn_dyn, a CNN); the lower bound allows 0.5%", "step_need")
 
+# ------------------------------------------------------------------ changes between runs (compare.py)
+CHANGE_MIN_BYTES = _rule(
+    "CHANGE_MIN_BYTES", 64 * MiB, "bytes", "judgement",
+    "a change between two snapshots or two runs is named from 64 MiB: under a typical activation tensor of "
+    "the fixtures' models, allocator rounding and a batch's shape wobble stay below it", "compare")
+CHANGE_MIN_SHARE = _rule(
+    "CHANGE_MIN_SHARE", 0.01, "share of the bytes it changed from", "judgement",
+    "... and from 1% of what it changed from, so a run of 80 GiB is not told about 64 MiB moves", "compare")
+CHANGE_FRAG_RATIO = _rule(
+    "CHANGE_FRAG_RATIO", 0.1, "fragmentation ratio", "judgement",
+    "a fragmentation ratio that moves by a tenth between snapshots is a change worth naming", "compare")
+SAME_LIMIT_WITHIN_BYTES = _rule(
+    "SAME_LIMIT_WITHIN_BYTES", 10 * GiB // 1000, "bytes", "measured",
+    "torch's OOM message prints sizes with two decimals of GiB (c10 CUDACachingAllocator format_size): a "
+    "limit read from '18.85 GiB allowed' is within 0.005 GiB of the cap announced, two such readings within "
+    "0.01 GiB of each other", "compare")
+REGRESSION_PEAK_GROWTH = _rule(
+    "REGRESSION_PEAK_GROWTH", 0.10, "share of the previous version's mean", "judgement",
+    "a torch version whose runs' mean peak reserved grows by more than a tenth over the job's previous "
+    "version is flagged (`memq versions`, the nightly report)", "compare")
+REGRESSION_OOM_RATE = _rule(
+    "REGRESSION_OOM_RATE", 0.10, "share of runs", "judgement",
+    "... or whose OOM rate rises by ten points or more", "compare")
+REGRESSION_FRAG = _rule(
+    "REGRESSION_FRAG", 0.10, "fragmentation ratio", "judgement",
+    "... or whose mean fragmentation ratio rises by a tenth or more", "compare")
+
 # ------------------------------------------------------------------ confidence (confidence.py)
 CONF_BASE = _rule(
     "CONF_BASE", 0.5, "confidence", "judgement",
@@ -269,6 +297,43 @@ CONF_MESSAGE_FRAGMENTATION = _rule(
     "CONF_MESSAGE_FRAGMENTATION", 0.6, "confidence", "judgement",
     "an OOM message gives no free blocks: fragmentation from a message alone is suspected, never sure",
     "confidence")
+
+LEAK_LISTED_CONFIDENCE = _rule(
+    "LEAK_LISTED_CONFIDENCE", 0.5, "confidence", "judgement",
+    "a rank's own leak (the cross-rank comparison) is a leak its diagnosis lists at even odds or more "
+    "(CONF_BASE): a leak primary with no earlier cause unsettled always is, one that also holds from "
+    "strength 0.5", "ranks")
+
+# ------------------------------------------------------------------ an OOM message alone (message_verdict.py)
+#: The confidence of each situation a message's own figures settle (confidence.message_confidence): how
+#: much of the cause the figures decide, all judgement. Fragmentation from a message is
+#: CONF_MESSAGE_FRAGMENTATION, as in a diagnosis.
+_MESSAGE_CONFIDENCE = {
+    "cut_before_figures": (0.2, "the message is cut before its figures: a guess at the likeliest cause"),
+    "request_only": (0.3, "the request but not both the allocated and the free figures: step or cache not settled"),
+    "xpu_block_limit": (0.7, "an XPU request over the platform's 4 GiB per-allocation limit while memory was free"),
+    "block_limit": (0.8, "the platform says itself that it refuses one allocation of that size"),
+    "over_device": (0.95, "one request larger than the whole device: nothing else could make it fit"),
+    "cap": (0.8, "the per-process cap ran out with the device's room printed beside it"),
+    "other_processes": (0.85, "other processes named with their bytes, enough to make the request fit"),
+    "below_free": (0.5, "a request under the free memory reported: another limit ran out, which one not said"),
+    "own_libraries": (0.7, "memory outside the cache that the message's own process figure says is its own"),
+    "external": (0.75, "memory outside the cache, whose the message does not say in full"),
+    "private_pools": (0.75, "CUDA graphs' private pools hold most of what is allocated"),
+    "capacity": (0.85, "allocated + request over what the process could reserve, by the message's figures"),
+    "near_limit": (0.45, "fits once compacted with under a tenth left for the rest of the step: as likely capacity"),
+    "near_limit_capacity": (0.4, "the capacity listed beside a near-limit fragmentation, just below it"),
+    "mps": (0.7, "MPS's high-watermark cap, with the other allocations printed"),
+    "server_warmup": (0.7, "an inference server's warm-up with its largest batch, as its message says"),
+    "cublas": (0.6, "cuBLAS's own handle or workspace allocation failed outside the cache"),
+    "cudnn": (0.6, "cuDNN's workspace allocation failed outside the cache"),
+    "thc_error": (0.3, "torch 0.x's THCStorage failure prints no figures"),
+    "cuda_error": (0.4, "'CUDA error: out of memory' from the runtime, outside the cache, with no figures"),
+}
+MESSAGE_CONFIDENCE: dict[str, float] = {
+    k: _rule(f"MESSAGE_CONFIDENCE[{k}]", v, "confidence", "judgement", why, "message_verdict")
+    for k, (v, why) in _MESSAGE_CONFIDENCE.items()
+} | {"fragmentation": CONF_MESSAGE_FRAGMENTATION}
 
 # ------------------------------------------------------------------ strengths (classify.py)
 #: How clearly each deciding test's numbers pass (0..1), which confidence.py turns into confidence.
