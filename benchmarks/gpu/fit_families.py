@@ -1,7 +1,7 @@
 """Ten model families for `memq fit`, beyond the five of fit.py: real training runs on one H200 at
 several batch sizes (and lengths), each family's largest batch bisected under a cap, in one command.
 
-    python3 fit_families.py all --out DIR [--only a,b] [--budget 300] [--parallel 8]
+    python3 fit_families.py all --out DIR [--only a,b] [--budget 300] [--parallel 8] [--recordings-only]
     python3 fit_families.py job FAMILY --batch B --size S --result R.json [--record defaults|hand --spool DIR]
                                 [--cap-bytes N]
     python3 fit_families.py split          (which families tune the interval and which are held back)
@@ -489,6 +489,7 @@ class Runner:
     def __init__(self, out: str, budget: float, parallel: int):
         self.out, self.t0, self.deadline = out, time.time(), time.time() + budget
         self.slots = Slots(parallel)
+        self.recordings_only = False
         self.lock = threading.Lock()
         self.summary: dict = {"split": split(), "steps": STEPS, "fence_bytes": FENCE_BYTES, "families": {}}
         os.makedirs(os.path.join(out, "results"), exist_ok=True)
@@ -536,6 +537,9 @@ class Runner:
         b0, s0 = spec["batch"], spec["size"]
         pri = 0 if spec["compile"] else 1  # the slow (compiling) family first
         jobs = [(fam, b0, s0, "defaults", 0, pri), (fam, b0, s0, "hand", 0, pri)]
+        if self.recordings_only:
+            self.stage(jobs)
+            return
         jobs += [(fam, k * b0, s0, "", 0, pri + k / 10) for k in (1, 2, 4, 8)]
         if spec["seq"]:
             jobs += [(fam, b0, k * s0, "", 0, pri + 1 + k / 10) for k in (2, 4)]
@@ -589,6 +593,8 @@ def main() -> None:
     a.add_argument("--only", default="")
     a.add_argument("--budget", type=float, default=300)
     a.add_argument("--parallel", type=int, default=8)
+    a.add_argument("--recordings-only", action="store_true",
+                   help="only the two recordings of the base shape per family (after a change to the agent)")
     j = sub.add_parser("job")
     j.add_argument("family", choices=sorted(FAMILIES))
     j.add_argument("--batch", type=int, required=True)
@@ -613,6 +619,7 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(args.out, "inductor_cache"))
     r = Runner(args.out, args.budget, args.parallel)
+    r.recordings_only = args.recordings_only
     r.save()
     with ThreadPoolExecutor(max_workers=len(names)) as ex:
         list(ex.map(r.family, names))
