@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
-from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, AllocatorModel, Program
+from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, AllocatorModel, Program
 from memq.model import Snapshot, frame_file, frame_line, frame_name
 
 # The interval either side of the predicted peak, and on the limit for `fits` and the largest
@@ -70,6 +70,11 @@ SCALES_WITH_INPUT = (INPUT,)
 STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0,
                   "adamw_8bit": 0.51}
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
+# An optimizer the trace does not name (its state was made before the trace, its step allocates
+# nothing) is read from its state's bytes over one step's gradients: 0, 1 or 2 copies, within this much.
+# Measured: 1.00 on the SGD-momentum GPT of tests/fixtures/real/seed_sgd (0.449 GiB of state for
+# 0.449 GiB of gradients), 2.00 on the AdamW GPT of tests/fixtures/captured/leak_epochs.
+STATE_INFER_TOLERANCE = 0.15
 
 
 class NotAssessable(Exception):
@@ -89,6 +94,12 @@ class Measured:
     covers_start: bool  # the trace starts at an empty allocator
     recorded_peak: int  # reserved bytes at the trace's peak, as recorded
     notes: list[str] = field(default_factory=list)
+    # Optimizer state: what the new optimizer's state is re-sized from (see `state_plan`).
+    gradient_bytes: int = 0  # one whole step's gradients (the trainable parameters' bytes); 0 if unknown
+    gradient_sizes: tuple = ()  # those gradients' sizes, one entry per gradient
+    state_bytes: int = 0  # the recorded optimizer's state: allocated in the trace or live before it
+    pre_state: tuple = ()  # (handle, bytes) of state blocks live before the trace began
+    optimizer_inferred: bool = False  # the optimizer was read from its state's size, not named
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,15 @@ def _is_grad_free(frames) -> bool:
     return bool(frames) and fr.is_optimizer(frames)
 
 
+def python_frames(frames) -> list:
+    """The Python frames of a stack. A trace recorded with stacks="all" (torch's default for
+    `_record_memory_history`) gives every allocation C++ frames too, those of autograd's thread
+    included: "no Python frames" is what tells that thread's allocations apart, not "no frames"."""
+    return [f for f in frames or () if frame_file(f).endswith(".py")]
+
+
 def _call_site(frames) -> tuple | None:
+    frames = python_frames(frames) or frames
     if not frames:
         return None
     return tuple((frame_file(f), frame_name(f), frame_line(f)) for f in frames)
@@ -179,7 +198,7 @@ def classify(snap: Snapshot) -> Measured:
             kinds[h] = OPT_STATE  # allocated in optimizer code and kept: state (foreach or fused init)
     big = {s for s in grads if s >= MIN_BYTES}
     for h in range(prog.n_handles):
-        if kinds[h] != INPUT or ev_of[h] < 0 or trace[ev_of[h]].frames:
+        if kinds[h] != INPUT or ev_of[h] < 0 or python_frames(trace[ev_of[h]].frames):
             continue
         if size_of[h] in big:
             kinds[h] = GRAD_TEMP
@@ -195,18 +214,71 @@ def classify(snap: Snapshot) -> Measured:
             kinds[h] = CAST_COPY
         notes.append(f"autocast weight copies found for {share:.0%} of the gradients' bytes: held at their size")
     steps = optimizer_steps(trace)
+    grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
     params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
     if not params:  # parameters made before the trace: one step's gradients stand for them
-        params = sum(s * n for s, n in grads.items()) // max(1, steps - 1)
+        params = sum(grad_sizes)
     covers = not rep.start_segments
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size")
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
-    return Measured(replay=rep, kinds=kinds, optimizer=recorded_optimizer(snap), parameter_bytes=params,
+    pre_state = _pre_trace_state(snap, rep)
+    state = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == OPT_STATE) + sum(b for _h, b in pre_state)
+    optimizer, inferred = recorded_optimizer(snap), False
+    if optimizer is None:
+        optimizer, inferred = infer_optimizer(state, sum(grad_sizes))
+        if optimizer is not None:
+            notes.append(f"the optimizer is not named in the trace (its state predates it): read as {optimizer} "
+                         f"from its state, {state / max(1, sum(grad_sizes)):.2f}x one step's gradients")
+    return Measured(replay=rep, kinds=kinds, optimizer=optimizer, parameter_bytes=params,
                     cast_share=round(share, 3), steps=steps, covers_start=covers,
-                    recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes)
+                    recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
+                    gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
+                    pre_state=tuple(pre_state), optimizer_inferred=inferred)
+
+
+def _step_gradients(prog, op_event, trace, kinds, size_of) -> list[int]:
+    """The sizes of one whole step's gradients: of the gradients freed in each `zero_grad` (one per
+    optimizer step), the step that freed the most bytes (a trace that starts mid-step sees part of one)."""
+    episode, in_opt, n = [0] * len(trace), False, 0
+    for i, ev in enumerate(trace):
+        if ev.frames and ev.action in ("alloc", "free_requested"):
+            opt = fr.is_optimizer(ev.frames)
+            n += opt and not in_opt
+            in_opt = opt
+        episode[i] = n
+    per: dict[int, list[int]] = {}
+    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
+        if op == OP_FREE and kinds[h] == GRADIENTS and size_of[h] and 0 <= op_event[i] < len(trace):
+            per.setdefault(episode[op_event[i]], []).append(size_of[h])
+    return max(per.values(), key=sum) if per else []
+
+
+def _pre_trace_state(snap: Snapshot, rep) -> list[tuple[int, int]]:
+    """(handle, requested bytes) of the blocks live before the trace began that optimizer code
+    allocated (their frames, kept with the block: recording was on when the state was made)."""
+    live = {b.address: b for seg in snap.segments for b in seg.blocks if b.state != "inactive"}
+    out = []
+    for addr, h, req, _stream in rep.start_live:
+        b = live.get(addr)
+        if b is not None and b.requested_size == req and b.frames and fr.is_optimizer(b.frames):
+            out.append((h, req))
+    return out
+
+
+def infer_optimizer(state_bytes: int, gradient_bytes: int) -> tuple[str | None, bool]:
+    """The optimizer a trace does not name, from its state's size against one step's gradients:
+    none (plain SGD, or any stateless step), one copy (SGD with momentum) or two (Adam/AdamW), within
+    STATE_INFER_TOLERANCE. (None, False) when the gradients are unknown or the ratio is none of these."""
+    if gradient_bytes <= 0:
+        return None, False
+    ratio = state_bytes / gradient_bytes
+    for name, mult in (("sgd", 0.0), ("sgd_momentum", 1.0), ("adam", 2.0)):
+        if abs(ratio - mult) <= STATE_INFER_TOLERANCE:
+            return name, True
+    return None, False
 
 
 def is_workspace(size: int) -> bool:
@@ -267,44 +339,112 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
     return out
 
 
-def _program(m: Measured, sizes: list[int], extra_state: int) -> Program:
-    prog = m.replay.program
-    if extra_state <= 0:
-        return Program(ops=prog.ops, hid=prog.hid, size=sizes, stream=prog.stream, n_handles=prog.n_handles)
-    # the new optimizer keeps state the recorded one did not: one block at its first step, never freed
-    first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
-                  if op == OP_ALLOC and m.kinds[h] in (OPT_STATE, OPT_TEMP)), len(prog.ops))
-    h = prog.n_handles
-    return Program(ops=[*prog.ops[:first], OP_ALLOC, *prog.ops[first:]],
-                   hid=[*prog.hid[:first], h, *prog.hid[first:]],
-                   size=[*sizes[:first], extra_state, *sizes[first:]],
-                   stream=[*prog.stream[:first], 0, *prog.stream[first:]], n_handles=h + 1)
+@dataclass(frozen=True)
+class StatePlan:
+    """How another optimizer's state changes the program: the recorded optimizer's allocations in the
+    trace x `ratio`; the state blocks live before the trace freed at its start and `pre_new` allocated
+    in their place; `first_new` allocated at the first optimizer step (state the recorded one did not
+    keep)."""
+
+    ratio: float = 1.0
+    pre_new: tuple = ()
+    first_new: tuple = ()
+
+    @property
+    def changes(self) -> bool:
+        return self.ratio != 1.0 or bool(self.pre_new) or bool(self.first_new)
 
 
-def state_change(m: Measured, optimizer: str | None) -> tuple[float, int]:
-    """(ratio applied to the recorded optimizer's allocations, bytes of new state it did not keep)."""
+def state_plan(m: Measured, optimizer: str | None) -> StatePlan:
+    """The new optimizer's state, re-sized from the parameters it trains: STATE_MULTIPLE x each
+    gradient's bytes (one step's gradients are the trainable parameters), in place of the recorded
+    state, whether the trace allocated it or it was live before the trace began."""
     if optimizer is None or optimizer == m.optimizer:
-        return 1.0, 0
+        return StatePlan()
     if optimizer not in STATE_MULTIPLE:
         raise ValueError(f"unknown optimizer {optimizer!r}: one of {', '.join(OPTIMIZER_NAMES)}")
     if m.optimizer is None:
-        raise NotAssessable("the trace shows no optimizer step, so there is no state to rescale")
+        raise NotAssessable(f"the trace holds {m.steps} optimizer steps but neither names its optimizer nor shows "
+                            "state of a known size or gradients to size a new one from")
     old, new = STATE_MULTIPLE[m.optimizer], STATE_MULTIPLE[optimizer]
-    if old > 0:
-        return new / old, 0
-    return 0.0 if new == 0 else 1.0, int(new * m.parameter_bytes)
+    ratio = new / old if old > 0 else 1.0
+    pre_new = tuple(max(1, int(b * ratio)) for _h, b in m.pre_state if ratio > 0)
+    first_new: tuple = ()
+    if old == 0 and new > 0:
+        sizes = m.gradient_sizes or ((m.parameter_bytes,) if m.parameter_bytes else ())
+        if not sizes:
+            raise NotAssessable("the trace shows no gradients to size the new optimizer's state from")
+        first_new = tuple(max(1, int(g * new)) for g in sizes)
+    elif old > 0 and not m.state_bytes and m.gradient_sizes:
+        # a named optimizer whose state the snapshot does not show (made before the trace, its blocks
+        # without frames): the difference, one block per gradient, at the first step
+        if new > old:
+            first_new = tuple(max(1, int(g * (new - old))) for g in m.gradient_sizes)
+    return StatePlan(ratio=ratio, pre_new=pre_new, first_new=first_new)
 
 
-def _model(m: Measured, limit: int | None) -> AllocatorModel:
+def _program(m: Measured, sizes: list[int], plan: StatePlan) -> Program:
+    prog = m.replay.program
+    replace_pre = plan.ratio != 1.0 and bool(m.pre_state)
+    if not replace_pre and not plan.first_new:
+        return Program(ops=prog.ops, hid=prog.hid, size=sizes, stream=prog.stream, n_handles=prog.n_handles)
+    ops, hid, size, stream = [], [], [], []
+    n = prog.n_handles
+    if replace_pre:
+        # The recorded state made before the trace, replaced by the new one's: freed, the segments that
+        # held it released (a run with the other optimizer never reserved them), the new state allocated;
+        # the peak is counted from there (PREFIX_OPS ops, see _run).
+        for h, _b in m.pre_state:
+            ops.append(OP_FREE), hid.append(h), size.append(0), stream.append(0)
+        ops.append(OP_EMPTY_CACHE), hid.append(-1), size.append(0), stream.append(0)
+        for b in plan.pre_new:
+            ops.append(OP_ALLOC), hid.append(n), size.append(b), stream.append(0)
+            n += 1
+    prefix = len(ops)
+    first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+                  if op == OP_ALLOC and m.kinds[h] in (OPT_STATE, OPT_TEMP)), None)
+    if first is None:  # an optimizer that allocates nothing: before the first gradient is freed
+        first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+                      if op == OP_FREE and m.kinds[h] == GRADIENTS), len(prog.ops))
+    ops += prog.ops[:first]
+    hid += prog.hid[:first]
+    size += sizes[:first]
+    stream += prog.stream[:first]
+    for b in plan.first_new:
+        ops.append(OP_ALLOC), hid.append(n), size.append(b), stream.append(0)
+        n += 1
+    ops += prog.ops[first:]
+    hid += prog.hid[first:]
+    size += sizes[first:]
+    stream += prog.stream[first:]
+    out = Program(ops=ops, hid=hid, size=size, stream=stream, n_handles=n)
+    out.prefix = prefix  # type: ignore[attr-defined]
+    return out
+
+
+def _slice(prog: Program, a: int, b: int) -> Program:
+    return Program(ops=prog.ops[a:b], hid=prog.hid[a:b], size=prog.size[a:b], stream=prog.stream[a:b],
+                   n_handles=prog.n_handles)
+
+
+def _model(m: Measured, limit: int | None, n_handles: int) -> AllocatorModel:
     rep = m.replay
-    model = AllocatorModel(rep.recorded_config, limit, n_handles=rep.program.n_handles + 1)
+    model = AllocatorModel(rep.recorded_config, limit, n_handles=n_handles)
     model.load(rep.start_segments)
     return model
 
 
 def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: bool = True):
     try:
-        return _model(m, limit).run(prog, stop_at_oom=stop_at_oom)
+        model = _model(m, limit, prog.n_handles)
+        pre = getattr(prog, "prefix", 0)
+        if pre:  # the recorded state replaced before the trace: the peak counts from there
+            head = model.run(_slice(prog, 0, pre), stop_at_oom=stop_at_oom)
+            if head.oom_op is not None and stop_at_oom:
+                return head
+            model.peak = model.reserved
+            return model.run(_slice(prog, pre, len(prog.ops)), stop_at_oom=stop_at_oom)
+        return model.run(prog, stop_at_oom=stop_at_oom)
     except (TypeError, IndexError, KeyError, ValueError) as exc:
         # the model's address space is sized for the recorded run: an expandable segment grown far past
         # what the run mapped has no recorded neighbour to grow into
@@ -313,18 +453,22 @@ def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: b
 
 
 def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
-    ratio, extra = state_change(m, optimizer)
-    sizes = scaled_sizes(m, k, ratio)
-    prog = _program(m, sizes, extra)
+    plan = state_plan(m, optimizer)
+    sizes = scaled_sizes(m, k, plan.ratio)
+    prog = _program(m, sizes, plan)
     sim = _run(m, None, prog, k, stop_at_oom=False)
-    kinds = [*m.kinds, OPT_STATE]
+    kinds = [*m.kinds, *[OPT_STATE] * (prog.n_handles - len(m.kinds))]
     by_kind = [0] * len(KIND_NAMES)
+    held: dict[int, int] = {}
     for _addr, h, req, _stream in m.replay.start_live:
         by_kind[kinds[h]] += req
-    held: dict[int, int] = {}
+        held[h] = req  # live before the trace: its free in the trace lowers the level
     level = sum(by_kind)
     peak, at_peak = level, list(by_kind)
-    for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True):
+    pre = getattr(prog, "prefix", 0)
+    for i, (op, h, s) in enumerate(zip(prog.ops, prog.hid, prog.size, strict=True)):
+        if i == pre and pre:  # the recorded state replaced: the peak counts from here
+            peak, at_peak = level, list(by_kind)
         if op == OP_ALLOC:
             held[h] = s
             by_kind[kinds[h]] += s
@@ -337,7 +481,7 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
             level -= s
     comp = {KIND_NAMES[i]: n for i, n in enumerate(at_peak) if n > 0}
     reserved = sim.peak_reserved
-    if k == 1.0 and ratio == 1.0 and not extra:
+    if k == 1.0 and not plan.changes:
         # the measured shape: what the run reserved is measured (the model, which does not know where
         # the driver placed each segment, can pack the same requests tighter)
         reserved = m.recorded_peak or reserved
@@ -346,8 +490,8 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
 
 def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool:
     """Does the model serve every request at scale k under `limit` (cache freed and retried first)?"""
-    ratio, extra = state_change(m, optimizer)
-    prog = _program(m, scaled_sizes(m, k, ratio), extra)
+    plan = state_plan(m, optimizer)
+    prog = _program(m, scaled_sizes(m, k, plan.ratio), plan)
     return _run(m, limit, prog, k).oom_op is None
 
 
@@ -384,6 +528,32 @@ def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None) ->
     if not fits_under(m, k, int(limit * (1 + FIT_MARGIN)), optimizer):
         return False
     return None
+
+
+def decide_fits(m: Measured, k: float, limit: int, low: int, high: int,
+                optimizer: str | None = None) -> tuple[bool | None, str]:
+    """`fits` and why. The interval [low, high] is the peak reserved without a cap: wholly under the
+    limit, it fits; straddling it, null (the interval cannot tell); wholly over it, the model runs
+    under the limit (a cap makes the allocator free its cache and retry, so a run may fit a cap below
+    its uncapped peak): true when it serves every request under the limit less the margin, false
+    when it fails even the limit plus the margin, else null."""
+    gib = 1 << 30
+    span = f"{low / gib:.2f}-{high / gib:.2f} GiB"
+    if high <= limit:
+        return True, f"the predicted peak reserved, {span}, is under the {limit / gib:.2f} GiB limit"
+    if low <= limit:
+        return None, (f"the predicted peak reserved, {span}, straddles the {limit / gib:.2f} GiB limit: within the "
+                      f"+/-{FIT_MARGIN:.0%} interval it may or may not fit (a run at this shape, or a smaller one, "
+                      "settles it)")
+    t = tri_fits(m, k, limit, optimizer)
+    if t is True:
+        return True, (f"uncapped it would reserve {span}, over the limit; under the cap the allocator frees its "
+                      f"cache and retries, and the model serves every request under the limit less {FIT_MARGIN:.0%}")
+    if t is False:
+        return False, (f"the predicted peak reserved, {span}, is over the {limit / gib:.2f} GiB limit, and the model "
+                       f"runs out of memory even under the limit plus {FIT_MARGIN:.0%} (cache freed and retried)")
+    return None, (f"uncapped it would reserve {span}, over the limit; whether the allocator, freeing its cache "
+                  f"under the cap, serves every request changes within +/-{FIT_MARGIN:.0%} of the limit")
 
 
 def dominant(pred: Prediction, n: int = 3) -> list[dict]:
@@ -445,20 +615,26 @@ def answer(m: Measured, q: Question) -> dict:
         "peak_allocated_bytes": pred.peak_allocated,
         "scale": round(k, 4), "batch": q.batch, "from_batch": q.from_batch, "seq": q.seq, "from_seq": q.from_seq,
         "limit_bytes": q.limit, "limit_source": q.limit_source if q.limit is not None else None,
-        "fits": None, "headroom_bytes": None, "max_batch": None, "max_batch_low": None, "max_batch_high": None,
-        "max_seq": None, "max_scale": None,
+        "fits": None, "fits_reason": None, "headroom_bytes": None, "headroom_low": None, "headroom_high": None,
+        "max_batch": None, "max_batch_low": None, "max_batch_high": None,
+        "max_seq": None, "max_seq_low": None, "max_seq_high": None,
+        "max_scale": None, "max_scale_low": None, "max_scale_high": None,
         "optimizer": {"recorded": m.optimizer, "predicted": q.optimizer or m.optimizer,
                       "state_multiple": STATE_MULTIPLE.get(q.optimizer or m.optimizer or "", None)},
         "dominant": dominant(pred),
         "composition": pred.composition,
         "measured": {"peak_bytes": base.peak_reserved, "peak_allocated_bytes": base.peak_allocated,
-                     "optimizer_steps": m.steps, "trace_from_start": m.covers_start,
+                     "optimizer_steps": m.steps, "optimizer_inferred": m.optimizer_inferred,
+                     "trace_from_start": m.covers_start,
                      "autocast_copy_share": m.cast_share},
         "notes": list(m.notes),
     }
-    if q.limit is not None:
-        out["fits"] = tri_fits(m, k, q.limit, q.optimizer)
+    if q.limit is None:
+        out["fits_reason"] = "no limit known: give --limit SIZE or --gpu NAME"
+    else:
+        out["fits"], out["fits_reason"] = decide_fits(m, k, q.limit, low, high, q.optimizer)
         out["headroom_bytes"] = q.limit - pred.peak_reserved
+        out["headroom_low"], out["headroom_high"] = q.limit - high, q.limit - low
         unit, unit0, other = _search_unit(q)
         if unit is not None:
             best = {tag: largest_unit(m, unit0, int(q.limit * f), q.optimizer, other)
@@ -466,7 +642,8 @@ def answer(m: Measured, q: Question) -> dict:
             for tag, v in best.items():
                 out[f"max_{unit}{tag}"] = v
         scale_units = 1000
-        out["max_scale"] = round(largest_unit(m, scale_units, q.limit, q.optimizer) / scale_units, 3)
+        for tag, f in (("", 1.0), ("_low", 1 - FIT_MARGIN), ("_high", 1 + FIT_MARGIN)):
+            out[f"max_scale{tag}"] = round(largest_unit(m, scale_units, int(q.limit * f), q.optimizer) / scale_units, 3)
     out["basis"] = _basis(m, q, out)
     return out
 
@@ -534,10 +711,17 @@ def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
     peak = curve[0][1]
     out = {"peak_bytes": peak, "low": int(peak * (1 - FIT_MARGIN)), "high": int(peak * (1 + FIT_MARGIN)),
            "peak_allocated_bytes": curve_doc.get("peak_allocated_bytes"), "limit_bytes": limit, "fits": None,
-           "max_scale": None, "dominant": curve_doc.get("dominant"), "optimizer": curve_doc.get("optimizer")}
+           "fits_reason": None, "max_scale": None, "dominant": curve_doc.get("dominant"),
+           "optimizer": curve_doc.get("optimizer")}
+    gib = 1 << 30
+    span = f"{out['low'] / gib:.2f}-{out['high'] / gib:.2f} GiB"
     if not limit:
+        out["fits_reason"] = "the run's limit is not known (the agent reports its cap; `memq reanalyze --limit`)"
         return out
     out["fits"] = True if out["high"] <= limit else False if out["low"] > limit else None
+    out["fits_reason"] = (f"its peak reserved, {span}, is " + {True: "under", False: "over",
+                                                                None: "straddling"}[out["fits"]]
+                          + f" the {limit / gib:.2f} GiB limit")
     if peak > limit:
         out["max_scale"] = int(limit / peak * 100) / 100  # below the measured input: proportional
         return out
