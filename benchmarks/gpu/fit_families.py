@@ -16,7 +16,7 @@ data per run, in its own process:
 | bert_mlm | BERT-like encoder (d 512 x 6, vocabulary 30,522), MLM on 15% | fp32 | AdamW | 16 x 128 |
 | gpt_compile | GPT-like decoder (d 512 x 6, vocabulary 32,000), torch.compile | bf16 autocast | AdamW | 8 x 256 |
 | moe_lm | decoder with a top-2 routed FFN (8 experts), d 384 x 4 | fp32 | AdamW | 8 x 256 |
-| unet_diff | diffusion UNet (64 px, GroupNorm res blocks, attention at 16 px, timestep embedding) | bf16 autocast | AdamW | 8 images |
+| unet_diff | diffusion UNet, 64 px, GroupNorm res blocks, attention at 16 px, timesteps | bf16 autocast | AdamW | 8 images |
 | lora_gpt | GPT d 768 x 8, base frozen, rank-16 LoRA adapters trained | bf16 autocast | AdamW | 4 x 256 |
 | lstm_lm | 2-layer LSTM LM (cuDNN), hidden 1024 | fp32 | Adam | 16 x 128 |
 | seq2seq | nn.Transformer encoder-decoder (d 512, 4 + 4 layers) | fp32 | AdamW | 16 x 128 |
@@ -30,8 +30,9 @@ Per family, in this order (jobs of one stage in parallel, at most --parallel pro
 2. the cap halfway between the 4x and 8x runs' peak reserved, and the largest batch that trains under it,
    bisected between 4x and 8x, up to three capped processes a round placed around the straight line
    through the 4x and 8x peaks; then the answer and the next batch both run under the cap.
-Uncapped runs (not the two recordings) are fenced at FENCE_BYTES (set_per_process_memory_fraction) so that parallel processes
-cannot take each other's memory: a run that reaches the fence is an OOM at the fence, noted as such.
+Uncapped runs (not the two recordings) are fenced at FENCE_BYTES (set_per_process_memory_fraction) so
+that parallel processes cannot take each other's memory: a run that reaches the fence is an OOM at the
+fence, noted as such.
 Results: DIR/summary.json, rewritten after every job (a cut-short run keeps what it finished);
 DIR/results/*.json one per job; `split` in the summary says which families tune and which are held back.
 """

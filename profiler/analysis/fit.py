@@ -281,6 +281,28 @@ def infer_optimizer(state_bytes: int, gradient_bytes: int) -> tuple[str | None, 
     return None, False
 
 
+def choose(snaps: list[Snapshot]) -> tuple[int, str]:
+    """Which of one run's snapshots (oldest first) to measure from, and why: the earliest whose trace
+    starts at an empty allocator and holds a whole training step (two optimizer steps: the agent's
+    warm-up recording); else the earliest holding a whole step mid-run (of a leaking job, the least
+    grown: a later, longer recording window holds the leak's bytes as well as a step's); else the
+    longest trace (the earliest of equals), which `classify` refuses with the reason."""
+    stepped = [i for i, s in enumerate(snaps) if s.trace and optimizer_steps(s.trace) >= 2]
+    for i in stepped:
+        try:
+            m = classify(snaps[i])
+        except NotAssessable:
+            continue
+        if m.covers_start:
+            return i, f"its trace starts at an empty allocator and holds {m.steps} optimizer steps"
+    if stepped:
+        i = stepped[0]
+        return i, (f"its trace holds {optimizer_steps(snaps[i].trace)} optimizer steps from mid-run (no trace of the "
+                   "run's start holds two): the earliest such")
+    pick = max(range(len(snaps)), key=lambda i: (len(snaps[i].trace), -i))
+    return pick, "its longest trace"
+
+
 def is_workspace(size: int) -> bool:
     """A frameless allocation of this many bytes reads as a library workspace (WORKSPACE_ODD)."""
     return size >= MIN_BYTES and size % WORKSPACE_ODD == 1
@@ -699,6 +721,28 @@ def own_curve(snap: Snapshot) -> dict | None:
             break  # the curve ends where the model can no longer follow
     return {"curve": curve, "peak_allocated_bytes": base.peak_allocated, "dominant": dominant(base),
             "optimizer": m.optimizer, "optimizer_steps": m.steps}
+
+
+def own_curve_reason(snap: Snapshot) -> str:
+    """Why `own_curve` gave nothing for a snapshot with a trace."""
+    try:
+        m = classify(snap)
+        predict(m, 1.0)
+    except NotAssessable as exc:
+        return str(exc)
+    return "the trace could not be replayed"
+
+
+def missing_reason(reasons: list[tuple[str, str | None]]) -> str:
+    """A run's `fit_reason` when it has no `fit`: (snapshot name, its reason) of each snapshot, oldest
+    first; the reason of the latest snapshot that has a trace, else that none has one."""
+    traced = [(n, r) for n, r in reasons if r and not r.startswith("no trace")]
+    if not traced:
+        return (f"none of the run's {len(reasons)} snapshot(s) has a trace: memq fit replays a recorded training "
+                "step (the agent records the warm-up at its defaults, history=\"auto\"; history=\"off\" records "
+                "none)")
+    name, why = traced[-1]
+    return f"no snapshot of the run holds a whole training step from its start; the latest traced one ({name}): {why}"
 
 
 def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:

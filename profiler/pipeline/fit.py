@@ -41,7 +41,9 @@ def fit_for_run(store, run_name: str, rank: int | None, question) -> dict:
         src = fit_source(s, run_name, rank)
     snap = load_blob(store, src.sha256, src.source).snapshot
     step = f" step {src.step}" if src.step is not None else ""
-    where = f"run {run_name} rank {src.rank}, snapshot {src.snapshot_id}{step} ({src.trace_entries} trace entries)"
+    why = f": {src.chosen}" if src.chosen else ""
+    where = (f"run {run_name} rank {src.rank}, snapshot {src.snapshot_id}{step} ({src.trace_entries} trace "
+             f"entries{why})")
     doc = answer_for(snap, where, question, (src.limit_bytes, src.limit_source))
     doc["run"], doc["rank"], doc["snapshot_id"] = run_name, src.rank, src.snapshot_id
     return doc

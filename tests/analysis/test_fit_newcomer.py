@@ -1,0 +1,163 @@
+"""What a first user of `memq fit` ran into (issue 40), each on the real trace that showed it:
+- `--optimizer` on a trace that starts mid-run (its optimizer state made before the trace) changed
+  nothing: the state is now re-sized from one step's gradients, whether the trace made it or not,
+  with 8-bit state below 32-bit and SGD below AdamW;
+- the same file read "3 optimizer steps", and with `--optimizer` "no optimizer step": an optimizer the
+  trace does not name is read from its state's size;
+- `fits` was true while the interval straddled the limit: now null there, with the reason;
+- every figure of the answer has its interval (the headroom, the largest scale, the largest batch);
+- a run's snapshots: the trace measured is one that holds a whole clean step, not the longest."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from memq.analysis import fit
+from memq.load import load_snapshot_file
+from tests.analysis.agent_data import spool_run
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
+# GPT bf16, AdamW, a history="on" job with max_entries 8000: each epoch-end trace starts mid-run, the
+# Adam state made at step 1, long before it (tests/fixtures/captured/README.md, leak_epochs)
+ADAM_MID_RUN = FIX / "captured" / "leak_epochs" / "epoch2.pickle.gz"
+# GPT bf16, SGD with momentum, max_entries 8000: mid-run, and SGD allocates nothing in its step, so no
+# frame in the trace names the optimizer (tests/fixtures/real/README.md, seed_sgd)
+SGD_MID_RUN = FIX / "real" / "seed_sgd" / "epoch0.pickle.gz"
+
+
+@cache
+def snap(path: Path):
+    return load_snapshot_file(str(path), max_bytes=1 << 31).snapshot
+
+
+@cache
+def measured(path: Path) -> fit.Measured:
+    return fit.classify(snap(path))
+
+
+@cache
+def warmup(model: str) -> fit.Measured:
+    snaps, _ctx, _trig = spool_run(next((FIX / "fit" / model / "defaults").iterdir()))
+    return fit.classify(next(s for s in snaps if s.trace))
+
+
+def peak(m: fit.Measured, optimizer: str | None, k: float = 1.0) -> int:
+    return fit.predict(m, k, optimizer).peak_reserved
+
+
+def test_optimizer_change_on_a_mid_run_trace_resizes_the_state_made_before_it():
+    m = measured(ADAM_MID_RUN)
+    assert not m.covers_start and m.optimizer == "adam" and not m.optimizer_inferred
+    # the state is the blocks live before the trace that optimizer code made: two per gradient
+    assert m.pre_state and m.state_bytes == pytest.approx(2 * m.gradient_bytes, rel=0.01)
+    adamw, sgd, momentum, eight = (peak(m, o) for o in ("adamw", "sgd", "sgd_momentum", "adamw_8bit"))
+    assert adamw == peak(m, None)  # Adam and AdamW keep the same state
+    assert sgd < momentum < adamw and eight < adamw
+    # what SGD saves is at most the state it drops (the model packs the rest as the allocator does)
+    assert adamw - sgd <= m.state_bytes * (1 + fit.FIT_MARGIN)
+
+
+def test_optimizer_change_on_the_warm_up_trace_orders_the_optimizers():
+    m = warmup("gpt_m")
+    assert m.covers_start and m.optimizer == "adamw"
+    got = {o: peak(m, o, 4.0) for o in ("sgd", "adafactor", "adamw_8bit", "sgd_momentum", "adamw")}
+    assert got["sgd"] == got["adafactor"] < got["adamw_8bit"] < got["sgd_momentum"] < got["adamw"]
+    # from a stateless optimizer back to one with state: one block per gradient at the first step
+    sgd = fit.Measured(**{**m.__dict__, "optimizer": "sgd"})
+    assert fit.state_plan(sgd, "adamw").first_new == tuple(2 * g for g in m.gradient_sizes)
+
+
+def test_one_answer_on_optimizer_steps_per_file():
+    """The file that read "3 optimizer steps" without --optimizer and "no optimizer step" with it."""
+    m = measured(SGD_MID_RUN)
+    assert m.steps == 3 and fit.recorded_optimizer(snap(SGD_MID_RUN)) is None
+    assert m.optimizer == "sgd_momentum" and m.optimizer_inferred
+    assert any("not named in the trace" in n for n in m.notes)
+    base = fit.answer(m, fit.Question())
+    other = fit.answer(m, fit.Question(optimizer="adamw"))
+    assert base["measured"]["optimizer_steps"] == other["measured"]["optimizer_steps"] == 3
+    assert other["optimizer"] == {"recorded": "sgd_momentum", "predicted": "adamw", "state_multiple": 2.0}
+    assert peak(m, "sgd") < base["peak_bytes"] < other["peak_bytes"]
+
+
+def test_state_inference_boundary():
+    """0, 1 or 2 copies of the gradients within STATE_INFER_TOLERANCE; between them, unnamed."""
+    g = 1000
+    tol = fit.STATE_INFER_TOLERANCE
+    assert fit.infer_optimizer(int(g * (1 + tol)) - 1, g) == ("sgd_momentum", True)
+    assert fit.infer_optimizer(int(g * (1 + tol)) + 2, g) == (None, False)
+    assert fit.infer_optimizer(int(g * (2 - tol)) + 1, g) == ("adam", True)
+    assert fit.infer_optimizer(int(g * tol) - 1, g) == ("sgd", True)
+    assert fit.infer_optimizer(int(g * tol) + 2, g) == (None, False)
+    assert fit.infer_optimizer(500, 0) == (None, False)
+    # measured: the SGD-momentum run's state is one copy, the Adam run's two
+    for path, mult in ((SGD_MID_RUN, 1.0), (ADAM_MID_RUN, 2.0)):
+        m = measured(path)
+        assert abs(m.state_bytes / m.gradient_bytes - mult) < 0.02
+
+
+def test_fits_is_null_whenever_the_interval_straddles_the_limit():
+    m = warmup("gpt_m")
+    doc = fit.answer(m, fit.Question(batch=16, from_batch=2))
+    low, high = doc["low"], doc["high"]
+    inside = (low + high) // 2
+    # the model serves batch 16 under this limit (it frees its cache and retries) ...
+    assert fit.fits_under(m, 8.0, inside)
+    # ... yet the interval straddles it: null, and why
+    got = fit.answer(m, fit.Question(batch=16, from_batch=2, limit=inside))
+    assert got["fits"] is None and "straddles" in got["fits_reason"]
+    assert fit.answer(m, fit.Question(batch=16, from_batch=2, limit=low))["fits"] is None  # low <= limit
+    assert fit.answer(m, fit.Question(batch=16, from_batch=2, limit=high))["fits"] is True  # high <= limit
+    under = fit.answer(m, fit.Question(batch=16, from_batch=2, limit=int(low * 0.9)))
+    assert under["fits"] is False and "over" in under["fits_reason"]
+
+
+def test_every_answer_has_its_interval():
+    from memq.gpus import gpu_limit
+
+    m = warmup("gpt_m")
+    limit, source = gpu_limit("RTX 4090")
+    doc = fit.answer(m, fit.Question(limit=limit, limit_source=source))
+    assert doc["low"] < doc["peak_bytes"] < doc["high"]
+    assert doc["fits"] is True and "under" in doc["fits_reason"]
+    assert doc["headroom_low"] < doc["headroom_bytes"] < doc["headroom_high"]
+    assert doc["max_scale_low"] <= doc["max_scale"] <= doc["max_scale_high"]
+    assert doc["max_scale_low"] < doc["max_scale_high"]
+    from memq.render.fit_text import render_fit
+
+    text = render_fit(dict(doc, source="x"))
+    assert "headroom in input units: " in text and "x within the interval)" in text
+    batch = fit.answer(m, fit.Question(batch=8, from_batch=2, limit=limit, limit_source=source))
+    assert batch["max_batch_low"] <= batch["max_batch"] <= batch["max_batch_high"]
+    assert "within the interval)" in render_fit(dict(batch, source="x")).splitlines()[0]
+
+
+def test_choose_takes_the_warm_up_not_the_longer_window_of_a_leaking_job():
+    """val_logits keeps every validation step's logits (a leak): the agent's growth windows recorded
+    later hold 21,000 trace entries mid-run, its warm-up 5,258 from the start."""
+    snaps, _ctx, _trig = spool_run(next((FIX / "forecast" / "val_logits" / "defaults").iterdir()))
+    longest = max(range(len(snaps)), key=lambda i: len(snaps[i].trace))
+    i, why = fit.choose(snaps)
+    assert i == 0 != longest and len(snaps[longest].trace) > 4 * len(snaps[0].trace)
+    assert "starts at an empty allocator" in why and fit.classify(snaps[i]).covers_start
+    # without the warm-up, the earliest mid-run trace of a whole step (the least grown)
+    rest = snaps[1:]
+    j, why = fit.choose(rest)
+    assert "mid-run" in why and fit.optimizer_steps(rest[j].trace) >= 2
+    assert all(fit.optimizer_steps(s.trace) < 2 for s in rest[:j])
+
+
+def test_a_run_without_fit_says_why():
+    from memq.analysis import analyze
+
+    no_trace = [s for s in spool_run(next((FIX / "fit" / "gpt_s" / "defaults").iterdir()))[0] if not s.trace]
+    res = analyze(no_trace[:1])
+    assert res["fit"] is None and "has a trace" in res["fit_reason"]
+    res = analyze([snap(ADAM_MID_RUN)], names=["epoch2"])
+    assert res["fit"] is None and "starts mid-run" in res["fit_reason"] and "epoch2" in res["fit_reason"]
+    warm = [s for s in spool_run(next((FIX / "fit" / "gpt_s" / "defaults").iterdir()))[0]]
+    res = analyze(warm)
+    assert res["fit"] is not None and res["fit_reason"] is None
