@@ -16,7 +16,7 @@ data per run, in its own process:
 | bert_mlm | BERT-like encoder (d 512 x 6, vocabulary 30,522), MLM on 15% | fp32 | AdamW | 16 x 128 |
 | gpt_compile | GPT-like decoder (d 512 x 6, vocabulary 32,000), torch.compile | bf16 autocast | AdamW | 8 x 256 |
 | moe_lm | decoder with a top-2 routed FFN (8 experts), d 384 x 4 | fp32 | AdamW | 8 x 256 |
-| unet_diff | diffusion UNet, 64 px, GroupNorm res blocks, attention at 16 px, timesteps | bf16 autocast | AdamW | 8 images |
+| unet_diff | diffusion UNet, 64 px, GroupNorm res blocks, attention at 16 px | bf16 autocast | AdamW | 8 images |
 | lora_gpt | GPT d 768 x 8, base frozen, rank-16 LoRA adapters trained | bf16 autocast | AdamW | 4 x 256 |
 | lstm_lm | 2-layer LSTM LM (cuDNN), hidden 1024 | fp32 | Adam | 16 x 128 |
 | seq2seq | nn.Transformer encoder-decoder (d 512, 4 + 4 layers) | fp32 | AdamW | 16 x 128 |
