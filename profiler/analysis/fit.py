@@ -204,15 +204,8 @@ def classify(snap: Snapshot) -> Measured:
             kinds[h] = GRAD_TEMP
         elif is_workspace(size_of[h]):
             kinds[h] = WORKSPACE
-    copies = _cast_copies(trace, kinds, size_of, ev_of, {s // 2 for s in big})
-    covered = {size_of[h] * 2 for h in copies}
-    total = sum(s * n for s, n in grads.items() if s in big)
-    share = sum(s * n for s, n in grads.items() if s in covered) / total if total else 0.0
-    notes = []
-    if share >= CAST_COVERAGE:
-        for h in copies:
-            kinds[h] = CAST_COPY
-        notes.append(f"autocast weight copies found for {share:.0%} of the gradients' bytes: held at their size")
+    notes: list[str] = []
+    share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
     params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
@@ -317,6 +310,55 @@ def optimizer_steps(trace) -> int:
             steps += opt and not in_opt
             in_opt = opt
     return steps
+
+
+def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes) -> float:
+    """Mark autocast's weight copies (CAST_COPY); returns the share of the weights' bytes they cover.
+
+    What autocast was doing is taken, first rule first, from: the agent, which read CUDA autocast's state
+    at the first forward (`off`: no copies at all, whatever sizes coincide; a dtype: the copies found are
+    held without the coverage test); the C++ frames of a trace recorded with stacks="all" (an allocation
+    under `autocast::cached_cast` is a cast); else the copies are held only when they cover at least
+    CAST_COVERAGE of the gradients' bytes (a float32 model's activations match half a weight's size often
+    enough: 0.27 and 0.48 of the gradients on the calibration set's float32 GPTs). The weights are the
+    gradients' sizes and the parameters' (a frozen base, as in a LoRA fine-tune, has no gradients)."""
+    state = snap.agent.autocast if snap.agent is not None else None
+    if state == "off":
+        notes.append("autocast was off at the first forward (the agent read it): no weight copies")
+        return 0.0
+    params: dict[int, int] = {}
+    for h in range(len(kinds)):
+        if kinds[h] == PARAMETERS and size_of[h] >= 2 * MIN_BYTES:
+            params[size_of[h]] = params.get(size_of[h], 0) + 1
+    live = {b.address: b for seg in snap.segments for b in seg.blocks if b.state != "inactive"}
+    for addr, _h, req, _stream in rep.start_live:
+        b = live.get(addr)
+        if b is not None and req >= 2 * MIN_BYTES and b.frames and fr.categorize(b.frames) == fr.PARAMETERS:
+            params[req] = params.get(req, 0) + 1
+    big_all = set(big) | set(params)
+    halves = {s // 2 for s in big_all}
+    copies = set(_cast_copies(trace, kinds, size_of, ev_of, halves))
+    cxx = False
+    for h in range(len(kinds)):  # stacks="all": autocast's own frame names the cast
+        if kinds[h] == INPUT and ev_of[h] >= 0 and size_of[h] in halves and _autocast_frame(trace[ev_of[h]].frames):
+            copies.add(h)
+            cxx = True
+    covered = {size_of[h] * 2 for h in copies}
+    counts = {sz: max(grads.get(sz, 0), params.get(sz, 0)) for sz in big_all}
+    total = sum(sz * n for sz, n in counts.items())
+    share = sum(sz * n for sz, n in counts.items() if sz in covered) / total if total else 0.0
+    told = state not in (None, "off") or cxx
+    if copies and (told or share >= CAST_COVERAGE):
+        for h in copies:
+            kinds[h] = CAST_COPY
+        why = (f"autocast {state} at the first forward (the agent read it)" if state not in (None, "off") else
+               "autocast's cast in the C++ frames" if cxx else "the copies' coverage")
+        notes.append(f"autocast weight copies found for {share:.0%} of the weights' bytes ({why}): held at their size")
+    return share
+
+
+def _autocast_frame(frames) -> bool:
+    return any("autocast" in frame_name(f) and "cast" in frame_name(f).rsplit("autocast", 1)[-1] for f in frames or ())
 
 
 def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:

@@ -161,3 +161,49 @@ def test_a_run_without_fit_says_why():
     warm = [s for s in spool_run(next((FIX / "fit" / "gpt_s" / "defaults").iterdir()))[0]]
     res = analyze(warm)
     assert res["fit"] is not None and res["fit_reason"] is None
+
+
+def _warmup_raw(model: str) -> dict:
+    """The warm-up snapshot of a calibration spool as the agent sent it (the raw dict)."""
+    from memq import codec
+    from memq.agent.spool import decode
+
+    for f in sorted(next((FIX / "fit" / model / "defaults").iterdir()).rglob("*.mqs")):
+        msg = decode(f.read_bytes())
+        if msg.fields["kind"] == "snapshot":
+            raw = codec.decode(msg.blob)
+            if any(raw.get("device_traces") or []):
+                return raw
+    raise AssertionError(model)
+
+
+def _with_autocast(raw: dict, state: str) -> fit.Measured:
+    from memq.snapshot import parse_snapshot
+
+    d = dict(raw)
+    d["memq_agent"] = dict(raw["memq_agent"], first_input={"module": "GPT", "autocast": state,
+                                                          "shapes": [[4, 256]], "dtypes": ["int64"]})
+    return fit.classify(parse_snapshot(d))
+
+
+def test_the_agents_autocast_state_decides_the_weight_copies(monkeypatch):
+    """bf16 GPT (autocast on): the agent's word holds the copies even where the coverage test alone
+    would not; float32 GPT (autocast off): no copies, though 48% of its weights' bytes have a
+    same-sized activation."""
+    import json
+
+    truth = json.loads((FIX / "fit" / "truth.json").read_text())
+    real = truth["gpt_bf16"]["runs"]["gpt_bf16-b32-t256"]["max_reserved"]
+    monkeypatch.setattr(fit, "CAST_COVERAGE", 1.01)  # the coverage test can no longer pass
+    told = _with_autocast(_warmup_raw("gpt_bf16"), "bfloat16")
+    assert fit.CAST_COPY in told.kinds and "the agent read it" in " ".join(told.notes)
+    assert abs(fit.predict(told, 8).peak_reserved - real) <= fit.FIT_MARGIN * real
+    untold = fit.classify(next(s for s in spool_run(next((FIX / "fit" / "gpt_bf16" / "defaults").iterdir()))[0]
+                               if s.trace))  # the same trace from an agent that did not say
+    assert fit.CAST_COPY not in untold.kinds and untold.cast_share >= 0.9
+    monkeypatch.undo()
+    off = _with_autocast(_warmup_raw("gpt_m"), "off")
+    assert off.cast_share == 0.0 and fit.CAST_COPY not in off.kinds
+    assert warmup("gpt_m").cast_share > 0.4  # the coincidences the test of coverage had to reject
+    real_m = truth["gpt_m"]["runs"]["gpt_m-b16-t256"]["max_reserved"]
+    assert abs(fit.predict(off, 8).peak_reserved - real_m) <= fit.FIT_MARGIN * real_m
