@@ -647,6 +647,30 @@ class Question:
         return k
 
 
+def measured_shape(q: Question, snap: Snapshot) -> tuple[Question, str | None]:
+    """`--from-batch` (and `--from-seq`) when the question leaves them out and the agent read the first
+    forward's input: its first dimension is the batch, and the second, of a 2-D input (token ids), the
+    length. (question, the note saying so) or (question, None)."""
+    from dataclasses import replace
+
+    shapes = snap.agent.input_shapes if snap.agent is not None else ()
+    if not shapes or not shapes[0]:
+        return q, None
+    first = shapes[0]
+    said = []
+    if q.batch is not None and q.from_batch is None:
+        q = replace(q, from_batch=int(first[0]))
+        said.append(f"batch {first[0]}")
+    if q.seq is not None and q.from_seq is None and len(first) == 2:
+        q = replace(q, from_seq=int(first[1]))
+        said.append(f"length {first[1]}")
+    if not said:
+        return q, None
+    module = snap.agent.input_module or "the model"
+    return q, (f"measured {' and '.join(said)}: the agent read {module}'s first input, shape "
+               f"{list(first)} (give --from-batch/--from-seq when that is not the training input)")
+
+
 def check(q: Question) -> None:
     """Refuse contradictory or impossible questions (ValueError, the CLI's bad input)."""
     for name, v in (("--batch", q.batch), ("--from-batch", q.from_batch), ("--seq", q.seq),

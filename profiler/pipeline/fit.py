@@ -22,9 +22,12 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
         else:
             source = fallback_limit[1]
         question = replace(question, limit=limit, limit_source=source if limit is not None else None)
+    question, read = F.measured_shape(question, snap)
     try:
         F.check(question)
         doc = F.answer(F.classify(snap), question)
+        if read:
+            doc["notes"].append(read)
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     except F.NotAssessable as exc:

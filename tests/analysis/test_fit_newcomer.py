@@ -207,3 +207,27 @@ def test_the_agents_autocast_state_decides_the_weight_copies(monkeypatch):
     assert warmup("gpt_m").cast_share > 0.4  # the coincidences the test of coverage had to reject
     real_m = truth["gpt_m"]["runs"]["gpt_m-b16-t256"]["max_reserved"]
     assert abs(fit.predict(off, 8).peak_reserved - real_m) <= fit.FIT_MARGIN * real_m
+
+
+def test_the_measured_batch_comes_from_the_agents_first_input():
+    """gpt_s ran at 4 x 256 (tests/fixtures/fit/truth.json): the agent's first-forward reading gives
+    --from-batch and --from-seq; asked without them, the same answer as with them."""
+    from memq.pipeline.fit import answer_for
+    from memq.snapshot import parse_snapshot
+
+    raw = _warmup_raw("gpt_s")
+    d = dict(raw, memq_agent=dict(raw["memq_agent"], first_input={"module": "GPT", "autocast": "off",
+                                                                  "shapes": [[4, 256]], "dtypes": ["int64"]}))
+    snap = parse_snapshot(d)
+    got = answer_for(snap, "x", fit.Question(batch=16, seq=512), (None, None))
+    want = answer_for(snap, "x", fit.Question(batch=16, from_batch=4, seq=512, from_seq=256), (None, None))
+    assert got["from_batch"] == 4 and got["from_seq"] == 256 and got["peak_bytes"] == want["peak_bytes"]
+    assert any("the agent read GPT's first input, shape [4, 256]" in n for n in got["notes"])
+    # an image batch [16, 3, 224, 224]: the batch only, never a length
+    d["memq_agent"]["first_input"]["shapes"] = [[16, 3, 224, 224]]
+    q, note = fit.measured_shape(fit.Question(batch=32, seq=512), parse_snapshot(d))
+    assert q.from_batch == 16 and q.from_seq is None and "batch 16" in note
+    # no reading: unchanged, and --from-batch is still asked for
+    q, note = fit.measured_shape(fit.Question(batch=32), snap_no_agent := parse_snapshot(
+        {k: v for k, v in raw.items() if k != "memq_agent"}))
+    assert q.from_batch is None and note is None and snap_no_agent.agent is None
