@@ -70,6 +70,19 @@ SCALES_WITH_INPUT = (INPUT,)
 STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0,
                   "adamw_8bit": 0.51}
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
+# What a step (after the first) allocates for a while beyond its state, in multiples of the parameter
+# bytes: the step's own peak above what was live before it, measured in the playbook's optimizer runs
+# (tests/fixtures/playbook/optim_*/result.json `step_extra_peak_bytes`, later steps: AdamW 1.004 (torch's
+# default foreach implementation), Adafactor 0.314, SGD, SGD with momentum and 8-bit AdamW 0). Without
+# them a prediction from SGD to AdamW was 15% low (the same GPT measured with each optimizer).
+TEMP_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 0.0, "adam": 1.0, "adamw": 1.0, "adafactor": 0.31,
+                 "adamw_8bit": 0.0}
+# How many blocks of state each optimizer keeps per parameter (the state multiple split evenly among
+# them): SGD with momentum one buffer, Adam/AdamW two (exp_avg, exp_avg_sq), 8-bit AdamW two quantized
+# ones (and their small scales); Adafactor's factored rows and columns are too small to matter. A state
+# made of the right number of blocks is what the allocator packs: the same bytes in half as many blocks
+# of twice the size packed 15% tighter (SGD with momentum's trace asked for AdamW, tests/fixtures/playbook).
+STATE_BLOCKS = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2, "adafactor": 0, "adamw_8bit": 2}
 # An optimizer the trace does not name (its state was made before the trace, its step allocates
 # nothing) is read from its state's bytes over one step's gradients: 0, 1 or 2 copies, within this much.
 # Measured: 1.00 on the SGD-momentum GPT of tests/fixtures/real/seed_sgd (0.449 GiB of state for
@@ -100,6 +113,7 @@ class Measured:
     state_bytes: int = 0  # the recorded optimizer's state: allocated in the trace or live before it
     pre_state: tuple = ()  # (handle, bytes) of state blocks live before the trace began
     optimizer_inferred: bool = False  # the optimizer was read from its state's size, not named
+    step_ops: tuple = ()  # program op index where each optimizer step begins
 
 
 @dataclass(frozen=True)
@@ -229,7 +243,26 @@ def classify(snap: Snapshot) -> Measured:
                     cast_share=round(share, 3), steps=steps, covers_start=covers,
                     recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
-                    pre_state=tuple(pre_state), optimizer_inferred=inferred)
+                    pre_state=tuple(pre_state), optimizer_inferred=inferred,
+                    step_ops=_step_ops(prog, rep.op_event, trace))
+
+
+def _step_ops(prog, op_event, trace) -> tuple:
+    """The program op at which each optimizer step begins: the first op at or after the step's first
+    entry into optimizer code (an allocation, or a free request: plain SGD allocates nothing)."""
+    starts, in_opt = [], False
+    for i, ev in enumerate(trace):
+        if ev.frames and ev.action in ("alloc", "free_requested"):
+            opt = fr.is_optimizer(ev.frames)
+            if opt and not in_opt:
+                starts.append(i)
+            in_opt = opt
+    out, j = [], 0
+    for i, e in enumerate(op_event):
+        while j < len(starts) and e >= starts[j]:
+            out.append(i)
+            j += 1
+    return tuple(out)
 
 
 def _step_gradients(prog, op_event, trace, kinds, size_of) -> list[int]:
@@ -385,9 +418,10 @@ def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     return out
 
 
-def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
+def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: float | None = None) -> list[int]:
     prog = m.replay.program
     kinds = m.kinds
+    temp_ratio = state_ratio if temp_ratio is None else temp_ratio
     out = []
     for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True):
         if op != OP_ALLOC:
@@ -396,8 +430,10 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
             out.append(max(1, int(s * k)))
-        elif kind in (OPT_STATE, OPT_TEMP) and state_ratio != 1.0:
+        elif kind == OPT_STATE and state_ratio != 1.0:
             out.append(max(1, int(s * state_ratio)))
+        elif kind == OPT_TEMP and temp_ratio != 1.0:
+            out.append(max(1, int(s * temp_ratio)))
         else:
             out.append(s)
     return out
@@ -405,24 +441,31 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
 
 @dataclass(frozen=True)
 class StatePlan:
-    """How another optimizer's state changes the program: the recorded optimizer's allocations in the
-    trace x `ratio`; the state blocks live before the trace freed at its start and `pre_new` allocated
-    in their place; `first_new` allocated at the first optimizer step (state the recorded one did not
-    keep)."""
+    """How another optimizer changes the program: the recorded optimizer's state allocations in the
+    trace x `ratio` and its step temporaries x `temp_ratio`; the state blocks live before the trace
+    freed at its start and `pre_new` allocated in their place; `first_new` allocated at the first
+    optimizer step (state the recorded one did not keep); `step_temps` allocated and freed at the start
+    of every optimizer step (temporaries the recorded one did not make)."""
 
     ratio: float = 1.0
+    temp_ratio: float = 1.0
     pre_new: tuple = ()
     first_new: tuple = ()
+    step_temps: tuple = ()
+    dup: int = 1  # each recorded state block becomes this many (the new optimizer keeps more per parameter)
+    keep_every: int = 1  # of the recorded state blocks, every this many is kept (it keeps fewer)
 
     @property
     def changes(self) -> bool:
-        return self.ratio != 1.0 or bool(self.pre_new) or bool(self.first_new)
+        return self.ratio != 1.0 or self.temp_ratio != 1.0 or self.dup != 1 or self.keep_every != 1 \
+            or bool(self.pre_new or self.first_new or self.step_temps)
 
 
 def state_plan(m: Measured, optimizer: str | None) -> StatePlan:
     """The new optimizer's state, re-sized from the parameters it trains: STATE_MULTIPLE x each
     gradient's bytes (one step's gradients are the trainable parameters), in place of the recorded
-    state, whether the trace allocated it or it was live before the trace began."""
+    state, whether the trace allocated it or it was live before the trace began; and its step's
+    temporaries (TEMP_MULTIPLE) in place of the recorded one's."""
     if optimizer is None or optimizer == m.optimizer:
         return StatePlan()
     if optimizer not in STATE_MULTIPLE:
@@ -431,38 +474,55 @@ def state_plan(m: Measured, optimizer: str | None) -> StatePlan:
         raise NotAssessable(f"the trace holds {m.steps} optimizer steps but neither names its optimizer nor shows "
                             "state of a known size or gradients to size a new one from")
     old, new = STATE_MULTIPLE[m.optimizer], STATE_MULTIPLE[optimizer]
-    ratio = new / old if old > 0 else 1.0
-    pre_new = tuple(max(1, int(b * ratio)) for _h, b in m.pre_state if ratio > 0)
+    t_old, t_new = TEMP_MULTIPLE[m.optimizer], TEMP_MULTIPLE[optimizer]
+    b_old, b_new = STATE_BLOCKS[m.optimizer], STATE_BLOCKS[optimizer]
+    sizes = m.gradient_sizes or ((m.parameter_bytes,) if m.parameter_bytes else ())
+    ratio, dup, keep = (new / old if old > 0 else 1.0), 1, 1
+    if old > 0 and new > 0 and b_old and b_new and b_new != b_old:
+        # per block: the new optimizer's block over the recorded one's, and how many blocks per parameter
+        ratio = (new / b_new) / (old / b_old)
+        dup, keep = (b_new // b_old, 1) if b_new > b_old else (1, b_old // b_new)
+    pre_new = tuple(max(1, int(b * ratio)) for i, (_h, b) in enumerate(m.pre_state) if ratio > 0 and i % keep == 0
+                    for _ in range(dup))
     first_new: tuple = ()
     if old == 0 and new > 0:
-        sizes = m.gradient_sizes or ((m.parameter_bytes,) if m.parameter_bytes else ())
         if not sizes:
             raise NotAssessable("the trace shows no gradients to size the new optimizer's state from")
-        first_new = tuple(max(1, int(g * new)) for g in sizes)
-    elif old > 0 and not m.state_bytes and m.gradient_sizes:
+        per = max(1, b_new)
+        first_new = tuple(max(1, int(g * new / per)) for g in sizes for _ in range(per))
+    elif old > 0 and not m.state_bytes and m.gradient_sizes and new > old:
         # a named optimizer whose state the snapshot does not show (made before the trace, its blocks
         # without frames): the difference, one block per gradient, at the first step
-        if new > old:
-            first_new = tuple(max(1, int(g * (new - old))) for g in m.gradient_sizes)
-    return StatePlan(ratio=ratio, pre_new=pre_new, first_new=first_new)
+        first_new = tuple(max(1, int(g * (new - old))) for g in m.gradient_sizes)
+    temp_ratio = t_new / t_old if t_old > 0 else 1.0
+    step_temps = tuple(max(1, int(g * t_new)) for g in sizes) if t_old == 0 and t_new > 0 else ()
+    return StatePlan(ratio=ratio, temp_ratio=temp_ratio, pre_new=pre_new, first_new=first_new,
+                     step_temps=step_temps, dup=dup, keep_every=keep)
 
 
 def _program(m: Measured, sizes: list[int], plan: StatePlan) -> Program:
     prog = m.replay.program
-    replace_pre = plan.ratio != 1.0 and bool(m.pre_state)
-    if not replace_pre and not plan.first_new:
+    replace_pre = (plan.ratio != 1.0 or plan.dup != 1 or plan.keep_every != 1) and bool(m.pre_state)
+    if not replace_pre and not plan.first_new and not plan.step_temps and plan.dup == 1 and plan.keep_every == 1:
         return Program(ops=prog.ops, hid=prog.hid, size=sizes, stream=prog.stream, n_handles=prog.n_handles)
-    ops, hid, size, stream = [], [], [], []
+    ops: list = []
+    hid: list = []
+    size: list = []
+    stream: list = []
     n = prog.n_handles
+
+    def emit(op: int, h: int, b: int) -> None:
+        ops.append(op), hid.append(h), size.append(b), stream.append(0)
+
     if replace_pre:
         # The recorded state made before the trace, replaced by the new one's: freed, the segments that
         # held it released (a run with the other optimizer never reserved them), the new state allocated;
-        # the peak is counted from there (PREFIX_OPS ops, see _run).
+        # the peak is counted from there (`prefix` ops, see _run).
         for h, _b in m.pre_state:
-            ops.append(OP_FREE), hid.append(h), size.append(0), stream.append(0)
-        ops.append(OP_EMPTY_CACHE), hid.append(-1), size.append(0), stream.append(0)
+            emit(OP_FREE, h, 0)
+        emit(OP_EMPTY_CACHE, -1, 0)
         for b in plan.pre_new:
-            ops.append(OP_ALLOC), hid.append(n), size.append(b), stream.append(0)
+            emit(OP_ALLOC, n, b)
             n += 1
     prefix = len(ops)
     first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
@@ -470,17 +530,36 @@ def _program(m: Measured, sizes: list[int], plan: StatePlan) -> Program:
     if first is None:  # an optimizer that allocates nothing: before the first gradient is freed
         first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
                       if op == OP_FREE and m.kinds[h] == GRADIENTS), len(prog.ops))
-    ops += prog.ops[:first]
-    hid += prog.hid[:first]
-    size += sizes[:first]
-    stream += prog.stream[:first]
-    for b in plan.first_new:
-        ops.append(OP_ALLOC), hid.append(n), size.append(b), stream.append(0)
-        n += 1
-    ops += prog.ops[first:]
-    hid += prog.hid[first:]
-    size += sizes[first:]
-    stream += prog.stream[first:]
+    inserts: dict[int, list] = {}
+    if plan.first_new:
+        inserts.setdefault(first, []).append("state")
+    if plan.step_temps:
+        for i in (m.step_ops or (first,)):
+            inserts.setdefault(i, []).append("temps")
+    state_seen = 0
+    for i, (op, h, st) in enumerate(zip(prog.ops, prog.hid, prog.stream, strict=True)):
+        for what in inserts.get(i, ()):
+            if what == "state":  # kept from the first step on
+                for b in plan.first_new:
+                    emit(OP_ALLOC, n, b)
+                    n += 1
+            else:  # the step's temporaries: live while it runs (here, at its start), then freed
+                base = n
+                for b in plan.step_temps:
+                    emit(OP_ALLOC, n, b)
+                    n += 1
+                for t in range(base, n):
+                    emit(OP_FREE, t, 0)
+        if op == OP_ALLOC and m.kinds[h] == OPT_STATE and (plan.dup != 1 or plan.keep_every != 1):
+            nth = state_seen = state_seen + 1
+            if (nth - 1) % plan.keep_every:
+                continue  # a block the new optimizer does not keep: never allocated (its free finds nothing)
+            ops.append(op), hid.append(h), size.append(sizes[i]), stream.append(st)
+            for _ in range(plan.dup - 1):  # the blocks it keeps beside this one, of the same size
+                emit(OP_ALLOC, n, sizes[i])
+                n += 1
+            continue
+        ops.append(op), hid.append(h), size.append(sizes[i]), stream.append(st)
     out = Program(ops=ops, hid=hid, size=size, stream=stream, n_handles=n)
     out.prefix = prefix  # type: ignore[attr-defined]
     return out
@@ -518,7 +597,7 @@ def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: b
 
 def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
     plan = state_plan(m, optimizer)
-    sizes = scaled_sizes(m, k, plan.ratio)
+    sizes = scaled_sizes(m, k, plan.ratio, plan.temp_ratio)
     prog = _program(m, sizes, plan)
     sim = _run(m, None, prog, k, stop_at_oom=False)
     kinds = [*m.kinds, *[OPT_STATE] * (prog.n_handles - len(m.kinds))]
@@ -555,7 +634,7 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
 def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool:
     """Does the model serve every request at scale k under `limit` (cache freed and retried first)?"""
     plan = state_plan(m, optimizer)
-    prog = _program(m, scaled_sizes(m, k, plan.ratio), plan)
+    prog = _program(m, scaled_sizes(m, k, plan.ratio, plan.temp_ratio), plan)
     return _run(m, limit, prog, k).oom_op is None
 
 

@@ -65,9 +65,10 @@ def test_optimizer_change_on_the_warm_up_trace_orders_the_optimizers():
     assert m.covers_start and m.optimizer == "adamw"
     got = {o: peak(m, o, 4.0) for o in ("sgd", "adafactor", "adamw_8bit", "sgd_momentum", "adamw")}
     assert got["sgd"] == got["adafactor"] < got["adamw_8bit"] < got["sgd_momentum"] < got["adamw"]
-    # from a stateless optimizer back to one with state: one block per gradient at the first step
+    # from a stateless optimizer to one with state: its blocks per gradient (Adam's two) at the first step
     sgd = fit.Measured(**{**m.__dict__, "optimizer": "sgd"})
-    assert fit.state_plan(sgd, "adamw").first_new == tuple(2 * g for g in m.gradient_sizes)
+    assert fit.state_plan(sgd, "adamw").first_new == tuple(g for g in m.gradient_sizes for _ in range(2))
+    assert fit.state_plan(sgd, "sgd_momentum").first_new == m.gradient_sizes
 
 
 def test_one_answer_on_optimizer_steps_per_file():
@@ -231,3 +232,26 @@ def test_the_measured_batch_comes_from_the_agents_first_input():
     q, note = fit.measured_shape(fit.Question(batch=32), snap_no_agent := parse_snapshot(
         {k: v for k, v in raw.items() if k != "memq_agent"}))
     assert q.from_batch is None and note is None and snap_no_agent.agent is None
+
+
+def test_optimizer_change_against_the_same_gpt_run_with_each_optimizer():
+    """tests/fixtures/playbook/optim_*: one GPT, three steps, once per optimizer. From AdamW's trace or
+    plain SGD's, every other optimizer's recorded peak is predicted within the margin; into AdamW from
+    SGD with momentum, Adafactor or 8-bit AdamW the allocator packs the new state tighter than the real
+    run did (peak allocated exact, reserved 9-11% low): what is still weak, held here so it cannot drift."""
+    names = ("sgd", "sgd_momentum", "adamw", "adafactor", "adamw_8bit")
+    ms = {}
+    for k in names:
+        snaps, _ctx, _trig = spool_run(FIX / "playbook" / f"optim_{k}" / "spool")
+        ms[k] = fit.classify(next(s for s in snaps if s.trace))
+    assert {k: m.optimizer for k, m in ms.items()} == {k: k for k in names}
+    for src in ("adamw", "sgd"):
+        for dst in names:
+            real = ms[dst].recorded_peak
+            got = fit.predict(ms[src], 1.0, dst)
+            assert abs(got.peak_reserved - real) <= fit.FIT_MARGIN * real, (src, dst, got.peak_reserved, real)
+    for src in ("sgd_momentum", "adafactor", "adamw_8bit"):
+        real = ms["adamw"].recorded_peak
+        got = fit.predict(ms[src], 1.0, "adamw").peak_reserved
+        assert -0.12 * real < got - real < 0, (src, got, real)
+        assert got > ms[src].recorded_peak  # still above the recorded optimizer's own peak
