@@ -403,6 +403,9 @@ def run_job(args) -> None:
 
         agent.start(run=f"fitfam-{name}-defaults", cluster="h200", spool_dir=args.spool)
     elif args.record == "hand":
+        # as a user records by hand: torch's defaults (stacks="all", context="all"), before the model
+        # exists; after CUDA is initialised so that older releases do not ignore it
+        torch.cuda.init()
         torch.cuda.memory._record_memory_history(max_entries=400_000)
     total = torch.cuda.get_device_properties(0).total_memory
     cap = args.cap_bytes or (0 if args.record else FENCE_BYTES)  # the recordings (base batch) run as a user's
@@ -519,7 +522,7 @@ class Runner:
             if record:
                 cmd += ["--record", record, "--spool", os.path.join(self.out, "spools", fam, record),
                         "--hand-out", os.path.join(self.out, "hand", fam + ".pickle")]
-            res = run_job_process(cmd, result, min(150 if spec["compile"] else 90, max(10, left)))
+            res = run_job_process(cmd, result, min(150 if spec["compile"] or record == "hand" else 90, max(10, left)))
         finally:
             self.slots.release()
         print(f"[{tag}] {res.get('outcome')} reserved={res.get('max_reserved', 0) / GiB:.3f}GiB "
@@ -619,6 +622,11 @@ def main() -> None:
         ap.error(f"unknown families: {', '.join(unknown)}")
     os.makedirs(args.out, exist_ok=True)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(args.out, "inductor_cache"))
+    # eight jobs share 16 cores: the compiling family's workers no more than a few each
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "4")
+    # C++ frames of the hand recordings (stacks="all") symbolised by the dynamic symbol table: the
+    # names memq reads (autocast's cast), seconds instead of minutes for a 6-step trace
+    os.environ.setdefault("TORCH_SYMBOLIZE_MODE", "dladdr")
     r = Runner(args.out, args.budget, args.parallel)
     r.recordings_only = args.recordings_only
     r.save()
