@@ -38,6 +38,12 @@ from memq.model import Snapshot, frame_file, frame_line, frame_name
 # 2x-8x the batch and 2x-4x the length, five models on an H200: benchmarks/RESULTS.md "memq fit",
 # `python benchmarks/fit_calibration.py`); the issue's bar and the published estimators' best is 3%.
 FIT_MARGIN = 0.03
+# The interval of a trace that starts mid-run (a ring buffer that wrapped, a recording switched on
+# later): the blocks of the step it cuts into were never seen allocated, so they cannot be scaled, and
+# the cache it starts with is the 1x run's. Measured by cutting the five models' from-start traces where
+# a ring buffer would (12 cuts from 5% to 60% of each, 2x-8x the batch: 180 predictions, the real peak
+# between 0.833x and 1.157x the predicted one; `python benchmarks/fit_calibration.py --mid-run`).
+MIDRUN_MARGIN = 0.17
 # Only blocks of at least 1 MiB are read as gradients, their temporaries or cast copies: smaller ones
 # (biases, norms) do not move a peak, and at small sizes coincidences between unrelated tensors abound.
 MIN_BYTES = 1 << 20
@@ -114,6 +120,11 @@ class Measured:
     pre_state: tuple = ()  # (handle, bytes) of state blocks live before the trace began
     optimizer_inferred: bool = False  # the optimizer was read from its state's size, not named
     step_ops: tuple = ()  # program op index where each optimizer step begins
+
+    @property
+    def margin(self) -> float:
+        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN)."""
+        return FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
 
 
 @dataclass(frozen=True)
@@ -227,7 +238,8 @@ def classify(snap: Snapshot) -> Measured:
         params = sum(grad_sizes)
     covers = not rep.start_segments
     if not covers:
-        notes.append("the trace starts mid-run: blocks live before it are held at their recorded size")
+        notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
+                     f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: +/-{FIT_MARGIN:.0%})")
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
@@ -666,9 +678,9 @@ def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = No
 def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool | None:
     """True when the model fits under the limit less the margin, False when it fails even with the
     margin added, else None (the interval straddles the limit)."""
-    if fits_under(m, k, int(limit * (1 - FIT_MARGIN)), optimizer):
+    if fits_under(m, k, int(limit * (1 - m.margin)), optimizer):
         return True
-    if not fits_under(m, k, int(limit * (1 + FIT_MARGIN)), optimizer):
+    if not fits_under(m, k, int(limit * (1 + m.margin)), optimizer):
         return False
     return None
 
@@ -686,17 +698,17 @@ def decide_fits(m: Measured, k: float, limit: int, low: int, high: int,
         return True, f"the predicted peak reserved, {span}, is under the {limit / gib:.2f} GiB limit"
     if low <= limit:
         return None, (f"the predicted peak reserved, {span}, straddles the {limit / gib:.2f} GiB limit: within the "
-                      f"+/-{FIT_MARGIN:.0%} interval it may or may not fit (a run at this shape, or a smaller one, "
+                      f"+/-{m.margin:.0%} interval it may or may not fit (a run at this shape, or a smaller one, "
                       "settles it)")
     t = tri_fits(m, k, limit, optimizer)
     if t is True:
         return True, (f"uncapped it would reserve {span}, over the limit; under the cap the allocator frees its "
-                      f"cache and retries, and the model serves every request under the limit less {FIT_MARGIN:.0%}")
+                      f"cache and retries, and the model serves every request under the limit less {m.margin:.0%}")
     if t is False:
         return False, (f"the predicted peak reserved, {span}, is over the {limit / gib:.2f} GiB limit, and the model "
-                       f"runs out of memory even under the limit plus {FIT_MARGIN:.0%} (cache freed and retried)")
+                       f"runs out of memory even under the limit plus {m.margin:.0%} (cache freed and retried)")
     return None, (f"uncapped it would reserve {span}, over the limit; whether the allocator, freeing its cache "
-                  f"under the cap, serves every request changes within +/-{FIT_MARGIN:.0%} of the limit")
+                  f"under the cap, serves every request changes within +/-{m.margin:.0%} of the limit")
 
 
 def dominant(pred: Prediction, n: int = 3) -> list[dict]:
@@ -776,7 +788,7 @@ def answer(m: Measured, q: Question) -> dict:
     k = q.scale()
     pred = predict(m, k, q.optimizer)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred
-    low, high = int(pred.peak_reserved * (1 - FIT_MARGIN)), int(pred.peak_reserved * (1 + FIT_MARGIN))
+    low, high = int(pred.peak_reserved * (1 - m.margin)), int(pred.peak_reserved * (1 + m.margin))
     out = {
         "peak_bytes": pred.peak_reserved, "low": low, "high": high,
         "peak_allocated_bytes": pred.peak_allocated,
@@ -805,11 +817,11 @@ def answer(m: Measured, q: Question) -> dict:
         unit, unit0, other = _search_unit(q)
         if unit is not None:
             best = {tag: largest_unit(m, unit0, int(q.limit * f), q.optimizer, other)
-                    for tag, f in (("", 1.0), ("_low", 1 - FIT_MARGIN), ("_high", 1 + FIT_MARGIN))}
+                    for tag, f in (("", 1.0), ("_low", 1 - m.margin), ("_high", 1 + m.margin))}
             for tag, v in best.items():
                 out[f"max_{unit}{tag}"] = v
         scale_units = 1000
-        for tag, f in (("", 1.0), ("_low", 1 - FIT_MARGIN), ("_high", 1 + FIT_MARGIN)):
+        for tag, f in (("", 1.0), ("_low", 1 - m.margin), ("_high", 1 + m.margin)):
             out[f"max_scale{tag}"] = round(largest_unit(m, scale_units, int(q.limit * f), q.optimizer) / scale_units, 3)
     out["basis"] = _basis(m, q, out)
     return out
@@ -837,7 +849,9 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
     shape = "; ".join(what) or "the measured shape"
     return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
             f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
-            f"state and autocast copies held at their measured size; interval +/-{FIT_MARGIN:.0%}")
+            f"state and autocast copies held at their measured size; interval +/-{m.margin:.0%}"
+            + ("" if m.covers_start else " (the trace starts mid-run: a trace from the run's start is "
+               f"good to +/-{FIT_MARGIN:.0%})"))
 
 
 # `fit` in a run's analysis (memq history --json): the predicted peak reserved at these multiples of
