@@ -24,7 +24,8 @@ data per run, in its own process:
 Per family, in this order (jobs of one stage in parallel, at most --parallel processes on the GPU):
 1. the base shape recorded twice: with the agent at its defaults (`agent.start`, `mark_step(tokens=)`,
    `mark_epoch`; spool in DIR/spools/FAMILY/defaults) and by hand (`_record_memory_history` before the
-   model is built, `_snapshot()` after the last step, pickled to DIR/hand/FAMILY.pickle); and without
+   model is built, `_snapshot()` after the last step, pickled (frames interned) to
+   DIR/hand/FAMILY.pickle.gz); and without
    either, at 1x, 2x, 4x and 8x the batch (2x and 4x the length for the sequence families), measuring
    `max_memory_reserved()`/`max_memory_allocated()` of the whole run: the real peaks;
 2. the cap halfway between the 4x and 8x runs' peak reserved, and the largest batch that trains under it,
@@ -40,6 +41,7 @@ DIR/results/*.json one per job; `split` in the summary says which families tune 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import heapq
 import itertools
@@ -384,6 +386,31 @@ def fake_job(args) -> None:
     sys.exit(1 if oom else 0)
 
 
+def intern_frames(snap: dict) -> None:
+    """The same frame (and the same stack) as one object wherever it occurs, so that the pickle stores
+    it once: a stacks="all" trace repeats its C++ frames in every entry (a hundred MB pickled as is).
+    The snapshot's content is unchanged."""
+    frames: dict = {}
+    stacks: dict = {}
+
+    def one(stack):
+        key = tuple(tuple(sorted(f.items())) if isinstance(f, dict) else f for f in stack)
+        got = stacks.get(key)
+        if got is None:
+            got = stacks[key] = [frames.setdefault(k, f) if isinstance(f, dict) else f
+                                 for k, f in zip(key, stack, strict=True)]
+        return got
+
+    for trace in snap.get("device_traces", []):
+        for ev in trace:
+            if isinstance(ev.get("frames"), list):
+                ev["frames"] = one(ev["frames"])
+    for seg in snap.get("segments", []):
+        for b in seg.get("blocks", []):
+            if isinstance(b.get("frames"), list):
+                b["frames"] = one(b["frames"])
+
+
 def run_job(args) -> None:
     if os.environ.get("FITFAM_FAKE"):
         fake_job(args)
@@ -454,9 +481,13 @@ def run_job(args) -> None:
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             os.makedirs(os.path.dirname(args.hand_out), exist_ok=True)
-            with open(args.hand_out, "wb") as fh:
-                pickle.dump(snap, fh)
-            res["hand_snapshot"] = args.hand_out
+            t0 = time.time()
+            intern_frames(snap)
+            with gzip.open(args.hand_out, "wb", compresslevel=6) as fh:
+                pickle.dump(snap, fh, protocol=4)
+            res.update(hand_snapshot=args.hand_out, hand_bytes=os.path.getsize(args.hand_out),
+                       hand_write_s=round(time.time() - t0, 1),
+                       hand_entries=sum(len(t) for t in snap.get("device_traces", [])))
         with open(args.result, "w") as fh:
             json.dump(res, fh, indent=1)
         if agent is not None:
@@ -521,7 +552,7 @@ class Runner:
                    "--result", result, "--cap-bytes", str(cap)]
             if record:
                 cmd += ["--record", record, "--spool", os.path.join(self.out, "spools", fam, record),
-                        "--hand-out", os.path.join(self.out, "hand", fam + ".pickle")]
+                        "--hand-out", os.path.join(self.out, "hand", fam + ".pickle.gz")]
             res = run_job_process(cmd, result, min(150 if spec["compile"] or record == "hand" else 90, max(10, left)))
         finally:
             self.slots.release()
@@ -606,7 +637,7 @@ def main() -> None:
     j.add_argument("--result", required=True)
     j.add_argument("--record", choices=["defaults", "hand"], default="")
     j.add_argument("--spool", default="/tmp/fitfam_spool")
-    j.add_argument("--hand-out", default="/tmp/fitfam_hand.pickle")
+    j.add_argument("--hand-out", default="/tmp/fitfam_hand.pickle.gz")
     j.add_argument("--cap-bytes", type=int, default=0)
     sub.add_parser("split")
     args = ap.parse_args()

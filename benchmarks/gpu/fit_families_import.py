@@ -5,7 +5,7 @@
 - summary.json: the capture's summary (split, per family its spec, every run's result, the cap), with
   the per-job output tails dropped;
 - spools/FAMILY/defaults/...: the agent's spool at its defaults, unchanged;
-- hand/FAMILY.pickle.gz: the hand-recorded snapshot, gzip-compressed (memq reads it as is).
+- hand/FAMILY.pickle.gz: the hand-recorded snapshot (gzip; memq reads it as is).
 Prints the bytes written, so a fixture too large to keep is seen before it is committed.
 """
 
@@ -39,12 +39,16 @@ def main() -> None:
             shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(spool, out)
             total += sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-        hand = src / "hand" / f"{fam}.pickle"
-        if hand.is_file() and hand.stat().st_size:
-            out = dest / "hand" / f"{fam}.pickle.gz"
+        out = dest / "hand" / f"{fam}.pickle.gz"
+        gz_in, plain = src / "hand" / f"{fam}.pickle.gz", src / "hand" / f"{fam}.pickle"
+        if gz_in.is_file() and gz_in.stat().st_size:
             out.parent.mkdir(parents=True, exist_ok=True)
-            with open(hand, "rb") as fh, gzip.open(out, "wb", compresslevel=9) as gz:
+            shutil.copyfile(gz_in, out)
+        elif plain.is_file() and plain.stat().st_size:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(plain, "rb") as fh, gzip.open(out, "wb", compresslevel=9) as gz:
                 shutil.copyfileobj(fh, gz)
+        if out.is_file():
             total += out.stat().st_size
     print(f"{dest}: {total / 2**20:.1f} MiB")
 
