@@ -286,7 +286,8 @@ def _forecast(per: list[dict], heads: list, trig: list, limit: int | None,
     comparable = [{"step": agents[i].get("step"), "epoch": agents[i].get("epoch"),
                    "epoch_end": trig[i] == "epoch_end", "t": agents[i].get("time"),
                    "active": per[i]["metrics"]["active_bytes"], "reserved": per[i]["metrics"]["reserved_bytes"],
-                   "peak": per[i]["timeline"].get("peak_live_bytes")} for i in idx]
+                   "peak": per[i]["timeline"].get("peak_live_bytes"),
+                   "n_blocks": len(per[i].get("live_blocks") or ())} for i in idx]
     timed = [(a["time"], a["step"]) for a in (agents[i] for i in keep)
              if isinstance(a.get("time"), (int, float)) and isinstance(a.get("step"), int)]
     sps = None
