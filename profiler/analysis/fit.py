@@ -61,6 +61,13 @@ CAST_COVERAGE = 0.8
 # the same odd sizes (8,651,487 bytes, 8,258,199, ...) recur at every batch. Scaled, they made the CNN's
 # peak 1.1-1.3% high and its largest batch under the cap one short (64 for 65).
 WORKSPACE_ODD = 2
+# ... unless its size is within this many bytes of an input-sized allocation's: then it is a buffer the
+# size of an activation (plus a small odd tail) and scales with it. Measured: on the fit set's CNN
+# (tests/fixtures/fit/cnn_batches, batches 8-64) the workspaces that recur at every batch are at least
+# 32,105 bytes from any activation's size, the ones that change with the batch within 415 (0, 415); on the
+# ResNet and the diffusion UNet of tests/fixtures/fit_families within 31-287 bytes. Held at their size,
+# those made the ResNet's peak reserved 8-10% low and the UNet's 5% low at 8x the batch.
+WORKSPACE_NEAR = 4096
 # The largest scale searched for the largest batch: 64x the measured input (as in step_need.py).
 K_MAX = 64.0
 
@@ -229,6 +236,7 @@ def classify(snap: Snapshot) -> Measured:
             kinds[h] = GRAD_TEMP
         elif is_workspace(size_of[h]):
             kinds[h] = WORKSPACE
+    _scale_input_sized_workspaces(kinds, size_of)
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     steps = optimizer_steps(trace)
@@ -341,6 +349,22 @@ def choose(snaps: list[Snapshot]) -> tuple[int, str]:
     return pick, "its longest trace"
 
 
+def _scale_input_sized_workspaces(kinds: list[int], size_of: list[int]) -> None:
+    """A workspace within WORKSPACE_NEAR bytes of an input-sized allocation's size is a copy or transform
+    of that activation (cuDNN's, for the algorithm it chose at this shape): it scales with the input."""
+    import bisect
+
+    inputs = sorted({size_of[h] for h in range(len(kinds)) if kinds[h] == INPUT and size_of[h] >= MIN_BYTES})
+    if not inputs:
+        return
+    for h in range(len(kinds)):
+        if kinds[h] != WORKSPACE:
+            continue
+        j = bisect.bisect_left(inputs, size_of[h])
+        if min(abs(x - size_of[h]) for x in inputs[max(0, j - 1):j + 1]) <= WORKSPACE_NEAR:
+            kinds[h] = INPUT
+
+
 def is_workspace(size: int) -> bool:
     """A frameless allocation of this many bytes reads as a library workspace (WORKSPACE_ODD)."""
     return size >= MIN_BYTES and size % WORKSPACE_ODD == 1
@@ -424,7 +448,7 @@ def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     for run in runs:
         if len(run) < 2 or not trace[ev_of[run[0]]].frames:
             continue
-        large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES]
+        large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES // 2]  # half a weight of MIN_BYTES
         if large and size_of[large[0]] in halves and kinds[large[0]] == INPUT:
             out.append(large[0])
     return out
