@@ -19,7 +19,10 @@ modelled, not guessed:
 3. Under a limit (`fits_under`): the model with the limit, which frees its cache and retries before
    it fails as the real allocator does; the largest batch is the largest k the model serves.
 4. Interval: FIT_MARGIN either side of the point, and the same margin on the limit for `fits` and
-   the largest batch (`fits` is null when the answer changes within it).
+   the largest batch (`fits` is null when the answer changes within it). The peak allocated is
+   predicted within about 1% on the calibration sets; what the margin covers is mostly the allocator
+   model's packing at the new shape (which cached block a request lands in), which errs by up to 16.5%
+   on the ten families of tests/fixtures/fit_families.
 
 Sequence length is scaled linearly, per site: fused attention (scaled_dot_product_attention) keeps
 no t x t matrix. A model that materialises attention scores grows faster than this predicts.
@@ -31,45 +34,12 @@ from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
 from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, AllocatorModel, Program
+# The thresholds and figures memq fit decides by live in rules.py, each with its source.
+from memq.analysis.rules import (CAST_COVERAGE, FIT_MARGIN, MIDRUN_MARGIN, STATE_BLOCKS, STATE_INFER_TOLERANCE,
+                                 STATE_MULTIPLE, TEMP_MULTIPLE, WORKSPACE_NEAR, WORKSPACE_ODD)
+from memq.analysis.rules import FIT_K_MAX as K_MAX
+from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
 from memq.model import Snapshot, frame_file, frame_line, frame_name
-
-# The interval either side of the predicted peak, and on the limit for `fits` and the largest
-# batch: the calibration set's largest error was +2.7% (23 predictions of max_memory_reserved() at
-# 2x-8x the batch and 2x-4x the length, five models on an H200: benchmarks/RESULTS.md "memq fit",
-# `python benchmarks/fit_calibration.py`); the issue's bar and the published estimators' best is 3%.
-FIT_MARGIN = 0.03
-# The interval of a trace that starts mid-run (a ring buffer that wrapped, a recording switched on
-# later): the blocks of the step it cuts into were never seen allocated, so they cannot be scaled, and
-# the cache it starts with is the 1x run's. Measured by cutting the five models' from-start traces where
-# a ring buffer would (12 cuts from 5% to 60% of each, 2x-8x the batch: 180 predictions, the real peak
-# between 0.833x and 1.157x the predicted one; `python benchmarks/fit_calibration.py --mid-run`).
-MIDRUN_MARGIN = 0.17
-# Only blocks of at least 1 MiB are read as gradients, their temporaries or cast copies: smaller ones
-# (biases, norms) do not move a peak, and at small sizes coincidences between unrelated tensors abound.
-MIN_BYTES = 1 << 20
-# Autocast casts each weight to half precision once per forward, just before the op that uses it:
-# at one call site, the first large allocation of a run of several, half a gradient's size. A float32
-# model's activations can match half a weight's size too (at the calibration set's base shapes they
-# often do), so the copies are read as such only when they cover at least this share of the
-# gradients' bytes (measured: 0.96 on the bf16 GPT, 0.48 and 0.27 on the float32 GPTs, 0 on the CNN
-# and the checkpointed GPT: tests/fixtures/fit).
-CAST_COVERAGE = 0.8
-# A library workspace (cuDNN's, chosen per convolution algorithm) is a byte buffer of whatever size the
-# library asks for, allocated from C++ (no Python frames); a tensor's byte count is a multiple of its
-# element size, so an odd count of at least MIN_BYTES can only be a buffer or a one-byte tensor. Held at
-# its measured size: in the fit set's CNN at batches 8, 16, 32 and 64 (tests/fixtures/fit/cnn_batches)
-# the same odd sizes (8,651,487 bytes, 8,258,199, ...) recur at every batch. Scaled, they made the CNN's
-# peak 1.1-1.3% high and its largest batch under the cap one short (64 for 65).
-WORKSPACE_ODD = 2
-# ... unless its size is within this many bytes of an input-sized allocation's: then it is a buffer the
-# size of an activation (plus a small odd tail) and scales with it. Measured: on the fit set's CNN
-# (tests/fixtures/fit/cnn_batches, batches 8-64) the workspaces that recur at every batch are at least
-# 32,105 bytes from any activation's size, the ones that change with the batch within 415 (0, 415); on the
-# ResNet and the diffusion UNet of tests/fixtures/fit_families within 31-287 bytes. Held at their size,
-# those made the ResNet's peak reserved 8-10% low and the UNet's 5% low at 8x the batch.
-WORKSPACE_NEAR = 4096
-# The largest scale searched for the largest batch: 64x the measured input (as in step_need.py).
-K_MAX = 64.0
 
 # What an allocation holds (the composition of a predicted peak).
 PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE = range(9)
@@ -78,29 +48,7 @@ KIND_NAMES = ("parameters", "gradients", "optimizer state", "optimizer step temp
               "input-sized (activations)", "library workspaces")
 SCALES_WITH_INPUT = (INPUT,)
 
-# Optimizer state in multiples of the parameter bytes, as the playbook measured them (profiler/
-# playbook.md "Optimizer state", tests/fixtures/playbook/optim_*).
-STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0,
-                  "adamw_8bit": 0.51}
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
-# What a step (after the first) allocates for a while beyond its state, in multiples of the parameter
-# bytes: the step's own peak above what was live before it, measured in the playbook's optimizer runs
-# (tests/fixtures/playbook/optim_*/result.json `step_extra_peak_bytes`, later steps: AdamW 1.004 (torch's
-# default foreach implementation), Adafactor 0.314, SGD, SGD with momentum and 8-bit AdamW 0). Without
-# them a prediction from SGD to AdamW was 15% low (the same GPT measured with each optimizer).
-TEMP_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 0.0, "adam": 1.0, "adamw": 1.0, "adafactor": 0.31,
-                 "adamw_8bit": 0.0}
-# How many blocks of state each optimizer keeps per parameter (the state multiple split evenly among
-# them): SGD with momentum one buffer, Adam/AdamW two (exp_avg, exp_avg_sq), 8-bit AdamW two quantized
-# ones (and their small scales); Adafactor's factored rows and columns are too small to matter. A state
-# made of the right number of blocks is what the allocator packs: the same bytes in half as many blocks
-# of twice the size packed 15% tighter (SGD with momentum's trace asked for AdamW, tests/fixtures/playbook).
-STATE_BLOCKS = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2, "adafactor": 0, "adamw_8bit": 2}
-# An optimizer the trace does not name (its state was made before the trace, its step allocates
-# nothing) is read from its state's bytes over one step's gradients: 0, 1 or 2 copies, within this much.
-# Measured: 1.00 on the SGD-momentum GPT of tests/fixtures/real/seed_sgd (0.449 GiB of state for
-# 0.449 GiB of gradients), 2.00 on the AdamW GPT of tests/fixtures/captured/leak_epochs.
-STATE_INFER_TOLERANCE = 0.15
 
 
 class NotAssessable(Exception):
@@ -352,17 +300,20 @@ def choose(snaps: list[Snapshot]) -> tuple[int, str]:
 def _scale_input_sized_workspaces(kinds: list[int], size_of: list[int]) -> None:
     """A workspace within WORKSPACE_NEAR bytes of an input-sized allocation's size is a copy or transform
     of that activation (cuDNN's, for the algorithm it chose at this shape): it scales with the input."""
-    import bisect
-
     inputs = sorted({size_of[h] for h in range(len(kinds)) if kinds[h] == INPUT and size_of[h] >= MIN_BYTES})
     if not inputs:
         return
     for h in range(len(kinds)):
-        if kinds[h] != WORKSPACE:
-            continue
-        j = bisect.bisect_left(inputs, size_of[h])
-        if min(abs(x - size_of[h]) for x in inputs[max(0, j - 1):j + 1]) <= WORKSPACE_NEAR:
+        if kinds[h] == WORKSPACE and near_input(size_of[h], inputs):
             kinds[h] = INPUT
+
+
+def near_input(size: int, inputs: list[int]) -> bool:
+    """Is `size` within WORKSPACE_NEAR bytes of one of `inputs` (sorted sizes of input-sized blocks)?"""
+    import bisect
+
+    j = bisect.bisect_left(inputs, size)
+    return any(abs(x - size) <= WORKSPACE_NEAR for x in inputs[max(0, j - 1):j + 1])
 
 
 def is_workspace(size: int) -> bool:
@@ -417,13 +368,19 @@ def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes
     total = sum(sz * n for sz, n in counts.items())
     share = sum(sz * n for sz, n in counts.items() if sz in covered) / total if total else 0.0
     told = state not in (None, "off") or cxx
-    if copies and (told or share >= CAST_COVERAGE):
+    if copies and holds_cast_copies(share, told):
         for h in copies:
             kinds[h] = CAST_COPY
         why = (f"autocast {state} at the first forward (the agent read it)" if state not in (None, "off") else
                "autocast's cast in the C++ frames" if cxx else "the copies' coverage")
         notes.append(f"autocast weight copies found for {share:.0%} of the weights' bytes ({why}): held at their size")
     return share
+
+
+def holds_cast_copies(share: float, told: bool) -> bool:
+    """Are the half-size copies found autocast's (held at their size)? Yes when the agent or autocast's
+    own frame said so, else when they cover CAST_COVERAGE of the weights' bytes."""
+    return told or share >= CAST_COVERAGE
 
 
 def _autocast_frame(frames) -> bool:
@@ -699,6 +656,11 @@ def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = No
     return lo
 
 
+def interval(m: Measured, peak: int) -> tuple[int, int]:
+    """[low, high] about a predicted peak: the trace's margin (FIT_MARGIN, or MIDRUN_MARGIN) either side."""
+    return int(peak * (1 - m.margin)), int(peak * (1 + m.margin))
+
+
 def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool | None:
     """True when the model fits under the limit less the margin, False when it fails even with the
     margin added, else None (the interval straddles the limit)."""
@@ -812,7 +774,7 @@ def answer(m: Measured, q: Question) -> dict:
     k = q.scale()
     pred = predict(m, k, q.optimizer)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred
-    low, high = int(pred.peak_reserved * (1 - m.margin)), int(pred.peak_reserved * (1 + m.margin))
+    low, high = interval(m, pred.peak_reserved)
     out = {
         "peak_bytes": pred.peak_reserved, "low": low, "high": high,
         "peak_allocated_bytes": pred.peak_allocated,

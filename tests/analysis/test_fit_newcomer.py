@@ -19,6 +19,9 @@ from memq.analysis import fit
 from memq.load import load_snapshot_file
 from tests.analysis.agent_data import spool_run
 
+# The five models' bar (their largest error is 1.0%: benchmarks/RESULTS.md "memq fit"); the interval memq fit
+# states is wider (rules.FIT_MARGIN, from the ten families of tests/fixtures/fit_families).
+FIVE_BAR = 0.03
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 # GPT bf16, AdamW, a history="on" job with max_entries 8000: each epoch-end trace starts mid-run, the
 # Adam state made at step 1, long before it (tests/fixtures/captured/README.md, leak_epochs)
@@ -57,7 +60,7 @@ def test_optimizer_change_on_a_mid_run_trace_resizes_the_state_made_before_it():
     assert adamw == peak(m, None)  # Adam and AdamW keep the same state
     assert sgd < momentum < adamw and eight < adamw
     # what SGD saves is at most the state it drops (the model packs the rest as the allocator does)
-    assert adamw - sgd <= m.state_bytes * (1 + fit.FIT_MARGIN)
+    assert adamw - sgd <= m.state_bytes * (1 + FIVE_BAR)
 
 
 def test_optimizer_change_on_the_warm_up_trace_orders_the_optimizers():
@@ -198,7 +201,7 @@ def test_the_agents_autocast_state_decides_the_weight_copies(monkeypatch):
     monkeypatch.setattr(fit, "CAST_COVERAGE", 1.01)  # the coverage test can no longer pass
     told = _with_autocast(_warmup_raw("gpt_bf16"), "bfloat16")
     assert fit.CAST_COPY in told.kinds and "the agent read it" in " ".join(told.notes)
-    assert abs(fit.predict(told, 8).peak_reserved - real) <= fit.FIT_MARGIN * real
+    assert abs(fit.predict(told, 8).peak_reserved - real) <= FIVE_BAR * real
     untold = fit.classify(next(s for s in spool_run(next((FIX / "fit" / "gpt_bf16" / "defaults").iterdir()))[0]
                                if s.trace))  # the same trace from an agent that did not say
     assert fit.CAST_COPY not in untold.kinds and untold.cast_share >= 0.9
@@ -207,7 +210,7 @@ def test_the_agents_autocast_state_decides_the_weight_copies(monkeypatch):
     assert off.cast_share == 0.0 and fit.CAST_COPY not in off.kinds
     assert warmup("gpt_m").cast_share > 0.4  # the coincidences the test of coverage had to reject
     real_m = truth["gpt_m"]["runs"]["gpt_m-b16-t256"]["max_reserved"]
-    assert abs(fit.predict(off, 8).peak_reserved - real_m) <= fit.FIT_MARGIN * real_m
+    assert abs(fit.predict(off, 8).peak_reserved - real_m) <= FIVE_BAR * real_m
 
 
 def test_the_measured_batch_comes_from_the_agents_first_input():
@@ -249,7 +252,7 @@ def test_optimizer_change_against_the_same_gpt_run_with_each_optimizer():
         for dst in names:
             real = ms[dst].recorded_peak
             got = fit.predict(ms[src], 1.0, dst)
-            assert abs(got.peak_reserved - real) <= fit.FIT_MARGIN * real, (src, dst, got.peak_reserved, real)
+            assert abs(got.peak_reserved - real) <= FIVE_BAR * real, (src, dst, got.peak_reserved, real)
     for src in ("sgd_momentum", "adafactor", "adamw_8bit"):
         real = ms["adamw"].recorded_peak
         got = fit.predict(ms[src], 1.0, "adamw").peak_reserved

@@ -49,7 +49,7 @@ def test_fit_text_names_the_answer(files):
     assert "batch 4 -> 32 (8x the measured input-sized tensors)" in out
     # the answer first, in one line (issue 42 item 10)
     assert re.fullmatch(r"answer: batch 4 -> 32 does not fit the [\d.]+ GiB limit \(needs about [\d.]+ GiB\); "
-                        r"largest batch that fits: 23 \(22-24 within the interval\)", out.splitlines()[0]), \
+                        r"largest batch that fits: 23 \(19-28 within the interval\)", out.splitlines()[0]), \
         out.splitlines()[0]
     assert "fits: no" in out and "largest batch that fits: 23" in out
     assert "note: autocast weight copies found" in out
@@ -94,7 +94,7 @@ def test_fit_from_the_history_and_its_headroom(memq_env, files):
     memq("ingest", *files["gpt_m"], "--run", "fit-m", "--limit", cap, "--json")
     doc = json.loads(memq("fit", "--run", "fit-m", "--batch", 16, "--from-batch", 2, "--json").output)
     assert doc["limit_bytes"] == cap and doc["limit_source"] == "the run's cap"
-    assert doc["fits"] is False and doc["max_batch"] == 13
+    assert doc["fits"] is None and doc["max_batch"] == 13  # 5.5 GiB for 4.8: over, within the interval
     assert doc["source"].startswith("run fit-m rank 0, snapshot ")
     hist = json.loads(memq("history", "--run", "fit-m", "--json").output)
     own = hist["fit"]
