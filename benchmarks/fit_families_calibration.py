@@ -140,8 +140,8 @@ def main() -> None:
         inside = sum(abs(e) <= fit.FIT_MARGIN + 1e-12 for e in errs)
         exact = [(fam, src) for fam in split[half] if fam in rows and rows[fam]["largest"]
                  for src in ("agent", "hand") if src in rows[fam]["largest"]]
-        n_exact = sum(rows[f]["largest"]["real_range"][0] <= rows[f]["largest"][s] <= rows[f]["largest"]["real_range"][1]
-                      for f, s in exact)
+        lg = {f: rows[f]["largest"] for f, _s in exact}
+        n_exact = sum(lg[f]["real_range"][0] <= lg[f][s] <= lg[f]["real_range"][1] for f, s in exact)
         # the range holds the truth: they overlap (a truth not pinned is itself a range)
         n_range = sum(rows[f]["largest"][s + "_range"][0] <= rows[f]["largest"]["real_range"][1]
                       and rows[f]["largest"]["real_range"][0] <= rows[f]["largest"][s + "_range"][1] for f, s in exact)
