@@ -143,7 +143,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         has_oom=S is not None, S=S, S_min=s_min,
         A=m["active_bytes"], A_req=m["live_requested_bytes"], R=m["reserved_bytes"],
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=peak_reserved,
-        device_total=lim.device_total, non_pytorch=lim.non_pytorch,
+        device_total=lim.device_total, non_pytorch=lim.non_pytorch, device_free=lim.device_free,
         largest_usable=largest_usable, largest_blocked_by_max_split=blocked,
         private_pool_free=sum(p["free_bytes"] for p in m["pools"] if tuple(p["pool_id"]) != (0, 0)),
         oom_frames=oom_frames,
@@ -430,7 +430,7 @@ def message_facts(ctx: OomContext) -> Facts:
         earlier_step_peak=None, training_steps_seen=0, settings_non_default=[],
         roundup=False, max_split=-1, peak_reserved=R or 0, leak={"holds": False, "settled": False,
                                                                  "evidence": ["one message, no snapshots"]},
-        stacks_all=False, largest_known=False,
+        stacks_all=False, largest_known=False, device_free=lim.device_free,
     )
 
 
