@@ -39,7 +39,7 @@ from memq.model import OomContext, Snapshot, frame_file, frame_name
 if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
-ANALYZER_VERSION = "1.5.3"
+ANALYZER_VERSION = "1.5.4"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
