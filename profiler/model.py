@@ -178,6 +178,12 @@ class AgentInfo:
     #: What the allocator may reserve as the agent read it at its last step boundary (the cap, else the
     #: device): the limit of a running run whose cap was set after agent.start.
     limit_bytes: int | None = None
+    #: At the first forward (a module forward pre-hook, once): CUDA autocast's dtype ("bfloat16",
+    #: "float16") or "off"; None when the agent did not see a forward (an older agent, no nn.Module).
+    autocast: str | None = None
+    #: The first forward's tensor arguments' shapes (the input of the measured run) and its module.
+    input_shapes: tuple = ()
+    input_module: str | None = None
 
 
 @dataclass(slots=True)

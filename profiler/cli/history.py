@@ -141,7 +141,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     fc_line = forecast_line(doc.get("forecast"), time.time())
     if fc_line and (run["status"] == "running" or (doc.get("forecast") or {}).get("oom_expected")):
         head.append(rich_text(labelled("forecast" if run["status"] == "running" else "forecast while it ran", fc_line)))
-    fit_line = own_fit_line(doc.get("fit"))
+    fit_line = own_fit_line(doc.get("fit")) or (f"fit: none ({doc['fit_reason']})" if doc.get("fit_reason") else None)
     if fit_line:
         head.append(rich_text(fit_line))
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
