@@ -123,12 +123,14 @@ def test_refused_snapshots_leave_nothing_behind_and_the_legit_run_keeps_its_blob
 
     def all_dead():
         reasons = [d.get("reason", "") for d in stack.dead() if d.get("kind") == "snapshot"]
-        return len(reasons) >= 4 and reasons
+        dropped = sum(int(d.get("dropped", 0)) for d in stack.dead() if d.get("relay_error"))
+        return len(reasons) >= 3 and dropped >= 3 and reasons
     try:
-        reasons = wait_for(all_dead, 90, 0.3, "the four refused snapshots dead-lettered")
+        reasons = wait_for(all_dead, 90, 0.3, "the refused snapshots dead-lettered")
     except AssertionError as exc:
         raise AssertionError((stack.dead(), stack.log_tail("dispatcher", 1500))) from exc
-    assert sum("unsigned envelope" in r for r in reasons) == 1
+    # the unsigned push (run_start, snapshot, run_end) never reaches the dispatcher: the relay drops it
+    # (memq_functions.lua, "no signature of a key in the keyring") with the snapshot's own blob
     assert sum("may not write cluster" in r for r in reasons) == 1
     assert sum("belongs to unsigned writers" in r for r in reasons) == 2, reasons
 
