@@ -117,6 +117,18 @@ class BlobStore:
         self._check(sha, digest, n, size)
         return n
 
+    def verify_stored(self, sha256: str, size: int | None) -> int:
+        """`verify` of the stored blob itself (its inflated size against `size`): NotFound when absent."""
+        sha = _check_sha(sha256)
+        ref = self.ref(sha)
+        if ref is None:
+            raise NotFound(f"snapshot blob {sha[:12]} is not in the blob store {self.directory}")
+        try:
+            data = (self.directory / ref).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read blob {ref} in {self.directory}: {exc.strerror or exc}") from exc
+        return self.verify(sha, data, size)
+
     def _limit(self, size: int | None) -> int:
         return min(self.max_bytes, size) if size else self.max_bytes
 

@@ -501,3 +501,23 @@ def test_snapshot_sizes_just_at_and_over_the_cap():
         parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES, -1]))  # a negative size cancels nothing
     with pytest.raises(SnapshotError, match="negative"):
         parse_snapshot(_hostile_dict([-5]))
+
+
+def test_a_false_size_cannot_be_pinned_on_a_stored_blob_no_row_names(world):
+    """Round 5 (the size check turned against another team): a blob the store holds with no row naming it
+    (a refused snapshot's leftover within MEMQ_DEAD_BLOB_GRACE_S, or a crash between a blob and its row)
+    was taken without inflating it, so the first envelope to name it set the size every later row is
+    checked against: an attacker's false size had the real owner's snapshot dead-lettered "envelope size
+    differs". The size is now checked against the stored bytes themselves."""
+    env, st, r = world
+    from memq.store.blobs import BlobStore
+
+    BlobStore(st.blob_dir).put_encoded(sha(SNAP), (REAL / "capacity" / "oom.pickle.gz").read_bytes(), "gzip")
+    r.xadd(st.stream_key, _fields("snapshot", run="attacker", size=str(len(SNAP) + 7)))
+    r.xadd(st.stream_key, _fields("snapshot", run="victim"))
+    d = Dispatcher(st, consumer="c1", block_ms=50, enqueue=lambda _sid: None)
+    counts = d.run(install_signals=False, idle_exit_s=0.5)
+    reasons = {x["run"]: x["reason"] for x in _dead(r, st)}
+    assert set(reasons) == {"attacker"}, reasons
+    assert f"inflates to {len(SNAP)} bytes, not the {len(SNAP) + 7}" in reasons["attacker"]
+    assert _run_names(d) == {"victim"} and counts["snapshots"] == 1
