@@ -2,7 +2,7 @@
 benchmarks/gpu/growth_capture.py and kept by benchmarks/growth_fixtures.py), judged against what each
 run did, separately for the tuning half and the held-back half (truth.json's `half`).
 
-    python benchmarks/growth_calibration.py [--markdown] [--half tuning|held_back|all]
+    python benchmarks/growth_calibration.py [--markdown] [--half tuning|held_back|fresh|all]
 
 Each run is replayed as the service sees it, with no limit given by hand (the agent reports its cap,
 else the card): the agent's spool (its snapshots, with the figures they embed, and its stats batches'
@@ -149,7 +149,7 @@ def describe(fc: dict | None) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--markdown", action="store_true")
-    ap.add_argument("--half", default="all", choices=["tuning", "held_back", "all"])
+    ap.add_argument("--half", default="all", choices=["tuning", "held_back", "fresh", "all"])
     args = ap.parse_args()
     rows = [judge(sc, v) for sc, v in runs(args.half)]
     head = ("| half | run | variant | real outcome | verdict at the end | forecast at half its life | ok |\n"
@@ -161,7 +161,7 @@ def main() -> None:
         cells = [r["half"], r["scenario"], r["variant"], real, verdict, describe(r["forecast"]),
                  "yes" if r["ok"] else "NO"]
         print("| " + " | ".join(cells) + " |" if args.markdown else "  ".join(cells))
-    for h in ("tuning", "held_back"):
+    for h in ("tuning", "held_back", "fresh"):
         sub = [r for r in rows if r["half"] == h]
         if not sub:
             continue

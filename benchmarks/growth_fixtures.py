@@ -9,7 +9,9 @@ the leak's attribution reads the blocks and their frames; the OOM snapshot keeps
 failing step's need), at most MAX_SNAPSHOTS other snapshots are kept, evenly spaced (the stats
 batches keep every figure), and blobs are re-compressed with gzip level 9. truth.json holds each job's
 outcome (OOM step and epoch), its limit, and whether it is a leak. The scenarios are split into a
-tuning half and a held-back half by the first hex digit of sha256(name): even = tuning.
+tuning half and a held-back half by the first hex digit of sha256(name): even = tuning; the fresh
+set (names starting `fr_`, captured after the model's last change) is a third group, judged once.
+Scenarios already in truth.json and not in this capture are kept, so two captures can share a folder.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ MAX_SNAPSHOTS = 8
 
 
 def half(name: str) -> str:
+    if name.startswith("fr_"):
+        return "fresh"
     return "tuning" if int(hashlib.sha256(name.encode()).hexdigest()[0], 16) % 2 == 0 else "held_back"
 
 
@@ -57,7 +61,8 @@ def main() -> None:
     args = ap.parse_args()
     src, dest = Path(args.capture), Path(args.dest)
     summary = json.loads((src / "summary.json").read_text())
-    truth: dict = {}
+    old = dest / "truth.json"
+    truth: dict = json.loads(old.read_text()) if old.exists() else {}
     for sc, runs in sorted(summary.items()):
         truth[sc] = {"half": half(sc)}
         for variant, res in sorted(runs.items()):

@@ -39,7 +39,7 @@ from memq.model import OomContext, Snapshot, frame_file, frame_name
 if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
-ANALYZER_VERSION = "1.5.2"
+ANALYZER_VERSION = "1.5.3"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -143,7 +143,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         has_oom=S is not None, S=S, S_min=s_min,
         A=m["active_bytes"], A_req=m["live_requested_bytes"], R=m["reserved_bytes"],
         limit=lim.limit, limit_source=lim.limit_source, limit_lower_bound=peak_reserved,
-        device_total=lim.device_total, non_pytorch=lim.non_pytorch,
+        device_total=lim.device_total, non_pytorch=lim.non_pytorch, device_free=lim.device_free,
         largest_usable=largest_usable, largest_blocked_by_max_split=blocked,
         private_pool_free=sum(p["free_bytes"] for p in m["pools"] if tuple(p["pool_id"]) != (0, 0)),
         oom_frames=oom_frames,
@@ -284,7 +284,8 @@ def _forecast(per: list[dict], heads: list, trig: list, limit: int | None,
     comparable = [{"step": agents[i].get("step"), "epoch": agents[i].get("epoch"),
                    "epoch_end": trig[i] == "epoch_end", "t": agents[i].get("time"),
                    "active": per[i]["metrics"]["active_bytes"], "reserved": per[i]["metrics"]["reserved_bytes"],
-                   "peak": per[i]["timeline"].get("peak_live_bytes")} for i in idx]
+                   "peak": per[i]["timeline"].get("peak_live_bytes"),
+                   "n_blocks": len(per[i].get("live_blocks") or ())} for i in idx]
     timed = [(a["time"], a["step"]) for a in (agents[i] for i in keep)
              if isinstance(a.get("time"), (int, float)) and isinstance(a.get("step"), int)]
     sps = None
@@ -420,7 +421,7 @@ def message_facts(ctx: OomContext) -> Facts:
         earlier_step_peak=None, training_steps_seen=0, settings_non_default=[],
         roundup=False, max_split=-1, peak_reserved=R or 0, leak={"holds": False, "settled": False,
                                                                  "evidence": ["one message, no snapshots"]},
-        stacks_all=False, largest_known=False,
+        stacks_all=False, largest_known=False, device_free=lim.device_free,
     )
 
 

@@ -92,6 +92,7 @@ class Facts:
     optimizer_creation: dict | None = None  # the failing request creates optimizer state (see analyze)
     optimizer_name: str | None = None
     largest_known: bool = True  # False for an OOM message alone: it gives no free blocks
+    device_free: int | None = None  # the card's free bytes at the OOM
 
 
 def g(n: float | None) -> str:
@@ -113,6 +114,15 @@ def check_external(f: Facts) -> Finding:
         return out
     floor = external_floor(f.device_total)
     fits = f.A + (f.S or 0) <= f.device_total - CUDA_CONTEXT_BYTES
+    capped = f.limit is not None and f.limit < f.device_total - f.non_pytorch
+    if capped and f.device_free is not None and f.S is not None and f.device_free >= f.S:
+        # ARCHITECTURE.md cause 1: a per-process cap ran out while the card still had room for the
+        # request (other jobs share the card under their own caps): other processes did not cause it
+        if f.non_pytorch > CUDA_CONTEXT_BYTES:
+            out.evidence.append(f"{g(f.non_pytorch)} of the card is held outside this process's cache, but the "
+                                f"{g(f.limit)} cap ran out while the card still had {g(f.device_free)} free: "
+                                f"other processes did not cause this OOM")
+        return out
     if f.non_pytorch > floor and fits:
         out.holds = True
         out.strength = min(1.0, f.non_pytorch / (STRENGTH["external_full_at_floor_x"] * floor))

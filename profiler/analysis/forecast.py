@@ -126,9 +126,13 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     if g.few:
         # three points grow steadily: said, with the date it points to, but not claimed (a cache that
         # fills for two epochs looks the same until the fourth point)
+        settle = (f"{g.rises} step(s) cannot tell a leak from a cache filling in bursts (new shapes): "
+                  f"one step more, or a long flat stretch, settles it"
+                  if g.rises is not None else
+                  f"{g.points} points cannot tell a leak from a cache that is still filling: "
+                  f"one more point settles it")
         out["basis"] = (f"{g.why}; at this rate the limit is reached {_ahead(ahead, unit)} on, "
-                        f"but {g.points} points cannot tell a leak from a cache that is still filling: "
-                        f"one more point settles it ({basis_pts})")
+                        f"but {settle} ({basis_pts})")
         return out
     if unit == "step":
         out.update(oom_expected=True, step=at, step_low=early, step_high=late)
@@ -144,6 +148,11 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         when = f"step {at:,}" + (f" (epoch {out['epoch']})" if out["epoch"] is not None else "")
         between = f"between steps {early:,} and {late:,}" if late is not None else f"from step {early:,} on"
     elif unit == "epoch":
+        if not figs and _kept_once_an_epoch(comparable):
+            # an epoch-end snapshot is the state the next epoch starts from: growth that comes as one
+            # block an epoch is kept at the epoch's end (a validation, a metric) and fails in the next
+            # epoch; growth inside the epoch (blocks at every step) fails in the epoch itself
+            at, late = at + 1, None if late is None else late + 1
         out.update(oom_expected=True, epoch=at)
         clock = _epoch_clock(figs, pts)
         if clock is not None:  # the points know their steps: the failing epoch's first step
@@ -175,6 +184,14 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
                     + (f" in segments of {_g(largest_segment)}" if largest_segment else "")
                     + f": it runs out in {when}, {between}")
     return out
+
+
+def _kept_once_an_epoch(comparable: list[dict]) -> bool:
+    """Epoch-end snapshots whose live blocks grow by one from each to the next (the median): the growth
+    is one allocation an epoch, not one at every step."""
+    ends = [c["n_blocks"] for c in comparable if c.get("epoch_end") and isinstance(c.get("n_blocks"), int)]
+    ups = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    return bool(ups) and statistics.median(ups) == 1
 
 
 def _ahead(x: float, unit: str) -> str:

@@ -98,7 +98,8 @@ class Growth:
     added: int = 0                       # live bytes last - first over the whole series
     matters: bool = False
     why: str = ""                        # one sentence for every screen
-    few: bool = False                    # decided on fewer than GROWTH_MIN_POINTS points
+    few: bool = False                    # decided on fewer than GROWTH_MIN_POINTS points (or rises)
+    rises: int | None = None             # growth in steps between unmoved points: how many steps
 
     @property
     def leak(self) -> bool:
@@ -119,7 +120,7 @@ class Growth:
                 "first": None if self.first is None else self.first.label,
                 "last": None if self.last is None else self.last.label,
                 "scatter_bytes": int(self.scatter), "added_bytes": int(self.added),
-                "matters": self.matters, "summary": self.why}
+                "matters": self.matters, "rises": self.rises, "summary": self.why}
 
 
 # -- the trend -----------------------------------------------------------------------------------
@@ -246,8 +247,25 @@ def assess(points: list[Point], unit: str, *, limit: int | None, headroom: int |
     if not matters:
         return Growth("small", trend=trend, earlier=earlier, since=since, scatter=sc, matters=False,
                       why=f"{desc}, but {reason}", **base)
+    rises = _stepwise_rises(pts[pts.index(since):])
+    if rises is not None and rises < GROWTH_MIN_POINTS:
+        # growth in a few steps between points that did not move at all (a cache filling in bursts, new
+        # shapes) is judged by its steps, not its points: under four in order it is not yet a trend
+        return Growth("growing", trend=trend, earlier=earlier, since=since, scatter=sc, matters=True,
+                      few=True, rises=rises,
+                      why=f"{desc}; {reason}; it came in {rises} step(s) between points that did not move",
+                      **base)
     return Growth("growing", trend=trend, earlier=earlier, since=since, scatter=sc, matters=True,
-                  why=f"{desc}; {reason}", **base)
+                  rises=rises, why=f"{desc}; {reason}", **base)
+
+
+def _stepwise_rises(pts: list[Point]) -> int | None:
+    """The rises of a series that grows in steps: None unless at least half of its intervals left the
+    live bytes exactly where they were (a steady or noisy leak moves them at every point)."""
+    deltas = [b.live - a.live for a, b in zip(pts, pts[1:], strict=False)]
+    if not deltas or 2 * sum(d == 0 for d in deltas) < len(deltas):
+        return None
+    return sum(d > 0 for d in deltas)
 
 
 def _few(pts: list[Point], base: dict, limit: int | None, headroom: int | None, at_oom: bool) -> Growth:

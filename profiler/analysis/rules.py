@@ -49,7 +49,8 @@ CUDA_CONTEXT_BYTES = _rule(
 GROWTH_MIN_POINTS = _rule(
     "GROWTH_MIN_POINTS", 4, "count", "definition",
     "ARCHITECTURE.md cause 2 asks for a trend whose 95% interval is above zero: four points rising in "
-    "order are the fewest whose chance under no trend (1/24, Mann-Kendall) is under 5%", "growth")
+    "order are the fewest whose chance under no trend (1/24, Mann-Kendall) is under 5%; of a series that "
+    "grows in steps between points that do not move (a cache filling in bursts), four rises", "growth")
 GROWTH_FEW_POINTS = _rule(
     "GROWTH_FEW_POINTS", 3, "count", "definition",
     "ARCHITECTURE.md cause 2, few points: a fast leak or three epoch-end files still decide when every "

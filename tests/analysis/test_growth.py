@@ -236,3 +236,46 @@ def test_hand_ingested_epoch_end_files_are_counted_in_epochs():
     assert fc["epoch"] == math.floor((6 * GiB - GiB - (2 * GiB + 4 * 300 * MiB)) / (300 * MiB)) + 4 + 1
     three = fm.forecast([], 6 * GiB, comparable=comp[:3])
     assert three["oom_expected"] is None and "epochs on" in three["basis"] and "one more point" in three["basis"]
+
+
+# -- growth in steps between unmoved points (a cache filling in bursts) ------------------------------
+
+def _staircase(rises: int, flat: int = 3, jump: int = 40 * MiB) -> list[float]:
+    """`rises` jumps of `jump`, each followed by `flat` points that do not move at all."""
+    lives, v = [GiB], float(GiB)
+    for _ in range(rises):
+        v += jump
+        lives += [v] * (flat + 1)
+    return lives
+
+
+def test_three_steps_between_unmoved_points_are_said_but_not_claimed():
+    g = gm.assess(pts(_staircase(gm.GROWTH_MIN_POINTS - 1), "epoch", 0), "epoch", limit=2 * GiB)
+    assert g.leak and g.few and g.rises == gm.GROWTH_MIN_POINTS - 1
+    fc = fm.forecast([], 2 * GiB, comparable=[{"epoch_end": True, "active": int(v), "reserved": int(v)}
+                                             for v in _staircase(gm.GROWTH_MIN_POINTS - 1)])
+    assert fc["oom_expected"] is None and "bursts" in fc["basis"], fc["basis"]
+
+
+def test_four_steps_between_unmoved_points_are_a_trend():
+    g = gm.assess(pts(_staircase(gm.GROWTH_MIN_POINTS), "epoch", 0), "epoch", limit=2 * GiB)
+    assert g.leak and not g.few and g.rises == gm.GROWTH_MIN_POINTS
+
+
+def test_stepwise_only_when_at_least_half_of_the_intervals_did_not_move():
+    # one unmoved interval in two: stepwise; one in three: a leak that moves at nearly every point
+    half = [GiB + (i + 1) // 2 * 40 * MiB for i in range(9)]  # 8 intervals, 4 unmoved
+    assert gm._stepwise_rises(pts(half)) == 4
+    under = [GiB + (i - i // 3) * 40 * MiB for i in range(10)]  # 9 intervals, 3 unmoved
+    assert gm._stepwise_rises(pts(under)) is None
+
+
+def test_epoch_end_growth_of_one_block_an_epoch_fails_in_the_next_epoch():
+    # the same live bytes: one new block an epoch (kept at the epoch's end) fails an epoch later than
+    # eight new blocks an epoch (kept at every step, so inside the epoch)
+    def comp(per_epoch: int) -> list[dict]:
+        return [{"epoch_end": True, "active": 2 * GiB + i * 300 * MiB, "reserved": 3 * GiB + i * 300 * MiB,
+                 "n_blocks": 100 + per_epoch * i} for i in range(5)]
+    once, steps = fm.forecast([], 6 * GiB, comparable=comp(1)), fm.forecast([], 6 * GiB, comparable=comp(8))
+    assert once["epoch"] == steps["epoch"] + 1
+    assert fm.forecast([], 6 * GiB, comparable=comp(2))["epoch"] == steps["epoch"]

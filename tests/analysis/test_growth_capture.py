@@ -14,13 +14,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.growth_calibration import judge, runs, truth  # noqa: E402
 
-#: the agent of the capture read one boundary in many on 1-3 ms steps: these fast leaks under `memq run`
-#: reached the service with one or two figures (it now reads every one of a run's first 64)
-FEW_FIGURES = {("step_256m", "run"), ("step_126m", "run")}
-#: tuning half: three bursts in 15 epochs read as a trend at a quarter of the run's life
-BURSTS = {("cache_bursts", "defaults")}
-CONTROLS = [(sc, v) for sc, v in runs() if not truth()[sc][v].get("leak") and (sc, v) not in BURSTS]
-LEAKS = [(sc, v) for sc, v in runs() if truth()[sc][v].get("leak") and (sc, v) not in FEW_FIGURES]
+#: forecasts at half a run's life that miss, each for its reason (benchmarks/RESULTS.md)
+#: late_leak: its leak starts at epoch 40 of 71, after the half: nothing at half its life grows
+#: step_64k/defaults: the step is 3.8% early, the epoch 2 early: the allocator, freeing its cache and
+#: retrying, reached the whole cap, where the forecast counts whole free segments
+KNOWN_MISSES = {("late_leak", "defaults"), ("late_leak", "run"), ("late_leak", "hand"), ("step_64k", "defaults")}
+JUDGED = runs()
+CONTROLS = [(sc, v) for sc, v in JUDGED if not truth()[sc][v].get("leak")]
+LEAKS = [(sc, v) for sc, v in JUDGED if truth()[sc][v].get("leak")]
 
 
 @pytest.mark.parametrize("sc,variant", CONTROLS)
@@ -37,7 +38,14 @@ def test_every_leak_is_diagnosed_at_its_oom_with_its_line(sc, variant):
         assert row["site"] and "growth_capture.py" in row["site"], row["site"]
 
 
-@pytest.mark.parametrize("sc,variant", sorted(FEW_FIGURES | BURSTS))
+@pytest.mark.parametrize("sc,variant", [r for r in LEAKS if r not in KNOWN_MISSES])
+def test_every_leak_is_forecast_at_half_its_life(sc, variant):
+    row = judge(sc, variant)
+    assert row["forecast_ok"], row["forecast"] and row["forecast"]["basis"]
+
+
+@pytest.mark.parametrize("sc,variant", sorted(KNOWN_MISSES))
 def test_the_known_misses_stay_as_reported(sc, variant):
     row = judge(sc, variant)
-    assert not row["ok"], f"{sc}/{variant} now passes: update benchmarks/RESULTS.md and this list"
+    assert row["verdict"] == "leak" and not row["forecast_ok"], \
+        f"{sc}/{variant} now passes: update benchmarks/RESULTS.md and this list"
