@@ -46,6 +46,9 @@ def clean(st, store, r, *, race_grace_s: float | None = None, budget: int = BATC
         # A file that could not be removed (named in `errors`) is an orphan for retention from here on.
         last = int(due[-1][1])
         r.zremrangebyscore(key, "-inf", last if len(due) < budget else f"({last}")
+        if summary["deferred"]:  # a hold in progress (or a crash within the hour): looked at again later
+            sec, usec = r.time()
+            r.zadd(key, {sha: int(sec * 1000 + usec // 1000) for sha in summary["deferred"]})
     if summary["dead_blobs_removed"]:
         log.info("dead-blob cleanup: removed %d blob file(s) of dead-lettered snapshots (%d bytes); kept %d a "
                  "row names", summary["dead_blobs_removed"], summary["bytes_freed"], summary["kept"]["referenced"])

@@ -444,14 +444,19 @@ def remove_dead_blobs(store, shas: Iterable[str], *, grace_s: float = RACE_GRACE
     """The blob files of dead-lettered snapshots (memq.workers.retention.clean_dead_blobs gives their
     sha256s once MEMQ_DEAD_BLOB_GRACE_S has passed): removed where no snapshot row names the sha256 with
     a blob_ref, through the same guarded removal as retention; a blob any row still needs stays, and
-    one that gains a row during the hold is put back. Held files an earlier run left are settled first."""
+    one that gains a row during the hold is put back. Held files an earlier run left are settled first;
+    a sha256 whose held file is younger than HELD_STALE_S (another removal's hold, or a crash within the
+    hour) is listed in `deferred`: the caller keeps its record for a later run."""
     summary: dict = {"dead_blobs_checked": 0, "dead_blobs_removed": 0, "restored": 0, "bytes_freed": 0,
-                     "held_restored": 0, "held_removed": 0, "kept": {"referenced": 0}, "errors": []}
+                     "held_restored": 0, "held_removed": 0, "kept": {"referenced": 0}, "deferred": [],
+                     "errors": []}
     blob_dir = Path(store.blobs.directory)
     todo = sorted({sha for sha in shas if _BLOB_SHA.match(sha)})
     summary["dead_blobs_checked"] = len(todo)
     for chunk in _chunks(todo):
-        _recover_held(store, {sha: _held_files(blob_dir, sha) for sha in chunk}, summary, dry_run)
+        helds = {sha: _held_files(blob_dir, sha) for sha in chunk}
+        _recover_held(store, helds, summary, dry_run)
+        summary["deferred"] += [sha for sha in chunk if any(h.exists() for h in helds[sha])]
         with store.session() as s:
             named = _named(s, set(chunk))
         summary["kept"]["referenced"] += len(named)

@@ -167,6 +167,10 @@ def test_a_cleanup_killed_during_its_hold_loses_nothing(store, st, r, env, named
 
             from memq.store.orm import Snapshot
             s.execute(update(Snapshot).where(Snapshot.sha256 == sha).values(blob_ref=f"{sha[:2]}/{sha}.zst"))
+    # within HELD_STALE_S of the hold (it could still be another cleanup's): left alone, record kept
+    young = clean(st, store, r, race_grace_s=0.05)
+    assert young["deferred"] == [sha] and held[0].exists() and r.zscore(st.dead_blobs_key, sha) is not None
+    r.zadd(st.dead_blobs_key, {sha: 0})  # due again at once
     monkeypatch.setattr(retention, "HELD_STALE_S", 0.0)  # the crash was "an hour ago"
     time.sleep(0.05)
     out = clean(st, store, r, race_grace_s=0.05)
