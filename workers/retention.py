@@ -192,7 +192,7 @@ def _bind():
     @app.task(base=MemqTask, bind=True, name=TRIM_TASK_NAME, retry_on_outage=False)
     def trim(self) -> dict:
         st = settings_of(app)
-        return trim_stream(st) | expire_untimed_blobs(st) | _dead_blobs_or_error(st)
+        return trim_stream(st) | expire_untimed_blobs(st) | _dead_blobs_or_error(st, wait=False)
 
     return gc, trim
 

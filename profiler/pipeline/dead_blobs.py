@@ -10,8 +10,10 @@ its record. `clean` takes the records older than MEMQ_DEAD_BLOB_GRACE_S and remo
 no snapshot row names the sha256 with a blob_ref (memq.store.retention.remove_dead_blobs: renamed
 aside, checked again after RACE_GRACE_S, put back if a row appeared). A blob any row names stays: the
 same bytes pushed by a legitimate job are never touched. Records leave the set only after their files
-were dealt with, so a crash repeats the work (idempotent). Called on the stream-trim tick
-(memq.workers.retention) and by `memq gc`, whatever the retention policy.
+were dealt with (a file held aside keeps its record until it is settled), so a crash repeats the
+work (idempotent). Called on the stream-trim tick (memq.workers.retention; it never sleeps: a file held
+on one tick is settled on a tick at least RACE_GRACE_S later) and by `memq gc`, whatever the retention
+policy.
 """
 
 from __future__ import annotations
@@ -24,9 +26,12 @@ log = logging.getLogger("memq.dead_blobs")
 BATCH = 2000
 
 
-def clean(st, store, r, *, race_grace_s: float | None = None, budget: int = BATCH, dry_run: bool = False) -> dict:
+def clean(st, store, r, *, race_grace_s: float | None = None, budget: int = BATCH, wait: bool = True,
+          dry_run: bool = False) -> dict:
     """Remove the blob files of dead-lettered snapshots past their grace (see the module docstring).
-    `store` may be a callable that opens it (only called when a record is due)."""
+    `store` may be a callable that opens it (only called when a record is due). `wait=False` (the beat's
+    tick) never sleeps: files are held aside now and settled by the next call once RACE_GRACE_S has
+    passed, their records kept until then; `wait=True` (`memq gc`) settles them within the call."""
     from memq.store.retention import RACE_GRACE_S, remove_dead_blobs
 
     key = st.dead_blobs_key
@@ -40,15 +45,15 @@ def clean(st, store, r, *, race_grace_s: float | None = None, budget: int = BATC
         store = store()
     shas = [m.decode() if isinstance(m, bytes) else str(m) for m, _ in due]
     summary = remove_dead_blobs(store, shas, grace_s=RACE_GRACE_S if race_grace_s is None else race_grace_s,
-                                dry_run=dry_run)
+                                wait=wait, dry_run=dry_run)
     if not dry_run:
         # the records handled: up to the last score taken (ties beyond the budget come again: idempotent).
         # A file that could not be removed (named in `errors`) is an orphan for retention from here on.
         last = int(due[-1][1])
         r.zremrangebyscore(key, "-inf", last if len(due) < budget else f"({last}")
-        if summary["deferred"]:  # a hold in progress (or a crash within the hour): looked at again later
-            sec, usec = r.time()
-            r.zadd(key, {sha: int(sec * 1000 + usec // 1000) for sha in summary["deferred"]})
+        if summary["deferred"]:  # held, not yet settled: due again at the next call, with their own times
+            scores = {(m.decode() if isinstance(m, bytes) else str(m)): sc for m, sc in due}
+            r.zadd(key, {sha: int(scores.get(sha, cutoff)) for sha in summary["deferred"]})
     if summary["dead_blobs_removed"]:
         log.info("dead-blob cleanup: removed %d blob file(s) of dead-lettered snapshots (%d bytes); kept %d a "
                  "row names", summary["dead_blobs_removed"], summary["bytes_freed"], summary["kept"]["referenced"])

@@ -67,9 +67,6 @@ STAT_WINDOW = dt.timedelta(hours=6)
 _BLOB_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)$")
 _HELD_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)\.held$")
 _BLOB_SHA = re.compile(r"^[0-9a-f]{64}$")
-#: A held file (a removal's `.held` rename) older than this was left by a crashed removal: every hold
-#: ends within its grace (RACE_GRACE_S, seconds), so an hour never meets one still in progress.
-HELD_STALE_S = 3600.0
 _TMP_MAX_AGE_S = 24 * 3600
 
 
@@ -313,7 +310,7 @@ def _unref_chunk(store, chunk: list[str], cands: dict[str, list[int]], dry_run: 
 
 def _hold(p: Path) -> Path:
     """Take a blob out of reach (BlobStore.ref no longer finds it) without losing it: rename it to
-    `<name>.held` (same directory, atomic). A crash before `_settle` leaves it there for `_recover_held`;
+    `<name>.held` (same directory, atomic). A crash before `_settle` leaves it there for `_settle_held`;
     a writer that needs it meanwhile renames it back (BlobStore.claim)."""
     held = p.with_name(p.name + HELD_SUFFIX)
     os.replace(p, held)
@@ -362,7 +359,7 @@ def _remove_guarded(store, files: dict[str, list[Path]], keep_rule, summary: dic
     or `memq ingest` transaction that found the file and is about to commit a row naming it)
     `keep_rule(session, shas)` is asked once more and what it keeps is put back. This closes the race
     between the reference check and the unlink; a crash in between leaves the held file on disk
-    (`_recover_held`), so no blob a row needs is lost."""
+    (`_settle_held`), so no blob a row needs is lost."""
     held: list[tuple[str, Path, Path, int]] = []
     held_bytes = 0
 
@@ -405,20 +402,28 @@ def _remove_guarded(store, files: dict[str, list[Path]], keep_rule, summary: dic
     settle()
 
 
-def _recover_held(store, helds: dict[str, list[Path]], summary: dict, dry_run: bool = False) -> None:
-    """Held files a crashed removal left behind (older than HELD_STALE_S, so never another removal's
-    own hold in progress): put back those a row names with a blob_ref, remove the others."""
-    stale = time.time() - HELD_STALE_S
+def _settle_held(store, helds: dict[str, list[Path]], summary: dict, older_than_s: float,
+                 dry_run: bool = False) -> set[str]:
+    """Held files (`<name>.held`) whose hold began more than `older_than_s` ago (the rename's ctime):
+    by then a writer that found the file before the hold has committed its row. Each is put back when a
+    row names its sha256 with a blob_ref, else removed: the rule is safe for any hold, whoever made it
+    (retention's removals NULL their rows' blob_ref before holding; the others remove only what no row
+    names). This settles the dead-blob cleanup's holds from one call to the next, and what a removal
+    killed during its hold left behind. Returns the sha256s whose held files are still too young."""
+    due = time.time() - older_than_s
     old: dict[str, list[Path]] = {}
+    young: set[str] = set()
     for sha, paths in helds.items():
         for h in paths:
             try:
-                if h.stat().st_ctime < stale:
+                if h.stat().st_ctime < due:
                     old.setdefault(sha, []).append(h)
+                else:
+                    young.add(sha)
             except OSError:
                 continue
     if not old or dry_run:
-        return
+        return young | set(old)
     with store.session() as s:
         keep = _named(s, set(old))
     for sha, paths in old.items():
@@ -427,12 +432,15 @@ def _recover_held(store, helds: dict[str, list[Path]], summary: dict, dry_run: b
             try:
                 size = h.stat().st_size
                 what = _settle(p, h, sha in keep)
+            except FileNotFoundError:
+                continue  # settled by its own removal meanwhile
             except OSError as exc:
                 summary["errors"].append(f"{h.name}: {exc.strerror or exc}")
                 continue
             summary["held_restored" if what == "restored" else "held_removed"] += 1
             if what == "removed":
                 summary["bytes_freed"] += size
+    return young
 
 
 def _held_files(blob_dir: Path, sha: str) -> list[Path]:
@@ -440,13 +448,15 @@ def _held_files(blob_dir: Path, sha: str) -> list[Path]:
     return [h for h in held if h.exists()]
 
 
-def remove_dead_blobs(store, shas: Iterable[str], *, grace_s: float = RACE_GRACE_S, dry_run: bool = False) -> dict:
-    """The blob files of dead-lettered snapshots (memq.workers.retention.clean_dead_blobs gives their
-    sha256s once MEMQ_DEAD_BLOB_GRACE_S has passed): removed where no snapshot row names the sha256 with
-    a blob_ref, through the same guarded removal as retention; a blob any row still needs stays, and
-    one that gains a row during the hold is put back. Held files an earlier run left are settled first;
-    a sha256 whose held file is younger than HELD_STALE_S (another removal's hold, or a crash within the
-    hour) is listed in `deferred`: the caller keeps its record for a later run."""
+def remove_dead_blobs(store, shas: Iterable[str], *, grace_s: float = RACE_GRACE_S, wait: bool = True,
+                      dry_run: bool = False) -> dict:
+    """The blob files of dead-lettered snapshots (memq.pipeline.dead_blobs gives their sha256s once
+    MEMQ_DEAD_BLOB_GRACE_S has passed): removed where no snapshot row names the sha256 with a blob_ref,
+    through retention's guarded removal (held aside, the rows asked again after `grace_s`, put back if
+    one appeared); a blob any row still needs stays.
+    `wait=True` holds and settles within the call (sleeping `grace_s`: `memq gc`); `wait=False` holds and
+    returns: the sha256s held, or held too recently to settle, are listed in `deferred`, and a later call
+    settles their held files once `grace_s` has passed (the beat's tick, which never sleeps)."""
     summary: dict = {"dead_blobs_checked": 0, "dead_blobs_removed": 0, "restored": 0, "bytes_freed": 0,
                      "held_restored": 0, "held_removed": 0, "kept": {"referenced": 0}, "deferred": [],
                      "errors": []}
@@ -454,9 +464,10 @@ def remove_dead_blobs(store, shas: Iterable[str], *, grace_s: float = RACE_GRACE
     todo = sorted({sha for sha in shas if _BLOB_SHA.match(sha)})
     summary["dead_blobs_checked"] = len(todo)
     for chunk in _chunks(todo):
-        helds = {sha: _held_files(blob_dir, sha) for sha in chunk}
-        _recover_held(store, helds, summary, dry_run)
-        summary["deferred"] += [sha for sha in chunk if any(h.exists() for h in helds[sha])]
+        held = {sha: _held_files(blob_dir, sha) for sha in chunk}
+        young = _settle_held(store, held, summary, grace_s, dry_run)
+        summary["dead_blobs_removed"] += summary.pop("held_removed", 0)
+        summary["held_removed"] = 0
         with store.session() as s:
             named = _named(s, set(chunk))
         summary["kept"]["referenced"] += len(named)
@@ -466,7 +477,19 @@ def remove_dead_blobs(store, shas: Iterable[str], *, grace_s: float = RACE_GRACE
             for paths in files.values():
                 _unlink(paths, summary, "dead_blobs_removed", dry_run)
             continue
-        _remove_guarded(store, files, _named, summary, "dead_blobs_removed", grace_s)
+        if wait:
+            _remove_guarded(store, files, _named, summary, "dead_blobs_removed", grace_s)
+            summary["deferred"] += sorted(young)
+            continue
+        for paths in files.values():  # held now, settled by a later call
+            for p in paths:
+                try:
+                    _hold(p)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    summary["errors"].append(f"{p.name}: {exc.strerror or exc}")
+        summary["deferred"] += sorted(young | set(files))
     return summary
 
 
@@ -506,8 +529,8 @@ def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: di
                 helds[h.group(1)].append(p)
             elif p.name.startswith(".") and mtime < time.time() - _TMP_MAX_AGE_S:
                 _unlink([p], summary, "temp_files_removed", dry_run)
-    for chunk in _chunks(sorted(helds)):
-        _recover_held(store, {sha: helds[sha] for sha in chunk}, summary, dry_run)
+    for chunk in _chunks(sorted(helds)):  # left by a removal killed during its hold
+        _settle_held(store, {sha: helds[sha] for sha in chunk}, summary, grace_s, dry_run)
     for chunk in _chunks(sorted(old)):
         with store.session() as s:
             named = set(s.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(chunk)).distinct()).scalars())

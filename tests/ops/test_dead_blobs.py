@@ -20,7 +20,6 @@ import redis
 from memq.config import load_settings
 from memq.pipeline.dead_blobs import clean
 from memq.store import repository as repo
-from memq.store import retention
 from tests.conftest import memq_environ
 from tests.ops.stackfile import Server
 from tests.workers.stack import wait_for
@@ -140,7 +139,7 @@ clean(st, open_store(st), make_client(st.redis_url, 5), race_grace_s=120)
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["a-row-appears", "nothing-needs-it"])
-def test_a_cleanup_killed_during_its_hold_loses_nothing(store, st, r, env, named, monkeypatch):
+def test_a_cleanup_killed_during_its_hold_loses_nothing(store, st, r, env, named):
     """SIGKILL while the file is held aside: the file is still on disk (held); the record is still in the
     set. A writer takes it back at once; else the next cleanup settles it: back where a row names it,
     removed where none does."""
@@ -167,19 +166,17 @@ def test_a_cleanup_killed_during_its_hold_loses_nothing(store, st, r, env, named
 
             from memq.store.orm import Snapshot
             s.execute(update(Snapshot).where(Snapshot.sha256 == sha).values(blob_ref=f"{sha[:2]}/{sha}.zst"))
-    # within HELD_STALE_S of the hold (it could still be another cleanup's): left alone, record kept
-    young = clean(st, store, r, race_grace_s=0.05)
+    # within the race grace of the hold (it could still be another cleanup's): left alone, record kept
+    young = clean(st, store, r, race_grace_s=3600)
     assert young["deferred"] == [sha] and held[0].exists() and r.zscore(st.dead_blobs_key, sha) is not None
-    r.zadd(st.dead_blobs_key, {sha: 0})  # due again at once
-    monkeypatch.setattr(retention, "HELD_STALE_S", 0.0)  # the crash was "an hour ago"
-    time.sleep(0.05)
+    time.sleep(0.1)
     out = clean(st, store, r, race_grace_s=0.05)
     assert not held[0].exists()
     assert store.blobs.exists(sha) is named
     if named:
         assert store.blobs.get(sha) == data and out["held_restored"] == 1
     else:
-        assert out["held_removed"] == 1
+        assert out["dead_blobs_removed"] == 1
     assert r.zcard(st.dead_blobs_key) == 0
 
 
@@ -191,3 +188,32 @@ def test_a_writer_takes_back_a_blob_a_killed_cleanup_left_held(store, tmp_path):
     os.replace(p, p.with_name(p.name + ".held"))  # what a cleanup killed during its hold leaves
     assert not store.blobs.exists(sha)
     assert store.blobs.claim(sha) == ref and store.blobs.get(sha) == data
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["a-row-appears", "nothing-needs-it"])
+def test_the_beats_tick_never_sleeps_it_holds_then_settles_on_a_later_tick(store, st, r, named):
+    """wait=False (the stream-trim tick): the file is held aside and its record kept; a call at least the
+    race grace later settles it (back where a row named it meanwhile, else gone) and drops the record."""
+    data = f"refused snapshot tick {named}".encode() * 64
+    sha = hashlib.sha256(data).hexdigest()
+    store.blobs.put(sha, data)
+    _dead(r, st, sha, GRACE + 60)
+    t = time.monotonic()
+    first = clean(st, store, r, race_grace_s=0.5, wait=False)
+    assert time.monotonic() - t < 0.5 and first["deferred"] == [sha]
+    assert not store.blobs.exists(sha) and r.zscore(st.dead_blobs_key, sha) is not None
+    too_soon = clean(st, store, r, race_grace_s=60, wait=False)  # just under the grace: untouched
+    assert too_soon["deferred"] == [sha] and too_soon["dead_blobs_removed"] == 0
+    if named:
+        _row(store, sha, blob_ref=False)
+        with store.session() as s:
+            from sqlalchemy import update
+
+            from memq.store.orm import Snapshot
+            s.execute(update(Snapshot).where(Snapshot.sha256 == sha).values(blob_ref=f"{sha[:2]}/{sha}.zst"))
+    time.sleep(0.6)
+    second = clean(st, store, r, race_grace_s=0.5, wait=False)  # just over
+    assert second["deferred"] == [] and r.zcard(st.dead_blobs_key) == 0
+    assert store.blobs.exists(sha) is named
+    assert second["dead_blobs_removed"] == (0 if named else 1)
+    assert not list((Path(store.blobs.directory) / sha[:2]).glob("*.held"))
