@@ -50,10 +50,12 @@ def clean(st, store, r, *, race_grace_s: float | None = None, budget: int = BATC
         # the records handled: up to the last score taken (ties beyond the budget come again: idempotent).
         # A file that could not be removed (named in `errors`) is an orphan for retention from here on.
         last = int(due[-1][1])
-        r.zremrangebyscore(key, "-inf", last if len(due) < budget else f"({last}")
+        pipe = r.pipeline(transaction=True)  # one MULTI: a held file never loses its record
+        pipe.zremrangebyscore(key, "-inf", last if len(due) < budget else f"({last}")
         if summary["deferred"]:  # held, not yet settled: due again at the next call, with their own times
             scores = {(m.decode() if isinstance(m, bytes) else str(m)): sc for m, sc in due}
-            r.zadd(key, {sha: int(scores.get(sha, cutoff)) for sha in summary["deferred"]})
+            pipe.zadd(key, {sha: int(scores.get(sha, cutoff)) for sha in summary["deferred"]})
+        pipe.execute()
     if summary["dead_blobs_removed"]:
         log.info("dead-blob cleanup: removed %d blob file(s) of dead-lettered snapshots (%d bytes); kept %d a "
                  "row names", summary["dead_blobs_removed"], summary["bytes_freed"], summary["kept"]["referenced"])
