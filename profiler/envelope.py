@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memq.errors import BadInput
+from memq.model import RUN_STATUSES, TRIGGERS
 
 VERSION = 1
 KINDS = ("run_start", "stats", "snapshot", "run_end")
-TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
 CODECS = ("zstd", "gzip")
 OOM_KEYS = ("alloc", "device_alloc", "device_free", "device_total", "message")
 
@@ -176,7 +176,6 @@ MAX_OOM_MESSAGE = 64 * 1024
 MAX_EXTRA_FIELDS = 32
 MAX_EXTRA_VALUE = 4096
 MAX_JSON_DEPTH = 32
-RUN_STATUSES = ("running", "completed", "crashed", "oom")
 #: What agents before 2026-12-01 sent for a run that died of a non-OOM exception: accepted at the door
 #: (a fleet upgrades slowly; their run_end must not be dead-lettered) and stored as "crashed".
 LEGACY_RUN_STATUSES = {"error": "crashed"}

@@ -16,6 +16,15 @@ INACTIVE = "inactive"
 
 SMALL_SIZE = 1024 * 1024  # requests up to 1 MiB come from the small pool
 
+#: The causes a diagnosis names (ARCHITECTURE.md "CAUSE is one of"), in the contract's order; the order
+#: they are decided in is analysis/classify.py PRECEDENCE.
+CAUSE_NAMES = ("fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
+               "external_memory", "allocator_config", "healthy")
+#: Where in a run a snapshot was taken (the envelope's `trigger`).
+TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
+#: A run's status, in the order it may move (analysis/run_status.py): running < completed < crashed < oom.
+RUN_STATUSES = ("running", "completed", "crashed", "oom")
+
 Frames = list  # list of frame dicts; empty when no stack was recorded
 
 
@@ -169,6 +178,12 @@ class AgentInfo:
     #: What the allocator may reserve as the agent read it at its last step boundary (the cap, else the
     #: device): the limit of a running run whose cap was set after agent.start.
     limit_bytes: int | None = None
+    #: At the first forward (a module forward pre-hook, once): CUDA autocast's dtype ("bfloat16",
+    #: "float16") or "off"; None when the agent did not see a forward (an older agent, no nn.Module).
+    autocast: str | None = None
+    #: The first forward's tensor arguments' shapes (the input of the measured run) and its module.
+    input_shapes: tuple = ()
+    input_module: str | None = None
 
 
 @dataclass(slots=True)

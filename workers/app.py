@@ -202,8 +202,6 @@ def _child_init(**_):
 
 
 def configure_orm() -> None:
-    from sqlalchemy.orm import configure_mappers
+    from memq.store.db import configure_orm as configure
 
-    import memq.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
-
-    configure_mappers()
+    configure()

@@ -51,6 +51,7 @@ from typing import Any
 
 from memq import envelope, identity
 from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
+from memq.analysis import run_status
 from memq.analysis.limits import observer_facts, real_cap
 from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
@@ -600,13 +601,12 @@ class Dispatcher:
         self.counts["runs"] += 1
 
     def on_run_end(self, env: envelope.Envelope) -> None:
-        status = envelope.LEGACY_RUN_STATUSES.get(env.payload.get("status"), env.payload.get("status"))
-        if status not in jobs.STATUS_ORDER:
-            status = "completed"
+        status = run_status.from_run_end(envelope.LEGACY_RUN_STATUSES.get(env.payload.get("status"),
+                                                                       env.payload.get("status")))
         with self._tx() as s:
             rid = self._run_id(s, env)
             repo.upsert_run(s, repo.RunMeta(name=env.run, ended_at=_ts(env.ts)))
-            jobs.promote_run_status(s, rid, status)
+            repo.move_run_status(s, rid, status)
             figures = env.payload.get("figures")
             if isinstance(figures, dict):  # the rank's own peaks, also of a rank torn down by the launcher
                 rank_figures.upsert(s, rid, env.rank, figures, env.payload.get("status"), _ts(env.ts))
@@ -718,15 +718,11 @@ class Dispatcher:
 
     def _insert(self, s, eid: str, env: envelope.Envelope, ref: str) -> tuple[int, str, bool]:
         """The snapshot row (ON CONFLICT DO NOTHING); returns (id, state, created)."""
-        from sqlalchemy import select
-
-        from memq.store.orm import Run, Snapshot
-
         known = self._sized.get(env.sha256)
         if known is None:
             # the blob was already stored, so its bytes were not inflated here: the size must agree
             # with the rows that did (memq ingest records the real size)
-            known = s.execute(select(Snapshot.size_bytes).where(Snapshot.sha256 == env.sha256).limit(1)).scalar()
+            known = repo.known_blob_size(s, env.sha256)
         if known is None:
             # stored, but no row names it (a refused snapshot's leftover, a crash between blob and row):
             # its size is checked against the bytes themselves, else the first envelope to name it would
@@ -737,15 +733,15 @@ class Dispatcher:
             raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the blob {env.sha256[:12]}")
         oom = env.oom or {}
         rid = self._run_id(s, env)
-        run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes).where(Run.id == rid)).one()
+        run = repo.run_settings(s, rid)
         facts = observer_facts(oom, run.memory_limit_bytes, run.gpu_memory_bytes)
         sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
             run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
             epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,
             source=f"{self.stream}/{eid}", context=facts))
-        state = "pending" if created else s.execute(select(Snapshot.state).where(Snapshot.id == sid)).scalar_one()
+        state = "pending" if created else repo.snapshot_row(s, sid).state
         if env.trigger == "oom":
-            jobs.promote_run_status(s, rid, "oom")
+            repo.move_run_status(s, rid, "oom")
         return sid, state, created
 
 

@@ -41,12 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
-
 from memq.config import Settings
 from memq.errors import BadInput, BrokerUnavailable, MemqError, NotFound
 from memq.store import repository as repo
-from memq.store.orm import Run, RunDiagnosis, Snapshot
 from memq.workers import runtime
 from memq.workers.queues import QUEUE_ANALYZE
 
@@ -76,26 +73,6 @@ def _need(senders: Senders | None, what: str) -> Senders:
     if senders is None:
         raise TypeError(f"{what} sends follow-up work: pass senders (memq.workers.tasks.SENDERS)")
     return senders
-
-
-#: running < completed < crashed < oom: a run's status only moves up this order.
-STATUS_ORDER = ("running", "completed", "crashed", "oom")
-
-
-# ------------------------------------------------------------------------------------- run status
-
-
-def promote_run_status(session, run_id: int, status: str, ended_at: dt.datetime | None = None) -> bool:
-    """Set the run's status unless it already holds a later one in STATUS_ORDER (an OOM is never
-    downgraded by a late `run_end: completed`). Returns whether the row changed."""
-    if status not in STATUS_ORDER:
-        raise BadInput(f"run status {status!r} is not one of {', '.join(STATUS_ORDER)}")
-    lower = STATUS_ORDER[:STATUS_ORDER.index(status)]
-    values: dict[str, Any] = {"status": status, "updated_at": func.current_timestamp()}
-    if ended_at is not None:
-        values["ended_at"] = repo._db_time(session, ended_at)
-    res = session.execute(update(Run).where(Run.id == run_id, Run.status.in_(lower)).values(**values))
-    return bool(res.rowcount)
 
 
 def _is_oom(result: dict | None) -> bool:
@@ -198,20 +175,15 @@ def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease |
         c = repo.claim_snapshot(s, snapshot_id, st.analysis_lease_s, MAX_ATTEMPTS)
         if c is not None:
             return Lease(c.run_id, c.rank, c.attempts), "claimed"
-        row = s.execute(select(Snapshot.state, Snapshot.run_id, Snapshot.rank, Snapshot.attempts)
-                        .where(Snapshot.id == snapshot_id)).one_or_none()
+        row = repo.snapshot_row(s, snapshot_id)
         if row is None:
             return None, "missing"
         if row.state == "running" and seen:
             # Each take-over counts as an attempt: an input that kills its pool process every time
             # (reject-on-worker-lost redelivers it) ends as failed, not in a loop.
-            until = repo._db_time(s, repo.utcnow()) + dt.timedelta(seconds=st.analysis_lease_s)
-            got = s.execute(update(Snapshot).where(Snapshot.id == snapshot_id, Snapshot.state == "running",
-                                                   Snapshot.attempts < MAX_ATTEMPTS)
-                            .values(lease_until=until, attempts=Snapshot.attempts + 1)
-                            .returning(Snapshot.attempts)).first()
+            got = repo.take_over_lease(s, snapshot_id, st.analysis_lease_s, MAX_ATTEMPTS)
             if got is not None:
-                return Lease(row.run_id, row.rank, int(got.attempts)), "taken over"
+                return Lease(row.run_id, row.rank, got), "taken over"
         if row.state == "pending" and row.attempts >= MAX_ATTEMPTS:
             return None, "out of attempts"
         return None, {"done": "done", "failed": "failed", "running": "leased"}.get(row.state, row.state)
@@ -232,9 +204,8 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders:
             return "failed"
         return how
     with store.session() as s:
-        run = s.execute(select(Run.optimizer).where(Run.id == lease.run_id)).one()
-        row = s.execute(select(Snapshot.sha256, Snapshot.context, Snapshot.source)
-                        .where(Snapshot.id == snapshot_id)).one()
+        run = repo.run_settings(s, lease.run_id)
+        row = repo.snapshot_row(s, snapshot_id)
         _, version = analyse.analyzer()
         known = repo.find_analysis(s, row.sha256, version, repo.context_key(row.context)) is not None
     try:
@@ -283,16 +254,11 @@ def _is_soft_limit(exc: BaseException) -> bool:
 
 def _after_done(st: Settings, snapshot_id: int, senders: Senders) -> None:
     """An analysed snapshot: an OOM marks its run `oom`; the run-level diagnosis is scheduled."""
-    from memq.store.orm import AnalysisResult
-
     store = _store(st)
     with store.session() as s:
-        row = s.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.trigger, AnalysisResult.oom_requested_bytes,
-                               AnalysisResult.result["oom"].label("oom"))
-                        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-                        .where(Snapshot.id == snapshot_id)).one()
+        row = repo.snapshot_outcome(s, snapshot_id)
         if row.trigger == "oom" or row.oom_requested_bytes is not None or row.oom:
-            promote_run_status(s, row.run_id, "oom")
+            repo.move_run_status(s, row.run_id, "oom")
     schedule_recompute(st, row.run_id, row.rank, senders.recompute)
 
 
@@ -308,9 +274,7 @@ def quarantine(st: Settings, snapshot_id: int, reason: str) -> None:
 def _dead(st: Settings, snapshot_id: int, reason: str) -> None:
     store = _store(st)
     with store.session() as s:
-        row = s.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.trigger, Snapshot.step,
-                               Snapshot.epoch, Snapshot.source, Run.name, Run.cluster)
-                        .join(Run, Run.id == Snapshot.run_id).where(Snapshot.id == snapshot_id)).one_or_none()
+        row = repo.dead_letter_row(s, snapshot_id)
     if row is None:
         return
     fields = {"v": "1", "kind": "snapshot", "run": row.name, "cluster": row.cluster or "", "rank": row.rank,
@@ -405,7 +369,7 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     took = time.monotonic() - t0
     if _is_oom(result):
         with store.session() as s:
-            promote_run_status(s, run_id, "oom")
+            repo.move_run_status(s, run_id, "oom")
     try:
         r.set(_cost_key(st, run_id, rank), f"{took:.3f}", ex=7 * 24 * 3600)
     except Exception:  # noqa: BLE001
@@ -465,9 +429,7 @@ def _snapshots_waiting(st: Settings) -> bool:
     """Snapshot rows waiting for their analysis (recent ones: an old pending row is the reaper's)."""
     store = _store(st)
     with store.session() as s:
-        recent = repo._db_time(s, repo.utcnow() - dt.timedelta(seconds=st.pending_requeue_s))
-        return s.execute(select(Snapshot.id).where(Snapshot.state == "pending", Snapshot.created_at >= recent)
-                         .limit(1)).first() is not None
+        return repo.pending_since(s, repo.utcnow() - dt.timedelta(seconds=st.pending_requeue_s))
 
 
 # ------------------------------------------------------------------------------------------ reaper
@@ -480,12 +442,9 @@ def reap(st: Settings, senders: Senders, limit: int = 1000) -> dict[str, int]:
     now = repo.utcnow()
     with store.session() as s:
         expired = set(repo.requeue_expired(s))
-        old = repo._db_time(s, now - dt.timedelta(seconds=st.pending_requeue_s))
-        pending = s.execute(select(Snapshot.id, Snapshot.attempts).where(Snapshot.state == "pending",
-                                                                      Snapshot.created_at < old)
-                            .order_by(Snapshot.id).limit(limit)).all()
-        pending += s.execute(select(Snapshot.id, Snapshot.attempts).where(
-            Snapshot.state == "pending", Snapshot.id.in_(sorted(expired) or [-1]))).all()
+        pending = repo.pending_snapshots(s, created_before=now - dt.timedelta(seconds=st.pending_requeue_s),
+                                         limit=limit)
+        pending += repo.pending_snapshots(s, ids=sorted(expired))
     exhausted = sorted({p.id for p in pending if p.attempts >= MAX_ATTEMPTS})
     for sid in exhausted:
         quarantine(st, sid, f"gave up after {MAX_ATTEMPTS} attempts")
@@ -510,23 +469,11 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     the last diagnosis is older than the debounce delay."""
     from memq.pipeline.analyse import MAX_RUN_SNAPSHOTS
 
-    store = _store(st)
-    with store.session() as s:
-        done = (select(Snapshot.run_id, Snapshot.rank, func.count().label("n"))
-                .where(Snapshot.state == "done").group_by(Snapshot.run_id, Snapshot.rank).subquery())
-        old = repo._db_time(s, repo.utcnow() - dt.timedelta(milliseconds=st.run_diagnosis_delay_ms + 1000))
-        rows = s.execute(
-            select(done.c.run_id, done.c.rank)
-            .outerjoin(RunDiagnosis, and_(RunDiagnosis.run_id == done.c.run_id, RunDiagnosis.rank == done.c.rank))
-            .where((RunDiagnosis.run_id.is_(None))
-                   | and_(RunDiagnosis.snapshot_count < func.least(done.c.n, MAX_RUN_SNAPSHOTS)
-                          if s.get_bind().dialect.name == "postgresql"
-                          else RunDiagnosis.snapshot_count < func.min(done.c.n, MAX_RUN_SNAPSHOTS),
-                          RunDiagnosis.computed_at < old))
-            .limit(limit)).all()
-    return [(int(r.run_id), int(r.rank)) for r in rows]
+    with _store(st).session() as s:
+        return repo.stale_diagnoses(
+            s, repo.utcnow() - dt.timedelta(milliseconds=st.run_diagnosis_delay_ms + 1000), MAX_RUN_SNAPSHOTS, limit)
 
 
 __all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep", "oom_snapshots",
-           "schedule_recompute", "promote_run_status", "quarantine",
+           "schedule_recompute", "quarantine",
            "BrokerUnavailable"]

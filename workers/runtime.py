@@ -65,22 +65,12 @@ def store(st: Settings | None = None, *, async_commit: bool = False):
         from memq.store.connection import open_store
 
         found = open_store(st)
-        if async_commit and found.engine.dialect.name == "postgresql":
-            from sqlalchemy import event
+        if async_commit:
+            from memq.store.db import commit_asynchronously
 
-            event.listen(found.engine, "connect", _no_sync_commit)
-            found.engine.dispose()  # the schema check's pooled connection predates the listener
+            commit_asynchronously(found.engine)
         _stores[key] = found
     return found
-
-
-def _no_sync_commit(dbapi_conn, _record) -> None:
-    was = dbapi_conn.autocommit
-    dbapi_conn.autocommit = True
-    try:
-        dbapi_conn.execute("SET synchronous_commit TO off")
-    finally:
-        dbapi_conn.autocommit = was
 
 
 def reset() -> None:

@@ -19,7 +19,8 @@ taken while paused has no trace entries. Blocks keep the frames they were alloca
    snapshot when the window ends, before pausing).
 4. continuous: recording stays on when a stats sample (or a step boundary's reading: peak reserved
    bytes of the step and retries) shows headroom under `headroom_frac` of the
-   limit or new allocator retries (a near miss ahead of an OOM), and after an OOM; it goes back to
+   limit or new allocator retries (memory running low ahead of an OOM: an agent-side trigger, earlier than
+   the analysis' near miss, analysis/headroom.py), and after an OOM; it goes back to
    paused when headroom is above twice the threshold again (not after an OOM).
 
 `history="on"` records all the time; `history="off"` never (snapshots then hold segments and blocks
@@ -109,7 +110,7 @@ class RecordingPolicy:
         return False
 
     def on_stats(self, sample: dict, limit: int | None) -> None:
-        """Update the near-miss state from a stats sample."""
+        """Update the low-headroom state from a stats sample."""
         if self.mode != "auto":
             return
         retries = sample.get("num_alloc_retries")

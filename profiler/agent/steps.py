@@ -31,6 +31,11 @@ from collections import deque
 from dataclasses import dataclass
 
 MIB = 1 << 20
+#: analysis/rules.py GROWTH_MATTERS_SHARE, restated because the agent must not import the analysis
+#: package (its start-up cost lands in the training job); tests/agent pins the two equal.
+GROWTH_MATTERS_SHARE = 0.01
+#: The least growth since the last comparable snapshot that takes another one (with a recording window
+#: for its stacks): snapshots are costly, the per-step figures carry the series the growth model reads.
 GROWTH_MIN_BYTES = 64 * MIB
 # Unsent step figures kept between two stats flushes. A flush goes out every FLUSH_FIGURES figures
 # (or stats_flush_s), so this only fills when the transport is stalled; ~200 bytes a figure as JSON.
@@ -53,8 +58,10 @@ class Decision:
 
 
 def growth_threshold(limit: int | None, live: int) -> int:
-    """The analysis' leak test: more than max(64 MiB, 1% of LIMIT or of live bytes)."""
-    return max(GROWTH_MIN_BYTES, int(0.01 * (limit or live or 0)))
+    """When growth is worth a snapshot with stacks: the growth model's "it matters" share of LIMIT (or
+    of the live bytes), at least GROWTH_MIN_BYTES. It decides no verdict: the figures at every
+    boundary go to the growth model (analysis/growth.py) whatever this says."""
+    return max(GROWTH_MIN_BYTES, int(GROWTH_MATTERS_SHARE * (limit or live or 0)))
 
 
 class StepTracker:

@@ -5,7 +5,7 @@
 - `payload.py`: pure: the webhook bodies (Slack-compatible `{"text": ...}`, Alertmanager's shape).
 - `outbox.py`: the `alerts` table: record verdicts, claim one with a lease, record the outcome;
   rate limits per run and per job, the summary of what the per-job limit held back; the delivery
-  guarantee is stated there.
+  guarantee is stated there. Its statements are profiler/store/outbox.py's.
 - `summary.py`: pure: what a summary says (count, causes with counts, first and last run, span, link).
 - `send.py`: one HTTP POST with the Idempotency-Key header, classified as sent / retry / refused.
 The Celery side (beat sweep, delivery task, the hook after a run diagnosis) is workers/alerts.py.

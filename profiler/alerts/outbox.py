@@ -52,15 +52,11 @@ its rows covered (they are not summarised again: its last_error says why).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import random
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-
-from sqlalchemy import and_, func, or_, select, text, update
-from sqlalchemy.orm import Session
 
 from memq.alerts import payload
 from memq.alerts.send import Outcome
@@ -68,8 +64,9 @@ from memq.alerts.summary import Covered, summary_body, summary_key
 from memq.alerts.verdict import RunFacts, alert_body, forecast_verdict, idempotency_key, verdict_of
 from memq.config import Settings
 from memq.errors import ConfigError
+from memq.store import outbox as rows
 from memq.store import repository as repo
-from memq.store.orm import Alert, AlertSummary, Run, RunDiagnosis
+from memq.store.run_verdicts import verdict_result
 
 JOB_WINDOW_S = 3600
 
@@ -93,10 +90,6 @@ def backoff_s(attempts: int, cap_s: float, rand: Callable[[], float] = random.ra
 # ----------------------------------------------------------------------------------- recording
 
 
-def _limit_col():
-    return func.coalesce(Run.memory_limit_bytes, Run.gpu_memory_bytes)
-
-
 def _facts(r) -> RunFacts:
     return RunFacts(run_id=int(r.id), name=r.name, cluster=r.cluster, job=r.job, status=r.status,
                     primary_cause=r.primary_cause, oom_count=int(r.oom_count or 0),
@@ -108,12 +101,10 @@ def _utc(t: dt.datetime | None) -> dt.datetime | None:
     return t if t is None or t.tzinfo else t.replace(tzinfo=dt.UTC)  # SQLite hands back naive UTC
 
 
-def _last_forecasts(session: Session, run_ids: list[int]) -> dict[int, tuple[int, dt.datetime, dt.datetime]]:
+def _last_forecasts(session, run_ids: list[int]) -> dict[int, tuple[int, dt.datetime, dt.datetime]]:
     """Each run's latest forecast alert: (n, the OOM moment it gave, when it was recorded)."""
     out: dict[int, tuple[int, dt.datetime, dt.datetime]] = {}
-    rows = session.execute(select(Alert.run_id, Alert.verdict, Alert.body, Alert.created_at)
-                           .where(Alert.run_id.in_(run_ids), Alert.kind == "forecast"))
-    for rid, verdict, body, created in rows:
+    for rid, verdict, body, created in rows.forecast_alert_rows(session, run_ids):
         try:
             n = int(str(verdict).split(":", 1)[1])
             at = dt.datetime.fromisoformat((body or {})["oom_at"])
@@ -124,43 +115,20 @@ def _last_forecasts(session: Session, run_ids: list[int]) -> dict[int, tuple[int
     return out
 
 
-def _main_result(session: Session, run_id: int, cause: str | None) -> dict[str, Any] | None:
-    """The diagnosis of the rank that carries the run's verdict (its cause, the highest peak)."""
-    doc = session.execute(
-        select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id)
-        .order_by((RunDiagnosis.primary_cause == cause).desc(), RunDiagnosis.peak_reserved_bytes.desc().nulls_last(),
-                  RunDiagnosis.rank).limit(1)).scalar_one_or_none()
-    return dict(doc) if doc is not None else None
-
-
-def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | None = None,
+def record_verdicts(session, st: Settings, run_ids: Iterable[int] | None = None,
                     now: dt.datetime | None = None) -> list[str]:
     """Record the current verdict of the given runs (default: every run updated within
     MEMQ_ALERT_LOOKBACK_H that may have one) where it is not recorded yet. Returns the new keys."""
     now = now or repo.utcnow()
-    near = 1.0 - st.alert_headroom_pct / 100.0
-    q = select(Run.id, Run.name, Run.cluster, Run.job, Run.status, Run.primary_cause, Run.oom_count,
-               Run.peak_reserved_bytes, _limit_col().label("limit"), Run.oom_forecast_at, Run.owner).where(
-        Run.primary_cause.is_not(None))
-    if run_ids is not None:
-        ids = sorted({int(i) for i in run_ids})
-        if not ids:
-            return []
-        q = q.where(Run.id.in_(ids))
-    else:
-        # only runs that can have a verdict: the filter mirrors verdict_of, so a sweep over a large
-        # history reads the few interesting rows
-        q = q.where(Run.updated_at >= repo.db_time(session, now - dt.timedelta(hours=st.alert_lookback_h)),
-                    or_(Run.oom_count > 0, Run.status == "oom", Run.primary_cause == "leak",
-                        Run.oom_forecast_at.is_not(None),
-                        and_(Run.peak_reserved_bytes.is_not(None), _limit_col() > 0,
-                             Run.peak_reserved_bytes >= _limit_col() * near)))
+    # only runs that can have a verdict: the filter mirrors verdict_of, so a sweep over a large
+    # history reads the few interesting rows
+    fetched = rows.verdict_candidates(session, run_ids, now - dt.timedelta(hours=st.alert_lookback_h),
+                                      st.alert_headroom_pct / 100.0)
     candidates = []
-    fetched = list(session.execute(q))
     owners = {int(r.id): r.owner for r in fetched}
-    rows = [_facts(r) for r in fetched]
-    last = _last_forecasts(session, [f.run_id for f in rows if f.oom_forecast_at is not None]) if rows else {}
-    for f in rows:
+    facts = [_facts(r) for r in fetched]
+    last = _last_forecasts(session, [f.run_id for f in facts if f.oom_forecast_at is not None]) if facts else {}
+    for f in facts:
         v = verdict_of(f, st.alert_headroom_pct)
         if v is not None:
             candidates.append((f, v))
@@ -169,23 +137,18 @@ def record_verdicts(session: Session, st: Settings, run_ids: Iterable[int] | Non
             candidates.append((f, fv))
     if not candidates:
         return []
-    known = {(int(r.run_id), r.verdict) for r in session.execute(select(Alert.run_id, Alert.verdict).where(
-        Alert.run_id.in_(sorted({f.run_id for f, _ in candidates}))))}
+    known = rows.recorded_verdicts(session, {f.run_id for f, _ in candidates})
     state = "pending" if st.alert_webhook_url else "recorded"
     new = []
     for f, v in candidates:
         if (f.run_id, v.key) in known:
             continue
-        body = alert_body(f, v, _main_result(session, f.run_id, v.cause), st.public_url, st.alert_headroom_pct,
-                          now=_utc(now))
+        result = verdict_result(session, f.run_id, forecast=v.kind == "forecast")
+        body = alert_body(f, v, result, st.public_url, st.alert_headroom_pct, now=_utc(now))
         key = idempotency_key(f.name, v.key)
-        stmt = repo._insert(session, Alert).values(
-            run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause, cluster=f.cluster, job=f.job,
-            owner=owners.get(f.run_id),
-            idem_key=key, body=body, state=state, next_attempt_at=repo.db_time(session, now),
-            created_at=repo.db_time(session, now))  # the caller's clock: summaries are timed from it
-        res = session.execute(stmt.on_conflict_do_nothing(index_elements=["run_id", "verdict"]))
-        if res.rowcount:
+        if rows.insert_alert(session, now, run_id=f.run_id, verdict=v.key, kind=v.kind, cause=v.cause,
+                             cluster=f.cluster, job=f.job, owner=owners.get(f.run_id), idem_key=key, body=body,
+                             state=state):
             new.append(key)
     return new
 
@@ -204,87 +167,23 @@ class Claim:
     summary: bool = False  # an alert_summaries row (else an alerts row)
 
 
-def _claimable(now: dt.datetime, model=Alert):
-    return or_(and_(model.state == "pending", model.next_attempt_at <= now),
-               and_(model.state == "sending", model.lease_until < now))
+def due_ids(session, limit: int, now: dt.datetime | None = None) -> list[int]:
+    return rows.due(session, limit, now or repo.utcnow())
 
 
-def due_ids(session: Session, limit: int, now: dt.datetime | None = None) -> list[int]:
-    now = repo.db_time(session, now or repo.utcnow())
-    return [int(i) for i in session.execute(select(Alert.id).where(_claimable(now))
-                                            .order_by(Alert.next_attempt_at, Alert.id).limit(limit)).scalars()]
+def due_summary_ids(session, limit: int, now: dt.datetime | None = None) -> list[int]:
+    return rows.due(session, limit, now or repo.utcnow(), summary=True)
 
 
-def due_summary_ids(session: Session, limit: int, now: dt.datetime | None = None) -> list[int]:
-    now = repo.db_time(session, now or repo.utcnow())
-    return [int(i) for i in session.execute(
-        select(AlertSummary.id).where(_claimable(now, AlertSummary))
-        .order_by(AlertSummary.next_attempt_at, AlertSummary.id).limit(limit)).scalars()]
-
-
-def _eq(col, value):
-    return col == value if value is not None else col.is_(None)
-
-
-def _same_job(model, owner: str | None, cluster: str | None, job: str | None):
-    """One budget: a (principal, cluster, job). Another principal's runs under the same job name
-    (any key may write any job under the default `jobs: ["*"]`) spend their own budget, not this one."""
-    return and_(_eq(model.owner, owner), _eq(model.cluster, cluster), _eq(model.job, job))
-
-
-def _job_recent(session: Session, owner: str | None, cluster: str | None, job: str | None, now: dt.datetime,
+def _job_recent(session, owner: str | None, cluster: str | None, job: str | None, now: dt.datetime,
                 other_than: int | None = None) -> int:
     """Alerts of the job claimed in the last JOB_WINDOW_S: its verdicts' (suppressed ones never
     are) and its summaries' (a summary is a page too, so it takes a slot)."""
-    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
-    q = select(func.count()).select_from(Alert).where(
-        _same_job(Alert, owner, cluster, job), Alert.state != "suppressed", Alert.claimed_at > since)
-    if other_than is not None:
-        q = q.where(Alert.id != other_than)
-    n = session.execute(q).scalar_one()
-    n += session.execute(select(func.count()).select_from(AlertSummary).where(
-        _same_job(AlertSummary, owner, cluster, job), AlertSummary.claimed_at > since)).scalar_one()
-    return int(n)
+    return rows.job_recent(session, owner, cluster, job, now - dt.timedelta(seconds=JOB_WINDOW_S), other_than)
 
 
 #: A summary held back by the limit of all jobs is tried again this much later.
 GLOBAL_RETRY_S = 300
-
-
-def _global_recent(session: Session, now: dt.datetime, *, alert: int | None = None, summary: int | None = None) -> int:
-    """Pages of every job in the last JOB_WINDOW_S (alerts claimed, suppressed never are, and summaries),
-    the one being claimed left out."""
-    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
-    qa = select(func.count()).select_from(Alert).where(Alert.state != "suppressed", Alert.claimed_at > since)
-    qs = select(func.count()).select_from(AlertSummary).where(AlertSummary.claimed_at > since)
-    if alert is not None:
-        qa = qa.where(Alert.id != alert)
-    if summary is not None:
-        qs = qs.where(AlertSummary.id != summary)
-    return int(session.execute(qa).scalar_one()) + int(session.execute(qs).scalar_one())
-
-
-def _principal_recent(session: Session, owner: str | None, now: dt.datetime, *, alert: int | None = None,
-                      summary: int | None = None) -> int:
-    """Pages of one principal's jobs in the last JOB_WINDOW_S, the one being claimed left out."""
-    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
-    qa = select(func.count()).select_from(Alert).where(_eq(Alert.owner, owner), Alert.state != "suppressed",
-                                                       Alert.claimed_at > since)
-    qs = select(func.count()).select_from(AlertSummary).where(_eq(AlertSummary.owner, owner),
-                                                              AlertSummary.claimed_at > since)
-    if alert is not None:
-        qa = qa.where(Alert.id != alert)
-    if summary is not None:
-        qs = qs.where(AlertSummary.id != summary)
-    return int(session.execute(qa).scalar_one()) + int(session.execute(qs).scalar_one())
-
-
-def _active_principals(session: Session, now: dt.datetime) -> int:
-    """Principals with a verdict recorded in the last JOB_WINDOW_S (sent, held back or suppressed:
-    a principal whose every verdict the full window suppressed is one that wants its share)."""
-    since = repo.db_time(session, now - dt.timedelta(seconds=JOB_WINDOW_S))
-    return int(session.execute(select(func.count(func.distinct(func.coalesce(Alert.owner, ""))))
-                               .where(Alert.created_at > since)).scalar_one())
 
 
 #: Pages an hour every principal keeps whatever the number of principals: with more principals than
@@ -301,7 +200,7 @@ def fair_share(max_per_hour: int, principals: int) -> int:
     return max(MIN_SHARE, max_per_hour // max(1, principals))
 
 
-def _global_room(session: Session, st: Settings, owner: str | None, now: dt.datetime, *,
+def _global_room(session, st: Settings, owner: str | None, now: dt.datetime, *,
                  alert: int | None = None, summary: int | None = None) -> tuple[bool, str]:
     """Whether the limit of all jobs lets this page go, and if not why. It goes while the window of
     every principal holds fewer than MEMQ_ALERT_MAX_PER_HOUR pages, and in any case while its own
@@ -309,81 +208,57 @@ def _global_room(session: Session, st: Settings, owner: str | None, now: dt.date
     verdicts): a principal that fills the window with its own volume cannot starve another's page.
     The cost: in an hour where one principal filled the window, the others' shares come on top of it
     (below twice the limit in all)."""
-    every = _global_recent(session, now, alert=alert, summary=summary)
+    since = now - dt.timedelta(seconds=JOB_WINDOW_S)
+    every = rows.pages_since(session, since, alert=alert, summary=summary)
     if every < st.alert_max_per_hour:
         return True, ""
-    share = fair_share(st.alert_max_per_hour, _active_principals(session, now))
-    mine = _principal_recent(session, owner, now, alert=alert, summary=summary)
+    share = fair_share(st.alert_max_per_hour, rows.principals_since(session, since))
+    mine = rows.pages_since(session, since, owner=owner, alert=alert, summary=summary)
     if mine < share:
         return True, ""
     return False, (f"rate limit: {every} alerts of all jobs in the last hour (MEMQ_ALERT_MAX_PER_HOUR="
                    f"{st.alert_max_per_hour}), {mine} of them of this principal (its share: {share})")
 
 
-def _lock_global(session: Session) -> None:
-    """Claims of every job count against one window: taken one at a time (PostgreSQL; SQLite writes
-    one transaction at a time anyway)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(hashtext('memq-alerts:global'))"))
-
-
-def _lock_job(session: Session, owner: str | None, cluster: str | None, job: str | None) -> None:
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:k))"),
-                        {"k": "memq-alerts:" + json.dumps([owner, cluster, job])})
-
-
-def claim(session: Session, st: Settings, alert_id: int, now: dt.datetime | None = None) -> Claim | None:
+def claim(session, st: Settings, alert_id: int, now: dt.datetime | None = None) -> Claim | None:
     """Take one alert for sending (see the module docstring). None when another sender has it, it
     is not due, it is held back or suppressed by a rate limit, or it is out of attempts (failed)."""
     now = now or repo.utcnow()
-    t = repo.db_time(session, now)
     token = str(uuid.uuid4())
-    row = session.execute(
-        update(Alert).where(Alert.id == alert_id, _claimable(t))
-        .values(state="sending", claim_token=token, lease_until=t + dt.timedelta(seconds=st.alert_lease_s),
-                attempts=Alert.attempts + 1, claimed_at=t)
-        .returning(Alert.id, Alert.run_id, Alert.owner, Alert.cluster, Alert.job, Alert.idem_key, Alert.body,
-                   Alert.attempts, Alert.created_at)).first()
+    row = rows.take(session, alert_id, now, st.alert_lease_s, token)
     if row is None:
         return None
     if row.attempts > st.alert_max_attempts:
-        _set(session, row.id, state="failed", lease_until=None,
-             last_error=f"gave up after {st.alert_max_attempts} attempts")
+        rows.set_row(session, row.id, state="failed", lease_until=None,
+                     last_error=f"gave up after {st.alert_max_attempts} attempts")
         return None
-    _lock_job(session, row.owner, row.cluster, row.job)
-    others = Alert.id != row.id
-    last_of_run = session.execute(select(func.max(Alert.claimed_at)).where(
-        Alert.run_id == row.run_id, others, Alert.state.in_(("sending", "sent")))).scalar_one()
+    rows.lock_job(session, row.owner, row.cluster, row.job)
+    last_of_run = rows.last_claim_of_run(session, row.run_id, row.id)
     if last_of_run is not None:
-        until = repo.to_utc(last_of_run) + dt.timedelta(seconds=st.alert_run_interval_s)
+        until = last_of_run + dt.timedelta(seconds=st.alert_run_interval_s)
         if until > now:
-            _set(session, row.id, state="pending", lease_until=None, claim_token=None, claimed_at=None,
-                 attempts=row.attempts - 1, next_attempt_at=repo.db_time(session, until))
+            rows.set_row(session, row.id, state="pending", lease_until=None, claim_token=None, claimed_at=None,
+                         attempts=row.attempts - 1, next_attempt_at=repo.db_time(session, until))
             return None
     recent = _job_recent(session, row.owner, row.cluster, row.job, now, other_than=row.id)
     if recent >= st.alert_job_max_per_hour:
-        _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
-             last_error=f"rate limit: {recent} alerts of this job in the last hour "
-                        f"(MEMQ_ALERT_JOB_MAX_PER_HOUR={st.alert_job_max_per_hour})")
+        rows.set_row(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
+                     last_error=f"rate limit: {recent} alerts of this job in the last hour "
+                                f"(MEMQ_ALERT_JOB_MAX_PER_HOUR={st.alert_job_max_per_hour})")
         return None
-    _lock_global(session)
+    rows.lock_global(session)
     room, why = _global_room(session, st, row.owner, now, alert=row.id)
     if not room:
         # a flood of forged or real job names cannot page more than this; held-back verdicts are
         # summarised per job as the job limit's are, and summaries wait for room in this window too
-        _set(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
-             last_error=why)
+        rows.set_row(session, row.id, state="suppressed", lease_until=None, claim_token=None, claimed_at=None,
+                     last_error=why)
         return None
     return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at))
 
 
-def _set(session: Session, alert_id: int, model=Alert, **values: Any) -> None:
-    session.execute(update(model).where(model.id == alert_id).values(**values))
-
-
-def finish(session: Session, st: Settings, c: Claim, outcome: Outcome, now: dt.datetime | None = None,
+def finish(session, st: Settings, c: Claim, outcome: Outcome, now: dt.datetime | None = None,
            rand: Callable[[], float] = random.random) -> str | None:
     """Record what the POST did, if this sender still holds the claim. Returns the new state, or
     None when the lease was lost (another sender took the alert over)."""
@@ -397,10 +272,7 @@ def finish(session: Session, st: Settings, c: Claim, outcome: Outcome, now: dt.d
                   "last_error": outcome.detail[:2000]}
     else:
         values = {"state": "failed", "last_error": outcome.detail[:2000]}
-    m = AlertSummary if c.summary else Alert
-    res = session.execute(update(m).where(m.id == c.id, m.claim_token == c.token, m.state == "sending")
-                          .values(lease_until=None, **values))
-    return values["state"] if res.rowcount else None
+    return values["state"] if rows.finish_row(session, c.id, c.token, c.summary, **values) else None
 
 
 def document(st: Settings, c: Claim) -> dict[str, Any]:
@@ -412,93 +284,78 @@ def document(st: Settings, c: Claim) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ summaries
 
 
-def summary_candidates(session: Session) -> list[tuple[str | None, str | None, str | None]]:
+def summary_candidates(session) -> list[tuple[str | None, str | None, str | None]]:
     """(cluster, job, principal) with suppressed verdicts no summary covers yet (cheap: an index on
     (state, summarised_by)); whether a summary is due is decided per job by `summarise_job`."""
-    return [(r.cluster, r.job, r.owner) for r in session.execute(
-        select(Alert.cluster, Alert.job, Alert.owner).where(Alert.state == "suppressed", Alert.summarised_by.is_(None))
-        .group_by(Alert.cluster, Alert.job, Alert.owner).order_by(Alert.cluster, Alert.job, Alert.owner))]
+    return rows.summary_candidates(session)
 
 
-def summarise_job(session: Session, st: Settings, cluster: str | None, job: str | None,
+def summarise_job(session, st: Settings, cluster: str | None, job: str | None,
                   now: dt.datetime | None = None, owner: str | None = None) -> str | None:
     """Record the summary of the job's suppressed, not yet summarised verdicts if one is due (the
     module docstring says when). Returns its key, or None (not due, nothing to cover, or another
     sender covered the rows first: then this transaction is rolled back and writes nothing)."""
     now = now or repo.utcnow()
-    _lock_job(session, owner, cluster, job)  # PostgreSQL: one summariser per job at a time
-    uncovered = (_same_job(Alert, owner, cluster, job), Alert.state == "suppressed", Alert.summarised_by.is_(None))
+    rows.lock_job(session, owner, cluster, job)  # PostgreSQL: one summariser per job at a time
     # whether one is due first, from one aggregate: the sweep asks every 15 s while a busy job's
     # rows wait out their hour, and reads them only when they go out
-    oldest = repo.to_utc(session.execute(select(func.min(Alert.created_at)).where(*uncovered)).scalar_one())
+    oldest = rows.oldest_uncovered(session, owner, cluster, job)
     if oldest is None:
         return None
     window_open = _job_recent(session, owner, cluster, job, now) < st.alert_job_max_per_hour
     if not window_open and oldest > now - dt.timedelta(seconds=JOB_WINDOW_S):
         return None  # still inside the hour that held them back: they wait, nothing is lost
-    rows = session.execute(
-        select(Alert.id, Alert.verdict, Alert.kind, Alert.cause, Alert.created_at, Run.name)
-        .join(Run, Run.id == Alert.run_id).where(*uncovered).order_by(Alert.created_at, Alert.id)).all()
-    if not rows:
+    found = rows.uncovered_rows(session, owner, cluster, job)
+    if not found:
         return None
     covered = [Covered(alert_id=int(r.id), run=r.name, verdict=r.verdict, kind=r.kind, cause=r.cause,
-                       at=repo.to_utc(r.created_at)) for r in rows]
+                       at=repo.to_utc(r.created_at)) for r in found]
     ids = [c.alert_id for c in covered]
     key = summary_key(cluster, job, ids)  # the ids are unique across principals: so is the key
     body = summary_body(cluster, job, covered, st.public_url, st.alert_job_max_per_hour)
-    res = session.execute(
-        repo._insert(session, AlertSummary).values(
-            owner=owner, cluster=cluster, job=job, idem_key=key, covered=len(ids), body=body, state="pending",
-            next_attempt_at=repo.db_time(session, now), created_at=repo.db_time(session, now))
-        .on_conflict_do_nothing(index_elements=["idem_key"]).returning(AlertSummary.id)).first()
-    if res is None:  # the same rows were summarised by another sender a moment ago
+    sid = rows.insert_summary(session, now, owner=owner, cluster=cluster, job=job, idem_key=key, covered=len(ids),
+                              body=body)
+    if sid is None:  # the same rows were summarised by another sender a moment ago
         session.rollback()
         return None
-    marked = session.execute(update(Alert).where(Alert.id.in_(ids), Alert.state == "suppressed",
-                                                 Alert.summarised_by.is_(None))
-                             .values(summarised_by=res.id)).rowcount
-    if marked != len(ids):  # another sender covered some of them (SQLite: no advisory lock): leave it to it
+    if rows.cover(session, ids, sid) != len(ids):
+        # another sender covered some of them (SQLite: no advisory lock): leave it to it
         session.rollback()
         return None
     return key
 
 
-def claim_summary(session: Session, st: Settings, summary_id: int, now: dt.datetime | None = None) -> Claim | None:
+def claim_summary(session, st: Settings, summary_id: int, now: dt.datetime | None = None) -> Claim | None:
     """Take one summary for sending, as `claim` takes an alert: same lease, same attempts limit. The
     job's limit does not hold it back (it is what that limit owes the on-call person), but it takes a
     slot; the limit of all jobs (MEMQ_ALERT_MAX_PER_HOUR) makes it wait GLOBAL_RETRY_S at a time."""
     now = now or repo.utcnow()
     t = repo.db_time(session, now)
     token = str(uuid.uuid4())
-    row = session.execute(
-        update(AlertSummary).where(AlertSummary.id == summary_id, _claimable(t, AlertSummary))
-        .values(state="sending", claim_token=token, lease_until=t + dt.timedelta(seconds=st.alert_lease_s),
-                attempts=AlertSummary.attempts + 1, claimed_at=t)
-        .returning(AlertSummary.id, AlertSummary.owner, AlertSummary.cluster, AlertSummary.job, AlertSummary.idem_key,
-                   AlertSummary.body, AlertSummary.attempts, AlertSummary.created_at)).first()
+    row = rows.take(session, summary_id, now, st.alert_lease_s, token, summary=True)
     if row is None:
         return None
     if row.attempts > st.alert_max_attempts:
-        _set(session, row.id, AlertSummary, state="failed", lease_until=None,
-             last_error=f"gave up after {st.alert_max_attempts} attempts")
+        rows.set_row(session, row.id, summary=True, state="failed", lease_until=None,
+                     last_error=f"gave up after {st.alert_max_attempts} attempts")
         return None
     # its claimed_at counts in the job's window: committed under the job's lock, as a claim's
     # count of that window is read under it
-    _lock_job(session, row.owner, row.cluster, row.job)
-    _lock_global(session)
+    rows.lock_job(session, row.owner, row.cluster, row.job)
+    rows.lock_global(session)
     if not _global_room(session, st, row.owner, now, summary=row.id)[0]:
         # the window of all jobs is full: the summary waits (its rows stay covered by it)
-        _set(session, row.id, AlertSummary, state="pending", lease_until=None, claim_token=None, claimed_at=None,
-             attempts=row.attempts - 1, next_attempt_at=t + dt.timedelta(seconds=GLOBAL_RETRY_S))
+        rows.set_row(session, row.id, summary=True, state="pending", lease_until=None, claim_token=None,
+                     claimed_at=None, attempts=row.attempts - 1,
+                     next_attempt_at=t + dt.timedelta(seconds=GLOBAL_RETRY_S))
         return None
     return Claim(id=int(row.id), token=token, idem_key=row.idem_key, body=dict(row.body),
                  attempts=int(row.attempts), created_at=repo.to_utc(row.created_at), summary=True)
 
 
-def counts(session: Session) -> dict[str, int]:
-    return {k: int(v) for k, v in session.execute(select(Alert.state, func.count()).group_by(Alert.state))}
+def counts(session) -> dict[str, int]:
+    return rows.counts(session)
 
 
-def summary_counts(session: Session) -> dict[str, int]:
-    return {k: int(v) for k, v in session.execute(select(AlertSummary.state, func.count())
-                                                  .group_by(AlertSummary.state))}
+def summary_counts(session) -> dict[str, int]:
+    return rows.counts(session, summary=True)

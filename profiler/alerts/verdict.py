@@ -4,8 +4,9 @@ A verdict is the part of a run's state that is worth a page:
 - `oom:<cause>`: the run hit an out-of-memory error; `<cause>` is its run-level primary cause
   (a later diagnosis that names another cause is a new verdict: `oom:capacity` -> `oom:leak`);
 - `leak`: no OOM (yet), and the run-level diagnosis is a leak;
-- `near_miss`: no OOM and no leak, and the run's peak reserved bytes left less than the threshold
-  (MEMQ_ALERT_HEADROOM_PCT) of its limit (the per-process cap, else the device's memory).
+- `near_miss`: no OOM and no leak, and a near miss (analysis/headroom.near_miss): the run's peak
+  reserved bytes left less than MEMQ_ALERT_HEADROOM_PCT of its limit (the per-process cap, else the
+  device's memory).
 - `forecast:<n>`: the run is still running and its OOM forecast (analysis/forecast.py) comes sooner
   than MEMQ_FORECAST_ALERT_S; `n` counts the forecast alerts of the run: a later one only when the
   forecast OOM moved much earlier (to under FORECAST_EARLIER_SHARE of the time the last alert gave),
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from memq.analysis.headroom import headroom_ratio, near_miss
 from memq.render.forecast_text import fmt_duration, forecast_line
 from memq.render.step_need_text import step_need_line
 from memq.units import fmt_bytes
@@ -72,13 +74,6 @@ class Verdict:
     cause: str | None
 
 
-def headroom_ratio(peak_reserved: int | None, limit: int | None) -> float | None:
-    """Share of the limit left free at the peak (negative when the peak exceeded it); None unknown."""
-    if not peak_reserved or not limit or limit <= 0:
-        return None
-    return 1.0 - peak_reserved / limit
-
-
 def verdict_of(f: RunFacts, headroom_pct: float) -> Verdict | None:
     if f.primary_cause is None:
         return None
@@ -88,8 +83,7 @@ def verdict_of(f: RunFacts, headroom_pct: float) -> Verdict | None:
         return Verdict(f"oom:{f.primary_cause}", "oom", f.primary_cause)
     if f.primary_cause == "leak":
         return Verdict("leak", "leak", "leak")
-    h = headroom_ratio(f.peak_reserved_bytes, f.limit_bytes)
-    if h is not None and h < headroom_pct / 100.0:
+    if near_miss(f.peak_reserved_bytes, f.limit_bytes, share=headroom_pct / 100.0):
         return Verdict("near_miss", "near_miss", f.primary_cause)
     return None
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from memq.analysis import frames as fr
 from memq.analysis.confidence import confidence
+from memq.analysis.headroom import in_last_free_bytes
 from memq.analysis.memory import segment_needed
 from memq.analysis.rules import (
     CUDA_CONTEXT_BYTES,
@@ -21,20 +22,22 @@ from memq.analysis.rules import (
     EXTERNAL_MIN_BYTES,
     FRAG_SPIKE_LIKE_PENALTY,
     FRAG_UNSETTLED_PENALTY,
-    NEAR_MISS_SHARE,
     PRIVATE_POOL_SHARE,
     SPIKE_FACTOR,
     STRENGTH,
     WORKSPACE_LIMIT_SHARE,
     MiB,
 )
+from memq.model import CAUSE_NAMES
 from memq.units import fmt_bytes, fmt_need
 
 #: How to give a limit that is not known: both commands exist (files, and a run already stored).
 LIMIT_HINT = "give the limit (--limit SIZE for files; memq reanalyze --run RUN --limit SIZE for a stored run)"
 PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
               "allocator_config", "fragmentation", "capacity", "healthy")
-CAUSES = frozenset(PRECEDENCE)
+CAUSES = frozenset(CAUSE_NAMES)
+if set(PRECEDENCE) != CAUSES:  # one vocabulary (memq/model.py), one order of decision (here)
+    raise ImportError("classify.PRECEDENCE must order exactly memq.model.CAUSE_NAMES")
 
 
 @dataclass
@@ -164,7 +167,7 @@ def check_optimizer_state(f: Facts) -> Finding:
         return out
     total = f.A + (f.S or 0) if f.has_oom else (f.peak_live or f.A)
     over = total - f.limit
-    near = f.limit - total < NEAR_MISS_SHARE * f.limit
+    near = in_last_free_bytes(total, f.limit)
     created = opt + (f.S or 0) if f.has_oom else opt
     if (over > 0 or near) and created >= max(over, 0):
         out.holds = True
@@ -414,7 +417,7 @@ def check_healthy(f: Facts) -> Finding:
         head = f.limit - f.peak_reserved
         out.evidence.append(f"peak reserved {g(f.peak_reserved)} leaves {g(head)} ({_pct(head, f.limit)}) "
                             f"under the limit of {g(f.limit)}")
-        if head < NEAR_MISS_SHARE * f.limit:
+        if in_last_free_bytes(f.peak_reserved, f.limit):
             out.strength = STRENGTH["healthy_near_miss"]
             out.evidence.append("headroom is under 5% of the limit: a near miss; a larger input would OOM")
     else:

@@ -11,6 +11,14 @@ clearly its numbers pass). The constants are in rules.py; docs/analysis.md ("Cau
 - listed (part of the story, its test does not hold): CONF_SECONDARY_BASE, at least
   CONF_BELOW_PRIMARY under the primary, never under CONF_FLOOR;
 - not settled (an input is missing): CONF_NOT_SETTLED.
+
+The other verdicts take theirs from here too:
+- an OOM message read alone (message_verdict.py): `message_confidence(situation)`, one value per
+  situation the message's own figures settle (MESSAGE_CONFIDENCE in rules.py);
+- a what-if replay (whatif.py) says its confidence in words (`high`, `medium`, `low`, `none`):
+  `replay_confidence(case)`, one word per case of how far the replay reaches (REPLAY_CONFIDENCE).
+The OOM forecast's confidence is still computed in forecast.py (`_confidence`, from the growth model's
+points and interval).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from memq.analysis.rules import (
     CONF_SECONDARY_BASE,
     CONF_SECONDARY_PER_STRENGTH,
     CONF_UNSETTLED_PRIMARY,
+    MESSAGE_CONFIDENCE,
 )
 
 ROLES = ("primary", "weak_primary", "also_holds", "listed", "not_settled")
@@ -52,3 +61,40 @@ def confidence(role: str, strength: float = 0.0, *, primary: float | None = None
     if role == "listed":
         return round(max(CONF_FLOOR, min(primary - CONF_BELOW_PRIMARY, CONF_SECONDARY_BASE)), 2)
     raise ValueError(f"unknown confidence role {role!r} (one of {', '.join(ROLES)})")
+
+
+def message_confidence(situation: str) -> float:
+    """The confidence of a message-only verdict in `situation` (a key of MESSAGE_CONFIDENCE)."""
+    try:
+        return MESSAGE_CONFIDENCE[situation]
+    except KeyError:
+        raise ValueError(f"unknown message situation {situation!r} (one of {', '.join(MESSAGE_CONFIDENCE)})") from None
+
+
+#: What a what-if replay's confidence says, by how far the replay reaches (docs/whatif.md).
+REPLAY_CONFIDENCE = {
+    # the recorded settings replayed reproduce the trace: at least 95% of its segment events at the same
+    # request and the reserved bytes within 5% after every entry
+    "reproduced": "high",
+    # the recorded settings replayed, reproducing the trace less closely than that
+    "approximate": "medium",
+    # from the first allocation: an OOM of the setting, or a fit where the recorded run had no OOM
+    "from_start": "high",
+    # from the first allocation through the request the recorded run failed; what came after is in no trace
+    "past_recorded_oom": "medium",
+    # a mid-run window where the live blocks and the request exceed the limit whatever the cache's layout
+    "live_over_limit": "medium",
+    # survives the recorded window only, from a rebuilt start (or a lower cap over a mid-run window)
+    "window_only": "low",
+    # the snapshot cannot answer (no trace, a trace short of the OOM, a recording the replay does not reproduce)
+    "not_assessable": "none",
+}
+REPLAY_LEVELS = ("high", "medium", "low", "none")
+
+
+def replay_confidence(case: str) -> str:
+    """The word a what-if result's `confidence` carries in `case` (a key of REPLAY_CONFIDENCE)."""
+    try:
+        return REPLAY_CONFIDENCE[case]
+    except KeyError:
+        raise ValueError(f"unknown replay case {case!r} (one of {', '.join(REPLAY_CONFIDENCE)})") from None

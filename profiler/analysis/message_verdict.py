@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memq.analysis.classify import external_floor, g
+from memq.analysis.confidence import message_confidence
 from memq.analysis.rules import CUDA_CONTEXT_BYTES
 from memq.model import OomMessage
 
@@ -60,6 +61,7 @@ class MessageVerdict:
     limit: int | None = None
     limit_source: str | None = None
     figures: dict = field(default_factory=dict)
+    confidence_key: str | None = None  # the MESSAGE_CONFIDENCE entry the confidence is (confidence.py)
 
 
 def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = None) -> MessageVerdict:
@@ -83,24 +85,25 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
           + (f", this process {g(P)}" if P is not None else "") + (f", {g(cap)} allowed" if cap else "")]
     ev += notes
 
-    def out(situation, primary, conf, lines, lim=None, src=None, also=()):
-        return MessageVerdict(situation, primary, conf, ev + lines, list(also), lim, src, fig)
+    def out(situation, primary, key, lines, lim=None, src=None, also=()):
+        return MessageVerdict(situation, primary, message_confidence(key), ev + lines, list(also), lim, src, fig,
+                              confidence_key=key)
 
     if S is None or (A is None and F is None):
-        return out("no_figures", "capacity", 0.2,
+        return out("no_figures", "capacity", "cut_before_figures",
                    ["the message is cut before its figures (no allocated, reserved or free bytes): the cause is "
                     "not settled; paste the whole message, or analyze a snapshot"])
     if msg.platform == "xpu" and S > XPU_BLOCK_LIMIT and (F is None or S <= F):
-        return out("block_limit", "allocator_config", 0.7,
+        return out("block_limit", "allocator_config", "xpu_block_limit",
                    [f"the {g(S)} request is over the {g(XPU_BLOCK_LIMIT)} a single XPU allocation may take, while "
                     f"{g(F)} is free: the platform's per-allocation limit refused it, not the device's memory"])
     if T is not None and S > T:
-        return out("over_device", "capacity", 0.95,
+        return out("over_device", "capacity", "over_device",
                    [f"the one request of {g(S)} is larger than the whole device ({g(T)}): no setting and no other "
                     "process makes it fit"], lim=T, src="the device total")
     if cap and R is not None and R + S > cap * (1 - PRINTED_ROUNDING) and (F is None or F >= S):
         if A is None or A + S > cap:
-            return out("cap", "capacity", 0.8,
+            return out("cap", "capacity", "cap",
                        [f"the per-process cap ran out: reserved {g(R)} + request {g(S)} > {g(cap)} allowed "
                         f"({cap_src}), while the device still had {g(F)} free; allocated {g(A)} + request {g(S)} is "
                         "over the cap too"], lim=cap, src=cap_src)
@@ -110,11 +113,11 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
     capped = bool(cap and R is not None and R + S > cap * (1 - PRINTED_ROUNDING))
     if not capped and others and others_sum >= S and (F is None or S <= F + others_sum):
         names = ", ".join(f"process {pid} ({g(b)})" for pid, b in sorted(others, key=lambda x: -x[1]))
-        return out("other_processes", "external_memory", 0.85,
+        return out("other_processes", "external_memory", "other_processes",
                    [f"other processes hold {g(others_sum)} of the device: {names}; the {g(S)} request fits once "
                     f"theirs is free ({g(F)} free now)"])
     if not capped and F is not None and S <= F and T is not None:
-        return out("below_free", "allocator_config", 0.5,
+        return out("below_free", "allocator_config", "below_free",
                    [f"the request of {g(S)} is smaller than the {g(F)} the device reports free: the device did not "
                     "run out; another limit did (a per-process cap the message does not print, the platform's "
                     "per-allocation limit, memory another process took between the failure and the report, or "
@@ -129,44 +132,45 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
             and A + S <= T - CUDA_CONTEXT_BYTES:
         own = (P - R) if P is not None and R is not None else None
         if own is not None and own >= non_pt / 2:
-            return out("own_libraries", "external_memory", 0.7,
+            return out("own_libraries", "external_memory", "own_libraries",
                        [f"{g(non_pt)} of the device is outside PyTorch's cache, and {g(own)} of it is this process's "
                         f"own ({g(P)} in use, {g(R)} of it PyTorch's): its CUDA context, cuBLAS/cuDNN workspaces, "
                         "NCCL buffers or another framework in the same process, not another program"],
                        lim=lim, src=lsrc)
         who = (f"{g(non_pt - own)} of it outside this process" if own is not None
                else "the message does not say whose (torch < 2.1 prints no process figures)")
-        return out("external", "external_memory", 0.75,
+        return out("external", "external_memory", "external",
                    [f"{g(non_pt)} of the {g(T)} device is used outside PyTorch's cache ({who}); allocated {g(A)} + "
                     f"request {g(S)} would fit the device without it"], lim=lim, src=lsrc)
     Q = msg.private_pool_bytes
     if Q and A and Q > PRIVATE_POOL_SHARE * A:
-        return out("private_pools", "capacity", 0.75,
+        return out("private_pools", "capacity", "private_pools",
                    [f"{g(Q)} of the {g(A)} allocated is in private pools (CUDA graphs): memory eager code (an "
                     "optimizer creating its state, a new input shape) cannot use while those graphs live; torch "
                     "prints it inside 'allocated', so reserved is {R}".format(R=g(R))], lim=lim, src=lsrc)
     if A is None or lim is None:
-        return out("no_figures", "capacity", 0.3,
+        return out("no_figures", "capacity", "request_only",
                    ["the message gives the request but not both the allocated and the free figures: whether the "
                     "step did not fit or the cache was in pieces is not settled"], lim=lim, src=lsrc)
     need = A + S
     room = lim - need
     if room < 0:
-        return out("capacity", "capacity", 0.85,
+        return out("capacity", "capacity", "capacity",
                    [f"allocated {g(A)} + request {g(S)} = {g(need)} exceeds {g(lim)} ({lsrc}) by {g(-room)}"],
                    lim=lim, src=lsrc)
     if room < NEAR_LIMIT_SHARE * lim:
         # ARCHITECTURE.md cause 7 holds (the request fits a compacted cache), but the step's need cannot be
         # projected from a message: capacity is as likely, and the advice must cover both.
-        return out("near_limit", "fragmentation", 0.45,
+        return out("near_limit", "fragmentation", "near_limit",
                    [f"allocated {g(A)} + request {g(S)} = {g(need)} fits {g(lim)} ({lsrc}) once compacted, but leaves "
                     f"only {g(room)} for the rest of the step, which allocates after this request; a message does not "
                     "give the step's need, so whether the step fits is not settled"],
                    lim=lim, src=lsrc,
-                   also=[("capacity", 0.4, [f"{g(room)} of {g(lim)} left after this request: under "
-                                            f"{NEAR_LIMIT_SHARE:.0%} of the limit"])])
+                   also=[("capacity", message_confidence("near_limit_capacity"),
+                          [f"{g(room)} of {g(lim)} left after this request: under "
+                           f"{NEAR_LIMIT_SHARE:.0%} of the limit"])])
     # a message gives no free blocks: fragmentation from a message alone is never more than likely
-    return out("fragmentation", "fragmentation", 0.6,
+    return out("fragmentation", "fragmentation", "fragmentation",
                [f"allocated {g(A)} + request {g(S)} = {g(need)} fits {g(lim)} ({lsrc}) with {g(room)} left, yet the "
                 f"request failed: the {g(U)} reserved but unallocated is in pieces (the message does not give the "
                 "free blocks)"], lim=lim, src=lsrc)
@@ -180,37 +184,41 @@ def _outside(msg: OomMessage) -> MessageVerdict:
         S, A, other, M = msg.requested_bytes, msg.allocated_bytes, msg.other_allocations_bytes, msg.allowed_bytes
         fig.update(allocated=A, other_allocations=other, allowed=M)
         total = (A or 0) + (other or 0) + (S or 0)
-        return MessageVerdict("mps", "capacity" if (other or 0) <= (A or 0) else "external_memory", 0.7,
+        return MessageVerdict("mps", "capacity" if (other or 0) <= (A or 0) else "external_memory",
+                              message_confidence("mps"),
                               [f"MPS: allocated {g(A)} + other allocations {g(other)} + request {g(S)} = {g(total)} "
                                "is over "
                                f"the {g(M)} high-watermark cap (PYTORCH_MPS_HIGH_WATERMARK_RATIO times the "
                                "recommended working set of the unified memory)"], limit=M,
-                              limit_source="the message's 'max allowed'", figures=fig)
+                              limit_source="the message's 'max allowed'", figures=fig, confidence_key="mps")
     if k == "server_warmup":
-        return MessageVerdict("server_warmup", "capacity", 0.7,
+        return MessageVerdict("server_warmup", "capacity", message_confidence("server_warmup"),
                               ["the inference server ran out while warming up with its maximum batch (max_num_seqs "
-                               "dummy requests) in the memory its gpu_memory_utilization left"], figures=fig)
+                               "dummy requests) in the memory its gpu_memory_utilization left"], figures=fig,
+                              confidence_key="server_warmup")
     if k == "block_limit":
-        return MessageVerdict("block_limit", "allocator_config", 0.8,
+        return MessageVerdict("block_limit", "allocator_config", message_confidence("block_limit"),
                               [f"the platform refuses a single allocation of {g(msg.requested_bytes)}: "
-                               + "; ".join(msg.notes) + "; the device's memory did not run out"], figures=fig)
+                               + "; ".join(msg.notes) + "; the device's memory did not run out"], figures=fig,
+                              confidence_key="block_limit")
     if k == "cublas":
-        return MessageVerdict("cublas", "workspace", 0.6,
+        return MessageVerdict("cublas", "workspace", message_confidence("cublas"),
                               ["cuBLAS could not allocate its handle or workspace: that allocation goes to the driver, "
                                "outside PyTorch's cache, and fails when the cache or another process holds the device"],
-                              figures=fig)
+                              figures=fig, confidence_key="cublas")
     if k == "cudnn":
-        return MessageVerdict("cudnn", "workspace", 0.6,
+        return MessageVerdict("cudnn", "workspace", message_confidence("cudnn"),
                               ["cuDNN could not allocate its workspace (outside PyTorch's cache): benchmarking "
                                "(cudnn.benchmark) tries algorithms with large workspaces, in the memory the cache "
                                "left"],
-                              figures=fig)
+                              figures=fig, confidence_key="cudnn")
     if msg.layout == "thc":
-        return MessageVerdict("cuda_error", "capacity", 0.3,
+        return MessageVerdict("cuda_error", "capacity", message_confidence("thc_error"),
                               ["torch 0.x's allocator failed (THCStorage): the message gives no figures; the cause is "
-                               "not settled"], figures=fig)
-    return MessageVerdict("cuda_error", "external_memory", 0.4,
+                               "not settled"], figures=fig, confidence_key="thc_error")
+    return MessageVerdict("cuda_error", "external_memory", message_confidence("cuda_error"),
                           ["'CUDA error: out of memory' comes from the CUDA runtime, not from PyTorch's caching "
                            "allocator: a cudaMalloc outside the cache (a kernel launch, cuBLAS/cuDNN/NCCL buffers, "
                            "CUDA-graph capture, context creation) found the device full; the message gives no figures, "
-                           "and the failing call may be an earlier asynchronous one"], figures=fig)
+                           "and the failing call may be an earlier asynchronous one"], figures=fig,
+                          confidence_key="cuda_error")

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memq.analysis.rules import LEAK_LISTED_CONFIDENCE
 from memq.units import fmt_bytes
 
 MIB = 1 << 20
@@ -84,11 +85,18 @@ def rank_facts_from(rank: int, end: Mapping[str, Any], result: Mapping[str, Any]
     d, oom = result["diagnosis"], result.get("oom")
     peaks = [v for v in (figs.get("peak_allocated_bytes"), result["metrics"]["allocated_bytes"]) if v is not None]
     return RankFacts(**base, cause=d["primary_cause"], confidence=d["confidence"],
-                     leak=any(c["cause"] == "leak" and c["confidence"] >= 0.5 for c in d["causes"]),
+                     leak=leak_listed(d),
                      peak_allocated_bytes=max(peaks), composition=result["composition"],
                      oom_at=oom_at if oom else None, oom_step=oom_step if oom else None,
                      oom_allocated_bytes=result["metrics"]["allocated_bytes"] if oom else None,
                      oom_requested_bytes=oom.get("requested_bytes") if oom else None)
+
+
+def leak_listed(diagnosis: Mapping[str, Any] | None) -> bool:
+    """Whether a diagnosis lists a leak that holds (confidence at least LEAK_LISTED_CONFIDENCE): a rank's
+    own leak, read the same from a fresh result and from a stored one (store/queries.rank_facts)."""
+    return any(c.get("cause") == "leak" and (c.get("confidence") or 0) >= LEAK_LISTED_CONFIDENCE
+               for c in (diagnosis or {}).get("causes") or [])
 
 
 def _state(c: Mapping[str, int]) -> tuple[int | None, int | None]:
@@ -126,8 +134,9 @@ def _gib(n: int | None) -> str:
     return fmt_bytes(n, "GiB", unknown="?")
 
 
-def _failed(facts: list[RankFacts]) -> list[RankFacts]:
-    """Ranks that ran out of memory, earliest first (time of the OOM snapshot, else its step)."""
+def failed_ranks(facts: Iterable[RankFacts]) -> list[RankFacts]:
+    """Ranks that ran out of memory, earliest first (time of the OOM snapshot, else its step, then the
+    lowest rank): the order run_verdict.py reads too."""
     bad = [f for f in facts if f.oom_at is not None or f.oom_allocated_bytes is not None or f.status == "oom"]
     big = float("inf")
     return sorted(bad, key=lambda f: (f.oom_at if f.oom_at is not None else big,
@@ -153,7 +162,7 @@ def diagnose_ranks(facts: Iterable[RankFacts]) -> dict[str, Any]:
     if len(facts) < 2:
         out["evidence"].append("one rank recorded: nothing to compare across ranks")
         return out
-    failed = _failed(facts)
+    failed = failed_ranks(facts)
     out["failed_ranks"] = [f.rank for f in failed]
     ev: list[str] = out["evidence"]
     if not failed:

@@ -8,7 +8,8 @@ import re
 from memq.analysis import frames as fr
 from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, step_estimate
 from memq.analysis.leak import HOW_TO_GET_FRAMES
-from memq.analysis.rules import NEAR_MISS_SHARE, OPTIMIZER_SGD_MULTIPLE, PRIVATE_POOL_SHARE, STRANDED_SHARE
+from memq.analysis.headroom import in_last_free_bytes
+from memq.analysis.rules import OPTIMIZER_SGD_MULTIPLE, PRIVATE_POOL_SHARE, STRANDED_SHARE
 from memq.playbook import BY_ID
 from memq.units import fmt_need
 
@@ -258,7 +259,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
                          playbook="optimizer-state"))
     if primary == "healthy":
         # The playbook has no "healthy" entry: the batch-size section is where headroom is measured.
-        if f.limit and f.limit - f.peak_reserved < NEAR_MISS_SHARE * f.limit:
+        if in_last_free_bytes(f.peak_reserved, f.limit):
             has = "expandable_segments:True" in f.settings_non_default
             recs.append(_rec("Leave more headroom (a smaller batch)" if has else
                              "Leave more headroom (smaller batch or expandable_segments:True)",

@@ -205,6 +205,81 @@ RUN_NOISE = _rule(
     "run-to-run difference of one job: 0.02% (tests/fixtures/agent_defaults dyn, a GPT) and 0.32% "
     "(tests/fixtures/step_need cnn_dyn, a CNN); the lower bound allows 0.5%", "step_need")
 
+# ------------------------------------------------------------------ changes between runs (compare.py)
+CHANGE_MIN_BYTES = _rule(
+    "CHANGE_MIN_BYTES", 64 * MiB, "bytes", "judgement",
+    "a change between two snapshots or two runs is named from 64 MiB: under a typical activation tensor of "
+    "the fixtures' models, allocator rounding and a batch's shape wobble stay below it", "compare")
+CHANGE_MIN_SHARE = _rule(
+    "CHANGE_MIN_SHARE", 0.01, "share of the bytes it changed from", "judgement",
+    "... and from 1% of what it changed from, so a run of 80 GiB is not told about 64 MiB moves", "compare")
+CHANGE_FRAG_RATIO = _rule(
+    "CHANGE_FRAG_RATIO", 0.1, "fragmentation ratio", "judgement",
+    "a fragmentation ratio that moves by a tenth between snapshots is a change worth naming", "compare")
+SAME_LIMIT_WITHIN_BYTES = _rule(
+    "SAME_LIMIT_WITHIN_BYTES", 10 * GiB // 1000, "bytes", "measured",
+    "torch's OOM message prints sizes with two decimals of GiB (c10 CUDACachingAllocator format_size): a "
+    "limit read from '18.85 GiB allowed' is within 0.005 GiB of the cap announced, two such readings within "
+    "0.01 GiB of each other", "compare")
+REGRESSION_PEAK_GROWTH = _rule(
+    "REGRESSION_PEAK_GROWTH", 0.10, "share of the previous version's mean", "judgement",
+    "a torch version whose runs' mean peak reserved grows by more than a tenth over the job's previous "
+    "version is flagged (`memq versions`, the nightly report)", "compare")
+REGRESSION_OOM_RATE = _rule(
+    "REGRESSION_OOM_RATE", 0.10, "share of runs", "judgement",
+    "... or whose OOM rate rises by ten points or more", "compare")
+REGRESSION_FRAG = _rule(
+    "REGRESSION_FRAG", 0.10, "fragmentation ratio", "judgement",
+    "... or whose mean fragmentation ratio rises by a tenth or more", "compare")
+# ------------------------------------------------------------------ memq fit (fit.py)
+FIT_MARGIN = _rule(
+    "FIT_MARGIN", 0.17, "share of the predicted peak", "measured",
+    "the interval either side of a predicted peak reserved, and on the limit for `fits` and the largest "
+    "batch: the largest error on the tuning half of the ten model families captured on an H200 "
+    "(tests/fixtures/fit_families: lora_gpt at 8x the batch +16.5%, the allocator model placing a 32 MiB "
+    "cuBLAS workspace in a freed 1000 MiB logits block; `python benchmarks/fit_families_calibration.py "
+    "--half tuning`), rounded up; the five models of tests/fixtures/fit stay within 1.0%", "fit")
+MIDRUN_MARGIN = _rule(
+    "MIDRUN_MARGIN", 0.17, "share of the predicted peak", "measured",
+    "the interval of a trace that starts mid-run (a wrapped ring buffer): the five models' from-start traces "
+    "cut where a ring buffer would (12 cuts, 2x-8x the batch, 180 predictions) put the real peak between "
+    "0.833x and 1.157x the predicted one (`python benchmarks/fit_calibration.py --mid-run`); never narrower "
+    "than FIT_MARGIN", "fit")
+FIT_MIN_BYTES = _rule(
+    "FIT_MIN_BYTES", 1 * MiB, "bytes", "judgement",
+    "only blocks of at least 1 MiB are read as gradients, their temporaries, library workspaces or (half "
+    "of it) autocast copies: smaller ones (biases, norms) do not move a peak and coincidences of sizes "
+    "abound among them", "fit")
+CAST_COVERAGE = _rule(
+    "CAST_COVERAGE", 0.8, "share of the weights' bytes", "measured",
+    "with no word on autocast (neither the agent's nor autocast's C++ frame), half-size copies are read as "
+    "autocast's weight copies only when they cover this share of the weights: 0.96 on the bf16 GPT, 0.48 "
+    "and 0.27 on the float32 GPTs, 0 on the CNN and the checkpointed GPT (tests/fixtures/fit)", "fit")
+WORKSPACE_NEAR = _rule(
+    "WORKSPACE_NEAR", 4096, "bytes", "measured",
+    "a frameless odd-sized buffer (a library workspace) within this many bytes of an input-sized "
+    "allocation's size scales with the input, else it is held: on the CNN of tests/fixtures/fit/cnn_batches "
+    "(batches 8-64) the workspaces that recur at every batch are at least 32,105 bytes from any activation's "
+    "size and the ones that change with the batch within 415; on the ResNet and the diffusion UNet of "
+    "tests/fixtures/fit_families within 31-287 bytes (held, they made the ResNet 8-10% low)", "fit")
+STATE_INFER_TOLERANCE = _rule(
+    "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
+    "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "
+    "copies) within this much: 1.00 on the SGD-momentum GPT of tests/fixtures/real/seed_sgd, 2.00 on the "
+    "AdamW GPT of tests/fixtures/captured/leak_epochs", "fit")
+
+# Not thresholds: a library workspace's byte count is odd (a tensor's is a multiple of its element size),
+# the largest scale searched for the largest batch (as in step_need.py), and the playbook's optimizer
+# figures (profiler/playbook.md "Optimizer state", tests/fixtures/playbook/optim_*): state in multiples of
+# the parameters' bytes; a step's temporaries beyond its state (`step_extra_peak_bytes`, later steps: AdamW
+# 1.004 with torch's foreach implementation, Adafactor 0.314, the others 0); and blocks of state per
+# parameter (the same bytes in half as many blocks packed 15% tighter).
+WORKSPACE_ODD = 2
+FIT_K_MAX = 64.0
+STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0, "adamw_8bit": 0.51}
+TEMP_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 0.0, "adam": 1.0, "adamw": 1.0, "adafactor": 0.31, "adamw_8bit": 0.0}
+STATE_BLOCKS = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2, "adafactor": 0, "adamw_8bit": 2}
+
 # ------------------------------------------------------------------ confidence (confidence.py)
 CONF_BASE = _rule(
     "CONF_BASE", 0.5, "confidence", "judgement",
@@ -240,6 +315,43 @@ CONF_MESSAGE_FRAGMENTATION = _rule(
     "CONF_MESSAGE_FRAGMENTATION", 0.6, "confidence", "judgement",
     "an OOM message gives no free blocks: fragmentation from a message alone is suspected, never sure",
     "confidence")
+
+LEAK_LISTED_CONFIDENCE = _rule(
+    "LEAK_LISTED_CONFIDENCE", 0.5, "confidence", "judgement",
+    "a rank's own leak (the cross-rank comparison) is a leak its diagnosis lists at even odds or more "
+    "(CONF_BASE): a leak primary with no earlier cause unsettled always is, one that also holds from "
+    "strength 0.5", "ranks")
+
+# ------------------------------------------------------------------ an OOM message alone (message_verdict.py)
+#: The confidence of each situation a message's own figures settle (confidence.message_confidence): how
+#: much of the cause the figures decide, all judgement. Fragmentation from a message is
+#: CONF_MESSAGE_FRAGMENTATION, as in a diagnosis.
+_MESSAGE_CONFIDENCE = {
+    "cut_before_figures": (0.2, "the message is cut before its figures: a guess at the likeliest cause"),
+    "request_only": (0.3, "the request but not both the allocated and the free figures: step or cache not settled"),
+    "xpu_block_limit": (0.7, "an XPU request over the platform's 4 GiB per-allocation limit while memory was free"),
+    "block_limit": (0.8, "the platform says itself that it refuses one allocation of that size"),
+    "over_device": (0.95, "one request larger than the whole device: nothing else could make it fit"),
+    "cap": (0.8, "the per-process cap ran out with the device's room printed beside it"),
+    "other_processes": (0.85, "other processes named with their bytes, enough to make the request fit"),
+    "below_free": (0.5, "a request under the free memory reported: another limit ran out, which one not said"),
+    "own_libraries": (0.7, "memory outside the cache that the message's own process figure says is its own"),
+    "external": (0.75, "memory outside the cache, whose the message does not say in full"),
+    "private_pools": (0.75, "CUDA graphs' private pools hold most of what is allocated"),
+    "capacity": (0.85, "allocated + request over what the process could reserve, by the message's figures"),
+    "near_limit": (0.45, "fits once compacted with under a tenth left for the rest of the step: as likely capacity"),
+    "near_limit_capacity": (0.4, "the capacity listed beside a near-limit fragmentation, just below it"),
+    "mps": (0.7, "MPS's high-watermark cap, with the other allocations printed"),
+    "server_warmup": (0.7, "an inference server's warm-up with its largest batch, as its message says"),
+    "cublas": (0.6, "cuBLAS's own handle or workspace allocation failed outside the cache"),
+    "cudnn": (0.6, "cuDNN's workspace allocation failed outside the cache"),
+    "thc_error": (0.3, "torch 0.x's THCStorage failure prints no figures"),
+    "cuda_error": (0.4, "'CUDA error: out of memory' from the runtime, outside the cache, with no figures"),
+}
+MESSAGE_CONFIDENCE: dict[str, float] = {
+    k: _rule(f"MESSAGE_CONFIDENCE[{k}]", v, "confidence", "judgement", why, "message_verdict")
+    for k, (v, why) in _MESSAGE_CONFIDENCE.items()
+} | {"fragmentation": CONF_MESSAGE_FRAGMENTATION}
 
 # ------------------------------------------------------------------ strengths (classify.py)
 #: How clearly each deciding test's numbers pass (0..1), which confidence.py turns into confidence.

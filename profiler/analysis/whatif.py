@@ -67,6 +67,7 @@ from memq.analysis.allocator_model import (
     allocation_size,
     round_size,
 )
+from memq.analysis.confidence import replay_confidence
 from memq.analysis.memory import smallest_request_rounding_to
 from memq.errors import BadInput
 from memq.model import INACTIVE, AllocatorSettings, Snapshot, frame_name
@@ -147,7 +148,7 @@ class WhatIfResult:
     segment_allocs: int
     segment_frees: int
     alloc_retries: int
-    confidence: str  # "high" | "medium" | "low" | "none" (not assessable)
+    confidence: str  # confidence.REPLAY_LEVELS: "high" | "medium" | "low" | "none" (not assessable)
     shortfall_bytes: int | None = None  # OOM: reserved at the failure + the segment it needed - limit
     fidelity: dict | None = None  # recorded configuration only
     notes: list = field(default_factory=list)
@@ -857,16 +858,16 @@ def _not_assessable(conf: str, cfg: AllocatorConfig, rep: Replay, limit: int | N
                     sim: SimResult | None = None, start: str = "none", coverage: str = "none",
                     inputs: dict | None = None) -> WhatIfResult:
     if sim is not None:
-        r = _result(conf, cfg, rep, sim, limit, start, "none", notes)
+        r = _result(conf, cfg, rep, sim, limit, start, replay_confidence("not_assessable"), notes)
     else:
         end = rep.recorded_reserved_after()[-1] if rep.program.ops else rep.recorded_reserved_start
         r = WhatIfResult(conf=conf, effective=cfg.describe(), predicted_oom=None, peak_reserved_bytes=int(end),
                          headroom_bytes=None, limit_bytes=limit, fails_recorded_request=None, first_failure=None,
                          start_state=start, start_reserved_bytes=int(rep.recorded_reserved_start),
                          final_reserved_bytes=int(end), segment_allocs=0, segment_frees=0, alloc_retries=0,
-                         confidence="none", notes=list(notes))
+                         confidence=replay_confidence("not_assessable"), notes=list(notes))
     r.predicted_oom = None
-    r.confidence = "none"
+    r.confidence = replay_confidence("not_assessable")
     r.verdict = VERDICT_NOT_ASSESSABLE
     r.coverage = coverage
     r.reason = reason
@@ -1050,7 +1051,8 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
         notes = list(common)
         if cfg is None or cfg == rec_cfg:  # (or the recorded settings under another name): the recorded replay
             ok = fid["segment_event_share"] >= 0.95 and fid["reserved_within_5pct"]
-            r = _result(conf, rec_cfg, rep, rec_sim, limit_bytes, "recorded", "high" if ok else "medium", notes)
+            r = _result(conf, rec_cfg, rep, rec_sim, limit_bytes, "recorded",
+                        replay_confidence("reproduced" if ok else "approximate"), notes)
             if cfg is None:
                 r.fidelity = fid
             r.coverage, r.inputs = coverage, dict(inputs)
@@ -1058,7 +1060,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                 oom = rec_sim.oom_op is not None
                 r.verdict = VERDICT_OOM if oom else (VERDICT_FITS if from_start else VERDICT_WINDOW)
                 if not from_start:
-                    r.confidence = "low"
+                    r.confidence = replay_confidence("window_only")
                     r.reason = "a cap below what the recorded run reserved, replayed over a window that starts mid-run"
             else:
                 r.verdict = VERDICT_OOM if rec_oom else VERDICT_FITS
@@ -1067,7 +1069,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
             out.append(r)
             continue
         sim = simulate(cfg, rep)
-        r = _result(conf, cfg, rep, sim, limit_bytes, start, "high", notes)
+        r = _result(conf, cfg, rep, sim, limit_bytes, start, replay_confidence("from_start"), notes)
         r.coverage, r.inputs = coverage, dict(inputs)
         if sim.oom_op is not None and s_min is not None and s_min != s_rec and sim.oom_op == first_rec \
                 and tuple(cfg.roundup_power2_divisions) != tuple(divs):
@@ -1081,13 +1083,13 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                 continue
         if sim.oom_op is not None:
             if from_start:
-                r.verdict, r.confidence = VERDICT_OOM, "high"
+                r.verdict, r.confidence = VERDICT_OOM, replay_confidence("from_start")
                 out.append(r)
                 continue
             live = _live_bytes_before(rep, sim.oom_op, cfg) if sim.oom_op >= 0 else None
             need = round_size(sim.oom_request or 0, cfg.roundup_power2_divisions)
             if live is not None and live + need + rep.foreign_start > limit_bytes:
-                r.verdict, r.confidence = VERDICT_OOM, "medium"
+                r.verdict, r.confidence = VERDICT_OOM, replay_confidence("live_over_limit")
                 r.reason = (f"live blocks {_fmt(live)} + the request {_fmt(need)} exceed the limit "
                             f"{_fmt(limit_bytes)} at trace entry {r.first_failure['trace_index']}: no cache layout "
                             "could serve it")
@@ -1103,7 +1105,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
             continue
         if from_start:
             r.verdict = VERDICT_WINDOW if rec_oom else VERDICT_FITS
-            r.confidence = "medium" if rec_oom else "high"
+            r.confidence = replay_confidence("past_recorded_oom" if rec_oom else "from_start")
             if rec_oom:
                 r.reason = ("serves the request the recorded run failed and every request before it, from the first "
                             "allocation; the run after that request is in no trace, so it may still fail later")
@@ -1116,7 +1118,7 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
                 "fragmentation that caused the OOM, so a success under another setting says nothing",
                 notes, sim=sim, start=start, coverage=coverage, inputs=inputs))
             continue
-        r.verdict, r.confidence = VERDICT_WINDOW, "low"
+        r.verdict, r.confidence = VERDICT_WINDOW, replay_confidence("window_only")
         r.reason = (f"survives the recorded window only ({rep.trace_entries} trace entries"
                     + (", through the request the recorded run failed" if rec_oom else "")
                     + f"), from a {start} start: the cache history before the window and the run after it are "

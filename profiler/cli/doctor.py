@@ -105,21 +105,12 @@ def check_partitions(engine) -> list[Check]:
     """PostgreSQL: stat_samples' day partitions exist ahead (the dispatchers make them hourly)."""
     import datetime as dt
 
-    from sqlalchemy import text
-    from sqlalchemy.orm import Session
-
     from memq.store import partitions
 
-    if engine.dialect.name != "postgresql":
+    found = partitions.health(engine, dt.datetime.now(dt.UTC).date())
+    if found is None:
         return []
-    with Session(engine) as s:
-        if not partitions.is_partitioned(s):
-            return []
-        today = dt.datetime.now(dt.UTC).date()
-        ahead = [d for d in partitions.days(s) if d > today]
-        stray = s.execute(text("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = :t "
-                               "AND relnamespace = to_regnamespace(current_schema())::oid"),
-                          {"t": partitions.DEFAULT}).scalar_one_or_none() or 0
+    ahead, stray = found["ahead"], found["default_rows_estimate"]
     data = {"days_ahead": len(ahead), "default_partition_rows_estimate": int(stray)}
     extra = f"; about {stray} samples in the default partition (deleted row by row)" if stray else ""
     if not ahead:

@@ -27,10 +27,9 @@ from memq.render.reasons import said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said
+from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.units import fmt_bytes, sparkline
 
-CAUSES = ["fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
-          "external_memory", "allocator_config", "healthy"]
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
@@ -48,8 +47,8 @@ RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_co
 @click.option("--cluster")
 @click.option("--job")
 @click.option("--torch-version", help="Exact, or a prefix such as 2.11.")
-@click.option("--status", type=click.Choice(["running", "completed", "oom", "crashed"]))
-@click.option("--cause", type=click.Choice(CAUSES), help="Run-level primary cause.")
+@click.option("--status", type=click.Choice(RUN_STATUSES))
+@click.option("--cause", type=click.Choice(CAUSE_NAMES), help="Run-level primary cause.")
 @click.option("--since", help="Started within (7d, 24h, 30m) or since a date (2026-11-01).")
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Repeatable; all must match.")
 @click.option("--rows", "-n", "limit", type=click.IntRange(1, 100_000), default=50, show_default=True,
@@ -142,7 +141,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     fc_line = forecast_line(doc.get("forecast"), time.time())
     if fc_line and (run["status"] == "running" or (doc.get("forecast") or {}).get("oom_expected")):
         head.append(rich_text(labelled("forecast" if run["status"] == "running" else "forecast while it ran", fc_line)))
-    fit_line = own_fit_line(doc.get("fit"))
+    fit_line = own_fit_line(doc.get("fit")) or (f"fit: none ({doc['fit_reason']})" if doc.get("fit_reason") else None)
     if fit_line:
         head.append(rich_text(fit_line))
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup
@@ -231,7 +230,8 @@ def _print_whatif(con, snaps: list[dict]) -> None:
 @output_options()
 def compare(run_a, run_b, as_json, as_csv):
     """Two runs side by side: peaks, composition deltas, settings that differ, and what explains the gap."""
-    from memq.store.queries import CATEGORIES, compare_runs
+    from memq.analysis.frames import CATEGORIES
+    from memq.store.queries import compare_runs
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()

@@ -12,6 +12,7 @@ import click
 
 from memq.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
 from memq.cli.analyze import SIZE
+from memq.model import RUN_STATUSES, TRIGGERS
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
 
@@ -41,15 +42,16 @@ def _progress(total: int, enabled: bool):
 @click.option("--rank", type=int, default=0, show_default=True, help="Rank that took these snapshots.")
 @click.option("--step", type=int, help="Training step (one file only; else taken from names like step0040).")
 @click.option("--epoch", type=int, help="Epoch (one file only; else taken from names like epoch2).")
-@click.option("--trigger", type=click.Choice(["periodic", "epoch_end", "oom", "manual", "signal"]),
+@click.option("--trigger", type=click.Choice(TRIGGERS),
               help="Why the snapshots were taken (default: from the file name, else manual).")
 @click.option("--limit", type=SIZE, help="What the allocator may reserve (per-process cap), e.g. 16GiB.")
 @click.option("--device-total", type=SIZE, help="Device memory, e.g. 139.8GiB.")
 @click.option("--oom-message", metavar="TEXT", help="The 'CUDA out of memory' text (applies to the last file).")
 @click.option("--stats", "stats_path", type=click.Path(dir_okay=False, exists=True),
               help="stats.jsonl of memory_stats() samples for the timeline (fields t, step, epoch).")
-@click.option("--status", type=click.Choice(["running", "completed", "oom", "crashed"]),
-              help="Run status (default: oom when the last snapshot shows one, else completed for new runs).")
+@click.option("--status", type=click.Choice(RUN_STATUSES),
+              help="Run status, set as given (default: oom when the run diagnosis of the files finds one, "
+                   "else completed for new runs; a status only moves up running < completed < crashed < oom).")
 @click.option("--host")
 @click.option("--user", "username")
 @click.option("--project")

@@ -18,6 +18,7 @@ import socket
 import click
 
 from memq.cli.analyze import SIZE
+from memq.model import RUN_STATUSES, TRIGGERS
 from memq.render.words import plural
 
 
@@ -28,14 +29,14 @@ from memq.render.words import plural
 @click.option("--job", default="")
 @click.option("--rank", type=click.IntRange(0), default=0, show_default=True)
 @click.option("--host", default=None, help="Host that took the snapshots (default: this one).")
-@click.option("--trigger", type=click.Choice(["periodic", "epoch_end", "oom", "manual", "signal"]),
+@click.option("--trigger", type=click.Choice(TRIGGERS),
               help="Why they were taken (default: from the file name, as `memq ingest` does, else manual).")
 @click.option("--step", type=int, help="Training step (one file only; else from names like step0040).")
 @click.option("--epoch", type=int, help="Epoch (one file only; else from names like epoch2).")
 @click.option("--limit", type=SIZE, help="What the allocator could reserve (per-process cap).")
 @click.option("--device-total", type=SIZE, help="Device memory.")
 @click.option("--oom-message", metavar="TEXT", help="The 'CUDA out of memory' text (sent with the last file).")
-@click.option("--status", type=click.Choice(["completed", "oom", "crashed", "running"]), default="completed",
+@click.option("--status", type=click.Choice(RUN_STATUSES), default="completed",
               show_default=True, help="Status sent in run_end after the files; running sends no run_end.")
 @click.option("--check/--no-check", default=True, show_default=True,
               help="Decode each file with the restricted decoder before sending.")

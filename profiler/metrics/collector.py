@@ -5,7 +5,7 @@ scrape job, to every series, and a metric label of that name would be renamed `e
 
 from SQL (counters are row counts, so restarts and several exporters agree; the done snapshots'
 counts are kept up to date from the rows done since the last scrape, with a full recount every
-MEMQ_EXPORTER_RESYNC_S: profiler/metrics/tally.py)
+MEMQ_EXPORTER_RESYNC_S: profiler/store/snapshot_tally.py)
 - memq_snapshots_analysed_total{cluster, job_name}             snapshot rows analysed (state done)
 - memq_snapshots{state}                                         snapshot rows per state (gauge)
 - memq_oom_snapshots_total{cluster, job_name, cause}            analysed OOM snapshots, by the snapshot's cause
@@ -60,10 +60,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from memq.config import Settings
-from memq.metrics.tally import SnapshotTally, not_done
 from memq.store import metric_queries as q
 from memq.store import repository as repo
-from memq.store.orm import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
+from memq.store.snapshot_tally import SnapshotTally, not_done
+from memq.store.states import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
 
 log = logging.getLogger("memq.exporter")
 

@@ -19,15 +19,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select, update
-
 from memq.errors import BadInput, MemqError, NotFound, SnapshotError
 from memq.load import LoadedSnapshot
 from memq.model import OomContext
 from memq.store import repository as repo
 from memq.store.blob_snapshots import load_blob
 from memq.store.connection import Store
-from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 
 #: A run-level diagnosis reads at most this many of a rank's most recent snapshots, and stops adding
 #: older ones once their uncompressed sizes pass MAX_RUN_BYTES (parsed, a snapshot takes ~6x its
@@ -84,9 +81,7 @@ def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | No
     for (sha256, version, context) exists. Returns (analysis id, whether it was computed now)."""
     analyze, version = analyzer()
     with store.session() as s:
-        row = s.execute(select(Snapshot.sha256, Snapshot.context, Snapshot.trigger, Snapshot.source,
-                               Snapshot.step, Snapshot.epoch)
-                        .where(Snapshot.id == snapshot_id)).one_or_none()
+        row = repo.snapshot_row(s, snapshot_id)
         if row is None:
             raise NotFound(f"no snapshot with id {snapshot_id}")
         key = repo.context_key(row.context)
@@ -147,8 +142,7 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
     from memq.analysis.forecast import refresh
 
     with store.session() as s:
-        row = s.execute(select(RunDiagnosis.result, RunDiagnosis.computed_at)
-                        .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)).one_or_none()
+        row = repo.run_result_row(s, run_id, rank)
         if row is None:
             return "none"
         result = dict(row.result or {})
@@ -166,15 +160,8 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
             fc["site"], fc["advice"] = kept.get("site"), kept.get("advice")
         result["forecast"] = fc
         result["details"] = dict(details, forecast_input=nxt)
-        done = s.execute(update(RunDiagnosis)
-                         .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank,
-                                RunDiagnosis.computed_at == row.computed_at)
-                         .values(result=result).execution_options(synchronize_session=False))
-        if not done.rowcount:
+        if not repo.replace_run_result(s, run_id, rank, row.computed_at, result):
             return "unchanged"
-        diags = s.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
-        s.execute(update(Run).where(Run.id == run_id).values(**repo.forecast_summary(diags),
-                                                             updated_at=func.current_timestamp()))
     # the leak verdict reads the same growth model: when the new figures move it (a cache that stopped
     # growing, a leak that began), the run diagnosis is made again over the whole series
     return "verdict_changed" if was_leak != now_leak else "refreshed"
@@ -184,8 +171,7 @@ def _kept_figures(store: Store, run_id: int, rank: int) -> list[dict]:
     """The per-step figures the rank's stats batches added to its stored forecast inputs: the growth
     model reads the whole series, not only what the newest snapshot embeds."""
     with store.session() as s:
-        result = s.execute(select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id,
-                                                             RunDiagnosis.rank == rank)).scalar_one_or_none()
+        result = repo.run_result(s, run_id, rank)
     kept = ((result or {}).get("details") or {}).get("forecast_input") or {}
     figs = kept.get("figures") if isinstance(kept, dict) else None
     return [f for f in figs if isinstance(f, dict)] if isinstance(figs, list) else []
@@ -195,10 +181,7 @@ def stored_run_result(store: Store, run_id: int, rank: int) -> dict | None:
     """The stored run-level result when it was made by the current analyzer version, else None."""
     _, version = analyzer()
     with store.session() as s:
-        row = s.execute(select(RunDiagnosis.result).where(
-            RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank,
-            RunDiagnosis.analyzer_version == version)).scalar_one_or_none()
-    return dict(row) if row is not None else None
+        return repo.run_result(s, run_id, rank, version)
 
 
 def recompute_run(store: Store, run_id: int, rank: int = 0,
@@ -214,18 +197,10 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
 
     cache = cache or {}
     with store.session() as s:
-        run = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
-                        .where(Run.id == run_id)).one_or_none()
+        run = repo.run_settings(s, run_id)
         if run is None:
             raise NotFound(f"no run with id {run_id}")
-        newest_first = s.execute(
-            select(Snapshot.id, Snapshot.sha256, Snapshot.trigger, Snapshot.source, Snapshot.context,
-                   Snapshot.step, Snapshot.epoch, Snapshot.size_bytes, AnalysisResult.id.label("analysis_id"),
-                   AnalysisResult.allocated_bytes,
-                   AnalysisResult.reserved_bytes, AnalysisResult.analyzer_version, AnalysisResult.digest)
-            .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-            .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
-            .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(MAX_RUN_SNAPSHOTS)).all()
+        newest_first = repo.rank_snapshots(s, run_id, rank, MAX_RUN_SNAPSHOTS)
 
     digests: dict[int, SnapshotDigest | None] = {}
 
@@ -303,8 +278,7 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     with store.session() as s:
         peak_comp = result.get("composition")
         if peak_row is not None:  # only that row's stored result is read back
-            peak_doc = s.execute(select(AnalysisResult.result)
-                                 .where(AnalysisResult.id == peak_row.analysis_id)).scalar_one_or_none()
+            peak_doc = repo.analysis_doc(s, peak_row.analysis_id)
             peak_comp = (peak_doc or {}).get("composition")
         # snapshot_count: the rows this diagnosis considered (a snapshot whose blob is gone stays
         # counted, so a "fewer snapshots than rows" staleness check does not loop on it).
@@ -344,21 +318,13 @@ def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
     if limit_bytes is not None and run_name is None:
         raise BadInput("a limit is given to one run: name it (--run RUN --limit SIZE)")
     with store.session() as s:
-        q = select(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256)
+        run_id = None
         if run_name is not None:
             run_id = repo.run_id_for(s, run_name)
             if limit_bytes is not None:
                 repo.set_run_limit(s, run_id, limit_bytes)
                 force = True
-            q = q.where(Snapshot.run_id == run_id)
-        snaps = s.execute(q.where((Snapshot.analyzer_version.is_(None)) | (Snapshot.analyzer_version != version)
-                                  | (Snapshot.state != "done")).order_by(Snapshot.id)).all()
-        dq = select(Snapshot.run_id, Snapshot.rank).distinct()
-        if run_name is not None:
-            dq = dq.where(Snapshot.run_id == run_id)
-        pairs = set(s.execute(dq).all())
-        current = set(s.execute(select(RunDiagnosis.run_id, RunDiagnosis.rank)
-                                .where(RunDiagnosis.analyzer_version == version)).all())
+        snaps, pairs, current = repo.reanalyze_targets(s, version, run_id)
     rep.snapshots_considered = len(snaps)
     touched: set[tuple[int, int]] = set()
     for sn in snaps:

@@ -16,15 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
-
+from memq.analysis import run_status
 from memq.errors import BadInput, MemqError
 from memq.load import LoadedSnapshot, load_snapshot_file
 from memq.pipeline.analyse import Progress, analyse_snapshot, oom_facts, recompute_run, stored_run_result
 from memq.store import repository as repo
 from memq.store.blob_snapshots import load_blob
 from memq.store.connection import Store
-from memq.store.orm import AnalysisResult, Run, Snapshot
 
 
 @dataclass(frozen=True)
@@ -100,10 +98,9 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
     meta = replace(meta, memory_limit_bytes=limit_bytes or meta.memory_limit_bytes,
                    gpu_memory_bytes=device_total_bytes or meta.gpu_memory_bytes)
     with store.session() as s:
-        existed = s.execute(select(Run.id).where(Run.name == meta.name)).scalar_one_or_none() is not None
+        existed = repo.find_run_id(s, meta.name) is not None
         run_id = repo.upsert_run(s, meta)
-        run_row = s.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
-                            .where(Run.id == run_id)).one()
+        run_row = repo.run_settings(s, run_id)
     report = IngestReport(run=meta.name, run_id=run_id)
     cache: dict[str, LoadedSnapshot] = {}
     times: list[dt.datetime | None] = []
@@ -137,7 +134,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                 trigger=trigger, taken_at=when, blob_ref=ref, source=inp.path, context=facts))
         aid, computed = analyse_snapshot(store, sid, ld, optimizer=run_row.optimizer)
         with store.session() as s:
-            cause = s.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == aid)).scalar_one()
+            cause = repo.analysis_cause(s, aid)
         ld.snapshot.release_held()  # kept for the run's diagnosis: not the frames the parser dropped
         cache[ld.sha256] = ld
         while len(cache) > INGEST_CACHE:
@@ -153,8 +150,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
     with store.session() as s:
         for snap, t in zip(report.snapshots, fixed, strict=False):
             if snap.created:
-                s.execute(update(Snapshot).where(Snapshot.id == snap.snapshot_id)
-                          .values(taken_at=repo.db_time(s, t)))
+                repo.set_snapshot_time(s, snap.snapshot_id, t)
         times[:len(fixed)] = fixed
         repo.upsert_run(s, repo.RunMeta(name=meta.name, started_at=min(times)))
     stored = None if any(x.created for x in report.snapshots) else stored_run_result(store, run_id, rank)
@@ -165,16 +161,13 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         sweep_snapshot(store, snap.snapshot_id, load=lambda sha, src: cache.get(sha) or load_blob(store, sha, src))
     if progress:
         progress("run diagnosis")
-    status = meta.status
-    if status is None:
-        oom = bool(report.diagnosis and report.diagnosis.get("oom"))
-        status = "oom" if oom else (None if existed else "completed")
+    status = run_status.after_ingest(meta.status, bool(report.diagnosis and report.diagnosis.get("oom")),
+                                     created=not existed)
     with store.session() as s:
         if status is not None:
-            current = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
-            if not (current == "crashed" and meta.status is None):
-                repo.set_run_status(s, meta.name, status, ended_at=max(times))
-        report.status = s.execute(select(Run.status).where(Run.id == run_id)).scalar_one()
+            repo.upsert_run(s, repo.RunMeta(name=meta.name, ended_at=max(times)))
+            repo.move_run_status(s, run_id, status, ended_at=max(times), given=meta.status is not None)
+        report.status = repo.run_status(s, run_id)
     return report
 
 

@@ -87,19 +87,16 @@ def collect_status(st, with_db: bool = True, gone_after_s: float = CONSUMER_GONE
 
 
 def _db_states(st) -> dict:
-    from sqlalchemy import func, select
-
     from memq.errors import MemqError
     from memq.store.connection import open_store
-    from memq.store.orm import Snapshot
+    from memq.store.metric_queries import state_counts
 
     try:
         store = open_store(st)
         try:
             with store.session() as s:
-                rows = s.execute(select(Snapshot.state, func.count()).group_by(Snapshot.state)).all()
+                return state_counts(s)
         finally:
             store.close()
     except MemqError as exc:
         return {"error": str(exc)}
-    return {"pending": 0, "running": 0, "done": 0, "failed": 0} | {k: int(v) for k, v in rows}

@@ -14,14 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from memq.errors import MemqError, NotFound
-from memq.store import repository as repo
 from memq.store.connection import Store
-from memq.store.orm import AnalysisResult, Snapshot, WhatIfSweep
-from memq.store.sweeps import Loader, SweepPlan, oom_snapshot_ids, plan_for, store_sweep, sweep_version
+from memq.store.sweeps import (
+    Loader,
+    SweepPlan,
+    oom_snapshot_ids,
+    plan_for,
+    store_sweep,
+    stored_sweep_id,
+    sweep_version,
+    target_for_run,
+)
 
 
 def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
@@ -73,11 +77,9 @@ def sweep_snapshot(store: Store, snapshot_id: int, load: Loader | None = None) -
         if not plan.recorded_oom:
             return None, False
         key = plan.context_key()
-        sid = s.execute(select(WhatIfSweep.id).where(
-            WhatIfSweep.sha256 == plan.target.sha256, WhatIfSweep.analyzer_version == version,
-            WhatIfSweep.context_key == key)).scalar_one_or_none()
+        sid = stored_sweep_id(s, plan.target.sha256, version, key)
     if sid is not None:
-        return int(sid), False
+        return sid, False
     try:
         doc = run_plan(plan, load or _default_load(store))
     except NotFound:
@@ -94,25 +96,6 @@ def sweep_rank(store: Store, run_id: int, rank: int, load: Loader | None = None)
     return sum(sweep_snapshot(store, sid, load)[1] for sid in ids)
 
 
-def target_for_run(session, run_name: str, rank: int | None = None) -> int:
-    """The snapshot `memq whatif --run` replays: the run's last OOM snapshot (of `rank` when given),
-    else its last snapshot."""
-    run_id = repo.run_id_for(session, run_name)
-    q = (select(Snapshot.id, Snapshot.trigger, AnalysisResult.result["oom"].label("oom"))
-         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-         .where(Snapshot.run_id == run_id))
-    if rank is not None:
-        q = q.where(Snapshot.rank == rank)
-    rows = session.execute(q.order_by(Snapshot.taken_at.desc(), Snapshot.id.desc())).all()
-    if not rows:
-        raise NotFound(f"run {run_name!r} has no snapshot" + (f" of rank {rank}" if rank is not None else ""),
-                       hint="nothing to replay: `memq history --run " + run_name + "` lists what it has")
-    for r in rows:
-        if r.trigger == "oom" or isinstance(r.oom, dict):
-            return int(r.id)
-    return int(rows[0].id)
-
-
 def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[str], sweep: bool = False,
                    limit_bytes: int | None = None, load: Loader | None = None) -> dict[str, Any]:
     """`memq whatif --run`: the document of `run_plan` for the run's target snapshot."""
@@ -121,7 +104,7 @@ def replay_for_run(store: Store, run_name: str, rank: int | None, confs: list[st
     return run_plan(plan, load or _default_load(store), confs=list(confs), limit_bytes=limit_bytes, sweep=sweep)
 
 
-def whatif_simulator(store, session: Session,
+def whatif_simulator(store, session,
                      max_trace_entries: int = 200_000) -> Callable[[dict, str], dict | None]:
     """A `simulate` for build_report: the run's last snapshot (its OOM snapshot when it has one)
     under the recorded settings and under `setting`, at the run's limit: the sweep the worker stored
@@ -129,19 +112,10 @@ def whatif_simulator(store, session: Session,
     store with the rank's earlier snapshots as seeds. The result carries the verdict and its reason
     (not assessable, or a success over the recorded window only), never an outcome alone. Returns
     None when the blob is not stored or the trace is too long to replay here."""
-    from sqlalchemy import case, select
-
-    from memq.errors import MemqError
-    from memq.store.orm import Snapshot
+    from memq.store import sweeps
 
     def simulate(run: dict, setting: str) -> dict | None:
-        from memq.store import sweeps
-
-        row = session.execute(
-            select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger)
-            .where(Snapshot.run_id == run["id"])
-            .order_by(case((Snapshot.trigger == "oom", 0), else_=1), Snapshot.taken_at.desc(), Snapshot.id.desc())
-            .limit(1)).one_or_none()
+        row = sweeps.report_target(session, run["id"])
         if row is None:
             return None
         stored = sweeps.sweeps_by_sha(session, [row.sha256]).get(row.sha256)

@@ -10,8 +10,9 @@ The renderers (html, markdown, JSON) only format this dict; nothing here formats
 beyond short `text` lines. Sections (all byte counts are integers):
 - `totals`: runs, completed, OOM runs, near misses, running, crashed.
 - `ooms`, `near_misses`: counts by root cause, cluster and job, and the runs (cause, request,
-  limit, headroom, first recommendation). A near miss is a run without an OOM whose peak reserved
-  bytes leave under 5% of its limit (the per-process cap, else the device total).
+  limit, headroom, first recommendation). A near miss is analysis/headroom.near_miss: a run without
+  an OOM whose peak reserved bytes leave under NEAR_MISS_SHARE (5%) of its limit (the per-process cap,
+  else the device total).
 - `breakdown`: per cause / cluster / job rows with both counts, for the tables and the plot.
 - `regressions`: per job, a torch version that ran in the window and, against the job's previous
   version (all history up to the window's end), raised the mean peak reserved by >10%, the OOM
@@ -34,6 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from memq.analysis import growth as gm
+from memq.analysis.compare import version_figures, version_key, version_regressions
+from memq.analysis.headroom import near_miss
+from memq.analysis.rules import NEAR_MISS_SHARE
 from memq.analysis.recommend import NO_EFFECT
 from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
@@ -42,10 +46,6 @@ from memq.store.report_queries import Scope, Window
 
 SCHEMA = 1
 MiB = 1024**2
-NEAR_MISS_HEADROOM = 0.05
-REGRESSION_PEAK_GROWTH = 0.10
-REGRESSION_OOM_RATE = 0.10
-REGRESSION_FRAG = 0.10
 FRAG_MIN_RATIO = 0.30
 FRAG_MIN_BYTES = 256 * MiB
 MAX_LISTED = 50
@@ -84,7 +84,7 @@ def build_report(source: ReportSource, day: dt.date, scope: Scope, *, previous: 
     metrics = source.run_metrics(window, scope)
 
     ooms = [r for r in runs if _is_oom(r)]
-    near = [r for r in runs if not _is_oom(r) and _headroom(r) is not None and _headroom(r)[1] < NEAR_MISS_HEADROOM]
+    near = [r for r in runs if _near_miss(r)]
     fragmented = _fragmented(runs, metrics)
     floors = source.epoch_floors(window, scope)
     growing = _growing(runs, floors)
@@ -152,13 +152,10 @@ def _limit(r: dict) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _headroom(r: dict) -> tuple[int, float] | None:
-    limit, _ = _limit(r)
-    peak = r["peak_reserved_bytes"]
-    if not limit or peak is None:
-        return None
-    free = limit - int(peak)
-    return free, free / limit
+def _near_miss(r: dict) -> bool:
+    """analysis/headroom.near_miss on the run row: no OOM, the peak within the last free bytes of the
+    run's cap, else of its device."""
+    return near_miss(r["peak_reserved_bytes"], _limit(r)[0], oom=_is_oom(r))
 
 
 def _run_ref(r: dict) -> dict[str, Any]:
@@ -233,12 +230,6 @@ def _breakdown(ooms: list[dict], near: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def _version_key(v: str | None) -> tuple:
-    from memq.store.queries import version_key
-
-    return version_key(v)
-
-
 def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
     by_job: dict[str, list[dict]] = {}
     for s in stats:
@@ -246,23 +237,15 @@ def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
     before = {(r["job"], r["torch_version"]) for r in (previous or {}).get("regressions") or []}
     out = []
     for job, versions in sorted(by_job.items()):
-        versions.sort(key=lambda s: _version_key(s["torch_version"]))
+        versions.sort(key=lambda s: version_key(s["torch_version"]))
         for prev, cur in zip(versions, versions[1:], strict=False):
             if not cur["runs_in_window"]:
                 continue
-            reasons = []
-            p_rate, c_rate = prev["oom_runs"] / prev["runs"], cur["oom_runs"] / cur["runs"]
-            if prev["mean_peak_reserved_bytes"] and cur["mean_peak_reserved_bytes"] is not None:
-                growth = cur["mean_peak_reserved_bytes"] / prev["mean_peak_reserved_bytes"] - 1
-                if growth > REGRESSION_PEAK_GROWTH:
-                    reasons.append(f"mean peak reserved +{growth:.0%}")
-            if c_rate - p_rate >= REGRESSION_OOM_RATE - 1e-9:
-                reasons.append(f"OOM rate {p_rate:.0%} -> {c_rate:.0%}")
-            pf, cf = prev["mean_fragmentation_ratio"], cur["mean_fragmentation_ratio"]
-            if pf is not None and cf is not None and cf - pf >= REGRESSION_FRAG - 1e-9:
-                reasons.append(f"mean fragmentation {pf:.2f} -> {cf:.2f}")
+            reasons = version_regressions(version_figures(prev), version_figures(cur))
             if not reasons:
                 continue
+            p_rate, c_rate = prev["oom_runs"] / prev["runs"], cur["oom_runs"] / cur["runs"]
+            pf, cf = prev["mean_fragmentation_ratio"], cur["mean_fragmentation_ratio"]
             out.append({
                 "job": job, "torch_version": cur["torch_version"], "previous_version": prev["torch_version"],
                 "runs": cur["runs"], "previous_runs": prev["runs"], "runs_in_window": cur["runs_in_window"],
@@ -296,9 +279,7 @@ def _fragmented(runs: list[dict], metrics: dict[int, dict]) -> list[dict]:
         # or, without an OOM, it came within the near-miss headroom, where the pieces are what a larger
         # input runs into. A healthy run with headroom (its ratio is 0.76-0.79 between any two steps)
         # and an OOM of another cause are not "fragmented".
-        hr = _headroom(r)
-        near = not _is_oom(r) and hr is not None and hr[1] < NEAR_MISS_HEADROOM
-        if r["primary_cause"] != "fragmentation" and not near:
+        if r["primary_cause"] != "fragmentation" and not _near_miss(r):
             continue
         cands.append({"run_id": r["id"], **_run_ref(r), "fragmentation_ratio": round(float(ratio), 4),
                       "fragmented_free_bytes": pieces, "free_bytes": int(free),
@@ -512,7 +493,7 @@ def summary_lines(doc: dict) -> list[str]:
 
     t = doc["totals"]
     lines = [f"{t['runs']} runs in {doc['scope_label']} on {doc['date']}: {t['oom_runs']} OOM, "
-             f"{t['near_misses']} near misses (headroom under 5% of the limit)."]
+             f"{t['near_misses']} near misses (headroom under {NEAR_MISS_SHARE:.0%} of the limit)."]
     if doc["ooms"]["count"]:
         lines.append("OOMs by cause: " + ", ".join(f"{said(k)} {v}" for k, v in doc["ooms"]["by_cause"].items()) + ".")
     regs = doc["regressions"]

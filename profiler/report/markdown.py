@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memq.analysis.rules import NEAR_MISS_SHARE
 from memq.render.words import said
 from memq.units import fmt_bytes
 
@@ -70,7 +71,7 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
                       _b(r["limit_bytes"]), _with_playbook(r["recommendation"], r.get("recommendation_playbook"))]
                      for r in doc["ooms"]["runs"]])
     if doc["near_misses"]["runs"]:
-        L += ["### Near misses (headroom under 5% of the limit)", ""]
+        L += [f"### Near misses (headroom under {NEAR_MISS_SHARE:.0%} of the limit)", ""]
         L += _table(["run", "job", "cluster", "peak reserved", "limit", "headroom"],
                     [[r["run"], r["job"], r["cluster"], _b(r["peak_reserved_bytes"]), _b(r["limit_bytes"]),
                       f"{_b(r['headroom_bytes'])} ({100 * r['headroom_ratio']:.1f}%)"]

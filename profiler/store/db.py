@@ -122,3 +122,32 @@ def connection_scope(engine: Engine) -> Iterator[Connection]:
 
 __all__ = ["make_engine", "session_scope", "connection_scope", "translated", "translate", "is_sqlite",
            "StorageError", "UPGRADE_HINT"]
+
+
+def commit_asynchronously(engine: Engine) -> None:
+    """PostgreSQL: every new connection of `engine` sets synchronous_commit off (a commit returns before
+    its WAL reaches the disk); the pool is emptied so that no connection made before is kept. Other
+    dialects: nothing."""
+    if engine.dialect.name != "postgresql":
+        return
+    event.listen(engine, "connect", _no_sync_commit)
+    engine.dispose()  # the schema check's pooled connection predates the listener
+
+
+def _no_sync_commit(dbapi_conn, _record) -> None:
+    was = dbapi_conn.autocommit
+    dbapi_conn.autocommit = True
+    try:
+        dbapi_conn.execute("SET synchronous_commit TO off")
+    finally:
+        dbapi_conn.autocommit = was
+
+
+def configure_orm() -> None:
+    """Configure the ORM's mappers now (a forked worker process, before its first task: configured lazily
+    inside a task, a soft time limit could interrupt SQLAlchemy's one-time configuration)."""
+    from sqlalchemy.orm import configure_mappers
+
+    import memq.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
+
+    configure_mappers()

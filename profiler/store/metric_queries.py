@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from memq.store import repository as repo
 from memq.store.orm import Alert, AlertSummary, AnalysisResult, Run, Snapshot
+from memq.store.states import SNAPSHOT_STATES
 
 #: Upper bounds (seconds) of the analysis latency histogram: from the dispatcher's snapshot row to its
 #: analysis attached. Seconds for a quiet pipeline, minutes under a backlog.
@@ -40,6 +41,12 @@ def snapshot_states(session: Session) -> list[tuple]:
     return [tuple(r) for r in session.execute(
         select(Run.cluster, Run.job, per_run.c.state, func.sum(per_run.c.n))
         .join(Run, Run.id == per_run.c.run_id).group_by(Run.cluster, Run.job, per_run.c.state))]
+
+
+def state_counts(session: Session) -> dict[str, int]:
+    """Snapshots per state over every run (`memq status`): each state of SNAPSHOT_STATES, 0 when none."""
+    rows = session.execute(select(Snapshot.state, func.count()).group_by(Snapshot.state)).all()
+    return dict.fromkeys(SNAPSHOT_STATES, 0) | {k: int(v) for k, v in rows}
 
 
 def oom_snapshots(session: Session) -> list[tuple]:

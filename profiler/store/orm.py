@@ -47,6 +47,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from memq.model import RUN_STATUSES, TRIGGERS
+from memq.store.states import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
+
 NAMING = {
     "ix": "ix_%(table_name)s__%(column_0_N_name)s",
     "uq": "uq_%(table_name)s__%(column_0_N_name)s",
@@ -54,12 +57,6 @@ NAMING = {
     "fk": "fk_%(table_name)s__%(column_0_name)s__%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-RUN_STATUSES = ("running", "completed", "oom", "crashed")
-TRIGGERS = ("periodic", "epoch_end", "oom", "manual", "signal")
-SNAPSHOT_STATES = ("pending", "running", "done", "failed")
-CAUSES = ("fragmentation", "capacity", "leak", "optimizer_state", "activation_spike", "workspace",
-          "external_memory", "allocator_config", "healthy")
 
 # JSONB on PostgreSQL (indexable, compact), JSON text on SQLite.
 JsonDoc = JSON().with_variant(JSONB(), "postgresql")
@@ -289,8 +286,6 @@ class Report(Base):
     __table_args__ = (UniqueConstraint("report_date", "scope"),)
 
 
-ALERT_STATES = ("pending", "sending", "sent", "failed", "suppressed", "recorded")
-SUMMARY_STATES = ("pending", "sending", "sent", "failed")
 
 
 class AlertSummary(Base):

@@ -163,3 +163,18 @@ def drop_days_before(session: Session, cut: dt.date, dry_run: bool = False) -> t
             _exec(session, sql.SQL("DROP TABLE {}").format(name))
         gone.append(day_name(day))
     return gone, rows
+
+
+def health(engine, today: dt.date) -> dict | None:
+    """What `memq doctor` checks of the day partitions (PostgreSQL, partitioned only; else None): the
+    days after `today` that have a partition, and the estimated rows in the default partition."""
+    if engine.dialect.name != "postgresql":
+        return None
+    with Session(engine) as s:
+        if not is_partitioned(s):
+            return None
+        ahead = [d for d in days(s) if d > today]
+        stray = s.execute(text("SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE relname = :t "
+                               "AND relnamespace = to_regnamespace(current_schema())::oid"),
+                          {"t": DEFAULT}).scalar_one_or_none() or 0
+    return {"ahead": ahead, "default_rows_estimate": int(stray)}

@@ -19,20 +19,21 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from memq.analysis.ranks import RankFacts, diagnose_ranks
+from memq.analysis.compare import VersionFigures, changes_between, compare_sides, version_key, version_regressions
+from memq.analysis.frames import CATEGORIES
+from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
+from memq.analysis.run_verdict import forecast_rank
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
+from memq.store.run_verdicts import verdict_rank
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "workspace", "other", "unknown")
-MiB = 1024 * 1024
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -115,13 +116,14 @@ def get_run(session: Session, name: str) -> dict[str, Any]:
 
 
 def _main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagnosis | None:
-    q = select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)
-    if rank is not None:
-        return session.execute(q.where(RunDiagnosis.rank == rank)).scalar_one_or_none()
-    diags = session.execute(q).scalars().all()
-    if not diags:
-        return None
-    return max(diags, key=lambda d: (bool((d.result or {}).get("oom")), d.peak_reserved_bytes or 0, -d.rank))
+    """The run-level diagnosis of `rank`, else of the rank that speaks for the run
+    (analysis/run_verdict.run_verdict, read through store/run_verdicts)."""
+    if rank is None:
+        rank = verdict_rank(session, run_id)
+        if rank is None:
+            return None
+    return session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)
+                           ).scalar_one_or_none()
 
 
 # ------------------------------------------------------------------------------------------ history
@@ -163,8 +165,6 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
     attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
     main = _main_diagnosis(session, run.id, rank)
     ranks = rank_section(session, run.id)
-    if rank is None and ranks["failed_rank"] is not None:  # the run's verdict is the first failing rank's
-        main = _main_diagnosis(session, run.id, ranks["failed_rank"]) or main
     stat_rank = rank if rank is not None else (main.rank if main is not None else (snaps[0]["rank"] if snaps else 0))
     return {
         "run": run_dict(run),
@@ -176,26 +176,38 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
         "forecast": run_forecast(session, run.id, rank),
         # the run's own headroom in batch units (profiler/analysis/fit.py `headroom`)
         "fit": (main.result or {}).get("fit") if main is not None else None,
+        "fit_reason": _fit_reason(main),
         "ranks": ranks,
         "changes": changes_between(snaps),
         "stats": stat_series(session, run.id, stat_rank, points),
     }
 
 
+def _fit_reason(main) -> str | None:
+    """Why the run has no `fit` (None when it has one)."""
+    if main is None:
+        return "the run has no analysis yet"
+    res = main.result or {}
+    if res.get("fit"):
+        return None
+    return res.get("fit_reason") or ("analysed by an older memq that did not say why: "
+                                     "`memq reanalyze --run RUN` gives the reason")
+
+
 def run_forecast(session: Session, run_id: int, rank: int | None = None) -> dict[str, Any] | None:
-    """The run's OOM forecast (ARCHITECTURE.md "Forecast"): of the rank that will run out first, else of
-    the rank that matters most (the main diagnosis); None before any analysis."""
+    """The run's OOM forecast (ARCHITECTURE.md "Forecast"): of the rank that will run out first
+    (analysis/run_verdict.forecast_rank), else of the rank that speaks for the run; None before any
+    analysis."""
     q = select(RunDiagnosis.rank, RunDiagnosis.result["forecast"].label("fc")).where(RunDiagnosis.run_id == run_id)
     if rank is not None:
         q = q.where(RunDiagnosis.rank == rank)
     rows = [(r.rank, r.fc) for r in session.execute(q).all() if isinstance(r.fc, dict)]
     if not rows:
         return None
-    coming = [(fc.get("eta_s") if fc.get("eta_s") is not None else float("inf"), fc.get("step") or 0, rk, fc)
-              for rk, fc in rows if fc.get("oom_expected")]
-    if coming:
-        _eta, _step, rk, fc = min(coming, key=lambda t: (t[0], t[1], t[2]))
-        return dict(fc, rank=rk)
+    by_rank = dict(rows)
+    first = forecast_rank(by_rank)
+    if first is not None:
+        return dict(by_rank[first], rank=first)
     main = _main_diagnosis(session, run_id, rank)
     fc = next((fc for rk, fc in rows if main is not None and rk == main.rank), rows[0][1])
     return dict(fc, rank=main.rank if main is not None else rows[0][0])
@@ -235,7 +247,7 @@ def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
         out.append(RankFacts(
             rank=rank, status=f.get("status"), end_reason=f.get("end_reason"),
             cause=d.primary_cause if d else None, confidence=d.confidence if d else None,
-            leak=any(c.get("cause") == "leak" and (c.get("confidence") or 0) >= 0.5 for c in diag.get("causes") or []),
+            leak=leak_listed(diag),
             peak_allocated_bytes=max(peak_a) if peak_a else None, peak_reserved_bytes=max(peak_r) if peak_r else None,
             limit_bytes=f.get("limit_bytes") or ((res.get("oom") or {}).get("limit_bytes")),
             last_step=f.get("last_step"), step_peak_bytes=sp.get("max_peak_allocated"),
@@ -308,65 +320,6 @@ def _diag_dict(d: RunDiagnosis | None) -> dict[str, Any] | None:
             "computed_at": iso(d.computed_at)}
 
 
-def _significant(delta: int, base: int | None) -> bool:
-    return abs(delta) >= max(64 * MiB, 0.01 * (base or 0))
-
-
-def changes_between(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What changed from each snapshot to the next of the same rank: reserved/allocated deltas,
-    composition categories that moved by more than max(64 MiB, 1%), fragmentation, and the cause."""
-    out = []
-    last_by_rank: dict[int, dict[str, Any]] = {}
-    for s in snaps:
-        prev = last_by_rank.get(s["rank"])
-        last_by_rank[s["rank"]] = s
-        if prev is None or s["allocated_bytes"] is None or prev["allocated_bytes"] is None:
-            continue
-        d_res = (s["reserved_bytes"] or 0) - (prev["reserved_bytes"] or 0)
-        d_alloc = s["allocated_bytes"] - prev["allocated_bytes"]
-        comp_a, comp_b = prev.get("composition") or {}, s.get("composition") or {}
-        comp_delta = {c: int(comp_b.get(c, 0) or 0) - int(comp_a.get(c, 0) or 0) for c in CATEGORIES}
-        moved = {c: v for c, v in comp_delta.items() if _significant(v, prev["allocated_bytes"])}
-        cause_a = (prev.get("diagnosis") or {}).get("primary_cause")
-        cause_b = (s.get("diagnosis") or {}).get("primary_cause")
-        frag_a, frag_b = prev.get("fragmentation_ratio"), s.get("fragmentation_ratio")
-        notes = []
-        if _significant(d_alloc, prev["allocated_bytes"]):
-            notes.append(f"allocated {_fmt_delta(d_alloc)}")
-        if _significant(d_res, prev["reserved_bytes"]):
-            notes.append(f"reserved {_fmt_delta(d_res)}")
-        notes += [f"{c} {_fmt_delta(v)}" for c, v in sorted(moved.items(), key=lambda kv: -abs(kv[1]))]
-        if frag_a is not None and frag_b is not None and abs(frag_b - frag_a) >= 0.1:
-            notes.append(f"fragmentation {frag_a:.2f} -> {frag_b:.2f}")
-        if cause_a != cause_b:
-            notes.append(f"diagnosis {cause_a} -> {cause_b}")
-        out.append({
-            "rank": s["rank"], "from_id": prev["id"], "to_id": s["id"],
-            "from": _label(prev), "to": _label(s),
-            "reserved_delta_bytes": d_res, "allocated_delta_bytes": d_alloc,
-            "composition_delta": comp_delta,
-            "fragmentation_delta": (round(frag_b - frag_a, 6) if frag_a is not None and frag_b is not None else None),
-            "cause_from": cause_a, "cause_to": cause_b,
-            "summary": "; ".join(notes) or "no significant change",
-        })
-    return out
-
-
-def _label(s: dict[str, Any]) -> str:
-    parts = [s["trigger"]]
-    if s.get("epoch") is not None:
-        parts.append(f"epoch {s['epoch']}")
-    if s.get("step") is not None:
-        parts.append(f"step {s['step']}")
-    return " ".join(parts)
-
-
-def _fmt_delta(n: int) -> str:
-    from memq.units import fmt_bytes
-
-    return ("+" if n >= 0 else "-") + fmt_bytes(abs(n))
-
-
 def stat_series(session: Session, run_id: int, rank: int, points: int = 60) -> dict[str, Any]:
     """Stat samples of one rank in at most `points` buckets of consecutive samples (max per bucket),
     plus the totals over all samples."""
@@ -398,34 +351,6 @@ def stat_series(session: Session, run_id: int, rank: int, points: int = 60) -> d
 
 # ------------------------------------------------------------------------------------------ compare
 
-COMPARED_SETTINGS = ("torch_version", "cuda_version", "driver_version", "gpu_model", "gpu_memory_bytes",
-                     "memory_limit_bytes", "allocator_conf", "optimizer", "param_count", "world_size",
-                     "cluster", "job", "host")
-
-# Which recorded settings can move each composition category (most direct first).
-DRIVERS = {
-    "optimizer_state": ("optimizer", "param_count", "world_size", "torch_version"),
-    "parameters": ("param_count", "world_size"),
-    "gradients": ("param_count", "world_size", "optimizer"),
-    "activations": ("labels", "param_count", "torch_version", "allocator_conf"),
-    "workspace": ("torch_version", "cuda_version", "driver_version", "gpu_model"),
-    "other": ("torch_version", "labels", "allocator_conf"),
-    "unknown": ("torch_version", "labels"),
-    "cache": ("allocator_conf", "allocator_settings", "torch_version", "memory_limit_bytes"),
-}
-
-# Two limits closer than this are one limit: torch's OOM message prints sizes with two decimals of GiB
-# (c10 CUDACachingAllocator format_size), so a limit read from "18.85 GiB allowed" is within 0.005 GiB of
-# the cap the run announced, and two such readings within 0.01 GiB of each other.
-SAME_LIMIT_WITHIN_BYTES = 10 * 2**30 // 1000
-
-
-def same_limit(a: int | None, b: int | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return abs(int(a) - int(b)) <= SAME_LIMIT_WITHIN_BYTES
-
-
 def recorded_allocator_settings(main: RunDiagnosis | None) -> str | None:
     """The allocator settings the snapshots recorded (torch >= 2.3), "defaults" when none differs from
     torch's; None where the snapshots predate the record."""
@@ -440,8 +365,6 @@ def _run_side(session: Session, name: str) -> dict[str, Any]:
     run = _run_row(session, name)
     main = _main_diagnosis(session, run.id, None)
     ranks = rank_section(session, run.id)
-    if ranks["failed_rank"] is not None:
-        main = _main_diagnosis(session, run.id, ranks["failed_rank"]) or main
     comp = {c: int((main.peak_composition or {}).get(c, 0) or 0) for c in CATEGORIES} if main else None
     side = run_dict(run)
     side["composition"] = comp
@@ -454,94 +377,17 @@ def _run_side(session: Session, name: str) -> dict[str, Any]:
 
 def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
     A, B = _run_side(session, a), _run_side(session, b)
-    comp_delta = None
-    if A["composition"] is not None and B["composition"] is not None:
-        comp_delta = {c: B["composition"][c] - A["composition"][c] for c in CATEGORIES}
-    peaks = {}
-    for k in ("peak_reserved_bytes", "peak_allocated_bytes"):
-        peaks[k] = {"a": A[k], "b": B[k], "delta": (B[k] - A[k]) if A[k] is not None and B[k] is not None else None}
-    fa, fb = A["fragmentation_ratio"], B["fragmentation_ratio"]
-    frag = {"a": fa, "b": fb, "delta": round(fb - fa, 6) if fa is not None and fb is not None else None}
-    diffs = [{"field": f, "a": A[f], "b": B[f]} for f in COMPARED_SETTINGS
-             if A[f] != B[f] and f != "memory_limit_bytes"]
-    sa, sb = A["allocator_settings"], B["allocator_settings"]
-    if sa is not None and sb is not None and sa != sb:
-        # what the allocator ran with, read from the snapshots: a run's announced allocator_conf may be unset
-        diffs.append({"field": "allocator_settings", "a": sa, "b": sb, "source": "recorded in the snapshots"})
-    la, lb = A["limit"], B["limit"]
-    if not same_limit(la["bytes"], lb["bytes"]):
-        # the limit each verdict used (a run's cap, else what its OOM analysis derived), not only the
-        # announced cap: one run with an OOM-derived limit and one without is a difference, not "-" vs bytes
-        diffs.append({"field": "limit", "a": la["bytes"], "b": lb["bytes"], "kind": "bytes",
-                      "a_source": la["source"], "b_source": lb["source"]})
-    for k in sorted(set(A["labels"]) | set(B["labels"])):
-        if A["labels"].get(k) != B["labels"].get(k):
-            diffs.append({"field": f"labels.{k}", "a": A["labels"].get(k), "b": B["labels"].get(k)})
     return {"runs": [a, b], "a": A, "b": B, "ranks": {"a": A["ranks"]["ranks"], "b": B["ranks"]["ranks"]},
-            "composition": {"a": A["composition"], "b": B["composition"], "delta": comp_delta},
-            "composition_delta": comp_delta, "peaks": peaks, "fragmentation": frag,
-            "differences": diffs, "explanation": explain_gap(A, B, comp_delta, diffs)}
-
-
-def explain_gap(A: dict, B: dict, comp_delta: dict[str, int] | None, diffs: list[dict]) -> dict[str, Any]:
-    """Which category carries most of the peak gap, and which differing setting can drive it."""
-    pa, pb = A.get("peak_allocated_bytes"), B.get("peak_allocated_bytes")
-    ra, rb = A.get("peak_reserved_bytes"), B.get("peak_reserved_bytes")
-    if comp_delta is None or pa is None or pb is None:
-        return {"category": None, "text": "one of the runs has no analysed snapshot; nothing to explain"}
-    gap = pb - pa
-    reserved_gap = (rb - ra) if ra is not None and rb is not None else None
-    cache_delta = (reserved_gap - gap) if reserved_gap is not None else None
-    base = {"gap_bytes": gap, "reserved_gap_bytes": reserved_gap, "cache_delta_bytes": cache_delta}
-    if abs(gap) >= 64 * MiB:
-        # The live bytes carry the gap: the composition category that moved most in its direction.
-        sign = 1 if gap > 0 else -1
-        cat, delta = max(comp_delta.items(), key=lambda kv: kv[1] * sign)
-        if delta * sign < 64 * MiB:
-            cat, delta = None, 0
-    elif cache_delta is not None and abs(cache_delta) >= 64 * MiB:
-        # Same live peak, different cached-but-free memory: allocator behaviour.
-        cat, delta = "cache", cache_delta
-    else:
-        cat, delta = None, 0
-    if cat is None:
-        text = ("the runs' peaks differ by less than 64 MiB" if abs(gap) < 64 * MiB else
-                f"peak allocated differs by {_fmt_delta(gap)} but no single category of the snapshots "
-                "carries it (the peak happened between snapshots)")
-        return {"category": None, "delta_bytes": 0, **base, "share_of_gap": None, "settings": [], "text": text}
-    drivers = DRIVERS.get(cat, ())
-    settings = sorted((d for d in diffs if d["field"].split(".")[0] in drivers),
-                      key=lambda d: drivers.index(d["field"].split(".")[0]))
-    share = (delta / gap) if gap and cat != "cache" else None
-    text = f"{cat.replace('_', ' ')} {_fmt_delta(delta)}"
-    if share is not None and 0 < share <= 2:
-        text += f" ({share:.0%} of the {_fmt_delta(gap)} peak allocated gap)"
-    elif cat == "cache":
-        text += " of reserved-but-free memory at the same live peak"
-    if settings:
-        s0 = settings[0]
-        text += f"; differing setting that drives it: {s0['field']} {s0['a']} -> {s0['b']}"
-    else:
-        text += "; no recorded setting that drives it differs (batch size, sequence length or code may)"
-    return {"category": cat, "delta_bytes": int(delta), **base,
-            "share_of_gap": round(share, 4) if share is not None else None, "settings": settings, "text": text}
+            **compare_sides(A, B)}
 
 
 # ----------------------------------------------------------------------------------------- versions
 
 
-def version_key(v: str | None) -> tuple:
-    if not v:
-        return ((-1,),)
-    parts = re.split(r"[.+]", v)
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts)
-
-
-def torch_versions(session: Session, job: str, regression_threshold: float = 0.10) -> dict[str, Any]:
+def torch_versions(session: Session, job: str) -> dict[str, Any]:
     """Per torch version over the job's runs: runs, OOM runs and rate, mean/max peak reserved and
-    allocated, mean fragmentation. A version is flagged when, against the previous version, its
-    mean peak grows by more than `regression_threshold`, its OOM rate rises by 10 points or more,
-    or its mean fragmentation grows by 0.1 or more."""
+    allocated, mean fragmentation; a version is flagged by analysis/compare.version_regressions against
+    the previous version."""
     exists = session.execute(select(func.count()).select_from(Run).where(Run.job == job)).scalar_one()
     if not exists:
         raise NotFound(f"no runs of job {job!r}", hint="list jobs' runs with `memq runs --json`")
@@ -552,27 +398,18 @@ def torch_versions(session: Session, job: str, regression_threshold: float = 0.1
     rows = sorted(session.execute(q).all(), key=lambda r: version_key(r[0]))
     out, prev = [], None
     for v, n, ooms, avg_res, max_res, avg_alloc, frag in rows:
+        figs = VersionFigures(v, int(n), int(ooms or 0), int(avg_res) if avg_res is not None else None,
+                              float(frag) if frag is not None else None)
         item = {"torch_version": v, "runs": int(n), "oom_runs": int(ooms or 0),
                 "oom_rate": round((ooms or 0) / n, 4) if n else None,
-                "mean_peak_reserved_bytes": int(avg_res) if avg_res is not None else None,
+                "mean_peak_reserved_bytes": figs.mean_peak_reserved_bytes,
                 "max_peak_reserved_bytes": int(max_res) if max_res is not None else None,
                 "mean_peak_allocated_bytes": int(avg_alloc) if avg_alloc is not None else None,
                 "mean_fragmentation_ratio": round(float(frag), 4) if frag is not None else None,
                 "regression": False, "regressions": []}
         if prev is not None:
-            r = item["regressions"]
-            if prev["mean_peak_reserved_bytes"] and item["mean_peak_reserved_bytes"] is not None:
-                growth = item["mean_peak_reserved_bytes"] / prev["mean_peak_reserved_bytes"] - 1
-                if growth > regression_threshold:
-                    r.append(f"mean peak reserved +{growth:.0%} vs {prev['torch_version']}")
-            if item["oom_rate"] is not None and prev["oom_rate"] is not None and \
-                    item["oom_rate"] - prev["oom_rate"] >= 0.10:
-                r.append(f"OOM rate {prev['oom_rate']:.0%} -> {item['oom_rate']:.0%} vs {prev['torch_version']}")
-            if item["mean_fragmentation_ratio"] is not None and prev["mean_fragmentation_ratio"] is not None and \
-                    item["mean_fragmentation_ratio"] - prev["mean_fragmentation_ratio"] >= 0.10:
-                r.append(f"fragmentation {prev['mean_fragmentation_ratio']:.2f} -> "
-                         f"{item['mean_fragmentation_ratio']:.2f} vs {prev['torch_version']}")
-            item["regression"] = bool(r)
+            item["regressions"] = version_regressions(prev, figs, vs=True)
+            item["regression"] = bool(item["regressions"])
         out.append(item)
-        prev = item
+        prev = figs
     return {"job": job, "versions": out}

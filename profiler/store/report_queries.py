@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from memq.errors import BadInput
 from memq.store.orm import Report, Run, RunDiagnosis, StatSample
 from memq.store.repository import to_utc
+from memq.store.run_verdicts import verdict_ranks
 
 
 @dataclass(frozen=True)
@@ -120,42 +121,34 @@ def window_runs(session: Session, window: Window, scope: Scope) -> list[dict[str
 
 
 def run_metrics(session: Session, window: Window, scope: Scope) -> dict[int, dict[str, Any]]:
-    """run id -> `metrics` of its run-level diagnosis (the rank with the most reserved bytes)."""
-    q = (select(RunDiagnosis.run_id, RunDiagnosis.rank, RunDiagnosis.peak_reserved_bytes,
-                RunDiagnosis.result["metrics"].label("metrics"))
+    """run id -> `metrics` of its run-level diagnosis (of the rank that speaks for the run:
+    analysis/run_verdict.run_verdict)."""
+    q = (select(RunDiagnosis.run_id, RunDiagnosis.rank, RunDiagnosis.result["metrics"].label("metrics"))
          .join(Run, Run.id == RunDiagnosis.run_id)
          .where(_in_window(session, window, scope)))
-    best: dict[int, tuple[int, dict]] = {}
-    for run_id, _rank, peak, metrics in session.execute(q):
-        if not isinstance(metrics, dict):
-            continue
-        w = int(peak or 0)
-        if run_id not in best or w > best[run_id][0]:
-            best[run_id] = (w, metrics)
-    return {k: v[1] for k, v in best.items()}
+    rows = session.execute(q).all()
+    speaks = verdict_ranks(session, select(Run.id).where(_in_window(session, window, scope)))
+    return {r.run_id: r.metrics for r in rows if isinstance(r.metrics, dict) and r.rank == speaks.get(r.run_id)}
 
 
 def diagnosis_parts(session: Session, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-    """For a few runs: the main rank's oom, diagnosis (causes, recommendations), allocator settings
-    leak verdict (from the stored result's `details`) and OOM forecast."""
+    """For a few runs: the oom, diagnosis (causes, recommendations), allocator settings, leak verdict
+    (from the stored result's `details`) and OOM forecast of the rank that speaks for the run."""
     ids = sorted({int(i) for i in run_ids})
     if not ids:
         return {}
-    q = (select(RunDiagnosis.run_id, RunDiagnosis.rank, RunDiagnosis.peak_reserved_bytes,
+    q = (select(RunDiagnosis.run_id, RunDiagnosis.rank,
                 RunDiagnosis.result["oom"].label("oom"), RunDiagnosis.result["diagnosis"].label("diagnosis"),
                 RunDiagnosis.result["details"]["allocator_settings"].label("allocator_settings"),
                 RunDiagnosis.result["details"]["leak"].label("leak"),
                 RunDiagnosis.result["details"]["limits"].label("limits"),
                 RunDiagnosis.result["forecast"].label("forecast"))
          .where(RunDiagnosis.run_id.in_(bindparam("ids", expanding=True))))
-    best: dict[int, tuple[tuple, dict]] = {}
-    for r in session.execute(q, {"ids": ids}):
-        weight = (bool(r.oom), int(r.peak_reserved_bytes or 0), -r.rank)
-        if r.run_id not in best or weight > best[r.run_id][0]:
-            best[r.run_id] = (weight, {"rank": r.rank, "oom": r.oom, "diagnosis": r.diagnosis,
-                                       "allocator_settings": r.allocator_settings, "leak": r.leak,
-                                       "limits": r.limits, "forecast": r.forecast})
-    return {k: v[1] for k, v in best.items()}
+    speaks = verdict_ranks(session, ids)
+    return {r.run_id: {"rank": r.rank, "oom": r.oom, "diagnosis": r.diagnosis,
+                       "allocator_settings": r.allocator_settings, "leak": r.leak, "limits": r.limits,
+                       "forecast": r.forecast}
+            for r in session.execute(q, {"ids": ids}) if r.rank == speaks.get(r.run_id)}
 
 
 def epoch_floors(session: Session, window: Window, scope: Scope) -> dict[int, list[dict[str, Any]]]:

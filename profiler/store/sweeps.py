@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import case, select
 
 from memq.errors import NotFound
 from memq.store import repository as repo
@@ -123,6 +123,43 @@ def oom_snapshot_ids(session, run_id: int, rank: int) -> list[int]:
                            .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
                            .where(Snapshot.run_id == run_id, Snapshot.rank == rank, Snapshot.state == "done")).all()
     return [int(r.id) for r in rows if r.trigger == "oom" or r.oom_requested_bytes is not None]
+
+
+def stored_sweep_id(session, sha256: str, version: str, key: str) -> int | None:
+    """The id of the sweep stored for these bytes, version and inputs, or None."""
+    sid = session.execute(select(WhatIfSweep.id).where(
+        WhatIfSweep.sha256 == sha256, WhatIfSweep.analyzer_version == version,
+        WhatIfSweep.context_key == key)).scalar_one_or_none()
+    return None if sid is None else int(sid)
+
+
+def target_for_run(session, run_name: str, rank: int | None = None) -> int:
+    """The snapshot `memq whatif --run` replays: the run's last OOM snapshot (of `rank` when given),
+    else its last snapshot."""
+    run_id = repo.run_id_for(session, run_name)
+    q = (select(Snapshot.id, Snapshot.trigger, AnalysisResult.result["oom"].label("oom"))
+         .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+         .where(Snapshot.run_id == run_id))
+    if rank is not None:
+        q = q.where(Snapshot.rank == rank)
+    rows = session.execute(q.order_by(Snapshot.taken_at.desc(), Snapshot.id.desc())).all()
+    if not rows:
+        raise NotFound(f"run {run_name!r} has no snapshot" + (f" of rank {rank}" if rank is not None else ""),
+                       hint="nothing to replay: `memq history --run " + run_name + "` lists what it has")
+    for r in rows:
+        if r.trigger == "oom" or isinstance(r.oom, dict):
+            return int(r.id)
+    return int(rows[0].id)
+
+
+def report_target(session, run_id: int):
+    """The snapshot the nightly report replays for a run: its last OOM snapshot, else its last one
+    (id, sha256, source, trigger), or None."""
+    return session.execute(
+        select(Snapshot.id, Snapshot.sha256, Snapshot.source, Snapshot.trigger)
+        .where(Snapshot.run_id == run_id)
+        .order_by(case((Snapshot.trigger == "oom", 0), else_=1), Snapshot.taken_at.desc(), Snapshot.id.desc())
+        .limit(1)).one_or_none()
 
 
 def store_sweep(session, sha256: str, version: str, key: str, limit_bytes: int | None, doc: dict) -> int:

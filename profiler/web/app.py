@@ -392,7 +392,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                         headers={"content-disposition": f'attachment; filename="{name}"'})
 
     def runs_page(request: Request) -> HTMLResponse:
-        from memq.store.orm import CAUSES, RUN_STATUSES
+        from memq.model import CAUSE_NAMES as CAUSES
+        from memq.model import RUN_STATUSES
 
         doc = runs_doc(request)
         return HTMLResponse(render_page("runs.html", data=None, doc=doc, causes=CAUSES, statuses=RUN_STATUSES,

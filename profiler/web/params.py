@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memq.errors import BadInput
-from memq.store.orm import CAUSES, RUN_STATUSES
+from memq.model import CAUSE_NAMES as CAUSES
+from memq.model import RUN_STATUSES
 
 MAX_TEXT = 200  # longest name, job or cluster the schema stores
 MAX_OFFSET = 100_000  # paging by offset is capped; narrow the filter to reach older runs

@@ -274,3 +274,25 @@ def test_the_first_boundaries_are_all_read_whatever_the_stride(shared):
     assert FULL_READ_BOUNDARIES == 64
     assert steps[:FULL_READ_BOUNDARIES] == list(range(FULL_READ_BOUNDARIES))  # just under: every one read
     assert steps[FULL_READ_BOUNDARIES:] == []  # just over: the stride again
+
+
+def test_the_agents_growth_trigger_reads_the_growth_models_share():
+    # one value in two places (the agent must not import the analysis package): pinned equal, and the
+    # trigger moves just over it
+    from memq.agent import steps
+    from memq.analysis import rules
+
+    assert steps.GROWTH_MATTERS_SHARE == rules.GROWTH_MATTERS_SHARE
+    limit = 100 * steps.GROWTH_MIN_BYTES  # 1% of it is over the 64 MiB floor
+    assert steps.growth_threshold(limit, 0) == int(rules.GROWTH_MATTERS_SHARE * limit)
+    assert steps.growth_threshold(limit // 10, 0) == steps.GROWTH_MIN_BYTES
+
+
+def test_importing_the_agent_loads_no_analysis():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import sys, memq.agent; "
+                          "print(sorted(m for m in sys.modules if m.startswith('memq.analysis')))"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

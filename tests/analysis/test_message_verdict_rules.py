@@ -3,6 +3,8 @@ under and just over its figure, through torch's own message layout."""
 
 from __future__ import annotations
 
+import pytest
+
 from memq.analysis.message_verdict import (
     NEAR_LIMIT_SHARE,
     PRINTED_ROUNDING,
@@ -65,3 +67,45 @@ def test_same_request_bytes_just_under_and_over():
     s = 64 * MiB
     assert not _differs(s, s + SAME_REQUEST_BYTES - 1, SAME_REQUEST_BYTES)
     assert _differs(s, s + SAME_REQUEST_BYTES + 1, SAME_REQUEST_BYTES)
+
+
+# ------------------------------------------------------------------ confidence (confidence.message_confidence)
+
+#: Each situation's confidence, literal: a value changed in rules.py fails here.
+MESSAGE_CONFIDENCE = {"cut_before_figures": 0.2, "request_only": 0.3, "xpu_block_limit": 0.7, "block_limit": 0.8,
+                      "over_device": 0.95, "cap": 0.8, "other_processes": 0.85, "below_free": 0.5,
+                      "own_libraries": 0.7, "external": 0.75, "private_pools": 0.75, "capacity": 0.85,
+                      "near_limit": 0.45, "near_limit_capacity": 0.4, "fragmentation": 0.6, "mps": 0.7,
+                      "server_warmup": 0.7, "cublas": 0.6, "cudnn": 0.6, "thc_error": 0.3, "cuda_error": 0.4}
+
+
+@pytest.mark.rule("MESSAGE_CONFIDENCE[cut_before_figures]", "MESSAGE_CONFIDENCE[request_only]",
+                  "MESSAGE_CONFIDENCE[xpu_block_limit]", "MESSAGE_CONFIDENCE[block_limit]",
+                  "MESSAGE_CONFIDENCE[over_device]", "MESSAGE_CONFIDENCE[cap]", "MESSAGE_CONFIDENCE[other_processes]",
+                  "MESSAGE_CONFIDENCE[below_free]", "MESSAGE_CONFIDENCE[own_libraries]",
+                  "MESSAGE_CONFIDENCE[external]", "MESSAGE_CONFIDENCE[private_pools]", "MESSAGE_CONFIDENCE[capacity]",
+                  "MESSAGE_CONFIDENCE[near_limit]", "MESSAGE_CONFIDENCE[near_limit_capacity]",
+                  "MESSAGE_CONFIDENCE[mps]", "MESSAGE_CONFIDENCE[server_warmup]", "MESSAGE_CONFIDENCE[cublas]",
+                  "MESSAGE_CONFIDENCE[cudnn]", "MESSAGE_CONFIDENCE[thc_error]", "MESSAGE_CONFIDENCE[cuda_error]")
+def test_each_message_situation_has_its_confidence_from_the_one_table():
+    import json
+    from pathlib import Path
+
+    from memq.analysis.confidence import message_confidence
+
+    corpus = Path(__file__).resolve().parents[1] / "fixtures" / "oom_messages" / "corpus.jsonl"
+    seen = set()
+    for line in corpus.read_text().splitlines():
+        if not line.strip():
+            continue
+        v = judge(parse_oom_message(json.loads(line)["text"]))
+        assert v.confidence == MESSAGE_CONFIDENCE[v.confidence_key], (v.situation, v.confidence_key)
+        for cause, conf, _ in v.others:
+            if v.situation == "near_limit":
+                assert (cause, conf) == ("capacity", MESSAGE_CONFIDENCE["near_limit_capacity"])
+        seen.add(v.confidence_key)
+    assert len(seen) >= 10, seen  # the corpus reaches most situations; every entry is in the table
+    for key, value in MESSAGE_CONFIDENCE.items():
+        assert message_confidence(key) == value, key
+    with pytest.raises(ValueError, match="unknown message situation"):
+        message_confidence("healthy")

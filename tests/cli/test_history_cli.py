@@ -307,7 +307,7 @@ def test_compare_reads_values_not_wording(memq_env):
 
 
 def test_same_limit_just_under_and_over_the_message_precision():
-    from memq.store.queries import SAME_LIMIT_WITHIN_BYTES, same_limit
+    from memq.analysis.compare import SAME_LIMIT_WITHIN_BYTES, same_limit
 
     cap = 20244645632
     assert same_limit(cap, cap + SAME_LIMIT_WITHIN_BYTES) and same_limit(cap, cap - SAME_LIMIT_WITHIN_BYTES)

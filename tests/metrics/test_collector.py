@@ -108,7 +108,7 @@ def test_a_database_outage_is_a_metric_not_an_error(tmp_path):
 
 
 def test_the_tally_adds_new_done_snapshots_once_and_agrees_with_a_recount(store):
-    from memq.metrics.tally import SnapshotTally
+    from memq.store.snapshot_tally import SnapshotTally
 
     incremental, recount = SnapshotTally(resync_s=3600), SnapshotTally(resync_s=0)
     with store.session() as s:

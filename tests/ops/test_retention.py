@@ -166,7 +166,7 @@ def test_gc_removes_only_what_is_past_retention_and_unreferenced(world, store):
     assert world.sample_ages("r-keep") == [1, 400]
     # once the run has ended, its old blobs go too
     with store.session() as s:
-        repo.set_run_status(s, "r-new", "completed")
+        repo.move_run_status(s, repo.run_id_for(s, "r-new"), "completed")
     later = collect(store, POLICY, now=NOW, grace_s=GRACE)
     assert later["blobs_removed"] == 1 and not world.has_blob("active_old") and world.has_blob("new_shared")
     assert summary["stat_samples_removed"] == 2 + 2 + 1

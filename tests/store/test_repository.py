@@ -8,7 +8,7 @@ import threading
 import pytest
 from sqlalchemy import func, select, text
 
-from memq.errors import NotFound, SchemaOutOfDate, StorageError, StorageUnavailable
+from memq.errors import BadInput, NotFound, SchemaOutOfDate, StorageError, StorageUnavailable
 from memq.store import queries
 from memq.store import repository as repo
 from memq.store.db import make_engine, session_scope
@@ -166,13 +166,21 @@ def test_report_upsert_replaces_per_date_and_scope(store):
         assert s.execute(select(Report.summary).where(Report.id == a)).scalar_one() == {"runs": 2}
 
 
-def test_set_status_and_unknown_runs(store):
+def test_status_moves_up_only_unless_a_person_gives_it(store):
+    """analysis/run_status.py through repo.move_run_status: running < completed < crashed < oom."""
+    t = dt.datetime(2026, 11, 2, 9, tzinfo=dt.UTC)
     with store.session() as s:
-        repo.upsert_run(s, repo.RunMeta(name="r"))
-        repo.set_run_status(s, "r", "oom")
-        assert s.execute(select(Run.status, Run.ended_at).where(Run.name == "r")).one()[1] is not None
-    with store.session() as s, pytest.raises(NotFound, match="no run named 'ghost'"):
-        repo.set_run_status(s, "ghost", "completed")
+        rid = repo.upsert_run(s, repo.RunMeta(name="r"))
+        assert repo.move_run_status(s, rid, "oom", ended_at=t)
+        assert not repo.move_run_status(s, rid, "completed")  # a late run_end never downgrades an OOM
+        assert not repo.move_run_status(s, rid, "crashed") and not repo.move_run_status(s, rid, "oom")
+        status, ended = s.execute(select(Run.status, Run.ended_at).where(Run.id == rid)).one()
+        assert status == "oom" and repo.to_utc(ended) == t
+        assert repo.move_run_status(s, rid, "completed", given=True)  # `memq ingest --status`: as given
+        assert repo.move_run_status(s, rid, "crashed") and repo.move_run_status(s, rid, "oom")
+        with pytest.raises(BadInput, match="not one of running, completed, crashed, oom"):
+            repo.move_run_status(s, rid, "error")
+        assert not repo.move_run_status(s, rid + 1000, "oom")  # no such run: nothing moves
     with store.session() as s, pytest.raises(NotFound):
         queries.run_history(s, "ghost")
 

@@ -12,7 +12,8 @@ Runs (`runs`)
 - `upsert_run(session, RunMeta(...)) -> run_id`: create or update a run by name; fields left None
   keep their stored value, labels are merged, `started_at` keeps the earliest and `ended_at` the
   latest value seen. Safe to call from every rank and every retry.
-- `set_run_status(session, run_name, status, ended_at=None)`: running | completed | oom | crashed.
+- `move_run_status(session, run_id, status, ended_at=None, given=False)`: running < completed < crashed <
+  oom, by the one rule of analysis/run_status.py (up the order only, or as a person gave it).
 - `set_run_limit(session, run_id, limit_bytes)`: a limit given after the fact.
 - `delete_run(session, run_name)`: the run with its samples, snapshots and diagnoses.
 
@@ -50,6 +51,8 @@ from __future__ import annotations
 from memq.store.repository.analyses import (
     CONTRACT_KEYS,
     MAX_DETAILS_CHARS,
+    analysis_cause,
+    analysis_doc,
     context_key,
     contract_only,
     drop_digests_outside_window,
@@ -58,6 +61,10 @@ from memq.store.repository.analyses import (
     forecast_summary,
     max_present,
     refresh_run_summary,
+    replace_run_result,
+    run_result,
+    run_result_row,
+    stale_diagnoses,
     store_analysis,
     store_run_diagnosis,
 )
@@ -66,10 +73,13 @@ from memq.store.repository.reports import upsert_report
 from memq.store.repository.runs import (
     RunMeta,
     delete_run,
+    find_run_id,
+    move_run_status,
     run_id_for,
     run_owner,
+    run_settings,
+    run_status,
     set_run_limit,
-    set_run_status,
     upsert_run,
 )
 from memq.store.repository.snapshots import (
@@ -80,19 +90,31 @@ from memq.store.repository.snapshots import (
     claim_next,
     claim_snapshot,
     complete_snapshot,
+    dead_letter_row,
     fail_snapshot,
     insert_snapshot,
+    known_blob_size,
+    pending_since,
+    pending_snapshots,
+    rank_snapshots,
+    reanalyze_targets,
     requeue_expired,
+    set_snapshot_time,
+    snapshot_outcome,
+    snapshot_row,
+    take_over_lease,
 )
 from memq.store.repository.stats import STAT_BATCH_ROWS, STAT_COLUMNS, insert_stat_samples, stat_row
 
 __all__ = [
-    "CONTRACT_KEYS", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS", "MAX_DETAILS_CHARS", "STAT_BATCH_ROWS",
-    "STAT_COLUMNS", "ClaimedSnapshot", "NewSnapshot", "RunMeta", "_db_time", "_insert", "claim_next",
-    "claim_snapshot", "complete_snapshot", "context_key", "contract_only", "db_time", "delete_run",
-    "drop_digests_outside_window", "fail_snapshot", "fill_digest", "find_analysis", "insert_snapshot",
-    "insert_stat_samples", "json_safe", "max_present", "forecast_summary", "refresh_run_summary", "requeue_expired",
-    "run_id_for", "run_owner",
-    "set_run_limit", "set_run_status", "stat_row", "store_analysis", "store_run_diagnosis", "to_utc", "upsert_report",
-    "upsert_run", "utcnow",
+    "CONTRACT_KEYS", "ClaimedSnapshot", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS", "MAX_DETAILS_CHARS",
+    "NewSnapshot", "RunMeta", "STAT_BATCH_ROWS", "STAT_COLUMNS", "_db_time", "_insert", "analysis_cause",
+    "analysis_doc", "claim_next", "claim_snapshot", "complete_snapshot", "context_key", "contract_only",
+    "db_time", "dead_letter_row", "delete_run", "drop_digests_outside_window", "fail_snapshot", "fill_digest",
+    "find_analysis", "find_run_id", "forecast_summary", "insert_snapshot", "insert_stat_samples", "json_safe",
+    "known_blob_size", "max_present", "move_run_status", "pending_since", "pending_snapshots",
+    "rank_snapshots", "reanalyze_targets", "refresh_run_summary", "replace_run_result", "requeue_expired",
+    "run_id_for", "run_owner", "run_result", "run_result_row", "run_settings", "run_status", "set_run_limit",
+    "set_snapshot_time", "snapshot_outcome", "snapshot_row", "stale_diagnoses", "stat_row", "store_analysis",
+    "store_run_diagnosis", "take_over_lease", "to_utc", "upsert_report", "upsert_run", "utcnow",
 ]

@@ -8,9 +8,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, null, or_, select, update
+from sqlalchemy import and_, func, null, or_, select, update
 from sqlalchemy.orm import Session
 
+from memq.analysis.run_verdict import forecast_moment, forecast_rank
 from memq.store.orm import (
     AnalysisResult,
     Run,
@@ -19,6 +20,7 @@ from memq.store.orm import (
     StatSample,
 )
 from memq.store.repository.common import _db_time, _insert, json_safe, utcnow
+from memq.store.run_verdicts import verdict_rank
 
 
 def context_key(ctx: Mapping[str, Any] | None) -> str:
@@ -52,7 +54,7 @@ def _figures(result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis", "forecast", "fit")
+CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis", "forecast", "fit", "fit_reason")
 MAX_DETAILS_CHARS = 512 * 1024
 
 
@@ -122,8 +124,8 @@ def store_run_diagnosis(session: Session, run_id: int, rank: int, analyzer_versi
 
 
 def refresh_run_summary(session: Session, run_id: int) -> None:
-    """Copy the verdict of the rank that matters most onto the run row, with peaks over snapshots
-    and stat samples. The rank that matters: an OOM diagnosis first, then the highest peak."""
+    """Copy the verdict of the rank that speaks for the run (analysis/run_verdict.run_verdict) onto the
+    run row, with peaks over snapshots and stat samples."""
     diags = session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
     snap_peak = session.execute(
         select(func.max(AnalysisResult.reserved_bytes), func.max(AnalysisResult.allocated_bytes),
@@ -146,11 +148,8 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
         "updated_at": func.current_timestamp(),
     }
     if diags:
-        def weight(d: RunDiagnosis):
-            oom = bool((d.result or {}).get("oom"))
-            return (oom, d.peak_reserved_bytes or 0, -d.rank)
-
-        main = max(diags, key=weight)
+        speaks = verdict_rank(session, run_id)
+        main = next(d for d in diags if d.rank == speaks)
         values["primary_cause"] = main.primary_cause
         values["cause_confidence"] = main.confidence
         values["fragmentation_ratio"] = ((main.result or {}).get("metrics") or {}).get("fragmentation_ratio")
@@ -159,22 +158,82 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
 
 
 def forecast_summary(diags) -> dict[str, Any]:
-    """The run row's OOM forecast columns: the rank that runs out first (its step and the wall-clock
-    moment), None when no rank's forecast expects an OOM."""
-    coming = []
-    for d in diags:
-        fc = (d.result or {}).get("forecast") or {}
-        if fc.get("oom_expected") and isinstance(fc.get("step"), int):
-            at = None
-            if isinstance(fc.get("as_of_time"), (int, float)) and isinstance(fc.get("eta_s"), (int, float)):
-                at = dt.datetime.fromtimestamp(fc["as_of_time"] + fc["eta_s"], dt.UTC)
-            coming.append((at or dt.datetime.max.replace(tzinfo=dt.UTC), fc["step"], at))
-    if not coming:
+    """The run row's OOM forecast columns: the forecast of the rank that runs out first
+    (analysis/run_verdict.forecast_rank), its step and the wall-clock moment; None when no rank's
+    forecast expects an OOM."""
+    by_rank = {d.rank: (d.result or {}).get("forecast") for d in diags}
+    rank = forecast_rank(by_rank)
+    if rank is None:
         return {"oom_forecast_step": None, "oom_forecast_at": None}
-    _key, step, at = min(coming)
-    return {"oom_forecast_step": step, "oom_forecast_at": at}
+    fc = by_rank[rank]
+    step = fc.get("step")
+    at = forecast_moment(fc)
+    return {"oom_forecast_step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+            "oom_forecast_at": dt.datetime.fromtimestamp(at, dt.UTC) if at is not None else None}
 
 
 def max_present(*vals):
     present = [int(v) for v in vals if v is not None]
     return max(present) if present else None
+
+
+# ------------------------------------------------------------------------------------- reads
+
+
+def analysis_cause(session: Session, analysis_id: int) -> str | None:
+    return session.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == analysis_id)).scalar_one()
+
+
+def analysis_doc(session: Session, analysis_id: int) -> dict | None:
+    """The stored result of one analysis, or None."""
+    return session.execute(select(AnalysisResult.result).where(AnalysisResult.id == analysis_id)).scalar_one_or_none()
+
+
+def run_result(session: Session, run_id: int, rank: int, analyzer_version: str | None = None) -> dict | None:
+    """The stored run-level result of a rank (made by `analyzer_version` when given), or None."""
+    q = select(RunDiagnosis.result).where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)
+    if analyzer_version is not None:
+        q = q.where(RunDiagnosis.analyzer_version == analyzer_version)
+    doc = session.execute(q).scalar_one_or_none()
+    return None if doc is None else dict(doc)
+
+
+def run_result_row(session: Session, run_id: int, rank: int):
+    """(result, computed_at) of a rank's run diagnosis, or None."""
+    return session.execute(select(RunDiagnosis.result, RunDiagnosis.computed_at)
+                           .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)).one_or_none()
+
+
+def replace_run_result(session: Session, run_id: int, rank: int, computed_at: dt.datetime,
+                       result: Mapping[str, Any]) -> bool:
+    """Write `result` over a rank's run diagnosis only if it is still the one computed at `computed_at`
+    (a recompute that landed meanwhile wins); then the run row's forecast columns follow. Returns
+    whether it was written."""
+    done = session.execute(update(RunDiagnosis)
+                           .where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank,
+                                  RunDiagnosis.computed_at == computed_at)
+                           .values(result=result).execution_options(synchronize_session=False))
+    if not done.rowcount:
+        return False
+    diags = session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars().all()
+    session.execute(update(Run).where(Run.id == run_id).values(**forecast_summary(diags),
+                                                               updated_at=func.current_timestamp()))
+    return True
+
+
+def stale_diagnoses(session: Session, computed_before: dt.datetime, max_snapshots: int,
+                    limit: int = 200) -> list[tuple[int, int]]:
+    """(run, rank) pairs whose analysed snapshots (up to `max_snapshots`) are not all in their run-level
+    diagnosis, made before `computed_before`, or that have none."""
+    done = (select(Snapshot.run_id, Snapshot.rank, func.count().label("n"))
+            .where(Snapshot.state == "done").group_by(Snapshot.run_id, Snapshot.rank).subquery())
+    old = _db_time(session, computed_before)
+    fewest = (func.least(done.c.n, max_snapshots) if session.get_bind().dialect.name == "postgresql"
+              else func.min(done.c.n, max_snapshots))
+    rows = session.execute(
+        select(done.c.run_id, done.c.rank)
+        .outerjoin(RunDiagnosis, and_(RunDiagnosis.run_id == done.c.run_id, RunDiagnosis.rank == done.c.rank))
+        .where((RunDiagnosis.run_id.is_(None))
+               | and_(RunDiagnosis.snapshot_count < fewest, RunDiagnosis.computed_at < old))
+        .limit(limit)).all()
+    return [(int(r.run_id), int(r.rank)) for r in rows]

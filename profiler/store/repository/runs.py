@@ -1,4 +1,4 @@
-"""Runs: create or update by name (`upsert_run`), status, id lookup, delete."""
+"""Runs: create or update by name (`upsert_run`), status (`move_run_status`), id lookup, delete."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import case, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from memq.analysis.run_status import check_status, replaced_by
 from memq.errors import BadInput, NotFound
 from memq.store.orm import (
-    RUN_STATUSES,
     RankFigures,
     Run,
     RunDiagnosis,
@@ -54,8 +54,8 @@ class RunMeta:
     def __post_init__(self):
         if not self.name or len(self.name) > 200:
             raise BadInput("a run needs a name of 1 to 200 characters", hint="pass --run NAME")
-        if self.status is not None and self.status not in RUN_STATUSES:
-            raise BadInput(f"run status {self.status!r} is not one of {', '.join(RUN_STATUSES)}")
+        if self.status is not None:
+            check_status(self.status)
 
 
 _KEEP_COLUMNS = ("job", "cluster", "host", "username", "project", "torch_version", "cuda_version",
@@ -105,16 +105,17 @@ def run_id_for(session: Session, run_name: str) -> int:
     return int(rid)
 
 
-def set_run_status(session: Session, run_name: str, status: str, ended_at: dt.datetime | None = None) -> None:
-    if status not in RUN_STATUSES:
-        raise BadInput(f"run status {status!r} is not one of {', '.join(RUN_STATUSES)}")
+def move_run_status(session: Session, run_id: int, status: str, *, ended_at: dt.datetime | None = None,
+                    given: bool = False) -> bool:
+    """Move the run's status by the one rule (analysis/run_status.py): up the order only, or as given by a
+    person (`given`). `ended_at` is written with it. Returns whether the row changed."""
     values: dict[str, Any] = {"status": status, "updated_at": func.current_timestamp()}
-    if ended_at is not None or status != "running":
-        values["ended_at"] = _db_time(session, ended_at or utcnow())
-    res = session.execute(update(Run).where(Run.name == run_name).values(**values))
-    if res.rowcount == 0:
-        raise NotFound(f"no run named {run_name!r}", hint="list runs with `memq runs`")
-
+    if ended_at is not None:
+        values["ended_at"] = _db_time(session, ended_at)
+    res = session.execute(update(Run).where(Run.id == run_id, or_(Run.status.is_(None),
+                                                                  Run.status.in_(replaced_by(status, given=given))))
+                          .values(**values))
+    return bool(res.rowcount)
 
 
 def set_run_limit(session: Session, run_id: int, limit_bytes: int) -> None:
@@ -139,3 +140,19 @@ def delete_run(session: Session, run_name: str) -> None:
 
 def run_owner(session: Session, run_id: int) -> str | None:
     return session.execute(select(Run.owner).where(Run.id == run_id)).scalar_one_or_none()
+
+
+def find_run_id(session: Session, run_name: str) -> int | None:
+    rid = session.execute(select(Run.id).where(Run.name == run_name)).scalar_one_or_none()
+    return None if rid is None else int(rid)
+
+
+def run_settings(session: Session, run_id: int):
+    """(memory_limit_bytes, gpu_memory_bytes, optimizer) of a run, what its analyses use; None when
+    there is no such run."""
+    return session.execute(select(Run.memory_limit_bytes, Run.gpu_memory_bytes, Run.optimizer)
+                           .where(Run.id == run_id)).one_or_none()
+
+
+def run_status(session: Session, run_id: int) -> str:
+    return session.execute(select(Run.status).where(Run.id == run_id)).scalar_one()

@@ -11,10 +11,8 @@ from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from memq.errors import BadInput, NotFound
-from memq.store.orm import (
-    TRIGGERS,
-    Snapshot,
-)
+from memq.model import TRIGGERS
+from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 from memq.store.repository.common import _db_time, _insert, to_utc, utcnow
 
 DEFAULT_LEASE_S = 600
@@ -139,3 +137,101 @@ def fail_snapshot(session: Session, snapshot_id: int, error: str, retry: bool = 
     if new_state is None:
         raise NotFound(f"no snapshot with id {snapshot_id}")
     return str(new_state)
+
+
+# ----------------------------------------------------------------------------------- reads for the work
+
+
+def snapshot_row(session: Session, snapshot_id: int):
+    """One snapshot's row as the workers and the analysis read it (id, run_id, rank, sha256, context,
+    trigger, source, step, epoch, state, attempts, size_bytes), or None."""
+    return session.execute(select(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.context,
+                                  Snapshot.trigger, Snapshot.source, Snapshot.step, Snapshot.epoch, Snapshot.state,
+                                  Snapshot.attempts, Snapshot.size_bytes)
+                           .where(Snapshot.id == snapshot_id)).one_or_none()
+
+
+def take_over_lease(session: Session, snapshot_id: int, lease_s: float, max_attempts: int) -> int | None:
+    """The same task back for a snapshot it holds (running): a fresh lease and one more attempt, while
+    attempts remain. Returns the attempts, or None."""
+    until = _db_time(session, utcnow()) + dt.timedelta(seconds=lease_s)
+    got = session.execute(update(Snapshot).where(Snapshot.id == snapshot_id, Snapshot.state == "running",
+                                                 Snapshot.attempts < max_attempts)
+                          .values(lease_until=until, attempts=Snapshot.attempts + 1)
+                          .returning(Snapshot.attempts)).first()
+    return None if got is None else int(got.attempts)
+
+
+def known_blob_size(session: Session, sha256: str) -> int | None:
+    """The size a snapshot row already records for these bytes (any run), or None."""
+    return session.execute(select(Snapshot.size_bytes).where(Snapshot.sha256 == sha256).limit(1)).scalar()
+
+
+def snapshot_outcome(session: Session, snapshot_id: int):
+    """(run_id, rank, trigger, oom_requested_bytes, oom) of an analysed snapshot: what marks its run."""
+    return session.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.trigger,
+                                  AnalysisResult.oom_requested_bytes, AnalysisResult.result["oom"].label("oom"))
+                           .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+                           .where(Snapshot.id == snapshot_id)).one()
+
+
+def dead_letter_row(session: Session, snapshot_id: int):
+    """What a dead letter of the snapshot carries (run_id, rank, sha256, trigger, step, epoch, source,
+    name, cluster), or None."""
+    return session.execute(select(Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.trigger, Snapshot.step,
+                                  Snapshot.epoch, Snapshot.source, Run.name, Run.cluster)
+                           .join(Run, Run.id == Snapshot.run_id).where(Snapshot.id == snapshot_id)).one_or_none()
+
+
+def pending_since(session: Session, since: dt.datetime) -> bool:
+    """Whether a snapshot row created at or after `since` waits for its analysis."""
+    return session.execute(select(Snapshot.id).where(Snapshot.state == "pending",
+                                                     Snapshot.created_at >= _db_time(session, since))
+                           .limit(1)).first() is not None
+
+
+def pending_snapshots(session: Session, *, created_before: dt.datetime | None = None,
+                      ids: list[int] | None = None, limit: int = 1000) -> list:
+    """(id, attempts) of pending snapshots: created before a moment (the oldest first, at most `limit`),
+    or among `ids`."""
+    q = select(Snapshot.id, Snapshot.attempts).where(Snapshot.state == "pending")
+    if created_before is not None:
+        q = q.where(Snapshot.created_at < _db_time(session, created_before)).order_by(Snapshot.id).limit(limit)
+    if ids is not None:
+        q = q.where(Snapshot.id.in_(sorted(ids) or [-1]))
+    return session.execute(q).all()
+
+
+def set_snapshot_time(session: Session, snapshot_id: int, taken_at: dt.datetime) -> None:
+    session.execute(update(Snapshot).where(Snapshot.id == snapshot_id).values(taken_at=_db_time(session, taken_at)))
+
+
+def rank_snapshots(session: Session, run_id: int, rank: int, limit: int) -> list:
+    """A rank's newest `limit` snapshots, the newest first, with their analyses' figures and digest (id,
+    sha256, trigger, source, context, step, epoch, size_bytes, analysis_id, allocated_bytes,
+    reserved_bytes, analyzer_version, digest): what a run diagnosis reads."""
+    return session.execute(
+        select(Snapshot.id, Snapshot.sha256, Snapshot.trigger, Snapshot.source, Snapshot.context,
+               Snapshot.step, Snapshot.epoch, Snapshot.size_bytes, AnalysisResult.id.label("analysis_id"),
+               AnalysisResult.allocated_bytes,
+               AnalysisResult.reserved_bytes, AnalysisResult.analyzer_version, AnalysisResult.digest)
+        .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
+        .where(Snapshot.run_id == run_id, Snapshot.rank == rank)
+        .order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(limit)).all()
+
+
+def reanalyze_targets(session: Session, version: str, run_id: int | None = None):
+    """What `memq reanalyze` brings up to `version`: (snapshots analysed by another version or not done:
+    id, run_id, rank, sha256; every (run, rank) with snapshots; the (run, rank) whose diagnosis is of
+    `version`), of one run or all."""
+    q = select(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256)
+    dq = select(Snapshot.run_id, Snapshot.rank).distinct()
+    if run_id is not None:
+        q = q.where(Snapshot.run_id == run_id)
+        dq = dq.where(Snapshot.run_id == run_id)
+    snaps = session.execute(q.where((Snapshot.analyzer_version.is_(None)) | (Snapshot.analyzer_version != version)
+                                    | (Snapshot.state != "done")).order_by(Snapshot.id)).all()
+    pairs = set(session.execute(dq).all())
+    current = set(session.execute(select(RunDiagnosis.run_id, RunDiagnosis.rank)
+                                  .where(RunDiagnosis.analyzer_version == version)).all())
+    return snaps, pairs, current
