@@ -50,8 +50,8 @@ from collections.abc import Callable
 from typing import Any
 
 from memq import envelope, identity
-from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from memq.analysis import run_status
+from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from memq.analysis.limits import observer_facts, real_cap
 from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
@@ -67,7 +67,7 @@ from memq.launcher_ids import real_id
 from memq.redis_functions import Relay
 from memq.store import rank_figures
 from memq.store import repository as repo
-from memq.workers import jobs, runtime
+from memq.workers import runtime
 from memq.workers.faults import armed_fault
 from memq.workers.heartbeat import Heartbeat
 from memq.workers.queues import GROUP

@@ -20,6 +20,7 @@ from memq.cli._listing import (
     write_csv,
     write_json,
 )
+from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
@@ -27,9 +28,7 @@ from memq.render.reasons import said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said
-from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.units import fmt_bytes, sparkline
-
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),

@@ -25,7 +25,13 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from memq.analysis.compare import VersionFigures, changes_between, compare_sides, version_key, version_regressions
+from memq.analysis.compare import (
+    VersionFigures,
+    changes_between,
+    compare_sides,
+    version_key,
+    version_regressions,
+)
 from memq.analysis.frames import CATEGORIES
 from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
 from memq.analysis.run_verdict import forecast_rank
@@ -33,7 +39,6 @@ from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
 from memq.store.run_verdicts import verdict_rank
-
 
 
 def iso(value: dt.datetime | None) -> str | None:
