@@ -888,18 +888,6 @@ def own_curve_reason(snap: Snapshot) -> str:
     return "the trace could not be replayed"
 
 
-def missing_reason(reasons: list[tuple[str, str | None]]) -> str:
-    """A run's `fit_reason` when it has no `fit`: (snapshot name, its reason) of each snapshot, oldest
-    first; the reason of the latest snapshot that has a trace, else that none has one."""
-    traced = [(n, r) for n, r in reasons if r and not r.startswith("no trace")]
-    if not traced:
-        return (f"none of the run's {len(reasons)} snapshot(s) has a trace: memq fit replays a recorded training "
-                "step (the agent records the warm-up at its defaults, history=\"auto\"; history=\"off\" records "
-                "none)")
-    name, why = traced[-1]
-    return f"no snapshot of the run holds a whole training step from its start; the latest traced one ({name}): {why}"
-
-
 def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
     """A run's `fit`: its own peak with the interval, whether it fits its limit, and the largest
     multiple of its input whose predicted peak stays under the limit (linear between curve points:
