@@ -2,7 +2,7 @@
 against the real runs of the H200 calibration set (tests/fixtures/fit, captured by
 benchmarks/gpu/fit.py). No services, no torch.
 
-    python benchmarks/fit_calibration.py [--markdown]
+    python benchmarks/fit_calibration.py [--markdown] [--mid-run] [--optimizers]
 
 Per model: the base run with the agent at its defaults is the measurement; predicted is
 `memq.analysis.fit.predict` at k x the base batch (and k x the length for the GPTs), against
@@ -59,8 +59,64 @@ def rows(truth: dict):
     return shapes, caps
 
 
+def full_raw(model: str) -> dict:
+    """The history="on" recording of a model's base run (its whole trace from the start), as sent."""
+    from memq import codec
+    from memq.agent.spool import decode
+
+    for f in sorted(next((FIX / model / "full").iterdir()).rglob("*.mqs")):
+        msg = decode(f.read_bytes())
+        if msg.fields["kind"] == "snapshot":
+            return codec.decode(msg.blob)
+    raise FileNotFoundError(model)
+
+
+def mid_run(truth: dict, cuts=tuple(i * 0.05 for i in range(1, 13))):
+    """(model, cut, k, predicted, real) from each model's whole trace cut where a ring buffer that
+    wrapped would have cut it (the first `cut` of its entries dropped; segments and blocks as they are)."""
+    from memq.snapshot import parse_snapshot
+
+    out = []
+    for model, d in truth.items():
+        base = next(v for k, v in d["runs"].items() if k.endswith("-defaults"))
+        b0, t0 = base["batch"], base["seq"]
+        raw = full_raw(model)
+        trace = raw["device_traces"][0]
+        for cut in cuts:
+            snap = parse_snapshot(dict(raw, device_traces=[trace[int(cut * len(trace)):]]))
+            try:
+                m = fit.classify(snap)
+            except fit.NotAssessable:
+                continue
+            for k in (2, 4, 8):
+                real = d["runs"][f"{model}-b{b0 * k}-t{t0}"]["max_reserved"]
+                out.append((model, cut, k, fit.predict(m, k).peak_reserved, real))
+    return out
+
+
 def main() -> None:
     truth = json.loads((FIX / "truth.json").read_text())
+    if "--optimizers" in sys.argv:
+        names = ("sgd", "sgd_momentum", "adamw", "adafactor", "adamw_8bit")
+        ms = {}
+        for k in names:
+            snaps, _ctx, _trig = spool_run(ROOT / "tests" / "fixtures" / "playbook" / f"optim_{k}" / "spool")
+            ms[k] = fit.classify(next(s for s in snaps if s.trace))
+        print("one GPT measured with each optimizer (tests/fixtures/playbook/optim_*): `memq fit --optimizer` from "
+              "the row's trace against the column's recorded peak reserved")
+        print("| from \\ to | " + " | ".join(names) + " |")
+        print("|---" * (len(names) + 1) + "|")
+        for a in names:
+            cells = [(fit.predict(ms[a], 1.0, b).peak_reserved - ms[b].recorded_peak) / ms[b].recorded_peak
+                     for b in names]
+            print(f"| {a} | " + " | ".join(f"{c * 100:+.1f}%" for c in cells) + " |")
+        return
+    if "--mid-run" in sys.argv:
+        cut = mid_run(truth)
+        dev = [real / pred - 1 for *_x, pred, real in cut]
+        print(f"{len(cut)} predictions from traces cut mid-run: the real peak between {min(dev) + 1:.3f}x and "
+              f"{max(dev) + 1:.3f}x the predicted one (MIDRUN_MARGIN {fit.MIDRUN_MARGIN:.0%})")
+        return
     t0 = time.perf_counter()
     shapes, caps = rows(truth)
     took = time.perf_counter() - t0

@@ -185,6 +185,12 @@ class AgentInfo:
     #: Storages whose role the agent knew when it took the snapshot: (address, nbytes, role index in
     #: AGENT_ROLES), sorted by address; empty when it sent none (an older agent, no optimizer seen).
     roles: tuple = ()
+    #: At the first forward (a module forward pre-hook, once): CUDA autocast's dtype ("bfloat16",
+    #: "float16") or "off"; None when the agent did not see a forward (an older agent, no nn.Module).
+    autocast: str | None = None
+    #: The first forward's tensor arguments' shapes (the input of the measured run) and its module.
+    input_shapes: tuple = ()
+    input_module: str | None = None
 
 
 @dataclass(slots=True)

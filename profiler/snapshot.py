@@ -605,6 +605,7 @@ def parse_agent_info(v: Any) -> AgentInfo | None:
         oom_frames=_oom_frames(v.get("oom_frames")),
         limit_bytes=_opt_int(v.get("limit_bytes")) if (_opt_int(v.get("limit_bytes")) or 0) > 0 else None,
         roles=_roles(v.get("roles")),
+        **_first_input(v.get("first_input")),
     )
 
 
@@ -623,6 +624,18 @@ def _roles(v: Any) -> tuple:
             out.append((r[0], r[1], r[2]))
     out.sort()
     return tuple(out)
+
+
+def _first_input(v: Any) -> dict:
+    """The agent's `first_input` ({"autocast", "shapes", "module"}), tolerant: a field of the wrong
+    type is dropped."""
+    if not isinstance(v, dict):
+        return {}
+    shapes = v.get("shapes")
+    ok = isinstance(shapes, list) and all(isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)
+                                          for sh in shapes)
+    return {"autocast": _opt_str(v.get("autocast"), 20), "input_module": _opt_str(v.get("module"), 80),
+            "input_shapes": tuple(tuple(sh) for sh in shapes[:4]) if ok else ()}
 
 
 def check_invariants(snap: Snapshot) -> list[str]:

@@ -143,6 +143,9 @@ class Agent(AgentTriggers, AgentRecording, AgentSignals):
         self._hook_opt_ref: Any = None  # weak reference to the optimizer the step hook saw
         self.roles = roles  # send the roles of the optimizer's and the model's tensors with each snapshot
         self.role_devices = tuple(role_devices)  # the device types whose tensors are the snapshot's
+        self._input_hook: Any = None  # the first forward's pre-hook (recording.py _install_input_hook)
+        self._input_seen = False
+        self._first_input: dict | None = None  # autocast state and input shapes at the first forward
         self._optimizer_name: str | None = None
         self._rec_since: int | None = None
         self._sig_cost = 0.0
@@ -237,6 +240,9 @@ class Agent(AgentTriggers, AgentRecording, AgentSignals):
             if self._hook_handle is not None:
                 self._safe_call(self._hook_handle.remove)
                 self._hook_handle = None
+            if self._input_hook is not None:
+                self._safe_call(self._input_hook.remove)
+                self._input_hook = None
             if self.recording and self.available and not getattr(self, "_exiting", False):
                 self._safe_call(lambda: self.source.set_history(False))  # at exit: no need
             if self.status == "running":

@@ -25,6 +25,7 @@ class AgentRecording:
         """Cheap; called at start, after `import torch`, by the ticker and by mark_step until armed."""
         try:
             self._install_step_hook()
+            self._install_input_hook()
             if not self.available and self.source.present():
                 self.available = True
                 # Recording switched on before CUDA initialises catches the parameters' frames; it is
@@ -34,6 +35,30 @@ class AgentRecording:
                 self._maybe_arm()
         except Exception:  # noqa: BLE001
             self.counters_obj.add("errors")
+
+    def _install_input_hook(self) -> None:
+        """Once: a global module forward pre-hook that reads, at the first forward, the autocast state
+        and the input's shapes, then removes itself (one call: nothing per step). What `memq fit` needs
+        to tell autocast's weight copies from input-sized blocks, and the batch the run measured."""
+        if getattr(self, "_input_seen", False) or getattr(self, "_input_hook", None) is not None \
+                or "torch" not in sys.modules:
+            return
+        mod = sys.modules.get("torch.nn.modules.module")
+        register = getattr(mod, "register_module_forward_pre_hook", None)
+        if register is not None:
+            self._input_hook = register(self._on_first_forward)
+
+    def _on_first_forward(self, module, args) -> None:
+        handle, self._input_hook = getattr(self, "_input_hook", None), None
+        if handle is not None:
+            self._safe_call(handle.remove)
+        if getattr(self, "_input_seen", False):
+            return None
+        self._input_seen = True
+        from memq.agent.source import first_input_facts
+
+        self._first_input = self._safe_call(lambda: first_input_facts(module, args))
+        return None
 
     def _maybe_arm(self) -> None:
         """Once CUDA is initialised: attach the OOM observer, re-apply history, send device metadata."""
@@ -170,6 +195,7 @@ class AgentRecording:
                 "comparable": bool(comparable), "optimizer": self._optimizer_label(),
                 "oom_frames": self._oom_frames if trigger == "oom" else None,
                 "limit_bytes": self._limit, "roles": roles,
+                "first_input": getattr(self, "_first_input", None),
                 "model": self._model if isinstance(self._model, str) else
                 (type(self._model).__name__ if self._model is not None else None)}
         pl = dict(payload or {})

@@ -84,6 +84,20 @@ def host_name() -> str:
     return socket.gethostname()
 
 
+def first_input_facts(module: Any, args: Any) -> dict:
+    """At a module's forward: the autocast state of CUDA (the dtype, or "off") and the shapes and
+    dtypes of the tensor arguments (at most four)."""
+    torch = sys.modules["torch"]
+    try:
+        on, dtype = bool(torch.is_autocast_enabled("cuda")), torch.get_autocast_dtype("cuda")
+    except (TypeError, AttributeError):  # torch < 2.4: the CUDA-only calls
+        on, dtype = bool(torch.is_autocast_enabled()), torch.get_autocast_gpu_dtype()
+    tensors = [a for a in (args if isinstance(args, tuple) else (args,)) if isinstance(a, torch.Tensor)][:4]
+    return {"module": type(module).__name__[:80], "autocast": str(dtype).removeprefix("torch.") if on else "off",
+            "shapes": [[int(d) for d in t.shape][:8] for t in tensors],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors]}
+
+
 class TorchSource:
     """The production source: torch.cuda of this process. Never creates a CUDA context itself."""
 

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
 # 1.5: growth as a trend; 1.5.1: private pools; 1.5.2: the cross-rank rule; 1.5.3: cause 1 under a cap;
-# 1.5.4: composition by provenance
-ANALYZER_VERSION = "1.5.4"
+# 1.5.4: main's fit changes; 1.5.5: composition by provenance
+ANALYZER_VERSION = "1.5.5"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -183,6 +183,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         "forecast": fc,
         # the run's headroom in batch units, from its last snapshot whose trace holds whole steps
         "fit": _fit(next((p["fit"] for p in reversed(per) if p.get("fit")), None), lim.limit or _agent_limit(agents)),
+        # why `fit` is null (None when there is one)
+        "fit_reason": None if any(p.get("fit") for p in per) else _fit_reason(tags, per),
         # Deep copies: these parts come from the per-snapshot memo, which callers must not reach.
         "details": copy.deepcopy({
             "analyzer_version": ANALYZER_VERSION,
@@ -332,6 +334,13 @@ def _earlier_step_peak(per: list[dict]) -> tuple[int | None, int]:
 #: Earlier recorded steps tried as the failing step's reference (the latest ones: the same code and
 #: shapes are likeliest there, and each costs an alignment).
 MAX_REFERENCES = 3
+
+
+def _fit_reason(names: list, per: list[dict]) -> str:
+    from memq.analysis.fit_reason import missing_reason
+
+    return missing_reason([(str(n), p.get("fit_reason") or ("no trace" if p.get("fit") is None else None))
+                           for n, p in zip(names, per, strict=True)])
 
 
 def _fit(curve_doc: dict | None, limit: int | None) -> dict | None:

@@ -19,7 +19,10 @@ modelled, not guessed:
 3. Under a limit (`fits_under`): the model with the limit, which frees its cache and retries before
    it fails as the real allocator does; the largest batch is the largest k the model serves.
 4. Interval: FIT_MARGIN either side of the point, and the same margin on the limit for `fits` and
-   the largest batch (`fits` is null when the answer changes within it).
+   the largest batch (`fits` is null when the answer changes within it). The peak allocated is
+   predicted within about 1% on the calibration sets; what the margin covers is mostly the allocator
+   model's packing at the new shape (which cached block a request lands in), which errs by up to 16.5%
+   on the ten families of tests/fixtures/fit_families.
 
 Sequence length is scaled linearly, per site: fused attention (scaled_dot_product_attention) keeps
 no t x t matrix. A model that materialises attention scores grows faster than this predicts.
@@ -30,33 +33,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
-from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, AllocatorModel, Program
-from memq.model import Snapshot, frame_file, frame_line, frame_name
+from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, AllocatorModel, Program
 
-# The interval either side of the predicted peak, and on the limit for `fits` and the largest
-# batch: the calibration set's largest error was +2.7% (23 predictions of max_memory_reserved() at
-# 2x-8x the batch and 2x-4x the length, five models on an H200: benchmarks/RESULTS.md "memq fit",
-# `python benchmarks/fit_calibration.py`); the issue's bar and the published estimators' best is 3%.
-FIT_MARGIN = 0.03
-# Only blocks of at least 1 MiB are read as gradients, their temporaries or cast copies: smaller ones
-# (biases, norms) do not move a peak, and at small sizes coincidences between unrelated tensors abound.
-MIN_BYTES = 1 << 20
-# Autocast casts each weight to half precision once per forward, just before the op that uses it:
-# at one call site, the first large allocation of a run of several, half a gradient's size. A float32
-# model's activations can match half a weight's size too (at the calibration set's base shapes they
-# often do), so the copies are read as such only when they cover at least this share of the
-# gradients' bytes (measured: 0.96 on the bf16 GPT, 0.48 and 0.27 on the float32 GPTs, 0 on the CNN
-# and the checkpointed GPT: tests/fixtures/fit).
-CAST_COVERAGE = 0.8
-# A library workspace (cuDNN's, chosen per convolution algorithm) is a byte buffer of whatever size the
-# library asks for, allocated from C++ (no Python frames); a tensor's byte count is a multiple of its
-# element size, so an odd count of at least MIN_BYTES can only be a buffer or a one-byte tensor. Held at
-# its measured size: in the fit set's CNN at batches 8, 16, 32 and 64 (tests/fixtures/fit/cnn_batches)
-# the same odd sizes (8,651,487 bytes, 8,258,199, ...) recur at every batch. Scaled, they made the CNN's
-# peak 1.1-1.3% high and its largest batch under the cap one short (64 for 65).
-WORKSPACE_ODD = 2
-# The largest scale searched for the largest batch: 64x the measured input (as in step_need.py).
-K_MAX = 64.0
+# The thresholds and figures memq fit decides by live in rules.py, each with its source.
+from memq.analysis.rules import (
+    CAST_COVERAGE,
+    FIT_MARGIN,
+    MIDRUN_MARGIN,
+    STATE_BLOCKS,
+    STATE_INFER_TOLERANCE,
+    STATE_MULTIPLE,
+    TEMP_MULTIPLE,
+    WORKSPACE_NEAR,
+    WORKSPACE_ODD,
+)
+from memq.analysis.rules import FIT_K_MAX as K_MAX
+from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
+from memq.model import Snapshot, frame_file, frame_line, frame_name
 
 # What an allocation holds (the composition of a predicted peak).
 PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE = range(9)
@@ -65,10 +58,6 @@ KIND_NAMES = ("parameters", "gradients", "optimizer state", "optimizer step temp
               "input-sized (activations)", "library workspaces")
 SCALES_WITH_INPUT = (INPUT,)
 
-# Optimizer state in multiples of the parameter bytes, as the playbook measured them (profiler/
-# playbook.md "Optimizer state", tests/fixtures/playbook/optim_*).
-STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0,
-                  "adamw_8bit": 0.51}
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
 
 
@@ -89,6 +78,18 @@ class Measured:
     covers_start: bool  # the trace starts at an empty allocator
     recorded_peak: int  # reserved bytes at the trace's peak, as recorded
     notes: list[str] = field(default_factory=list)
+    # Optimizer state: what the new optimizer's state is re-sized from (see `state_plan`).
+    gradient_bytes: int = 0  # one whole step's gradients (the trainable parameters' bytes); 0 if unknown
+    gradient_sizes: tuple = ()  # those gradients' sizes, one entry per gradient
+    state_bytes: int = 0  # the recorded optimizer's state: allocated in the trace or live before it
+    pre_state: tuple = ()  # (handle, bytes) of state blocks live before the trace began
+    optimizer_inferred: bool = False  # the optimizer was read from its state's size, not named
+    step_ops: tuple = ()  # program op index where each optimizer step begins
+
+    @property
+    def margin(self) -> float:
+        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN)."""
+        return FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,15 @@ def _is_grad_free(frames) -> bool:
     return bool(frames) and fr.is_optimizer(frames)
 
 
+def python_frames(frames) -> list:
+    """The Python frames of a stack. A trace recorded with stacks="all" (torch's default for
+    `_record_memory_history`) gives every allocation C++ frames too, those of autograd's thread
+    included: "no Python frames" is what tells that thread's allocations apart, not "no frames"."""
+    return [f for f in frames or () if frame_file(f).endswith(".py")]
+
+
 def _call_site(frames) -> tuple | None:
+    frames = python_frames(frames) or frames
     if not frames:
         return None
     return tuple((frame_file(f), frame_name(f), frame_line(f)) for f in frames)
@@ -179,35 +188,143 @@ def classify(snap: Snapshot) -> Measured:
             kinds[h] = OPT_STATE  # allocated in optimizer code and kept: state (foreach or fused init)
     big = {s for s in grads if s >= MIN_BYTES}
     for h in range(prog.n_handles):
-        if kinds[h] != INPUT or ev_of[h] < 0 or trace[ev_of[h]].frames:
+        if kinds[h] != INPUT or ev_of[h] < 0 or python_frames(trace[ev_of[h]].frames):
             continue
         if size_of[h] in big:
             kinds[h] = GRAD_TEMP
         elif is_workspace(size_of[h]):
             kinds[h] = WORKSPACE
-    _live_classes(snap, rep, kinds, ev_of, is_open)
-    copies = _cast_copies(trace, kinds, size_of, ev_of, {s // 2 for s in big})
-    covered = {size_of[h] * 2 for h in copies}
-    total = sum(s * n for s, n in grads.items() if s in big)
-    share = sum(s * n for s, n in grads.items() if s in covered) / total if total else 0.0
-    notes = []
-    if share >= CAST_COVERAGE:
-        for h in copies:
-            kinds[h] = CAST_COPY
-        notes.append(f"autocast weight copies found for {share:.0%} of the gradients' bytes: held at their size")
+    _scale_input_sized_workspaces(kinds, size_of)
+    notes: list[str] = []
+    share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
+    _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
+    grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
     params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
     if not params:  # parameters made before the trace: one step's gradients stand for them
-        params = sum(s * n for s, n in grads.items()) // max(1, steps - 1)
+        params = sum(grad_sizes)
     covers = not rep.start_segments
     if not covers:
-        notes.append("the trace starts mid-run: blocks live before it are held at their recorded size")
+        notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
+                     f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: +/-{FIT_MARGIN:.0%})")
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
-    return Measured(replay=rep, kinds=kinds, optimizer=recorded_optimizer(snap), parameter_bytes=params,
+    pre_state = _pre_trace_state(snap, rep)
+    state = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == OPT_STATE) + sum(b for _h, b in pre_state)
+    optimizer, inferred = recorded_optimizer(snap), False
+    if optimizer is None:
+        optimizer, inferred = infer_optimizer(state, sum(grad_sizes))
+        if optimizer is not None:
+            notes.append(f"the optimizer is not named in the trace (its state predates it): read as {optimizer} "
+                         f"from its state, {state / max(1, sum(grad_sizes)):.2f}x one step's gradients")
+    return Measured(replay=rep, kinds=kinds, optimizer=optimizer, parameter_bytes=params,
                     cast_share=round(share, 3), steps=steps, covers_start=covers,
-                    recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes)
+                    recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
+                    gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
+                    pre_state=tuple(pre_state), optimizer_inferred=inferred,
+                    step_ops=_step_ops(prog, rep.op_event, trace))
+
+
+def _step_ops(prog, op_event, trace) -> tuple:
+    """The program op at which each optimizer step begins: the first op at or after the step's first
+    entry into optimizer code (an allocation, or a free request: plain SGD allocates nothing)."""
+    starts, in_opt = [], False
+    for i, ev in enumerate(trace):
+        if ev.frames and ev.action in ("alloc", "free_requested"):
+            opt = fr.is_optimizer(ev.frames)
+            if opt and not in_opt:
+                starts.append(i)
+            in_opt = opt
+    out, j = [], 0
+    for i, e in enumerate(op_event):
+        while j < len(starts) and e >= starts[j]:
+            out.append(i)
+            j += 1
+    return tuple(out)
+
+
+def _step_gradients(prog, op_event, trace, kinds, size_of) -> list[int]:
+    """The sizes of one whole step's gradients: of the gradients freed in each `zero_grad` (one per
+    optimizer step), the step that freed the most bytes (a trace that starts mid-step sees part of one)."""
+    episode, in_opt, n = [0] * len(trace), False, 0
+    for i, ev in enumerate(trace):
+        if ev.frames and ev.action in ("alloc", "free_requested"):
+            opt = fr.is_optimizer(ev.frames)
+            n += opt and not in_opt
+            in_opt = opt
+        episode[i] = n
+    per: dict[int, list[int]] = {}
+    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
+        if op == OP_FREE and kinds[h] == GRADIENTS and size_of[h] and 0 <= op_event[i] < len(trace):
+            per.setdefault(episode[op_event[i]], []).append(size_of[h])
+    return max(per.values(), key=sum) if per else []
+
+
+def _pre_trace_state(snap: Snapshot, rep) -> list[tuple[int, int]]:
+    """(handle, requested bytes) of the blocks live before the trace began that optimizer code
+    allocated (their frames, kept with the block: recording was on when the state was made)."""
+    live = {b.address: b for seg in snap.segments for b in seg.blocks if b.state != "inactive"}
+    out = []
+    for addr, h, req, _stream in rep.start_live:
+        b = live.get(addr)
+        if b is not None and b.requested_size == req and b.frames and fr.is_optimizer(b.frames):
+            out.append((h, req))
+    return out
+
+
+def infer_optimizer(state_bytes: int, gradient_bytes: int) -> tuple[str | None, bool]:
+    """The optimizer a trace does not name, from its state's size against one step's gradients:
+    none (plain SGD, or any stateless step), one copy (SGD with momentum) or two (Adam/AdamW), within
+    STATE_INFER_TOLERANCE. (None, False) when the gradients are unknown or the ratio is none of these."""
+    if gradient_bytes <= 0:
+        return None, False
+    ratio = state_bytes / gradient_bytes
+    for name, mult in (("sgd", 0.0), ("sgd_momentum", 1.0), ("adam", 2.0)):
+        if abs(ratio - mult) <= STATE_INFER_TOLERANCE:
+            return name, True
+    return None, False
+
+
+def choose(snaps: list[Snapshot]) -> tuple[int, str]:
+    """Which of one run's snapshots (oldest first) to measure from, and why: the earliest whose trace
+    starts at an empty allocator and holds a whole training step (two optimizer steps: the agent's
+    warm-up recording); else the earliest holding a whole step mid-run (of a leaking job, the least
+    grown: a later, longer recording window holds the leak's bytes as well as a step's); else the
+    longest trace (the earliest of equals), which `classify` refuses with the reason."""
+    stepped = [i for i, s in enumerate(snaps) if s.trace and optimizer_steps(s.trace) >= 2]
+    for i in stepped:
+        try:
+            m = classify(snaps[i])
+        except NotAssessable:
+            continue
+        if m.covers_start:
+            return i, f"its trace starts at an empty allocator and holds {m.steps} optimizer steps"
+    if stepped:
+        i = stepped[0]
+        return i, (f"its trace holds {optimizer_steps(snaps[i].trace)} optimizer steps from mid-run (no trace of the "
+                   "run's start holds two): the earliest such")
+    pick = max(range(len(snaps)), key=lambda i: (len(snaps[i].trace), -i))
+    return pick, "its longest trace"
+
+
+def _scale_input_sized_workspaces(kinds: list[int], size_of: list[int]) -> None:
+    """A workspace within WORKSPACE_NEAR bytes of an input-sized allocation's size is a copy or transform
+    of that activation (cuDNN's, for the algorithm it chose at this shape): it scales with the input."""
+    inputs = sorted({size_of[h] for h in range(len(kinds)) if kinds[h] == INPUT and size_of[h] >= MIN_BYTES})
+    if not inputs:
+        return
+    for h in range(len(kinds)):
+        if kinds[h] == WORKSPACE and near_input(size_of[h], inputs):
+            kinds[h] = INPUT
+
+
+def near_input(size: int, inputs: list[int]) -> bool:
+    """Is `size` within WORKSPACE_NEAR bytes of one of `inputs` (sorted sizes of input-sized blocks)?"""
+    import bisect
+
+    j = bisect.bisect_left(inputs, size)
+    return any(abs(x - size) <= WORKSPACE_NEAR for x in inputs[max(0, j - 1):j + 1])
 
 
 def _live_classes(snap: Snapshot, rep, kinds: list, ev_of: list, is_open: list) -> None:
@@ -255,6 +372,61 @@ def optimizer_steps(trace) -> int:
     return steps
 
 
+def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes) -> float:
+    """Mark autocast's weight copies (CAST_COPY); returns the share of the weights' bytes they cover.
+
+    What autocast was doing is taken, first rule first, from: the agent, which read CUDA autocast's state
+    at the first forward (`off`: no copies at all, whatever sizes coincide; a dtype: the copies found are
+    held without the coverage test); the C++ frames of a trace recorded with stacks="all" (an allocation
+    under `autocast::cached_cast` is a cast); else the copies are held only when they cover at least
+    CAST_COVERAGE of the gradients' bytes (a float32 model's activations match half a weight's size often
+    enough: 0.27 and 0.48 of the gradients on the calibration set's float32 GPTs). The weights are the
+    gradients' sizes and the parameters' (a frozen base, as in a LoRA fine-tune, has no gradients)."""
+    state = snap.agent.autocast if snap.agent is not None else None
+    if state == "off":
+        notes.append("autocast was off at the first forward (the agent read it): no weight copies")
+        return 0.0
+    params: dict[int, int] = {}
+    for h in range(len(kinds)):
+        if kinds[h] == PARAMETERS and size_of[h] >= 2 * MIN_BYTES:
+            params[size_of[h]] = params.get(size_of[h], 0) + 1
+    live = {b.address: b for seg in snap.segments for b in seg.blocks if b.state != "inactive"}
+    for addr, _h, req, _stream in rep.start_live:
+        b = live.get(addr)
+        if b is not None and req >= 2 * MIN_BYTES and b.frames and fr.categorize(b.frames) == fr.PARAMETERS:
+            params[req] = params.get(req, 0) + 1
+    big_all = set(big) | set(params)
+    halves = {s // 2 for s in big_all}
+    copies = set(_cast_copies(trace, kinds, size_of, ev_of, halves))
+    cxx = False
+    for h in range(len(kinds)):  # stacks="all": autocast's own frame names the cast
+        if kinds[h] == INPUT and ev_of[h] >= 0 and size_of[h] in halves and _autocast_frame(trace[ev_of[h]].frames):
+            copies.add(h)
+            cxx = True
+    covered = {size_of[h] * 2 for h in copies}
+    counts = {sz: max(grads.get(sz, 0), params.get(sz, 0)) for sz in big_all}
+    total = sum(sz * n for sz, n in counts.items())
+    share = sum(sz * n for sz, n in counts.items() if sz in covered) / total if total else 0.0
+    told = state not in (None, "off") or cxx
+    if copies and holds_cast_copies(share, told):
+        for h in copies:
+            kinds[h] = CAST_COPY
+        why = (f"autocast {state} at the first forward (the agent read it)" if state not in (None, "off") else
+               "autocast's cast in the C++ frames" if cxx else "the copies' coverage")
+        notes.append(f"autocast weight copies found for {share:.0%} of the weights' bytes ({why}): held at their size")
+    return share
+
+
+def holds_cast_copies(share: float, told: bool) -> bool:
+    """Are the half-size copies found autocast's (held at their size)? Yes when the agent or autocast's
+    own frame said so, else when they cover CAST_COVERAGE of the weights' bytes."""
+    return told or share >= CAST_COVERAGE
+
+
+def _autocast_frame(frames) -> bool:
+    return any("autocast" in frame_name(f) and "cast" in frame_name(f).rsplit("autocast", 1)[-1] for f in frames or ())
+
+
 def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     """Handles that look like autocast weight copies: per run of consecutive allocations at one
     call site, the first large one (not the run's last: that is the op's output) of half a
@@ -273,15 +445,16 @@ def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     for run in runs:
         if len(run) < 2 or not trace[ev_of[run[0]]].frames:
             continue
-        large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES]
+        large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES // 2]  # half a weight of MIN_BYTES
         if large and size_of[large[0]] in halves and kinds[large[0]] == INPUT:
             out.append(large[0])
     return out
 
 
-def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
+def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: float | None = None) -> list[int]:
     prog = m.replay.program
     kinds = m.kinds
+    temp_ratio = state_ratio if temp_ratio is None else temp_ratio
     out = []
     for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True):
         if op != OP_ALLOC:
@@ -290,51 +463,164 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0) -> list[int]:
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
             out.append(max(1, int(s * k)))
-        elif kind in (OPT_STATE, OPT_TEMP) and state_ratio != 1.0:
+        elif kind == OPT_STATE and state_ratio != 1.0:
             out.append(max(1, int(s * state_ratio)))
+        elif kind == OPT_TEMP and temp_ratio != 1.0:
+            out.append(max(1, int(s * temp_ratio)))
         else:
             out.append(s)
     return out
 
 
-def _program(m: Measured, sizes: list[int], extra_state: int) -> Program:
-    prog = m.replay.program
-    if extra_state <= 0:
-        return Program(ops=prog.ops, hid=prog.hid, size=sizes, stream=prog.stream, n_handles=prog.n_handles)
-    # the new optimizer keeps state the recorded one did not: one block at its first step, never freed
-    first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
-                  if op == OP_ALLOC and m.kinds[h] in (OPT_STATE, OPT_TEMP)), len(prog.ops))
-    h = prog.n_handles
-    return Program(ops=[*prog.ops[:first], OP_ALLOC, *prog.ops[first:]],
-                   hid=[*prog.hid[:first], h, *prog.hid[first:]],
-                   size=[*sizes[:first], extra_state, *sizes[first:]],
-                   stream=[*prog.stream[:first], 0, *prog.stream[first:]], n_handles=h + 1)
+@dataclass(frozen=True)
+class StatePlan:
+    """How another optimizer changes the program: the recorded optimizer's state allocations in the
+    trace x `ratio` and its step temporaries x `temp_ratio`; the state blocks live before the trace
+    freed at its start and `pre_new` allocated in their place; `first_new` allocated at the first
+    optimizer step (state the recorded one did not keep); `step_temps` allocated and freed at the start
+    of every optimizer step (temporaries the recorded one did not make)."""
+
+    ratio: float = 1.0
+    temp_ratio: float = 1.0
+    pre_new: tuple = ()
+    first_new: tuple = ()
+    step_temps: tuple = ()
+    dup: int = 1  # each recorded state block becomes this many (the new optimizer keeps more per parameter)
+    keep_every: int = 1  # of the recorded state blocks, every this many is kept (it keeps fewer)
+
+    @property
+    def changes(self) -> bool:
+        return self.ratio != 1.0 or self.temp_ratio != 1.0 or self.dup != 1 or self.keep_every != 1 \
+            or bool(self.pre_new or self.first_new or self.step_temps)
 
 
-def state_change(m: Measured, optimizer: str | None) -> tuple[float, int]:
-    """(ratio applied to the recorded optimizer's allocations, bytes of new state it did not keep)."""
+def state_plan(m: Measured, optimizer: str | None) -> StatePlan:
+    """The new optimizer's state, re-sized from the parameters it trains: STATE_MULTIPLE x each
+    gradient's bytes (one step's gradients are the trainable parameters), in place of the recorded
+    state, whether the trace allocated it or it was live before the trace began; and its step's
+    temporaries (TEMP_MULTIPLE) in place of the recorded one's."""
     if optimizer is None or optimizer == m.optimizer:
-        return 1.0, 0
+        return StatePlan()
     if optimizer not in STATE_MULTIPLE:
         raise ValueError(f"unknown optimizer {optimizer!r}: one of {', '.join(OPTIMIZER_NAMES)}")
     if m.optimizer is None:
-        raise NotAssessable("the trace shows no optimizer step, so there is no state to rescale")
+        raise NotAssessable(f"the trace holds {m.steps} optimizer steps but neither names its optimizer nor shows "
+                            "state of a known size or gradients to size a new one from")
     old, new = STATE_MULTIPLE[m.optimizer], STATE_MULTIPLE[optimizer]
-    if old > 0:
-        return new / old, 0
-    return 0.0 if new == 0 else 1.0, int(new * m.parameter_bytes)
+    t_old, t_new = TEMP_MULTIPLE[m.optimizer], TEMP_MULTIPLE[optimizer]
+    b_old, b_new = STATE_BLOCKS[m.optimizer], STATE_BLOCKS[optimizer]
+    sizes = m.gradient_sizes or ((m.parameter_bytes,) if m.parameter_bytes else ())
+    ratio, dup, keep = (new / old if old > 0 else 1.0), 1, 1
+    if old > 0 and new > 0 and b_old and b_new and b_new != b_old:
+        # per block: the new optimizer's block over the recorded one's, and how many blocks per parameter
+        ratio = (new / b_new) / (old / b_old)
+        dup, keep = (b_new // b_old, 1) if b_new > b_old else (1, b_old // b_new)
+    pre_new = tuple(max(1, int(b * ratio)) for i, (_h, b) in enumerate(m.pre_state) if ratio > 0 and i % keep == 0
+                    for _ in range(dup))
+    first_new: tuple = ()
+    if old == 0 and new > 0:
+        if not sizes:
+            raise NotAssessable("the trace shows no gradients to size the new optimizer's state from")
+        per = max(1, b_new)
+        first_new = tuple(max(1, int(g * new / per)) for g in sizes for _ in range(per))
+    elif old > 0 and not m.state_bytes and m.gradient_sizes and new > old:
+        # a named optimizer whose state the snapshot does not show (made before the trace, its blocks
+        # without frames): the difference, one block per gradient, at the first step
+        first_new = tuple(max(1, int(g * (new - old))) for g in m.gradient_sizes)
+    temp_ratio = t_new / t_old if t_old > 0 else 1.0
+    step_temps = tuple(max(1, int(g * t_new)) for g in sizes) if t_old == 0 and t_new > 0 else ()
+    return StatePlan(ratio=ratio, temp_ratio=temp_ratio, pre_new=pre_new, first_new=first_new,
+                     step_temps=step_temps, dup=dup, keep_every=keep)
 
 
-def _model(m: Measured, limit: int | None) -> AllocatorModel:
+def _program(m: Measured, sizes: list[int], plan: StatePlan) -> Program:
+    prog = m.replay.program
+    replace_pre = (plan.ratio != 1.0 or plan.dup != 1 or plan.keep_every != 1) and bool(m.pre_state)
+    if not replace_pre and not plan.first_new and not plan.step_temps and plan.dup == 1 and plan.keep_every == 1:
+        return Program(ops=prog.ops, hid=prog.hid, size=sizes, stream=prog.stream, n_handles=prog.n_handles)
+    ops: list = []
+    hid: list = []
+    size: list = []
+    stream: list = []
+    n = prog.n_handles
+
+    def emit(op: int, h: int, b: int) -> None:
+        ops.append(op), hid.append(h), size.append(b), stream.append(0)
+
+    if replace_pre:
+        # The recorded state made before the trace, replaced by the new one's: freed, the segments that
+        # held it released (a run with the other optimizer never reserved them), the new state allocated;
+        # the peak is counted from there (`prefix` ops, see _run).
+        for h, _b in m.pre_state:
+            emit(OP_FREE, h, 0)
+        emit(OP_EMPTY_CACHE, -1, 0)
+        for b in plan.pre_new:
+            emit(OP_ALLOC, n, b)
+            n += 1
+    prefix = len(ops)
+    first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+                  if op == OP_ALLOC and m.kinds[h] in (OPT_STATE, OPT_TEMP)), None)
+    if first is None:  # an optimizer that allocates nothing: before the first gradient is freed
+        first = next((i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+                      if op == OP_FREE and m.kinds[h] == GRADIENTS), len(prog.ops))
+    inserts: dict[int, list] = {}
+    if plan.first_new:
+        inserts.setdefault(first, []).append("state")
+    if plan.step_temps:
+        for i in (m.step_ops or (first,)):
+            inserts.setdefault(i, []).append("temps")
+    state_seen = 0
+    for i, (op, h, st) in enumerate(zip(prog.ops, prog.hid, prog.stream, strict=True)):
+        for what in inserts.get(i, ()):
+            if what == "state":  # kept from the first step on
+                for b in plan.first_new:
+                    emit(OP_ALLOC, n, b)
+                    n += 1
+            else:  # the step's temporaries: live while it runs (here, at its start), then freed
+                base = n
+                for b in plan.step_temps:
+                    emit(OP_ALLOC, n, b)
+                    n += 1
+                for t in range(base, n):
+                    emit(OP_FREE, t, 0)
+        if op == OP_ALLOC and m.kinds[h] == OPT_STATE and (plan.dup != 1 or plan.keep_every != 1):
+            nth = state_seen = state_seen + 1
+            if (nth - 1) % plan.keep_every:
+                continue  # a block the new optimizer does not keep: never allocated (its free finds nothing)
+            ops.append(op), hid.append(h), size.append(sizes[i]), stream.append(st)
+            for _ in range(plan.dup - 1):  # the blocks it keeps beside this one, of the same size
+                emit(OP_ALLOC, n, sizes[i])
+                n += 1
+            continue
+        ops.append(op), hid.append(h), size.append(sizes[i]), stream.append(st)
+    out = Program(ops=ops, hid=hid, size=size, stream=stream, n_handles=n)
+    out.prefix = prefix  # type: ignore[attr-defined]
+    return out
+
+
+def _slice(prog: Program, a: int, b: int) -> Program:
+    return Program(ops=prog.ops[a:b], hid=prog.hid[a:b], size=prog.size[a:b], stream=prog.stream[a:b],
+                   n_handles=prog.n_handles)
+
+
+def _model(m: Measured, limit: int | None, n_handles: int) -> AllocatorModel:
     rep = m.replay
-    model = AllocatorModel(rep.recorded_config, limit, n_handles=rep.program.n_handles + 1)
+    model = AllocatorModel(rep.recorded_config, limit, n_handles=n_handles)
     model.load(rep.start_segments)
     return model
 
 
 def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: bool = True):
     try:
-        return _model(m, limit).run(prog, stop_at_oom=stop_at_oom)
+        model = _model(m, limit, prog.n_handles)
+        pre = getattr(prog, "prefix", 0)
+        if pre:  # the recorded state replaced before the trace: the peak counts from there
+            head = model.run(_slice(prog, 0, pre), stop_at_oom=stop_at_oom)
+            if head.oom_op is not None and stop_at_oom:
+                return head
+            model.peak = model.reserved
+            return model.run(_slice(prog, pre, len(prog.ops)), stop_at_oom=stop_at_oom)
+        return model.run(prog, stop_at_oom=stop_at_oom)
     except (TypeError, IndexError, KeyError, ValueError) as exc:
         # the model's address space is sized for the recorded run: an expandable segment grown far past
         # what the run mapped has no recorded neighbour to grow into
@@ -343,18 +629,22 @@ def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: b
 
 
 def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
-    ratio, extra = state_change(m, optimizer)
-    sizes = scaled_sizes(m, k, ratio)
-    prog = _program(m, sizes, extra)
+    plan = state_plan(m, optimizer)
+    sizes = scaled_sizes(m, k, plan.ratio, plan.temp_ratio)
+    prog = _program(m, sizes, plan)
     sim = _run(m, None, prog, k, stop_at_oom=False)
-    kinds = [*m.kinds, OPT_STATE]
+    kinds = [*m.kinds, *[OPT_STATE] * (prog.n_handles - len(m.kinds))]
     by_kind = [0] * len(KIND_NAMES)
+    held: dict[int, int] = {}
     for _addr, h, req, _stream in m.replay.start_live:
         by_kind[kinds[h]] += req
-    held: dict[int, int] = {}
+        held[h] = req  # live before the trace: its free in the trace lowers the level
     level = sum(by_kind)
     peak, at_peak = level, list(by_kind)
-    for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True):
+    pre = getattr(prog, "prefix", 0)
+    for i, (op, h, s) in enumerate(zip(prog.ops, prog.hid, prog.size, strict=True)):
+        if i == pre and pre:  # the recorded state replaced: the peak counts from here
+            peak, at_peak = level, list(by_kind)
         if op == OP_ALLOC:
             held[h] = s
             by_kind[kinds[h]] += s
@@ -367,7 +657,7 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
             level -= s
     comp = {KIND_NAMES[i]: n for i, n in enumerate(at_peak) if n > 0}
     reserved = sim.peak_reserved
-    if k == 1.0 and ratio == 1.0 and not extra:
+    if k == 1.0 and not plan.changes:
         # the measured shape: what the run reserved is measured (the model, which does not know where
         # the driver placed each segment, can pack the same requests tighter)
         reserved = m.recorded_peak or reserved
@@ -376,8 +666,8 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
 
 def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool:
     """Does the model serve every request at scale k under `limit` (cache freed and retried first)?"""
-    ratio, extra = state_change(m, optimizer)
-    prog = _program(m, scaled_sizes(m, k, ratio), extra)
+    plan = state_plan(m, optimizer)
+    prog = _program(m, scaled_sizes(m, k, plan.ratio, plan.temp_ratio), plan)
     return _run(m, limit, prog, k).oom_op is None
 
 
@@ -406,14 +696,45 @@ def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = No
     return lo
 
 
+def interval(m: Measured, peak: int) -> tuple[int, int]:
+    """[low, high] about a predicted peak: the trace's margin (FIT_MARGIN, or MIDRUN_MARGIN) either side."""
+    return int(peak * (1 - m.margin)), int(peak * (1 + m.margin))
+
+
 def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool | None:
     """True when the model fits under the limit less the margin, False when it fails even with the
     margin added, else None (the interval straddles the limit)."""
-    if fits_under(m, k, int(limit * (1 - FIT_MARGIN)), optimizer):
+    if fits_under(m, k, int(limit * (1 - m.margin)), optimizer):
         return True
-    if not fits_under(m, k, int(limit * (1 + FIT_MARGIN)), optimizer):
+    if not fits_under(m, k, int(limit * (1 + m.margin)), optimizer):
         return False
     return None
+
+
+def decide_fits(m: Measured, k: float, limit: int, low: int, high: int,
+                optimizer: str | None = None) -> tuple[bool | None, str]:
+    """`fits` and why. The interval [low, high] is the peak reserved without a cap: wholly under the
+    limit, it fits; straddling it, null (the interval cannot tell); wholly over it, the model runs
+    under the limit (a cap makes the allocator free its cache and retry, so a run may fit a cap below
+    its uncapped peak): true when it serves every request under the limit less the margin, false
+    when it fails even the limit plus the margin, else null."""
+    gib = 1 << 30
+    span = f"{low / gib:.2f}-{high / gib:.2f} GiB"
+    if high <= limit:
+        return True, f"the predicted peak reserved, {span}, is under the {limit / gib:.2f} GiB limit"
+    if low <= limit:
+        return None, (f"the predicted peak reserved, {span}, straddles the {limit / gib:.2f} GiB limit: within the "
+                      f"+/-{m.margin:.0%} interval it may or may not fit (a run at this shape, or a smaller one, "
+                      "settles it)")
+    t = tri_fits(m, k, limit, optimizer)
+    if t is True:
+        return True, (f"uncapped it would reserve {span}, over the limit; under the cap the allocator frees its "
+                      f"cache and retries, and the model serves every request under the limit less {m.margin:.0%}")
+    if t is False:
+        return False, (f"the predicted peak reserved, {span}, is over the {limit / gib:.2f} GiB limit, and the model "
+                       f"runs out of memory even under the limit plus {m.margin:.0%} (cache freed and retried)")
+    return None, (f"uncapped it would reserve {span}, over the limit; whether the allocator, freeing its cache "
+                  f"under the cap, serves every request changes within +/-{m.margin:.0%} of the limit")
 
 
 def dominant(pred: Prediction, n: int = 3) -> list[dict]:
@@ -443,6 +764,30 @@ class Question:
         return k
 
 
+def measured_shape(q: Question, snap: Snapshot) -> tuple[Question, str | None]:
+    """`--from-batch` (and `--from-seq`) when the question leaves them out and the agent read the first
+    forward's input: its first dimension is the batch, and the second, of a 2-D input (token ids), the
+    length. (question, the note saying so) or (question, None)."""
+    from dataclasses import replace
+
+    shapes = snap.agent.input_shapes if snap.agent is not None else ()
+    if not shapes or not shapes[0]:
+        return q, None
+    first = shapes[0]
+    said = []
+    if q.batch is not None and q.from_batch is None:
+        q = replace(q, from_batch=int(first[0]))
+        said.append(f"batch {first[0]}")
+    if q.seq is not None and q.from_seq is None and len(first) == 2:
+        q = replace(q, from_seq=int(first[1]))
+        said.append(f"length {first[1]}")
+    if not said:
+        return q, None
+    module = snap.agent.input_module or "the model"
+    return q, (f"measured {' and '.join(said)}: the agent read {module}'s first input, shape "
+               f"{list(first)} (give --from-batch/--from-seq when that is not the training input)")
+
+
 def check(q: Question) -> None:
     """Refuse contradictory or impossible questions (ValueError, the CLI's bad input)."""
     for name, v in (("--batch", q.batch), ("--from-batch", q.from_batch), ("--seq", q.seq),
@@ -469,34 +814,41 @@ def answer(m: Measured, q: Question) -> dict:
     k = q.scale()
     pred = predict(m, k, q.optimizer)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred
-    low, high = int(pred.peak_reserved * (1 - FIT_MARGIN)), int(pred.peak_reserved * (1 + FIT_MARGIN))
+    low, high = interval(m, pred.peak_reserved)
     out = {
         "peak_bytes": pred.peak_reserved, "low": low, "high": high,
         "peak_allocated_bytes": pred.peak_allocated,
         "scale": round(k, 4), "batch": q.batch, "from_batch": q.from_batch, "seq": q.seq, "from_seq": q.from_seq,
         "limit_bytes": q.limit, "limit_source": q.limit_source if q.limit is not None else None,
-        "fits": None, "headroom_bytes": None, "max_batch": None, "max_batch_low": None, "max_batch_high": None,
-        "max_seq": None, "max_scale": None,
+        "fits": None, "fits_reason": None, "headroom_bytes": None, "headroom_low": None, "headroom_high": None,
+        "max_batch": None, "max_batch_low": None, "max_batch_high": None,
+        "max_seq": None, "max_seq_low": None, "max_seq_high": None,
+        "max_scale": None, "max_scale_low": None, "max_scale_high": None,
         "optimizer": {"recorded": m.optimizer, "predicted": q.optimizer or m.optimizer,
                       "state_multiple": STATE_MULTIPLE.get(q.optimizer or m.optimizer or "", None)},
         "dominant": dominant(pred),
         "composition": pred.composition,
         "measured": {"peak_bytes": base.peak_reserved, "peak_allocated_bytes": base.peak_allocated,
-                     "optimizer_steps": m.steps, "trace_from_start": m.covers_start,
+                     "optimizer_steps": m.steps, "optimizer_inferred": m.optimizer_inferred,
+                     "trace_from_start": m.covers_start,
                      "autocast_copy_share": m.cast_share},
         "notes": list(m.notes),
     }
-    if q.limit is not None:
-        out["fits"] = tri_fits(m, k, q.limit, q.optimizer)
+    if q.limit is None:
+        out["fits_reason"] = "no limit known: give --limit SIZE or --gpu NAME"
+    else:
+        out["fits"], out["fits_reason"] = decide_fits(m, k, q.limit, low, high, q.optimizer)
         out["headroom_bytes"] = q.limit - pred.peak_reserved
+        out["headroom_low"], out["headroom_high"] = q.limit - high, q.limit - low
         unit, unit0, other = _search_unit(q)
         if unit is not None:
             best = {tag: largest_unit(m, unit0, int(q.limit * f), q.optimizer, other)
-                    for tag, f in (("", 1.0), ("_low", 1 - FIT_MARGIN), ("_high", 1 + FIT_MARGIN))}
+                    for tag, f in (("", 1.0), ("_low", 1 - m.margin), ("_high", 1 + m.margin))}
             for tag, v in best.items():
                 out[f"max_{unit}{tag}"] = v
         scale_units = 1000
-        out["max_scale"] = round(largest_unit(m, scale_units, q.limit, q.optimizer) / scale_units, 3)
+        for tag, f in (("", 1.0), ("_low", 1 - m.margin), ("_high", 1 + m.margin)):
+            out[f"max_scale{tag}"] = round(largest_unit(m, scale_units, int(q.limit * f), q.optimizer) / scale_units, 3)
     out["basis"] = _basis(m, q, out)
     return out
 
@@ -523,7 +875,9 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
     shape = "; ".join(what) or "the measured shape"
     return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
             f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
-            f"state and autocast copies held at their measured size; interval +/-{FIT_MARGIN:.0%}")
+            f"state and autocast copies held at their measured size; interval +/-{m.margin:.0%}"
+            + ("" if m.covers_start else " (the trace starts mid-run: a trace from the run's start is "
+               f"good to +/-{FIT_MARGIN:.0%})"))
 
 
 # `fit` in a run's analysis (memq history --json): the predicted peak reserved at these multiples of
@@ -554,6 +908,16 @@ def own_curve(snap: Snapshot) -> dict | None:
             "optimizer": m.optimizer, "optimizer_steps": m.steps}
 
 
+def own_curve_reason(snap: Snapshot) -> str:
+    """Why `own_curve` gave nothing for a snapshot with a trace."""
+    try:
+        m = classify(snap)
+        predict(m, 1.0)
+    except NotAssessable as exc:
+        return str(exc)
+    return "the trace could not be replayed"
+
+
 def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
     """A run's `fit`: its own peak with the interval, whether it fits its limit, and the largest
     multiple of its input whose predicted peak stays under the limit (linear between curve points:
@@ -564,10 +928,17 @@ def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
     peak = curve[0][1]
     out = {"peak_bytes": peak, "low": int(peak * (1 - FIT_MARGIN)), "high": int(peak * (1 + FIT_MARGIN)),
            "peak_allocated_bytes": curve_doc.get("peak_allocated_bytes"), "limit_bytes": limit, "fits": None,
-           "max_scale": None, "dominant": curve_doc.get("dominant"), "optimizer": curve_doc.get("optimizer")}
+           "fits_reason": None, "max_scale": None, "dominant": curve_doc.get("dominant"),
+           "optimizer": curve_doc.get("optimizer")}
+    gib = 1 << 30
+    span = f"{out['low'] / gib:.2f}-{out['high'] / gib:.2f} GiB"
     if not limit:
+        out["fits_reason"] = "the run's limit is not known (the agent reports its cap; `memq reanalyze --limit`)"
         return out
     out["fits"] = True if out["high"] <= limit else False if out["low"] > limit else None
+    out["fits_reason"] = (f"its peak reserved, {span}, is " + {True: "under", False: "over",
+                                                                None: "straddling"}[out["fits"]]
+                          + f" the {limit / gib:.2f} GiB limit")
     if peak > limit:
         out["max_scale"] = int(limit / peak * 100) / 100  # below the measured input: proportional
         return out

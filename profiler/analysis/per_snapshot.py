@@ -21,7 +21,7 @@ from memq.analysis.timeline import replay
 from memq.model import Snapshot
 
 #: Bumped whenever what a digest holds, or how a field is computed, changes.
-DIGEST_FORMAT = 5
+DIGEST_FORMAT = 6
 
 # The parts of the per-snapshot passes that analyze() reads of an earlier snapshot.
 _METRICS = ("active_bytes", "reserved_bytes", "fragmentation_ratio", "largest_segment_bytes")
@@ -42,23 +42,32 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
         comp, sites = composition(snap)
         tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
         agent = agent_facts(snap)
+        own, why = _own_fit(snap, tl)
         done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "origins": origins(snap),
                                  "timeline": tl, "live_blocks": live_blocks(snap), "agent": agent,
-                                 "fit": _own_fit(snap, tl)}
+                                 "fit": own, "fit_reason": why}
     return done
 
 
-def _own_fit(snap: Snapshot, tl: dict) -> dict | None:
+def _own_fit(snap: Snapshot, tl: dict) -> tuple[dict | None, str | None]:
     """The predicted peak at multiples of the input (fit.own_curve), from a trace that holds the run
-    from its start and whole steps: the agent's warm-up recording at its defaults. A trace that starts
-    mid-run (every snapshot of a history="on" run after the first) holds its earlier blocks at their
-    recorded size, and replaying it 14 times per snapshot would be work on the ingest path for a curve
-    the run already has."""
-    if (tl.get("optimizer_steps") or 0) < 2 or not tl.get("covers_whole_run"):
-        return None
-    from memq.analysis.fit import own_curve
+    from its start and whole steps: the agent's warm-up recording at its defaults; else None and why.
+    A trace that starts mid-run (every snapshot of a history="on" run after the first) holds its earlier
+    blocks at their recorded size, and replaying it 14 times per snapshot would be work on the ingest
+    path for a curve the run already has (`memq fit --run` answers from it on demand)."""
+    steps = tl.get("optimizer_steps") or 0
+    if not snap.trace:
+        return None, "no trace (history recording was paused or off when it was taken)"
+    if steps < 2:
+        return None, f"its trace holds {steps} optimizer step(s): a whole training step needs two"
+    if not tl.get("covers_whole_run"):
+        return None, (f"its trace ({steps} optimizer steps) starts mid-run: the run's own fit is read from a trace "
+                      "that starts at an empty allocator (the agent's warm-up recording); `memq fit --run` "
+                      "answers from a mid-run one")
+    from memq.analysis.fit import own_curve, own_curve_reason
 
-    return own_curve(snap)
+    curve = own_curve(snap)
+    return curve, (None if curve else own_curve_reason(snap))
 
 
 def agent_facts(snap: Snapshot) -> dict | None:
@@ -99,7 +108,7 @@ class SnapshotDigest:
             per = {"metrics": {k: doc["metrics"][k] for k in _METRICS},
                    "timeline": {k: doc["timeline"][k] for k in _TIMELINE},
                    "composition": {str(k): int(v) for k, v in doc["composition"].items()},
-                   "live_blocks": blocks, "fit": doc["fit"],
+                   "live_blocks": blocks, "fit": doc["fit"], "fit_reason": doc.get("fit_reason"),
                    "agent": None if doc["agent"] is None else {k: doc["agent"][k] for k in _AGENT}}
             return cls(analyzer_version=str(doc["analyzer_version"]), torch_format=str(doc["torch_format"]),
                        segment_count=int(doc["segments"]), trace_count=int(doc["trace_entries"]),
@@ -121,4 +130,5 @@ def digest(snap: Snapshot, analyzer_version: str) -> dict[str, Any]:
             "metrics": {k: p["metrics"][k] for k in _METRICS},
             "timeline": {k: p["timeline"].get(k) for k in _TIMELINE},
             "composition": dict(p["composition"]), "sites": list(sites), "live_blocks": blocks,
-            "agent": None if p["agent"] is None else {k: p["agent"][k] for k in _AGENT}, "fit": p["fit"]}
+            "agent": None if p["agent"] is None else {k: p["agent"][k] for k in _AGENT}, "fit": p["fit"],
+            "fit_reason": p.get("fit_reason")}

@@ -261,6 +261,54 @@ REGRESSION_OOM_RATE = _rule(
 REGRESSION_FRAG = _rule(
     "REGRESSION_FRAG", 0.10, "fragmentation ratio", "judgement",
     "... or whose mean fragmentation ratio rises by a tenth or more", "compare")
+# ------------------------------------------------------------------ memq fit (fit.py)
+FIT_MARGIN = _rule(
+    "FIT_MARGIN", 0.17, "share of the predicted peak", "measured",
+    "the interval either side of a predicted peak reserved, and on the limit for `fits` and the largest "
+    "batch: the largest error on the tuning half of the ten model families captured on an H200 "
+    "(tests/fixtures/fit_families: lora_gpt at 8x the batch +16.5%, the allocator model placing a 32 MiB "
+    "cuBLAS workspace in a freed 1000 MiB logits block; `python benchmarks/fit_families_calibration.py "
+    "--half tuning`), rounded up; the five models of tests/fixtures/fit stay within 1.0%", "fit")
+MIDRUN_MARGIN = _rule(
+    "MIDRUN_MARGIN", 0.17, "share of the predicted peak", "measured",
+    "the interval of a trace that starts mid-run (a wrapped ring buffer): the five models' from-start traces "
+    "cut where a ring buffer would (12 cuts, 2x-8x the batch, 180 predictions) put the real peak between "
+    "0.833x and 1.157x the predicted one (`python benchmarks/fit_calibration.py --mid-run`); never narrower "
+    "than FIT_MARGIN", "fit")
+FIT_MIN_BYTES = _rule(
+    "FIT_MIN_BYTES", 1 * MiB, "bytes", "judgement",
+    "only blocks of at least 1 MiB are read as gradients, their temporaries, library workspaces or (half "
+    "of it) autocast copies: smaller ones (biases, norms) do not move a peak and coincidences of sizes "
+    "abound among them", "fit")
+CAST_COVERAGE = _rule(
+    "CAST_COVERAGE", 0.8, "share of the weights' bytes", "measured",
+    "with no word on autocast (neither the agent's nor autocast's C++ frame), half-size copies are read as "
+    "autocast's weight copies only when they cover this share of the weights: 0.96 on the bf16 GPT, 0.48 "
+    "and 0.27 on the float32 GPTs, 0 on the CNN and the checkpointed GPT (tests/fixtures/fit)", "fit")
+WORKSPACE_NEAR = _rule(
+    "WORKSPACE_NEAR", 4096, "bytes", "measured",
+    "a frameless odd-sized buffer (a library workspace) within this many bytes of an input-sized "
+    "allocation's size scales with the input, else it is held: on the CNN of tests/fixtures/fit/cnn_batches "
+    "(batches 8-64) the workspaces that recur at every batch are at least 32,105 bytes from any activation's "
+    "size and the ones that change with the batch within 415; on the ResNet and the diffusion UNet of "
+    "tests/fixtures/fit_families within 31-287 bytes (held, they made the ResNet 8-10% low)", "fit")
+STATE_INFER_TOLERANCE = _rule(
+    "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
+    "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "
+    "copies) within this much: 1.00 on the SGD-momentum GPT of tests/fixtures/real/seed_sgd, 2.00 on the "
+    "AdamW GPT of tests/fixtures/captured/leak_epochs", "fit")
+
+# Not thresholds: a library workspace's byte count is odd (a tensor's is a multiple of its element size),
+# the largest scale searched for the largest batch (as in step_need.py), and the playbook's optimizer
+# figures (profiler/playbook.md "Optimizer state", tests/fixtures/playbook/optim_*): state in multiples of
+# the parameters' bytes; a step's temporaries beyond its state (`step_extra_peak_bytes`, later steps: AdamW
+# 1.004 with torch's foreach implementation, Adafactor 0.314, the others 0); and blocks of state per
+# parameter (the same bytes in half as many blocks packed 15% tighter).
+WORKSPACE_ODD = 2
+FIT_K_MAX = 64.0
+STATE_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 1.0, "adam": 2.0, "adamw": 2.0, "adafactor": 0.0, "adamw_8bit": 0.51}
+TEMP_MULTIPLE = {"sgd": 0.0, "sgd_momentum": 0.0, "adam": 1.0, "adamw": 1.0, "adafactor": 0.31, "adamw_8bit": 0.0}
+STATE_BLOCKS = {"sgd": 0, "sgd_momentum": 1, "adam": 2, "adamw": 2, "adafactor": 0, "adamw_8bit": 2}
 
 # ------------------------------------------------------------------ confidence (confidence.py)
 CONF_BASE = _rule(

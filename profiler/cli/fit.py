@@ -16,7 +16,8 @@ from memq.errors import BadInput
 
 @click.command()
 @click.argument("files", nargs=-1, type=click.Path(dir_okay=False))
-@click.option("--run", "run_name", help="Take the measured run from the history (its longest trace).")
+@click.option("--run", "run_name", help="Take the measured run from the history (the earliest trace that holds a "
+                                        "whole training step, from the run's start where one does).")
 @click.option("--rank", type=int, help="With --run: this rank's snapshots (default: any rank, rank 0 first).")
 @click.option("--batch", type=int, help="The batch size to predict (needs --from-batch).")
 @click.option("--from-batch", type=int, help="The batch size the measured run used (the snapshot does not say).")
@@ -66,8 +67,11 @@ def _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, 
     from memq.pipeline.fit import answer_for
 
     cap = load_settings().decode_max_bytes
+    from memq.analysis.fit import choose
+
     loaded = [load_snapshot_file(f, max_bytes=cap) for f in files]
-    # the longest trace, the earliest of equals: the warm-up recording
-    pick = max(range(len(loaded)), key=lambda i: (len(loaded[i].snapshot.trace), -i))
+    # one run's snapshots: a trace that holds a whole clean step (fit.choose says which and why)
+    pick, why = choose([x.snapshot for x in loaded]) if len(loaded) > 1 else (0, "")
     snap = loaded[pick].snapshot
-    return answer_for(snap, f"{files[pick]} ({len(snap.trace)} trace entries)", q, (None, None))
+    why = f": {why}" if why else ""
+    return answer_for(snap, f"{files[pick]} ({len(snap.trace)} trace entries{why})", q, (None, None))

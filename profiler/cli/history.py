@@ -20,6 +20,7 @@ from memq.cli._listing import (
     write_csv,
     write_json,
 )
+from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
@@ -27,9 +28,7 @@ from memq.render.reasons import said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said
-from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.units import fmt_bytes, sparkline
-
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
@@ -141,7 +140,7 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     fc_line = forecast_line(doc.get("forecast"), time.time())
     if fc_line and (run["status"] == "running" or (doc.get("forecast") or {}).get("oom_expected")):
         head.append(rich_text(labelled("forecast" if run["status"] == "running" else "forecast while it ran", fc_line)))
-    fit_line = own_fit_line(doc.get("fit"))
+    fit_line = own_fit_line(doc.get("fit")) or (f"fit: none ({doc['fit_reason']})" if doc.get("fit_reason") else None)
     if fit_line:
         head.append(rich_text(fit_line))
     con.print(Panel("\n".join(head), title=f"run {rich_text(run['run'])}", expand=False))  # titles are markup

@@ -22,9 +22,12 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
         else:
             source = fallback_limit[1]
         question = replace(question, limit=limit, limit_source=source if limit is not None else None)
+    question, read = F.measured_shape(question, snap)
     try:
         F.check(question)
         doc = F.answer(F.classify(snap), question)
+        if read:
+            doc["notes"].append(read)
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     except F.NotAssessable as exc:
@@ -41,7 +44,9 @@ def fit_for_run(store, run_name: str, rank: int | None, question) -> dict:
         src = fit_source(s, run_name, rank)
     snap = load_blob(store, src.sha256, src.source).snapshot
     step = f" step {src.step}" if src.step is not None else ""
-    where = f"run {run_name} rank {src.rank}, snapshot {src.snapshot_id}{step} ({src.trace_entries} trace entries)"
+    why = f": {src.chosen}" if src.chosen else ""
+    where = (f"run {run_name} rank {src.rank}, snapshot {src.snapshot_id}{step} ({src.trace_entries} trace "
+             f"entries{why})")
     doc = answer_for(snap, where, question, (src.limit_bytes, src.limit_source))
     doc["run"], doc["rank"], doc["snapshot_id"] = run_name, src.rank, src.snapshot_id
     return doc

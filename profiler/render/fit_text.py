@@ -18,6 +18,14 @@ def _shape(doc: dict) -> str:
     return ", ".join(parts) or "the measured shape"
 
 
+def _span(doc: dict, unit: str, suffix: str = "") -> str:
+    """The interval of a largest batch, length or scale: always said, even when both ends agree."""
+    lo, hi = doc.get(f"max_{unit}_low"), doc.get(f"max_{unit}_high")
+    if lo is None or hi is None:
+        return ""
+    return f" ({lo:g}{suffix}-{hi:g}{suffix} within the interval)"
+
+
 def fits_word(v: bool | None) -> str:
     return {True: "yes", False: "no", None: "undetermined (the interval straddles the limit)"}[v]
 
@@ -28,13 +36,17 @@ def answer_line(doc: dict) -> str:
     largest = ""
     for unit, name in (("batch", "batch"), ("seq", "sequence length")):
         if doc.get(f"max_{unit}") is not None:
-            largest = f"; largest {name} that fits: {doc[f'max_{unit}'] or 'none'}"
+            largest = f"; largest {name} that fits: {doc[f'max_{unit}'] or 'none'}{_span(doc, unit)}"
             break
     if lim is None:
         return f"answer: {shape} needs about {fmt_bytes(doc['peak_bytes'])}; whether it fits is undetermined " \
                "(no limit known: give --limit SIZE or --gpu NAME)"
     if doc["fits"] is True:
-        return (f"answer: {shape} fits the {fmt_bytes(lim)} limit, {fmt_bytes(doc.get('headroom_bytes'))} "
+        room = doc.get("headroom_bytes")
+        if room is not None and room < 0:  # over the limit uncapped, served under the cap
+            return f"answer: {shape} fits the {fmt_bytes(lim)} limit (the allocator frees its cache under the " \
+                   f"cap){largest}"
+        return (f"answer: {shape} fits the {fmt_bytes(lim)} limit, {fmt_bytes(room)} "
                 f"headroom{largest}")
     if doc["fits"] is False:
         return f"answer: {shape} does not fit the {fmt_bytes(lim)} limit (needs about " \
@@ -53,19 +65,23 @@ def render_fit(doc: dict) -> str:
     else:
         lines.append(f"  limit {fmt_bytes(lim)} ({safe_text(doc.get('limit_source') or '')})")
         room = doc.get("headroom_bytes")
-        tail = f", {fmt_bytes(room)} headroom" if doc["fits"] and room is not None else ""
+        tail = ""
+        if doc["fits"] and room is not None and room >= 0:
+            lo, hi = doc.get("headroom_low"), doc.get("headroom_high")
+            tail = f", {fmt_bytes(room)} headroom" + (f" ({fmt_bytes(lo)} - {fmt_bytes(hi)})" if lo is not None else "")
         lines.append(f"  fits: {fits_word(doc['fits'])}{tail}")
+        if doc.get("fits_reason"):
+            lines.append(f"    because {safe_text(doc['fits_reason'])}")
         for unit in ("batch", "seq"):
             v = doc.get(f"max_{unit}")
             if v is None:
                 continue
             name = "batch" if unit == "batch" else "sequence length"
-            lo, hi = doc.get(f"max_{unit}_low"), doc.get(f"max_{unit}_high")
-            span = f" ({lo}-{hi} within the interval)" if lo != hi else ""
-            lines.append(f"  largest {name} that fits: {v}{span}" if v else f"  largest {name} that fits: none "
-                         "(even 1 does not fit)")
+            lines.append(f"  largest {name} that fits: {v}{_span(doc, unit)}" if v else
+                         f"  largest {name} that fits: none (even 1 does not fit){_span(doc, unit)}")
         if doc.get("max_scale") is not None:
-            lines.append(f"  headroom in input units: {doc['max_scale']:g}x the measured input fits")
+            lines.append(f"  headroom in input units: {doc['max_scale']:g}x the measured input fits"
+                         f"{_span(doc, 'scale', 'x')}")
     dom = doc.get("dominant") or []
     if dom:
         lines.append("  the peak: " + ", ".join(f"{d['kind']} {fmt_bytes(d['bytes'])} ({d['share']:.0%})" for d in dom))

@@ -25,7 +25,13 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from memq.analysis.compare import VersionFigures, changes_between, compare_sides, version_key, version_regressions
+from memq.analysis.compare import (
+    VersionFigures,
+    changes_between,
+    compare_sides,
+    version_key,
+    version_regressions,
+)
 from memq.analysis.frames import CATEGORIES
 from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
 from memq.analysis.run_verdict import forecast_rank
@@ -33,7 +39,6 @@ from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
 from memq.store.run_verdicts import verdict_rank
-
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -176,10 +181,22 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
         "forecast": run_forecast(session, run.id, rank),
         # the run's own headroom in batch units (profiler/analysis/fit.py `headroom`)
         "fit": (main.result or {}).get("fit") if main is not None else None,
+        "fit_reason": _fit_reason(main),
         "ranks": ranks,
         "changes": changes_between(snaps),
         "stats": stat_series(session, run.id, stat_rank, points),
     }
+
+
+def _fit_reason(main) -> str | None:
+    """Why the run has no `fit` (None when it has one)."""
+    if main is None:
+        return "the run has no analysis yet"
+    res = main.result or {}
+    if res.get("fit"):
+        return None
+    return res.get("fit_reason") or ("analysed by an older memq that did not say why: "
+                                     "`memq reanalyze --run RUN` gives the reason")
 
 
 def run_forecast(session: Session, run_id: int, rank: int | None = None) -> dict[str, Any] | None:

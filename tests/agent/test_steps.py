@@ -150,9 +150,10 @@ def test_mark_step_wins_over_the_hook(shared):
     assert a.steps_source == "mark_step" and a.step == 105 and a.policy.steps_seen == 6
     assert a._optimizer_name == type(opt).__name__
     a.stop(10)
+    # the ticker (stats_interval_s=0) also samples between boundaries, with no step yet on a busy machine
     samples = [x for e in entries(r, stream) if e.kind == "stats" for x in e.payload["samples"]
-               if "step" in x]
-    assert [x["step"] for x in samples] == list(range(100, 106))  # the hook's step 0 took the job's number
+               if x.get("step") is not None]
+    assert sorted({x["step"] for x in samples}) == list(range(100, 106))  # the hook's step 0 took the job's number
 
 
 def _oom_from(src: DictSource, agent, python_caller: bool) -> None:

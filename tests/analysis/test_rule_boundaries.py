@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memq.analysis import _optimizer_creation, checkpoint, classify, leak, rules
+from memq.analysis import _optimizer_creation, checkpoint, classify, fit, leak, rules
 from memq.analysis import step_need as sn
 from memq.analysis.classify import Facts, diagnose
 from memq.analysis.confidence import confidence
@@ -477,6 +477,57 @@ def _covered() -> set[str]:
                     and getattr(node.func, "attr", getattr(node.func, "id", None)) == "rule"):
                 names |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
     return names
+
+
+# ------------------------------------------------------------------ memq fit (fit.py)
+
+def _measured(covers_start: bool) -> fit.Measured:
+    return fit.Measured(replay=None, kinds=[], optimizer=None, parameter_bytes=0, cast_share=0.0, steps=2,
+                        covers_start=covers_start, recorded_peak=0)
+
+
+@rule("FIT_MARGIN")
+def test_fit_interval_is_seventeen_percent_either_side():
+    low, high = fit.interval(_measured(True), GiB)
+    assert low <= int(GiB * (1 - 0.169)) and high >= int(GiB * (1 + 0.169))
+    assert low > int(GiB * (1 - 0.171)) and high < int(GiB * (1 + 0.171))
+
+
+@rule("MIDRUN_MARGIN")
+def test_fit_interval_of_a_mid_run_trace_is_seventeen_percent_either_side():
+    low, high = fit.interval(_measured(False), GiB)
+    assert low <= int(GiB * (1 - 0.169)) and high >= int(GiB * (1 + 0.169))
+    assert low > int(GiB * (1 - 0.171)) and high < int(GiB * (1 + 0.171))
+    assert rules.MIDRUN_MARGIN >= rules.FIT_MARGIN  # a trace cut mid-run is never better than a whole one
+
+
+@rule("FIT_MIN_BYTES")
+def test_fit_reads_odd_frameless_buffers_from_one_mib_as_workspaces():
+    assert not fit.is_workspace(MiB - 1)
+    assert fit.is_workspace(MiB + 1)
+
+
+@rule("CAST_COVERAGE")
+def test_fit_holds_half_size_copies_that_cover_eighty_percent_of_the_weights():
+    assert not fit.holds_cast_copies(0.799, told=False)
+    assert fit.holds_cast_copies(0.801, told=False)
+    assert fit.holds_cast_copies(0.0, told=True)  # the agent (or autocast's frame) said so
+
+
+@rule("WORKSPACE_NEAR")
+def test_fit_scales_a_workspace_within_4096_bytes_of_an_activation():
+    act = 8 * MiB
+    assert fit.near_input(act + 4095, [act]) and fit.near_input(act - 4095, [4 * MiB, act])
+    assert not fit.near_input(act + 4097, [act]) and not fit.near_input(act - 4097, [4 * MiB, act])
+
+
+@rule("STATE_INFER_TOLERANCE")
+def test_fit_reads_an_unnamed_optimizer_from_its_state_within_fifteen_percent():
+    g = 100 * MiB
+    assert fit.infer_optimizer(int(g * 1.149), g) == ("sgd_momentum", True)
+    assert fit.infer_optimizer(int(g * 1.151), g) == (None, False)
+    assert fit.infer_optimizer(int(g * 0.149), g) == ("sgd", True)
+    assert fit.infer_optimizer(int(g * 0.151), g) == (None, False)
 
 
 def test_every_rule_has_a_boundary_test():

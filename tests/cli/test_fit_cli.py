@@ -39,7 +39,8 @@ def test_fit_from_files_json(files):
     assert doc["low"] <= real <= doc["high"]
     assert doc["fits"] is True and doc["max_batch"] == 24  # 25 ran out of memory for real
     assert doc["limit_source"] == "--limit" and doc["optimizer"]["recorded"] == "adamw"
-    assert doc["source"].endswith("(2682 trace entries)")
+    assert doc["source"].endswith("(2682 trace entries: its trace starts at an empty allocator and holds 3 "
+                                  "optimizer steps)")
 
 
 def test_fit_text_names_the_answer(files):
@@ -48,7 +49,8 @@ def test_fit_text_names_the_answer(files):
     assert "batch 4 -> 32 (8x the measured input-sized tensors)" in out
     # the answer first, in one line (issue 42 item 10)
     assert re.fullmatch(r"answer: batch 4 -> 32 does not fit the [\d.]+ GiB limit \(needs about [\d.]+ GiB\); "
-                        r"largest batch that fits: 23", out.splitlines()[0]), out.splitlines()[0]
+                        r"largest batch that fits: 23 \(19-28 within the interval\)", out.splitlines()[0]), \
+        out.splitlines()[0]
     assert "fits: no" in out and "largest batch that fits: 23" in out
     assert "note: autocast weight copies found" in out
 
@@ -92,7 +94,7 @@ def test_fit_from_the_history_and_its_headroom(memq_env, files):
     memq("ingest", *files["gpt_m"], "--run", "fit-m", "--limit", cap, "--json")
     doc = json.loads(memq("fit", "--run", "fit-m", "--batch", 16, "--from-batch", 2, "--json").output)
     assert doc["limit_bytes"] == cap and doc["limit_source"] == "the run's cap"
-    assert doc["fits"] is False and doc["max_batch"] == 13
+    assert doc["fits"] is None and doc["max_batch"] == 13  # 5.5 GiB for 4.8: over, within the interval
     assert doc["source"].startswith("run fit-m rank 0, snapshot ")
     hist = json.loads(memq("history", "--run", "fit-m", "--json").output)
     own = hist["fit"]
@@ -101,3 +103,29 @@ def test_fit_from_the_history_and_its_headroom(memq_env, files):
     assert "fit: peak " in memq("history", "--run", "fit-m").output
     res = memq("fit", "--run", "no-such-run", code=4)
     assert "no-such-run" in res.output
+
+
+def test_fit_run_takes_a_whole_clean_step_not_a_leaking_window(memq_env, tmp_path):
+    """A leaking job at the agent's defaults (tests/fixtures/forecast/val_logits): its growth windows,
+    recorded mid-run, are four times longer than the warm-up; `--run` (and the same files given
+    offline) measure from the warm-up, which starts at an empty allocator."""
+    spool = next((Path(__file__).resolve().parents[1] / "fixtures" / "forecast" / "val_logits" / "defaults").iterdir())
+    files = spool_files(spool, tmp_path / "val_logits")
+    memq("db", "upgrade")
+    memq("ingest", *files, "--run", "fit-leak", "--json")
+    doc = json.loads(memq("fit", "--run", "fit-leak", "--json").output)
+    assert "(5258 trace entries: its trace starts at an empty allocator and holds 3 optimizer steps)" in doc["source"]
+    assert doc["measured"]["trace_from_start"] is True
+    offline = json.loads(memq("fit", *files, "--json").output)
+    assert offline["source"].startswith(str(files[0])) and offline["peak_bytes"] == doc["peak_bytes"]
+
+
+def test_history_says_why_fit_is_missing(memq_env, files):
+    memq("db", "upgrade")
+    memq("ingest", files["gpt_s"][-1], "--run", "fit-none", "--json")  # the epoch-end snapshot: no trace
+    hist = json.loads(memq("history", "--run", "fit-none", "--json").output)
+    assert hist["fit"] is None and "has a trace" in hist["fit_reason"]
+    assert "fit: none (none of the run's 1 snapshot(s) has a trace" in memq("history", "--run", "fit-none").output
+    memq("ingest", *files["gpt_s"], "--run", "fit-some", "--json")
+    hist = json.loads(memq("history", "--run", "fit-some", "--json").output)
+    assert hist["fit"] is not None and hist["fit_reason"] is None

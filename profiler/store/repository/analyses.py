@@ -54,7 +54,7 @@ def _figures(result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis", "forecast", "fit")
+CONTRACT_KEYS = ("schema", "snapshots", "metrics", "oom", "composition", "diagnosis", "forecast", "fit", "fit_reason")
 MAX_DETAILS_CHARS = 512 * 1024
 
 

@@ -1,0 +1,134 @@
+"""`memq fit` on ten model families captured on one H200 (torch 2.11; tests/fixtures/fit_families, written by
+benchmarks/gpu/fit_families_import.py from benchmarks/gpu/fit_families.py): per family the agent's warm-up
+recording at its defaults and a hand recording (`_record_memory_history`, stacks="all") of the base shape, the
+real uncapped peaks at 2x-8x the batch (2x-4x the length) and the largest batch under a cap, bisected.
+
+The families were split before any result (sha256 of the name): the model was tuned on the first half, the
+second is judged as it is. Figures pinned here are benchmarks/RESULTS.md's "memq fit on ten model families";
+the known misses are named with their cause."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from memq.analysis import fit
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "fit_families"
+SUMMARY = json.loads((FIX / "summary.json").read_text())
+TUNING = ("lora_gpt", "resnet_bn", "seq2seq", "unet_diff", "vit_bf16")
+HELD_BACK = ("bert_mlm", "gpt_compile", "lstm_lm", "moe_lm", "vit_ckpt")
+
+
+def _calibration():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fit_families_calibration as cal
+
+    return cal
+
+
+@cache
+def recordings(fam: str) -> dict[str, fit.Measured]:
+    return _calibration().recordings(FIX, fam)
+
+
+@cache
+def rows(fam: str) -> dict:
+    return _calibration().family_rows(FIX, fam, SUMMARY["families"][fam])
+
+
+def errors(fam: str, src: str = "agent") -> dict[str, float]:
+    return {s["shape"]: s[f"{src}_err"] for s in rows(fam)["shapes"]}
+
+
+def test_the_split_is_the_one_fixed_before_the_capture():
+    assert tuple(SUMMARY["split"]["tuning"]) == TUNING and tuple(SUMMARY["split"]["held_back"]) == HELD_BACK
+    assert SUMMARY["families"]["vit_bf16"]["runs"]["vit_bf16-b8-s224-defaults"]["device"] == "NVIDIA H200"
+
+
+def test_the_fixture_stays_small():
+    size = sum(p.stat().st_size for p in FIX.rglob("*") if p.is_file())
+    assert size < 4 << 20, size
+
+
+@pytest.mark.parametrize("fam", TUNING + HELD_BACK)
+def test_every_prediction_is_inside_the_interval(fam):
+    """Both halves: every peak at 2x-8x the batch (2x-4x the length) within FIT_MARGIN of the real one, from
+    either recording; the largest batch's range (the cap -/+ the margin) holds the real largest batch."""
+    for src in ("agent", "hand"):
+        errs = errors(fam, src)
+        assert len(errs) >= 3 and all(abs(e) <= fit.FIT_MARGIN for e in errs.values()), (src, errs)
+        lg = rows(fam)["largest"]
+        lo, hi = lg[f"{src}_range"]
+        assert lo <= lg["real_range"][1] and lg["real_range"][0] <= hi, (src, lg)
+
+
+def test_the_tuning_half_where_it_is_good():
+    # ViT under bf16 autocast: every weight copy told apart (the agent's Python frames find 34 a step, as
+    # autocast's cached_cast frame does in the hand recording, the copies of 1 MiB weights included: at
+    # 1 MiB and over only, 24 a step, the agent's 8x was 2.7% high and 1.55% off the hand recording's)
+    agent, hand = recordings("vit_bf16")["agent"], recordings("vit_bf16")["hand"]
+    assert (agent.steps, hand.steps) == (3, 6)
+    assert agent.kinds.count(fit.CAST_COPY) == 3 * 34 and hand.kinds.count(fit.CAST_COPY) == 6 * 34
+    assert errors("vit_bf16") == errors("vit_bf16", "hand")
+    assert errors("vit_bf16")["8x batch"] == pytest.approx(0.011, abs=0.001)
+    # the diffusion UNet: its activation-sized cuDNN workspaces scale (WORKSPACE_NEAR)
+    assert max(abs(e) for e in errors("unet_diff").values()) < 0.025
+    assert rows("unet_diff")["largest"]["agent"] == 54  # real 53: one over
+    assert max(abs(e) for e in errors("lora_gpt").values() if e < 0.1) < 0.003
+
+
+def test_known_misses_on_the_tuning_half():
+    """The peak allocated is within about 1% in each; what misses is the allocator model's packing."""
+    # LoRA GPT at 8x: the model puts a 32 MiB cuBLAS workspace (kept across steps) in a freed 1000 MiB
+    # logits block, so the next step's logits take a new segment; the real run did not grow after step 1
+    assert errors("lora_gpt")["8x batch"] == pytest.approx(0.165, abs=0.001)
+    assert rows("lora_gpt")["largest"]["agent"] == 23  # real 25
+    # nn.Transformer encoder-decoder: 9-11% high at every scale (the model packs 8-32 MiB activations into
+    # more 20 MiB segments than the real run in the first step)
+    assert all(0.09 <= e <= 0.111 for e in errors("seq2seq").values())
+    # ResNet with BN: 2-5% low, with its activation-sized workspaces scaled (held, it was 8-10% low)
+    assert all(-0.051 <= e <= -0.021 for e in errors("resnet_bn").values())
+    assert rows("resnet_bn")["largest"]["real_range"] == (109, 127)  # the capture's bisection stopped there
+
+
+def test_resnet_workspaces_held_were_the_miss(monkeypatch):
+    from tests.analysis.agent_data import spool_run
+
+    snaps, _c, _t = spool_run(next((FIX / "spools" / "resnet_bn" / "defaults").iterdir()))
+    snap = snaps[fit.choose(snaps)[0]]
+    real = SUMMARY["families"]["resnet_bn"]["runs"]["resnet_bn-b32-s128"]["max_reserved"]
+    m = fit.classify(snap)
+    monkeypatch.setattr(fit, "WORKSPACE_NEAR", -1)  # no workspace is near an activation: all held
+    held = fit.classify(snap)
+    assert held.kinds.count(fit.WORKSPACE) > m.kinds.count(fit.WORKSPACE)
+    assert (fit.predict(held, 2).peak_reserved - real) / real == pytest.approx(-0.098, abs=0.002)
+    assert (fit.predict(m, 2).peak_reserved - real) / real == pytest.approx(-0.050, abs=0.002)
+
+
+def test_the_held_back_half_as_it_is():
+    """Judged once, untouched by the tuning: 46 of 46 predictions inside FIT_MARGIN (largest 11.2%), the
+    largest batch exact for 3 of 5 families, its range holding the truth for all."""
+    worst = max(abs(e) for fam in HELD_BACK for src in ("agent", "hand") for e in errors(fam, src).values())
+    assert worst == pytest.approx(0.112, abs=0.001)
+    exact = [fam for fam in HELD_BACK if rows(fam)["largest"]["agent"] == rows(fam)["largest"]["real"]]
+    assert exact == ["bert_mlm", "moe_lm", "vit_ckpt"]
+    # known misses (their causes not examined: this half is not tuned on): the compiled GPT 10-11% low at
+    # 4x-8x (largest batch 54 for 48) and the cuDNN LSTM 6-11% high (largest 107 for 95)
+    assert all(-0.113 <= e <= -0.098 for k, e in errors("gpt_compile").items() if k.startswith("4x") or k == "8x batch")
+    assert all(0.056 <= e <= 0.108 for e in errors("lstm_lm").values())
+    assert rows("gpt_compile")["largest"]["agent"] == 54 and rows("lstm_lm")["largest"]["agent"] == 107
+
+
+def test_agent_and_hand_recordings_agree():
+    """Same predictions from both recordings on the tuning half; within 1.2% on the held-back half (the
+    compiled GPT: its hand recording, stacks="all", sees 1.15% more at 4x)."""
+    for fam in TUNING:
+        assert errors(fam) == pytest.approx(errors(fam, "hand"), abs=1e-9), fam
+    worst = max(abs(s["agent"] - s["hand"]) / s["hand"] for fam in HELD_BACK for s in rows(fam)["shapes"])
+    assert 0.011 < worst < 0.012
