@@ -69,8 +69,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
         w = sim.get(conf)
         if not w:
             return ""
-        if w.get("predicted_oom") is None:  # not assessable: the what-if table says why, once
-            return f"; memq's allocator model cannot assess {conf} from this snapshot (the what-if table says why)"
+        if w.get("predicted_oom") is None:  # not assessable: `memq whatif` says why (no table on this screen)
+            return f"; memq's allocator model cannot assess {conf} from this snapshot (`memq whatif` says why)"
         verdict = "fails again" if w["predicted_oom"] else "succeeds"
         caveat = ""
         if w.get("verdict") == "survives_window":
@@ -198,8 +198,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
                              f"{g(f.limit or f.limit_lower_bound)}"
                              + (f" (and the whole step, {fmt_need(n.bytes, n.low, n.high)})"
                                 if n is not None and n.fits_limit is True else
-                                "; whether the rest of the failing step fits is not settled "
-                                f"({n.basis})" if n is not None else "")
+                                # the diagnosis says why, once
+                                "; whether the rest of the failing step fits is not settled" if n is not None else "")
                              + simulated("expandable_segments:True"), playbook="expandable-segments"))
         if already:
             # Never advise what the run already has: with expandable segments the cache grows one mapping,

@@ -26,7 +26,7 @@ from memq.render.forecast_text import forecast_line
 from memq.render.reasons import said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
-from memq.render.words import labelled, plural, said
+from memq.render.words import labelled, plural, said, verdict_head, verdict_headline
 from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.units import fmt_bytes, sparkline
 
@@ -127,13 +127,13 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
             f"peak allocated {cell(run['peak_allocated_bytes'], 'bytes')}  snapshots {run['snapshot_count']}"]
     d = doc.get("diagnosis")
     if d:
-        head.append(f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})")
+        head.append("[bold]{}[/bold] ({})".format(*(rich_text(x) for x in verdict_head(d))))
         need = step_need_line(d)
         if need:
             head.append(rich_text(need))
         for c in d.get("causes", [])[:3]:
             # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
-            for ev in [e for e in c.get("evidence", []) if not (need and e.startswith(need))][:1]:
+            for ev in [e for e in c.get("evidence", []) if not (need and need in e)][:1]:
                 head.append(f"  {c['cause']}: {ev}")
         for r in d.get("recommendations", [])[:2]:
             link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one
@@ -283,7 +283,7 @@ def compare(run_a, run_b, as_json, as_csv):
     for side, name in ((A, run_a), (B, run_b)):
         d = side.get("diagnosis")
         if d:
-            con.print(f"  {name}: {d['primary_cause']} ({d['confidence']:.2f})")
+            con.print(f"  {rich_text(name)}: {rich_text(verdict_headline(d))}")
 
 
 VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("oom_runs", "OOM runs", "int"),

@@ -15,6 +15,7 @@ from memq.playbook_doc import doc_link
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
 from memq.render.step_need_text import step_need_headline
+from memq.render.words import said, verdict_head
 from memq.units import fmt_bytes, sparkline
 
 
@@ -23,7 +24,8 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     d = r["diagnosis"]
     det = r.get("details", {})
     m = r["metrics"]
-    head = f"[bold]{v(d['primary_cause'])}[/bold] (confidence {d['confidence']:.2f})"
+    what, conf = verdict_head(d)
+    head = f"[bold]{v(what)}[/bold] ({v(conf)})"
     files = v(", ".join(s["file"] for s in r["snapshots"]) or "OOM message")
     con.print(Panel(head, title="memq diagnosis", subtitle=files, expand=False))
     need = step_need_headline(d)
@@ -122,12 +124,16 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
                        fmt_bytes(p["peak_live_bytes"]), f"{p['fragmentation_ratio']:.3f}")
         con.print(st)
 
-    others = d["causes"][1:]
-    if others:
+    found, open_ = split_unsettled(d["causes"][1:])
+    if found:
         con.print("[bold]Other causes considered[/bold]")
-        for c in others:
+        for c in found:
             ev = "; ".join(c["evidence"]) or "-"
             con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
+    if open_:
+        con.print("[bold]Not settled[/bold] (what would settle each)")
+        for line in unsettled_lines(open_, d["causes"][0].get("evidence") or []):
+            con.print(f"  {v(line)}")
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
         effect = stated_effect(rec)
@@ -143,6 +149,32 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             con.print(f"  {v(doc_link(e['id']) or e['id'])} ({v(e['title'])}): {v(e['why'])}")
     for w in det.get("warnings", []):
         con.print(f"[yellow]note:[/yellow] {v(w)}")
+
+
+NOT_SETTLED = "not settled: "
+
+
+def split_unsettled(causes: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(causes whose test says something, causes whose test could not run for a missing input): an
+    unsettled cause is listed apart, never read as a finding."""
+    found, open_ = [], []
+    for c in causes:
+        ev = c.get("evidence") or []
+        (open_ if any(isinstance(e, str) and e.startswith(NOT_SETTLED) for e in ev) else found).append(c)
+    return found, open_
+
+
+def unsettled_lines(causes: list[dict], said_above: list[str]) -> list[str]:
+    """One line per missing input, naming every cause it would settle; an input the lines above already
+    named is pointed to, not said again."""
+    by_reason: dict[str, list[str]] = {}
+    for c in causes:
+        for e in c.get("evidence") or []:
+            if isinstance(e, str) and e.startswith(NOT_SETTLED):
+                by_reason.setdefault(e[len(NOT_SETTLED):], []).append(said(c["cause"]))
+    above = " ".join(str(e) for e in said_above)
+    return [f"{', '.join(names)}: " + ("the input named above" if reason in above else reason)
+            for reason, names in by_reason.items()]
 
 
 def recommendation_lines(rec: dict) -> list[str]:
