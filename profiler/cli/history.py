@@ -23,7 +23,7 @@ from memq.cli._listing import (
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
-from memq.render.reasons import said_once
+from memq.render.reasons import changes_once, said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said, verdict_head, verdict_headline
@@ -150,8 +150,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     _print_whatif(con, doc["snapshots"])
     if doc["changes"]:
         con.print("[bold]what changed[/bold]")
-        for ch in doc["changes"]:
-            con.print(f"  rank {ch['rank']} {ch['from']} -> {ch['to']}: {ch['summary']}")
+        for line in changes_once(doc["changes"]):
+            con.print(f"  {rich_text(line)}")
     st = doc["stats"]
     if st["count"]:
         ser = st["series"]
