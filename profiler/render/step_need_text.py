@@ -11,7 +11,7 @@ from typing import Any
 from memq.analysis.step_need import need_sentence
 
 
-def step_need_line(diagnosis: Mapping[str, Any] | None) -> str | None:
+def step_need_line(diagnosis: Mapping[str, Any] | None, with_basis: bool = True) -> str | None:
     """"the failing step needed ~16.4 GiB (15.9-16.9 GiB) against 18.0 GiB: it fits in one piece", or
     None when no training step was cut off (no OOM, or an OOM outside a step). Where the need could not
     be projected the sentence says why (its basis); a projected one leaves the method to the evidence."""
@@ -19,7 +19,7 @@ def step_need_line(diagnosis: Mapping[str, Any] | None) -> str | None:
     n = d.get("step_need")
     if not isinstance(n, Mapping):
         return None
-    line = need_sentence(n, with_basis=n.get("bytes") is None)
+    line = need_sentence(n, with_basis=with_basis and n.get("bytes") is None)
     if d.get("primary_cause") == "allocator_config" and n.get("fits_limit") is False:
         # the need is measured as the allocator rounded it: without the setting it would fit (the evidence)
         line = "with the allocator settings in effect, " + line

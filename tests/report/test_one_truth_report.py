@@ -1,0 +1,25 @@
+"""The nightly report on the real day-1 runs says one thing once (issue 42 items 1-3): the reason a
+failing step's need is unknown once in the OOM table, and the same "free in pieces" as `memq analyze`."""
+
+from __future__ import annotations
+
+import re
+
+from tests.report.test_report_content import _by_run, _report
+from tests.report.conftest import DAY1
+
+BASIS = "no complete earlier training step of this run was recorded"
+
+
+def test_the_oom_table_says_the_unsettled_reason_once(history):
+    doc = _report(history, DAY1)
+    needs = [r["step_need"] or "" for r in doc["ooms"]["runs"]]
+    assert sum(BASIS in n for n in needs) == 1, needs
+    first = next(r["run"] for r in doc["ooms"]["runs"] if BASIS in (r["step_need"] or ""))
+    assert sum(f"(as for {first})" in n for n in needs) >= 1, needs
+    html = re.sub(r"\s+", " ", _report(history, DAY1, fmt="html"))
+    table = html[html.index('id="oom-runs"'):]
+    table = table[: table.index("</table>")]
+    assert table.count(BASIS) == 1
+    runs = _by_run(doc["ooms"]["runs"])
+    assert not any(r["undetermined"] for r in runs.values())
