@@ -142,9 +142,12 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         link = doc_link(rec.get("playbook"))  # "" for a result stored before recommendations had one
         if link:
             con.print(f"     playbook: {v(link)}")
-    applies = r.get("playbook") or []
-    if applies:  # memq explain: the entries the message's figures point to
-        con.print("[bold]Playbook[/bold]")
+    # memq explain: the entries the message's figures point to, less those a recommendation above
+    # already links (said once: the recommendation is that entry's advice)
+    linked = {rec.get("playbook") for rec in d["recommendations"]}
+    applies = [e for e in r.get("playbook") or [] if e.get("id") not in linked]
+    if applies:
+        con.print("[bold]Playbook[/bold] (also relevant)")
         for e in applies:
             con.print(f"  {v(doc_link(e['id']) or e['id'])} ({v(e['title'])}): {v(e['why'])}")
     for w in det.get("warnings", []):

@@ -116,3 +116,14 @@ def test_what_changed_says_no_change_once(memq_env):
     assert sum("no significant change" in x for x in changed) < len(quiet)
     assert any(f"({len(quiet)} intervals): no significant change" in x for x in changed) or \
         sum("no significant change" in x for x in changed) == len({c["rank"] for c in quiet}) + 0
+
+
+def test_the_playbook_section_does_not_restate_a_recommendation():
+    from tests.helpers import meta
+
+    doc = json.loads(memq("explain", meta("frag_dynamic_1.15")["oom_message"], "--json"))
+    recs = [r["playbook"] for r in doc["diagnosis"]["recommendations"]]
+    assert "empty-cache" in recs and "empty-cache" in {e["id"] for e in doc["playbook"]}
+    text = re.sub(r"\s+", " ", memq("explain", meta("frag_dynamic_1.15")["oom_message"]))
+    assert text.count("docs/playbook.md#empty-cache") == 1
+    assert text.count("empty_cache() cannot release") + text.count("empty_cache() releases only whole") == 1
