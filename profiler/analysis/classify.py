@@ -15,7 +15,7 @@ from typing import Any
 from memq.analysis import frames as fr
 from memq.analysis.confidence import confidence
 from memq.analysis.headroom import in_last_free_bytes
-from memq.analysis.memory import segment_needed
+from memq.analysis.memory import free_in_pieces, segment_needed
 from memq.analysis.rules import (
     CUDA_CONTEXT_BYTES,
     EXTERNAL_DEVICE_SHARE,
@@ -344,12 +344,13 @@ def check_fragmentation(f: Facts) -> Finding:
         out.strength = STRENGTH["fragmentation"] if f.limit is not None else STRENGTH["fragmentation_lower_bound"]
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
-        pieces = f.R - f.A - f.private_pool_free
+        free = f.R - f.A - f.private_pool_free
         if f.largest_known:
             out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
-                                f"{g(pieces)} of cached free memory in the request's pool is in pieces")
+                                f"of the {g(free)} cached free, {g(free_in_pieces(free, f.largest_usable))} is in "
+                                "pieces outside that block")
         else:
-            out.evidence.append(f"{g(pieces)} is cached but unallocated and the {g(f.S)} request still failed: "
+            out.evidence.append(f"{g(free)} is cached but unallocated and the {g(f.S)} request still failed: "
                                 "the free cache is in pieces (the message gives no free blocks; a snapshot "
                                 "would show them)")
         if n is not None and n.fits_limit is True:

@@ -9,6 +9,7 @@ from memq.analysis import frames as fr
 from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, step_estimate
 from memq.analysis.leak import HOW_TO_GET_FRAMES
 from memq.analysis.headroom import in_last_free_bytes
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.rules import OPTIMIZER_SGD_MULTIPLE, PRIVATE_POOL_SHARE, STRANDED_SHARE
 from memq.playbook import BY_ID
 from memq.units import fmt_need
@@ -191,8 +192,9 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
         already = "expandable_segments:True" in f.settings_non_default
         if not already:
             recs.append(_rec("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-                             f"{g(stranded)} is cached but free in pieces (largest usable block "
-                             f"{g(f.largest_usable)} < request {g(S)}); expandable segments grow one mapping "
+                             f"{g(stranded)} is cached free, {g(free_in_pieces(stranded, f.largest_usable))} of it in "
+                             f"pieces outside the largest usable block ({g(f.largest_usable)} < request {g(S)}); "
+                             "expandable segments grow one mapping "
                              "instead of leaving split segments behind",
                              f"the {g(S)} request fits: live {g(A)} + request = {g(A + S)} <= limit "
                              f"{g(f.limit or f.limit_lower_bound)}"
@@ -207,8 +209,9 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
             recs.append(_rec("Keep expandable_segments:True and look at what pins the pieces: tensors of other "
                              "CUDA streams (record_stream, NCCL), private pools (CUDA graphs), or long-lived "
                              "tensors allocated between short-lived ones",
-                             f"expandable segments are already on, yet {g(stranded)} is cached but free in pieces "
-                             f"(largest usable block {g(f.largest_usable)} < request {g(S)})",
+                             f"expandable segments are already on, yet {g(stranded)} is cached free, "
+                             f"{g(free_in_pieces(stranded, f.largest_usable))} of it in pieces outside the largest "
+                             f"usable block ({g(f.largest_usable)} < request {g(S)})",
                              "the request fits once those tensors are freed or allocated up front",
                              playbook="expandable-segments"))
         else:

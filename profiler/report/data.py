@@ -40,6 +40,7 @@ from memq.analysis.headroom import near_miss
 from memq.analysis.rules import NEAR_MISS_SHARE
 from memq.analysis.recommend import NO_EFFECT
 from memq.render.forecast_text import forecast_line
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.run_verdict import undetermined
 from memq.render.step_need_text import step_need_line
 from memq.render.words import said
@@ -283,7 +284,7 @@ def _fragmented(runs: list[dict], metrics: dict[int, dict]) -> list[dict]:
         largest = m.get("largest_free_block_bytes")
         if ratio is None or free is None or largest is None:
             continue
-        pieces = max(0, int(free) - int(largest))
+        pieces = free_in_pieces(free, largest)  # the one definition memq analyze uses
         reserved = int(m.get("reserved_bytes") or 0)
         if ratio < FRAG_MIN_RATIO or pieces < max(FRAG_MIN_BYTES, 0.05 * reserved):
             continue
