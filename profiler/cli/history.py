@@ -35,11 +35,11 @@ RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
             Col("peak_reserved_bytes", "peak reserved", "bytes"),
             Col("peak_allocated_bytes", "peak allocated", "bytes"),
-            Col("fragmentation_ratio", "frag", "ratio"), Col("snapshot_count", "snaps", "int"),
+            Col("pieces_share", "in pieces", "ratio"), Col("snapshot_count", "snaps", "int"),
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
 RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
-           "peak_allocated_bytes", "fragmentation_ratio", "oom_count", "snapshot_count", "torch_version",
+           "peak_allocated_bytes", "pieces_share", "fragmentation_ratio", "oom_count", "snapshot_count", "torch_version",
            "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
 
 
@@ -79,10 +79,12 @@ def _no_limit(value):
 SNAP_COLS = [Col("rank", "rank", "int"), Col("step", "step", "int"), Col("epoch", "epoch", "int"),
              Col("trigger", "trigger"), Col("taken_at", "taken (UTC)", "time"),
              Col("reserved_bytes", "reserved", "bytes"), Col("allocated_bytes", "allocated", "bytes"),
-             Col("fragmentation_ratio", "frag", "ratio"), Col("largest_free_block_bytes", "largest free", "bytes"),
+             Col("free_in_pieces_bytes", "free in pieces", "bytes"),
+             Col("largest_free_block_bytes", "largest free", "bytes"),
              Col("cause", "diagnosis"), Col("confidence", "conf", "conf")]
 SNAP_CSV = ["id", "rank", "step", "epoch", "trigger", "taken_at", "sha256", "size_bytes", "state", "analyzer_version",
-            "reserved_bytes", "allocated_bytes", "active_bytes", "fragmentation_ratio", "largest_free_block_bytes",
+            "reserved_bytes", "allocated_bytes", "active_bytes", "fragmentation_ratio", "free_in_pieces_bytes",
+            "largest_free_block_bytes",
             "cause", "confidence"]
 
 
@@ -247,8 +249,9 @@ def compare(run_a, run_b, as_json, as_csv):
         cb = (B["composition"] or {}).get(c)
         rows.append({"what": c, "a": ca, "b": cb,
                      "delta": (doc["composition_delta"] or {}).get(c), "kind": "bytes"})
-    fr = doc["fragmentation"]
-    rows.append({"what": "fragmentation", "a": fr["a"], "b": fr["b"], "delta": fr["delta"], "kind": "ratio"})
+    fr = doc["pieces"]
+    rows.append({"what": "in pieces (share of reserved free in pieces at the OOM)", "a": fr["a"], "b": fr["b"],
+                 "delta": fr["delta"], "kind": "ratio"})
     if fmt == "json":
         write_json(doc)
         return
