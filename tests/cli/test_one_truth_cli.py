@@ -127,3 +127,40 @@ def test_the_playbook_section_does_not_restate_a_recommendation():
     text = re.sub(r"\s+", " ", memq("explain", meta("frag_dynamic_1.15")["oom_message"]))
     assert text.count("docs/playbook.md#empty-cache") == 1
     assert text.count("empty_cache() cannot release") + text.count("empty_cache() releases only whole") == 1
+
+
+# ------------------------------------------------------------------------------ 3. one figure, one meaning
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_in_pieces_ranks_the_fragmentation_oom_first_in_runs_history_and_compare(memq_env):
+    memq("db", "upgrade")
+    for folder, run, extra in (("seed_sgd", "sgd", []), ("seed_adamw", "adamw", []),
+                               ("capacity", "cap", ["--limit", "17179869184"]),
+                               ("frag_dynamic_1.15", "frag", ["--limit", "20244645632"])):
+        memq("ingest", *run_files(folder), "--run", run, *extra)
+    runs = {r["run"]: r for r in json.loads(memq("runs", "--json"))["runs"]}
+    # the old column: healthy 0.76-0.79 and the capacity OOM 0.88 above the fragmentation OOM 0.55
+    assert runs["frag"]["fragmentation_ratio"] < min(runs[r]["fragmentation_ratio"] for r in ("sgd", "adamw", "cap"))
+    assert runs["frag"]["pieces_share"] > runs["cap"]["pieces_share"] >= 0
+    assert runs["sgd"]["pieces_share"] is None and runs["adamw"]["pieces_share"] is None
+    head = next(x for x in memq("runs").splitlines() if "peak reserved" in x)
+    assert "in pieces" in head and "frag" not in head
+    cmp = json.loads(memq("compare", "cap", "frag", "--json"))
+    assert cmp["pieces"]["a"] == runs["cap"]["pieces_share"] and cmp["pieces"]["b"] == runs["frag"]["pieces_share"]
+    assert "in pieces" in memq("compare", "cap", "frag")
+    snap = json.loads(memq("history", "--run", "frag", "--json"))["snapshots"][-1]
+    # free in pieces: the same number as `memq analyze` of that snapshot
+    doc = json.loads(memq("analyze", *run_files("frag_dynamic_1.15"), "--limit", "20244645632", "--json"))
+    m = doc["metrics"]
+    assert snap["free_in_pieces_bytes"] == m["reserved_unallocated_bytes"] - m["largest_free_block_bytes"]
+    assert runs["frag"]["pieces_share"] == round(snap["free_in_pieces_bytes"] / m["reserved_bytes"], 4)
+
+
+def test_analyze_says_the_free_in_pieces_the_report_says():
+    from memq.units import fmt_bytes
+
+    args = [*run_files("frag_dynamic_1.15"), "--limit", "20244645632"]
+    m = json.loads(memq("analyze", *args, "--json"))["metrics"]
+    pieces = m["reserved_unallocated_bytes"] - m["largest_free_block_bytes"]
+    text = screen(*args)
+    assert f"{fmt_bytes(pieces, 'brief')} is in pieces outside that block" in text  # 2.53 GiB
+    assert "4.60 GiB of cached free memory in the request's pool is in pieces" not in text

@@ -23,3 +23,23 @@ def test_the_oom_table_says_the_unsettled_reason_once(history):
     assert table.count(BASIS) == 1
     runs = _by_run(doc["ooms"]["runs"])
     assert not any(r["undetermined"] for r in runs.values())
+
+
+def test_the_report_and_analyze_give_one_free_in_pieces(history):
+    import json
+
+    from click.testing import CliRunner
+
+    from memq.cli import cli
+    from tests.helpers import run_files
+    from memq.units import fmt_bytes
+
+    doc = _report(history, DAY1)
+    frag = {r["run"]: r for r in doc["fragmented"]}["frag_dyn"] if isinstance(doc["fragmented"], list) else None
+    if frag is None:
+        frag = {r["run"]: r for r in doc["fragmented"]["runs"]}["frag_dyn"]
+    res = CliRunner().invoke(cli, ["analyze", *map(str, run_files("frag_dynamic_1.15")), "--limit", "20244645632"])
+    text = re.sub(r"\s+", " ", res.output)
+    assert f"{fmt_bytes(frag['fragmented_free_bytes'], 'brief')} is in pieces" in text, (frag, text[:600])
+    m = json.loads(CliRunner().invoke(cli, ["analyze", *map(str, run_files("frag_dynamic_1.15")), "--json"]).output)
+    assert frag["fragmented_free_bytes"] == m["metrics"]["reserved_unallocated_bytes"] - m["metrics"]["largest_free_block_bytes"]
