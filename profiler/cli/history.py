@@ -35,7 +35,7 @@ RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
             Col("peak_reserved_bytes", "peak reserved", "bytes"),
             Col("peak_allocated_bytes", "peak allocated", "bytes"),
-            Col("pieces_share", "in pieces", "ratio"), Col("snapshot_count", "snaps", "int"),
+            Col("pieces_share", "pieces", "ratio"), Col("snapshot_count", "snaps", "int"),
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
 RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
@@ -56,7 +56,10 @@ RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_co
 @click.option("--limit", "memory_limit", hidden=True, expose_value=False, callback=lambda ctx, p, v: _no_limit(v))
 @output_options()
 def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_json, as_csv):
-    """List runs, newest first."""
+    """List runs, newest first.
+
+    `pieces`: at the OOM, the share of reserved memory that was free in pieces (outside the largest free
+    block); - for a run without an OOM."""
     from memq.store.queries import RunFilter, list_runs
 
     fmt = out_format(as_json, as_csv)

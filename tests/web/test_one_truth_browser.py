@@ -1,4 +1,4 @@
-"""The runs list in Chromium (issue 42 item 3): the `in pieces` column ranks the fragmentation OOMs
+"""The runs list in Chromium (issue 42 item 3): the `pieces` column ranks the fragmentation OOMs
 above the capacity OOM and shows nothing for healthy runs, where the fragmentation ratio ranked the
 healthy runs (0.76-0.79) and the capacity OOM (0.88) above the real fragmentation OOM (0.55)."""
 
@@ -20,8 +20,8 @@ def _column(page, label: str) -> dict[str, str]:
 def test_the_in_pieces_column_means_what_it_says(browser, web_history, tmp_path):  # noqa: F811
     page = browser.open("/runs")
     heads = [h.strip() for h in page.locator("#runs-table thead th").all_text_contents()]
-    assert "in pieces" in heads and "frag" not in heads
-    col = _column(page, "in pieces")
+    assert "pieces" in heads and "frag" not in heads
+    col = _column(page, "pieces")
     assert col["seed_adamw"] == col["seed_sgd"] == "-"  # no OOM: nothing failed for want of a block
     frag_dyn, frag_syn, cap = (float(col[r]) for r in ("frag_dyn", "frag_synthetic", "capacity"))
     assert frag_dyn > frag_syn > cap, col
