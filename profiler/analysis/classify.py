@@ -30,7 +30,7 @@ from memq.analysis.rules import (
 )
 from memq.analysis.step_need import need_sentence
 from memq.model import CAUSE_NAMES
-from memq.units import fmt_bytes, fmt_need
+from memq.units import fmt_bytes
 
 #: How to give a limit that is not known: both commands exist (files, and a run already stored).
 #: What a test that needs the limit misses, said in the same words by every cause that misses it.

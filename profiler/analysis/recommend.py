@@ -7,8 +7,8 @@ import re
 
 from memq.analysis import frames as fr
 from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, step_estimate
-from memq.analysis.leak import HOW_TO_GET_FRAMES
 from memq.analysis.headroom import in_last_free_bytes
+from memq.analysis.leak import HOW_TO_GET_FRAMES
 from memq.analysis.memory import free_in_pieces
 from memq.analysis.rules import OPTIMIZER_SGD_MULTIPLE, PRIVATE_POOL_SHARE, STRANDED_SHARE
 from memq.playbook import BY_ID

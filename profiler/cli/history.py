@@ -20,6 +20,7 @@ from memq.cli._listing import (
     write_csv,
     write_json,
 )
+from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
@@ -27,9 +28,7 @@ from memq.render.reasons import changes_once, said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said, verdict_head, verdict_headline
-from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.units import fmt_bytes, sparkline
-
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
@@ -39,7 +38,8 @@ RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
 RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
-           "peak_allocated_bytes", "pieces_share", "fragmentation_ratio", "oom_count", "snapshot_count", "torch_version",
+           "peak_allocated_bytes", "pieces_share", "fragmentation_ratio", "oom_count", "snapshot_count",
+           "torch_version",
            "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
 
 

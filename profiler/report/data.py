@@ -37,11 +37,11 @@ from typing import Any, Protocol
 from memq.analysis import growth as gm
 from memq.analysis.compare import version_figures, version_key, version_regressions
 from memq.analysis.headroom import near_miss
-from memq.analysis.rules import NEAR_MISS_SHARE
-from memq.analysis.recommend import NO_EFFECT
-from memq.render.forecast_text import forecast_line
 from memq.analysis.memory import free_in_pieces
+from memq.analysis.recommend import NO_EFFECT
+from memq.analysis.rules import NEAR_MISS_SHARE
 from memq.analysis.run_verdict import undetermined
+from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
 from memq.render.words import said
 from memq.store.report_queries import Scope, Window

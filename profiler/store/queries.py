@@ -25,7 +25,13 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from memq.analysis.compare import VersionFigures, changes_between, compare_sides, version_key, version_regressions
+from memq.analysis.compare import (
+    VersionFigures,
+    changes_between,
+    compare_sides,
+    version_key,
+    version_regressions,
+)
 from memq.analysis.frames import CATEGORIES
 from memq.analysis.memory import free_in_pieces
 from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
@@ -34,7 +40,6 @@ from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
 from memq.store.run_verdicts import verdict_rank
-
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -48,7 +53,8 @@ RUN_FIELDS = ("name", "job", "cluster", "host", "username", "project", "labels",
               "cuda_version", "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes",
               "allocator_conf", "optimizer", "param_count", "world_size", "rank", "started_at", "ended_at",
               "status", "primary_cause", "cause_confidence", "peak_reserved_bytes", "peak_allocated_bytes",
-              "fragmentation_ratio", "pieces_share", "oom_count", "snapshot_count", "oom_forecast_step", "oom_forecast_at")
+              "fragmentation_ratio", "pieces_share", "oom_count", "snapshot_count", "oom_forecast_step",
+              "oom_forecast_at")
 
 
 def run_dict(run: Run | Any) -> dict[str, Any]:

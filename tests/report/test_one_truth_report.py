@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from tests.report.test_report_content import _by_run, _report
 from tests.report.conftest import DAY1
+from tests.report.test_report_content import _by_run, _report
 
 BASIS = "no complete earlier training step of this run was recorded"
 
@@ -31,8 +31,8 @@ def test_the_report_and_analyze_give_one_free_in_pieces(history):
     from click.testing import CliRunner
 
     from memq.cli import cli
-    from tests.helpers import run_files
     from memq.units import fmt_bytes
+    from tests.helpers import run_files
 
     doc = _report(history, DAY1)
     frag = {r["run"]: r for r in doc["fragmented"]}["frag_dyn"] if isinstance(doc["fragmented"], list) else None
@@ -42,4 +42,5 @@ def test_the_report_and_analyze_give_one_free_in_pieces(history):
     text = re.sub(r"\s+", " ", res.output)
     assert f"{fmt_bytes(frag['fragmented_free_bytes'], 'brief')} is in pieces" in text, (frag, text[:600])
     m = json.loads(CliRunner().invoke(cli, ["analyze", *map(str, run_files("frag_dynamic_1.15")), "--json"]).output)
-    assert frag["fragmented_free_bytes"] == m["metrics"]["reserved_unallocated_bytes"] - m["metrics"]["largest_free_block_bytes"]
+    mm = m["metrics"]
+    assert frag["fragmented_free_bytes"] == mm["reserved_unallocated_bytes"] - mm["largest_free_block_bytes"]
