@@ -34,19 +34,9 @@ from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
 from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, AllocatorModel, Program
-
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
-from memq.analysis.rules import (
-    CAST_COVERAGE,
-    FIT_MARGIN,
-    MIDRUN_MARGIN,
-    STATE_BLOCKS,
-    STATE_INFER_TOLERANCE,
-    STATE_MULTIPLE,
-    TEMP_MULTIPLE,
-    WORKSPACE_NEAR,
-    WORKSPACE_ODD,
-)
+from memq.analysis.rules import (CAST_COVERAGE, FIT_MARGIN, MIDRUN_MARGIN, STATE_BLOCKS, STATE_INFER_TOLERANCE,
+                                 STATE_MULTIPLE, TEMP_MULTIPLE, WORKSPACE_NEAR, WORKSPACE_ODD)
 from memq.analysis.rules import FIT_K_MAX as K_MAX
 from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
 from memq.model import Snapshot, frame_file, frame_line, frame_name
