@@ -270,6 +270,11 @@ class Settings:
         ("Beat: seconds between trims of the ingest stream to its oldest unacknowledged entry (0 = never; "
          "the agents' MAXLEN is then the only bound)."),
         minimum=0)
+    dead_blob_grace_s: int = setting(3600, "MEMQ_DEAD_BLOB_GRACE_S",
+        ("Dead-blob cleanup: seconds after a snapshot entry is dead-lettered before its blob file goes from "
+         "the blob store, where no snapshot row names it (checked on the stream-trim tick and by `memq gc`; "
+         "the entry's own Redis blob goes at once)."),
+        minimum=0)
     stream_keep_s: int = setting(600, "MEMQ_STREAM_KEEP_S",
         ("Stream trim: acknowledged entries younger than this many seconds are kept (for `memq status`, "
          "debugging)."),
@@ -395,6 +400,12 @@ class Settings:
         """A counter of every dead letter ever written: the dead stream is trimmed, so its length stops
         growing once full; `memq status` and the exporter's memq_dead_lettered_total read this."""
         return self.dead_letter_key + ":total"
+
+    @property
+    def dead_blobs_key(self) -> str:
+        """A sorted set of the sha256s of dead-lettered snapshots whose blob was in the blob store, scored
+        by when (ms): the dead-blob cleanup removes those no row names once MEMQ_DEAD_BLOB_GRACE_S passed."""
+        return self.dead_letter_key + ":blobs"
 
     @property
     def is_embedded_db(self) -> bool:

@@ -497,3 +497,27 @@ def dead_letter_fields(fields: Any) -> dict[str, str]:
     if len(items) > DEAD_FIELDS_MAX:
         out["fields_dropped"] = str(len(items) - DEAD_FIELDS_MAX)
     return out
+
+
+def dead_blob(fields: Any) -> tuple[str, str | None] | None:
+    """(sha256, nonce or None) of the blob a refused snapshot entry names, read from its raw fields
+    whatever else is wrong with them; None when they name no well-formed blob. The dispatcher deletes
+    a refused entry's own blob (nonce key) from Redis and records the sha256 for the dead-blob cleanup
+    (memq.workers.retention.clean_dead_blobs)."""
+    if not isinstance(fields, Mapping):
+        return None
+
+    def get(name: str) -> str:
+        v = fields.get(name, fields.get(name.encode()))
+        if isinstance(v, (bytes, bytearray)):
+            try:
+                return bytes(v).decode("ascii")
+            except UnicodeDecodeError:
+                return ""
+        return v if isinstance(v, str) else ""
+
+    sha = get("sha256")
+    if not _SHA_RE.match(sha):
+        return None
+    nonce = get("nonce")
+    return sha, nonce if _NONCE_RE.match(nonce) else None

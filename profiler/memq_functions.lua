@@ -17,7 +17,7 @@
 -- behind them. Dropping costs an LPOP and a cheap check per element, as much as the push itself, and
 -- a call drops up to MAX_DROPS_PER_CALL of them besides the `count` it moves.
 
-local VERSION = 4
+local VERSION = 5
 local MAX_ELEMENT_BYTES = 2 * 1024 * 1024  -- an envelope is < 1.1 MiB (payload cap 1 MiB)
 local MAX_PAIRS = 32                      -- envelopes have 15 fields
 local MAX_NAME_BYTES = 64
@@ -29,6 +29,10 @@ local MAX_DROPS_PER_CALL = 100000
 -- already in Redis memory, which maxmemory bounds)
 local POP_CHUNK = 256
 local MIN_ELEMENT_BYTES = 10              -- the shortest envelope, ["v","1","kind","stats",...], is longer
+-- Drops of elements without a known key id cost more than junk: a string search (~10x a junk element)
+-- or, where the text names a known kid, a JSON decode (~20x). A call stops once its drops cost as much
+-- as MAX_DROPS_PER_CALL junk elements (~100 ms of Redis time).
+local COST_SEARCHED, COST_DECODED = 10, 20
 
 local function decode(raw)
   if type(raw) ~= 'string' then return nil, 'not a string' end
@@ -61,6 +65,46 @@ local function is_nonce(s)
   return type(s) == 'string' and #s == 32 and not s:find('[^0-9a-f]')
 end
 
+-- ARGV[5], where the dispatcher holds a keyring: its key ids, comma separated. Then an element
+-- that carries no signature of one of them (no `kid`, an unknown kid, a `sig` that is not 64 hex
+-- digits) is dropped here like junk: a well-formed but unsigned flood costs the relay a string search
+-- each instead of a dead letter each at the dispatcher (one per ~0.3 ms: every other job's entries
+-- waited behind it). Whether the signature is right is still the dispatcher's check, so an element
+-- naming a known kid with a wrong signature still reaches it (key ids are not secrets).
+local function kid_set(s)
+  if type(s) ~= 'string' or s == '' then return nil end
+  local set = {}
+  for k in string.gmatch(s, '[^,]+') do set[k] = true end
+  return set
+end
+
+-- Before any JSON decode (~20 us for an envelope): an element whose text names no known key id is
+-- dropped at the cost of a string search, and its own blob (a nonce key, named in the same text) goes.
+local function cheap_unsigned(raw, kids, prefix)
+  -- every `"kid","..."` of the text (a value "kid" may come before the real field; values cannot
+  -- hold an unescaped quote, so nothing inside a value matches)
+  for kid in raw:gmatch('"kid"%s*,%s*"([A-Za-z0-9_.:%-]+)"') do
+    if kids[kid] then return false end
+  end
+  if raw:find('"kind"%s*,%s*"snapshot"') then
+    local sha = raw:match('"sha256"%s*,%s*"(%x+)"')
+    local nonce = raw:match('"nonce"%s*,%s*"(%x+)"')
+    if is_sha256(sha) and is_nonce(nonce) then
+      redis.call('DEL', prefix .. 'blob:' .. sha .. ':' .. nonce)
+    end
+  end
+  return true
+end
+
+local function signed(fields, kids)
+  local kid, sig
+  for k = 1, #fields, 2 do
+    if fields[k] == 'kid' then kid = fields[k + 1]
+    elseif fields[k] == 'sig' then sig = fields[k + 1] end
+  end
+  return kid ~= nil and kids[kid] == true and is_sha256(sig)
+end
+
 -- Entries of the stream that no consumer group has read yet. The relay never moves more than the
 -- stream has room for beside them: its own XADD MAXLEN ~ would otherwise trim entries no dispatcher
 -- has read (a flood pushed into the inbox ahead of other jobs' entries lost them all). A group whose
@@ -84,7 +128,8 @@ local function unread(stream)
 end
 
 -- memq_relay KEYS: inbox (list), stream; ARGV: max elements, stream MAXLEN (~), blob key prefix,
--- blob TTL cap (s). Returns {moved, refused, error-or-empty} (the shape of every version: dispatchers
+-- blob TTL cap (s), and optionally the keyring's key ids (comma separated: only elements signed with
+-- one of them are relayed). Returns {moved, refused, error-or-empty} (the shape of every version: dispatchers
 -- of an older release keep working while a newer one upgrades the library). A call stops after
 -- MAX_CALL_BYTES or MAX_DROPS_PER_CALL, so one call blocks Redis briefly. An element the stream does not take (wrong type, exhausted IDs, OOM) goes
 -- back to the head of the inbox and the call stops there.
@@ -97,7 +142,8 @@ local function relay(keys, args)
   if not (inbox and stream and count and maxlen and prefix and ttl) or count < 1 or maxlen < 1 or ttl < 1 then
     return redis.error_reply('memq_relay: KEYS inbox stream; ARGV count maxlen blob-prefix ttl-cap')
   end
-  local moved, refused, err, used = 0, 0, '', 0
+  local kids = kid_set(args[5])
+  local moved, refused, err, used, cost = 0, 0, '', 0, 0
   local room = math.floor(maxlen) - unread(stream)
   local take = math.min(math.floor(count), room)
   if take < 1 then
@@ -115,11 +161,33 @@ local function relay(keys, args)
     while i < n and not stop do
       i = i + 1
       local raw = chunk[i]
-      local fields = decode(raw)
+      local fields = nil
+      local searched = kids and type(raw) == 'string' and #raw >= MIN_ELEMENT_BYTES
+      if searched and cheap_unsigned(raw, kids, prefix) then
+        cost = cost + COST_SEARCHED
+      else
+        fields = decode(raw)
+        cost = cost + (searched and not fields and COST_SEARCHED or 1)
+      end
+      if fields and kids and not signed(fields, kids) then
+        -- its own blob goes with it: a key with a nonce is this element's alone (nobody can name it
+        -- without reading the element); a bare key may be shared by other entries and keeps its TTL
+        local kind, sha, nonce
+        for k = 1, #fields, 2 do
+          if fields[k] == 'kind' then kind = fields[k + 1]
+          elseif fields[k] == 'sha256' then sha = fields[k + 1]
+          elseif fields[k] == 'nonce' then nonce = fields[k + 1] end
+        end
+        if kind == 'snapshot' and is_sha256(sha) and is_nonce(nonce) then
+          redis.call('DEL', prefix .. 'blob:' .. sha .. ':' .. nonce)
+        end
+        fields = nil
+        cost = cost + COST_DECODED
+      end
       if not fields then
         refused = refused + 1
         used = used + #raw
-        stop = refused >= MAX_DROPS_PER_CALL or used >= MAX_CALL_BYTES
+        stop = cost >= MAX_DROPS_PER_CALL or used >= MAX_CALL_BYTES
       else
         local res = redis.pcall('XADD', stream, 'MAXLEN', '~', tostring(math.floor(maxlen)), '*', unpack(fields))
         if type(res) == 'table' and res.err then

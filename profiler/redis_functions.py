@@ -9,7 +9,8 @@ allowed FCALL but not XADD cannot append through a function either. memq therefo
                (RPUSH has no options: it can only append)
     dispatcher FCALL memq_relay: moves inbox elements into the stream with `*` IDs and the
                deployment's MAXLEN ~ N, drops malformed ones in bulk (counted; one dead letter per
-               step says how many), and caps the TTL of each relayed snapshot's blob
+               step says how many), and, where the dispatcher holds a keyring, also those that
+               carry no signature of one of its key ids; caps the TTL of each relayed snapshot's blob
 
 In a hardened deployment (deploy/redis/users.acl.template) the agent user has RPUSH on the inbox and
 no XADD; the agent's transport tries XADD first and switches to the inbox when the ACL refuses it, so
@@ -34,7 +35,7 @@ from typing import Any
 log = logging.getLogger("memq.redis_functions")
 
 LIBRARY = "memq"
-VERSION = 4  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
+VERSION = 5  # must equal VERSION in memq_functions.lua (tests/ops/test_ingest_relay.py checks)
 SOURCE = Path(__file__).with_name("memq_functions.lua")
 #: Elements moved per FCALL: the function blocks Redis while it runs, so keep each call short.
 RELAY_BATCH = 1000
@@ -102,8 +103,11 @@ class Relay:
     counted, and the dispatcher carries on reading the stream."""
 
     def __init__(self, client, *, stream: str, key_prefix: str, maxlen: int, blob_ttl_s: int,
-                 batch: int = RELAY_BATCH, dead_key: str | None = None, dead_maxlen: int = 100_000):
+                 batch: int = RELAY_BATCH, dead_key: str | None = None, dead_maxlen: int = 100_000,
+                 kids: tuple[str, ...] = ()):
         self.client, self.stream, self.inbox = client, stream, inbox_key(stream)
+        # with a keyring, only elements signed with one of its key ids are relayed (memq_functions.lua)
+        self.kids = ",".join(sorted(kids))
         self.key_prefix, self.maxlen, self.blob_ttl_s, self.batch = key_prefix, maxlen, blob_ttl_s, batch
         self.dead_key, self.dead_maxlen = dead_key, dead_maxlen
         self.counts = {"moved": 0, "refused": 0, "errors": 0, "held": 0}
@@ -115,12 +119,18 @@ class Relay:
 
     @classmethod
     def for_settings(cls, client, st) -> Relay:
+        kids: tuple[str, ...] = ()
+        if st.agent_keyring:
+            from memq.identity import parse_keyring
+
+            kids = tuple(parse_keyring(st.agent_keyring))
         return cls(client, stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
-                   blob_ttl_s=st.blob_ttl_s, dead_key=st.dead_letter_key)
+                   blob_ttl_s=st.blob_ttl_s, dead_key=st.dead_letter_key, kids=kids)
 
     def _call(self):
+        extra = (self.kids,) if self.kids else ()
         return self.client.fcall("memq_relay", 2, self.inbox, self.stream, self.batch, self.maxlen,
-                                 self.key_prefix, self.blob_ttl_s)
+                                 self.key_prefix, self.blob_ttl_s, *extra)
 
     def step(self) -> int:
         import redis
@@ -183,7 +193,9 @@ class Relay:
         pipe = self.client.pipeline(transaction=True)
         pipe.xadd(self.dead_key, {"v": "0", "stage": "relay", "dropped": str(refused), "relay_error": "junk",
                                   "reason": f"relay: dropped {refused} inbox element(s) that are not a JSON "
-                                            f"array of field names and values",
+                                            f"array of field names and values" + (
+                                                ", or carry no signature of a key in the keyring"
+                                                if self.kids else ""),
                                   "dead_at": str(int(time.time() * 1000))},
                   maxlen=self.dead_maxlen, approximate=True)
         pipe.incrby(self.dead_key + ":total", refused)

@@ -50,8 +50,8 @@ from collections.abc import Callable
 from typing import Any
 
 from memq import envelope, identity
-from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from memq.analysis import run_status
+from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
 from memq.analysis.limits import observer_facts, real_cap
 from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
@@ -67,7 +67,7 @@ from memq.launcher_ids import real_id
 from memq.redis_functions import Relay
 from memq.store import rank_figures
 from memq.store import repository as repo
-from memq.workers import jobs, runtime
+from memq.workers import runtime
 from memq.workers.faults import armed_fault
 from memq.workers.heartbeat import Heartbeat
 from memq.workers.queues import GROUP
@@ -518,13 +518,30 @@ class Dispatcher:
         self.counts["acked"] += len(ids)
 
     def _dead_and_ack(self, eid: str, fields: dict, reason: str) -> None:
-        """Dead letter and acknowledgement in one MULTI, so neither happens without the other."""
+        """Dead letter and acknowledgement in one MULTI, so neither happens without the other. A refused
+        snapshot's blob goes with it: its own Redis key (one with a nonce: no other entry names it, and
+        nobody can name it without reading the envelope) is deleted in the same MULTI; where its bytes are
+        in the blob store, the sha256 is recorded in the dead-blob set, for the cleanup to remove the
+        file after MEMQ_DEAD_BLOB_GRACE_S unless a row names it (memq.workers.retention.clean_dead_blobs).
+        A bare key (older agents) may be shared by other entries of the same bytes: it keeps its TTL."""
+        now_ms = int(time.time() * 1000)
         out = envelope.dead_letter_fields(fields or {})
-        out.update(reason=reason[:2000], entry_id=eid, stage="dispatch", dead_at=str(int(time.time() * 1000)))
+        out.update(reason=reason[:2000], entry_id=eid, stage="dispatch", dead_at=str(now_ms))
+        blob = envelope.dead_blob(fields)
+        stored = False
+        if blob is not None:
+            try:
+                stored = self.store.blobs.ref(blob[0]) is not None
+            except Exception:  # noqa: BLE001 - an unreadable blob store: record it, the cleanup checks again
+                stored = True
         with runtime.redis_errors(self.st.redis_url):
             pipe = self.r.pipeline(transaction=True)
             pipe.xadd(self.st.dead_letter_key, out, maxlen=runtime.DEAD_MAXLEN, approximate=True)
             pipe.incr(self.st.dead_letter_total_key)
+            if blob is not None and blob[1] is not None:
+                pipe.delete(envelope.blob_key(blob[0], self.st.key_prefix, blob[1]))
+            if stored:
+                pipe.zadd(self.st.dead_blobs_key, {blob[0]: now_ms}, gt=True)
             pipe.xack(self.stream, self.group, eid)
             pipe.execute()
         self._dead_ids.add(eid)
@@ -677,13 +694,13 @@ class Dispatcher:
         (verified: they must inflate to their sha256). None when dead-lettered (missing, corrupt)."""
         key = env.blob_key(self.st.key_prefix)
         blobs = self.store.blobs
-        ref = blobs.ref(env.sha256)
+        ref = blobs.claim(env.sha256)  # a blob held by a removal in progress is taken back
         if ref is not None:
             return ref
         with runtime.redis_errors(self.st.redis_url):
             data = self.r.get(key)
         if data is None:
-            ref = blobs.ref(env.sha256)  # another entry of the same bytes moved them meanwhile
+            ref = blobs.claim(env.sha256)  # another entry of the same bytes moved them meanwhile
             if ref is None:
                 self._dead_and_ack(eid, fields, f"blob missing: {key} is not in Redis (expired, evicted or never "
                                                 f"written) and not in the blob store")
@@ -706,6 +723,12 @@ class Dispatcher:
             # the blob was already stored, so its bytes were not inflated here: the size must agree
             # with the rows that did (memq ingest records the real size)
             known = repo.known_blob_size(s, env.sha256)
+        if known is None:
+            # stored, but no row names it (a refused snapshot's leftover, a crash between blob and row):
+            # its size is checked against the bytes themselves, else the first envelope to name it would
+            # set the size every later one is held to (a false one refuses the real owner's)
+            known = self.store.blobs.verify_stored(env.sha256, env.size)
+            self._sized[env.sha256] = known
         if known is not None and env.size is not None and int(known) != env.size:
             raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the blob {env.sha256[:12]}")
         oom = env.oom or {}

@@ -13,6 +13,8 @@
   A stream without a consumer group is left alone (nobody has read anything yet).
 - `expire_untimed_blobs()`: on the same tick as the trim, blob keys without a TTL (written by an
   agent, never named by a relayed envelope) get MEMQ_BLOB_TTL_S, a bounded SCAN step at a time.
+- `clean_dead_blobs()`: on the same tick (and in `memq gc`), the blob files of dead-lettered snapshots
+  whose grace (MEMQ_DEAD_BLOB_GRACE_S) has passed go, unless a row names them.
 - `beat_entries(settings)`: what `memq.workers.app.beat_schedule` adds: the daily gc (crontab at
   MEMQ_GC_HOUR_UTC:MEMQ_GC_MINUTE_UTC) and the stream trim. An outage is not retried: the next tick is
   the retry.
@@ -117,6 +119,17 @@ def expire_untimed_blobs(st: Settings, r=None, budget: int = BLOB_TTL_SCAN) -> d
     return {"blobs_seen": seen, "blobs_given_ttl": given, "scan_done": cursor == 0}
 
 
+def clean_dead_blobs(st: Settings, store=None, r=None, **kw) -> dict:
+    """memq.pipeline.dead_blobs.clean with this process's store and Redis client (outages become
+    BrokerUnavailable)."""
+    from memq.pipeline.dead_blobs import clean
+    from memq.workers import runtime
+
+    r = r or runtime.redis_client(st.redis_url)
+    with runtime.redis_errors(st.redis_url):
+        return clean(st, store if store is not None else (lambda: runtime.store(st)), r, **kw)
+
+
 def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | None = None) -> dict:
     """The work, as a plain function (tests and the task share it)."""
     from memq.store.retention import Policy, collect
@@ -133,7 +146,18 @@ def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | 
              summary["snapshots_unlinked"], summary["orphans_removed"], summary["bytes_freed"], summary["kept"])
     for err in summary["errors"]:
         log.warning("retention: %s", err)
+    summary["dead_blobs"] = _dead_blobs_or_error(st, store, race_grace_s=grace_s, dry_run=dry_run)
     return summary
+
+
+def _dead_blobs_or_error(st: Settings, store=None, **kw) -> dict:
+    """clean_dead_blobs for the periodic tasks: a failure is logged and reported, never raised (the
+    next tick retries; the records stay)."""
+    try:
+        return clean_dead_blobs(st, store, **kw)
+    except Exception as exc:  # noqa: BLE001 - housekeeping must not fail the trim or the gc
+        log.warning("dead-blob cleanup not run: %s: %s", type(exc).__name__, exc)
+        return {"dead_blobs_error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def beat_entries(st: Settings) -> dict[str, dict]:
@@ -168,7 +192,7 @@ def _bind():
     @app.task(base=MemqTask, bind=True, name=TRIM_TASK_NAME, retry_on_outage=False)
     def trim(self) -> dict:
         st = settings_of(app)
-        return trim_stream(st) | expire_untimed_blobs(st)
+        return trim_stream(st) | expire_untimed_blobs(st) | _dead_blobs_or_error(st, wait=False)
 
     return gc, trim
 

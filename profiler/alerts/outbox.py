@@ -186,9 +186,18 @@ def _job_recent(session, owner: str | None, cluster: str | None, job: str | None
 GLOBAL_RETRY_S = 300
 
 
+#: Pages an hour every principal keeps whatever the number of principals: with more principals than
+#: MEMQ_ALERT_MAX_PER_HOUR the share rounded down to 0, and a team holding many keys (or a deployment
+#: with one key per job) could fill the hour and hold every other team's first page until it drained
+#: (tests/metrics/test_alert_round5.py). The cost: an hour may carry up to the limit plus one page per
+#: principal with a verdict (bounded by the keyring).
+MIN_SHARE = 1
+
+
 def fair_share(max_per_hour: int, principals: int) -> int:
-    """Pages of MEMQ_ALERT_MAX_PER_HOUR guaranteed to each principal with recent verdicts."""
-    return max_per_hour // max(1, principals)
+    """Pages of MEMQ_ALERT_MAX_PER_HOUR guaranteed to each principal with recent verdicts (at least
+    MIN_SHARE)."""
+    return max(MIN_SHARE, max_per_hour // max(1, principals))
 
 
 def _global_room(session, st: Settings, owner: str | None, now: dt.datetime, *,

@@ -334,7 +334,7 @@ MAX_REFERENCES = 3
 
 
 def _fit_reason(names: list, per: list[dict]) -> str:
-    from memq.analysis.fit import missing_reason
+    from memq.analysis.fit_reason import missing_reason
 
     return missing_reason([(str(n), p.get("fit_reason") or ("no trace" if p.get("fit") is None else None))
                            for n, p in zip(names, per, strict=True)])

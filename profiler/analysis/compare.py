@@ -111,11 +111,6 @@ DRIVERS = {
     "cache": ("allocator_conf", "allocator_settings", "torch_version", "memory_limit_bytes"),
 }
 
-def same_limit(a: int | None, b: int | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    return abs(int(a) - int(b)) <= SAME_LIMIT_WITHIN_BYTES
-
 
 def same_limit(a: int | None, b: int | None) -> bool:
     """Two limits within SAME_LIMIT_WITHIN_BYTES (torch prints two decimals of GiB) are one limit."""

@@ -34,9 +34,19 @@ from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
 from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, AllocatorModel, Program
+
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
-from memq.analysis.rules import (CAST_COVERAGE, FIT_MARGIN, MIDRUN_MARGIN, STATE_BLOCKS, STATE_INFER_TOLERANCE,
-                                 STATE_MULTIPLE, TEMP_MULTIPLE, WORKSPACE_NEAR, WORKSPACE_ODD)
+from memq.analysis.rules import (
+    CAST_COVERAGE,
+    FIT_MARGIN,
+    MIDRUN_MARGIN,
+    STATE_BLOCKS,
+    STATE_INFER_TOLERANCE,
+    STATE_MULTIPLE,
+    TEMP_MULTIPLE,
+    WORKSPACE_NEAR,
+    WORKSPACE_ODD,
+)
 from memq.analysis.rules import FIT_K_MAX as K_MAX
 from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
 from memq.model import Snapshot, frame_file, frame_line, frame_name
@@ -876,18 +886,6 @@ def own_curve_reason(snap: Snapshot) -> str:
     except NotAssessable as exc:
         return str(exc)
     return "the trace could not be replayed"
-
-
-def missing_reason(reasons: list[tuple[str, str | None]]) -> str:
-    """A run's `fit_reason` when it has no `fit`: (snapshot name, its reason) of each snapshot, oldest
-    first; the reason of the latest snapshot that has a trace, else that none has one."""
-    traced = [(n, r) for n, r in reasons if r and not r.startswith("no trace")]
-    if not traced:
-        return (f"none of the run's {len(reasons)} snapshot(s) has a trace: memq fit replays a recorded training "
-                "step (the agent records the warm-up at its defaults, history=\"auto\"; history=\"off\" records "
-                "none)")
-    name, why = traced[-1]
-    return f"no snapshot of the run holds a whole training step from its start; the latest traced one ({name}): {why}"
 
 
 def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:

@@ -125,7 +125,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         trigger = inp.trigger or guessed.get("trigger") or "manual"
         step = inp.step if inp.step is not None else guessed.get("step")
         epoch = inp.epoch if inp.epoch is not None else guessed.get("epoch")
-        ref = store.blobs.put(ld.sha256, ld.raw) if ld.raw is not None else store.blobs.ref(ld.sha256)
+        ref = store.blobs.put(ld.sha256, ld.raw) if ld.raw is not None else store.blobs.claim(ld.sha256)
         facts = oom_facts(run_row.memory_limit_bytes, run_row.gpu_memory_bytes, inp.oom_message,
                        inp.requested_bytes, inp.device_free_bytes)
         with store.session() as s:

@@ -8,6 +8,7 @@ conflict. Reads check the hash, so a corrupted file is reported, not analysed.
 
     blobs = BlobStore(settings.blob_dir)
     ref = blobs.put(sha256, raw_bytes)        # -> "ab/ab12...zst" (idempotent)
+    ref = blobs.claim(sha256)                 # ref() for a writer: a blob held for removal comes back
     ref = blobs.put_encoded(sha256, data, "zstd")  # agent bytes as they came; verified first
     n = blobs.verify(sha256, data, size)      # inflated size, streamed (bounded, nothing held)
     raw = blobs.get(sha256)                   # uncompressed bytes
@@ -26,6 +27,10 @@ from memq.errors import NotFound, SnapshotError, StorageError
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _EXT = {"zstd": ".zst", "gzip": ".gz"}
+#: A blob being removed is first renamed to `<name>.held` (memq.store.retention): the removal checks the
+#: rows once more after a grace period, and a crash in between leaves the file on disk, never loses it.
+#: A writer that needs a held blob (`claim`) renames it back.
+HELD_SUFFIX = ".held"
 
 
 def _check_sha(sha256: str) -> str:
@@ -52,13 +57,35 @@ class BlobStore:
                 return f"{sha[:2]}/{p.name}"
         return None
 
+    def claim(self, sha256: str) -> str | None:
+        """`ref`, for a writer about to name the blob in a row: a blob held for removal (retention, the
+        dead-blob cleanup) is renamed back first, so the removal's final check sees the new row and the
+        bytes are never lost."""
+        found = self.ref(sha256)
+        if found is not None:
+            return found
+        sha = _check_sha(sha256)
+        for ext in _EXT.values():
+            p = self._path(sha, ext)
+            held = p.with_name(p.name + HELD_SUFFIX)
+            if not held.exists():
+                continue
+            try:
+                os.replace(held, p)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StorageError(f"cannot take back held blob {p.name}: {exc.strerror or exc}") from exc
+            return f"{sha[:2]}/{p.name}"
+        return self.ref(sha)  # another writer un-held or wrote it meanwhile
+
     def exists(self, sha256: str) -> bool:
         return self.ref(sha256) is not None
 
     def put(self, sha256: str, raw: bytes) -> str:
         """Store uncompressed snapshot bytes under their hash; returns the key. Idempotent."""
         sha = _check_sha(sha256)
-        existing = self.ref(sha)
+        existing = self.claim(sha)
         if existing:
             return existing
         if hashlib.sha256(raw).hexdigest() != sha:
@@ -70,7 +97,7 @@ class BlobStore:
         inflate to `sha256` (and to `size` bytes when given: the envelope's claim, which also bounds
         the inflation); other encodings are recompressed."""
         sha = _check_sha(sha256)
-        existing = self.ref(sha)
+        existing = self.claim(sha)
         if existing:
             return existing
         if encoding in _EXT and codec.compression_of(data) == encoding:
@@ -89,6 +116,18 @@ class BlobStore:
         digest, n = codec.inflated_digest(data, self._limit(size))
         self._check(sha, digest, n, size)
         return n
+
+    def verify_stored(self, sha256: str, size: int | None) -> int:
+        """`verify` of the stored blob itself (its inflated size against `size`): NotFound when absent."""
+        sha = _check_sha(sha256)
+        ref = self.ref(sha)
+        if ref is None:
+            raise NotFound(f"snapshot blob {sha[:12]} is not in the blob store {self.directory}")
+        try:
+            data = (self.directory / ref).read_bytes()
+        except OSError as exc:
+            raise StorageError(f"cannot read blob {ref} in {self.directory}: {exc.strerror or exc}") from exc
+        return self.verify(sha, data, size)
 
     def _limit(self, size: int | None) -> int:
         return min(self.max_bytes, size) if size else self.max_bytes
@@ -112,7 +151,7 @@ class BlobStore:
     def get(self, sha256: str) -> bytes:
         """Uncompressed bytes of a stored snapshot; NotFound when absent."""
         sha = _check_sha(sha256)
-        ref = self.ref(sha)
+        ref = self.claim(sha)  # a row's blob held by a removal in progress is needed: it comes back
         if ref is None:
             raise NotFound(f"snapshot blob {sha[:12]} is not in the blob store {self.directory}",
                            hint="it was never stored here, or MEMQ_BLOB_DIR points elsewhere")

@@ -20,9 +20,15 @@ What stays, whatever its age:
 - a blob that any other snapshot row still references (the same bytes under two runs share one blob):
   a file is removed only when every row naming its sha256 is itself past retention and unprotected.
 Rows are updated first (blob_ref set to NULL, in one transaction that re-counts the references), the
-files are removed after the commit, their bytes held for RACE_GRACE_S and put back if a row naming them
-appeared meanwhile (a dispatcher or `memq ingest` that found the file just before it went); a file
+files are removed after the commit: each is renamed aside (`<name>.held`) for RACE_GRACE_S and put back
+if a row naming it appeared meanwhile (a dispatcher or `memq ingest` that found the file just before it
+went; a writer that needs a held file takes it back itself, BlobStore.claim). A crash during the hold
+leaves the held file on disk: a later run puts it back when a row names it, else removes it. A file
 whose removal failed is an orphan for a later run.
+
+Blobs of dead-lettered snapshots (`remove_dead_blobs`, fed by the dead-blob cleanup in
+memq.workers.retention) go through the same guarded removal, whatever the retention policy: a blob
+no row names with a blob_ref is removed, any other stays.
 
     policy = Policy.from_settings(settings)
     summary = collect(store, policy, dry_run=True)      # what would go; nothing changes
@@ -34,6 +40,7 @@ Every filter is a bound parameter (SQLAlchemy expressions), never formatted into
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import time
 from collections import defaultdict
@@ -46,7 +53,7 @@ from sqlalchemy import delete, func, select, update
 from memq.config import Settings
 from memq.errors import ConfigError
 from memq.store import partitions
-from memq.store.blobs import write_atomic
+from memq.store.blobs import HELD_SUFFIX
 from memq.store.orm import AnalysisResult, Run, Snapshot, StatSample
 from memq.store.repository import db_time, utcnow
 
@@ -58,6 +65,8 @@ HOLD_MAX_BYTES = 256 * 1024**2
 #: Stat samples are deleted in time windows of this length, one transaction each.
 STAT_WINDOW = dt.timedelta(hours=6)
 _BLOB_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)$")
+_HELD_NAME = re.compile(r"^([0-9a-f]{64})\.(zst|gz)\.held$")
+_BLOB_SHA = re.compile(r"^[0-9a-f]{64}$")
 _TMP_MAX_AGE_S = 24 * 3600
 
 
@@ -299,21 +308,59 @@ def _unref_chunk(store, chunk: list[str], cands: dict[str, list[int]], dry_run: 
     return []
 
 
-def _restore(p: Path, data: bytes) -> None:
-    """Put a removed blob back (a row naming it appeared meanwhile), atomically, unless a writer
-    already re-created it."""
-    if p.exists():
-        return
-    write_atomic(p, data)
+def _hold(p: Path) -> Path:
+    """Take a blob out of reach (BlobStore.ref no longer finds it) without losing it: rename it to
+    `<name>.held` (same directory, atomic). A crash before `_settle` leaves it there for `_settle_held`;
+    a writer that needs it meanwhile renames it back (BlobStore.claim)."""
+    held = p.with_name(p.name + HELD_SUFFIX)
+    os.replace(p, held)
+    return held
 
 
-def _remove_guarded(store, files: dict[str, list[Path]], expected: dict[str, int], summary: dict, key: str,
+def _settle(p: Path, held: Path, keep: bool) -> str:
+    """The end of a hold: 'restored' (renamed back, or a writer already re-created or claimed it),
+    or 'removed'. OSError propagates."""
+    if keep:
+        if p.exists():  # a writer re-created it meanwhile: the held copy is the same bytes
+            held.unlink(missing_ok=True)
+        else:
+            try:
+                os.replace(held, p)
+            except FileNotFoundError:
+                pass  # claimed back by a writer (BlobStore.claim)
+        return "restored"
+    try:
+        held.unlink()
+    except FileNotFoundError:
+        return "restored"  # a writer claimed it back: a row names it now
+    return "removed"
+
+
+def _changed(expected: dict[str, int]):
+    """keep-rule of retention: a blob whose row count is no longer the one it was removed at."""
+    def keep(session, shas: set[str]) -> set[str]:
+        counts = _reference_counts(session, shas)
+        return {sha for sha in shas if counts.get(sha, 0) != expected[sha]}
+    return keep
+
+
+def _named(session, shas: set[str]) -> set[str]:
+    """keep-rule of the dead-blob cleanup and of crash recovery: a blob some row names with a blob_ref
+    (a row whose blob was removed by retention has none)."""
+    if not shas:
+        return set()
+    return set(session.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(list(shas)),
+                                                             Snapshot.blob_ref.is_not(None)).distinct()).scalars())
+
+
+def _remove_guarded(store, files: dict[str, list[Path]], keep_rule, summary: dict, key: str,
                     grace_s: float) -> None:
-    """Remove blob files whose sha256 is named by exactly `expected[sha]` rows, keeping their bytes in
-    memory; after `grace_s` (longer than a dispatcher or `memq ingest` transaction that found the file
-    and is about to commit a row naming it) count the rows again and put back any blob that gained
-    one. This closes the race between the reference check and the unlink."""
-    held: list[tuple[str, Path, bytes]] = []
+    """Remove blob files: each is held (renamed aside, `_hold`); after `grace_s` (longer than a dispatcher
+    or `memq ingest` transaction that found the file and is about to commit a row naming it)
+    `keep_rule(session, shas)` is asked once more and what it keeps is put back. This closes the race
+    between the reference check and the unlink; a crash in between leaves the held file on disk
+    (`_settle_held`), so no blob a row needs is lost."""
+    held: list[tuple[str, Path, Path, int]] = []
     held_bytes = 0
 
     def settle() -> None:
@@ -322,37 +369,128 @@ def _remove_guarded(store, files: dict[str, list[Path]], expected: dict[str, int
             return
         time.sleep(grace_s)
         with store.session() as s:
-            counts = _reference_counts(s, {sha for sha, _, _ in held})
-        for sha, p, data in held:
-            if counts.get(sha, 0) != expected[sha]:
-                try:
-                    _restore(p, data)
-                except OSError as exc:
-                    summary["errors"].append(f"{p.name}: could not put back a blob that gained a reference: {exc}")
-                    continue
+            keep = keep_rule(s, {sha for sha, *_ in held})
+        for sha, p, h, size in held:
+            try:
+                what = _settle(p, h, sha in keep)
+            except OSError as exc:
+                summary["errors"].append(f"{p.name}: {exc.strerror or exc}")
+                continue
+            if what == "restored":
                 summary["restored"] += 1
                 summary[key] -= 1
-                summary["bytes_freed"] -= len(data)
+                summary["bytes_freed"] -= size
         held.clear()
         held_bytes = 0
 
     for sha, paths in files.items():
         for p in paths:
             try:
-                data = p.read_bytes()
-                p.unlink()
+                size = p.stat().st_size
+                h = _hold(p)
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 summary["errors"].append(f"{p.name}: {exc.strerror or exc}")
                 continue
-            held.append((sha, p, data))
-            held_bytes += len(data)
+            held.append((sha, p, h, size))
+            held_bytes += size
             summary[key] += 1
-            summary["bytes_freed"] += len(data)
+            summary["bytes_freed"] += size
             if held_bytes > HOLD_MAX_BYTES:
                 settle()
     settle()
+
+
+def _settle_held(store, helds: dict[str, list[Path]], summary: dict, older_than_s: float,
+                 dry_run: bool = False) -> set[str]:
+    """Held files (`<name>.held`) whose hold began more than `older_than_s` ago (the rename's ctime):
+    by then a writer that found the file before the hold has committed its row. Each is put back when a
+    row names its sha256 with a blob_ref, else removed: the rule is safe for any hold, whoever made it
+    (retention's removals NULL their rows' blob_ref before holding; the others remove only what no row
+    names). This settles the dead-blob cleanup's holds from one call to the next, and what a removal
+    killed during its hold left behind. Returns the sha256s whose held files are still too young."""
+    due = time.time() - older_than_s
+    old: dict[str, list[Path]] = {}
+    young: set[str] = set()
+    for sha, paths in helds.items():
+        for h in paths:
+            try:
+                if h.stat().st_ctime < due:
+                    old.setdefault(sha, []).append(h)
+                else:
+                    young.add(sha)
+            except OSError:
+                continue
+    if not old or dry_run:
+        return young | set(old)
+    with store.session() as s:
+        keep = _named(s, set(old))
+    for sha, paths in old.items():
+        for h in paths:
+            p = h.with_name(h.name[:-len(HELD_SUFFIX)])
+            try:
+                size = h.stat().st_size
+                what = _settle(p, h, sha in keep)
+            except FileNotFoundError:
+                continue  # settled by its own removal meanwhile
+            except OSError as exc:
+                summary["errors"].append(f"{h.name}: {exc.strerror or exc}")
+                continue
+            summary["held_restored" if what == "restored" else "held_removed"] += 1
+            if what == "removed":
+                summary["bytes_freed"] += size
+    return young
+
+
+def _held_files(blob_dir: Path, sha: str) -> list[Path]:
+    held = (blob_dir / sha[:2] / f"{sha}{ext}{HELD_SUFFIX}" for ext in (".zst", ".gz"))
+    return [h for h in held if h.exists()]
+
+
+def remove_dead_blobs(store, shas: Iterable[str], *, grace_s: float = RACE_GRACE_S, wait: bool = True,
+                      dry_run: bool = False) -> dict:
+    """The blob files of dead-lettered snapshots (memq.pipeline.dead_blobs gives their sha256s once
+    MEMQ_DEAD_BLOB_GRACE_S has passed): removed where no snapshot row names the sha256 with a blob_ref,
+    through retention's guarded removal (held aside, the rows asked again after `grace_s`, put back if
+    one appeared); a blob any row still needs stays.
+    `wait=True` holds and settles within the call (sleeping `grace_s`: `memq gc`); `wait=False` holds and
+    returns: the sha256s held, or held too recently to settle, are listed in `deferred`, and a later call
+    settles their held files once `grace_s` has passed (the beat's tick, which never sleeps)."""
+    summary: dict = {"dead_blobs_checked": 0, "dead_blobs_removed": 0, "restored": 0, "bytes_freed": 0,
+                     "held_restored": 0, "held_removed": 0, "kept": {"referenced": 0}, "deferred": [],
+                     "errors": []}
+    blob_dir = Path(store.blobs.directory)
+    todo = sorted({sha for sha in shas if _BLOB_SHA.match(sha)})
+    summary["dead_blobs_checked"] = len(todo)
+    for chunk in _chunks(todo):
+        held = {sha: _held_files(blob_dir, sha) for sha in chunk}
+        young = _settle_held(store, held, summary, grace_s, dry_run)
+        summary["dead_blobs_removed"] += summary.pop("held_removed", 0)
+        summary["held_removed"] = 0
+        with store.session() as s:
+            named = _named(s, set(chunk))
+        summary["kept"]["referenced"] += len(named)
+        files = {sha: _blob_files(blob_dir, sha) for sha in chunk if sha not in named}
+        files = {sha: paths for sha, paths in files.items() if paths}
+        if dry_run:
+            for paths in files.values():
+                _unlink(paths, summary, "dead_blobs_removed", dry_run)
+            continue
+        if wait:
+            _remove_guarded(store, files, _named, summary, "dead_blobs_removed", grace_s)
+            summary["deferred"] += sorted(young)
+            continue
+        for paths in files.values():  # held now, settled by a later call
+            for p in paths:
+                try:
+                    _hold(p)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    summary["errors"].append(f"{p.name}: {exc.strerror or exc}")
+        summary["deferred"] += sorted(young | set(files))
+    return summary
 
 
 def _expired_blobs(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict, grace_s: float) -> None:
@@ -365,7 +503,7 @@ def _expired_blobs(store, policy: Policy, now: dt.datetime, dry_run: bool, summa
                 _unlink(_blob_files(blob_dir, sha), summary, "blobs_removed", dry_run)
             continue
         _remove_guarded(store, {sha: _blob_files(blob_dir, sha) for sha in free},
-                        {sha: len(cands[sha]) for sha in free}, summary, "blobs_removed", grace_s)
+                        _changed({sha: len(cands[sha]) for sha in free}), summary, "blobs_removed", grace_s)
 
 
 def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: dict, grace_s: float) -> None:
@@ -375,6 +513,7 @@ def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: di
         return
     cut_ts = cut.timestamp()
     old: dict[str, list[Path]] = defaultdict(list)
+    helds: dict[str, list[Path]] = defaultdict(list)
     for sub in sorted(blob_dir.iterdir()):
         if not sub.is_dir() or len(sub.name) != 2:
             continue
@@ -386,8 +525,12 @@ def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: di
             m = _BLOB_NAME.match(p.name)
             if m and m.group(1)[:2] == sub.name and mtime < cut_ts:
                 old[m.group(1)].append(p)
+            elif (h := _HELD_NAME.match(p.name)) and h.group(1)[:2] == sub.name:
+                helds[h.group(1)].append(p)
             elif p.name.startswith(".") and mtime < time.time() - _TMP_MAX_AGE_S:
                 _unlink([p], summary, "temp_files_removed", dry_run)
+    for chunk in _chunks(sorted(helds)):  # left by a removal killed during its hold
+        _settle_held(store, {sha: helds[sha] for sha in chunk}, summary, grace_s, dry_run)
     for chunk in _chunks(sorted(old)):
         with store.session() as s:
             named = set(s.execute(select(Snapshot.sha256).where(Snapshot.sha256.in_(chunk)).distinct()).scalars())
@@ -396,7 +539,7 @@ def _orphans(store, policy: Policy, now: dt.datetime, dry_run: bool, summary: di
             for paths in orphans.values():
                 _unlink(paths, summary, "orphans_removed", dry_run)
         else:
-            _remove_guarded(store, orphans, dict.fromkeys(orphans, 0), summary, "orphans_removed", grace_s)
+            _remove_guarded(store, orphans, _changed(dict.fromkeys(orphans, 0)), summary, "orphans_removed", grace_s)
 
 
 def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: bool = False,
@@ -409,6 +552,7 @@ def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: b
                      "stat_samples_removed": 0, "stat_partitions_dropped": [], "stat_partitions_created": [],
                      "snapshots_unlinked": 0, "blobs_removed": 0,
                      "orphans_removed": 0, "temp_files_removed": 0, "restored": 0, "bytes_freed": 0,
+                     "held_restored": 0, "held_removed": 0,
                      "kept": {"oom": 0, "diagnosis": 0, "active_run": 0, "referenced": 0}, "errors": []}
     if partition_days_ahead is not None and not dry_run:
         with store.session() as s:
@@ -421,4 +565,4 @@ def collect(store, policy: Policy, *, now: dt.datetime | None = None, dry_run: b
     return summary
 
 
-__all__ = ["Policy", "parse_overrides", "collect"]
+__all__ = ["Policy", "parse_overrides", "collect", "remove_dead_blobs"]

@@ -4,7 +4,9 @@ uvicorn closes idle keep-alive connections, but a connection that sends nothing,
 headers a byte at a time, is held forever: a thousand of them take every file descriptor a service
 gets and lock every other client out. Here each connection has MEMQ_SERVE_HEADER_TIMEOUT_S to deliver
 a whole request head, from when it opens and again from when it starts the next request on a kept-alive
-connection; the body and the response are not timed (they are the app's, and bounded elsewhere)."""
+connection; the body and the response are not timed (they are the app's, and bounded elsewhere).
+At MEMQ_SERVE_MAX_CONNECTIONS a new connection closes the one idle longest (no request in progress), so
+idle connections cannot hold the limit against clients that send requests."""
 
 from __future__ import annotations
 
@@ -31,12 +33,35 @@ class HeaderDeadlineProtocol(H11Protocol):
             type(self).header_timeout_s = float(load_settings().serve_header_timeout_s)
         self._head_deadline: asyncio.TimerHandle | None = None
         self._arm()
+        self._make_room()
+
+    def _make_room(self) -> None:
+        """At MEMQ_SERVE_MAX_CONNECTIONS, close the connections that have waited longest without a request
+        in progress (a head not yet complete, or kept alive between requests), so that this one is served.
+        uvicorn answers 503 to any request while the limit is reached: without this, as many idle
+        connections as the limit (re-opened whenever the head deadline closes them) locked every client
+        out. A connection in the middle of a request is never closed; a browser's idle keep-alive
+        connection that is closed simply reconnects."""
+        limit = self.limit_concurrency
+        if not limit:
+            return
+        open_ = [c for c in self.connections if not c.transport.is_closing()]
+        excess = len(open_) - (limit - 1)
+        if excess <= 0:
+            return
+        idle = sorted((c for c in open_ if c is not self and getattr(c, "_idle_since", None) is not None),
+                      key=lambda c: c._idle_since)
+        for c in idle[:excess]:
+            log.debug("closing %s: idle at the connection limit (%s)", c.client, limit)
+            c.transport.close()
 
     def _arm(self) -> None:
+        self._idle_since = self.loop.time() if getattr(self, "_idle_since", None) is None else self._idle_since
         if getattr(self, "_head_deadline", None) is None:
             self._head_deadline = self.loop.call_later(float(self.header_timeout_s or 10), self._head_late)
 
     def _disarm(self) -> None:
+        self._idle_since = None
         if getattr(self, "_head_deadline", None) is not None:
             self._head_deadline.cancel()
             self._head_deadline = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from memq.analysis.ranks import RankFacts
 from memq.analysis.headroom import in_last_free_bytes, near_miss
+from memq.analysis.ranks import RankFacts
 from memq.analysis.run_verdict import RankDiagnosis, forecast_rank, rank_diagnosis, run_verdict
 
 GiB = 1 << 30

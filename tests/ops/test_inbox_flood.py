@@ -61,3 +61,25 @@ def test_an_idle_dispatcher_blocks_on_its_stream_again_after_a_flood(flood):
     t0 = time.perf_counter()
     d.step()  # nothing anywhere: one blocking read of block_ms (200 ms)
     assert time.perf_counter() - t0 >= 0.15
+
+
+def test_a_sustained_flood_of_wellformed_unsigned_envelopes_is_dropped_by_the_relay(tmp_path):
+    """Round 5: junk the relay cannot tell from real entries (complete, unsigned stats envelopes) while the
+    dispatcher holds a keyring. Before the relay knew the key ids, each was relayed and refused at the
+    dispatcher's door (a dead letter each, ~1,300 a second here): a 5 s flood of 1,030,000 delayed the
+    signed victim's entries past 120 s (3 of 16 stored). Now they are dropped in the relay."""
+    import benchmarks.bench_inbox_flood as bench
+
+    ring, bench.VICTIM_KEY = bench.keyring()
+    try:
+        with acl_redis(tmp_path) as srv:
+            st = settings(tmp_path, srv["memq_url"], MEMQ_AGENT_KEYRING=ring)
+            d = dispatcher(st)
+            d.step()
+            inbox = redis_functions.inbox_key(st.stream_key)
+            got = sustained(srv["agent_url"], srv["agents"]["file"], d, inbox, 4.0, timeout_s=20, wellformed=True)
+    finally:
+        bench.VICTIM_KEY = None
+    assert got["victims_stored"] == got["victims_sent"] >= 5, got
+    assert got["victim_wait_max_s"] < 3.0 and got["refused_at_door"] == 0, got
+    assert got["inbox_left"] <= 100_000, got

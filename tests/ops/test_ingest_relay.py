@@ -358,3 +358,44 @@ def test_a_group_whose_lag_redis_cannot_tell_counts_the_whole_stream(server):
     memq.xreadgroup(group, "c1", {stream: ">"})
     memq.xtrim(stream, maxlen=0)  # the readers caught up and the read entries were trimmed
     assert relay.step() == 1
+
+
+def test_with_a_keyring_the_relay_drops_what_no_known_key_signed(server):
+    """Round 5 (the inbox bound turned against another team): well-formed but unsigned envelopes used to
+    pass the relay and cost the dispatcher a dead letter each, so a flood of them delayed every signed
+    job's entries without bound. With the keyring's key ids the relay drops them itself (counted, one dead
+    letter per step), with an unsigned snapshot's own blob (nonce key); a bare key keeps its TTL. Elements
+    of a known kid still go to the dispatcher, which checks the signature."""
+    from memq import identity
+
+    memq, agent = server["memq"], server["agents"]["file"]
+    stream = "memq:kidfilter"
+    inbox = redis_functions.inbox_key(stream)
+    memq.delete(stream, inbox)
+    key = identity.Key(kid="team-a-1", secret=b"s" * 32)
+    relay = _relay(memq, stream=stream, kids=("team-a-1", "team-b-1"))
+    signed = identity.sign(envelope.build("stats", run="ok", cluster="c", rank=0, payload={}), key)
+    odd = identity.sign(envelope.build("stats", run="kid", cluster="c", rank=0, payload={}), key)  # a value "kid"
+    forged = dict(signed, sig="0" * 64)  # a known kid, a wrong signature: the dispatcher's to refuse
+    nonce = envelope.new_nonce()
+    unsigned_snap = envelope.build("snapshot", run="u", cluster="c", sha256="cd" * 32, size=1, codec="zstd",
+                                   trigger="manual", nonce=nonce)
+    bare_snap = envelope.build("snapshot", run="u", cluster="c", sha256="ef" * 32, size=1, codec="zstd",
+                               trigger="manual")
+    agent.set(envelope.blob_key("cd" * 32, "memq:", nonce), b"x")
+    agent.set(envelope.blob_key("ef" * 32, "memq:"), b"x")
+    elements = [redis_functions.encode_fields(f) for f in (
+        envelope.build("stats", run="nosig", cluster="c", rank=0, payload={}),
+        dict(signed, kid="team-z-9"),  # an unknown key id
+        dict(signed, sig="not-hex"),
+        unsigned_snap, bare_snap, signed, odd, forged)]
+    memq.rpush(inbox, *elements)  # what the agent user pushes to memq:ingest:inbox, on a stream of this test's
+    assert relay.step() == 3
+    got = [dict((k.decode(), v.decode()) for k, v in f.items()) for _, f in memq.xrange(stream)]
+    assert [g["run"] for g in got] == ["ok", "kid", "ok"] and got[2]["sig"] == "0" * 64
+    assert relay.counts["refused"] == 5
+    assert not memq.exists(envelope.blob_key("cd" * 32, "memq:", nonce))
+    assert memq.exists(envelope.blob_key("ef" * 32, "memq:"))
+    # without a keyring (the default) every well-formed element goes, as before
+    memq.rpush(inbox, elements[0])
+    assert _relay(memq, stream=stream).step() == 1

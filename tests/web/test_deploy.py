@@ -63,3 +63,16 @@ def test_serve_token_file_is_read(tmp_path):
     assert load_settings(env | {"MEMQ_SERVE_TOKEN_FILE": str(f)}).serve_token == "s3cret"
     assert load_settings(env | {"MEMQ_SERVE_TOKEN_FILE": str(f), "MEMQ_SERVE_TOKEN": "direct"}).serve_token == "direct"
     assert load_settings(env).serve_token == ""
+
+
+def test_the_serve_unit_gives_room_for_every_connection_it_allows():
+    """Round 4, attack 8: 1,100 slow connections locked every client out at the file limit a systemd unit
+    gets by default (1,024). The unit's LimitNOFILE must hold MEMQ_SERVE_MAX_CONNECTIONS for each of its
+    --workers processes, with room for database connections and blob files."""
+    unit = (DEPLOY / "systemd" / "memq-serve.service").read_text()
+    nofile = int(next(line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("LimitNOFILE=")))
+    exec_start = next(line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = shlex.split(exec_start)
+    workers = int(argv[argv.index("--workers") + 1]) if "--workers" in argv else 1
+    per_process = load_settings({"MEMQ_CONFIG": "/nonexistent.toml"}).serve_max_connections
+    assert nofile >= workers * per_process + 1024, (nofile, workers, per_process)

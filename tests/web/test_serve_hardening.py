@@ -130,3 +130,38 @@ def test_the_token_redirect_stays_on_the_site_and_the_log_keeps_no_token(token_s
     assert "token=[redacted]" in log and TOKEN not in log
     # with a token, any Host is answered (the token is the gate)
     assert token_server.get("/runs", {"Authorization": f"Bearer {TOKEN}", "Host": "memq.internal"})[0] == 200
+
+
+@pytest.fixture(scope="module")
+def capped_server(history, tmp_path_factory):
+    s = _serve(history, tmp_path_factory.mktemp("capped"), MEMQ_SERVE_TOKEN="", MEMQ_SERVE_MAX_CONNECTIONS="20",
+               MEMQ_SERVE_HEADER_TIMEOUT_S="60")
+    yield s
+    _stop(s)
+
+
+def test_idle_connections_at_the_limit_cannot_lock_out_a_real_client(capped_server):
+    """Round 5 (the connection limit turned against everyone else): MEMQ_SERVE_MAX_CONNECTIONS answers 503
+    beyond it, so 20 connections that send nothing (re-opened each time the head timeout closes them)
+    locked every other client out with far fewer sockets than the file limit took. Now a new connection at
+    the limit closes the connection that has waited longest without a request in progress; a client that
+    sends its request is served."""
+    port = _port(capped_server)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(25)]
+    try:
+        time.sleep(0.5)
+        for _ in range(3):
+            assert capped_server.get("/runs", {"Host": "localhost"})[0] == 200
+        closed = 0
+        for c in idle:
+            c.settimeout(0.2)
+            try:
+                closed += c.recv(10) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 5  # the oldest idle ones went, the newest are still open
+    finally:
+        for c in idle:
+            c.close()

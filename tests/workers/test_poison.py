@@ -501,3 +501,48 @@ def test_snapshot_sizes_just_at_and_over_the_cap():
         parse_snapshot(_hostile_dict([1], [MAX_FIGURE_BYTES, -1]))  # a negative size cancels nothing
     with pytest.raises(SnapshotError, match="negative"):
         parse_snapshot(_hostile_dict([-5]))
+
+
+def test_a_false_size_cannot_be_pinned_on_a_stored_blob_no_row_names(world):
+    """Round 5 (the size check turned against another team): a blob the store holds with no row naming it
+    (a refused snapshot's leftover within MEMQ_DEAD_BLOB_GRACE_S, or a crash between a blob and its row)
+    was taken without inflating it, so the first envelope to name it set the size every later row is
+    checked against: an attacker's false size had the real owner's snapshot dead-lettered "envelope size
+    differs". The size is now checked against the stored bytes themselves."""
+    env, st, r = world
+    from memq.store.blobs import BlobStore
+
+    BlobStore(st.blob_dir).put_encoded(sha(SNAP), (REAL / "capacity" / "oom.pickle.gz").read_bytes(), "gzip")
+    r.xadd(st.stream_key, _fields("snapshot", run="attacker", size=str(len(SNAP) + 7)))
+    r.xadd(st.stream_key, _fields("snapshot", run="victim"))
+    d = Dispatcher(st, consumer="c1", block_ms=50, enqueue=lambda _sid: None)
+    counts = d.run(install_signals=False, idle_exit_s=0.5)
+    reasons = {x["run"]: x["reason"] for x in _dead(r, st)}
+    assert set(reasons) == {"attacker"}, reasons
+    assert f"inflates to {len(SNAP)} bytes, not the {len(SNAP) + 7}" in reasons["attacker"]
+    assert _run_names(d) == {"victim"} and counts["snapshots"] == 1
+
+
+def test_a_refused_entry_cannot_take_another_entrys_blob_with_it(world):
+    """Round 5 (the dead-blob cleanup turned against another team): a refused snapshot's own Redis blob is
+    deleted with its dead letter, so an attacker names the victim's blob in an entry made to be refused,
+    queued ahead of the victim's. A bare key (older agents: one key per sha256) is shared, so it is never
+    deleted for a refusal; a nonce key is the entry's own (the attacker cannot learn another's nonce). And
+    the dead-blob record of a refused entry whose bytes are stored removes nothing a row names."""
+    from memq.pipeline.dead_blobs import clean
+
+    env, st, r = world
+    r.set(envelope.blob_key(sha(SNAP), st.key_prefix), (REAL / "capacity" / "oom.pickle.gz").read_bytes())
+    r.xadd(st.stream_key, _fields("snapshot", run="evil\x1b[31m"))  # refused at the door, same bare key
+    r.xadd(st.stream_key, _fields("snapshot", run="victim"))
+    d = Dispatcher(st, consumer="c1", block_ms=50, enqueue=lambda _sid: None)
+    d.run(install_signals=False, idle_exit_s=0.5)
+    assert len(_dead(r, st)) == 1 and _run_names(d) == {"victim"}
+    r.xadd(st.stream_key, _fields("snapshot", run="evil\x1b[32m"))  # refused once the victim's bytes are stored
+    d = Dispatcher(st, consumer="c1", block_ms=50, enqueue=lambda _sid: None)
+    d.run(install_signals=False, idle_exit_s=0.5)
+    assert len(_dead(r, st)) == 2 and _run_names(d) == {"victim"}
+    assert r.zscore(st.dead_blobs_key, sha(SNAP)) is not None  # its bytes were stored: recorded
+    got = clean(load_settings({**env, "MEMQ_DEAD_BLOB_GRACE_S": "0"}), d.store, r, race_grace_s=0.05)
+    assert got["dead_blobs_removed"] == 0 and got["kept"]["referenced"] == 1
+    assert d.store.blobs.get(sha(SNAP))  # the victim's blob, readable
