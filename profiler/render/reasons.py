@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memq.render.words import said
+
 
 def label(row: Mapping[str, Any]) -> str:
     return row.get("conf") or "(recorded)"
@@ -45,3 +47,29 @@ def changes_once(changes: Sequence[Mapping[str, Any]], quiet: str = "no signific
         out.append(f"rank {ch.get('rank')} {ch.get('from')} -> {changes[j].get('to')}{span}: {ch.get('summary')}")
         i = j + 1
     return out
+
+
+NOT_SETTLED = "not settled: "
+
+
+def split_unsettled(causes: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(causes whose test says something, causes whose test could not run for a missing input): an
+    unsettled cause is listed apart, never read as a finding."""
+    found, open_ = [], []
+    for c in causes:
+        ev = c.get("evidence") or []
+        (open_ if any(isinstance(e, str) and e.startswith(NOT_SETTLED) for e in ev) else found).append(c)
+    return found, open_
+
+
+def unsettled_lines(causes: list[dict], said_above: list[str]) -> list[str]:
+    """One line per missing input, naming every cause it would settle; an input the lines above already
+    named is pointed to, not said again."""
+    by_reason: dict[str, list[str]] = {}
+    for c in causes:
+        for e in c.get("evidence") or []:
+            if isinstance(e, str) and e.startswith(NOT_SETTLED):
+                by_reason.setdefault(e[len(NOT_SETTLED):], []).append(said(c["cause"]))
+    above = " ".join(str(e) for e in said_above)
+    return [f"{', '.join(names)}: " + ("the input named above" if reason in above else reason)
+            for reason, names in by_reason.items()]

@@ -12,10 +12,11 @@ from rich.table import Table
 
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link
+from memq.render.reasons import split_unsettled, unsettled_lines
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
 from memq.render.step_need_text import step_need_headline
-from memq.render.words import said, verdict_head
+from memq.render.words import verdict_head
 from memq.units import fmt_bytes, sparkline
 
 
@@ -152,32 +153,6 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             con.print(f"  {v(doc_link(e['id']) or e['id'])} ({v(e['title'])}): {v(e['why'])}")
     for w in det.get("warnings", []):
         con.print(f"[yellow]note:[/yellow] {v(w)}")
-
-
-NOT_SETTLED = "not settled: "
-
-
-def split_unsettled(causes: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(causes whose test says something, causes whose test could not run for a missing input): an
-    unsettled cause is listed apart, never read as a finding."""
-    found, open_ = [], []
-    for c in causes:
-        ev = c.get("evidence") or []
-        (open_ if any(isinstance(e, str) and e.startswith(NOT_SETTLED) for e in ev) else found).append(c)
-    return found, open_
-
-
-def unsettled_lines(causes: list[dict], said_above: list[str]) -> list[str]:
-    """One line per missing input, naming every cause it would settle; an input the lines above already
-    named is pointed to, not said again."""
-    by_reason: dict[str, list[str]] = {}
-    for c in causes:
-        for e in c.get("evidence") or []:
-            if isinstance(e, str) and e.startswith(NOT_SETTLED):
-                by_reason.setdefault(e[len(NOT_SETTLED):], []).append(said(c["cause"]))
-    above = " ".join(str(e) for e in said_above)
-    return [f"{', '.join(names)}: " + ("the input named above" if reason in above else reason)
-            for reason, names in by_reason.items()]
 
 
 def recommendation_lines(rec: dict) -> list[str]:
