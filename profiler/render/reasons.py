@@ -30,23 +30,27 @@ def said_once(rows: Sequence[Mapping[str, Any]], key: str = "reason") -> list[st
     return out
 
 
-def changes_once(changes: Sequence[Mapping[str, Any]], quiet: str = "no significant change") -> list[str]:
-    """`memq history`'s "what changed", one line per change: a stretch of consecutive intervals of one
-    rank in which nothing changed is one line ("rank 0 A -> D (3 intervals): no significant change"),
-    not one identical line per interval."""
-    out: list[str] = []
-    i = 0
-    while i < len(changes):
-        ch = changes[i]
-        j = i
-        if ch.get("summary") == quiet:
-            while (j + 1 < len(changes) and changes[j + 1].get("summary") == quiet
-                   and changes[j + 1].get("rank") == ch.get("rank")):
-                j += 1
-        span = f" ({j - i + 1} intervals)" if j > i else ""
-        out.append(f"rank {ch.get('rank')} {ch.get('from')} -> {changes[j].get('to')}{span}: {ch.get('summary')}")
-        i = j + 1
+def change_groups(changes: Sequence[Mapping[str, Any]], quiet: str = "no significant change") -> list[dict]:
+    """"What changed", a change per entry: a stretch of one rank's consecutive intervals in which nothing
+    changed is one entry (from its first snapshot to its last, `intervals` counting them), not one
+    identical line per interval. `memq history` and the web run page read it."""
+    out: list[dict] = []
+    last: dict[Any, dict] = {}  # rank -> its latest entry (ranks' intervals interleave in time order)
+    for ch in changes:
+        prev = last.get(ch.get("rank"))
+        if prev is not None and ch.get("summary") == quiet and prev["summary"] == quiet:
+            prev.update(to=ch.get("to"), to_id=ch.get("to_id"), intervals=prev["intervals"] + 1)
+        else:
+            last[ch.get("rank")] = entry = dict(ch) | {"intervals": 1}
+            out.append(entry)
     return out
+
+
+def changes_once(changes: Sequence[Mapping[str, Any]], quiet: str = "no significant change") -> list[str]:
+    """`memq history`'s "what changed" lines ("rank 0 A -> D (3 intervals): no significant change")."""
+    return [f"rank {g.get('rank')} {g.get('from')} -> {g.get('to')}"
+            + (f" ({g['intervals']} intervals)" if g["intervals"] > 1 else "") + f": {g.get('summary')}"
+            for g in change_groups(changes, quiet)]
 
 
 NOT_SETTLED = "not settled: "

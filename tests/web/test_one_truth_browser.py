@@ -46,3 +46,13 @@ def test_the_run_page_lists_unsettled_causes_apart(browser, tmp_path):  # noqa: 
     assert_not_blank(shot(page, tmp_path / "run-capacity-verdict.png", full_page=True), red=True)
     browser.clean()
     print("screenshots:", tmp_path)
+
+
+def test_the_run_page_says_no_change_once(browser, tmp_path):  # noqa: F811
+    page = browser.open("/runs/seed_sgd")  # epoch ends 0 -> 1 -> 2: nothing changed between them
+    items = page.locator("#changes li").all_text_contents()
+    quiet = [x for x in items if "no significant change" in x]
+    assert len(quiet) == len({x.split(":")[0] for x in quiet}), items  # one line per rank
+    assert any("(2 intervals): no significant change" in x for x in quiet), items
+    shot(page, tmp_path / "run-sgd-changes.png", full_page=True)
+    browser.clean()
