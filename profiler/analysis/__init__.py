@@ -39,7 +39,8 @@ from memq.model import OomContext, Snapshot, frame_file, frame_name
 if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
-ANALYZER_VERSION = "1.5.4"
+# 1.5.5: the need in one sentence (step_need.held_bytes), free in pieces outside the largest block
+ANALYZER_VERSION = "1.5.5"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",

@@ -247,7 +247,9 @@ def test_run_timeline_marks_the_oom(browser, tmp_path):
 
     page = browser.open("/runs/capacity")  # the failing step's need, said once above the evidence
     need = page.text_content("#step-need")
-    assert need.startswith("the failing step needed more than the 16.00 GiB limit: it does not fit"), need
+    assert need.startswith("the failing step needed more than the 16.00 GiB limit: its live bytes and the request "
+                           "alone (16.08 GiB) exceed it"), need
+    assert "would settle it" not in need
     assert page.locator("#step-need").count() == 1 and page.locator("#step-need").is_visible()
     assert_not_blank(shot(page, tmp_path / "run-capacity.png", full_page=True), red=True)
 
