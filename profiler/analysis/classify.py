@@ -15,7 +15,7 @@ from typing import Any
 from memq.analysis import frames as fr
 from memq.analysis.confidence import confidence
 from memq.analysis.headroom import in_last_free_bytes
-from memq.analysis.memory import segment_needed
+from memq.analysis.memory import free_in_pieces, segment_needed
 from memq.analysis.rules import (
     CUDA_CONTEXT_BYTES,
     EXTERNAL_DEVICE_SHARE,
@@ -28,10 +28,13 @@ from memq.analysis.rules import (
     WORKSPACE_LIMIT_SHARE,
     MiB,
 )
+from memq.analysis.step_need import need_sentence
 from memq.model import CAUSE_NAMES
-from memq.units import fmt_bytes, fmt_need
+from memq.units import fmt_bytes
 
 #: How to give a limit that is not known: both commands exist (files, and a run already stored).
+#: What a test that needs the limit misses, said in the same words by every cause that misses it.
+NEED_LIMIT = "a limit (--limit, the OOM message's 'allowed', or --device-total)"
 LIMIT_HINT = "give the limit (--limit SIZE for files; memq reanalyze --run RUN --limit SIZE for a stored run)"
 PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
               "allocator_config", "fragmentation", "capacity", "healthy")
@@ -145,7 +148,8 @@ def check_leak(f: Facts) -> Finding:
         intervals = max(0, int(lk.get("points") or 0) - 1)
         out.strength = min(1.0, STRENGTH["leak"] + STRENGTH["leak_per_interval"] * intervals)
     elif not lk.get("settled", True):
-        out.missing.append(lk["evidence"][0] if lk.get("evidence") else "several snapshots of one run")
+        out.missing.append(lk["evidence"][0].removeprefix("leak: not settled: ") if lk.get("evidence")
+                           else "several snapshots of one run")
         out.evidence = []
     return out
 
@@ -220,7 +224,7 @@ def check_activation_spike(f: Facts) -> Finding:
     if not f.has_oom or f.S is None:
         return out
     if f.limit is None:
-        out.missing.append("a limit (--limit, the OOM message or --device-total)")
+        out.missing.append(NEED_LIMIT)
         return out
     total = f.A + f.S
     n = f.step_need
@@ -238,8 +242,8 @@ def check_activation_spike(f: Facts) -> Finding:
     if earlier is None:
         out.missing.append("earlier training steps of the same run (earlier snapshots, or a trace that "
                            "holds a completed optimizer step) to compare this step with")
-        out.evidence.append("no completed training step precedes the OOM in the data given: setup or the "
-                            "first step cannot be a spike")
+        out.evidence.append("no completed training step precedes the OOM in the data given, so there is "
+                            "no earlier step to compare this one with")
         return out
     est = step_estimate(n, total)
     if est > SPIKE_FACTOR * earlier:
@@ -266,20 +270,12 @@ def step_estimate(n: Any, total: int) -> int:
 
 
 def need_text(n: Any, limit: int | None) -> str:
-    """The failing step's need in one sentence: "the failing step needed ~16.4 GiB (15.9-16.9 GiB)
-    against 18.0 GiB: it fits in one piece"."""
-    if n.bytes is None:
-        if n.fits_limit is False and limit:
-            return f"the failing step needed more than the {g(limit)} limit: it does not fit ({n.basis})"
-        return (f"the failing step needed {fmt_need(None, n.low, None)} against {g(limit)}: whether it fits is "
-                f"not known ({n.basis})")
-    verdict = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
-               None: "the interval straddles the limit, so whether it fits is not settled"}[n.fits_limit]
-    against = f" against {g(limit)}"
-    if n.fits_limit is None and getattr(n, "limit", None) is None:
-        against, verdict = "", ("the limit is not known, so whether it fits is not settled (--limit, "
-                                "--oom-message or --device-total would settle it)")
-    return f"the failing step needed {fmt_need(n.bytes, n.low, n.high)}{against}: {verdict}; {n.basis}"
+    """The failing step's need in one sentence (step_need.need_sentence, the one every screen prints):
+    "the failing step needed ~16.4 GiB (15.9-16.9 GiB) against 18.0 GiB: it fits in one piece; <basis>"."""
+    j = n.as_json()
+    if j.get("limit_bytes") is None and limit and n.bytes is None:
+        j["limit_bytes"] = limit
+    return need_sentence(j)
 
 
 def check_workspace(f: Facts) -> Finding:
@@ -335,7 +331,7 @@ def check_fragmentation(f: Facts) -> Finding:
     if limit is None and f.limit_lower_bound:
         limit, src = f.limit_lower_bound, "a lower bound (the allocator held that much earlier)"
     if limit is None:
-        out.missing.append("a limit (--limit, the OOM message or --device-total)")
+        out.missing.append(NEED_LIMIT)
         return out
     total = f.A + f.S
     n = f.step_need
@@ -348,12 +344,13 @@ def check_fragmentation(f: Facts) -> Finding:
         out.strength = STRENGTH["fragmentation"] if f.limit is not None else STRENGTH["fragmentation_lower_bound"]
         out.evidence.append(f"live {g(f.A)} + request {g(f.S)} = {g(total)} fits the limit of {g(limit)} "
                             f"({src}), but {g(f.R)} is reserved and a new {g(need)} segment does not fit")
-        pieces = f.R - f.A - f.private_pool_free
+        free = f.R - f.A - f.private_pool_free
         if f.largest_known:
             out.evidence.append(f"the largest usable free block is {g(f.largest_usable)} < the {g(f.S)} request: "
-                                f"{g(pieces)} of cached free memory in the request's pool is in pieces")
+                                f"of the {g(free)} cached free, {g(free_in_pieces(free, f.largest_usable))} is in "
+                                "pieces outside that block")
         else:
-            out.evidence.append(f"{g(pieces)} is cached but unallocated and the {g(f.S)} request still failed: "
+            out.evidence.append(f"{g(free)} is cached but unallocated and the {g(f.S)} request still failed: "
                                 "the free cache is in pieces (the message gives no free blocks; a snapshot "
                                 "would show them)")
         if n is not None and n.fits_limit is True:
@@ -361,7 +358,7 @@ def check_fragmentation(f: Facts) -> Finding:
         elif n is not None:
             # The rest of the step is not settled: fragmentation answers for this request only.
             out.strength -= FRAG_UNSETTLED_PENALTY
-            out.evidence.append(f"whether the rest of the failing step fits is not settled: {need_text(n, limit)}")
+            out.evidence.append(need_text(n, limit))
             if f.earlier_step_peak and total > SPIKE_FACTOR * f.earlier_step_peak:
                 # Already far above the earlier steps with part of the step to go: maybe a larger input.
                 out.strength -= FRAG_SPIKE_LIKE_PENALTY
@@ -381,7 +378,7 @@ def check_capacity(f: Facts) -> Finding:
     if not f.has_oom or f.S is None:
         return out
     if f.limit is None:
-        out.missing.append("a limit (--limit, the OOM message's 'allowed', or --device-total)")
+        out.missing.append(NEED_LIMIT)
         return out
     total = f.A + f.S
     n = f.step_need
@@ -431,6 +428,11 @@ CHECKS = (check_external, check_leak, check_optimizer_state, check_activation_sp
           check_allocator_config, check_fragmentation, check_capacity, check_healthy)
 
 
+#: The first evidence line of a weak primary (an OOM with no deciding test settled): its cause is the
+#: best-supported candidate, not a finding (run_verdict.undetermined reads it).
+UNDETERMINED_LEAD = "no deciding test could be settled with the inputs given"
+
+
 def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
     findings = [t(f) for t in CHECKS]
     primary = next((x for x in findings if x.holds), None)
@@ -438,7 +440,7 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
         # An OOM with nothing settled (no limit): name the best-supported candidate, flagged as weak.
         primary = next((x for x in findings if x.cause == "capacity"), findings[-1])
         primary_conf = confidence("weak_primary")
-        primary.evidence.insert(0, "no deciding test could be settled with the inputs given; "
+        primary.evidence.insert(0, UNDETERMINED_LEAD + "; "
                                    + "; ".join(primary.missing or [LIMIT_HINT]))
     else:
         earlier = PRECEDENCE[: PRECEDENCE.index(primary.cause)]

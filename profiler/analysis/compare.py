@@ -131,6 +131,9 @@ def compare_sides(A: dict[str, Any], B: dict[str, Any]) -> dict[str, Any]:
         peaks[k] = {"a": A[k], "b": B[k], "delta": (B[k] - A[k]) if A[k] is not None and B[k] is not None else None}
     fa, fb = A["fragmentation_ratio"], B["fragmentation_ratio"]
     frag = {"a": fa, "b": fb, "delta": round(fb - fa, 6) if fa is not None and fb is not None else None}
+    # what the screens show: at the OOM, the share of reserved free in pieces (memory.pieces_share)
+    pa, pb = A.get("pieces_share"), B.get("pieces_share")
+    pieces = {"a": pa, "b": pb, "delta": round(pb - pa, 6) if pa is not None and pb is not None else None}
     diffs = [{"field": f, "a": A[f], "b": B[f]} for f in COMPARED_SETTINGS
              if A[f] != B[f] and f != "memory_limit_bytes"]
     sa, sb = A["allocator_settings"], B["allocator_settings"]
@@ -147,7 +150,7 @@ def compare_sides(A: dict[str, Any], B: dict[str, Any]) -> dict[str, Any]:
         if A["labels"].get(k) != B["labels"].get(k):
             diffs.append({"field": f"labels.{k}", "a": A["labels"].get(k), "b": B["labels"].get(k)})
     return {"composition": {"a": A["composition"], "b": B["composition"], "delta": comp_delta},
-            "composition_delta": comp_delta, "peaks": peaks, "fragmentation": frag,
+            "composition_delta": comp_delta, "peaks": peaks, "fragmentation": frag, "pieces": pieces,
             "differences": diffs, "explanation": explain_gap(A, B, comp_delta, diffs)}
 
 

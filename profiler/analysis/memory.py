@@ -148,3 +148,23 @@ def smallest_request_rounding_to(size: int, divisions: tuple) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+def free_in_pieces(free_bytes: int | None, largest_free_bytes: int | None) -> int | None:
+    """Cached free memory in pieces: the free bytes outside the largest free block, what compacting the
+    cache would add to that block. The one definition `memq analyze`, the report and the run lists use."""
+    if free_bytes is None or largest_free_bytes is None:
+        return None
+    return max(0, int(free_bytes) - int(largest_free_bytes))
+
+
+def pieces_share(result: dict | None) -> float | None:
+    """The run lists' `in pieces` column: at the OOM, the share of reserved memory that was free in pieces
+    (free_in_pieces / reserved, of the analysis' last snapshot); None for a run without an OOM (its free
+    cache between steps says nothing about a failure) or without the figures."""
+    res = result or {}
+    m = res.get("metrics") or {}
+    if not res.get("oom") or not m.get("reserved_bytes"):
+        return None
+    pieces = free_in_pieces(m.get("reserved_unallocated_bytes"), m.get("largest_free_block_bytes"))
+    return None if pieces is None else round(pieces / int(m["reserved_bytes"]), 4)

@@ -9,6 +9,7 @@ from memq.analysis import frames as fr
 from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, step_estimate
 from memq.analysis.headroom import in_last_free_bytes
 from memq.analysis.leak import HOW_TO_GET_FRAMES
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.rules import OPTIMIZER_SGD_MULTIPLE, PRIVATE_POOL_SHARE, STRANDED_SHARE
 from memq.playbook import BY_ID
 from memq.units import fmt_need
@@ -69,8 +70,8 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
         w = sim.get(conf)
         if not w:
             return ""
-        if w.get("predicted_oom") is None:  # not assessable: the what-if table says why, once
-            return f"; memq's allocator model cannot assess {conf} from this snapshot (the what-if table says why)"
+        if w.get("predicted_oom") is None:  # not assessable: `memq whatif` says why (no table on this screen)
+            return f"; memq's allocator model cannot assess {conf} from this snapshot (`memq whatif` says why)"
         verdict = "fails again" if w["predicted_oom"] else "succeeds"
         caveat = ""
         if w.get("verdict") == "survives_window":
@@ -191,15 +192,16 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
         already = "expandable_segments:True" in f.settings_non_default
         if not already:
             recs.append(_rec("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-                             f"{g(stranded)} is cached but free in pieces (largest usable block "
-                             f"{g(f.largest_usable)} < request {g(S)}); expandable segments grow one mapping "
+                             f"{g(stranded)} is cached free, {g(free_in_pieces(stranded, f.largest_usable))} of it in "
+                             f"pieces outside the largest usable block ({g(f.largest_usable)} < request {g(S)}); "
+                             "expandable segments grow one mapping "
                              "instead of leaving split segments behind",
                              f"the {g(S)} request fits: live {g(A)} + request = {g(A + S)} <= limit "
                              f"{g(f.limit or f.limit_lower_bound)}"
                              + (f" (and the whole step, {fmt_need(n.bytes, n.low, n.high)})"
                                 if n is not None and n.fits_limit is True else
-                                "; whether the rest of the failing step fits is not settled "
-                                f"({n.basis})" if n is not None else "")
+                                # the diagnosis says why, once
+                                "; whether the rest of the failing step fits is not settled" if n is not None else "")
                              + simulated("expandable_segments:True"), playbook="expandable-segments"))
         if already:
             # Never advise what the run already has: with expandable segments the cache grows one mapping,
@@ -207,8 +209,9 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
             recs.append(_rec("Keep expandable_segments:True and look at what pins the pieces: tensors of other "
                              "CUDA streams (record_stream, NCCL), private pools (CUDA graphs), or long-lived "
                              "tensors allocated between short-lived ones",
-                             f"expandable segments are already on, yet {g(stranded)} is cached but free in pieces "
-                             f"(largest usable block {g(f.largest_usable)} < request {g(S)})",
+                             f"expandable segments are already on, yet {g(stranded)} is cached free, "
+                             f"{g(free_in_pieces(stranded, f.largest_usable))} of it in pieces outside the largest "
+                             f"usable block ({g(f.largest_usable)} < request {g(S)})",
                              "the request fits once those tensors are freed or allocated up front",
                              playbook="expandable-segments"))
         else:

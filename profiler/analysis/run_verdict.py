@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memq.analysis.classify import PRECEDENCE
+from memq.analysis.classify import PRECEDENCE, UNDETERMINED_LEAD
 from memq.analysis.ranks import RankFacts, failed_ranks
 
 
@@ -91,3 +91,13 @@ def forecast_rank(forecasts: Mapping[int, Mapping[str, Any] | None]) -> int | No
             coming.append((inf if at is None else at,
                            step if isinstance(step, int) and not isinstance(step, bool) else inf, rank))
     return min(coming)[2] if coming else None
+
+
+def undetermined(diagnosis: Mapping[str, Any] | None) -> bool:
+    """True when a diagnosis names its primary cause only as the best-supported candidate of an OOM that
+    no deciding test settled (classify.diagnose's weak primary): every screen then reads "undetermined",
+    never the candidate as a finding."""
+    causes = (diagnosis or {}).get("causes") or []
+    first = causes[0] if causes and isinstance(causes[0], Mapping) else {}
+    ev = first.get("evidence") or []
+    return bool(ev) and isinstance(ev[0], str) and ev[0].startswith(UNDETERMINED_LEAD)

@@ -26,7 +26,9 @@ Where live + request already exceeds the limit, the step does not fit whatever t
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from memq.analysis.rules import (
     ALIGN_MIN_BYTES,
@@ -41,6 +43,7 @@ from memq.analysis.rules import (
     MIN_MATCHED,
     RUN_NOISE,
 )
+from memq.units import fmt_bytes, fmt_need
 
 # The thresholds, with their sources, are in rules.py (docs/analysis.md "The rules table").
 
@@ -76,11 +79,48 @@ class StepNeed:
     position: float | None = None  # how far into the earlier step the OOM came (share of its allocations)
     reference: str | None = None  # where the earlier step was seen
     limit: int | None = None  # the limit it was judged against
+    held: int | None = None  # live + request at the OOM: what the step held for certain
 
     def as_json(self) -> dict:
         return {"bytes": self.bytes, "limit_bytes": self.limit, "low": self.low, "high": self.high,
                 "fits_limit": self.fits_limit, "basis": self.basis, "k": self.k,
-                "matched_share": self.matched_share, "position": self.position, "reference": self.reference}
+                "matched_share": self.matched_share, "position": self.position, "reference": self.reference,
+                "held_bytes": self.held}
+
+
+#: How `basis` begins when live + request alone exceed the limit (the step does not fit: settled).
+OVER_LIMIT = "live + request alone exceed the limit; "
+
+_FITS = {True: "it fits in one piece", False: "it does not fit, whatever the allocator does",
+         None: "the interval straddles the limit, so whether it fits is not settled"}
+
+
+def need_sentence(n: Mapping[str, Any], *, with_basis: bool = True) -> str:
+    """The failing step's need in one sentence, the same in the evidence and on every screen (from
+    `StepNeed.as_json()` or a stored `diagnosis.step_need`). One number per figure: what the step held
+    is live + request, the figure the capacity and fragmentation lines add up; a settled "does not fit"
+    names nothing that would settle it; an unknown limit reads as unknown."""
+    lim, held = n.get("limit_bytes"), n.get("held_bytes")
+    basis = str(n.get("basis") or "no projection")
+    against = f" against {fmt_bytes(lim, 'brief')}" if lim else " (limit unknown)"
+    if n.get("bytes") is None:
+        if n.get("fits_limit") is False and lim:
+            alone = f" ({fmt_bytes(held, 'brief')})" if held else ""
+            return (f"the failing step needed more than the {fmt_bytes(lim, 'brief')} limit: its live bytes and "
+                    f"the request alone{alone} exceed it, whatever the rest of the step needs")
+        rest = basis[len(OVER_LIMIT):] if basis.startswith(OVER_LIMIT) else basis
+        if held:
+            s = (f"the failing step held {fmt_bytes(held, 'brief')} with the request{against}; what the rest "
+                 "of it needed is not known")
+        else:
+            s = f"the failing step needed {fmt_need(None, n.get('low'), None)}{against}: whether it fits is not known"
+        return s + (f" ({rest})" if with_basis else "")
+    verdict = _FITS[n.get("fits_limit")]
+    if n.get("fits_limit") is None and not lim:
+        against, verdict = "", ("the limit is not known, so whether it fits is not settled (--limit, --oom-message or "
+                   "--device-total would settle it)")
+    s = f"the failing step needed {fmt_need(n['bytes'], n.get('low'), n.get('high'))}{against}: {verdict}"
+    return s + (f"; {basis}" if with_basis else "")
 
 
 def fits(low: int | None, high: int | None, limit: int | None) -> bool | None:
@@ -203,8 +243,8 @@ def project(ref: dict | None, ref_source: str | None, fail_blocks: list[int], S:
                  "step cannot be projected; a run whose warm-up the agent recorded (its defaults), or "
                  "history=\"on\", would settle it")
         if over:
-            basis = f"live + request alone exceed the limit; {basis}"
-        return StepNeed(None, least, None, fits(least, None, limit), basis)
+            basis = f"{OVER_LIMIT}{basis}"
+        return StepNeed(None, least, None, fits(least, None, limit), basis, held=floor_need)
     a = align(ref, fail_blocks, S)
     n_allocs = sum(1 for e in ref["events"] if e >= 0) or 1
     if a is None or a.matched < MIN_MATCHED:
@@ -214,9 +254,9 @@ def project(ref: dict | None, ref_source: str | None, fail_blocks: list[int], S:
                  "not an earlier step's pattern at any one scale (a different code path, or memory kept from "
                  "outside the step)")
         if over:
-            basis = f"live + request alone exceed the limit; {basis}"
+            basis = f"{OVER_LIMIT}{basis}"
         return StepNeed(None, least, None, fits(least, None, limit), basis,
-                        matched_share=round(share, 3), reference=ref_source)
+                        matched_share=round(share, 3), reference=ref_source, held=floor_need)
     unmatched = int((1 - a.matched) * (sum(fail_blocks) + S))
     before, after = replay_peak(ref, a.p, a.k, a.k)
     _, after_hi = replay_peak(ref, a.p, a.k, a.k * (1 + K_MARGIN_HIGH))
@@ -230,5 +270,5 @@ def project(ref: dict | None, ref_source: str | None, fail_blocks: list[int], S:
              f"{a.k:.2f}x its input-sized tensors; the OOM came {100 * pos:.0f}% of the way through that step, "
              "whose rest was replayed at that scale")
     return StepNeed(need, low, high, fits(low, high, limit), basis, k=round(a.k, 3),
-                    matched_share=round(a.matched, 3), position=round(pos, 3), reference=ref_source)
+                    matched_share=round(a.matched, 3), position=round(pos, 3), reference=ref_source, held=floor_need)
 

@@ -16,6 +16,7 @@ import click
 from memq.cli._listing import console, write_json
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
+from memq.render.words import verdict_head
 
 
 def demo_dir() -> Path:
@@ -94,7 +95,7 @@ def demo(as_json: bool, database_url: str | None) -> None:
         res = rep.get("diagnosis") or {}
         d = res.get("diagnosis") or {}
         lines = [f"[dim]{v(rep['about'])}[/dim]",
-                 f"[bold]{v(d.get('primary_cause'))}[/bold] (confidence {d.get('confidence', 0):.2f})"]
+                 "[bold]{}[/bold] ({})".format(*(v(x) for x in verdict_head(d)))]
         for c in d.get("causes", [])[:1]:
             for ev in c.get("evidence", [])[:3]:
                 lines.append(f"  {v(ev)}")

@@ -24,21 +24,22 @@ from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
-from memq.render.reasons import said_once
+from memq.render.reasons import changes_once, said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
-from memq.render.words import labelled, plural, said
+from memq.render.words import labelled, plural, said, verdict_head, verdict_headline
 from memq.units import fmt_bytes, sparkline
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
             Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
             Col("peak_reserved_bytes", "peak reserved", "bytes"),
             Col("peak_allocated_bytes", "peak allocated", "bytes"),
-            Col("fragmentation_ratio", "frag", "ratio"), Col("snapshot_count", "snaps", "int"),
+            Col("pieces_share", "pieces", "ratio"), Col("snapshot_count", "snaps", "int"),
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
 RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
-           "peak_allocated_bytes", "fragmentation_ratio", "oom_count", "snapshot_count", "torch_version",
+           "peak_allocated_bytes", "pieces_share", "fragmentation_ratio", "oom_count", "snapshot_count",
+           "torch_version",
            "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
 
 
@@ -55,7 +56,10 @@ RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_co
 @click.option("--limit", "memory_limit", hidden=True, expose_value=False, callback=lambda ctx, p, v: _no_limit(v))
 @output_options()
 def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_json, as_csv):
-    """List runs, newest first."""
+    """List runs, newest first.
+
+    `pieces`: at the OOM, the share of reserved memory that was free in pieces (outside the largest free
+    block); - for a run without an OOM."""
     from memq.store.queries import RunFilter, list_runs
 
     fmt = out_format(as_json, as_csv)
@@ -78,10 +82,12 @@ def _no_limit(value):
 SNAP_COLS = [Col("rank", "rank", "int"), Col("step", "step", "int"), Col("epoch", "epoch", "int"),
              Col("trigger", "trigger"), Col("taken_at", "taken (UTC)", "time"),
              Col("reserved_bytes", "reserved", "bytes"), Col("allocated_bytes", "allocated", "bytes"),
-             Col("fragmentation_ratio", "frag", "ratio"), Col("largest_free_block_bytes", "largest free", "bytes"),
+             Col("free_in_pieces_bytes", "free in pieces", "bytes"),
+             Col("largest_free_block_bytes", "largest free", "bytes"),
              Col("cause", "diagnosis"), Col("confidence", "conf", "conf")]
 SNAP_CSV = ["id", "rank", "step", "epoch", "trigger", "taken_at", "sha256", "size_bytes", "state", "analyzer_version",
-            "reserved_bytes", "allocated_bytes", "active_bytes", "fragmentation_ratio", "largest_free_block_bytes",
+            "reserved_bytes", "allocated_bytes", "active_bytes", "fragmentation_ratio", "free_in_pieces_bytes",
+            "largest_free_block_bytes",
             "cause", "confidence"]
 
 
@@ -126,13 +132,13 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
             f"peak allocated {cell(run['peak_allocated_bytes'], 'bytes')}  snapshots {run['snapshot_count']}"]
     d = doc.get("diagnosis")
     if d:
-        head.append(f"[bold]{d['primary_cause']}[/bold] (confidence {d['confidence']:.2f})")
+        head.append("[bold]{}[/bold] ({})".format(*(rich_text(x) for x in verdict_head(d))))
         need = step_need_line(d)
         if need:
             head.append(rich_text(need))
         for c in d.get("causes", [])[:3]:
             # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
-            for ev in [e for e in c.get("evidence", []) if not (need and e.startswith(need))][:1]:
+            for ev in [e for e in c.get("evidence", []) if not (need and need in e)][:1]:
                 head.append(f"  {c['cause']}: {ev}")
         for r in d.get("recommendations", [])[:2]:
             link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one
@@ -149,8 +155,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
     _print_whatif(con, doc["snapshots"])
     if doc["changes"]:
         con.print("[bold]what changed[/bold]")
-        for ch in doc["changes"]:
-            con.print(f"  rank {ch['rank']} {ch['from']} -> {ch['to']}: {ch['summary']}")
+        for line in changes_once(doc["changes"]):
+            con.print(f"  {rich_text(line)}")
     st = doc["stats"]
     if st["count"]:
         ser = st["series"]
@@ -246,8 +252,9 @@ def compare(run_a, run_b, as_json, as_csv):
         cb = (B["composition"] or {}).get(c)
         rows.append({"what": c, "a": ca, "b": cb,
                      "delta": (doc["composition_delta"] or {}).get(c), "kind": "bytes"})
-    fr = doc["fragmentation"]
-    rows.append({"what": "fragmentation", "a": fr["a"], "b": fr["b"], "delta": fr["delta"], "kind": "ratio"})
+    fr = doc["pieces"]
+    rows.append({"what": "in pieces (share of reserved free in pieces at the OOM)", "a": fr["a"], "b": fr["b"],
+                 "delta": fr["delta"], "kind": "ratio"})
     if fmt == "json":
         write_json(doc)
         return
@@ -282,7 +289,7 @@ def compare(run_a, run_b, as_json, as_csv):
     for side, name in ((A, run_a), (B, run_b)):
         d = side.get("diagnosis")
         if d:
-            con.print(f"  {name}: {d['primary_cause']} ({d['confidence']:.2f})")
+            con.print(f"  {rich_text(name)}: {rich_text(verdict_headline(d))}")
 
 
 VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("oom_runs", "OOM runs", "int"),

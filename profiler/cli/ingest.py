@@ -15,6 +15,7 @@ from memq.cli.analyze import SIZE
 from memq.model import RUN_STATUSES, TRIGGERS
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
+from memq.render.words import verdict_head
 
 
 def _progress(total: int, enabled: bool):
@@ -123,7 +124,7 @@ def _print_report(doc: dict) -> None:
     res = doc.get("diagnosis")
     if res:
         d = res["diagnosis"]
-        lines = [f"[bold]{v(d['primary_cause'])}[/bold] (confidence {d['confidence']:.2f})"]
+        lines = ["[bold]{}[/bold] ({})".format(*(v(x) for x in verdict_head(d)))]
         for c in d.get("causes", [])[:3]:
             for ev in c.get("evidence", [])[:2]:
                 lines.append(f"  {v(c['cause'])}: {v(ev)}")

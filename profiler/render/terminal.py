@@ -13,9 +13,11 @@ from rich.table import Table
 from memq.analysis.provenance import origin_words
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link
+from memq.render.reasons import split_unsettled, unsettled_lines
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
 from memq.render.step_need_text import step_need_headline
+from memq.render.words import verdict_head
 from memq.units import fmt_bytes, sparkline
 
 
@@ -24,7 +26,8 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     d = r["diagnosis"]
     det = r.get("details", {})
     m = r["metrics"]
-    head = f"[bold]{v(d['primary_cause'])}[/bold] (confidence {d['confidence']:.2f})"
+    what, conf = verdict_head(d)
+    head = f"[bold]{v(what)}[/bold] ({v(conf)})"
     files = v(", ".join(s["file"] for s in r["snapshots"]) or "OOM message")
     con.print(Panel(head, title="memq diagnosis", subtitle=files, expand=False))
     need = step_need_headline(d)
@@ -125,12 +128,16 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
                        fmt_bytes(p["peak_live_bytes"]), f"{p['fragmentation_ratio']:.3f}")
         con.print(st)
 
-    others = d["causes"][1:]
-    if others:
+    found, open_ = split_unsettled(d["causes"][1:])
+    if found:
         con.print("[bold]Other causes considered[/bold]")
-        for c in others:
+        for c in found:
             ev = "; ".join(c["evidence"]) or "-"
             con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
+    if open_:
+        con.print("[bold]Not settled[/bold] (what would settle each)")
+        for line in unsettled_lines(open_, d["causes"][0].get("evidence") or []):
+            con.print(f"  {v(line)}")
     con.print("[bold]Recommendations[/bold]")
     for i, rec in enumerate(d["recommendations"], 1):
         effect = stated_effect(rec)
@@ -139,9 +146,12 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         link = doc_link(rec.get("playbook"))  # "" for a result stored before recommendations had one
         if link:
             con.print(f"     playbook: {v(link)}")
-    applies = r.get("playbook") or []
-    if applies:  # memq explain: the entries the message's figures point to
-        con.print("[bold]Playbook[/bold]")
+    # memq explain: the entries the message's figures point to, less those a recommendation above
+    # already links (said once: the recommendation is that entry's advice)
+    linked = {rec.get("playbook") for rec in d["recommendations"]}
+    applies = [e for e in r.get("playbook") or [] if e.get("id") not in linked]
+    if applies:
+        con.print("[bold]Playbook[/bold] (also relevant)")
         for e in applies:
             con.print(f"  {v(doc_link(e['id']) or e['id'])} ({v(e['title'])}): {v(e['why'])}")
     for w in det.get("warnings", []):

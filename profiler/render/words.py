@@ -4,6 +4,11 @@ and "1 snapshots" is never printed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from memq.analysis.run_verdict import undetermined
+
 # Causes (docs/causes.md) and what-if outcomes, as a reader says them. The identifiers stay in JSON,
 # CSV and the CLI's filter options (`--cause external_memory`).
 WORDS = {
@@ -53,3 +58,21 @@ def labelled(label: str, line: str) -> str:
     if sep and head.lower().endswith(label.split()[0].lower()):
         line = rest
     return f"{label}: {line}"
+
+
+def verdict_head(diagnosis: Mapping[str, Any] | None) -> tuple[str, str]:
+    """(what the verdict is, its confidence in words) for a screen's headline: "capacity",
+    "confidence 0.68"; an OOM that no deciding test settled reads "undetermined", its candidate named as
+    such ("best candidate capacity, confidence 0.30"), never as a finding."""
+    d = diagnosis or {}
+    cause, conf = d.get("primary_cause"), d.get("confidence")
+    c = f"{conf:.2f}" if isinstance(conf, (int, float)) else "-"
+    if undetermined(d):
+        return "undetermined", f"best candidate {said(cause)}, confidence {c}"
+    return said(cause), f"confidence {c}"
+
+
+def verdict_headline(diagnosis: Mapping[str, Any] | None) -> str:
+    """"capacity (confidence 0.68)", or "undetermined (best candidate capacity, confidence 0.30)"."""
+    what, conf = verdict_head(diagnosis)
+    return f"{what} ({conf})"

@@ -37,8 +37,10 @@ from typing import Any, Protocol
 from memq.analysis import growth as gm
 from memq.analysis.compare import version_figures, version_key, version_regressions
 from memq.analysis.headroom import near_miss
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.recommend import NO_EFFECT
 from memq.analysis.rules import NEAR_MISS_SHARE
+from memq.analysis.run_verdict import undetermined
 from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
 from memq.render.words import said
@@ -194,6 +196,7 @@ def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str,
         return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
     listed = []
+    said_for: dict[str, str] = {}  # why a need is unknown -> the first run whose row said it
     ordered = sorted(rows, key=lambda r: (r["primary_cause"] or "", r["cluster"] or "", r["job"] or "", r["name"]))
     for r in ordered[:MAX_LISTED]:
         p = parts.get(r["id"]) or {}
@@ -210,11 +213,21 @@ def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str,
             "limit_bytes": limit, "limit_kind": limit_kind,
             "headroom_bytes": hr[0] if hr else None, "headroom_ratio": round(hr[1], 6) if hr else None,
             "recommendation": _first_action(p), "recommendation_playbook": _first_playbook(p),
+            # an OOM no deciding test settled: its cause is a candidate, read as undetermined
+            "undetermined": undetermined(p.get("diagnosis")),
         }
         if kind == "oom":
             item["requested_bytes"] = oom.get("requested_bytes")
             item["fits_if_compacted"] = oom.get("fits_if_compacted")
             item["step_need"] = step_need_line(p.get("diagnosis"))
+            short = step_need_line(p.get("diagnosis"), with_basis=False)
+            if item["step_need"] and short and item["step_need"] != short:
+                # why the need is unknown, said once in the table: later rows point to the first
+                why = item["step_need"][len(short):]
+                if why in said_for:
+                    item["step_need"] = f"{short} (as for {said_for[why]})"
+                else:
+                    said_for[why] = item["run"]
         listed.append(item)
     return {"count": len(rows), "by_cause": count("primary_cause"), "by_cluster": count("cluster"),
             "by_job": count("job"), "runs": listed, "listed": len(listed)}
@@ -271,7 +284,7 @@ def _fragmented(runs: list[dict], metrics: dict[int, dict]) -> list[dict]:
         largest = m.get("largest_free_block_bytes")
         if ratio is None or free is None or largest is None:
             continue
-        pieces = max(0, int(free) - int(largest))
+        pieces = free_in_pieces(free, largest)  # the one definition memq analyze uses
         reserved = int(m.get("reserved_bytes") or 0)
         if ratio < FRAG_MIN_RATIO or pieces < max(FRAG_MIN_BYTES, 0.05 * reserved):
             continue

@@ -121,6 +121,9 @@ class Run(Base):
     peak_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
     #: Fragmentation ratio of the last snapshot (1 - largest free / total free).
     fragmentation_ratio: Mapped[float | None] = mapped_column(Float)
+    #: At the OOM, the share of reserved memory free in pieces (analysis/memory.pieces_share); NULL
+    #: without an OOM. The lists' `in pieces` column.
+    pieces_share: Mapped[float | None] = mapped_column(Float)
     oom_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     snapshot_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     #: The principal whose signed envelope created the run (profiler/identity.py); NULL: unsigned or

@@ -21,7 +21,7 @@ from memq.store.repository import to_utc
 SORTS = {
     "started": Run.started_at, "run": Run.name, "job": Run.job, "cluster": Run.cluster, "status": Run.status,
     "cause": Run.primary_cause, "confidence": Run.cause_confidence, "peak_reserved": Run.peak_reserved_bytes,
-    "peak_allocated": Run.peak_allocated_bytes, "fragmentation": Run.fragmentation_ratio,
+    "peak_allocated": Run.peak_allocated_bytes, "pieces": Run.pieces_share, "fragmentation": Run.fragmentation_ratio,
     "snapshots": Run.snapshot_count, "torch": Run.torch_version,
 }
 MAX_LANES = 16

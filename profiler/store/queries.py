@@ -33,6 +33,7 @@ from memq.analysis.compare import (
     version_regressions,
 )
 from memq.analysis.frames import CATEGORIES
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
 from memq.analysis.run_verdict import forecast_rank
 from memq.errors import NotFound
@@ -52,7 +53,8 @@ RUN_FIELDS = ("name", "job", "cluster", "host", "username", "project", "labels",
               "cuda_version", "driver_version", "gpu_model", "gpu_memory_bytes", "memory_limit_bytes",
               "allocator_conf", "optimizer", "param_count", "world_size", "rank", "started_at", "ended_at",
               "status", "primary_cause", "cause_confidence", "peak_reserved_bytes", "peak_allocated_bytes",
-              "fragmentation_ratio", "oom_count", "snapshot_count", "oom_forecast_step", "oom_forecast_at")
+              "fragmentation_ratio", "pieces_share", "oom_count", "snapshot_count", "oom_forecast_step",
+              "oom_forecast_at")
 
 
 def run_dict(run: Run | Any) -> dict[str, Any]:
@@ -163,6 +165,9 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
             "state": r.state, "analyzer_version": r.analyzer_version,
             "reserved_bytes": r.reserved_bytes, "allocated_bytes": r.allocated_bytes, "active_bytes": r.active_bytes,
             "fragmentation_ratio": r.fragmentation_ratio, "largest_free_block_bytes": r.largest_free_block_bytes,
+            "free_in_pieces_bytes": free_in_pieces(
+                r.reserved_bytes - r.allocated_bytes if r.reserved_bytes is not None and r.allocated_bytes is not None
+                else None, r.largest_free_block_bytes),
             "composition": r.composition, "oom": r.oom, "diagnosis": r.diagnosis,
         })
     from memq.store.sweeps import attach_sweeps

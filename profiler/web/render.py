@@ -16,9 +16,9 @@ from urllib.parse import quote
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import forecast_line
-from memq.render.reasons import said_once
+from memq.render.reasons import change_groups, said_once, split_unsettled, unsettled_lines
 from memq.render.step_need_text import step_need_headline
-from memq.render.words import labelled, plural, said
+from memq.render.words import labelled, plural, said, verdict_head
 from memq.units import fmt_bytes
 
 
@@ -65,7 +65,9 @@ def _env():
                        forecast_line=lambda fc: forecast_line(fc, time.time()), ratio=_ratio, time=_time,
                        q=lambda v: quote(str(v), safe=""), snapshot_state=_snapshot_state,
                        playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect,
-                       said=said, plural=plural, labelled=labelled)
+                       said=said, plural=plural, labelled=labelled, verdict_head=verdict_head,
+                       split_unsettled=split_unsettled, unsettled_lines=unsettled_lines,
+                       change_groups=change_groups)
     return env
 
 

@@ -105,7 +105,7 @@ def test_without_an_earlier_recorded_step_fragmentation_says_what_it_cannot_tell
     assert d["primary_cause"] == "fragmentation"
     frag = d["causes"][0]
     assert d["confidence"] < 0.7 < full["diagnosis"]["confidence"]
-    assert any("is not settled" in e for e in frag["evidence"])
+    assert any("what the rest of it needed is not known" in e for e in frag["evidence"])
     exp = next(x for x in d["recommendations"] if "expandable_segments:True" in x["action"])
     assert "not settled" in exp["expected_effect"]
 

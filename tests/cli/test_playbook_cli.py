@@ -151,7 +151,9 @@ def test_explain_names_the_entries_that_apply(name):
     for rec in doc["diagnosis"]["recommendations"]:
         assert rec["playbook"] in BY_ID
     text = memq("explain", MESSAGES[name]).output
-    assert "Playbook" in text
+    linked = {rec["playbook"] for rec in doc["diagnosis"]["recommendations"]}
+    # the section lists the entries no recommendation links (said once)
+    assert ("Playbook (also relevant)" in text) == any(e["id"] not in linked for e in entries)
     for e in entries:
         assert f"docs/playbook.md#{e['id']}" in text
 

@@ -247,7 +247,9 @@ def test_run_timeline_marks_the_oom(browser, tmp_path):
 
     page = browser.open("/runs/capacity")  # the failing step's need, said once above the evidence
     need = page.text_content("#step-need")
-    assert need.startswith("the failing step needed more than the 16.00 GiB limit: it does not fit"), need
+    assert need.startswith("the failing step needed more than the 16.00 GiB limit: its live bytes and the request "
+                           "alone (16.08 GiB) exceed it"), need
+    assert "would settle it" not in need
     assert page.locator("#step-need").count() == 1 and page.locator("#step-need").is_visible()
     assert_not_blank(shot(page, tmp_path / "run-capacity.png", full_page=True), red=True)
 
@@ -364,7 +366,9 @@ def test_a_recommendations_playbook_link_lands_on_its_entry(browser, tmp_path):
 
 def test_run_page_fit_form_predicts_the_batch(browser, forecast_server, tmp_path):
     """The run page says the run's own headroom and its form asks `memq fit`'s question: batch 16 of a
-    run measured at 2 does not fit the 4.81 GiB cap; 13 is the largest that does (14 ran out for real)."""
+    run measured at 2 is predicted at 5.5 GiB (5.51 for real), over the 4.81 GiB cap but inside the
+    interval's reach of it, so the answer is undetermined, not a false "no"; 13 is the largest batch
+    (14 ran out for real)."""
     browser.base = forecast_server.url
     page = browser.open("/runs/fit_m")
     own = page.text_content("#fit-own")
@@ -373,7 +377,7 @@ def test_run_page_fit_form_predicts_the_batch(browser, forecast_server, tmp_path
     page.fill("#fit-form input[name=from_batch]", "2")
     page.click("#fit-form button")
     page.wait_for_selector("#fit-result")
-    assert page.text_content("#fit-verdict").strip() == "no"
+    assert page.text_content("#fit-verdict").strip().startswith("undetermined"), page.text_content("#fit-verdict")
     assert page.text_content("#fit-max").strip().startswith("13")
     peak = page.text_content("#fit-peak")
     assert peak.startswith("5.5"), peak  # the real run at batch 16 reserved 5.51 GiB

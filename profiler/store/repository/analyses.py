@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import and_, func, null, or_, select, update
 from sqlalchemy.orm import Session
 
+from memq.analysis.memory import pieces_share
 from memq.analysis.run_verdict import forecast_moment, forecast_rank
 from memq.store.orm import (
     AnalysisResult,
@@ -153,6 +154,7 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
         values["primary_cause"] = main.primary_cause
         values["cause_confidence"] = main.confidence
         values["fragmentation_ratio"] = ((main.result or {}).get("metrics") or {}).get("fragmentation_ratio")
+        values["pieces_share"] = pieces_share(main.result)
         values.update(forecast_summary(diags))
     session.execute(update(Run).where(Run.id == run_id).values(**values))
 

@@ -1,0 +1,58 @@
+"""The runs list in Chromium (issue 42 item 3): the `pieces` column ranks the fragmentation OOMs
+above the capacity OOM and shows nothing for healthy runs, where the fragmentation ratio ranked the
+healthy runs (0.76-0.79) and the capacity OOM (0.88) above the real fragmentation OOM (0.55)."""
+
+from __future__ import annotations
+
+from tests.web.test_browser import assert_not_blank, browser, shot  # noqa: F401 - the Chromium fixture
+
+
+def _column(page, label: str) -> dict[str, str]:
+    heads = [h.strip() for h in page.locator("#runs-table thead th").all_text_contents()]
+    i = heads.index(label)
+    out = {}
+    for row in page.locator("#runs-table tbody tr").all():
+        cells = row.locator("td").all_text_contents()
+        out[cells[0].strip()] = cells[i].strip()
+    return out
+
+
+def test_the_in_pieces_column_means_what_it_says(browser, web_history, tmp_path):  # noqa: F811
+    page = browser.open("/runs")
+    heads = [h.strip() for h in page.locator("#runs-table thead th").all_text_contents()]
+    assert "pieces" in heads and "frag" not in heads
+    col = _column(page, "pieces")
+    assert col["seed_adamw"] == col["seed_sgd"] == "-"  # no OOM: nothing failed for want of a block
+    frag_dyn, frag_syn, cap = (float(col[r]) for r in ("frag_dyn", "frag_synthetic", "capacity"))
+    assert frag_dyn > frag_syn > cap, col
+    assert_not_blank(shot(page, tmp_path / "runs-in-pieces.png", full_page=True))
+    page.click("a[data-sort='pieces']")
+    page.wait_for_selector("html[data-ready='1']")
+    order = [c.strip() for c in page.locator("#runs-table tbody tr td:first-child").all_text_contents()]
+    assert order[0] == "frag_dyn", order
+    shot(page, tmp_path / "runs-by-pieces.png", full_page=True)
+    browser.clean()
+    print("screenshots:", tmp_path)
+
+
+def test_the_run_page_lists_unsettled_causes_apart(browser, tmp_path):  # noqa: F811
+    page = browser.open("/runs/capacity")
+    causes = page.text_content("#verdict ul.causes")
+    unsettled = page.text_content("#not-settled")
+    # the spike's test could not run (no earlier training step): listed as not settled, not as a finding
+    assert "activation spike" not in causes and "not settled" not in causes
+    assert "activation spike: earlier training steps" in unsettled and "cannot be a spike" not in unsettled
+    assert page.locator("#step-need").count() == 1
+    assert_not_blank(shot(page, tmp_path / "run-capacity-verdict.png", full_page=True), red=True)
+    browser.clean()
+    print("screenshots:", tmp_path)
+
+
+def test_the_run_page_says_no_change_once(browser, tmp_path):  # noqa: F811
+    page = browser.open("/runs/seed_sgd")  # epoch ends 0 -> 1 -> 2: nothing changed between them
+    items = page.locator("#changes li").all_text_contents()
+    quiet = [x for x in items if "no significant change" in x]
+    assert len(quiet) == len({x.split(":")[0] for x in quiet}), items  # one line per rank
+    assert any("(2 intervals): no significant change" in x for x in quiet), items
+    shot(page, tmp_path / "run-sgd-changes.png", full_page=True)
+    browser.clean()
