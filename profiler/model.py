@@ -27,6 +27,10 @@ RUN_STATUSES = ("running", "completed", "crashed", "oom")
 
 Frames = list  # list of frame dicts; empty when no stack was recorded
 
+# The roles the agent reports for the tensors it can see (agent/roles.py sends their index): the
+# optimizer's parameters, their `.grad`, `optimizer.state`, the model's buffers.
+AGENT_ROLES = ("parameter", "gradient", "optimizer_state", "buffer")
+
 
 def frame_name(frame: Any) -> str:
     if isinstance(frame, dict):
@@ -178,6 +182,9 @@ class AgentInfo:
     #: What the allocator may reserve as the agent read it at its last step boundary (the cap, else the
     #: device): the limit of a running run whose cap was set after agent.start.
     limit_bytes: int | None = None
+    #: Storages whose role the agent knew when it took the snapshot: (address, nbytes, role index in
+    #: AGENT_ROLES), sorted by address; empty when it sent none (an older agent, no optimizer seen).
+    roles: tuple = ()
     #: At the first forward (a module forward pre-hook, once): CUDA autocast's dtype ("bfloat16",
     #: "float16") or "off"; None when the agent did not see a forward (an older agent, no nn.Module).
     autocast: str | None = None

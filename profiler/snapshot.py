@@ -17,6 +17,7 @@ from memq.errors import SnapshotError
 from memq.model import (
     ACTIVE_ALLOCATED,
     ACTIVE_PENDING_FREE,
+    AGENT_ROLES,
     INACTIVE,
     SMALL_SIZE,
     AgentInfo,
@@ -603,8 +604,26 @@ def parse_agent_info(v: Any) -> AgentInfo | None:
         optimizer=_opt_str(v.get("optimizer"), 80), model=_opt_str(v.get("model"), 80),
         oom_frames=_oom_frames(v.get("oom_frames")),
         limit_bytes=_opt_int(v.get("limit_bytes")) if (_opt_int(v.get("limit_bytes")) or 0) > 0 else None,
+        roles=_roles(v.get("roles")),
         **_first_input(v.get("first_input")),
     )
+
+
+MAX_ROLE_RANGES = 200_000  # the agent sends at most this many (agent/roles.py MAX_RANGES)
+
+
+def _roles(v: Any) -> tuple:
+    """The agent's role ranges ([address, nbytes, role index] each), sorted; a malformed entry is
+    dropped, a malformed list is none (the snapshot stays good evidence without them)."""
+    if not isinstance(v, dict) or not isinstance(v.get("ranges"), list):
+        return ()
+    out = []
+    for r in v["ranges"][:MAX_ROLE_RANGES]:
+        if (isinstance(r, (list, tuple)) and len(r) == 3 and all(type(x) is int for x in r)
+                and r[0] > 0 and r[1] > 0 and 0 <= r[2] < len(AGENT_ROLES)):
+            out.append((r[0], r[1], r[2]))
+    out.sort()
+    return tuple(out)
 
 
 def _first_input(v: Any) -> dict:

@@ -27,7 +27,10 @@ each boundary the agent reads the allocator's counters (~15 us: live and reserve
 peak, which it resets there, so a job's own `max_memory_allocated()` reads per step, and retries),
 keeps them in a ring buffer of per-step figures (512), sends them with the stats, and embeds them in
 every snapshot (`memq_agent`: step_figures, step_in_progress, step_completed, steps_source, recording,
-comparable, optimizer, model). Boundary work is thinned to stay under `step_budget` of step time.
+comparable, optimizer, model, and `roles`: the address ranges of the tensors the optimizer and the
+model hold, parameters, their `.grad` and `optimizer.state`, from the optimizer passed to start() or
+the one whose step hook fired; profiler/agent/roles.py). Boundary work is thinned to stay under
+`step_budget` of step time.
 
 Recording at default settings (`history="auto"`, profiler/agent/policy.py and steps.py): Python-stack
 history during the first 3 steps (then a snapshot of them); continuously when headroom (checked at
@@ -84,7 +87,8 @@ def start(run: str, cluster: str, **options: Any) -> Agent:
     signal (name, number or None), oom, codec, send_timeout_s, stop_timeout_s, job, rank, host,
     metadata, model, optimizer (objects or class names as strings), device, source (a ReplaySource for
     replays and tests), comparable_every_steps, comparable_min_s, growth_window_steps, step_hook,
-    step_budget.
+    step_budget, roles (send the roles of the optimizer's and the model's tensors with each snapshot:
+    default True), role_devices (the device types whose tensors those are: default ("cuda",)).
     """
     global _current
     try:

@@ -79,7 +79,7 @@ class Agent(AgentTriggers, AgentRecording, AgentSignals):
                  device: int | None = None, announce: str = "eager", settings: Any = None,
                  comparable_every_steps: int = 100, comparable_min_s: float = 300.0,
                  growth_window_steps: int = 500, step_hook: bool = True,
-                 step_budget: float = 0.002):
+                 step_budget: float = 0.002, roles: bool = True, role_devices: tuple = ("cuda",)):
         from memq.config import load_settings
 
         st = settings or load_settings()
@@ -140,6 +140,9 @@ class Agent(AgentTriggers, AgentRecording, AgentSignals):
         self._epochs_marked = False
         self._hook_handle: Any = None
         self._hook_opt: int | None = None
+        self._hook_opt_ref: Any = None  # weak reference to the optimizer the step hook saw
+        self.roles = roles  # send the roles of the optimizer's and the model's tensors with each snapshot
+        self.role_devices = tuple(role_devices)  # the device types whose tensors are the snapshot's
         self._input_hook: Any = None  # the first forward's pre-hook (recording.py _install_input_hook)
         self._input_seen = False
         self._first_input: dict | None = None  # autocast state and input shapes at the first forward

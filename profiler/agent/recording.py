@@ -177,6 +177,7 @@ class AgentRecording:
             self._in_snapshot.on = False
         if obj is None:
             return False
+        roles = self._roles() if isinstance(obj, dict) else None
         # Between boundaries a step is running: the last completed one + 1 (an OOM's failing step).
         in_progress = None if at_boundary else (self.step + 1 if self.step is not None else 0)
         step = in_progress if trigger == "oom" else self.step
@@ -193,7 +194,7 @@ class AgentRecording:
                               "reason": self.policy.reason},
                 "comparable": bool(comparable), "optimizer": self._optimizer_label(),
                 "oom_frames": self._oom_frames if trigger == "oom" else None,
-                "limit_bytes": self._limit,
+                "limit_bytes": self._limit, "roles": roles,
                 "first_input": getattr(self, "_first_input", None),
                 "model": self._model if isinstance(self._model, str) else
                 (type(self._model).__name__ if self._model is not None else None)}
@@ -206,6 +207,25 @@ class AgentRecording:
         item = Item("snapshot", payload=pl, obj=obj, trigger=trigger, step=step, epoch=self.epoch,
                     wait=wait, wait_s=self.oom_message_wait_s if wait is not None else 0.0, finish=finish)
         return self.transport.submit(item)
+
+    def _roles(self) -> dict | None:
+        """The roles of the tensors the job's optimizer and model hold (agent/roles.py), read right after
+        the snapshot so that both describe one moment; None when off or nothing is known."""
+        if not self.roles:
+            return None
+        opt = self._optimizer if not isinstance(self._optimizer, str) else None
+        if opt is None and self._hook_opt_ref is not None:
+            opt = self._hook_opt_ref()
+        model = self._model if not isinstance(self._model, str) else None
+        if opt is None and model is None:
+            return None
+        from memq.agent.roles import collect
+
+        t0 = time.perf_counter()
+        out = collect(opt, model, device_types=self.role_devices)
+        if out is not None:
+            out["took_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        return out
 
     def _signing_key(self, text: str):
         """The key of MEMQ_AGENT_KEY(_FILE); a bad one is reported (counters, last error), never raised

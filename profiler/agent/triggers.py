@@ -9,6 +9,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 
 from memq.agent.steps import FLUSH_FIGURES, FULL_READ_BOUNDARIES, stride_for
 from memq.agent.transport import Item
@@ -59,6 +60,11 @@ class AgentTriggers:
             if self._hook_opt is None:
                 self._hook_opt = id(optimizer)
                 self._optimizer_name = type(optimizer).__name__
+                if self._optimizer is None:  # its tensors' roles go with each snapshot (agent/roles.py)
+                    try:
+                        self._hook_opt_ref = weakref.ref(optimizer)
+                    except TypeError:
+                        self._hook_opt_ref = None
             elif id(optimizer) != self._hook_opt:
                 return  # a second optimizer (GAN, several models): the first one's steps are the steps
             if not self._user_marks:

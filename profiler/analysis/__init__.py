@@ -39,8 +39,10 @@ from memq.model import OomContext, Snapshot, frame_file, frame_name
 if TYPE_CHECKING:
     from memq.analysis.step_need import StepNeed
 
-# 1.5.5: the need in one sentence (step_need.held_bytes), free in pieces outside the largest block
-ANALYZER_VERSION = "1.5.5"
+# 1.5: growth as a trend; 1.5.1: private pools; 1.5.2: the cross-rank rule; 1.5.3: cause 1 under a cap;
+# 1.5.4: fit's changes; 1.5.5: the need in one sentence (step_need.held_bytes), free in pieces outside the
+# largest block; 1.5.6: composition by provenance
+ANALYZER_VERSION = "1.5.6"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",
@@ -194,6 +196,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                        "non_pytorch_bytes": lim.non_pytorch, "largest_usable_free_block_bytes": largest_usable,
                        "oom_site": fr.stack_signature(oom_frames) if oom_frames else None},
             "composition_sites": last["sites"],
+            # each class's bytes by where the class came from: known from the job, or inferred from the trace
+            "composition_origin": last.get("origins") or {},
             "timeline": {k: v for k, v in tl.items() if k not in ("step_start_indices",)},
             "peak_reserved_bytes": peak_reserved,
             "checkpoint_load": loading,

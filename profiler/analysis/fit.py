@@ -197,6 +197,7 @@ def classify(snap: Snapshot) -> Measured:
     _scale_input_sized_workspaces(kinds, size_of)
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
+    _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
     params = sum(size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS)
@@ -324,6 +325,35 @@ def near_input(size: int, inputs: list[int]) -> bool:
 
     j = bisect.bisect_left(inputs, size)
     return any(abs(x - size) <= WORKSPACE_NEAR for x in inputs[max(0, j - 1):j + 1])
+
+
+def _live_classes(snap: Snapshot, rep, kinds: list, ev_of: list, is_open: list) -> None:
+    """The blocks still live at the snapshot are named as every other screen names them
+    (provenance.block_classes), so the peak's composition and the segment map agree: blocks older than
+    the trace (parameters and optimizer state before a ring buffer's window, which the replay holds at
+    their size) are no longer read as input-sized, and a block kept across steps that the trace shows
+    to be a gradient or a parameter says so. Only names move: what scales with the input, and the
+    optimizer's own allocations, keep their kind."""
+    from memq.analysis.provenance import block_classes
+
+    classes = block_classes(snap)
+    prog, trace = rep.program, snap.trace
+    freed = {h for op, h in zip(prog.ops, prog.hid, strict=True) if op == OP_FREE}
+    for addr, h, _req, _stream in rep.start_live:
+        if h in freed or not 0 <= h < len(kinds):
+            continue
+        bc = classes.get(addr)
+        kinds[h] = _CLASS_KIND.get(bc.cls, KEPT) if bc is not None else KEPT
+    for h, kind in enumerate(kinds):
+        if kind != KEPT or not is_open[h] or ev_of[h] < 0:
+            continue
+        bc = classes.get(trace[ev_of[h]].addr)
+        if bc is not None and _CLASS_KIND.get(bc.cls) in (PARAMETERS, GRADIENTS, WORKSPACE):
+            kinds[h] = _CLASS_KIND[bc.cls]
+
+
+_CLASS_KIND = {fr.PARAMETERS: PARAMETERS, fr.GRADIENTS: GRADIENTS, fr.OPTIMIZER_STATE: OPT_STATE,
+               fr.WORKSPACE_CAT: WORKSPACE}
 
 
 def is_workspace(size: int) -> bool:

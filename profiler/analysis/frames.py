@@ -15,8 +15,12 @@ from memq.model import frame_file, frame_line, frame_name
 WORKSPACE = re.compile(r"cudnn|cublas|cublaslt|workspace|nccl|cusparse|cufft|cusolver|getCurrentCUDABlasHandle",
                        re.IGNORECASE)
 GRAD_NAME = re.compile(r"AccumulateGrad|accumulate_grad|AccumulateGrad::apply|_accumulate_grad")
+# Backward is where the autograd engine runs: its frames, a backward node (`MmBackward0::apply`,
+# `torch::autograd::generated::*`), a Python `backward()`. `torch::autograd::VariableType::*` is forward
+# dispatch (every forward op passes it with stacks="all"), so it says nothing about the phase.
 BACKWARD = re.compile(r"(^|[^a-z])backward|_engine_run_backward|autograd::Engine|autograd/graph\.py|"
-                      r"torch::autograd::(?!AccumulateGrad)")
+                      r"autograd::generated::|Backward\d*::apply|PythonEngine|autograd::CopySlices|"
+                      r"autograd::AccumulateGrad")
 PARAM_NAME = re.compile(r"^(_apply|convert|to|cuda|reset_parameters|_load_from_state_dict|load_state_dict|"
                         r"kaiming_uniform_|xavier_uniform_|normal_|uniform_|trunc_normal_|empty_like)$")
 PARAM_FILE = re.compile(r"torch/nn/parameter\.py|torch/nn/init\.py|torch/serialization\.py|safetensors")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from memq.analysis import frames as fr
 from memq.model import ACTIVE_ALLOCATED, INACTIVE, SMALL_SIZE, Snapshot
 
 MiB = 1024 * 1024
@@ -126,38 +125,11 @@ def largest_oversize_free_block(snap: Snapshot, size: int) -> int:
 
 
 def composition(snap: Snapshot) -> tuple[dict, dict]:
-    """Live bytes by category, and the top allocation sites of each category.
+    """Live bytes by class, and the top allocation sites of each: provenance.block_classes decides
+    every block's class, so the segment map and the composition never disagree."""
+    from memq.analysis.provenance import composition as by_provenance
 
-    Gradients of CUDA tensors are allocated on autograd's device thread, where `stacks="python"`
-    records no frames; a frameless live block is counted as a gradient when its size equals that of
-    a parameter block that has no gradient yet (one gradient per parameter)."""
-    totals = dict.fromkeys(fr.CATEGORIES, 0)
-    sites: dict[str, Counter] = {c: Counter() for c in fr.CATEGORIES}
-    frameless = []
-    param_sizes: Counter = Counter()
-    for seg in snap.segments:
-        for b in seg.blocks:
-            if not b.is_live:
-                continue
-            cat = fr.categorize(b.frames)
-            if cat == fr.UNKNOWN:
-                frameless.append(b)
-                continue
-            if cat == fr.PARAMETERS:
-                param_sizes[b.size] += 1
-            totals[cat] += b.size
-            sites[cat][fr.stack_signature(b.frames)] += b.size
-    any_frames = any(totals[c] for c in fr.CATEGORIES if c != fr.UNKNOWN)
-    for b in frameless:
-        if any_frames and param_sizes.get(b.size, 0) > 0:
-            param_sizes[b.size] -= 1
-            totals[fr.GRADIENTS] += b.size
-            sites[fr.GRADIENTS]["<autograd thread, matches a parameter's size>"] += b.size
-        else:
-            totals[fr.UNKNOWN] += b.size
-            sites[fr.UNKNOWN]["<no frames>"] += b.size
-    top = {c: [{"site": s, "bytes": n} for s, n in sites[c].most_common(5)] for c in fr.CATEGORIES if sites[c]}
-    return totals, top
+    return by_provenance(snap)
 
 
 def smallest_request_rounding_to(size: int, divisions: tuple) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from memq.analysis.leak import live_blocks
 from memq.analysis.memory import composition, memory_metrics
+from memq.analysis.provenance import origins
 from memq.analysis.timeline import replay
 from memq.model import Snapshot
 
@@ -42,8 +43,8 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
         tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
         agent = agent_facts(snap)
         own, why = _own_fit(snap, tl)
-        done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "timeline": tl,
-                                 "live_blocks": live_blocks(snap), "agent": agent,
+        done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "origins": origins(snap),
+                                 "timeline": tl, "live_blocks": live_blocks(snap), "agent": agent,
                                  "fit": own, "fit_reason": why}
     return done
 

@@ -125,6 +125,36 @@ SEGMENT_ROUNDING_BYTES = _rule(
     "ARCHITECTURE.md cause 7: large requests are rounded up to 2 MiB, so a block holds its request plus "
     "up to 2 MiB", "analysis")
 
+# ------------------------------------------------------------------ composition by provenance
+STEP_START_ORPHAN_FREES = _rule(
+    "STEP_START_ORPHAN_FREES", 8, "count", "measured",
+    "blocks older than the trace read as parameters only where the trace covers the step from its start: "
+    "such a trace frees few blocks it did not allocate, the previous step's outputs as their names are "
+    "rebound (0 in the ten published CS336 snapshots, 2 in the published 12-layer one recorded after five "
+    "warm-up steps), while a ring buffer that wrapped mid-step frees the earlier part's activations, one "
+    "or more per layer (35-151 in tests/fixtures/real, max_entries=8000)", "provenance")
+STATE_SPLIT_SHARE = _rule(
+    "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
+    "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
+    "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
+    "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+CUBLAS_WORKSPACE_BYTES = _rule(
+    "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
+    "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "
+    "one block per handle and stream, made on the thread that first multiplies (the autograd engine's "
+    "thread records no Python frames); the one frameless 32 MiB block of every H200 capture in "
+    "tests/fixtures/real", "provenance")
+CUBLAS_WORKSPACE_OLD_BYTES = _rule(
+    "CUBLAS_WORKSPACE_OLD_BYTES", 2 * 4096 * 1024 + 8 * 16 * 1024, "bytes", "judgement",
+    "torch's default CUBLAS_WORKSPACE_CONFIG before compute capability 9.0 (':4096:2:16:8', 8.125 MiB): "
+    "the same block on older cards, where no capture here was made", "provenance")
+CUBLAS_WORKSPACE_MAX_BLOCKS = _rule(
+    "CUBLAS_WORKSPACE_MAX_BLOCKS", 4, "count", "measured",
+    "frameless blocks of a cuBLAS workspace's size are workspaces only up to four of them (a handle for the "
+    "training thread and one for the autograd engine's, each on a stream or two: 1-2 in every H200 capture "
+    "here); the agent's OOM snapshots of tests/fixtures/step_need hold 15-20 frameless 32 MiB activations",
+    "provenance")
+
 # ------------------------------------------------------------------ cause 4: activation_spike
 SPIKE_FACTOR = _rule(
     "SPIKE_FACTOR", 1.5, "x the earlier steps' peak", "definition",

@@ -102,7 +102,7 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         "peak_live_bytes": start + peak,
         "peak_index": peak_i,
         "peak_time_us": peak_ev.time_us if peak_ev else None,
-        "peak_phase": _phase(peak_ev),
+        "peak_phase": _phase(peak_ev, any(ev.frames for ev in trace[-2000:])),
         "peak_reserved_bytes": reserved_start + seg_peak,
         "replayed_end_from_zero": level,
         "peak_site": fr.stack_signature(peak_ev.frames) if peak_ev else None,
@@ -177,10 +177,14 @@ def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) 
             "peak_so_far": start + max(levels[lo:])}
 
 
-def _phase(ev) -> str | None:
+def _phase(ev, trace_has_frames: bool = True) -> str | None:
+    """The phase of the peak's entry (provenance.event_phase): an entry without frames is backward only
+    in a trace that records frames elsewhere (autograd's thread records no Python frames)."""
     if ev is None:
         return None
-    if not ev.frames:
-        # Allocations on autograd's device thread carry no Python frames.
+    from memq.analysis.provenance import event_phase
+
+    ph = event_phase(ev.frames, trace_has_frames)
+    if ph == "backward" and not ev.frames:
         return "backward (no Python frames: autograd's thread)" if ev.action == "alloc" else None
-    return fr.phase_of(ev.frames)
+    return ph

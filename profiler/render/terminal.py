@@ -10,6 +10,7 @@ from typing import TextIO
 from rich.panel import Panel
 from rich.table import Table
 
+from memq.analysis.provenance import origin_words
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link
 from memq.render.reasons import split_unsettled, unsettled_lines
@@ -100,11 +101,13 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         ct.add_column("bytes", justify="right")
         ct.add_column("share", justify="right")
         ct.add_column("top allocation site")
+        ct.add_column("source")
         sites = det.get("composition_sites", {})
+        origin = det.get("composition_origin") or {}
         for cat, val in sorted(comp.items(), key=lambda kv: -(kv[1] or 0)):
             if val:
                 top = (sites.get(cat) or [{}])[0].get("site", "")
-                ct.add_row(cat, fmt_bytes(val), f"{100 * val / total:.1f}%", v(top))
+                ct.add_row(cat, fmt_bytes(val), f"{100 * val / total:.1f}%", v(top), origin_words(origin.get(cat)))
         con.print(ct)
 
     tl = det.get("timeline") or {}

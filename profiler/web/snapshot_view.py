@@ -18,6 +18,7 @@ from bisect import bisect_left
 from typing import Any
 
 from memq.analysis import frames as fr
+from memq.analysis.provenance import SOURCE_WORDS, block_classes
 from memq.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
 
 MAX_FRAMES = 48  # innermost frames kept per stack: the deep tail is interpreter plumbing
@@ -60,6 +61,7 @@ def segment_map(snap: Snapshot, stacks: _Stacks, trace_frames: dict | None = Non
     segs = []
     stranded_total = 0
     trace_frames = trace_frames or {}
+    classes = block_classes(snap)  # the class the composition counts: one class per block on every screen
     ordered = sorted(snap.segments, key=lambda s: (s.device, s.address))
     drawn = _segments_drawn(ordered)
     omitted = {"segments": 0, "blocks": 0, "bytes": 0}
@@ -79,9 +81,11 @@ def segment_map(snap: Snapshot, stacks: _Stacks, trace_frames: dict | None = Non
                 frames = trace_frames.get((b.address, b.requested_size)) or []
                 from_trace = 1 if frames else 0
             k = stacks.add(frames)
+            bc = classes.get(b.address) if b.is_live else None
             blocks.append({"o": b.address - seg.address, "s": b.size, "r": b.requested_size, "st": b.state,
-                           "c": stacks.category(k) if b.is_live else None, "k": k, "x": live and b.state == INACTIVE,
-                           "kt": from_trace})
+                           "c": (bc.cls if bc is not None else fr.UNKNOWN) if b.is_live else None, "k": k,
+                           "x": live and b.state == INACTIVE, "kt": from_trace,
+                           "v": bc.source if bc is not None else None})
         segs.append({"address": seg.address, "size": seg.total_size, "stream": seg.stream,
                      "pool": seg.segment_type, "private": seg.is_private_pool, "expandable": seg.is_expandable,
                      "device": seg.device, "blocks": blocks})
@@ -144,6 +148,9 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
     peak_i, peak = 0, -1
     frame_cat: dict[int, int] = {}  # id(frames) -> category: entries share interned frames lists
     unknown = ci[fr.UNKNOWN]
+    # An allocation whose block is still live takes the block's class (the composition's), so a band
+    # of the timeline and the segment map's block are one class.
+    kept = {bc.event: ci[bc.cls] for bc in block_classes(snap).values() if bc.event >= 0}
     for i, ev in enumerate(trace):
         if not i % DETAIL_CHECKPOINT:
             ckpt.extend(level)
@@ -158,6 +165,7 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
                     trace_frames[(ev.addr, ev.size)] = f
             else:
                 c = unknown
+            c = kept.get(i, c)
             level[c] += ev.size
             total += ev.size
             cat_col[i] = c
@@ -242,6 +250,9 @@ def snapshot_view(snap: Snapshot | None, analysis: dict[str, Any] | None, *, tit
     view: dict[str, Any] = {
         "title": title, "meta": meta or {}, "blob_error": blob_error,
         "metrics": analysis.get("metrics"), "composition": analysis.get("composition"),
+        # where each class came from (known from the job, inferred from the trace), and the words for
+        # what decided one block's class (the segment map's "v")
+        "composition_origin": details.get("composition_origin"), "source_words": SOURCE_WORDS,
         "diagnosis": analysis.get("diagnosis"), "oom": analysis.get("oom"), "fit": fit_test(analysis),
         "limits": details.get("limits"), "allocator_settings": details.get("allocator_settings"),
         "whatif": analysis.get("whatif") or details.get("whatif"),

@@ -78,7 +78,9 @@ def test_workspace_boundary():
     prog, trace = m.replay.program, traced("cnn").trace
     held = {m.replay.program.size[i] for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
             if op == fit.OP_ALLOC and m.kinds[h] == fit.WORKSPACE}
-    assert 8651487 in held and all(s % 2 for s in held)
+    # odd sizes by fit's own rule; the one even one is the cuBLAS workspace still live at the snapshot,
+    # which the composition (provenance.block_classes) names so and the peak's composition with it
+    assert 8651487 in held and all(s % 2 for s in held - {32 << 20})
     assert all(not trace[m.replay.op_event[i]].frames for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
                if op == fit.OP_ALLOC and m.kinds[h] == fit.WORKSPACE)
     # the one within WORKSPACE_NEAR of an activation's size scales (it is not among the sizes that recur

@@ -465,6 +465,7 @@
       if (!t.getAttribute || t.getAttribute("data-bi") === null) { readout.textContent = ""; return; }
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
       readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown")) +
+        (b.v ? " (" + (b.v === "job" ? "known from the job" : "inferred from the trace") + ")" : "") +
         " at 0x" + (s.address + b.o).toString(16) + " in a " + fmtBytes(s.size) + " " + s.pool + " segment";
     });
     svg.addEventListener("click", function (ev) {
@@ -474,7 +475,8 @@
       t.classList.add("selected");
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
       var lines = ["size " + fmtBytes(b.s) + " (requested " + fmtBytes(b.r) + ")", "state " + b.st + (b.x ? " · stranded free bytes" : ""),
-                   "category " + (b.c || "(free)"), "address 0x" + (s.address + b.o).toString(16),
+                   "category " + (b.c || "(free)") + (b.v && view.source_words ? ": " + view.source_words[b.v] : ""),
+                   "address 0x" + (s.address + b.o).toString(16),
                    "segment " + fmtBytes(s.size) + " · " + s.pool + " pool · stream " + s.stream + (s.private ? " · private pool" : "")];
       if (need && b.st === "inactive") lines.push(b.s >= need ? "the failed request (" + fmtBytes(need) + ") fits here" : "the failed request (" + fmtBytes(need) + ") does not fit here");
       if (b.kt) lines.push("frames: those of the trace's allocation of this block (the snapshot lists none for it)");
@@ -492,7 +494,7 @@
     el("text", {x: x0 + w / 2, y: y0 + 12, "class": "tick", "text-anchor": "middle", id: "segmap-scale"}, svg, fmtBytes(v));
   }
 
-  function fitTest(box, fit) {
+  function fitTest(box, fit, comp) {
     var W = Math.max(480, box.clientWidth || 900), H = 160, L = 190, R = 20;
     var svg = svgFor(box, W, H);
     svg.setAttribute("id", "fit-svg");
@@ -505,7 +507,19 @@
     el("text", {x: Math.max(x(S), x(LF)) + 6, y: 34, "class": "label " + (fit.fits_largest_free_block ? "ok" : "bad")}, svg,
        fmtBytes(LF) + " free vs " + fmtBytes(S) + " requested: " + (fit.fits_largest_free_block ? "fits" : "does not fit"));
     el("text", {x: L - 8, y: 92, "class": "tick", "text-anchor": "end"}, svg, "live + request vs limit");
-    el("rect", {x: L, y: 78, width: Math.max(1, x(A) - L), height: 20, "class": "block cat-activations"}, svg);
+    // the live bytes by class (the composition's, block by block the segment map's), not one colour
+    var ct = 0; CATS.forEach(function (c) { ct += (comp && comp[c]) || 0; });
+    if (ct > 0) {
+      var cx = L;
+      CATS.forEach(function (c) {
+        var w = (comp[c] || 0) / ct * (x(A) - L); if (w <= 0) return;
+        el("title", {}, el("rect", {x: cx, y: 78, width: Math.max(0.5, w), height: 20, "class": "block live cat-" + c}, svg),
+           c + " " + fmtBytes(comp[c]));
+        cx += w;
+      });
+    } else {
+      el("rect", {x: L, y: 78, width: Math.max(1, x(A) - L), height: 20, "class": "block live cat-unknown"}, svg);
+    }
     el("rect", {x: x(A), y: 78, width: Math.max(1, x(A + S) - x(A)), height: 20, "class": "request"}, svg);
     if (fit.limit_bytes) {
       el("line", {x1: x(fit.limit_bytes), x2: x(fit.limit_bytes), y1: 66, y2: 108, "class": "limit"}, svg);
@@ -528,7 +542,7 @@
     parts.forEach(function (t, i) { el("text", {x: x, y: y + 15 * i, "class": cls}, svg, t); });
   }
 
-  function stackedBar(svg, x0, y0, width, height, comp, label) {
+  function stackedBar(svg, x0, y0, width, height, comp, label, origin) {
     var total = 0; CATS.forEach(function (c) { total += comp[c] || 0; });
     el("text", {x: x0 - 8, y: y0 + height / 2 + 4, "class": "tick", "text-anchor": "end"}, svg, label);
     var cx = x0;
@@ -536,18 +550,34 @@
       var v = comp[c] || 0; if (!v) return;
       var w = v / (total || 1) * width;
       var r = el("rect", {x: cx, y: y0, width: Math.max(1, w), height: height, "class": "cat-" + c}, svg);
-      el("title", {}, r, c + " " + fmtBytes(v));
+      el("title", {}, r, c + " " + fmtBytes(v) + (origin && origin[c] ? " · " + originWords(origin[c]) : ""));
       if (w > 70) el("text", {x: cx + 4, y: y0 + height / 2 + 4, "class": "inbar"}, svg, c.replace("_", " ") + " " + fmtBytes(v));
       cx += w;
     });
     return total;
   }
 
-  function composition(box, comp) {
+  /* One class's bytes by origin in words (provenance.origin_words). */
+  function originWords(o) {
+    if (!o) return "";
+    var k = o["known from the job"] || 0, i = o["inferred from the trace"] || 0;
+    if (k && !i) return "known from the job";
+    if (i && !k) return "inferred from the trace";
+    return Math.round(100 * k / (k + i)) + "% known from the job, the rest inferred from the trace";
+  }
+
+  function composition(box, comp, origin) {
     if (!comp) { h("p", "note", box, "no composition stored"); return; }
     var W = Math.max(480, box.clientWidth || 900);
     var svg = svgFor(box, W, 50);
-    stackedBar(svg, 100, 10, W - 120, 28, comp, "live bytes");
+    stackedBar(svg, 100, 10, W - 120, 28, comp, "live bytes", origin);
+    if (!origin) return;
+    // where each class came from, beside the bar: the same block classes as the segment map's
+    var by = {};
+    CATS.forEach(function (c) { if (comp[c]) { var w = originWords(origin[c]); if (w) (by[w] = by[w] || []).push(c.replace("_", " ")); } });
+    var p = h("p", "note", box, "");
+    p.id = "composition-origin";
+    p.textContent = Object.keys(by).map(function (w) { return by[w].join(", ") + ": " + w; }).join(" · ");
   }
 
   function compareChart(box, doc) {
@@ -571,8 +601,8 @@
   var panel = document.getElementById("frames");
   if ((box = document.getElementById("cat-timeline")) && DATA) catTimeline(box, DATA, panel);
   if ((box = document.getElementById("segmap")) && DATA) segmentMap(box, DATA, panel);
-  if ((box = document.getElementById("fit")) && DATA && DATA.fit) fitTest(box, DATA.fit);
-  if ((box = document.getElementById("composition")) && DATA) composition(box, DATA.composition);
+  if ((box = document.getElementById("fit")) && DATA && DATA.fit) fitTest(box, DATA.fit, DATA.composition);
+  if ((box = document.getElementById("composition")) && DATA) composition(box, DATA.composition, DATA.composition_origin);
   if ((box = document.getElementById("compare-chart")) && DATA) compareChart(box, DATA);
   document.documentElement.setAttribute("data-ready", "1");
 })();
