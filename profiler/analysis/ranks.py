@@ -305,3 +305,17 @@ def _no_failure(facts: list[RankFacts], out: dict[str, Any]) -> dict[str, Any]:
         out["imbalance"] = "none"
         ev.append(f"no OOM; the ranks' peaks are within {PEAK_FACTOR}x of each other")
     return out
+
+
+#: Advice that shrinks every rank's step: wrong for a data imbalance, where one rank's inputs are larger
+#: and a smaller batch for all would only waste the others' memory (recommend.py's actions).
+_SHRINK_EVERY_RANK = ("Reduce the step's memory", "Reduce activation memory", "Leave more headroom",
+                      "Leave the step headroom")
+
+
+def rank_advice_first(rank_recs: list[dict], own: list[dict], imbalance: str | None) -> list[dict]:
+    """The cross-rank advice first, then the failing rank's own, less what a data imbalance makes wrong."""
+    if imbalance == "data":
+        own = [r for r in own if not str(r.get("action") or "").startswith(_SHRINK_EVERY_RANK)]
+    return list(rank_recs) + list(own)
+

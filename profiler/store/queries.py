@@ -34,7 +34,7 @@ from memq.analysis.compare import (
 )
 from memq.analysis.frames import CATEGORIES
 from memq.analysis.memory import free_in_pieces
-from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed
+from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed, rank_advice_first
 from memq.analysis.run_verdict import forecast_rank
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
@@ -282,7 +282,8 @@ def with_rank_advice(diagnosis: dict[str, Any] | None, ranks: dict[str, Any]) ->
         return diagnosis
     out = dict(diagnosis)
     out["failed_rank"] = ranks["failed_rank"]
-    out["recommendations"] = list(ranks["recommendations"]) + list(diagnosis.get("recommendations") or [])
+    out["recommendations"] = rank_advice_first(ranks["recommendations"], diagnosis.get("recommendations") or [],
+                                               ranks.get("imbalance"))
     causes = [dict(c) for c in diagnosis.get("causes") or []]
     for c in causes:
         if c.get("cause") == diagnosis.get("primary_cause"):
