@@ -17,7 +17,6 @@ from memq.analysis import frames as fr
 from memq.model import Snapshot
 
 MAX_POINTS = 400  # samples kept for plots; the peak is always kept
-_STEP_ACTIONS = frozenset(("alloc", "free_requested"))
 
 
 def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
@@ -25,7 +24,10 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     if not trace:
         return {"events": 0, "covers_whole_run": False, "peak_live_bytes": None, "series": [],
                 "steps": [], "start_live_bytes": None}
-    # Pass 1: net change and the running level; keep step boundaries and the peak position.
+    # Pass 1: net change and the running level; keep step boundaries and the peak position. The
+    # per-event work is a few comparisons and an addition, whatever the frames: what depends on a
+    # stack (is it optimizer code) is read once per frames list (entries with the same stack share
+    # one: snapshot.py interns them) and looked up by the list's identity.
     level = 0
     seg_level = seg_peak = 0
     peak = 0
@@ -33,47 +35,53 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     allocs = frees = 0
     step_starts: list[int] = []  # index of the first optimizer-step event of each step
     in_opt = False
-    levels = []  # level after each event, relative to the start
-    for i, ev in enumerate(trace):
-        a = ev.action
+    levels: list[int] = []  # level after each event, relative to the start
+    append = levels.append
+    created: set = set()  # segments created inside the trace
+    opt_of: dict[int, bool] = {}  # id(frames) -> is_optimizer; the trace holds every list it names
+    opt_get = opt_of.get
+    is_opt = fr.is_optimizer
+    i = -1
+    for ev in trace:
+        i += 1
+        a = ev[0]
         if a == "alloc":
-            level += ev.size
+            level += ev[2]
             allocs += 1
             if level > peak or peak_i < 0:
                 peak, peak_i = level, i
         elif a == "free_completed":
-            level -= ev.size
+            level -= ev[2]
             frees += 1
-        elif a in ("segment_alloc", "segment_map"):
-            seg_level += ev.size
-            seg_peak = max(seg_peak, seg_level)
-        elif a in ("segment_free", "segment_unmap"):
-            seg_level -= ev.size
-        if ev.frames and a in _STEP_ACTIONS:
-            # Steps are delimited by entering optimizer code (allocations and free requests: SGD's
-            # in-place updates allocate nothing after the first step, but frees inside step() show).
-            opt = fr.is_optimizer(ev.frames)
+            append(level)
+            continue
+        elif a != "free_requested":
+            if a in _SEG_UP:
+                seg_level += ev[2]
+                if seg_level > seg_peak:
+                    seg_peak = seg_level
+                created.add(ev[1])
+            elif a in _SEG_DOWN:
+                seg_level -= ev[2]
+            append(level)
+            continue
+        # alloc, free_requested: steps are delimited by entering optimizer code (allocations and
+        # free requests: SGD's in-place updates allocate nothing after the first step, but frees
+        # inside step() show).
+        f = ev[5]
+        if f:
+            opt = opt_get(id(f))
+            if opt is None:
+                opt = opt_of[id(f)] = is_opt(f)
             if opt and not in_opt:
                 step_starts.append(i)
             in_opt = opt
-        levels.append(level)
+        append(level)
     start = live_requested_end - level
     reserved_start = reserved_end - seg_level
     # The trace saw the whole run when every segment alive at the end was created inside it.
-    created = {ev.addr for ev in trace if ev.action in ("segment_alloc", "segment_map")}
     covers = bool(snap.segments) and all(s.address in created for s in snap.segments) and reserved_start == 0
-    # Pass 2: what was live at the peak (allocations made inside the trace and not yet freed).
-    live: dict[int, tuple[int, list]] = {}
-    for ev in trace[: peak_i + 1]:
-        if ev.action == "alloc" and ev.addr is not None:
-            live[ev.addr] = (ev.size, ev.frames)
-        elif ev.action == "free_completed" and ev.addr is not None:
-            live.pop(ev.addr, None)
-    by_site: Counter = Counter()
-    by_cat: Counter = Counter()
-    for size, frames in live.values():
-        by_site[fr.stack_signature(frames)] += size
-        by_cat[fr.categorize(frames)] += size
+    by_site, by_cat = _live_at(trace, peak_i)
     before = (start + peak) - sum(by_site.values())
     peak_ev = trace[peak_i] if peak_i >= 0 else None
     step = max(1, len(levels) // MAX_POINTS)
@@ -114,6 +122,37 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         "step_peaks": step_peaks,
         "series": series,
     }
+
+
+_SEG_UP = frozenset(("segment_alloc", "segment_map"))
+_SEG_DOWN = frozenset(("segment_free", "segment_unmap"))
+
+
+def _live_at(trace, peak_i: int) -> tuple[Counter, Counter]:
+    """Bytes by site and by category of the allocations made inside the trace and not yet freed at
+    event `peak_i`. Sites and categories are read once per frames list, not once per live block."""
+    live: dict[int, tuple] = {}  # addr -> its alloc event
+    pop = live.pop
+    for ev in trace[: peak_i + 1]:
+        a = ev[0]
+        if a == "alloc":
+            if ev[1] is not None:
+                live[ev[1]] = ev
+        elif a == "free_completed" and ev[1] is not None:
+            pop(ev[1], None)
+    per_list: dict[int, list] = {}  # id(frames) -> [frames, bytes], in the order live blocks are
+    for ev in live.values():
+        got = per_list.get(id(ev[5]))
+        if got is None:
+            per_list[id(ev[5])] = [ev[5], ev[2]]
+        else:
+            got[1] += ev[2]
+    by_site: Counter = Counter()
+    by_cat: Counter = Counter()
+    for frames, size in per_list.values():
+        by_site[fr.stack_signature(frames)] += size
+        by_cat[fr.categorize(frames)] += size
+    return by_site, by_cat
 
 
 # A step with more allocations and frees than this is kept as no reference: the reference goes into
