@@ -27,16 +27,24 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     # Pass 1: net change and the running level; keep step boundaries and the peak position. The
     # per-event work is a few comparisons and an addition, whatever the frames: what depends on a
     # stack (is it optimizer code) is read once per frames list (entries with the same stack share
-    # one: snapshot.py interns them) and looked up by the list's identity.
+    # one: snapshot.py interns them) and looked up by the list's identity. No level is kept per
+    # event: the series keeps every `every`-th, and each stretch between step starts its highest
+    # and lowest (the level moves only at alloc and free_completed).
+    n = len(trace)
+    every = max(1, n // MAX_POINTS)
+    samples: list[int] = []  # the level after events 0, every, 2 * every, ...
+    sample_at = 0
     level = 0
     seg_level = seg_peak = 0
     peak = 0
     peak_i = -1
     allocs = frees = 0
     step_starts: list[int] = []  # index of the first optimizer-step event of each step
+    stretches: list[tuple[int, int, int]] = []  # (first index, highest, lowest level) of each closed stretch
+    lo = 0  # the open stretch: from event lo, its highest and lowest level so far
+    first = trace[0]
+    high = low = first[2] if first[0] == "alloc" else -first[2] if first[0] == "free_completed" else 0
     in_opt = False
-    levels: list[int] = []  # level after each event, relative to the start
-    append = levels.append
     created: set = set()  # segments created inside the trace
     opt_of: dict[int, bool] = {}  # id(frames) -> is_optimizer; the trace holds every list it names
     opt_get = opt_of.get
@@ -53,7 +61,11 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         elif a == "free_completed":
             level -= ev[2]
             frees += 1
-            append(level)
+            if level < low:
+                low = level
+            if i == sample_at:
+                samples.append(level)
+                sample_at += every
             continue
         elif a != "free_requested":
             if a in _SEG_UP:
@@ -63,7 +75,9 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
                 created.add(ev[1])
             elif a in _SEG_DOWN:
                 seg_level -= ev[2]
-            append(level)
+            if i == sample_at:
+                samples.append(level)
+                sample_at += every
             continue
         # alloc, free_requested: steps are delimited by entering optimizer code (allocations and
         # free requests: SGD's in-place updates allocate nothing after the first step, but frees
@@ -75,8 +89,16 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
                 opt = opt_of[id(f)] = is_opt(f)
             if opt and not in_opt:
                 step_starts.append(i)
+                if i > lo:  # the stretch before it closes (this event's level is the next one's)
+                    stretches.append((lo, high, low))
+                lo, high, low = i, level, level
             in_opt = opt
-        append(level)
+        if level > high:  # an alloc (a free request leaves the level where the stretch had it)
+            high = level
+        if i == sample_at:
+            samples.append(level)
+            sample_at += every
+    stretches.append((lo, high, low))
     start = live_requested_end - level
     reserved_start = reserved_end - seg_level
     # The trace saw the whole run when every segment alive at the end was created inside it.
@@ -84,22 +106,17 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     by_site, by_cat = _live_at(trace, peak_i)
     before = (start + peak) - sum(by_site.values())
     peak_ev = trace[peak_i] if peak_i >= 0 else None
-    step = max(1, len(levels) // MAX_POINTS)
     series = []
-    for i in range(0, len(levels), step):
-        series.append([trace[i].time_us if trace[i].time_us is not None else i, start + levels[i]])
-    if peak_i >= 0 and (peak_i % step):
+    for k, i in enumerate(range(0, n, every)):
+        series.append([trace[i].time_us if trace[i].time_us is not None else i, start + samples[k]])
+    if peak_i >= 0 and (peak_i % every):
         series.append([peak_ev.time_us if peak_ev.time_us is not None else peak_i, start + peak])
         series.sort(key=lambda p: p[0])
     # Peak of live bytes inside each completed step (boundaries = starts of optimizer steps).
-    step_peaks = []
-    bounds = [0, *step_starts]
-    for lo, hi in zip(bounds, bounds[1:] + [len(levels)], strict=False):
-        if hi > lo:
-            step_peaks.append(start + max(levels[lo:hi]))
+    step_peaks = [start + hi for _lo, hi, _low in stretches]
     return {
-        "last_cycle": _last_cycle(trace, levels, start, step_starts),
-        "current_step": _current_step(trace, levels, start, step_starts),
+        "last_cycle": _last_cycle(trace, stretches, start, step_starts),
+        "current_step": _current_step(trace, stretches, start, step_starts),
         "events": len(trace),
         "has_frames": any(ev.frames for ev in trace[-2000:]),
         "allocs": allocs,
@@ -160,7 +177,7 @@ def _live_at(trace, peak_i: int) -> tuple[Counter, Counter]:
 MAX_REF_EVENTS = 100_000
 
 
-def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
+def _last_cycle(trace, stretches: list[tuple[int, int, int]], start: int, step_starts: list[int]) -> dict | None:
     """The last complete training step of the trace (from one optimizer step to the next: the update,
     then a forward and backward), to which a later step cut off by an OOM is compared
     (step_need.py): its peak and floor of live bytes, and its allocations in order as
@@ -168,14 +185,14 @@ def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) ->
     Flags: FIXED for allocations in optimizer code or holding parameters/state, and for what
     survives the step (its parameters' gradients); BEFORE for blocks from before the step that it
     frees; SCALED (input-sized) for the rest."""
-    from memq.analysis.step_need import BEFORE, FIXED, SCALED
-
     if len(step_starts) < 2:
         return None
     lo, hi = step_starts[-2], step_starts[-1]
-    window = levels[lo:hi]
-    if not window or hi - lo > MAX_REF_EVENTS:
+    if hi - lo > MAX_REF_EVENTS:
         return None
+    from memq.analysis.step_need import BEFORE, FIXED, SCALED
+
+    _lo, high, low = stretches[-2]  # from step_starts[-2] to step_starts[-1]
     allocs: list[list[int]] = []
     events: list[int] = []
     live: dict[int, int] = {}
@@ -197,10 +214,10 @@ def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) ->
         allocs[n][1] = FIXED
     if not any(e >= 0 for e in events):
         return None
-    return {"peak": start + max(window), "floor": start + min(window), "allocs": allocs, "events": events}
+    return {"peak": start + high, "floor": start + low, "allocs": allocs, "events": events}
 
 
-def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
+def _current_step(trace, stretches: list[tuple[int, int, int]], start: int, step_starts: list[int]) -> dict | None:
     """The trailing step of the trace (after its last optimizer step), when it ends in an OOM: its
     floor and the sizes of the blocks it allocated that are still live (what it holds so far)."""
     if not step_starts or not any(ev.action == "oom" for ev in trace[step_starts[-1]:]):
@@ -212,8 +229,8 @@ def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) 
             live[ev.addr] = ev.size
         elif ev.action == "free_completed":
             live.pop(ev.addr, None)
-    return {"floor": start + min(levels[lo:]), "blocks": sorted(live.values(), reverse=True),
-            "peak_so_far": start + max(levels[lo:])}
+    _lo, high, low = stretches[-1]  # from step_starts[-1] to the end
+    return {"floor": start + low, "blocks": sorted(live.values(), reverse=True), "peak_so_far": start + high}
 
 
 def _phase(ev) -> str | None:
