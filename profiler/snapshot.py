@@ -312,17 +312,59 @@ class _Frames:
                                 f"{self._budget}-byte input); snapshots are plain trees")
 
     def first_sight(self, f: Any) -> list:
-        """`intern` of a non-empty `f` that is not remembered by its identity. The parser calls it
-        with f held by the entry's dict and its own name only (what _LIST_UNSHARED_REFS counts)."""
+        """`intern` of a non-empty `f` that is not remembered by its identity: the kept list that
+        reads like it. The parser calls it with f held by the entry's dict and its own name only
+        (what _LIST_UNSHARED_REFS counts); a list that entries still to be read hold is remembered.
+
+        Lists of frame objects that other lists share too (torch pickles one dict per distinct
+        frame) are found by identities and confirmed by list equality (identity first, in C): a
+        fixed cost per list, and a C comparison per frame reference, as the unpickler's own. First
+        the list found last with the same length and middle frame (one identity: the stack of most
+        lists, 70-85% of those of the real recordings and of the shapes of
+        benchmarks/trace_shapes.py), then the lists tried for five frames' identities (first,
+        quarter, middle, three quarters, last). The rest, whose frames are their own, by their
+        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that
+        (lists crafted to agree there) a list is found by its text, which costs more but stays
+        linear."""
         if type(f) is not list:
             return _EMPTY_FRAMES
-        if getrefcount(f) > _LIST_UNSHARED_REFS:  # entries to come hold it (before _by_frames: it may keep f)
-            c = self._by_frames(f)
+        remember = getrefcount(f) > _LIST_UNSHARED_REFS  # before the look-ups: they may keep f
+        first = f[0]
+        if getrefcount(first) > _UNSHARED_REFS:
+            n = len(f)
+            near = (n, id(f[n >> 1]))
+            seen = self._by_middle.get(near)
+            if seen is not None and seen[0] == f:
+                c = seen[1]
+            else:
+                key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
+                tried = self._by_ids.get(key)
+                if tried is None:
+                    tried = self._by_ids[key] = []
+                for seen in tried:
+                    if seen[0] == f:
+                        self._by_middle[near] = seen
+                        c = seen[1]
+                        break
+                else:
+                    c = self._by_text(f)
+                    if len(tried) < _SAME_ENDS:
+                        tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
+                        self._by_middle[near] = seen
+                    elif c is not f:
+                        self.held.append(f)
+        else:
+            c = self._by_text(f)
+            if c is not f:
+                # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
+                # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
+                # freeing it, a worker frees it whole when the analysis is done).
+                self.held.append(f)
+        if remember:  # entries still to be read hold it: found by its identity until the last
             self._by_list[id(f)] = (f, c)
             if len(self._by_list) >= self._next_sweep:
                 self.sweep()
-            return c
-        return self._by_frames(f)
+        return c
 
     def sweep(self) -> None:
         """Let go of the remembered lists that nothing but the memo holds any more (no entry to come
@@ -333,47 +375,6 @@ class _Frames:
         for i in gone:
             del by_list[i]
         self._next_sweep = max(_SWEEP_MIN, 2 * len(by_list))
-
-    def _by_frames(self, f: list) -> list:
-        """The kept list that reads like `f`. Lists of frame objects that other lists share too (torch
-        pickles one dict per distinct frame) are found by the identities of five of their frames and
-        confirmed by list equality (identity first, in C): a fixed cost per list, and a C comparison
-        per frame reference, as the unpickler's own. The rest, whose frames are their own, by their
-        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that (lists
-        crafted to agree there) a list is found by its text, which costs more but stays linear."""
-        first = f[0]
-        if getrefcount(first) > _UNSHARED_REFS:
-            n = len(f)
-            # First the list found last with the same middle frame (one identity: the stack of
-            # most lists, 70-85% of those of the real recordings and the shapes of
-            # benchmarks/trace_shapes.py), then the lists tried for five frames' identities.
-            near = (n, id(f[n >> 1]))
-            seen = self._by_middle.get(near)
-            if seen is not None and seen[0] == f:
-                return seen[1]
-            key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
-            tried = self._by_ids.get(key)
-            if tried is None:
-                tried = self._by_ids[key] = []
-            else:
-                for seen in tried:
-                    if seen[0] == f:
-                        self._by_middle[near] = seen
-                        return seen[1]
-            c = self._by_text(f)
-            if len(tried) < _SAME_ENDS:
-                tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
-                self._by_middle[near] = seen
-            elif c is not f:
-                self.held.append(f)
-            return c
-        c = self._by_text(f)
-        if c is not f:
-            # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
-            # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
-            # freeing it, a worker frees it whole when the analysis is done).
-            self.held.append(f)
-        return c
 
     def _by_text(self, f: list) -> list:
         try:
@@ -410,8 +411,8 @@ class _Frames:
 
 
 _FRAME_TEXT = itemgetter("filename", "line", "name")
-# References to a list's first frame while _by_frames() reads it when no other list holds it: the list,
-# the local name and getrefcount's own argument.
+# References to a list's first frame while first_sight() reads it when no other list holds it: the
+# list, the local name and getrefcount's own argument.
 _UNSHARED_REFS = 3
 # References to a frames list while first_sight() reads it when no entry still to be read holds it:
 # the entry's dict, the parser's local name, first_sight's argument and getrefcount's own.
