@@ -11,7 +11,7 @@ import gc
 from itertools import chain, compress, repeat
 from operator import itemgetter, le, methodcaller
 from sys import getrefcount
-from typing import Any
+from typing import Any, Callable
 
 from memq.errors import SnapshotError
 from memq.model import (
@@ -304,8 +304,12 @@ class _Frames:
         seen = self._by_list.get(id(f))
         return seen[1] if seen is not None else self.first_sight(f)
 
-    def count_refs(self, n: int) -> None:
-        """Count `n` more frame references that entries make (each entry its list's length)."""
+    def count_refs(self, n: int, exact: Callable[[], int] | None = None) -> None:
+        """Count `n` more frame references that entries make (each entry its list's length): an
+        upper bound, when `exact()` gives the count itself, which is taken only if the bound would
+        pass the budget."""
+        if exact is not None and self.refs + n > self._budget:
+            n = exact()
         self.refs += n
         if self.refs > self._budget:
             raise SnapshotError(f"data reuses containers ({self.refs} frame references from a "
@@ -365,6 +369,10 @@ class _Frames:
             if len(self._by_list) >= self._next_sweep:
                 self.sweep()
         return c
+
+    def longest(self) -> int:
+        """The length of the longest list kept (every entry's list is one of them, or empty)."""
+        return max(map(len, chain(self._lists.values(), self._odd.values())), default=0)
 
     def sweep(self) -> None:
         """Let go of the remembered lists that nothing but the memo holds any more (no entry to come
@@ -484,9 +492,10 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     e = seen = None  # the last entry and its list are read: nothing here holds them
     frames_seen.sweep()  # what no entry holds any more
     # the frame references the entries make, each its list's length (a kept list is as long as the
-    # entry's own), and one C-level pass (about a tenth of the loop above) over the sizes'
+    # entry's own): counted when as many entries as the trace has, each with the longest list kept,
+    # could pass the budget; and one C-level pass (about a tenth of the loop above) over the sizes'
     # magnitudes, so a negative size cannot cancel a hostile one either
-    frames_seen.count_refs(sum(map(len, map(_EVENT_FRAMES, out))))
+    frames_seen.count_refs(len(out) * frames_seen.longest(), lambda: sum(map(len, map(_EVENT_FRAMES, out))))
     _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
 
