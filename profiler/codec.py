@@ -159,6 +159,9 @@ def _capped(nbytes: int):
 # unpickler runs on a thread with a stack of _STACK_MAX (`_Unpickling`; address space, only used pages
 # count), and a bound past what that stack holds is refused.
 _TUPLE_OPCODES = b"\x85\x86\x87t"  # TUPLE1, TUPLE2, TUPLE3, TUPLE
+# Every other byte: deleting these leaves the tuple opcodes' bytes, and writes little (a fifth less
+# work per byte than deleting the opcodes and keeping the rest).
+_OTHER_BYTES = bytes(b for b in range(256) if b not in _TUPLE_OPCODES)
 _INLINE_TUPLE_OPS = 20_000
 # A level of tuplehash takes 64-80 bytes of stack (CPython 3.11, x86_64: a 64 MiB stack hashes a tuple
 # nested 838,860 deep and crashes at 1,048,576); 256 leaves room for other builds. The largest stack is
@@ -171,7 +174,7 @@ _STACK_MAX = 4 * 1024**3
 
 
 def _stack_needed(data: bytes) -> int:
-    bound = len(data) - len(data.translate(None, _TUPLE_OPCODES))  # one pass (4 counts take 4)
+    bound = len(data.translate(None, _OTHER_BYTES))  # one pass (4 counts take 4)
     if bound <= _INLINE_TUPLE_OPS:
         return 0
     need = _STACK_BASE + _STACK_PER_LEVEL * bound
@@ -329,7 +332,7 @@ class InflatingReader:
         if self._hash is not None:
             self._hash.update(chunk)
         self.size += len(chunk)
-        self._tuple_ops += len(chunk) - len(chunk.translate(None, _TUPLE_OPCODES))
+        self._tuple_ops += len(chunk.translate(None, _OTHER_BYTES))
         if self._tuple_ops > self._max_tuple_ops:
             raise TooLarge(f"pickle may nest tuples {self._tuple_ops} deep; snapshots hold a few flat tuples")
         if self._pos > _OUT_CHUNK and self._pos * 2 > len(self._buf):

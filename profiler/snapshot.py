@@ -8,10 +8,10 @@ snapshot at all raises `SnapshotError` with a message that names the problem.
 from __future__ import annotations
 
 import gc
-from itertools import chain
-from operator import itemgetter, methodcaller
+from itertools import chain, compress, repeat
+from operator import itemgetter, le, methodcaller
 from sys import getrefcount
-from typing import Any
+from typing import Any, Callable
 
 from memq.errors import SnapshotError
 from memq.model import (
@@ -284,76 +284,106 @@ class _Frames:
 
     def __init__(self, budget: int) -> None:
         self._lists: dict[tuple, list] = {}
+        # A list that later entries share (torch pickles one list per allocation, read again by its
+        # frees) is remembered by its identity (id -> (list, kept list)) while entries still to come
+        # hold it: held meanwhile, so its id stays its own, and let go by `sweep` once no entry
+        # holds it, so that memory follows the entries still to come.
         self._by_list: dict[int, tuple[list, list]] = {}
         self._by_ids: dict[tuple, list[tuple[list, list]]] = {}
+        self._by_middle: dict[tuple, tuple[list, list]] = {}  # (length, id of the middle frame) -> a tried entry
         self._odd: dict[int, list] = {}  # lists of frames that have no text key (legacy tuples, odd dicts)
         self.held: list[list] = []  # lists dropped for an equal one, freed with the snapshot
-        self._last: list | None = None
-        self._last_canon: list | None = None
+        self._next_sweep = _SWEEP_MIN
         self.refs = 0
         self._budget = budget
 
     def intern(self, f: Any) -> list:
+        """The kept list that reads like `f`, an entry's frames (empty for no list)."""
         if type(f) is not list or not f:
             return _EMPTY_FRAMES
-        self.refs += len(f)
+        self.count_refs(len(f))
+        seen = self._by_list.get(id(f))
+        return seen[1] if seen is not None else self.first_sight(f)
+
+    def count_refs(self, n: int, exact: Callable[[], int] | None = None) -> None:
+        """Count `n` more frame references that entries make (each entry its list's length): an
+        upper bound, when `exact()` gives the count itself, which is taken only if the bound would
+        pass the budget."""
+        if exact is not None and self.refs + n > self._budget:
+            n = exact()
+        self.refs += n
         if self.refs > self._budget:
             raise SnapshotError(f"data reuses containers ({self.refs} frame references from a "
                                 f"{self._budget}-byte input); snapshots are plain trees")
-        if f is self._last:  # a third of the entries of the real 1M capture repeat the previous list
-            if getrefcount(f) <= _LIST_LAST_REFS + 1:  # + self._last
-                self._by_list.pop(id(f), None)
-            return self._last_canon
-        # A list that later entries share (torch pickles one list per allocation, read again by its
-        # frees) is remembered by its identity until its last entry is read: it is held meanwhile, so
-        # its id stays its own, and let go then, so that memory follows the entries still to come.
-        by_list = self._by_list
-        i = id(f)
-        seen = by_list.get(i)
-        if seen is not None and seen[0] is f:
-            c = seen[1]
-            if getrefcount(f) <= _LIST_LAST_REFS:
-                del by_list[i]
-        elif getrefcount(f) > _LIST_UNSHARED_REFS:  # before _by_frames: it may keep f itself
-            by_list[i] = (f, c := self._by_frames(f))
-        else:
-            c = self._by_frames(f)
-        self._last = f  # held: its id cannot be reused while it is compared
-        self._last_canon = c
-        return c
 
-    def _by_frames(self, f: list) -> list:
-        """The kept list that reads like `f`. Lists of frame objects that other lists share too (torch
-        pickles one dict per distinct frame) are found by the identities of five of their frames and
-        confirmed by list equality (identity first, in C): a fixed cost per list, and a C comparison
-        per frame reference, as the unpickler's own. The rest, whose frames are their own, by their
-        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that (lists
-        crafted to agree there) a list is found by its text, which costs more but stays linear."""
+    def first_sight(self, f: Any) -> list:
+        """`intern` of a non-empty `f` that is not remembered by its identity: the kept list that
+        reads like it. The parser calls it with f held by the entry's dict and its own name only
+        (what _LIST_UNSHARED_REFS counts); a list that entries still to be read hold is remembered.
+
+        Lists of frame objects that other lists share too (torch pickles one dict per distinct
+        frame) are found by identities and confirmed by list equality (identity first, in C): a
+        fixed cost per list, and a C comparison per frame reference, as the unpickler's own. First
+        the list found last with the same length and middle frame (one identity: the stack of most
+        lists, 70-85% of those of the real recordings and of the shapes of
+        benchmarks/trace_shapes.py), then the lists tried for five frames' identities (first,
+        quarter, middle, three quarters, last). The rest, whose frames are their own, by their
+        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that
+        (lists crafted to agree there) a list is found by its text, which costs more but stays
+        linear."""
+        if type(f) is not list:
+            return _EMPTY_FRAMES
+        remember = getrefcount(f) > _LIST_UNSHARED_REFS  # before the look-ups: they may keep f
         first = f[0]
         if getrefcount(first) > _UNSHARED_REFS:
             n = len(f)
-            key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
-            tried = self._by_ids.get(key)
-            if tried is None:
-                tried = self._by_ids[key] = []
-            elif tried[0][0] == f:  # the common case: the first list with these five frames
-                return tried[0][1]
-            for g, c in tried:
-                if g == f:
-                    return c
+            near = (n, id(f[n >> 1]))
+            seen = self._by_middle.get(near)
+            if seen is not None and seen[0] == f:
+                c = seen[1]
+            else:
+                key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
+                tried = self._by_ids.get(key)
+                if tried is None:
+                    tried = self._by_ids[key] = []
+                for seen in tried:
+                    if seen[0] == f:
+                        self._by_middle[near] = seen
+                        c = seen[1]
+                        break
+                else:
+                    c = self._by_text(f)
+                    if len(tried) < _SAME_ENDS:
+                        tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
+                        self._by_middle[near] = seen
+                    elif c is not f:
+                        self.held.append(f)
+        else:
             c = self._by_text(f)
-            if len(tried) < _SAME_ENDS:
-                tried.append((f, c))  # f held: the ids in the key stay its frames'
-            elif c is not f:
+            if c is not f:
+                # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
+                # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
+                # freeing it, a worker frees it whole when the analysis is done).
                 self.held.append(f)
-            return c
-        c = self._by_text(f)
-        if c is not f:
-            # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
-            # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
-            # freeing it, a worker frees it whole when the analysis is done).
-            self.held.append(f)
+        if remember:  # entries still to be read hold it: found by its identity until the last
+            self._by_list[id(f)] = (f, c)
+            if len(self._by_list) >= self._next_sweep:
+                self.sweep()
         return c
+
+    def longest(self) -> int:
+        """The length of the longest list kept (every entry's list is one of them, or empty)."""
+        return max(map(len, chain(self._lists.values(), self._odd.values())), default=0)
+
+    def sweep(self) -> None:
+        """Let go of the remembered lists that nothing but the memo holds any more (no entry to come
+        reads them). Run when the memo has doubled since the last sweep: linear in all."""
+        by_list = self._by_list
+        gone = list(compress(list(by_list), map(le, map(getrefcount, map(_FIRST, by_list.values())),
+                                                repeat(_LIST_MEMO_ONLY_REFS))))
+        for i in gone:
+            del by_list[i]
+        self._next_sweep = max(_SWEEP_MIN, 2 * len(by_list))
 
     def _by_text(self, f: list) -> list:
         try:
@@ -390,15 +420,17 @@ class _Frames:
 
 
 _FRAME_TEXT = itemgetter("filename", "line", "name")
-# References to a list's first frame while _by_frames() reads it when no other list holds it: the list,
-# the local name and getrefcount's own argument.
+# References to a list's first frame while first_sight() reads it when no other list holds it: the
+# list, the local name and getrefcount's own argument.
 _UNSHARED_REFS = 3
-# References to a frames list while intern() first reads it: the entry's dict, the parser's local
-# name, intern's argument and getrefcount's own; more when entries still to be read hold it. Once
-# remembered, the memo's tuple adds one: at _LIST_LAST_REFS nothing else holds it (a list kept for
-# its stack, or held, has more and stays remembered: it stays in memory anyway).
+# References to a frames list while first_sight() reads it when no entry still to be read holds it:
+# the entry's dict, the parser's local name, first_sight's argument and getrefcount's own.
 _LIST_UNSHARED_REFS = 4
-_LIST_LAST_REFS = 5
+# References to a remembered list in sweep() when nothing else holds it: the memo's tuple and the
+# argument (a list kept for its stack, or held, has more and stays remembered: it stays in memory anyway).
+_LIST_MEMO_ONLY_REFS = 2
+_SWEEP_MIN = 4096  # lists remembered before the first sweep
+_FIRST = itemgetter(0)
 # Lists tried per five frame identities. Real stacks that agree on those five frames differ
 # elsewhere in a few ways: the stacks="all" cuDNN capture (tests/fixtures/captured/cudnn_workspace)
 # has 64 stacks, at most 8 per key, most alone. Each try is one C list comparison.
@@ -422,11 +454,13 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     out = []
     append = out.append
     plain = _PLAIN_ACTIONS
-    intern = frames_seen.intern
+    remembered = frames_seen._by_list.get
+    first_sight = frames_seen.first_sight
     empty = _EMPTY_FRAMES
     make = tuple.__new__
     te = TraceEvent
-    fields = _ENTRY_FIELDS
+    fields = _entry_fields(t)
+    seen = None
     for k, e in enumerate(t):
         if consume:
             t[k] = None
@@ -435,25 +469,56 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
         try:
             action, addr, size, stream, t_us, f = fields(e)  # one C call for the six fields
         except KeyError:
-            action = None
+            action = f = None
         if (action in plain and type(size) is int and type(addr) is int and type(stream) is int
                 and type(t_us) is int):
-            append(make(te, (action, addr, size, stream, t_us, intern(f) if f else empty, None, None, "")))
+            # the frames list: one dict look-up when an earlier entry had it (torch's list per
+            # allocation, read again by its frees), else interned at its first sight
+            if f:
+                seen = remembered(id(f))
+                f = seen[1] if seen is not None else first_sight(f)
+            else:
+                f = empty
+            append(make(te, (action, addr, size, stream, t_us, f, None, None, "")))
         else:
             f = e.get("frames")
-            ev = _odd_entry(e, k, device, intern(f) if f else empty)
+            if f:
+                seen = remembered(id(f))
+                f = seen[1] if seen is not None else first_sight(f)
+            else:
+                f = empty
+            ev = _odd_entry(e, k, device, f)
             if ev is not None:
                 append(ev)
-    # one C-level pass (about a tenth of the loop above): the magnitudes, so a negative size cannot
-    # cancel a hostile one either
+    e = seen = None  # the last entry and its list are read: nothing here holds them
+    frames_seen.sweep()  # what no entry holds any more
+    # the frame references the entries make, each its list's length (a kept list is as long as the
+    # entry's own): counted when as many entries as the trace has, each with the longest list kept,
+    # could pass the budget; and one C-level pass (about a tenth of the loop above) over the sizes'
+    # magnitudes, so a negative size cannot cancel a hostile one either
+    frames_seen.count_refs(len(out) * frames_seen.longest(), lambda: sum(map(len, map(_EVENT_FRAMES, out))))
     _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
 
 
+_EVENT_FRAMES = itemgetter(5)
 _EVENT_SIZE = itemgetter(2)
 
 
 _ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
+_FIELD_NAMES = ("action", "addr", "size", "stream", "time_us", "frames")
+
+
+def _entry_fields(t: list):
+    """_ENTRY_FIELDS with the key objects of the trace's first entry, when they are its names: the
+    unpickler gives every entry those same string objects (the pickle's memo), and a dict finds a
+    key that is the same object without comparing its text (a tenth of the parse loop)."""
+    first = t[0] if t else None
+    if type(first) is dict:
+        own = {k: k for k in first if type(k) is str and k in _FIELD_NAMES}
+        if len(own) == len(_FIELD_NAMES):
+            return itemgetter(*(own[k] for k in _FIELD_NAMES))
+    return _ENTRY_FIELDS
 
 
 # Entries whose fields need no second look when their types are right (every entry of a real trace

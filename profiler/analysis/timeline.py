@@ -17,7 +17,6 @@ from memq.analysis import frames as fr
 from memq.model import Snapshot
 
 MAX_POINTS = 400  # samples kept for plots; the peak is always kept
-_STEP_ACTIONS = frozenset(("alloc", "free_requested"))
 
 
 def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
@@ -25,73 +24,99 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     if not trace:
         return {"events": 0, "covers_whole_run": False, "peak_live_bytes": None, "series": [],
                 "steps": [], "start_live_bytes": None}
-    # Pass 1: net change and the running level; keep step boundaries and the peak position.
+    # Pass 1: net change and the running level; keep step boundaries and the peak position. The
+    # per-event work is a few comparisons and an addition, whatever the frames: what depends on a
+    # stack (is it optimizer code) is read once per frames list (entries with the same stack share
+    # one: snapshot.py interns them) and looked up by the list's identity. No level is kept per
+    # event: the series keeps every `every`-th, and each stretch between step starts its highest
+    # and lowest (the level moves only at alloc and free_completed).
+    n = len(trace)
+    every = max(1, n // MAX_POINTS)
+    samples: list[int] = []  # the level after events 0, every, 2 * every, ...
+    sample_at = 0
     level = 0
     seg_level = seg_peak = 0
     peak = 0
     peak_i = -1
     allocs = frees = 0
     step_starts: list[int] = []  # index of the first optimizer-step event of each step
+    stretches: list[tuple[int, int, int]] = []  # (first index, highest, lowest level) of each closed stretch
+    lo = 0  # the open stretch: from event lo, its highest and lowest level so far
+    first = trace[0]
+    high = low = first[2] if first[0] == "alloc" else -first[2] if first[0] == "free_completed" else 0
     in_opt = False
-    levels = []  # level after each event, relative to the start
-    for i, ev in enumerate(trace):
-        a = ev.action
+    created: set = set()  # segments created inside the trace
+    opt_of: dict[int, bool] = {}  # id(frames) -> is_optimizer; the trace holds every list it names
+    opt_get = opt_of.get
+    is_opt = fr.is_optimizer
+    i = -1
+    for ev in trace:
+        i += 1
+        a = ev[0]
         if a == "alloc":
-            level += ev.size
+            level += ev[2]
             allocs += 1
             if level > peak or peak_i < 0:
                 peak, peak_i = level, i
         elif a == "free_completed":
-            level -= ev.size
+            level -= ev[2]
             frees += 1
-        elif a in ("segment_alloc", "segment_map"):
-            seg_level += ev.size
-            seg_peak = max(seg_peak, seg_level)
-        elif a in ("segment_free", "segment_unmap"):
-            seg_level -= ev.size
-        if ev.frames and a in _STEP_ACTIONS:
-            # Steps are delimited by entering optimizer code (allocations and free requests: SGD's
-            # in-place updates allocate nothing after the first step, but frees inside step() show).
-            opt = fr.is_optimizer(ev.frames)
+            if level < low:
+                low = level
+            if i == sample_at:
+                samples.append(level)
+                sample_at += every
+            continue
+        elif a != "free_requested":
+            if a in _SEG_UP:
+                seg_level += ev[2]
+                if seg_level > seg_peak:
+                    seg_peak = seg_level
+                created.add(ev[1])
+            elif a in _SEG_DOWN:
+                seg_level -= ev[2]
+            if i == sample_at:
+                samples.append(level)
+                sample_at += every
+            continue
+        # alloc, free_requested: steps are delimited by entering optimizer code (allocations and
+        # free requests: SGD's in-place updates allocate nothing after the first step, but frees
+        # inside step() show).
+        f = ev[5]
+        if f:
+            opt = opt_get(id(f))
+            if opt is None:
+                opt = opt_of[id(f)] = is_opt(f)
             if opt and not in_opt:
                 step_starts.append(i)
+                if i > lo:  # the stretch before it closes (this event's level is the next one's)
+                    stretches.append((lo, high, low))
+                lo, high, low = i, level, level
             in_opt = opt
-        levels.append(level)
+        if level > high:  # an alloc (a free request leaves the level where the stretch had it)
+            high = level
+        if i == sample_at:
+            samples.append(level)
+            sample_at += every
+    stretches.append((lo, high, low))
     start = live_requested_end - level
     reserved_start = reserved_end - seg_level
     # The trace saw the whole run when every segment alive at the end was created inside it.
-    created = {ev.addr for ev in trace if ev.action in ("segment_alloc", "segment_map")}
     covers = bool(snap.segments) and all(s.address in created for s in snap.segments) and reserved_start == 0
-    # Pass 2: what was live at the peak (allocations made inside the trace and not yet freed).
-    live: dict[int, tuple[int, list]] = {}
-    for ev in trace[: peak_i + 1]:
-        if ev.action == "alloc" and ev.addr is not None:
-            live[ev.addr] = (ev.size, ev.frames)
-        elif ev.action == "free_completed" and ev.addr is not None:
-            live.pop(ev.addr, None)
-    by_site: Counter = Counter()
-    by_cat: Counter = Counter()
-    for size, frames in live.values():
-        by_site[fr.stack_signature(frames)] += size
-        by_cat[fr.categorize(frames)] += size
+    by_site, by_cat = _live_at(trace, peak_i)
     before = (start + peak) - sum(by_site.values())
     peak_ev = trace[peak_i] if peak_i >= 0 else None
-    step = max(1, len(levels) // MAX_POINTS)
     series = []
-    for i in range(0, len(levels), step):
-        series.append([trace[i].time_us if trace[i].time_us is not None else i, start + levels[i]])
-    if peak_i >= 0 and (peak_i % step):
+    for k, i in enumerate(range(0, n, every)):
+        series.append([trace[i].time_us if trace[i].time_us is not None else i, start + samples[k]])
+    if peak_i >= 0 and (peak_i % every):
         series.append([peak_ev.time_us if peak_ev.time_us is not None else peak_i, start + peak])
         series.sort(key=lambda p: p[0])
     # Peak of live bytes inside each completed step (boundaries = starts of optimizer steps).
-    step_peaks = []
-    bounds = [0, *step_starts]
-    for lo, hi in zip(bounds, bounds[1:] + [len(levels)], strict=False):
-        if hi > lo:
-            step_peaks.append(start + max(levels[lo:hi]))
+    step_peaks = [start + hi for _lo, hi, _low in stretches]
     return {
-        "last_cycle": _last_cycle(trace, levels, start, step_starts),
-        "current_step": _current_step(trace, levels, start, step_starts),
+        "last_cycle": _last_cycle(trace, stretches, start, step_starts),
+        "current_step": _current_step(trace, stretches, start, step_starts),
         "events": len(trace),
         "has_frames": any(ev.frames for ev in trace[-2000:]),
         "allocs": allocs,
@@ -116,12 +141,43 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     }
 
 
+_SEG_UP = frozenset(("segment_alloc", "segment_map"))
+_SEG_DOWN = frozenset(("segment_free", "segment_unmap"))
+
+
+def _live_at(trace, peak_i: int) -> tuple[Counter, Counter]:
+    """Bytes by site and by category of the allocations made inside the trace and not yet freed at
+    event `peak_i`. Sites and categories are read once per frames list, not once per live block."""
+    live: dict[int, tuple] = {}  # addr -> its alloc event
+    pop = live.pop
+    for ev in trace[: peak_i + 1]:
+        a = ev[0]
+        if a == "alloc":
+            if ev[1] is not None:
+                live[ev[1]] = ev
+        elif a == "free_completed" and ev[1] is not None:
+            pop(ev[1], None)
+    per_list: dict[int, list] = {}  # id(frames) -> [frames, bytes], in the order live blocks are
+    for ev in live.values():
+        got = per_list.get(id(ev[5]))
+        if got is None:
+            per_list[id(ev[5])] = [ev[5], ev[2]]
+        else:
+            got[1] += ev[2]
+    by_site: Counter = Counter()
+    by_cat: Counter = Counter()
+    for frames, size in per_list.values():
+        by_site[fr.stack_signature(frames)] += size
+        by_cat[fr.categorize(frames)] += size
+    return by_site, by_cat
+
+
 # A step with more allocations and frees than this is kept as no reference: the reference goes into
 # the snapshot's stored digest (two small ints an event), and 100,000 events are ~1 MB of JSON.
 MAX_REF_EVENTS = 100_000
 
 
-def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
+def _last_cycle(trace, stretches: list[tuple[int, int, int]], start: int, step_starts: list[int]) -> dict | None:
     """The last complete training step of the trace (from one optimizer step to the next: the update,
     then a forward and backward), to which a later step cut off by an OOM is compared
     (step_need.py): its peak and floor of live bytes, and its allocations in order as
@@ -129,14 +185,14 @@ def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) ->
     Flags: FIXED for allocations in optimizer code or holding parameters/state, and for what
     survives the step (its parameters' gradients); BEFORE for blocks from before the step that it
     frees; SCALED (input-sized) for the rest."""
-    from memq.analysis.step_need import BEFORE, FIXED, SCALED
-
     if len(step_starts) < 2:
         return None
     lo, hi = step_starts[-2], step_starts[-1]
-    window = levels[lo:hi]
-    if not window or hi - lo > MAX_REF_EVENTS:
+    if hi - lo > MAX_REF_EVENTS:
         return None
+    from memq.analysis.step_need import BEFORE, FIXED, SCALED
+
+    _lo, high, low = stretches[-2]  # from step_starts[-2] to step_starts[-1]
     allocs: list[list[int]] = []
     events: list[int] = []
     live: dict[int, int] = {}
@@ -158,10 +214,10 @@ def _last_cycle(trace, levels: list[int], start: int, step_starts: list[int]) ->
         allocs[n][1] = FIXED
     if not any(e >= 0 for e in events):
         return None
-    return {"peak": start + max(window), "floor": start + min(window), "allocs": allocs, "events": events}
+    return {"peak": start + high, "floor": start + low, "allocs": allocs, "events": events}
 
 
-def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) -> dict | None:
+def _current_step(trace, stretches: list[tuple[int, int, int]], start: int, step_starts: list[int]) -> dict | None:
     """The trailing step of the trace (after its last optimizer step), when it ends in an OOM: its
     floor and the sizes of the blocks it allocated that are still live (what it holds so far)."""
     if not step_starts or not any(ev.action == "oom" for ev in trace[step_starts[-1]:]):
@@ -173,8 +229,8 @@ def _current_step(trace, levels: list[int], start: int, step_starts: list[int]) 
             live[ev.addr] = ev.size
         elif ev.action == "free_completed":
             live.pop(ev.addr, None)
-    return {"floor": start + min(levels[lo:]), "blocks": sorted(live.values(), reverse=True),
-            "peak_so_far": start + max(levels[lo:])}
+    _lo, high, low = stretches[-1]  # from step_starts[-1] to the end
+    return {"floor": start + low, "blocks": sorted(live.values(), reverse=True), "peak_so_far": start + high}
 
 
 def _phase(ev, trace_has_frames: bool = True) -> str | None:
