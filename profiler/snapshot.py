@@ -8,10 +8,11 @@ snapshot at all raises `SnapshotError` with a message that names the problem.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from itertools import chain, compress, repeat
 from operator import itemgetter, le, methodcaller
 from sys import getrefcount
-from typing import Any, Callable
+from typing import Any
 
 from memq.errors import SnapshotError
 from memq.model import (
