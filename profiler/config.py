@@ -415,6 +415,77 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """The in-job agent's options: the keyword arguments of `agent.start()` (and `MEMQ_AGENT_OPTIONS`),
+    one typed object. A field left None takes its `Settings` value in `resolve()`; the job's own objects
+    (model, optimizer) and the injected parts (source, client factory) are not options and are passed
+    beside it."""
+
+    job: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
+    host: str | None = None
+    redis_url: str | None = None          # Settings.redis_url
+    stream: str | None = None             # Settings.stream_key
+    key_prefix: str | None = None         # Settings.key_prefix
+    stream_maxlen: int | None = None      # Settings.stream_maxlen
+    blob_ttl_s: int | None = None         # Settings.blob_ttl_s
+    spool_dir: str | None = None          # Settings.spool_dir
+    spool_max_bytes: int | None = None    # Settings.spool_max_bytes
+    fsync: bool = True
+    stats_interval_s: float | None = None  # Settings.stats_interval_s
+    stats_flush_s: float = 30.0
+    snapshot_every_s: float | None = None  # Settings.snapshot_every_s
+    snapshot_on_epoch: bool = True
+    history: str | None = None            # Settings.agent_history: auto | on | off
+    stacks: str = "python"
+    context: str = "all"
+    max_entries: int | None = None        # Settings.agent_max_entries
+    warmup_steps: int = 3
+    warmup_s: float = 120.0
+    periodic_record_s: float = 2.0
+    headroom: float = 0.10
+    signal: str | int | None = "default"  # "default": Settings.agent_signal; None or "": no signal
+    oom: bool = True
+    max_oom_snapshots: int = 4
+    oom_message_wait_s: float = 2.0
+    codec: str | None = None              # None: zstd where zstandard is installed, else gzip
+    send_timeout_s: float = 2.0
+    queue_size: int = 256
+    stop_timeout_s: float = 5.0
+    backoff_s: tuple[float, float] = (0.5, 30.0)
+    tick_s: float = 0.5
+    metadata: dict | None = None
+    device: int | None = None
+    announce: str = "eager"               # "eager": run_start at start(); "on_ready": once CUDA is initialised
+    comparable_every_steps: int = 100
+    comparable_min_s: float = 300.0
+    growth_window_steps: int = 500
+    step_hook: bool = True
+    step_budget: float = 0.002
+    roles: bool = True                    # send the roles of the optimizer's and the model's tensors
+    role_devices: tuple = ("cuda",)       # the device types whose tensors those are
+
+    def resolve(self, st: Settings) -> AgentOptions:
+        """These options with every unset one taken from `st` (as agent.start() always did: an empty
+        URL, name or size also falls back, a zero interval or entry count does not)."""
+        return dataclasses.replace(
+            self, redis_url=self.redis_url or st.redis_url, stream=self.stream or st.stream_key,
+            key_prefix=self.key_prefix or st.key_prefix, stream_maxlen=self.stream_maxlen or st.stream_maxlen,
+            blob_ttl_s=self.blob_ttl_s or st.blob_ttl_s, spool_dir=self.spool_dir or st.spool_dir,
+            spool_max_bytes=self.spool_max_bytes or st.spool_max_bytes,
+            stats_interval_s=float(st.stats_interval_s if self.stats_interval_s is None else self.stats_interval_s),
+            stats_flush_s=float(self.stats_flush_s),
+            snapshot_every_s=float(st.snapshot_every_s if self.snapshot_every_s is None else self.snapshot_every_s),
+            history=self.history or st.agent_history,
+            max_entries=int(st.agent_max_entries if self.max_entries is None else self.max_entries),
+            signal=st.agent_signal if self.signal == "default" else self.signal,
+            periodic_record_s=float(self.periodic_record_s), step_budget=float(self.step_budget),
+            role_devices=tuple(self.role_devices), metadata=dict(self.metadata or {}))
+
+
 _TYPES = {"str": str, "int": int}
 
 

@@ -90,7 +90,7 @@ def part_bench(out, rounds, block, torch, train):
     for r in range(rounds):
         for mode in (("off", "agent") if r % 2 == 0 else ("agent", "off")):
             if mode == "off" and a.recording:
-                a._apply_history(False)  # the baseline records nothing
+                a.recorder.apply_history(False)  # the baseline records nothing
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(block):
@@ -118,7 +118,7 @@ def part_bench(out, rounds, block, torch, train):
            "agent_policy": a.policy.reason, "counters_before_stop": a.counters()}
     # frames after the pause: parameters, gradients, optimizer state were allocated while recording
     if a.recording:
-        a._apply_history(False)
+        a.recorder.apply_history(False)
     snap = torch.cuda.memory._snapshot()
     res["frames_after_pause"] = frames_report(snap, model, opt)
     res["trace_entries_while_paused"] = sum(len(t) for t in snap.get("device_traces", []))

@@ -65,13 +65,13 @@ def main():
             break
         for mode in (("off", "agent") if r % 2 == 0 else ("agent", "off")):
             if mode == "off":
-                if a._hook_handle is not None:
-                    a._hook_handle.remove()
-                    a._hook_handle = None
+                if a.triggers.hook_handle is not None:
+                    a.triggers.hook_handle.remove()
+                    a.triggers.hook_handle = None
                 if a.recording:
-                    a._apply_history(False)
+                    a.recorder.apply_history(False)
             else:
-                a._install_step_hook()
+                a.triggers.install_step_hook()
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(args.block):
@@ -97,7 +97,7 @@ def main():
            "mark_step_us_median": statistics.median(mark_costs) * 1e6,
            "mark_step_us_p99": sorted(mark_costs)[int(0.99 * len(mark_costs))] * 1e6,
            "mark_step_us_max": max(mark_costs) * 1e6,
-           "stride": a._stride, "figures": len(a.tracker.figures),
+           "stride": a.recorder.stride, "figures": len(a.tracker.figures),
            "policy": a.policy.reason, "recording_at_end": bool(a.recording),
            "block_ms_off": [round(x * 1e3, 3) for x in times["off"]],
            "block_ms_agent": [round(x * 1e3, 3) for x in times["agent"]]}
@@ -145,7 +145,7 @@ def main():
         if time.monotonic() - t_start > args.deadline_s * 0.95:
             break
         for mode in (("off", "rec") if r % 2 == 0 else ("rec", "off")):
-            a._apply_history(mode == "rec")
+            a.recorder.apply_history(mode == "rec")
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(args.block):
@@ -153,7 +153,7 @@ def main():
                 step += 1
             torch.cuda.synchronize()
             win[mode].append((time.perf_counter() - t0) / args.block)
-    a._apply_history(False)
+    a.recorder.apply_history(False)
     if win["off"] and len(win["off"]) == len(win["rec"]):
         wd = [(b - o) / o for o, b in zip(win["off"], win["rec"], strict=True)]
         res["window_recorded_step_overhead_pct"] = statistics.fmean(wd) * 100

@@ -1,8 +1,7 @@
-"""The agent's signal handlers and exception hooks: a signal (SIGUSR1 unless configured) asks for a
-snapshot, SIGTERM records why the rank ended before the launcher's kill, and the excepthooks note the
-exception that ended the job (an OOM among them). Each handler chains to the one it replaced and is
-put back on stop. A mixin of `Agent` (core.py), which holds the state these methods read and write.
-"""
+"""The agent's process hooks: a signal (SIGUSR2 unless configured) asks for a snapshot, SIGTERM records
+why the rank ended before the launcher's kill, and the excepthooks pass on the exception that ended
+the job (an OOM among them). Each handler chains to the one it replaced and is put back on
+`uninstall()`. What the hooks do is given as callables: this class owns only the handlers."""
 
 from __future__ import annotations
 
@@ -11,36 +10,40 @@ import os
 import signal as _signal
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
+
+from memq.agent.guard import Guard
 
 log = logging.getLogger("memq.agent")
 
 
-class AgentSignals:
-    """Methods of `Agent` (core.py): signals and exception hooks."""
+class ProcessHooks:
+    def __init__(self, *, signal_name: str | int | None, on_signal: Callable[[], None],
+                 on_term: Callable[[], None], on_exception: Callable[[BaseException], None], guard: Guard):
+        self.signal_name = signal_name
+        self._on_signal, self._on_term, self._on_exception = on_signal, on_term, on_exception
+        self._guard = guard
+        self._signum: int | None = None
+        self._prev_signal: Any = None
+        self._handler: Any = None
+        self._prev_term: Any = None
+        self._term_handler: Any = None
+        self._prev_excepthook: Any = None
+        self._prev_thread_excepthook: Any = None
+        self._hook: Any = None
+        self._thread_hook: Any = None
 
-    def note_exception(self, exc: BaseException) -> None:
-        """Integrations pass the exception that ends the run (its text reaches the OOM snapshot)."""
-        self._note_exception(exc)
+    def install(self) -> None:
+        self._install_signal()
+        self._install_term()
+        self._install_excepthooks()
 
-    def _note_exception(self, exc: BaseException) -> None:
-        try:
-            text = f"{type(exc).__name__}: {exc}"
-            is_oom = type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower()
-            if is_oom:
-                self.status = "oom"
-                self.exception_text = str(exc)
-            else:
-                self.status = "crashed"  # the envelope's run statuses: "error" would be dead-lettered
-                self.exception_text = self.exception_text or text
-                self.end_reason = self.end_reason or _end_reason(exc)
-            with self._lock:
-                waits, self._oom_waits = self._oom_waits, []
-            for evt in waits:
-                evt.set()
-        except Exception:  # noqa: BLE001
-            pass
+    def uninstall(self) -> None:
+        self._uninstall_signal()
+        self._uninstall_term()
+        self._uninstall_excepthooks()
 
-    # signals and exception hooks
     def _install_signal(self) -> None:
         name = self.signal_name
         if not name or threading.current_thread() is not threading.main_thread():
@@ -48,17 +51,17 @@ class AgentSignals:
         try:
             signum = int(name) if str(name).isdigit() else int(getattr(_signal, str(name)))
             prev = _signal.getsignal(signum)
+            on_signal = self._on_signal
 
             def handler(sig, frame):
-                self._signal_evt.set()
-                self._wake.set()
+                on_signal()
                 if callable(prev) and prev not in (_signal.SIG_DFL, _signal.SIG_IGN):
                     prev(sig, frame)
 
             _signal.signal(signum, handler)
             self._prev_signal, self._signum, self._handler = prev, signum, handler
         except Exception:  # noqa: BLE001 - unknown name, Windows, not the main thread
-            self.counters_obj.add("errors")
+            self._guard.error()
 
     def _uninstall_signal(self) -> None:
         if self._signum is None or threading.current_thread() is not threading.main_thread():
@@ -70,9 +73,9 @@ class AgentSignals:
             pass
 
     def _install_term(self) -> None:
-        """SIGTERM (the launcher tearing the ranks down after one failed): send this rank's figures and
-        run_end, bounded, then do what the previous handler did (default: die of SIGTERM). Main
-        thread only; not when SIGTERM is the snapshot signal or was ignored."""
+        """SIGTERM (the launcher tearing the ranks down after one failed): `on_term` (bounded), then
+        what the previous handler did (default: die of SIGTERM). Main thread only; not when SIGTERM is
+        the snapshot signal or was ignored."""
         if threading.current_thread() is not threading.main_thread():
             return
         try:
@@ -81,9 +84,10 @@ class AgentSignals:
             prev = _signal.getsignal(_signal.SIGTERM)
             if prev == _signal.SIG_IGN or prev is None:  # None: installed from C; leave it alone
                 return
+            on_term_cb = self._on_term
 
             def on_term(sig, frame):
-                self._on_term()
+                on_term_cb()
                 if callable(prev) and prev is not _signal.SIG_DFL:
                     prev(sig, frame)
                 elif prev == _signal.SIG_DFL:
@@ -93,24 +97,7 @@ class AgentSignals:
             _signal.signal(_signal.SIGTERM, on_term)
             self._prev_term, self._term_handler = prev, on_term
         except Exception:  # noqa: BLE001
-            self.counters_obj.add("errors")
-
-    def _on_term(self) -> None:
-        """Never blocks past a bound and never raises: stop() runs in a helper thread, so a lock the
-        interrupted main thread holds (a queue's mutex) costs at most the wait, not a hang."""
-        try:
-            if self.stopped or not self.started:
-                return
-            if self.status == "running":
-                self.status = "crashed"
-            self.end_reason = self.end_reason or "sigterm"
-            self._exiting = True
-            wait = min(self.stop_timeout_s, 2.0)
-            t = threading.Thread(target=self.stop, args=(wait,), name="memq-agent-term", daemon=True)
-            t.start()
-            t.join(wait + 0.5)
-        except Exception:  # noqa: BLE001
-            pass
+            self._guard.error()
 
     def _uninstall_term(self) -> None:
         if self._term_handler is None or threading.current_thread() is not threading.main_thread():
@@ -123,14 +110,15 @@ class AgentSignals:
 
     def _install_excepthooks(self) -> None:
         prev, prev_t = sys.excepthook, threading.excepthook
+        note = self._on_exception
 
         def hook(etype, value, tb):
-            self._note_exception(value)
+            note(value)
             prev(etype, value, tb)
 
         def thread_hook(args):
             if args.exc_value is not None:
-                self._note_exception(args.exc_value)
+                note(args.exc_value)
             prev_t(args)
 
         self._prev_excepthook, self._prev_thread_excepthook = prev, prev_t
@@ -138,20 +126,7 @@ class AgentSignals:
         sys.excepthook, threading.excepthook = hook, thread_hook
 
     def _uninstall_excepthooks(self) -> None:
-        if sys.excepthook is getattr(self, "_hook", None):
+        if self._hook is not None and sys.excepthook is self._hook:
             sys.excepthook = self._prev_excepthook
-        if threading.excepthook is getattr(self, "_thread_hook", None):
+        if self._thread_hook is not None and threading.excepthook is self._thread_hook:
             threading.excepthook = self._prev_thread_excepthook
-
-
-def _end_reason(exc: BaseException) -> str:
-    """Why a rank ended, from the exception that ended it: a collective that failed because another
-    rank died (the process group was aborted) is not this rank's own error."""
-    name, text = type(exc).__name__, str(exc).lower()
-    if name in ("DistBackendError", "DistNetworkError", "DistStoreError") or "nccl" in text or "gloo" in text \
-            or "connection closed by peer" in text or "connection reset by peer" in text \
-            or ("process group" in text or "processgroup" in text) and ("abort" in text or "timeout" in text):
-        return "process_group_aborted"
-    if name == "SignalException":  # torchelastic's: the agent was signalled to stop
-        return "sigterm"
-    return "exception"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import threading
 from collections.abc import Iterator
@@ -185,3 +186,39 @@ def iter_spool_dirs(root: str | os.PathLike) -> Iterator[Path]:
     for dirpath, _dirs, files in os.walk(root):
         if any(f.endswith(SUFFIX) for f in files):
             yield Path(dirpath)
+
+
+_PROCESS_DIR = re.compile(r"^(?P<base>rank\d+-(?P<host>.+?)-(?P<pid>\d+))(?:\.adopted-(?P<adopter>\d+))?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def claim_orphans(own: Path, host: str) -> list[Path]:
+    """The spool folders beside `own` (one run's, `rank<R>-<host>-<pid>`) of `host` whose process is
+    gone, claimed by an atomic rename (so two new processes never both send them)."""
+    out: list[Path] = []
+    base = own.parent
+    if not base.is_dir():
+        return out
+    for d in sorted(base.iterdir()):
+        m = _PROCESS_DIR.match(d.name)
+        if not d.is_dir() or d == own or m is None or m.group("host") != host:
+            continue
+        owner = int(m.group("adopter") or m.group("pid"))
+        if owner == os.getpid() or _alive(owner):
+            continue
+        claimed = d.with_name(f"{m.group('base')}.adopted-{os.getpid()}")
+        try:
+            os.rename(d, claimed)
+        except OSError:
+            continue  # another process claimed it first
+        out.append(claimed)
+    return out

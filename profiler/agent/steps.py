@@ -57,6 +57,16 @@ class Decision:
     end_window: bool = False        # the recording window ends at this point (after the snapshot)
 
 
+@dataclass
+class Position:
+    """Where the run is: the last completed step, the epoch, and what marks the steps ("mark_step" or
+    "optimizer_hook"). Written only by the triggers (agent/triggers.py), read by the recorder."""
+
+    step: int | None = None
+    epoch: int | None = None
+    source: str | None = None
+
+
 def growth_threshold(limit: int | None, live: int) -> int:
     """When growth is worth a snapshot with stacks: the growth model's "it matters" share of LIMIT (or
     of the live bytes), at least GROWTH_MIN_BYTES. It decides no verdict: the figures at every
