@@ -54,6 +54,10 @@ def test_sigterm_and_completion_do_not_overwrite_an_earlier_end():
     o.completed()
     assert (o.status, o.end_reason) == ("oom", "sigterm")
     o = Outcome()
+    o.note_exception(RuntimeError("NCCL communicator was aborted"))
+    o.terminated()  # the launcher's kill after the collective failed: the first reason stays
+    assert (o.status, o.end_reason) == ("crashed", "process_group_aborted")
+    o = Outcome()
     o.completed()
     assert o.status == "completed"
 
