@@ -97,7 +97,7 @@ def main():
            "mark_step_us_median": statistics.median(mark_costs) * 1e6,
            "mark_step_us_p99": sorted(mark_costs)[int(0.99 * len(mark_costs))] * 1e6,
            "mark_step_us_max": max(mark_costs) * 1e6,
-           "stride": a.recorder.stride, "figures": len(a.tracker.figures),
+           "stride": a.recorder.reading.stride, "figures": len(a.tracker.figures),
            "policy": a.policy.reason, "recording_at_end": bool(a.recording),
            "block_ms_off": [round(x * 1e3, 3) for x in times["off"]],
            "block_ms_agent": [round(x * 1e3, 3) for x in times["agent"]]}

@@ -21,7 +21,7 @@ from memq.agent.guard import Guard
 from memq.agent.job import JobObjects
 from memq.agent.policy import RecordingPolicy
 from memq.agent.source import scheduler_ids
-from memq.agent.steps import FLUSH_FIGURES, FULL_READ_BOUNDARIES, Position, StepTracker, stride_for
+from memq.agent.steps import FLUSH_FIGURES, Position, StepTracker, Stride
 from memq.agent.transport import Item
 from memq.agent.watch import SourceWatch
 from memq.config import AgentOptions
@@ -37,12 +37,7 @@ class Recorder:
         self.source, self.transport, self.job, self.position = source, transport, job, position
         self._watch, self._guard, self._end_reason = watch, guard, end_reason
         self.run, self.rank, self.world_size = run, rank, world_size
-        self.stacks, self.context, self.max_entries = o.stacks, o.context, o.max_entries
-        self.stats_interval_s, self.stats_flush_s = o.stats_interval_s, o.stats_flush_s
-        self.snapshot_every_s = o.snapshot_every_s
-        self.periodic_record_s, self.step_budget = o.periodic_record_s, o.step_budget
-        self.oom_message_wait_s = o.oom_message_wait_s
-        self.user_metadata = dict(o.metadata or {})
+        self.options = o
         self.policy = RecordingPolicy(mode=o.history, warmup_steps=o.warmup_steps, warmup_s=o.warmup_s,
                                       headroom_frac=o.headroom)
         self.tracker = StepTracker(warmup_steps=o.warmup_steps, comparable_every=o.comparable_every_steps,
@@ -53,10 +48,7 @@ class Recorder:
         self.limit: int | None = None
         self.peak_alloc: int | None = None  # the run's peaks: per-step figures live in a bounded ring
         self.peak_reserved: int | None = None
-        self.stride = 1  # boundaries per reading (thinned to stay under step_budget of step time)
-        self._sig_cost = 0.0
-        self._step_s: float | None = None
-        self._since_read = 0
+        self.reading = Stride(o.step_budget)  # which boundaries are read
         self._samples: list[dict] = []
         self._next_stats = 0.0
         self._next_flush = 0.0
@@ -65,8 +57,8 @@ class Recorder:
         self._in_snapshot = threading.local()
 
     def start(self, now: float) -> None:
-        self._next_stats = now + self.stats_interval_s
-        self._next_flush = now + self.stats_flush_s
+        self._next_stats = now + self.options.stats_interval_s
+        self._next_flush = now + self.options.stats_flush_s
 
     def close(self) -> None:
         """No snapshot from now on (the agent is stopping)."""
@@ -87,8 +79,9 @@ class Recorder:
     def apply_history(self, want: bool, force: bool = False) -> None:
         if want == self.recording and not force:
             return
-        ok = self._guard.call(lambda: self.source.set_history(want, stacks=self.stacks, context=self.context,
-                                                              max_entries=self.max_entries), default=False)
+        o = self.options
+        ok = self._guard.call(lambda: self.source.set_history(want, stacks=o.stacks, context=o.context,
+                                                              max_entries=o.max_entries), default=False)
         if ok and want and not self.recording:
             step = self.position.step
             self.rec_since = step + 1 if step is not None else 0
@@ -139,7 +132,7 @@ class Recorder:
 
     def periodic_on_tick(self, no_steps: bool, elapsed_s: float) -> None:
         if no_steps and self.auto_paused():
-            self.policy.request_time(elapsed_s + self.periodic_record_s)
+            self.policy.request_time(elapsed_s + self.options.periodic_record_s)
         else:
             self.take_snapshot("periodic")
 
@@ -177,9 +170,7 @@ class Recorder:
             # Timed from the reading on: a periodic snapshot taken above (100 ms) counted here once
             # made the stride jump to its maximum and stay there, so a 1,000-step run sent nothing
             # after its first hundred steps.
-            cost = time.perf_counter() - t_read
-            self._sig_cost = cost if not self._sig_cost else 0.9 * self._sig_cost + 0.1 * cost
-            self.stride = stride_for(self._sig_cost, self._step_s, self.step_budget)
+            self.reading.cost(time.perf_counter() - t_read)
         if dec.comparable:
             reason = "warmup" if was_warmup and not want else dec.comparable
             self.take_snapshot("periodic", payload={"reason": reason}, comparable=True, at_boundary=True)
@@ -189,22 +180,11 @@ class Recorder:
         self.sample_if_due(now)
 
     def _read_boundary(self, step: int | None, epoch: int | None, ms: float | None) -> dict | None:
-        """The step's figures; read every `stride` boundaries so that a boundary's work stays under
-        `step_budget` of step time (measured on the H200: ~0.15 ms a boundary inside a training loop,
-        which a 10 ms step would otherwise pay 1.5% for)."""
-        if ms is not None:
-            s = ms / 1000
-            self._step_s = s if self._step_s is None else 0.9 * self._step_s + 0.1 * s
-        self._since_read += 1
-        # The first FULL_READ_BOUNDARIES boundaries are all read, whatever the stride: a fast leak that
-        # kills in a dozen steps has its points (64 readings of ~25 us, once a run)
-        if self._since_read < self.stride and self.tracker.boundaries >= FULL_READ_BOUNDARIES:
-            # A thinned boundary reads nothing: the live bytes alone cost as much as the whole reading
-            # (H200, torch 2.11: 16.5 us through the stats dict, 112 us through memory_allocated(), 14 us
-            # for dict and peak reset), so reading them here would undo the stride. The next reading's
-            # peak counters still cover these steps (they are reset only at a reading).
+        """The step's figures, when this boundary is read (steps.Stride: a boundary's work stays under
+        `step_budget` of step time)."""
+        span = self.reading.due(ms, self.tracker.boundaries)
+        if span is None:
             return None
-        span, self._since_read = self._since_read, 0
         read = getattr(self.source, "step_signals", None)
         if read is None:
             return None
@@ -257,7 +237,7 @@ class Recorder:
             self.flush_stats()
 
     def sample_stats(self, now: float) -> None:
-        self._next_stats = now + self.stats_interval_s
+        self._next_stats = now + self.options.stats_interval_s
         sample = self._guard.call(self.source.stats)
         if not sample:
             return
@@ -278,7 +258,7 @@ class Recorder:
         with self._lock:
             samples, self._samples = self._samples, []
             figures = self.tracker.unsent()
-            self._next_flush = time.monotonic() + self.stats_flush_s
+            self._next_flush = time.monotonic() + self.options.stats_flush_s
         if samples or figures or rank_figures:
             payload: dict[str, Any] = {"samples": samples}
             if figures:
@@ -364,7 +344,7 @@ class Recorder:
         pl.setdefault("recording", bool(self.recording))
         pl.setdefault("policy", self.policy.reason)
         item = Item("snapshot", payload=pl, obj=obj, trigger=trigger, step=step, epoch=pos.epoch,
-                    wait=wait, wait_s=self.oom_message_wait_s if wait is not None else 0.0, finish=finish)
+                    wait=wait, wait_s=self.options.oom_message_wait_s if wait is not None else 0.0, finish=finish)
         return self.transport.submit(item)
 
     # -- the run's announcement ---------------------------------------------------------------------
@@ -376,12 +356,13 @@ class Recorder:
     def run_metadata(self) -> dict:
         md: dict[str, Any] = {"world_size": self.world_size, "pid": os.getpid(),
                               "argv": [str(a)[:200] for a in sys.argv[:20]], "scheduler": scheduler_ids(),
-                              "agent": {"history": self.policy.mode, "stacks": self.stacks,
-                                        "max_entries": self.max_entries, "warmup_steps": self.policy.warmup_steps,
-                                        "stats_interval_s": self.stats_interval_s,
-                                        "snapshot_every_s": self.snapshot_every_s,
+                              "agent": {"history": self.policy.mode, "stacks": self.options.stacks,
+                                        "max_entries": self.options.max_entries,
+                                        "warmup_steps": self.policy.warmup_steps,
+                                        "stats_interval_s": self.options.stats_interval_s,
+                                        "snapshot_every_s": self.options.snapshot_every_s,
                                         "codec": self.transport.codec}}
         md.update(self._guard.call(self.source.metadata, default={}) or {})
         md.update(self.job.metadata())
-        md.update(self.user_metadata)
+        md.update(self.options.metadata or {})
         return md

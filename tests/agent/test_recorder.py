@@ -105,7 +105,7 @@ def test_the_first_boundaries_are_all_read_then_thinned():
     for i in range(FULL_READ_BOUNDARIES + 5):
         rec.boundary(i, 0, 1.0, None, False, now=float(i))
     assert len(rec.tracker.figures) == FULL_READ_BOUNDARIES  # just over: the stride holds
-    assert rec.stride > 1
+    assert rec.reading.stride > 1
 
 
 def test_rank_figures_summarise_the_step_peaks_and_say_why_the_rank_ended():

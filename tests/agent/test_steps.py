@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memq import codec
 from memq.agent.source import ReplaySource
-from memq.agent.steps import GROWTH_MIN_BYTES, StepTracker, stride_for
+from memq.agent.steps import FULL_READ_BOUNDARIES, GROWTH_MIN_BYTES, StepTracker, Stride, stride_for
 
 from .conftest import REAL, blob_of, entries, make_agent
 
@@ -56,6 +56,15 @@ def test_stride_keeps_reading_under_budget():
     assert stride_for(20e-6, 0.050) == 1          # 20 us of a 50 ms step: 0.04%
     assert stride_for(20e-6, 0.002) in (5, 6)     # a 2 ms step: every 5th boundary (float rounding)
     assert stride_for(20e-6, None) == 1
+
+
+def test_stride_reads_the_first_boundaries_then_thins():
+    s = Stride(budget_frac=0.002)
+    assert [s.due(10.0 if b else None, b) for b in range(FULL_READ_BOUNDARIES)] == [1] * FULL_READ_BOUNDARIES
+    s.cost(100e-6)  # 0.1 ms a reading of a 10 ms step: 1%, five times the budget
+    assert s.stride == 5
+    got = [s.due(10.0, b) for b in range(FULL_READ_BOUNDARIES, FULL_READ_BOUNDARIES + 10)]
+    assert got == [None, None, None, None, 5] * 2  # each reading covers the steps it thinned
 
 
 class DictSource(ReplaySource):
