@@ -81,7 +81,8 @@ class _Null:
 def start(run: str, cluster: str, **options: Any) -> Agent:
     """Start the agent (once per process; a second call returns the running one). Never raises.
 
-    Options (defaults from MEMQ_* settings, profiler/config.py): redis_url, stream, key_prefix,
+    Options: the fields of `memq.config.AgentOptions`, as keywords or whole as `options=AgentOptions(...)`
+    (defaults from MEMQ_* settings, profiler/config.py): redis_url, stream, key_prefix,
     spool_dir, spool_max_bytes, stats_interval_s, snapshot_every_s, snapshot_on_epoch, history
     ("auto"|"on"|"off"), stacks ("python"|"all"), max_entries, warmup_steps, headroom,
     signal (name, number or None), oom, codec, send_timeout_s, stop_timeout_s, job, rank, host,
@@ -96,7 +97,7 @@ def start(run: str, cluster: str, **options: Any) -> Agent:
             if _current is not None and not _current.stopped:
                 return _current
             _current = Agent(run, cluster, **options).start()
-            if not options.get("redis_url"):
+            if not (options.get("redis_url") or getattr(options.get("options"), "redis_url", None)):
                 _say_default_destination()
             return _current
     except Exception:  # noqa: BLE001 - a broken config must not stop training

@@ -50,3 +50,15 @@ def test_the_options_object_and_the_keywords_build_the_same_agent(tmp_path):
     c = Agent("r", "c", AgentOptions(history="on"), source=ReplaySource(REAL / "seed_adamw"),
               **{k: v for k, v in kw.items() if k != "history"} | {"history": "off"})
     assert a.options == b.options == c.options and a.rank == 2 and a.policy.mode == "off"
+
+
+def test_agent_start_takes_the_options_whole(tmp_path):
+    from memq import agent
+    from memq.agent.source import ReplaySource
+
+    opts = AgentOptions(spool_dir=str(tmp_path), redis_url="redis://127.0.0.1:1/0", signal=None, history="off")
+    a = agent.start(run="r", cluster="c", options=opts, source=ReplaySource(REAL / "seed_adamw"))
+    try:
+        assert isinstance(a, Agent) and a.options.history == "off" and a.options.spool_dir == str(tmp_path)
+    finally:
+        agent.stop(2)
