@@ -52,10 +52,12 @@ the failing step and the alloc/free trace of that step, unless headroom was alre
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from memq.agent.core import Agent
+from memq.config import Settings, load_settings, redact_url
 
 __all__ = ["Agent", "start", "stop", "mark_step", "mark_epoch", "snapshot", "counters", "current", "flush"]
 
@@ -101,8 +103,6 @@ def start(run: str, cluster: str, **options: Any) -> Agent:
                 _say_default_destination()
             return _current
     except Exception:  # noqa: BLE001 - a broken config must not stop training
-        import logging
-
         logging.getLogger("memq.agent").warning("memq agent not started", exc_info=True)
         return _Null()  # type: ignore[return-value]
 
@@ -114,10 +114,6 @@ def _say_default_destination() -> None:
     """Once per process: the agent sends to the default Redis because nothing named one, which on a
     training host is rarely where the service runs; a warning, never an exception."""
     global _said_destination
-    import logging
-
-    from memq.config import Settings, load_settings, redact_url
-
     try:
         url = load_settings().redis_url
     except Exception:  # noqa: BLE001 - the agent already started; this is only a hint

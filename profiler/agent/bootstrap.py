@@ -24,6 +24,9 @@ import runpy
 import sys
 from pathlib import Path
 
+from memq import agent
+from memq.agent.core import make_source
+
 SITE_DIR = Path(__file__).resolve().parent / "_site"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # An installed memq lies in a folder named memq: its parent goes on the path. A checkout's package
@@ -56,12 +59,8 @@ def autostart(announce: str = "on_ready"):
     if env.get(ENV_JOB):
         options.setdefault("job", env[ENV_JOB])
     if env.get("MEMQ_AGENT_SOURCE", "").startswith("replay:"):
-        from memq.agent.core import make_source
-
         options.setdefault("source", make_source(env["MEMQ_AGENT_SOURCE"]))
     options.setdefault("announce", announce)
-    from memq import agent
-
     return agent.start(run=env[ENV_RUN], cluster=env.get(ENV_CLUSTER) or "default", **options)
 
 

@@ -29,6 +29,7 @@ def _safe(fn):
 
 
 def _lightning_base():
+    # Lazy: neither trainer library is a dependency of the agent (a job has at most one of them).
     try:
         from lightning.pytorch import Callback
     except ImportError:
@@ -76,7 +77,7 @@ def lightning_callback(run: str, cluster: str, **options: Any):
 
 def hf_callback(run: str, cluster: str, **options: Any):
     """A `transformers.TrainerCallback` driving the agent."""
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback  # lazy: transformers is the job's, not the agent's
 
     class MemqTrainerCallback(TrainerCallback):
         def __init__(self):

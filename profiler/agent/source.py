@@ -114,7 +114,7 @@ class TorchSource:
     # -- helpers ---------------------------------------------------------------------------------
     def _t(self):
         if self._torch is None:
-            import torch  # lazily: the agent is importable without torch
+            import torch  # lazy: the agent never imports torch before the job (tests/agent/test_torch_source.py)
 
             self._torch = torch
         return self._torch

@@ -3,6 +3,7 @@ the job imports torch and must not import it itself."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 
@@ -16,8 +17,6 @@ class _TorchImportHook:
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "torch" or not self.callbacks:
             return None
-        import importlib.util
-
         sys.meta_path.remove(self)
         try:
             spec = importlib.util.find_spec("torch")

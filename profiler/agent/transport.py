@@ -21,6 +21,7 @@ no client-side retries, so one stuck call costs at most `send_timeout_s`.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import pickle
 import queue
@@ -34,6 +35,7 @@ from memq import envelope, redis_functions
 from memq.agent.spool import Message, Spool
 from memq.backoff import JitteredBackoff
 from memq.errors import TooLarge
+from memq.identity import sign
 from memq.redis_client import make_client
 
 try:  # the agent runs without redis-py (spool only) and without zstandard (gzip)
@@ -54,8 +56,6 @@ def default_codec() -> str:
 def compress(data: bytes, codec: str) -> bytes:
     if codec == "zstd":
         return _zstd.ZstdCompressor(level=3).compress(data)
-    import gzip
-
     return gzip.compress(data, compresslevel=6)
 
 
@@ -326,8 +326,6 @@ class Transport:
         key = self.signing_key
         if key is None:
             return fields
-        from memq.identity import sign
-
         return sign(fields, key)
 
     def deliver(self, msg: Message, spool_only: bool = False) -> None:

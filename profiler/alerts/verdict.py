@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import quote
 
 from memq.analysis.headroom import headroom_ratio, near_miss
+from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import fmt_duration, forecast_line
 from memq.render.step_need_text import step_need_line
 from memq.units import fmt_bytes
@@ -144,8 +145,6 @@ def _recommendation(diagnosis: Mapping[str, Any]) -> str | None:
 def playbook_link(diagnosis: Mapping[str, Any], public_url: str) -> str | None:
     """The playbook entry of the first recommendation: on `memq serve` when its public URL is set,
     else the path in the repository; None for a diagnosis stored before recommendations named one."""
-    from memq.playbook_doc import doc_link, web_href
-
     recs = diagnosis.get("recommendations") or []
     entry = recs[0].get("playbook") if recs and isinstance(recs[0], Mapping) else None
     if not doc_link(entry):

@@ -60,8 +60,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from memq.config import Settings
+from memq.pipeline.status import collect_status
 from memq.store import metric_queries as q
 from memq.store import repository as repo
+from memq.store.connection import open_store
 from memq.store.snapshot_tally import SnapshotTally, not_done
 from memq.store.states import ALERT_STATES, SNAPSHOT_STATES, SUMMARY_STATES
 
@@ -192,8 +194,6 @@ class MemqCollector(Collector):
 
     def _store_or_open(self):
         if self._store is None:
-            from memq.store.connection import open_store
-
             self._store = open_store(self.st)
         return self._store
 
@@ -288,8 +288,6 @@ class MemqCollector(Collector):
         return True
 
     def _collect_redis(self, f: dict) -> bool:
-        from memq.pipeline.status import collect_status
-
         try:
             doc = collect_status(self.st, with_db=False)
         except Exception as exc:  # noqa: BLE001 - redis-py errors: memq_up{component="redis"} 0

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import logging
 
+from memq.store.retention import RACE_GRACE_S, remove_dead_blobs
+
 log = logging.getLogger("memq.dead_blobs")
 
 #: Records handled per call (each a file check; the removals are held RACE_GRACE_S once per call).
@@ -32,8 +34,6 @@ def clean(st, store, r, *, race_grace_s: float | None = None, budget: int = BATC
     `store` may be a callable that opens it (only called when a record is due). `wait=False` (the beat's
     tick) never sleeps: files are held aside now and settled by the next call once RACE_GRACE_S has
     passed, their records kept until then; `wait=True` (`memq gc`) settles them within the call."""
-    from memq.store.retention import RACE_GRACE_S, remove_dead_blobs
-
     key = st.dead_blobs_key
     sec, usec = r.time()
     cutoff = int(sec * 1000 + usec // 1000) - int(st.dead_blob_grace_s) * 1000

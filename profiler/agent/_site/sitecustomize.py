@@ -1,14 +1,14 @@
 """Put on PYTHONPATH by `memq run`: starts the memq agent in every Python process of the job that
 uses CUDA (see memq/agent/bootstrap.py), then runs any other `sitecustomize` further down the path."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 
 def _memq_importable() -> None:
     """Make `memq` importable from where this file lies when the interpreter cannot find it (a
     checkout's profiler/ folder, run by an interpreter without memq installed)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
     if "memq" in sys.modules or importlib.util.find_spec("memq") is not None:
         return
     pkg = Path(__file__).resolve().parents[2]
