@@ -38,3 +38,28 @@ def test_no_part_holds_the_facade():
     passed_self = [ast.unparse(c) for c in calls for v in [*c.args, *(k.value for k in c.keywords)]
                    if isinstance(v, ast.Name) and v.id == "self"]
     assert passed_self == []
+
+
+def test_the_facade_contains_every_failure_of_its_parts(tmp_path):
+    """A source that fails at every reading once armed: every call of the API returns, the failures
+    are counted, and the job's own exception leaves the `with` block unchanged."""
+    import pytest
+
+    from memq.agent import Agent
+
+    from .parts import GIB, Source
+
+    src = Source(fail={"step_signals", "stats", "snapshot", "set_history", "metadata"})
+    src.limit_bytes = src.metadata = src.device_total = lambda *a: (_ for _ in ()).throw(RuntimeError("no"))
+    a = Agent("r", "c", source=src, redis_url="redis://127.0.0.1:1/0", spool_dir=str(tmp_path), signal=None,
+              stats_interval_s=0, snapshot_every_s=0, fsync=False, backoff_s=(0.05, 0.1)).start()
+    with pytest.raises(KeyError, match="the job's own"):
+        with a:
+            for i in range(5):
+                a.mark_step(i, 0)
+            a.mark_epoch(0)
+            assert a.snapshot() is False
+            src.observer(0, GIB, 2 * GIB, 0)  # the allocator's OOM observer
+            raise KeyError("the job's own")
+    c = a.counters()
+    assert a.stopped and a.status == "crashed" and c["errors"] >= 10, c
