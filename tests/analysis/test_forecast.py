@@ -130,9 +130,9 @@ def test_unfreezing_is_bounded_by_three_times_the_parameters(held, bounded):
     assert (out is not None) is bounded
 
 
-@pytest.mark.rule("FORECAST_NEAR_MISS_SHARE")
+@pytest.mark.rule("FORECAST_EARLY_WARNING_SHARE")
 @pytest.mark.parametrize("share,near", [(0.10 - 0.005, True), (0.10 + 0.005, False)])
-def test_near_miss_share(share, near):
+def test_early_warning_share(share, near):
     figs = _healthy_figures()
     peak = max(f["peak_allocated"] for f in figs[1:])
     limit = int(peak / (1 - share))

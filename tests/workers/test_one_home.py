@@ -121,9 +121,7 @@ def test_one_status_rule():
     assert status_rules() == []
 
 
-NEAR_MISS_HOMES = {"profiler/analysis/headroom.py", "profiler/analysis/rules.py",
-                   # the forecast's own, earlier margin (FORECAST_NEAR_MISS_SHARE): a warning on the trend
-                   "profiler/analysis/forecast.py"}
+NEAR_MISS_HOMES = {"profiler/analysis/headroom.py", "profiler/analysis/rules.py"}
 
 
 def near_miss_rules(root: Path = ROOT) -> list[str]:
@@ -144,9 +142,7 @@ def test_one_near_miss():
 
 # ----------------------------------------------------------------------------------- confidence
 
-CONFIDENCE_HOMES = {"profiler/analysis/confidence.py", "profiler/analysis/rules.py",
-                    # still computes its own (`_confidence` and the levels of its other outcomes)
-                    "profiler/analysis/forecast.py"}
+CONFIDENCE_HOMES = {"profiler/analysis/confidence.py", "profiler/analysis/rules.py"}
 
 
 def literal_confidences(root: Path = ROOT) -> list[str]:
