@@ -6,8 +6,9 @@
   not scanned (Alembic's own SQL);
 - which rank speaks for a run is decided by analysis/run_verdict.run_verdict alone, fed by
   store/run_verdicts alone: no other code orders ranks' diagnoses by peak, cause or OOM;
-- a run's status moves by analysis/run_status.py alone: only the store writes `status=` to a run, and
-  the statuses are listed once (memq/model.py);
+- a run's status moves by analysis/run_status.py alone: only the store writes `status=` to a run, only
+  the use cases of pipeline/runs.py ask it to (`move_run_status`), and the statuses are listed once
+  (memq/model.py);
 - a near miss is analysis/headroom.py's: no comparison against NEAR_MISS_SHARE elsewhere;
 - confidence comes from analysis/confidence.py: no literal confidence in the analysis elsewhere.
 Each checker is run on a small tree with the shapes it forbids, so a checker that finds nothing fails.
@@ -114,6 +115,9 @@ def status_rules(root: Path = ROOT) -> list[str]:
                     and rel not in ("profiler/store/repository/runs.py", "profiler/store/outbox.py")
                     and "Run" in ast.unparse(node.func.value)):
                 bad.append(f"{rel}:{node.lineno} writes a run's status")
+            called = getattr(node.func, "attr", getattr(node.func, "id", "")) if isinstance(node, ast.Call) else ""
+            if called == "move_run_status" and rel != "profiler/pipeline/runs.py":
+                bad.append(f"{rel}:{node.lineno} moves a run's status outside pipeline/runs.py")
     return bad
 
 
@@ -189,6 +193,7 @@ def test_the_checkers_see_what_they_forbid(tmp_path):
     (tmp_path / "workers" / "jobs.py").write_text(
         "def f(s, rows):\n    from sqlalchemy import update\n    from memq.store.orm import Run\n"
         "    s.execute(update(Run).values(status='oom'))\n"
+        "    repo.move_run_status(s, 1, 'oom')\n"
         "    return max(rows, key=lambda d: (d.oom, d.peak_reserved_bytes, -d.rank))\n"
         "ORDER = ('running', 'completed', 'crashed', 'oom')\n")
     (tmp_path / "profiler" / "web.py").write_text(
@@ -201,7 +206,8 @@ def test_the_checkers_see_what_they_forbid(tmp_path):
     sql = sql_outside_store(tmp_path)
     assert [b.split(" ")[0] for b in sql] == ["profiler/web.py:1", "profiler/web.py:2", "profiler/web.py:4",
                                              "workers/jobs.py:2", "workers/jobs.py:3", "workers/jobs.py:4"], sql
-    assert [b.split(" ")[0] for b in rank_choices(tmp_path)] == ["workers/jobs.py:5"]
-    assert sorted(b.split(" ")[0] for b in status_rules(tmp_path)) == ["workers/jobs.py:4", "workers/jobs.py:6"]
+    assert [b.split(" ")[0] for b in rank_choices(tmp_path)] == ["workers/jobs.py:6"]
+    assert sorted(b.split(" ")[0] for b in status_rules(tmp_path)) == ["workers/jobs.py:4", "workers/jobs.py:5",
+                                                                       "workers/jobs.py:7"]
     assert [b.split(" ")[0] for b in near_miss_rules(tmp_path)] == ["profiler/web.py:6"]
     assert len(literal_confidences(tmp_path)) == 4
