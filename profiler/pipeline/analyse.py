@@ -278,9 +278,25 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     facts = oom_facts(run.memory_limit_bytes or last_ctx.get("limit_bytes"),
                    run.gpu_memory_bytes or last_ctx.get("device_total_bytes"),
                    last_ctx.get("message"), last_ctx.get("requested_bytes"), last_ctx.get("device_free_bytes"))
-    result = analyze(loaded, oom_context(facts), names=[r.source or r.sha256[:12] for r in used],
+    ctx = oom_context(facts)
+
+    def seeds() -> list:
+        """The earlier snapshots themselves (not their digests), newest first within MAX_RUN_BYTES, for
+        the replay the advice cites: what `memq analyze` gives it for the same files."""
+        out, budget = [], 0
+        for item, r in zip(reversed(loaded[:-1]), reversed(used[:-1]), strict=True):
+            ld = item if isinstance(item, LoadedSnapshot) else decode(r)
+            budget += r.size_bytes or 0
+            if ld is None or budget > MAX_RUN_BYTES:
+                break
+            out.append(ld.snapshot)
+        return out[::-1]
+
+    from memq.pipeline.offline import advice_replay
+
+    result = analyze(loaded, ctx, names=[r.source or r.sha256[:12] for r in used],
                      triggers=[r.trigger for r in used], optimizer=run.optimizer, labels=[_label(r) for r in used],
-                     figures=_kept_figures(store, run_id, rank))
+                     figures=_kept_figures(store, run_id, rank), whatif=advice_replay(last.snapshot, ctx, seeds))
     analysed = [r for r in used if r.allocated_bytes is not None]
     peak_row = max(analysed, key=lambda r: r.allocated_bytes, default=None)
     details = result.get("details") or {}

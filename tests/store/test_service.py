@@ -7,7 +7,8 @@ from sqlalchemy import func, select
 
 import memq.analysis
 from memq.pipeline import analyse, ingest
-from memq.store import blob_snapshots, queries
+from memq.pipeline import history as queries
+from memq.store import blob_snapshots
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 from tests.helpers import REAL, REAL_RUNS, meta, run_files
