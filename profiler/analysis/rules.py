@@ -373,7 +373,7 @@ FORECAST_CONF_BOUNDED = _rule(
 FORECAST_CONF_UNDATED = _rule(
     "FORECAST_CONF_UNDATED", 0.5, "confidence", "judgement",
     "a growth that never meets the reserve ceiling, or meets it beyond GROWTH_HORIZON_MULTIPLE: 'no OOM "
-    "expected' at even odds (the growth may speed up or stop)", "forecast")
+    "expected' at even odds (the growth may speed up or end)", "forecast")
 FORECAST_CONF_DATED_BASE = _rule(
     "FORECAST_CONF_DATED_BASE", 0.55, "confidence", "judgement",
     "a dated OOM forecast starts above even odds: its trend passed the leak test (a 95% interval above zero)",
