@@ -30,15 +30,16 @@ from dataclasses import dataclass
 from memq.analysis import growth as gm
 from memq.analysis.confidence import forecast_confidence
 from memq.analysis.leak import figure_series, snapshot_series
-from memq.analysis.rules import FORECAST_EARLY_WARNING_SHARE, GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
+from memq.analysis.rules import (
+    FORECAST_EARLY_WARNING_SHARE,
+    FORECAST_STATE_SHARE,
+    FORECAST_TRAINED_MULTIPLE,
+    GROWTH_FEW_POINTS,
+    GROWTH_HORIZON_MULTIPLE,
+)
 from memq.analysis.series import compact
 from memq.units import fmt_bytes
 
-#: Parameters' multiple that gradients + optimizer state reach when every parameter trains with
-#: AdamW (1 gradient + 2 moments); a little over, for rounding.
-TRAINED_MULTIPLE = 3.05
-#: Growth that is at least this share gradients and optimizer state is parameters starting to train.
-STATE_SHARE = 0.8
 #: Figures kept as a forecast's inputs (the run diagnosis stores them, stats batches add to them):
 #: older ones are merged pairwise (series.compact), so a long run keeps its whole shape.
 MAX_FIGURES = 512
@@ -429,7 +430,7 @@ def _bounded_by_parameters(comps: list[dict]) -> dict | None:
     state = sum(b.get(k, 0) - a.get(k, 0) for k in keys)
     params = b.get("parameters", 0)
     held = sum(b.get(k, 0) for k in keys)
-    if grown <= 0 or params <= 0 or state < STATE_SHARE * grown or held > TRAINED_MULTIPLE * params:
+    if grown <= 0 or params <= 0 or state < FORECAST_STATE_SHARE * grown or held > FORECAST_TRAINED_MULTIPLE * params:
         return None
     ceiling = int(3 * params)
     return {"room": max(0, ceiling - held), "ceiling": ceiling, "params": params}

@@ -89,6 +89,15 @@ FORECAST_EARLY_WARNING_SHARE = _rule(
     "the forecast warns beside 'no OOM expected' when the steps' peak allocated bytes come within a tenth "
     "of LIMIT: twice the last free bytes (NEAR_MISS_SHARE), so a run is told before it is in them; an "
     "early warning on the trend, not the near miss (analysis/headroom.py)", "forecast")
+FORECAST_TRAINED_MULTIPLE = _rule(
+    "FORECAST_TRAINED_MULTIPLE", 3.05, "x the parameters' bytes", "definition",
+    "ARCHITECTURE.md cause 2: state for parameters that start training later is not a leak; every parameter "
+    "training with AdamW holds a gradient and two moments, 3x its bytes; 5% above for the allocator's "
+    "rounding, as UNFREEZE_STATE_MULTIPLE", "forecast")
+FORECAST_STATE_SHARE = _rule(
+    "FORECAST_STATE_SHARE", 0.8, "share of the growth", "judgement",
+    "the forecast reads growth as parameters starting to train (a ceiling, not a line) when at least 80% of "
+    "it is gradients and optimizer state, as UNFREEZE_OPT_SHARE does for the leak verdict", "forecast")
 LEAK_PERSIST_SHARE = _rule(
     "LEAK_PERSIST_SHARE", 0.5, "share of the growth", "judgement",
     "ARCHITECTURE.md cause 2 asks that the growth be blocks that stay live; half of it, because a step's "
