@@ -10,7 +10,10 @@
   the use cases of pipeline/runs.py ask it to (`move_run_status`), and the statuses are listed once
   (memq/model.py);
 - a near miss is analysis/headroom.py's: no comparison against NEAR_MISS_SHARE elsewhere;
-- confidence comes from analysis/confidence.py: no literal confidence in the analysis elsewhere.
+- confidence comes from analysis/confidence.py: no literal confidence in the analysis elsewhere;
+- the workers hold no use case: workers/ imports nothing of the analysis (what a snapshot, an envelope or
+  a run's status means is asked of profiler/pipeline/; the workers keep leases, debounce, the decode
+  cache, the stream and the senders).
 Each checker is run on a small tree with the shapes it forbids, so a checker that finds nothing fails.
 """
 
@@ -181,6 +184,28 @@ def test_confidence_comes_from_confidence_py():
     assert literal_confidences() == []
 
 
+# ------------------------------------------------------------------------------ workers: plumbing
+
+def analysis_in_workers(root: Path = ROOT) -> list[str]:
+    bad = []
+    for p in _files(root, ("workers",)):
+        rel = _rel(root, p)
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(n == "memq.analysis" or n.startswith("memq.analysis.") for n in names):
+                bad.append(f"{rel}:{node.lineno} imports {ast.unparse(node)[:80]}")
+    return bad
+
+
+def test_the_workers_ask_the_use_cases_not_the_analysis():
+    assert analysis_in_workers() == []
+
+
 # ------------------------------------------------------------------------- the checkers themselves
 
 def test_the_checkers_see_what_they_forbid(tmp_path):
@@ -195,7 +220,8 @@ def test_the_checkers_see_what_they_forbid(tmp_path):
         "    s.execute(update(Run).values(status='oom'))\n"
         "    repo.move_run_status(s, 1, 'oom')\n"
         "    return max(rows, key=lambda d: (d.oom, d.peak_reserved_bytes, -d.rank))\n"
-        "ORDER = ('running', 'completed', 'crashed', 'oom')\n")
+        "ORDER = ('running', 'completed', 'crashed', 'oom')\n"
+        "def g():\n    from memq.analysis import run_status\n")
     (tmp_path / "profiler" / "web.py").write_text(
         "from memq.store import orm\nimport sqlalchemy.orm\n"
         "def g(session, q):\n    return session.execute(q)\n"
@@ -211,3 +237,4 @@ def test_the_checkers_see_what_they_forbid(tmp_path):
                                                                        "workers/jobs.py:7"]
     assert [b.split(" ")[0] for b in near_miss_rules(tmp_path)] == ["profiler/web.py:6"]
     assert len(literal_confidences(tmp_path)) == 4
+    assert [b.split(" ")[0] for b in analysis_in_workers(tmp_path)] == ["workers/jobs.py:9"]
