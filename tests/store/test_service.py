@@ -111,6 +111,23 @@ def test_reanalyze_recomputes_from_blobs_once_per_version(store, monkeypatch):
     assert analyse.reanalyze(store, "copy").snapshots_considered == 0
 
 
+def test_reanalyze_analyses_each_snapshot_with_its_runs_optimizer(store, monkeypatch):
+    """A stored result is keyed by bytes, version and context, not by who asked: `memq reanalyze` reads the
+    run's optimizer as ingest and the worker do, so the path that runs first does not decide the advice."""
+    _ingest(store, "seed_sgd", optimizer="SGD")
+    monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.2-test")
+    asked: list = []
+    real = memq.analysis.analyze
+
+    def analyze(*a, **kw):
+        asked.append(kw.get("optimizer"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(memq.analysis, "analyze", analyze)
+    rep = analyse.reanalyze(store)
+    assert rep.analysed == 4 and asked and set(asked) == {"SGD"}, asked  # the snapshots and the run diagnosis
+
+
 def test_multi_rank_runs_keep_ranks_apart(store):
     files = [str(p) for p in run_files("frag_synthetic")]
     meta_ = repo.RunMeta(name="ddp", world_size=2)
