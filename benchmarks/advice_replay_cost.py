@@ -1,4 +1,4 @@
-"""What the replay the advice cites costs a stored run's diagnosis: `recompute_run` on an OOM run of four
+"""What the replay the advice cites costs a stored run's diagnosis: `recompute_run` on an OOM run of three
 snapshots (tests/fixtures/captured/dynamic_settings/gc_0.6, its cap), its snapshots already decoded, with
 the replay (pipeline/offline.advice_replay, as `memq analyze` gives the same files) and without it.
 
@@ -57,7 +57,7 @@ def main() -> None:
         finally:
             offline.advice_replay = real
         store.close()
-    print(f"recompute_run, OOM run of 4 snapshots (gc_0.6): median {with_replay:.2f} s with the advice replay, "
+    print(f"recompute_run, OOM run of 3 snapshots (gc_0.6): median {with_replay:.2f} s with the advice replay, "
           f"{without:.2f} s without (x{with_replay / without:.1f}, n={args.repeat})")
 
 
