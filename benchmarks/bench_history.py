@@ -155,7 +155,7 @@ def main() -> int:
 
     from memq.cli import cli
     from memq.config import redact_url
-    from memq.store import queries
+    from memq.pipeline import history as queries
     from memq.store import repository as repo
     from memq.store.db import make_engine, session_scope
 

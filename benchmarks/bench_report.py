@@ -198,11 +198,11 @@ def fill(url: str, runs_per_day: int, tmpl: dict[str, dict], seed: int = 7) -> d
 
 def measure(url: str, workdir: Path, runs: int, tmpl) -> dict:
     from memq.config import load_settings
+    from memq.pipeline.report_source import SqlReportSource
     from memq.report import generate
     from memq.report.data import build_report
     from memq.store.connection import open_store
     from memq.store.report_queries import Scope
-    from memq.store.report_source import SqlReportSource
 
     t = time.perf_counter()
     counts = fill(url, runs, tmpl)

@@ -11,6 +11,7 @@ group `memq-dispatch`:
       stats                       -> consecutive entries batched: one INSERT of all their samples
                                      (ON CONFLICT DO NOTHING on (run, rank, time)), commit
       run_start / run_end         -> upsert the run / move its status up (never an OOM down), commit
+                                     (what each kind records: memq.pipeline.record)
       snapshot                    -> consecutive entries batched. Each blob: the blob store already
                                      has it, else GET memq:blob:<sha256> from Redis, verify it inflates
                                      to its sha256 and store it (fsync, rename); missing or corrupt:
@@ -50,10 +51,6 @@ from collections.abc import Callable
 from typing import Any
 
 from memq import envelope, identity
-from memq.analysis import run_status
-from memq.analysis.forecast import MAX_FIGURES as MAX_FORECAST_FIGURES
-from memq.analysis.limits import observer_facts, real_cap
-from memq.analysis.series import compact as compact_figures
 from memq.backoff import full_jitter
 from memq.config import Settings, redact_url
 from memq.errors import (
@@ -63,9 +60,8 @@ from memq.errors import (
     StorageError,
     TooLarge,
 )
-from memq.launcher_ids import real_id
+from memq.pipeline import record
 from memq.redis_functions import Relay
-from memq.store import rank_figures
 from memq.store import repository as repo
 from memq.workers import runtime
 from memq.workers.faults import armed_fault
@@ -93,22 +89,6 @@ def _reason(exc: BaseException) -> str:
         return f"refused by the database: {exc}"
     return f"{type(exc).__name__}: {str(exc)[:500]}"
 
-
-def _ts(ms: int | None):
-    return None if ms is None else repo.to_utc(ms / 1000.0)
-
-
-def _int_or_none(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-
-def _outside(value, total: int | None) -> int | None:
-    """Bytes held outside PyTorch as run_start says, kept only when they fit the device."""
-    v = _int_or_none(value)
-    if v is None or v < 0 or (total is not None and v >= total):
-        return None
-    return v
 
 class Dispatcher:
     def __init__(self, st: Settings, *, consumer: str | None = None, group: str = GROUP, batch: int = 100,
@@ -549,15 +529,12 @@ class Dispatcher:
         log.warning("dead letter %s: %s", eid, reason)
 
     def _run_id(self, session, env: envelope.Envelope) -> int:
-        """The run's id, created by this envelope when new. An envelope of a run that another identity
-        created raises IdentityError (the entry is dead-lettered: nothing of the run changes)."""
+        """The run's id, created by this envelope when new (pipeline/record.py). An envelope of a run that
+        another identity created raises IdentityError (the entry is dead-lettered: nothing of the run
+        changes)."""
         got = self._run_ids.get(env.run)
         if got is None:
-            rid = repo.upsert_run(session, repo.RunMeta(name=env.run, cluster=env.cluster, job=real_id(env.job),
-                                                        host=env.host or None, started_at=_ts(env.ts),
-                                                        owner=env.owner or None),
-                                  first_wins=True)
-            got = (rid, repo.run_owner(session, rid))
+            got = record.new_run(session, env)
             self.counts["runs"] += 1
             self._uncommitted[env.run] = got
         err = identity.owner_mismatch(env.run, got[1], env.owner)
@@ -581,69 +558,22 @@ class Dispatcher:
         self._uncommitted = {}
 
     def on_run_start(self, env: envelope.Envelope) -> None:
-        p = env.payload
-        total = _int_or_none(p.get("device_total"))
-        conf = p.get("alloc_conf_env") or {}
-        conf_text = conf.get("PYTORCH_CUDA_ALLOC_CONF") or conf.get("PYTORCH_ALLOC_CONF") \
-            if isinstance(conf, dict) else None
-        labels = p.get("labels") if isinstance(p.get("labels"), dict) else {}
-        meta = repo.RunMeta(
-            name=env.run, cluster=env.cluster, job=real_id(env.job), host=env.host or None, rank=env.rank,
-            labels=labels, torch_version=_str(p.get("torch"), 64), cuda_version=_str(p.get("cuda"), 64),
-            driver_version=_str(p.get("driver"), 64), gpu_model=_str(p.get("gpu"), 128), gpu_memory_bytes=total,
-            memory_limit_bytes=real_cap(p.get("limit_bytes"), total), allocator_conf=_str(conf_text, 500),
-            non_pytorch_bytes=_outside(p.get("non_pytorch_bytes"), total),
-            optimizer=_str(p.get("optimizer"), 100), param_count=_int_or_none(p.get("params")),
-            world_size=_int_or_none(p.get("world_size")), started_at=_ts(env.ts))
         with self._tx() as s:
             self._run_id(s, env)  # creates the run, or refuses another identity's before anything changes
-            self._uncommitted[env.run] = (repo.upsert_run(s, meta, first_wins=True), env.owner or None)
+            self._uncommitted[env.run] = (record.run_start(s, env), env.owner or None)
         self.counts["runs"] += 1
 
     def on_run_end(self, env: envelope.Envelope) -> None:
-        status = run_status.from_run_end(envelope.LEGACY_RUN_STATUSES.get(env.payload.get("status"),
-                                                                       env.payload.get("status")))
         with self._tx() as s:
-            rid = self._run_id(s, env)
-            repo.upsert_run(s, repo.RunMeta(name=env.run, ended_at=_ts(env.ts)))
-            repo.move_run_status(s, rid, status)
-            figures = env.payload.get("figures")
-            if isinstance(figures, dict):  # the rank's own peaks, also of a rank torn down by the launcher
-                rank_figures.upsert(s, rid, env.rank, figures, env.payload.get("status"), _ts(env.ts))
+            record.run_end(s, self._run_id(s, env), env)
 
     def on_stats(self, items: list[envelope.Envelope]) -> None:
-        rows: list[dict] = []
-        figures: dict[tuple[int, int], tuple[list, float]] = {}
         with self._tx() as s:
-            for env in items:
-                rid = self._run_id(s, env)
-                figs = env.payload.get("step_figures")
-                if isinstance(figs, list) and figs:
-                    got = figures.setdefault((rid, env.rank), ([], 0.0))
-                    got[0].extend(f for f in figs if isinstance(f, dict))
-                    # a long batch keeps its whole shape at bounded size (older figures merged pairwise)
-                    figures[(rid, env.rank)] = (compact_figures(got[0], MAX_FORECAST_FIGURES),
-                                                max(got[1], env.ts / 1000.0))
-                if isinstance(env.payload.get("rank_figures"), dict):
-                    rank_figures.upsert(s, rid, env.rank, env.payload["rank_figures"], None, _ts(env.ts))
-                samples = env.payload.get("samples")
-                for smp in samples if isinstance(samples, list) else []:
-                    if not isinstance(smp, dict) or "device_metadata" in smp:
-                        continue
-                    t = smp.get("t")
-                    if not isinstance(t, (int, float)) or isinstance(t, bool):
-                        continue
-                    try:
-                        rows.append(repo.stat_row(rid, env.rank, smp, float(t), step=_int_or_none(smp.get("step")),
-                                                  epoch=_int_or_none(smp.get("epoch"))))
-                    except (TypeError, ValueError, OverflowError):
-                        continue  # one malformed sample is skipped, not the batch
-            if rows:
-                repo.insert_stat_samples(s, rows)
-        for (rid, rank), (figs, ts) in figures.items():
+            got = record.stats(s, [(self._run_id(s, env), env) for env in items])
+        for (rid, rank), (figs, ts) in got.figures.items():
             self.refresh_forecast(rid, rank, figs, ts)
         self.counts["stats"] += len(items)
-        self.counts["samples"] += len(rows)
+        self.counts["samples"] += got.samples
 
     def _snapshot_batch(self, items: list[tuple[str, dict, envelope.Envelope]]) -> tuple[list[str], set[str]]:
         """Blobs first (each checked and stored, or dead-lettered), then one transaction for all the
@@ -731,21 +661,4 @@ class Dispatcher:
             self._sized[env.sha256] = known
         if known is not None and env.size is not None and int(known) != env.size:
             raise BadInput(f"envelope size {env.size} differs from the {known} bytes of the blob {env.sha256[:12]}")
-        oom = env.oom or {}
-        rid = self._run_id(s, env)
-        run = repo.run_settings(s, rid)
-        facts = observer_facts(oom, run.memory_limit_bytes, run.gpu_memory_bytes)
-        sid, created = repo.insert_snapshot(s, repo.NewSnapshot(
-            run_id=rid, sha256=env.sha256, size_bytes=int(env.size or 0), rank=env.rank, step=env.step,
-            epoch=env.epoch, trigger=env.trigger or "manual", taken_at=_ts(env.ts), blob_ref=ref,
-            source=f"{self.stream}/{eid}", context=facts))
-        state = "pending" if created else repo.snapshot_row(s, sid).state
-        if env.trigger == "oom":
-            repo.move_run_status(s, rid, "oom")
-        return sid, state, created
-
-
-def _str(v: Any, n: int) -> str | None:
-    if v is None or v == "":
-        return None
-    return str(v)[:n]
+        return record.snapshot(s, self._run_id(s, env), env, ref, f"{self.stream}/{eid}")

@@ -1,9 +1,9 @@
 """The workers' work, as plain functions over ids (the Celery tasks in `memq.workers.tasks` only call these).
 
 `analyze(st, snapshot_id, task_id)`: lease the snapshot (one conditional UPDATE: of two deliveries of
-the same snapshot one wins), attach the analysis exactly as `memq ingest` does
-(`memq.pipeline.analyse.analyse_snapshot`: reused when (sha256, analyzer version, context) was
-already analysed, else computed from the blob store and upserted), mark an OOM run `oom`, and
+the same snapshot one wins; its RETURNING carries the row), hand the claim to the use case
+(`memq.pipeline.analyse.analyse_claimed`: reused when (sha256, analyzer version, context) was already
+analysed, else computed from this process's decode cache and upserted; an OOM run marked `oom`), and
 schedule the run-level diagnosis. A delivery of the same task id that finds the snapshot leased is the
 same task coming back (a retry after an outage, or a redelivery after its pool process died): it
 takes the lease over instead of waiting for it to expire.
@@ -12,7 +12,7 @@ Outcomes: analysed | reused | done (nothing to do) | leased (another task holds 
 (bad data: state failed with the reason, plus a dead letter) | retry (state back to pending,
 enqueued again) | failed (out of attempts) | missing (no such row).
 
-`recompute(st, run_id, rank)`: the run-level diagnosis (`memq.pipeline.analyse.recompute_run`: the digests stored
+`recompute(st, run_id, rank)`: the run-level diagnosis (`memq.pipeline.analyse.diagnose_rank`: the digests stored
 with the rank's analyses, plus the newest snapshot, usually still in this process's cache), debounced
 per run and rank by `schedule_recompute`: at most one pending recompute, which runs once no
 snapshot of the run finished for a quiet period (max(MEMQ_RUN_DIAGNOSIS_DELAY_MS, 2 x the last
@@ -73,10 +73,6 @@ def _need(senders: Senders | None, what: str) -> Senders:
     if senders is None:
         raise TypeError(f"{what} sends follow-up work: pass senders (memq.workers.tasks.SENDERS)")
     return senders
-
-
-def _is_oom(result: dict | None) -> bool:
-    return bool(result and result.get("oom"))
 
 
 # ------------------------------------------------------------------------------ decoded snapshots
@@ -144,13 +140,6 @@ def forget_cache() -> None:
 # ---------------------------------------------------------------------------------------- analyze
 
 
-@dataclass(frozen=True)
-class Lease:
-    run_id: int
-    rank: int
-    attempts: int
-
-
 def _holder_key(st: Settings, snapshot_id: int, task_id: str) -> str:
     return f"{st.key_prefix}lease:{int(snapshot_id)}:{task_id}"
 
@@ -168,13 +157,14 @@ def _seen_before(st: Settings, snapshot_id: int, task_id: str | None) -> bool:
         return False
 
 
-def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease | None, str]:
+def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[repo.ClaimedSnapshot | None, str]:
+    """The lease (one conditional UPDATE whose RETURNING carries the row the analysis reads), or why not."""
     store = _store(st)
     seen = _seen_before(st, snapshot_id, task_id)
     with store.session() as s:
         c = repo.claim_snapshot(s, snapshot_id, st.analysis_lease_s, MAX_ATTEMPTS)
         if c is not None:
-            return Lease(c.run_id, c.rank, c.attempts), "claimed"
+            return c, "claimed"
         row = repo.snapshot_row(s, snapshot_id)
         if row is None:
             return None, "missing"
@@ -183,7 +173,7 @@ def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease |
             # (reject-on-worker-lost redelivers it) ends as failed, not in a loop.
             got = repo.take_over_lease(s, snapshot_id, st.analysis_lease_s, MAX_ATTEMPTS)
             if got is not None:
-                return Lease(row.run_id, row.rank, got), "taken over"
+                return got, "taken over"
         if row.state == "pending" and row.attempts >= MAX_ATTEMPTS:
             return None, "out of attempts"
         return None, {"done": "done", "failed": "failed", "running": "leased"}.get(row.state, row.state)
@@ -191,27 +181,23 @@ def _claim(st: Settings, snapshot_id: int, task_id: str | None) -> tuple[Lease |
 
 def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders: Senders | None = None) -> str:
     """See the module docstring. `senders` re-enqueue it and schedule the run diagnosis (tasks pass
-    theirs); only an outcome that sends work needs them."""
+    theirs); only an outcome that sends work needs them. One call down (the lease), one into the use
+    case (memq.pipeline.analyse.analyse_claimed, with this process's decode cache), and back."""
     from memq.pipeline import analyse
 
     store = _store(st)
     lease, how = _claim(st, snapshot_id, task_id)
     if lease is None:
         if how == "done":
-            _after_done(st, snapshot_id, _need(senders, "analyze"))
+            done = analyse.settled(store, snapshot_id)
+            schedule_recompute(st, done.run_id, done.rank, _need(senders, "analyze").recompute)
         elif how == "out of attempts":
             quarantine(st, snapshot_id, f"gave up after {MAX_ATTEMPTS} attempts")
             return "failed"
         return how
-    with store.session() as s:
-        run = repo.run_settings(s, lease.run_id)
-        row = repo.snapshot_row(s, snapshot_id)
-        _, version = analyse.analyzer()
-        known = repo.find_analysis(s, row.sha256, version, repo.context_key(row.context)) is not None
     try:
-        # decoded here (not inside analyse_snapshot) so that the run diagnosis can reuse it
-        loaded = None if known else _cached_load(store, row.sha256, row.source)
-        _, computed = analyse.analyse_snapshot(store, snapshot_id, loaded, optimizer=run.optimizer)
+        # decoded through this process's cache, so that the run diagnosis can reuse it
+        out = analyse.analyse_claimed(store, lease, lambda sha, src: _cached_load(store, sha, src))
     except NotFound as exc:
         quarantine(st, snapshot_id, f"blob missing: {exc}")
         return "quarantined"
@@ -235,9 +221,9 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders:
         if senders is not None:
             senders.analysis(snapshot_id, min(2 ** lease.attempts, st.retry_backoff_max_s))
         return "retry"
-    _after_done(st, snapshot_id, _need(senders, "analyze"))
+    schedule_recompute(st, out.run_id, out.rank, _need(senders, "analyze").recompute)
     _release(st, snapshot_id, task_id)
-    return "analysed" if computed else "reused"
+    return "analysed" if out.computed else "reused"
 
 
 def _release(st: Settings, snapshot_id: int, task_id: str | None) -> None:
@@ -250,16 +236,6 @@ def _release(st: Settings, snapshot_id: int, task_id: str | None) -> None:
 
 def _is_soft_limit(exc: BaseException) -> bool:
     return type(exc).__name__ == "SoftTimeLimitExceeded"
-
-
-def _after_done(st: Settings, snapshot_id: int, senders: Senders) -> None:
-    """An analysed snapshot: an OOM marks its run `oom`; the run-level diagnosis is scheduled."""
-    store = _store(st)
-    with store.session() as s:
-        row = repo.snapshot_outcome(s, snapshot_id)
-        if row.trigger == "oom" or row.oom_requested_bytes is not None or row.oom:
-            repo.move_run_status(s, row.run_id, "oom")
-    schedule_recompute(st, row.run_id, row.rank, senders.recompute)
 
 
 def quarantine(st: Settings, snapshot_id: int, reason: str) -> None:
@@ -365,18 +341,15 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
         pass
     store = _store(st)
     t0 = time.monotonic()
-    result = analyse.recompute_run(store, run_id, rank, load=lambda sha, src: _cached_load(store, sha, src))
+    result, ooms = analyse.diagnose_rank(store, run_id, rank, load=lambda sha, src: _cached_load(store, sha, src))
     took = time.monotonic() - t0
-    if _is_oom(result):
-        with store.session() as s:
-            repo.move_run_status(s, run_id, "oom")
     try:
         r.set(_cost_key(st, run_id, rank), f"{took:.3f}", ex=7 * 24 * 3600)
     except Exception:  # noqa: BLE001
         pass
     # After the run diagnosis (which waits for the rank's analyses to settle), so that a sweep finds
     # the earlier snapshots it seeds its replay with already analysed.
-    for sid in oom_snapshots(st, run_id, rank):
+    for sid in ooms:
         senders.sweep(sid)
     return ((result or {}).get("diagnosis") or {}).get("primary_cause")
 
@@ -394,14 +367,6 @@ def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_
 
 
 # ---------------------------------------------------------------------------------- what-if sweeps
-
-
-def oom_snapshots(st: Settings, run_id: int, rank: int) -> list[int]:
-    """Ids of the rank's analysed OOM snapshots (memq.store.sweeps.oom_snapshot_ids)."""
-    from memq.store.sweeps import oom_snapshot_ids
-
-    with _store(st).session() as s:
-        return oom_snapshot_ids(s, run_id, rank)
 
 
 def sweep(st: Settings, snapshot_id: int) -> str:
@@ -474,6 +439,6 @@ def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
             s, repo.utcnow() - dt.timedelta(milliseconds=st.run_diagnosis_delay_ms + 1000), MAX_RUN_SNAPSHOTS, limit)
 
 
-__all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep", "oom_snapshots",
+__all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep",
            "schedule_recompute", "quarantine",
            "BrokerUnavailable"]

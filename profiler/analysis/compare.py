@@ -120,7 +120,7 @@ def same_limit(a: int | None, b: int | None) -> bool:
 
 
 def compare_sides(A: dict[str, Any], B: dict[str, Any]) -> dict[str, Any]:
-    """What differs between two runs' sides (store/queries._run_side: the run row, the composition and
+    """What differs between two runs' sides (pipeline/history._run_side: the run row, the composition and
     limit of its verdict, its recorded allocator settings): composition and peak deltas, the settings
     that differ, and which difference explains the gap."""
     comp_delta = None

@@ -17,8 +17,8 @@ The other verdicts take theirs from here too:
   situation the message's own figures settle (MESSAGE_CONFIDENCE in rules.py);
 - a what-if replay (whatif.py) says its confidence in words (`high`, `medium`, `low`, `none`):
   `replay_confidence(case)`, one word per case of how far the replay reaches (REPLAY_CONFIDENCE).
-The OOM forecast's confidence is still computed in forecast.py (`_confidence`, from the growth model's
-points and interval).
+- the OOM forecast (forecast.py): `forecast_confidence(outcome, ...)`, one level per outcome and, for a
+  dated OOM, from the growth model's points and the width of its slope's interval (FORECAST_CONF_*).
 """
 
 from __future__ import annotations
@@ -34,6 +34,17 @@ from memq.analysis.rules import (
     CONF_SECONDARY_BASE,
     CONF_SECONDARY_PER_STRENGTH,
     CONF_UNSETTLED_PRIMARY,
+    FORECAST_CONF_BOUNDED,
+    FORECAST_CONF_DATED_BASE,
+    FORECAST_CONF_DATED_PER_POINT,
+    FORECAST_CONF_DATED_POINTS,
+    FORECAST_CONF_FEW_POINTS,
+    FORECAST_CONF_FLOOR,
+    FORECAST_CONF_NO_GROWTH_BASE,
+    FORECAST_CONF_NO_GROWTH_PER_POINT,
+    FORECAST_CONF_NO_GROWTH_POINTS,
+    FORECAST_CONF_UNDATED,
+    FORECAST_CONF_WIDTH_LOSS,
     MESSAGE_CONFIDENCE,
 )
 
@@ -98,3 +109,29 @@ def replay_confidence(case: str) -> str:
         return REPLAY_CONFIDENCE[case]
     except KeyError:
         raise ValueError(f"unknown replay case {case!r} (one of {', '.join(REPLAY_CONFIDENCE)})") from None
+
+
+#: The outcomes of an OOM forecast, each with its confidence (forecast.py): `none` is no forecast yet
+#: (too few points, no limit, growth said but not claimed), which carries no confidence at all.
+FORECAST_OUTCOMES = ("none", "no_growth", "bounded", "undated", "dated")
+
+
+def forecast_confidence(outcome: str, points: int = 0, *, interval_width: float = 1.0, few: bool = False) -> float:
+    """The confidence of an OOM forecast with `outcome` (one of FORECAST_OUTCOMES). `points`: the growth
+    series' points; `interval_width`: the slope's 95% interval as a share of twice the slope (1.0 when it
+    is unknown or unbounded); `few`: the dated forecast stands on few points (GROWTH_FEW_POINTS)."""
+    if outcome == "none":
+        return 0.0
+    if outcome == "no_growth":
+        return round(FORECAST_CONF_NO_GROWTH_BASE
+                     + FORECAST_CONF_NO_GROWTH_PER_POINT * min(FORECAST_CONF_NO_GROWTH_POINTS, points), 2)
+    if outcome == "bounded":
+        return FORECAST_CONF_BOUNDED
+    if outcome == "undated":
+        return FORECAST_CONF_UNDATED
+    if outcome == "dated":
+        base = (FORECAST_CONF_FEW_POINTS if few else
+                FORECAST_CONF_DATED_BASE + FORECAST_CONF_DATED_PER_POINT * min(FORECAST_CONF_DATED_POINTS, points))
+        loss = min(FORECAST_CONF_WIDTH_LOSS, interval_width / 2)
+        return round(max(FORECAST_CONF_FLOOR, base * (1.0 - loss)), 2)
+    raise ValueError(f"unknown forecast outcome {outcome!r} (one of {', '.join(FORECAST_OUTCOMES)})")

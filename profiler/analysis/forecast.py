@@ -28,16 +28,18 @@ import statistics
 from dataclasses import dataclass
 
 from memq.analysis import growth as gm
+from memq.analysis.confidence import forecast_confidence
 from memq.analysis.leak import figure_series, snapshot_series
-from memq.analysis.rules import FORECAST_NEAR_MISS_SHARE, GROWTH_FEW_POINTS, GROWTH_HORIZON_MULTIPLE
+from memq.analysis.rules import (
+    FORECAST_EARLY_WARNING_SHARE,
+    FORECAST_STATE_SHARE,
+    FORECAST_TRAINED_MULTIPLE,
+    GROWTH_FEW_POINTS,
+    GROWTH_HORIZON_MULTIPLE,
+)
 from memq.analysis.series import compact
 from memq.units import fmt_bytes
 
-#: Parameters' multiple that gradients + optimizer state reach when every parameter trains with
-#: AdamW (1 gradient + 2 moments); a little over, for rounding.
-TRAINED_MULTIPLE = 3.05
-#: Growth that is at least this share gradients and optimizer state is parameters starting to train.
-STATE_SHARE = 0.8
 #: Figures kept as a forecast's inputs (the run diagnosis stores them, stats batches add to them):
 #: older ones are merged pairwise (series.compact), so a long run keeps its whole shape.
 MAX_FIGURES = 512
@@ -64,14 +66,15 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         [int(c.get("peak") or c.get("active") or 0) for c in comparable[-2:]] or [live_now]
     peak_now = max(peaks)
     out = {"oom_expected": None, "step": None, "epoch": None, "eta_s": None, "rate_bytes_per_step": None,
-           "headroom_bytes": None, "confidence": 0.0, "basis": "",
+           "headroom_bytes": None, "confidence": forecast_confidence("none"), "basis": "",
            "limit_bytes": limit, "as_of_step": pts[-1].step if pts else None, "as_of_time": as_of_time,
            "rate_bytes_per_epoch": None, "step_low": None, "step_high": None, "eta_low_s": None,
            "eta_high_s": None, "points": len(pts), "series": basis_pts, "near_miss": None,
            "unit": unit, "growth": None}
     if limit:
         out["headroom_bytes"] = int(limit - peak_now)
-        out["near_miss"] = _near_miss(figs, comparable, limit)
+        # kept under the forecast document's field `near_miss`: the early warning, not headroom.near_miss
+        out["near_miss"] = _early_warning(figs, comparable, limit)
     g = gm.assess(pts, unit, limit=limit, headroom=(limit - peak_now) if limit else None)
     out["growth"] = g.as_json()
     if g.state == "too_few":
@@ -87,15 +90,15 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
         elif unit == "epoch":
             out["rate_bytes_per_epoch"] = round(t.slope, 1)
     if not g.leak:
-        conf = 0.5 + 0.05 * min(8, len(pts))
-        out.update(oom_expected=False, confidence=round(min(0.9, conf), 2), basis=f"{g.why} ({basis_pts})")
+        out.update(oom_expected=False, confidence=forecast_confidence("no_growth", len(pts)),
+                   basis=f"{g.why} ({basis_pts})")
         return out
     bounded = _bounded_by_parameters(composition or [])
     if bounded is not None:
         ceiling = live_now + bounded["room"]
         need = ceiling + _excursion(figs, pts)
         fits = limit is None or need <= limit
-        out.update(oom_expected=False if fits else None, confidence=0.7,
+        out.update(oom_expected=False if fits else None, confidence=forecast_confidence("bounded"),
                    basis=(f"the growth is gradients and optimizer state of parameters that started training "
                           f"(progressive unfreezing): they stop at {_g(bounded['ceiling'])} for "
                           f"{_g(bounded['params'])} of parameters"
@@ -112,14 +115,14 @@ def forecast(figures: list[dict], limit: int | None, *, largest_segment: int | N
     cr = gm.crossing(g, exc, ceilings)
     cr = _reserve_first(cr, _reserved_series(figs, comparable, pts, unit), limit, pts)
     if cr is None or not math.isfinite(cr.x):
-        out.update(oom_expected=False, confidence=0.5, basis=f"{g.why} ({basis_pts})")
+        out.update(oom_expected=False, confidence=forecast_confidence("undated"), basis=f"{g.why} ({basis_pts})")
         return out
     at, early, late = int(cr.x), int(cr.early), int(cr.late) if math.isfinite(cr.late) else None
     lived = max(1.0, pts[-1].x - pts[0].x)
     ahead = at - pts[-1].x
     if ahead > GROWTH_HORIZON_MULTIPLE * lived:
         # the growth model's horizon: a date further out than that is no forecast (the growth may stop)
-        out.update(oom_expected=False, confidence=0.5,
+        out.update(oom_expected=False, confidence=forecast_confidence("undated"),
                    basis=f"{g.why}; at this rate the limit is {_ahead(ahead, unit)} away, beyond "
                          f"{GROWTH_HORIZON_MULTIPLE:g}x what the series covers ({basis_pts})")
         return out
@@ -201,13 +204,10 @@ def _ahead(x: float, unit: str) -> str:
 
 
 def _confidence(g: gm.Growth) -> float:
-    """More points and a tighter interval, more confidence; few points are said as such."""
+    """More points and a tighter interval, more confidence (confidence.forecast_confidence)."""
     t = g.trend
     width = (t.high - t.low) / (2 * t.slope) if t and t.slope > 0 and math.isfinite(t.high - t.low) else 1.0
-    base = 0.55 + 0.04 * min(10, g.points)
-    if g.few:
-        base = 0.5
-    return round(max(0.3, min(0.95, base * (1.0 - min(0.5, width / 2)))), 2)
+    return forecast_confidence("dated", g.points, interval_width=width, few=g.few)
 
 
 def _series(figs: list[dict], comparable: list[dict]) -> tuple[list[gm.Point], str, str]:
@@ -430,22 +430,23 @@ def _bounded_by_parameters(comps: list[dict]) -> dict | None:
     state = sum(b.get(k, 0) - a.get(k, 0) for k in keys)
     params = b.get("parameters", 0)
     held = sum(b.get(k, 0) for k in keys)
-    if grown <= 0 or params <= 0 or state < STATE_SHARE * grown or held > TRAINED_MULTIPLE * params:
+    if grown <= 0 or params <= 0 or state < FORECAST_STATE_SHARE * grown or held > FORECAST_TRAINED_MULTIPLE * params:
         return None
     ceiling = int(3 * params)
     return {"room": max(0, ceiling - held), "ceiling": ceiling, "params": params}
 
 
-def _near_miss(figs: list[dict], comparable: list[dict], limit: int) -> dict | None:
-    """The steps' peak close to the limit: said even when nothing grows (one more token of context, a
-    larger batch, a torch upgrade is then an OOM)."""
+def _early_warning(figs: list[dict], comparable: list[dict], limit: int) -> dict | None:
+    """The steps' peak within FORECAST_EARLY_WARNING_SHARE of the limit: said even when nothing grows (one
+    more token of context, a larger batch, a torch upgrade is then an OOM). An earlier, wider margin than
+    the near miss (analysis/headroom.py), on the steps' peak allocated bytes rather than the peak reserved."""
     peaks = [int(f["peak_allocated"]) for f in figs] or [int(c.get("peak") or c.get("active") or 0)
                                                         for c in comparable]
     if not peaks:
         return None
     peak = max(peaks)
     head = limit - peak
-    if head > FORECAST_NEAR_MISS_SHARE * limit:
+    if head > FORECAST_EARLY_WARNING_SHARE * limit:
         return None
     recent = peaks[-4:]
     rising = len(recent) > 1 and all(b > a for a, b in zip(recent, recent[1:], strict=False))

@@ -8,12 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memq.analysis.classify import g
-from memq.analysis.message_verdict import PRINTED_ROUNDING
+from memq.analysis.rules import PRINTED_ROUNDING, SAME_REQUEST_BYTES
 from memq.model import OomContext, Snapshot
-
-#: The snapshot's trace records the request rounded to the allocator's block size (512 bytes, 2 MiB
-#: above 1 MiB) and the message prints it with two decimals: within this much they are the same.
-SAME_REQUEST_BYTES = 2 << 20
 
 
 def _differs(a: int | None, b: int | None, slack: int = 0) -> bool:

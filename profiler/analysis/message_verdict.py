@@ -24,31 +24,17 @@ from dataclasses import dataclass, field
 
 from memq.analysis.classify import external_floor, g
 from memq.analysis.confidence import message_confidence
-from memq.analysis.rules import CUDA_CONTEXT_BYTES
+from memq.analysis.rules import (
+    CUDA_CONTEXT_BYTES,
+    MESSAGE_NEAR_LIMIT_SHARE,
+    MESSAGE_PRIVATE_POOL_SHARE,
+    PRINTED_ROUNDING,
+    XPU_BLOCK_LIMIT,
+)
 from memq.model import OomMessage
 
-GiB = 1 << 30
-
-#: The failing request is one allocation of a step that is still running: the rest of the step
-#: allocates after it. When allocated + request leaves less than this share of what the process
-#: could reserve, the step does not fit whatever the cache's arrangement, and a message cannot show
-#: otherwise. Source: the corpus (tests/fixtures/oom_messages/corpus.jsonl): both messages that fit
-#: "if compacted" with a confirmed fix left 5.2% (EpipolarPose #6) and 2.5% (pytorch #16417), and a
-#: smaller batch fixed both.
-NEAR_LIMIT_SHARE = 0.10
-
-#: Private pools (CUDA graphs) holding more than this share of the allocated bytes are what fills the
-#: device (torch >= 2.4 prints them inside "allocated"). Source: half is the point where the graphs
-#: hold more than eager code does.
-PRIVATE_POOL_SHARE = 0.5
-
-#: torch prints sizes with two decimals ("1.05 GiB"): a figure is known to within half a unit of its
-#: last digit, under 0.5% of any figure of 1.00 or more in its unit (format_size in c10).
-PRINTED_ROUNDING = 0.005
-
-#: Intel XPU (Arc, Level Zero without relaxed limits) refuses one allocation above 4 GiB whatever is
-#: free (IPEX #629, intel-xpu-backend-for-triton #7477 in the corpus).
-XPU_BLOCK_LIMIT = 4 * GiB
+#: Its rule constants are in rules.py (MESSAGE_NEAR_LIMIT_SHARE, MESSAGE_PRIVATE_POOL_SHARE,
+#: PRINTED_ROUNDING, XPU_BLOCK_LIMIT), each with its source.
 
 
 @dataclass
@@ -143,7 +129,7 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
                    [f"{g(non_pt)} of the {g(T)} device is used outside PyTorch's cache ({who}); allocated {g(A)} + "
                     f"request {g(S)} would fit the device without it"], lim=lim, src=lsrc)
     Q = msg.private_pool_bytes
-    if Q and A and Q > PRIVATE_POOL_SHARE * A:
+    if Q and A and Q > MESSAGE_PRIVATE_POOL_SHARE * A:
         return out("private_pools", "capacity", "private_pools",
                    [f"{g(Q)} of the {g(A)} allocated is in private pools (CUDA graphs): memory eager code (an "
                     "optimizer creating its state, a new input shape) cannot use while those graphs live; torch "
@@ -158,7 +144,7 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
         return out("capacity", "capacity", "capacity",
                    [f"allocated {g(A)} + request {g(S)} = {g(need)} exceeds {g(lim)} ({lsrc}) by {g(-room)}"],
                    lim=lim, src=lsrc)
-    if room < NEAR_LIMIT_SHARE * lim:
+    if room < MESSAGE_NEAR_LIMIT_SHARE * lim:
         # ARCHITECTURE.md cause 7 holds (the request fits a compacted cache), but the step's need cannot be
         # projected from a message: capacity is as likely, and the advice must cover both.
         return out("near_limit", "fragmentation", "near_limit",
@@ -168,7 +154,7 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
                    lim=lim, src=lsrc,
                    also=[("capacity", message_confidence("near_limit_capacity"),
                           [f"{g(room)} of {g(lim)} left after this request: under "
-                           f"{NEAR_LIMIT_SHARE:.0%} of the limit"])])
+                           f"{MESSAGE_NEAR_LIMIT_SHARE:.0%} of the limit"])])
     # a message gives no free blocks: fragmentation from a message alone is never more than likely
     return out("fragmentation", "fragmentation", "fragmentation",
                [f"allocated {g(A)} + request {g(S)} = {g(need)} fits {g(lim)} ({lsrc}) with {g(room)} left, yet the "

@@ -84,10 +84,20 @@ GROWTH_HORIZON_MULTIPLE = _rule(
     "which is rarely known; ten times what the run has lived covers a job at a tenth of its life (the "
     "earliest point a forecast is judged at is half), and leaves out a 512-byte-a-step drift that would "
     "need millions of steps", "growth")
-FORECAST_NEAR_MISS_SHARE = _rule(
-    "FORECAST_NEAR_MISS_SHARE", 0.10, "share of LIMIT", "judgement",
-    "the forecast says a near miss beside 'no OOM expected' when the steps' peak comes within a tenth of "
-    "LIMIT: twice the last free bytes (NEAR_MISS_SHARE), so a run is told before it is in them", "forecast")
+FORECAST_EARLY_WARNING_SHARE = _rule(
+    "FORECAST_EARLY_WARNING_SHARE", 0.10, "share of LIMIT", "judgement",
+    "the forecast warns beside 'no OOM expected' when the steps' peak allocated bytes come within a tenth "
+    "of LIMIT: twice the last free bytes (NEAR_MISS_SHARE), so a run is told before it is in them; an "
+    "early warning on the trend, not the near miss (analysis/headroom.py)", "forecast")
+FORECAST_TRAINED_MULTIPLE = _rule(
+    "FORECAST_TRAINED_MULTIPLE", 3.05, "x the parameters' bytes", "definition",
+    "ARCHITECTURE.md cause 2: state for parameters that start training later is not a leak; every parameter "
+    "training with AdamW holds a gradient and two moments, 3x its bytes; 5% above for the allocator's "
+    "rounding, as UNFREEZE_STATE_MULTIPLE", "forecast")
+FORECAST_STATE_SHARE = _rule(
+    "FORECAST_STATE_SHARE", 0.8, "share of the growth", "judgement",
+    "the forecast reads growth as parameters starting to train (a ceiling, not a line) when at least 80% of "
+    "it is gradients and optimizer state, as UNFREEZE_OPT_SHARE does for the leak verdict", "forecast")
 LEAK_PERSIST_SHARE = _rule(
     "LEAK_PERSIST_SHARE", 0.5, "share of the growth", "judgement",
     "ARCHITECTURE.md cause 2 asks that the growth be blocks that stay live; half of it, because a step's "
@@ -352,7 +362,94 @@ LEAK_LISTED_CONFIDENCE = _rule(
     "(CONF_BASE): a leak primary with no earlier cause unsettled always is, one that also holds from "
     "strength 0.5", "ranks")
 
+# ------------------------------------------------------------------ the OOM forecast's confidence (confidence.py)
+FORECAST_CONF_NO_GROWTH_BASE = _rule(
+    "FORECAST_CONF_NO_GROWTH_BASE", 0.5, "confidence", "judgement",
+    "'no OOM expected' because nothing grows (a plateau, a floor that moves with shapes, growth too small "
+    "to matter) starts at even odds: the growth model decided it on the fewest points", "forecast")
+FORECAST_CONF_NO_GROWTH_PER_POINT = _rule(
+    "FORECAST_CONF_NO_GROWTH_PER_POINT", 0.05, "confidence", "judgement",
+    "each point of the series adds 0.05 to a 'no growth' forecast ...", "forecast")
+FORECAST_CONF_NO_GROWTH_POINTS = _rule(
+    "FORECAST_CONF_NO_GROWTH_POINTS", 8, "count", "judgement",
+    "... up to eight points (0.9 at most): a longer flat series does not rule out growth that starts later",
+    "forecast")
+FORECAST_CONF_BOUNDED = _rule(
+    "FORECAST_CONF_BOUNDED", 0.7, "confidence", "judgement",
+    "growth read as parameters starting to train (progressive unfreezing) is projected to its ceiling: the "
+    "composition, not the trend, decides it, and an optimizer re-created in the same bounds would look alike",
+    "forecast")
+FORECAST_CONF_UNDATED = _rule(
+    "FORECAST_CONF_UNDATED", 0.5, "confidence", "judgement",
+    "a growth that never meets the reserve ceiling, or meets it beyond GROWTH_HORIZON_MULTIPLE: 'no OOM "
+    "expected' at even odds (the growth may speed up or end)", "forecast")
+FORECAST_CONF_DATED_BASE = _rule(
+    "FORECAST_CONF_DATED_BASE", 0.55, "confidence", "judgement",
+    "a dated OOM forecast starts above even odds: its trend passed the leak test (a 95% interval above zero)",
+    "forecast")
+FORECAST_CONF_DATED_PER_POINT = _rule(
+    "FORECAST_CONF_DATED_PER_POINT", 0.04, "confidence", "judgement",
+    "each point of the series adds 0.04 to a dated forecast ...", "forecast")
+FORECAST_CONF_DATED_POINTS = _rule(
+    "FORECAST_CONF_DATED_POINTS", 10, "count", "judgement",
+    "... up to ten points (0.95 at most): the date's error is then the slope's interval's, not the count's",
+    "forecast")
+FORECAST_CONF_FEW_POINTS = _rule(
+    "FORECAST_CONF_FEW_POINTS", 0.5, "confidence", "judgement",
+    "a dated forecast on few points (GROWTH_FEW_POINTS: three that rise steadily) starts at even odds "
+    "whatever their count", "forecast")
+FORECAST_CONF_WIDTH_LOSS = _rule(
+    "FORECAST_CONF_WIDTH_LOSS", 0.5, "share of the confidence", "judgement",
+    "the slope's 95% interval, as a share of twice the slope, takes half its width off the confidence, at "
+    "most half of it: an interval as wide as the slope either side halves it", "forecast")
+FORECAST_CONF_FLOOR = _rule(
+    "FORECAST_CONF_FLOOR", 0.3, "confidence", "judgement",
+    "a dated forecast is never said under 0.3: its trend passed the leak test however wide its interval",
+    "forecast")
+
 # ------------------------------------------------------------------ an OOM message alone (message_verdict.py)
+MESSAGE_NEAR_LIMIT_SHARE = _rule(
+    "MESSAGE_NEAR_LIMIT_SHARE", 0.10, "share of what the process could reserve", "measured",
+    "the failing request is one allocation of a step still running: allocated + request leaving less than "
+    "this share fits 'if compacted' but not the rest of the step (near_limit, never fragmentation alone); "
+    "both corpus messages with a confirmed fix that fit 'if compacted' left 5.2% (EpipolarPose #6) and "
+    "2.5% (pytorch #16417), and a smaller batch fixed both (tests/fixtures/oom_messages/corpus.jsonl)",
+    "message_verdict")
+MESSAGE_PRIVATE_POOL_SHARE = _rule(
+    "MESSAGE_PRIVATE_POOL_SHARE", 0.5, "share of the allocated bytes", "judgement",
+    "a message's private pools (CUDA graphs, printed inside 'allocated' from torch 2.4) fill the device "
+    "when they hold more than half of what is allocated: more than the eager code does", "message_verdict")
+PRINTED_ROUNDING = _rule(
+    "PRINTED_ROUNDING", 0.005, "share of the figure", "measured",
+    "torch prints sizes with two decimals ('1.05 GiB', format_size in c10): a figure is known to within half "
+    "a unit of its last digit, under 0.5% of any figure of 1.00 or more in its unit", "message_verdict, message_check")
+XPU_BLOCK_LIMIT = _rule(
+    "XPU_BLOCK_LIMIT", 4 * GiB, "bytes", "measured",
+    "Intel XPU (Arc, Level Zero without relaxed limits) refuses one allocation above 4 GiB whatever is free "
+    "(IPEX #629, intel-xpu-backend-for-triton #7477 in tests/fixtures/oom_messages/corpus.jsonl)",
+    "message_verdict")
+SAME_REQUEST_BYTES = _rule(
+    "SAME_REQUEST_BYTES", 2 * MiB, "bytes", "definition",
+    "ARCHITECTURE.md cause 7: the trace records the request rounded to the allocator's block (2 MiB above "
+    "1 MiB) while the message prints it with two decimals: within 2 MiB they are the same request",
+    "message_check")
+
+# ------------------------------------------------------------------ the what-if replay (whatif.py)
+REPLAY_RESERVED_TOLERANCE = _rule(
+    "REPLAY_RESERVED_TOLERANCE", 0.05, "share of the recorded reserved bytes", "judgement",
+    "a replay of the recorded settings reproduces the run when its reserved bytes stay within 5% of the "
+    "recorded ones after every trace entry (confidence.REPLAY_CONFIDENCE, 'reproduced'): a segment of slack "
+    "on a run of twenty", "whatif")
+REPLAY_EVENT_SHARE = _rule(
+    "REPLAY_EVENT_SHARE", 0.95, "share of the segment events", "judgement",
+    "... and at least 95% of the recorded segment events come at the same request: the "
+    "replay's confidence is then 'reproduced' (high), else 'approximate' (medium)", "whatif")
+TRACE_TIME_SLACK_US = _rule(
+    "TRACE_TIME_SLACK_US", 5, "microseconds", "judgement",
+    "two snapshots' copies of one trace entry can differ by a microsecond in time_us (torch converts its "
+    "clock to wall time when each snapshot is taken): five allows for that and stays far under the time "
+    "between two distinct entries of one block", "whatif")
+
 #: The confidence of each situation a message's own figures settle (confidence.message_confidence): how
 #: much of the cause the figures decide, all judgement. Fragmentation from a message is
 #: CONF_MESSAGE_FRAGMENTATION, as in a diagnosis.

@@ -7,6 +7,8 @@ snapshot arriving), the worker (an analysed OOM, a run diagnosis with one) and `
 - A status a person gives (`memq ingest --status`) is set as given: a correction of the record.
 - A run_end status this version does not know reads as `completed` (the envelope maps the legacy
   `error` to `crashed` first).
+- An analysed snapshot that is an OOM one (its trigger, the request its analysis found, its OOM figures)
+  moves its run to `oom`; so does a run diagnosis that found one.
 - `memq ingest` without `--status`: `oom` when the run diagnosis of the files found one, `completed` for
   a run the ingest created, else the status stays.
 """
@@ -44,3 +46,14 @@ def after_ingest(given: str | None, oom: bool, created: bool) -> str | None:
     if given is not None:
         return check_status(given)
     return "oom" if oom else ("completed" if created else None)
+
+
+def after_snapshot(trigger: str | None, oom_requested_bytes: int | None = None, oom: object = None) -> str | None:
+    """The status a snapshot moves its run to (None: it stays): `oom` for an OOM snapshot, by its trigger
+    (as it arrives) or by its analysis (the failed request, the OOM figures)."""
+    return "oom" if trigger == "oom" or oom_requested_bytes is not None or bool(oom) else None
+
+
+def after_diagnosis(result: dict | None) -> str | None:
+    """The status a rank's run diagnosis moves its run to (None: it stays)."""
+    return "oom" if result and result.get("oom") else None

@@ -69,6 +69,7 @@ from memq.analysis.allocator_model import (
 )
 from memq.analysis.confidence import replay_confidence
 from memq.analysis.memory import smallest_request_rounding_to
+from memq.analysis.rules import REPLAY_EVENT_SHARE, REPLAY_RESERVED_TOLERANCE, TRACE_TIME_SLACK_US
 from memq.errors import BadInput
 from memq.model import INACTIVE, AllocatorSettings, Snapshot, frame_name
 from memq.units import fmt_bytes
@@ -87,7 +88,6 @@ SWEEP = (
 TORCH_VERSION_MODELLED = "2.11"
 #: Part of the key of stored sweeps (profiler/store/sweeps.py): bump when the replay's answers change.
 WHATIF_MODEL_VERSION = "3"
-RESERVED_TOLERANCE = 0.05
 
 
 @dataclass
@@ -685,10 +685,16 @@ def fidelity(rep: Replay, sim: SimResult) -> dict:
         "reserved_points_total": len(rep.program.ops),
         "max_reserved_deviation": round(worst, 6),
         "max_reserved_deviation_at_trace_index": rep.op_event[worst_at] if worst_at is not None else None,
-        "reserved_within_5pct": worst <= RESERVED_TOLERANCE and compared == len(rep.program.ops),
+        "reserved_within_5pct": worst <= REPLAY_RESERVED_TOLERANCE and compared == len(rep.program.ops),
         "alloc_address_share": round(same / n_alloc, 6) if n_alloc else 1.0,
         "allocations": n_alloc,
     }
+
+
+def reproduces(fid: dict) -> bool:
+    """The recorded settings' replay reproduces the recorded run (its confidence `reproduced`): enough of
+    the segment events at the same request, and the reserved bytes within tolerance throughout."""
+    return fid["segment_event_share"] >= REPLAY_EVENT_SHARE and bool(fid["reserved_within_5pct"])
 
 
 def _result(conf: str, cfg: AllocatorConfig, rep: Replay, sim: SimResult, limit: int | None, start: str,
@@ -724,14 +730,9 @@ def _event_key(e) -> tuple:
     return (e.action, e.addr, e.size, e.stream)
 
 
-#: Two snapshots' copies of one trace entry can differ by a microsecond in `time_us` (torch converts its
-#: clock to wall time when each snapshot is taken).
-TIME_SLACK_US = 5
-
-
 def _same_entry(a, b) -> bool:
     return (_event_key(a) == _event_key(b) and a.time_us is not None and b.time_us is not None
-            and abs(a.time_us - b.time_us) <= TIME_SLACK_US)
+            and abs(a.time_us - b.time_us) <= TRACE_TIME_SLACK_US)
 
 
 def stitch_traces(earlier: list[Snapshot], last: Snapshot) -> tuple[Snapshot, list[int]]:
@@ -1050,9 +1051,8 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
     for conf, cfg in parsed:
         notes = list(common)
         if cfg is None or cfg == rec_cfg:  # (or the recorded settings under another name): the recorded replay
-            ok = fid["segment_event_share"] >= 0.95 and fid["reserved_within_5pct"]
             r = _result(conf, rec_cfg, rep, rec_sim, limit_bytes, "recorded",
-                        replay_confidence("reproduced" if ok else "approximate"), notes)
+                        replay_confidence("reproduced" if reproduces(fid) else "approximate"), notes)
             if cfg is None:
                 r.fidelity = fid
             r.coverage, r.inputs = coverage, dict(inputs)

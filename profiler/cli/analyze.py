@@ -6,7 +6,6 @@ import sys
 
 import click
 
-from memq import codec
 from memq.cli import keep_until_exit
 from memq.config import load_settings
 from memq.errors import BadInput
@@ -56,55 +55,15 @@ def oom_options(f):
 @click.option("--max-bytes", type=SIZE, default=None, help="Refuse snapshots larger than this (uncompressed).")
 def analyze(files, limit, device_total, oom_message, optimizer, as_json, no_details, max_bytes):
     """Diagnose snapshots of one run (in time order): .pickle, .pickle.gz, .zst, or a segment list."""
-    from memq.analysis import analyze as run_analysis
-    from memq.load import load_snapshot_file
+    from memq.pipeline.offline import analyse_files
 
     cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
     max_b = min(max_bytes or cap, cap)
-    ctx = build_context(limit, device_total, oom_message)
-    with codec.gc_paused(freeze=True):  # a million parsed events: the GC would rescan them, for nothing
-        loaded = [load_snapshot_file(f, max_bytes=max_b, digest=False) for f in files]  # never named by hash
-        from memq.analysis.message_check import reconcile
-
-        ctx, mismatch = reconcile(ctx, loaded[-1].snapshot)  # another OOM's message: the snapshot's figures win
-        for line in mismatch:
-            click.echo(f"memq: warning: {line}", err=True)
-        result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer,
-                              whatif=_whatif(loaded[-1], ctx, [x.snapshot for x in loaded[:-1]]),
-                              labels=[_label(f) for f in files])
-        if mismatch:
-            result["details"]["warnings"] = sorted({*result["details"].get("warnings", []), *mismatch})
-        _emit(result, as_json, no_details)
-    keep_until_exit(loaded, result)
-
-
-def _label(path: str) -> str | None:
-    """Where a file was taken, from its name (`epoch2.pickle.gz`, `step0040...`, `oom...`), for the
-    evidence; snapshots the agent sent carry their own trigger, step and epoch, which win."""
-    from memq.analysis.labels import infer_from_name, snapshot_label
-
-    got = infer_from_name(path)
-    return snapshot_label(got.get("trigger"), got.get("step"), got.get("epoch")) if got else None
-
-
-def _whatif(loaded, ctx, earlier=()) -> list[dict] | None:
-    """Replay the last trace through the allocator model when it recorded an OOM and a limit is
-    known, so recommendations can cite a simulated outcome, or why there is none (the earlier files
-    join or seed the replay: docs/whatif.md). The diagnosis never depends on it."""
-    snap = loaded.snapshot
-    if snap.oom_event() is None:
-        return None
-    from memq.analysis.limits import resolve_limits
-    from memq.analysis.recommend import DEFAULTS_CONF
-    from memq.analysis.whatif import simulate_whatif  # the allocator model: only for an OOM
-
-    limit = resolve_limits(snap, ctx, None).limit
-    if not limit:
-        return None
-    confs = ["", "expandable_segments:True", "max_split_size_mb:128"]
-    if snap.settings.non_default:
-        confs.append(DEFAULTS_CONF)
-    return simulate_whatif(snap, limit, confs, earlier=earlier)
+    done = analyse_files(files, build_context(limit, device_total, oom_message), optimizer=optimizer, max_bytes=max_b)
+    for line in done.warnings:
+        click.echo(f"memq: warning: {line}", err=True)
+    _emit(done.result, as_json, no_details)
+    keep_until_exit(done.loaded, done.result)
 
 
 def _emit(result: dict, as_json: bool, no_details: bool) -> None:

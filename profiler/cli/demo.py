@@ -44,7 +44,7 @@ def demo_database_url(settings) -> str:
 def run_demo(store) -> dict:
     """Ingest every demo run; returns {"runs": [...ingest reports...], "compare": ...}."""
     from memq.pipeline import ingest as ingesting
-    from memq.store.queries import RunFilter, compare_runs, list_runs
+    from memq.pipeline.history import RunFilter, compare_runs, list_runs
     from memq.store.repository import RunMeta
 
     base = demo_dir()
@@ -78,7 +78,7 @@ def demo(as_json: bool, database_url: str | None) -> None:
 
     from memq.cli._listing import table
     from memq.cli.history import RUN_COLS, _flat, _print_history
-    from memq.store.queries import run_history
+    from memq.pipeline.history import run_history
 
     store = demo_store(database_url)
     ctx = click.get_current_context(silent=True)

@@ -60,7 +60,7 @@ def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_js
 
     `pieces`: at the OOM, the share of reserved memory that was free in pieces (outside the largest free
     block); - for a run without an OOM."""
-    from memq.store.queries import RunFilter, list_runs
+    from memq.pipeline.history import RunFilter, list_runs
 
     fmt = out_format(as_json, as_csv)
     f = RunFilter(cluster=cluster, job=job, torch_version=torch_version, status=status, cause=cause,
@@ -104,7 +104,7 @@ def _flat(s: dict) -> dict:
 @output_options()
 def history(run_name, rank, points, as_json, as_csv):
     """A run's snapshots in time order, its diagnosis, what changed, and a memory timeline."""
-    from memq.store.queries import run_history
+    from memq.pipeline.history import run_history
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
@@ -236,7 +236,7 @@ def _print_whatif(con, snaps: list[dict]) -> None:
 def compare(run_a, run_b, as_json, as_csv):
     """Two runs side by side: peaks, composition deltas, settings that differ, and what explains the gap."""
     from memq.analysis.frames import CATEGORIES
-    from memq.store.queries import compare_runs
+    from memq.pipeline.history import compare_runs
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
@@ -303,7 +303,7 @@ VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("
 @output_options()
 def versions(job, as_json, as_csv):
     """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged."""
-    from memq.store.queries import torch_versions
+    from memq.pipeline.history import torch_versions
 
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()

@@ -82,9 +82,9 @@ def report(day, scope, fmt, out, save):
               help="Buckets of the stat-sample timeline (max per bucket).")
 def plot(run_name, out, points):
     """A run's memory timeline: reserved, allocated, the limit, snapshots and the OOM."""
+    from memq.pipeline.report_source import SqlReportSource
     from memq.report import plots
     from memq.report.data import run_timeline
-    from memq.store.report_source import SqlReportSource
 
     out = out or f"{''.join(c if c.isalnum() or c in '._-' else '_' for c in run_name)}.png"
     suffix = Path(out).suffix.lower()

@@ -18,22 +18,20 @@ from memq.cli.analyze import build_context, oom_options
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
 def view(files, limit, device_total, oom_message, optimizer, out):
     """Draw the last of FILES (one run's snapshots in time order) with the diagnosis of all of them."""
-    from memq.analysis import analyze as run_analysis
-    from memq.cli.analyze import _whatif
     from memq.config import load_settings
-    from memq.load import load_snapshot_file
+    from memq.pipeline.offline import analyse_files
     from memq.render.outfile import check_output, write_output
     from memq.web.render import render_page
     from memq.web.snapshot_view import snapshot_view
 
     check_output(out)  # a device, FIFO or missing directory is refused before the work
-    max_b = load_settings().decode_max_bytes
-    ctx = build_context(limit, device_total, oom_message)
-    loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
-    whatif = _whatif(loaded[-1], ctx)
-    result = run_analysis(loaded, ctx, names=list(files), optimizer=optimizer, whatif=whatif)
-    if whatif:
-        result["whatif"] = whatif
+    done = analyse_files(files, build_context(limit, device_total, oom_message), optimizer=optimizer,
+                         max_bytes=load_settings().decode_max_bytes, digest=True)  # the page names its sha256
+    for line in done.warnings:
+        click.echo(f"memq: warning: {line}", err=True)
+    loaded, result = done.loaded, done.result
+    if done.whatif:
+        result["whatif"] = done.whatif
     name = Path(files[-1]).name
     meta = {"file": name, "sha256": loaded[-1].sha256, "size_bytes": loaded[-1].raw_size, "files": list(files)}
     doc = snapshot_view(loaded[-1].snapshot, result, title=f"snapshot {name}", meta=meta)

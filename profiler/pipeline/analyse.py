@@ -1,12 +1,13 @@
 """Analyse what is stored and store the result: the use case behind a worker's snapshot task, the
 run-level diagnosis, `memq reanalyze` and the forecast refresh. No Redis, no worker.
 
-- `process_snapshot(store, snapshot_id)`: what an analysis worker does for one snapshot id
-  (claim with a lease, analyse unless already analysed, mark done, recompute the run diagnosis;
-  failures recorded on the row). Idempotent: a duplicate delivery returns state "skipped".
+- `analyse_claimed(store, claimed, load)`: the worker's one call for a snapshot it leased (the claim
+  carries the row): analysed unless a result exists, completed, an OOM's run moved to `oom`.
 - `analyse_snapshot(store, snapshot_id, loaded)`: one snapshot's result, reused when one exists for
-  (sha256, analyzer version, context).
-- `recompute_run(store, run_id, rank)`: the run-level diagnosis from the rank's snapshots in time order.
+  (sha256, analyzer version, context) (`memq ingest`, `memq reanalyze`).
+- `recompute_run(store, run_id, rank)`: the run-level diagnosis from the rank's snapshots in time order;
+  `diagnose_rank(store, run_id, rank, load)`: the worker's one call for it (status, the OOM snapshots
+  to sweep).
 - `reanalyze(store, run_name=None)`: recompute from blobs every result made by an older analyzer
   version, then the run-level diagnoses.
 - `refresh_forecast(store, run_id, rank, figures)`: the stored forecast moved on by a stats batch.
@@ -22,6 +23,7 @@ from typing import Any
 from memq.errors import BadInput, MemqError, NotFound, SnapshotError
 from memq.load import LoadedSnapshot
 from memq.model import OomContext
+from memq.pipeline import runs
 from memq.store import repository as repo
 from memq.store.blob_snapshots import load_blob
 from memq.store.connection import Store
@@ -75,62 +77,76 @@ def oom_context(facts: Mapping[str, Any]) -> OomContext | None:
                       device_free_bytes=facts.get("device_free_bytes"), message=msg)
 
 
+Loader = Callable[[str, str | None], LoadedSnapshot]
+
+
+@dataclass(frozen=True)
+class SnapshotOutcome:
+    """What the analysis of one snapshot row did: the ids its caller schedules the run diagnosis with."""
+
+    snapshot_id: int
+    run_id: int
+    rank: int
+    analysis_id: int | None  # None: a settled snapshot, whose analysis was not looked up
+    computed: bool
+    oom: bool  # an OOM snapshot: its run was moved to `oom` with it
+
+
 def analyse_snapshot(store: Store, snapshot_id: int, loaded: LoadedSnapshot | None = None,
                      optimizer: str | None = None) -> tuple[int, bool]:
     """Attach the current analyzer's result to one snapshot row, computing it only when no result
-    for (sha256, version, context) exists. Returns (analysis id, whether it was computed now)."""
-    analyze, version = analyzer()
+    for (sha256, version, context) exists (`memq ingest`, `memq reanalyze`). The run's optimizer is
+    used when none is given: the stored result does not depend on who asked. Returns (analysis id,
+    whether it was computed now)."""
     with store.session() as s:
         row = repo.snapshot_row(s, snapshot_id)
         if row is None:
             raise NotFound(f"no snapshot with id {snapshot_id}")
-        key = repo.context_key(row.context)
-        aid = repo.find_analysis(s, row.sha256, version, key)
-        if aid is not None:
-            repo.complete_snapshot(s, snapshot_id, aid, version)
-            return aid, False
-    if loaded is None:
-        loaded = load_blob(store, row.sha256, row.source)
+    out = _analyse_row(store, row, lambda sha, src: loaded if loaded is not None else load_blob(store, sha, src),
+                       optimizer=optimizer, move_status=False)
+    return out.analysis_id, out.computed
+
+
+def analyse_claimed(store: Store, claimed: repo.ClaimedSnapshot, load: Loader) -> SnapshotOutcome:
+    """The worker's analysis of a snapshot it leased: the claim carries the row (it is not read again),
+    the result is reused or computed from `load(sha256, source)`, the row completed and an OOM
+    snapshot's run moved to `oom` in the same transaction. The caller schedules the run diagnosis."""
+    return _analyse_row(store, claimed, load, optimizer=None, move_status=True)
+
+
+def settled(store: Store, snapshot_id: int) -> SnapshotOutcome:
+    """A snapshot already done (a duplicate delivery): its run's status as its analysis says, and the
+    ids to schedule the run diagnosis with."""
+    with store.session() as s:
+        row = repo.snapshot_outcome(s, snapshot_id)
+        oom = runs.snapshot_seen(s, row.run_id, row.trigger, row.oom_requested_bytes, row.oom)
+    return SnapshotOutcome(snapshot_id, row.run_id, row.rank, None, False, oom)
+
+
+def _analyse_row(store: Store, row, load: Loader, *, optimizer: str | None, move_status: bool) -> SnapshotOutcome:
+    """`row`: a snapshot row or a claim (id, run_id, rank, sha256, context, trigger, source, step, epoch)."""
+    analyze, version = analyzer()
+    key = repo.context_key(row.context)
+    with store.session() as s:
+        run = repo.run_settings(s, row.run_id)
+        found = repo.found_analysis(s, row.sha256, version, key)
+        if found is not None:
+            repo.complete_snapshot(s, row.id, found.id, version)
+            oom = move_status and runs.snapshot_seen(s, row.run_id, row.trigger, found.oom_requested_bytes,
+                                                     found.oom)
+            return SnapshotOutcome(row.id, row.run_id, row.rank, int(found.id), False, oom)
+    loaded = load(row.sha256, row.source)
     result = analyze([loaded], oom_context(row.context), names=[row.source or row.sha256[:12]],
-                     triggers=[row.trigger], optimizer=optimizer, labels=[_label(row)])
+                     triggers=[row.trigger], optimizer=optimizer or (run.optimizer if run is not None else None),
+                     labels=[_label(row)])
     from memq.analysis.per_snapshot import digest
 
     with store.session() as s:
         aid = repo.store_analysis(s, row.sha256, version, result, key, digest=digest(loaded.snapshot, version))
-        repo.complete_snapshot(s, snapshot_id, aid, version)
-    return aid, True
-
-
-@dataclass
-class ProcessOutcome:
-    snapshot_id: int
-    state: str  # "done" | "skipped" (not claimable: done, leased elsewhere, out of attempts)
-    analysis_id: int | None = None
-    analysed: bool = False
-    run_diagnosis: dict | None = None
-
-
-def process_snapshot(store: Store, snapshot_id: int, lease_s: int = repo.DEFAULT_LEASE_S,
-                     max_attempts: int = repo.DEFAULT_MAX_ATTEMPTS) -> ProcessOutcome:
-    """The whole job of an analysis worker for one snapshot id: claim it (lease), analyse it unless
-    a result for its bytes and context exists, mark it done, recompute its run's diagnosis.
-    A failure records the error on the row (back to pending while attempts remain) and re-raises,
-    so the caller decides about retrying; a second caller for the same id gets state "skipped"."""
-    with store.session() as s:
-        claimed = repo.claim_snapshot(s, snapshot_id, lease_s, max_attempts)
-    if claimed is None:
-        return ProcessOutcome(snapshot_id=snapshot_id, state="skipped")
-    try:
-        aid, computed = analyse_snapshot(store, snapshot_id)
-        diag = recompute_run(store, claimed.run_id, claimed.rank)
-    except Exception as exc:
-        retry = not isinstance(exc, BadInput)  # a snapshot that cannot be decoded never will be
-        with store.session() as s:
-            repo.fail_snapshot(s, snapshot_id, f"{type(exc).__name__}: {exc}", retry=retry,
-                               max_attempts=max_attempts)
-        raise
-    return ProcessOutcome(snapshot_id=snapshot_id, state="done", analysis_id=aid, analysed=computed,
-                          run_diagnosis=diag)
+        repo.complete_snapshot(s, row.id, aid, version)
+        oom = move_status and runs.snapshot_seen(s, row.run_id, row.trigger, (result.get("oom") or {}).get(
+            "requested_bytes"), result.get("oom"))
+    return SnapshotOutcome(row.id, row.run_id, row.rank, aid, True, oom)
 
 
 def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], as_of_time: float | None) -> str:
@@ -262,9 +278,25 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     facts = oom_facts(run.memory_limit_bytes or last_ctx.get("limit_bytes"),
                    run.gpu_memory_bytes or last_ctx.get("device_total_bytes"),
                    last_ctx.get("message"), last_ctx.get("requested_bytes"), last_ctx.get("device_free_bytes"))
-    result = analyze(loaded, oom_context(facts), names=[r.source or r.sha256[:12] for r in used],
+    ctx = oom_context(facts)
+
+    def seeds() -> list:
+        """The earlier snapshots themselves (not their digests), newest first within MAX_RUN_BYTES, for
+        the replay the advice cites: what `memq analyze` gives it for the same files."""
+        out, budget = [], 0
+        for item, r in zip(reversed(loaded[:-1]), reversed(used[:-1]), strict=True):
+            ld = item if isinstance(item, LoadedSnapshot) else decode(r)
+            budget += r.size_bytes or 0
+            if ld is None or budget > MAX_RUN_BYTES:
+                break
+            out.append(ld.snapshot)
+        return out[::-1]
+
+    from memq.pipeline.offline import advice_replay
+
+    result = analyze(loaded, ctx, names=[r.source or r.sha256[:12] for r in used],
                      triggers=[r.trigger for r in used], optimizer=run.optimizer, labels=[_label(r) for r in used],
-                     figures=_kept_figures(store, run_id, rank))
+                     figures=_kept_figures(store, run_id, rank), whatif=advice_replay(last.snapshot, ctx, seeds))
     analysed = [r for r in used if r.allocated_bytes is not None]
     peak_row = max(analysed, key=lambda r: r.allocated_bytes, default=None)
     details = result.get("details") or {}
@@ -290,6 +322,18 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
         if len(newest_first) >= MAX_RUN_SNAPSHOTS:
             repo.drop_digests_outside_window(s, run_id, rank, MAX_RUN_SNAPSHOTS)
     return repo.contract_only(result)
+
+
+def diagnose_rank(store: Store, run_id: int, rank: int, load: Loader | None = None) -> tuple[dict | None, list[int]]:
+    """The worker's run diagnosis of one rank: `recompute_run`, the run moved to `oom` when it found one,
+    and the ids of the rank's analysed OOM snapshots (each gets its what-if sweep next, once the
+    diagnosis has let the rank's analyses settle). Returns (the stored result, those ids)."""
+    from memq.store.sweeps import oom_snapshot_ids
+
+    result = recompute_run(store, run_id, rank, load=load)
+    with store.session() as s:
+        runs.diagnosed(s, run_id, result)
+        return result, oom_snapshot_ids(s, run_id, rank)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 from memq.analysis import run_status
 from memq.errors import BadInput, MemqError
 from memq.load import LoadedSnapshot, load_snapshot_file
+from memq.pipeline import runs
 from memq.pipeline.analyse import Progress, analyse_snapshot, oom_facts, recompute_run, stored_run_result
 from memq.store import repository as repo
 from memq.store.blob_snapshots import load_blob
@@ -161,12 +162,11 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         sweep_snapshot(store, snap.snapshot_id, load=lambda sha, src: cache.get(sha) or load_blob(store, sha, src))
     if progress:
         progress("run diagnosis")
-    status = run_status.after_ingest(meta.status, bool(report.diagnosis and report.diagnosis.get("oom")),
-                                     created=not existed)
+    oom = bool(report.diagnosis and report.diagnosis.get("oom"))
     with store.session() as s:
-        if status is not None:
+        if run_status.after_ingest(meta.status, oom, created=not existed) is not None:
             repo.upsert_run(s, repo.RunMeta(name=meta.name, ended_at=max(times)))
-            repo.move_run_status(s, run_id, status, ended_at=max(times), given=meta.status is not None)
+        runs.ingested(s, run_id, meta.status, oom, created=not existed, ended_at=max(times))
         report.status = repo.run_status(s, run_id)
     return report
 

@@ -1,7 +1,7 @@
 """Nightly and on-demand reports, and run timeline plots.
 
 - `data.build_report(source, date, scope)`: gathers the figures from a source of plain dicts
-  (`memq.store.report_source.SqlReportSource(session)`: the report's queries).
+  (`memq.pipeline.report_source.SqlReportSource(session)`: the report's queries).
 - `html.render_html(doc)`, `markdown.render_markdown(doc)`, `render(doc, fmt)`: format them.
 - `plots`: matplotlib (Agg) figures, embedded as inline SVG in HTML.
 - `generate(store, date, scope, ...)`: build, store in the reports table (one row per date and
@@ -55,10 +55,10 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
     Returns (document, {format: rendered text}): every format when saving, else `formats`.
     `simulate`: replay the top fragmented runs under the proposed setting (needs their blobs)."""
+    from memq.pipeline.report_source import SqlReportSource
     from memq.pipeline.sweeps import whatif_simulator
     from memq.report.data import build_report, stored_summary
     from memq.store import repository as repo
-    from memq.store.report_source import SqlReportSource
 
     with store.session() as s:
         doc = build_report(SqlReportSource(s), day, scope, now=now,

@@ -3,7 +3,7 @@
     with store.session() as s:
         doc = build_report(SqlReportSource(s), dt.date(2026, 11, 29), Scope.parse("cluster=a"))
 
-`source` (profiler/store/report_source.py) answers the report's queries with plain dicts: nothing
+`source` (profiler/pipeline/report_source.py) answers the report's queries with plain dicts: nothing
 here holds a database session, so the figures can be built from any source of those dicts.
 
 The renderers (html, markdown, JSON) only format this dict; nothing here formats for people
@@ -61,7 +61,7 @@ ALLOC_SETTING = re.compile(r"(expandable_segments:True|max_split_size_mb:\d+|gar
 
 
 class ReportSource(Protocol):
-    """Where the figures come from: plain dicts (memq.store.report_source.SqlReportSource)."""
+    """Where the figures come from: plain dicts (memq.pipeline.report_source.SqlReportSource)."""
 
     def window_runs(self, window: Window, scope: Scope) -> list[dict[str, Any]]: ...
     def run_metrics(self, window: Window, scope: Scope) -> dict[int, dict[str, Any]]: ...

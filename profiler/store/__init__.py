@@ -7,8 +7,8 @@ Modules
 - `blobs`: `BlobStore`, raw snapshots by sha256 in `MEMQ_BLOB_DIR`.
 - `repository`: write side, a package with one module per concern (runs, snapshot work queue,
   analysis results, stat samples, reports), re-exported as `repository.X`; used by `memq ingest` and the workers.
-- `queries`: read side behind `memq runs / history / compare / versions`.
-- `service`: analyse and store (ingest, run-level diagnosis, reanalyze), no Redis, no worker.
+- `queries`: read side behind `memq runs / history / compare / versions` (the documents:
+  profiler/pipeline/history.py).
 - `connection`: `open_store(settings)` -> `Store(engine, blobs, settings)`: the connection to both
   (engine, sessions, blob store), the entry point.
 Nothing here is imported by `import memq`; sqlalchemy loads only when a command needs it.

@@ -1,4 +1,5 @@
-"""Read side of the run history: plain dicts for `memq runs / history / compare / versions`.
+"""Read side of the run history: the rows behind `memq runs / history / compare / versions`, as plain
+dicts and rows; the documents themselves are assembled by the use case (profiler/pipeline/history.py).
 
 Byte counts stay integers, times are ISO-8601 UTC strings, so a dict goes to `--json` unchanged.
 Every filter is a bound parameter. The queries lean on these indexes: runs (cluster, started_at),
@@ -7,12 +8,11 @@ Every filter is a bound parameter. The queries lean on these indexes: runs (clus
 
 - `list_runs(session, RunFilter(...))`
 - `get_run(session, name)` -> dict; NotFound for unknown runs
-- `run_history(session, name, rank=None)`: snapshots in time order with their figures and
-  diagnosis, the run-level diagnosis, what changed between consecutive snapshots, and the stat
-  samples downsampled to `points` buckets (max per bucket) for a plot.
-- `compare_runs(session, a, b)`: composition and peaks side by side, per-category deltas, settings
-  and versions that differ, and which difference explains the gap.
-- `torch_versions(session, job)`: peak, OOM rate and fragmentation per torch version, regressions.
+- `snapshot_rows(session, run_id, name, rank)`, `main_diagnosis(session, run_id, rank)`,
+  `forecasts(session, run_id, rank)`, `rank_facts(session, run_id)`: what a run's history reads;
+- `stat_series(session, run_id, rank, points)`: the stat samples downsampled to `points` buckets (max per
+  bucket) for a plot;
+- `version_rows(session, job)`: per torch version of a job, its runs' figures.
 """
 
 from __future__ import annotations
@@ -25,17 +25,8 @@ from typing import Any
 from sqlalchemy import Select, case, func, or_, select
 from sqlalchemy.orm import Session
 
-from memq.analysis.compare import (
-    VersionFigures,
-    changes_between,
-    compare_sides,
-    version_key,
-    version_regressions,
-)
-from memq.analysis.frames import CATEGORIES
 from memq.analysis.memory import free_in_pieces
-from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed, rank_advice_first
-from memq.analysis.run_verdict import forecast_rank
+from memq.analysis.ranks import RankFacts, leak_listed
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
@@ -136,9 +127,16 @@ def _main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagn
 # ------------------------------------------------------------------------------------------ history
 
 
-def run_history(session: Session, name: str, rank: int | None = None, points: int = 60,
-                max_snapshots: int = 1000) -> dict[str, Any]:
-    run = _run_row(session, name)
+def run_row(session: Session, name: str) -> Run:
+    """The run's row (read by pipeline/history.py for its documents); NotFound for unknown names."""
+    return _run_row(session, name)
+
+
+def snapshot_rows(session: Session, run_id: int, name: str, rank: int | None = None,
+                  max_snapshots: int = 1000) -> list[dict[str, Any]]:
+    """The run's snapshots (of `rank`, else of every rank), the newest `max_snapshots` in time order, with
+    their analyses' figures and documents; NotFound names the ranks that have snapshots when `rank` has
+    none."""
     q = (select(Snapshot.id, Snapshot.rank, Snapshot.step, Snapshot.epoch, Snapshot.trigger, Snapshot.taken_at,
                 Snapshot.sha256, Snapshot.size_bytes, Snapshot.state, Snapshot.analyzer_version, Snapshot.source,
                 AnalysisResult.reserved_bytes, AnalysisResult.allocated_bytes, AnalysisResult.active_bytes,
@@ -147,13 +145,13 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
                 AnalysisResult.result["composition"].label("composition"),
                 AnalysisResult.result["oom"].label("oom"))
          .outerjoin(AnalysisResult, AnalysisResult.id == Snapshot.analysis_id)
-         .where(Snapshot.run_id == run.id))
+         .where(Snapshot.run_id == run_id))
     if rank is not None:
         q = q.where(Snapshot.rank == rank)
     rows = list(reversed(session.execute(
         q.order_by(Snapshot.taken_at.desc(), Snapshot.id.desc()).limit(max_snapshots)).all()))
     if rank is not None and not rows:
-        ranks = sorted(set(session.execute(select(Snapshot.rank).where(Snapshot.run_id == run.id)).scalars()))
+        ranks = sorted(set(session.execute(select(Snapshot.rank).where(Snapshot.run_id == run_id)).scalars()))
         if ranks:
             raise NotFound(f"run {name!r} has no snapshots of rank {rank}",
                            hint="ranks with snapshots: " + ", ".join(map(str, ranks)))
@@ -170,57 +168,26 @@ def run_history(session: Session, name: str, rank: int | None = None, points: in
                 else None, r.largest_free_block_bytes),
             "composition": r.composition, "oom": r.oom, "diagnosis": r.diagnosis,
         })
-    from memq.store.sweeps import attach_sweeps
-
-    attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
-    main = _main_diagnosis(session, run.id, rank)
-    ranks = rank_section(session, run.id)
-    stat_rank = rank if rank is not None else (main.rank if main is not None else (snaps[0]["rank"] if snaps else 0))
-    return {
-        "run": run_dict(run),
-        "limit": run_limit(run, main),
-        "rank": rank,
-        "snapshots": snaps,
-        "diagnosis": with_rank_advice((main.result or {}).get("diagnosis") if main else None, ranks),
-        "run_analysis": _diag_dict(main),
-        "forecast": run_forecast(session, run.id, rank),
-        # the run's own headroom in batch units (profiler/analysis/fit.py `headroom`)
-        "fit": (main.result or {}).get("fit") if main is not None else None,
-        "fit_reason": _fit_reason(main),
-        "ranks": ranks,
-        "changes": changes_between(snaps),
-        "stats": stat_series(session, run.id, stat_rank, points),
-    }
+    return snaps
 
 
-def _fit_reason(main) -> str | None:
-    """Why the run has no `fit` (None when it has one)."""
-    if main is None:
-        return "the run has no analysis yet"
-    res = main.result or {}
-    if res.get("fit"):
-        return None
-    return res.get("fit_reason") or ("analysed by an older memq that did not say why: "
-                                     "`memq reanalyze --run RUN` gives the reason")
+def main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagnosis | None:
+    """The run-level diagnosis of `rank`, else of the rank that speaks for the run
+    (analysis/run_verdict.run_verdict, read through store/run_verdicts)."""
+    if rank is None:
+        rank = verdict_rank(session, run_id)
+        if rank is None:
+            return None
+    return session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)
+                           ).scalar_one_or_none()
 
 
-def run_forecast(session: Session, run_id: int, rank: int | None = None) -> dict[str, Any] | None:
-    """The run's OOM forecast (ARCHITECTURE.md "Forecast"): of the rank that will run out first
-    (analysis/run_verdict.forecast_rank), else of the rank that speaks for the run; None before any
-    analysis."""
+def forecasts(session: Session, run_id: int, rank: int | None = None) -> list[tuple[int, dict]]:
+    """(rank, stored forecast) of the run's rank diagnoses that have one (of `rank` only when given)."""
     q = select(RunDiagnosis.rank, RunDiagnosis.result["forecast"].label("fc")).where(RunDiagnosis.run_id == run_id)
     if rank is not None:
         q = q.where(RunDiagnosis.rank == rank)
-    rows = [(r.rank, r.fc) for r in session.execute(q).all() if isinstance(r.fc, dict)]
-    if not rows:
-        return None
-    by_rank = dict(rows)
-    first = forecast_rank(by_rank)
-    if first is not None:
-        return dict(by_rank[first], rank=first)
-    main = _main_diagnosis(session, run_id, rank)
-    fc = next((fc for rk, fc in rows if main is not None and rk == main.rank), rows[0][1])
-    return dict(fc, rank=main.rank if main is not None else rows[0][0])
+    return [(r.rank, r.fc) for r in session.execute(q).all() if isinstance(r.fc, dict)]
 
 
 def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
@@ -269,68 +236,6 @@ def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
     return out
 
 
-def rank_section(session: Session, run_id: int) -> dict[str, Any]:
-    """The cross-rank diagnosis of a run (profiler/analysis/ranks.py), computed from what is stored
-    whenever it is read, so a late run_end or a rank's new snapshot is in it at once."""
-    return diagnose_ranks(rank_facts(session, run_id))
-
-
-def with_rank_advice(diagnosis: dict[str, Any] | None, ranks: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's diagnosis with the cross-rank finding first: which rank, why that one, and advice that
-    fits it (rebalance the shards rather than a smaller batch for every rank)."""
-    if diagnosis is None or ranks.get("failed_rank") is None or ranks.get("imbalance") in (None, "none", "unknown"):
-        return diagnosis
-    out = dict(diagnosis)
-    out["failed_rank"] = ranks["failed_rank"]
-    out["recommendations"] = rank_advice_first(ranks["recommendations"], diagnosis.get("recommendations") or [],
-                                               ranks.get("imbalance"))
-    causes = [dict(c) for c in diagnosis.get("causes") or []]
-    for c in causes:
-        if c.get("cause") == diagnosis.get("primary_cause"):
-            c["evidence"] = list(ranks["evidence"]) + list(c.get("evidence") or [])
-            break
-    out["causes"] = causes
-    return out
-
-
-def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
-    """The limit the run's verdict was judged against, for headers: the cap the run announced, else the
-    limit its diagnosis derived (the OOM message's "allowed", the device less memory outside PyTorch), so
-    a header never says "limit -" above a verdict that used one."""
-    if run.memory_limit_bytes:
-        return {"bytes": int(run.memory_limit_bytes), "source": "the run's cap"}
-    oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
-    if oom.get("limit_bytes"):
-        return {"bytes": int(oom["limit_bytes"]), "source": "the OOM analysis"}
-    card = card_limit(run)
-    if card is not None:
-        return {"bytes": card, "source": "the device less memory outside PyTorch"}
-    if getattr(run, "gpu_memory_bytes", None):
-        # no cap and no OOM: the run could use the whole device, whose total the agent or ingest recorded
-        return {"bytes": int(run.gpu_memory_bytes), "source": "the device total"}
-    return {"bytes": None, "source": None}
-
-
-def card_limit(run: Run | Any) -> int | None:
-    """An uncapped run's limit from its run_start: the device total less what was held outside its
-    PyTorch then. None without both figures."""
-    total, outside = getattr(run, "gpu_memory_bytes", None), getattr(run, "non_pytorch_bytes", None)
-    if not total or outside is None:
-        return None
-    return max(0, int(total) - int(outside))
-
-
-def _diag_dict(d: RunDiagnosis | None) -> dict[str, Any] | None:
-    if d is None:
-        return None
-    res = d.result or {}
-    return {"rank": d.rank, "analyzer_version": d.analyzer_version, "snapshot_count": d.snapshot_count,
-            "primary_cause": d.primary_cause, "confidence": d.confidence,
-            "peak_reserved_bytes": d.peak_reserved_bytes, "peak_allocated_bytes": d.peak_allocated_bytes,
-            "peak_composition": d.peak_composition, "metrics": res.get("metrics"), "oom": res.get("oom"),
-            "computed_at": iso(d.computed_at)}
-
-
 def stat_series(session: Session, run_id: int, rank: int, points: int = 60) -> dict[str, Any]:
     """Stat samples of one rank in at most `points` buckets of consecutive samples (max per bucket),
     plus the totals over all samples."""
@@ -360,45 +265,12 @@ def stat_series(session: Session, run_id: int, rank: int, points: int = 60) -> d
     return out
 
 
-# ------------------------------------------------------------------------------------------ compare
-
-def recorded_allocator_settings(main: RunDiagnosis | None) -> str | None:
-    """The allocator settings the snapshots recorded (torch >= 2.3), "defaults" when none differs from
-    torch's; None where the snapshots predate the record."""
-    rec = (((main.result or {}).get("details") or {}).get("allocator_settings") or {}) if main else {}
-    if not rec.get("known"):
-        return None
-    return ",".join(rec.get("non_default") or []) or "defaults"
-
-
-
-def _run_side(session: Session, name: str) -> dict[str, Any]:
-    run = _run_row(session, name)
-    main = _main_diagnosis(session, run.id, None)
-    ranks = rank_section(session, run.id)
-    comp = {c: int((main.peak_composition or {}).get(c, 0) or 0) for c in CATEGORIES} if main else None
-    side = run_dict(run)
-    side["composition"] = comp
-    side["limit"] = run_limit(run, main)
-    side["allocator_settings"] = recorded_allocator_settings(main)
-    side["ranks"] = ranks
-    side["diagnosis"] = with_rank_advice((main.result or {}).get("diagnosis") if main else None, side["ranks"])
-    return side
-
-
-def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
-    A, B = _run_side(session, a), _run_side(session, b)
-    return {"runs": [a, b], "a": A, "b": B, "ranks": {"a": A["ranks"]["ranks"], "b": B["ranks"]["ranks"]},
-            **compare_sides(A, B)}
-
-
 # ----------------------------------------------------------------------------------------- versions
 
 
-def torch_versions(session: Session, job: str) -> dict[str, Any]:
-    """Per torch version over the job's runs: runs, OOM runs and rate, mean/max peak reserved and
-    allocated, mean fragmentation; a version is flagged by analysis/compare.version_regressions against
-    the previous version."""
+def version_rows(session: Session, job: str) -> list[tuple]:
+    """Per torch version of the job's runs: (version, runs, OOM runs, mean and max peak reserved, mean peak
+    allocated, mean fragmentation); NotFound for a job with no runs."""
     exists = session.execute(select(func.count()).select_from(Run).where(Run.job == job)).scalar_one()
     if not exists:
         raise NotFound(f"no runs of job {job!r}", hint="list jobs' runs with `memq runs --json`")
@@ -406,21 +278,4 @@ def torch_versions(session: Session, job: str) -> dict[str, Any]:
                 func.avg(Run.peak_reserved_bytes), func.max(Run.peak_reserved_bytes),
                 func.avg(Run.peak_allocated_bytes), func.avg(Run.fragmentation_ratio))
          .where(Run.job == job).group_by(Run.torch_version))
-    rows = sorted(session.execute(q).all(), key=lambda r: version_key(r[0]))
-    out, prev = [], None
-    for v, n, ooms, avg_res, max_res, avg_alloc, frag in rows:
-        figs = VersionFigures(v, int(n), int(ooms or 0), int(avg_res) if avg_res is not None else None,
-                              float(frag) if frag is not None else None)
-        item = {"torch_version": v, "runs": int(n), "oom_runs": int(ooms or 0),
-                "oom_rate": round((ooms or 0) / n, 4) if n else None,
-                "mean_peak_reserved_bytes": figs.mean_peak_reserved_bytes,
-                "max_peak_reserved_bytes": int(max_res) if max_res is not None else None,
-                "mean_peak_allocated_bytes": int(avg_alloc) if avg_alloc is not None else None,
-                "mean_fragmentation_ratio": round(float(frag), 4) if frag is not None else None,
-                "regression": False, "regressions": []}
-        if prev is not None:
-            item["regressions"] = version_regressions(prev, figs, vs=True)
-            item["regression"] = bool(item["regressions"])
-        out.append(item)
-        prev = figs
-    return {"job": job, "versions": out}
+    return [tuple(r) for r in session.execute(q).all()]

@@ -9,7 +9,7 @@ shutdown, proxy headers, several worker processes). FastAPI would add request mo
 that a read-only app whose API mirrors the CLI's `--json` does not need; Flask/WSGI would need a
 second server (gunicorn) for the same result. Templates are Jinja2, already a dependency.
 
-Modules: `app` (routes, errors, token check), `queries` (reads beyond memq.store.queries),
+Modules: `app` (routes, errors, token check), `queries` (reads beyond memq.pipeline.history),
 `params` (query-string validation), `snapshot_view` (pure: what the snapshot page draws), `render`
 (templates; inline mode for `memq view`). The browser code is profiler/web/static/memq.js, written
 for memq (no vendored library, nothing from a CDN).

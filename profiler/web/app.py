@@ -232,8 +232,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     # ------------------------------------------------------------------ documents (the JSON API)
     def runs_doc(request: Request) -> dict:
+        from memq.pipeline.history import RunFilter
         from memq.store.page_queries import SORTS, RunPage, page_runs
-        from memq.store.queries import RunFilter
 
         p = P.run_page(query(request), SORTS)
         f = RunFilter(cluster=p["cluster"], job=p["job"], torch_version=p["torch_version"], status=p["status"],
@@ -247,7 +247,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return doc
 
     def run_doc(request: Request) -> dict:
-        from memq.store.queries import run_history
+        from memq.pipeline.history import run_history
 
         q = query(request)
         P.check_known(q, ("rank", "points"))
@@ -302,7 +302,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return snapshot_view(snap, analysis, title=title, meta=row, blob_error=err)
 
     def compare_doc(request: Request) -> dict:
-        from memq.store.queries import compare_runs
+        from memq.pipeline.history import compare_runs
 
         q = query(request)
         P.check_known(q, ("a", "b"))
@@ -344,7 +344,7 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return HTMLResponse(render_page("fit.html", data=None, doc=doc, form=form, asked=asked, title="fit"))
 
     def versions_doc(request: Request) -> dict:
-        from memq.store.queries import torch_versions
+        from memq.pipeline.history import torch_versions
 
         q = query(request)
         P.check_known(q, ("job",))

@@ -119,9 +119,10 @@ def test_too_few_points_is_null_with_reason():
     assert fc["oom_expected"] is None and "a trend needs at least 3" in fc["basis"]
 
 
-@pytest.mark.parametrize("held,bounded", [(3.0, True), (3.1, False)])
+@pytest.mark.rule("FORECAST_TRAINED_MULTIPLE")
+@pytest.mark.parametrize("held,bounded", [(3.04, True), (3.06, False)])
 def test_unfreezing_is_bounded_by_three_times_the_parameters(held, bounded):
-    """Gradients + AdamW state stop at 3x the parameters (TRAINED_MULTIPLE 3.05): beyond it, the state
+    """Gradients + AdamW state stop at 3x the parameters (FORECAST_TRAINED_MULTIPLE 3.05): beyond it, the state
     belongs to something else (an optimizer re-created while the old one is referenced)."""
     p = 1 * GiB
     comps = [{"parameters": p, "gradients": int(0.1 * p), "optimizer_state": int(0.2 * p)},
@@ -130,9 +131,21 @@ def test_unfreezing_is_bounded_by_three_times_the_parameters(held, bounded):
     assert (out is not None) is bounded
 
 
-@pytest.mark.rule("FORECAST_NEAR_MISS_SHARE")
+@pytest.mark.rule("FORECAST_STATE_SHARE")
+@pytest.mark.parametrize("share,bounded", [(0.79, False), (0.81, True)])
+def test_unfreezing_is_growth_made_mostly_of_gradients_and_state(share, bounded):
+    """Growth read as parameters starting to train: at least 80% of it gradients and optimizer state."""
+    p = 1 * GiB
+    state = int(0.5 * p)
+    comps = [{"parameters": p, "gradients": 0, "optimizer_state": 0, "activations": 0},
+             {"parameters": p, "gradients": state // 2, "optimizer_state": state - state // 2,
+              "activations": int(state / share) - state}]
+    assert (fm._bounded_by_parameters(comps) is not None) is bounded
+
+
+@pytest.mark.rule("FORECAST_EARLY_WARNING_SHARE")
 @pytest.mark.parametrize("share,near", [(0.10 - 0.005, True), (0.10 + 0.005, False)])
-def test_near_miss_share(share, near):
+def test_early_warning_share(share, near):
     figs = _healthy_figures()
     peak = max(f["peak_allocated"] for f in figs[1:])
     limit = int(peak / (1 - share))

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from memq.analysis.message_verdict import (
-    NEAR_LIMIT_SHARE,
-    PRINTED_ROUNDING,
-    PRIVATE_POOL_SHARE,
-    XPU_BLOCK_LIMIT,
-    judge,
-)
+from memq.analysis.message_verdict import judge
 from memq.oom_message import parse_oom_message
 
 GiB, MiB = 1 << 30, 1 << 20
+# The rules' documented values, literal: a value changed in rules.py fails here.
+NEAR_LIMIT_SHARE, PRIVATE_POOL_SHARE, PRINTED_ROUNDING, XPU_BLOCK_LIMIT = 0.10, 0.5, 0.005, 4 * GiB
+SAME_REQUEST_BYTES = 2 * MiB
 
 
 def current(S, T, F, A, U, *, allowed=None, pools=None, dev="CUDA"):
@@ -30,6 +27,7 @@ def verdict(text):
     return judge(parse_oom_message(text))
 
 
+@pytest.mark.rule("MESSAGE_NEAR_LIMIT_SHARE")
 def test_near_limit_share_just_under_and_over():
     # what the process could reserve: R + F = 10 GiB; allocated 8 + request s leaves 10 - 8 - s
     lim = 10.0
@@ -40,12 +38,14 @@ def test_near_limit_share_just_under_and_over():
     assert v.situation == "near_limit" and [c for c, _, _ in v.others] == ["capacity"]
 
 
+@pytest.mark.rule("MESSAGE_PRIVATE_POOL_SHARE")
 def test_private_pool_share_just_under_and_over():
     over = verdict(current(0.5, 48.0, 0.001, 47.0, 0.1, pools=47.0 * PRIVATE_POOL_SHARE + 0.1))
     under = verdict(current(0.5, 48.0, 0.001, 47.0, 0.1, pools=47.0 * PRIVATE_POOL_SHARE - 0.1))
     assert over.situation == "private_pools" and under.situation != "private_pools"
 
 
+@pytest.mark.rule("PRINTED_ROUNDING")
 def test_printed_rounding_reads_a_cap_at_its_printed_figure():
     # reserved 1.00 + request 0.04 against 1.05 allowed: over the cap once the print's rounding is allowed for
     cap = 1.05
@@ -55,14 +55,16 @@ def test_printed_rounding_reads_a_cap_at_its_printed_figure():
     assert verdict(current(over, 255.0, 244.0, 0.99, 0.01, allowed=cap)).figures.get("cap_ran_out")
 
 
+@pytest.mark.rule("XPU_BLOCK_LIMIT")
 def test_xpu_block_limit_just_under_and_over():
     limit = XPU_BLOCK_LIMIT / GiB
     assert verdict(current(limit + 0.01, 15.11, 15.11, 0.0, 0.0, dev="XPU")).situation == "block_limit"
     assert verdict(current(limit - 0.01, 15.11, 15.11, 0.0, 0.0, dev="XPU")).situation == "below_free"
 
 
+@pytest.mark.rule("SAME_REQUEST_BYTES")
 def test_same_request_bytes_just_under_and_over():
-    from memq.analysis.message_check import SAME_REQUEST_BYTES, _differs
+    from memq.analysis.message_check import _differs
 
     s = 64 * MiB
     assert not _differs(s, s + SAME_REQUEST_BYTES - 1, SAME_REQUEST_BYTES)

@@ -16,7 +16,7 @@ import pytest
 from memq.analysis import _optimizer_creation, checkpoint, classify, fit, leak, rules
 from memq.analysis import step_need as sn
 from memq.analysis.classify import Facts, diagnose
-from memq.analysis.confidence import confidence
+from memq.analysis.confidence import confidence, forecast_confidence
 from memq.analysis.recommend import recommend
 from memq.snapshot import parse_snapshot
 
@@ -465,6 +465,97 @@ def test_a_message_alone_caps_fragmentation_through_the_same_function():
            "reserved by PyTorch but unallocated.")
     d = explain_message(build_context(70 * GiB, None, msg))["diagnosis"]
     assert d["primary_cause"] == "fragmentation" and d["confidence"] == 0.6 == d["causes"][0]["confidence"]
+
+
+# ------------------------------------------------------------------ the OOM forecast's confidence
+
+@rule("FORECAST_CONF_NO_GROWTH_BASE", "FORECAST_CONF_NO_GROWTH_PER_POINT", "FORECAST_CONF_NO_GROWTH_POINTS")
+def test_a_no_growth_forecast_gains_a_twentieth_a_point_up_to_eight_points():
+    assert forecast_confidence("no_growth", 0) == 0.5
+    assert forecast_confidence("no_growth", 1) == 0.55
+    assert forecast_confidence("no_growth", 7) == 0.85  # just under the cap
+    assert forecast_confidence("no_growth", 8) == 0.9
+    assert forecast_confidence("no_growth", 9) == 0.9  # just over: no more
+
+
+@rule("FORECAST_CONF_BOUNDED", "FORECAST_CONF_UNDATED")
+def test_a_bounded_or_undated_forecast_has_its_level_whatever_the_points():
+    assert {forecast_confidence("bounded", n) for n in (0, 3, 40)} == {0.7}
+    assert {forecast_confidence("undated", n) for n in (0, 3, 40)} == {0.5}
+    assert forecast_confidence("none", 40) == 0.0
+    with pytest.raises(ValueError, match="unknown forecast outcome"):
+        forecast_confidence("likely")
+
+
+@rule("FORECAST_CONF_DATED_BASE", "FORECAST_CONF_DATED_PER_POINT", "FORECAST_CONF_DATED_POINTS")
+def test_a_dated_forecast_gains_four_hundredths_a_point_up_to_ten_points():
+    assert forecast_confidence("dated", 0, interval_width=0.0) == 0.55
+    assert forecast_confidence("dated", 1, interval_width=0.0) == 0.59
+    assert forecast_confidence("dated", 9, interval_width=0.0) == 0.91  # just under the cap
+    assert forecast_confidence("dated", 10, interval_width=0.0) == 0.95
+    assert forecast_confidence("dated", 11, interval_width=0.0) == 0.95  # just over: no more
+
+
+@rule("FORECAST_CONF_FEW_POINTS")
+def test_a_dated_forecast_on_few_points_starts_at_even_odds():
+    assert forecast_confidence("dated", 10, interval_width=0.0, few=True) == 0.5
+    assert forecast_confidence("dated", 3, interval_width=0.0, few=True) == 0.5
+
+
+@rule("FORECAST_CONF_WIDTH_LOSS")
+def test_a_wide_interval_takes_at_most_half_the_confidence():
+    # 5 points: 0.75 before the interval; half its width comes off, at most half
+    assert forecast_confidence("dated", 5, interval_width=0.9) == 0.41  # just under the cap: 0.75 x 0.55
+    assert forecast_confidence("dated", 5, interval_width=1.1) == 0.38  # just over: 0.75 x 0.5
+    assert forecast_confidence("dated", 5, interval_width=3.0) == 0.38
+
+
+@rule("FORECAST_CONF_FLOOR")
+def test_a_dated_forecast_is_never_said_under_three_tenths():
+    assert forecast_confidence("dated", 3, interval_width=0.75, few=True) == 0.31  # 0.5 x 0.625, over the floor
+    assert forecast_confidence("dated", 3, interval_width=0.85, few=True) == 0.3  # 0.5 x 0.575, under it
+
+
+# ------------------------------------------------------------------ the what-if replay
+
+def _fidelity_of(recorded: list[int], modelled: list[int]) -> dict:
+    from types import SimpleNamespace
+
+    from memq.analysis.whatif import fidelity
+
+    ops = list(range(len(recorded)))
+    rep = SimpleNamespace(recorded_events=[], recorded_reserved_after=lambda: recorded, recorded_alloc_addr=[],
+                          program=SimpleNamespace(ops=ops), op_event=ops)
+    sim = SimpleNamespace(segment_events=[], reserved_after=modelled, alloc_addr=[])
+    return fidelity(rep, sim)
+
+
+@rule("REPLAY_RESERVED_TOLERANCE")
+def test_a_replay_reproduces_the_reserved_bytes_within_five_percent():
+    assert _fidelity_of([1000, 2000], [1000, 2098])["reserved_within_5pct"]  # 4.9%
+    assert not _fidelity_of([1000, 2000], [1000, 2102])["reserved_within_5pct"]  # 5.1%
+
+
+@rule("REPLAY_EVENT_SHARE")
+def test_a_replay_reproduces_the_run_from_ninety_five_percent_of_its_segment_events():
+    from memq.analysis.whatif import reproduces
+
+    assert reproduces({"segment_event_share": 0.951, "reserved_within_5pct": True})
+    assert not reproduces({"segment_event_share": 0.949, "reserved_within_5pct": True})
+    assert not reproduces({"segment_event_share": 1.0, "reserved_within_5pct": False})
+
+
+@rule("TRACE_TIME_SLACK_US")
+def test_two_copies_of_a_trace_entry_are_one_within_five_microseconds():
+    from types import SimpleNamespace
+
+    from memq.analysis.whatif import _same_entry
+
+    def entry(t):
+        return SimpleNamespace(action="alloc", addr=4096, size=512, stream=0, time_us=t)
+
+    assert _same_entry(entry(1_000_000), entry(1_000_005))
+    assert not _same_entry(entry(1_000_000), entry(1_000_006))
 
 
 # ------------------------------------------------------------------ the table itself

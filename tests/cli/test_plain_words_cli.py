@@ -44,10 +44,10 @@ def test_runs_counts_rows_with_rows_and_refuses_limit(memq_env):
 
 
 def test_one_snapshot_plot_has_one_moment(memq_env, tmp_path):
+    from memq.pipeline.report_source import SqlReportSource
     from memq.report.data import run_timeline
     from memq.report.plots import timeline_figure
     from memq.store.connection import open_store
-    from memq.store.report_source import SqlReportSource
 
     memq("db", "upgrade")
     memq("ingest", str(REAL / "capacity" / "oom.pickle.gz"), "--run", "cap", "--limit", "16GiB",

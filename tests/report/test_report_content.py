@@ -234,8 +234,8 @@ def test_plot_png_and_html_mark_the_limit_and_the_oom(history, tmp_path):
     text = html.read_text()
     assert "<svg" in text and "limit 7.00 GiB" in text and "OOM" in text and "<script" not in text
     with history.store().session() as s:
+        from memq.pipeline.report_source import SqlReportSource
         from memq.report.data import run_timeline
-        from memq.store.report_source import SqlReportSource
 
         tl = run_timeline(SqlReportSource(s), "leak_epochs")
     assert tl["limit_bytes"] == 7516192768 and tl["oom"]["requested_bytes"] == 262144000
@@ -245,8 +245,8 @@ def test_plot_png_and_html_mark_the_limit_and_the_oom(history, tmp_path):
 
 
 def test_build_report_directly_matches_the_cli(history):
+    from memq.pipeline.report_source import SqlReportSource
     from memq.report.data import build_report
-    from memq.store.report_source import SqlReportSource
 
     with history.store().session() as s:
         doc = build_report(SqlReportSource(s), dt.date.fromisoformat(DAY1), Scope.parse("all"), timelines=0)

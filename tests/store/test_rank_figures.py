@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 
+from memq.pipeline.history import run_history
 from memq.store import rank_figures
 from memq.store import repository as repo
-from memq.store.queries import run_history
 
 T = dt.datetime(2026, 12, 1, 12, tzinfo=dt.UTC)
 

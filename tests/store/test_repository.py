@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import func, select, text
 
 from memq.errors import BadInput, NotFound, SchemaOutOfDate, StorageError, StorageUnavailable
+from memq.pipeline import history
 from memq.store import queries
 from memq.store import repository as repo
 from memq.store.db import make_engine, session_scope
@@ -182,7 +183,7 @@ def test_status_moves_up_only_unless_a_person_gives_it(store):
             repo.move_run_status(s, rid, "error")
         assert not repo.move_run_status(s, rid + 1000, "oom")  # no such run: nothing moves
     with store.session() as s, pytest.raises(NotFound):
-        queries.run_history(s, "ghost")
+        history.run_history(s, "ghost")
 
 
 def test_filters_are_bound_not_formatted(store):

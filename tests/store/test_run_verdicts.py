@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from memq.store import queries, report_queries
+from memq.pipeline import history as queries
+from memq.store import report_queries
 from memq.store import repository as repo
 from memq.store.run_verdicts import verdict_rank, verdict_result
 

@@ -7,7 +7,8 @@ from sqlalchemy import func, select
 
 import memq.analysis
 from memq.pipeline import analyse, ingest
-from memq.store import blob_snapshots, queries
+from memq.pipeline import history as queries
+from memq.store import blob_snapshots
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot
 from tests.helpers import REAL, REAL_RUNS, meta, run_files
@@ -110,6 +111,23 @@ def test_reanalyze_recomputes_from_blobs_once_per_version(store, monkeypatch):
     assert analyse.reanalyze(store, "copy").snapshots_considered == 0
 
 
+def test_reanalyze_analyses_each_snapshot_with_its_runs_optimizer(store, monkeypatch):
+    """A stored result is keyed by bytes, version and context, not by who asked: `memq reanalyze` reads the
+    run's optimizer as ingest and the worker do, so the path that runs first does not decide the advice."""
+    _ingest(store, "seed_sgd", optimizer="SGD")
+    monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.2-test")
+    asked: list = []
+    real = memq.analysis.analyze
+
+    def analyze(*a, **kw):
+        asked.append(kw.get("optimizer"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(memq.analysis, "analyze", analyze)
+    rep = analyse.reanalyze(store)
+    assert rep.analysed == 4 and asked and set(asked) == {"SGD"}, asked  # the snapshots and the run diagnosis
+
+
 def test_multi_rank_runs_keep_ranks_apart(store):
     files = [str(p) for p in run_files("frag_synthetic")]
     meta_ = repo.RunMeta(name="ddp", world_size=2)
@@ -132,45 +150,6 @@ def test_blobs_left_missing_are_reported_not_fatal(store, tmp_path, monkeypatch)
     monkeypatch.setattr(memq.analysis, "ANALYZER_VERSION", "99.1-test")
     rep = analyse.reanalyze(store)
     assert rep.missing_blobs == 1 and rep.failed == 0
-
-
-def test_process_snapshot_is_the_worker_path(store):
-    """What a worker does with a snapshot id from the dispatcher: claim, analyse, complete, run diagnosis."""
-    from memq.errors import SnapshotError
-    from memq.load import load_snapshot_file
-
-    files = run_files("frag_synthetic")
-    with store.session() as s:
-        rid = repo.upsert_run(s, repo.RunMeta(name="agent-run", memory_limit_bytes=8589934592))
-    ids = []
-    for i, p in enumerate(files):
-        ld = load_snapshot_file(p, keep_raw=True)
-        ref = store.blobs.put(ld.sha256, ld.raw)
-        with store.session() as s:
-            sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(
-                run_id=rid, sha256=ld.sha256, size_bytes=ld.raw_size, blob_ref=ref, step=i,
-                trigger="oom" if i else "periodic", context={"limit_bytes": 8589934592}))
-        ids.append(sid)
-    first = analyse.process_snapshot(store, ids[0])
-    assert first.state == "done" and first.analysed
-    last = analyse.process_snapshot(store, ids[1])
-    assert last.run_diagnosis["diagnosis"]["primary_cause"] == "fragmentation"
-    assert analyse.process_snapshot(store, ids[1]).state == "skipped"  # duplicate delivery
-    with store.session() as s:
-        assert s.execute(select(Run.primary_cause).where(Run.id == rid)).scalar_one() == "fragmentation"
-
-    bad = b"\x80\x04K\x01."  # a pickle of the int 1: decodes, but is not a snapshot
-    import hashlib
-
-    sha = hashlib.sha256(bad).hexdigest()
-    store.blobs.put(sha, bad)
-    with store.session() as s:
-        sid, _ = repo.insert_snapshot(s, repo.NewSnapshot(run_id=rid, sha256=sha, size_bytes=len(bad)))
-    with pytest.raises(SnapshotError):
-        analyse.process_snapshot(store, sid)
-    with store.session() as s:
-        state, err = s.execute(select(Snapshot.state, Snapshot.last_error).where(Snapshot.id == sid)).one()
-    assert state == "failed" and "SnapshotError" in err
 
 
 def test_files_without_trace_times_keep_the_given_order(store, tmp_path):

@@ -6,10 +6,14 @@
   not scanned (Alembic's own SQL);
 - which rank speaks for a run is decided by analysis/run_verdict.run_verdict alone, fed by
   store/run_verdicts alone: no other code orders ranks' diagnoses by peak, cause or OOM;
-- a run's status moves by analysis/run_status.py alone: only the store writes `status=` to a run, and
-  the statuses are listed once (memq/model.py);
+- a run's status moves by analysis/run_status.py alone: only the store writes `status=` to a run, only
+  the use cases of pipeline/runs.py ask it to (`move_run_status`), and the statuses are listed once
+  (memq/model.py);
 - a near miss is analysis/headroom.py's: no comparison against NEAR_MISS_SHARE elsewhere;
-- confidence comes from analysis/confidence.py: no literal confidence in the analysis elsewhere.
+- confidence comes from analysis/confidence.py: no literal confidence in the analysis elsewhere;
+- the workers hold no use case: workers/ imports nothing of the analysis (what a snapshot, an envelope or
+  a run's status means is asked of profiler/pipeline/; the workers keep leases, debounce, the decode
+  cache, the stream and the senders).
 Each checker is run on a small tree with the shapes it forbids, so a checker that finds nothing fails.
 """
 
@@ -114,6 +118,9 @@ def status_rules(root: Path = ROOT) -> list[str]:
                     and rel not in ("profiler/store/repository/runs.py", "profiler/store/outbox.py")
                     and "Run" in ast.unparse(node.func.value)):
                 bad.append(f"{rel}:{node.lineno} writes a run's status")
+            called = getattr(node.func, "attr", getattr(node.func, "id", "")) if isinstance(node, ast.Call) else ""
+            if called == "move_run_status" and rel != "profiler/pipeline/runs.py":
+                bad.append(f"{rel}:{node.lineno} moves a run's status outside pipeline/runs.py")
     return bad
 
 
@@ -121,9 +128,7 @@ def test_one_status_rule():
     assert status_rules() == []
 
 
-NEAR_MISS_HOMES = {"profiler/analysis/headroom.py", "profiler/analysis/rules.py",
-                   # the forecast's own, earlier margin (FORECAST_NEAR_MISS_SHARE): a warning on the trend
-                   "profiler/analysis/forecast.py"}
+NEAR_MISS_HOMES = {"profiler/analysis/headroom.py", "profiler/analysis/rules.py"}
 
 
 def near_miss_rules(root: Path = ROOT) -> list[str]:
@@ -144,9 +149,7 @@ def test_one_near_miss():
 
 # ----------------------------------------------------------------------------------- confidence
 
-CONFIDENCE_HOMES = {"profiler/analysis/confidence.py", "profiler/analysis/rules.py",
-                    # still computes its own (`_confidence` and the levels of its other outcomes)
-                    "profiler/analysis/forecast.py"}
+CONFIDENCE_HOMES = {"profiler/analysis/confidence.py", "profiler/analysis/rules.py"}
 
 
 def literal_confidences(root: Path = ROOT) -> list[str]:
@@ -181,6 +184,28 @@ def test_confidence_comes_from_confidence_py():
     assert literal_confidences() == []
 
 
+# ------------------------------------------------------------------------------ workers: plumbing
+
+def analysis_in_workers(root: Path = ROOT) -> list[str]:
+    bad = []
+    for p in _files(root, ("workers",)):
+        rel = _rel(root, p)
+        for node in ast.walk(ast.parse(p.read_text(), filename=str(p))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            if any(n == "memq.analysis" or n.startswith("memq.analysis.") for n in names):
+                bad.append(f"{rel}:{node.lineno} imports {ast.unparse(node)[:80]}")
+    return bad
+
+
+def test_the_workers_ask_the_use_cases_not_the_analysis():
+    assert analysis_in_workers() == []
+
+
 # ------------------------------------------------------------------------- the checkers themselves
 
 def test_the_checkers_see_what_they_forbid(tmp_path):
@@ -193,8 +218,10 @@ def test_the_checkers_see_what_they_forbid(tmp_path):
     (tmp_path / "workers" / "jobs.py").write_text(
         "def f(s, rows):\n    from sqlalchemy import update\n    from memq.store.orm import Run\n"
         "    s.execute(update(Run).values(status='oom'))\n"
+        "    repo.move_run_status(s, 1, 'oom')\n"
         "    return max(rows, key=lambda d: (d.oom, d.peak_reserved_bytes, -d.rank))\n"
-        "ORDER = ('running', 'completed', 'crashed', 'oom')\n")
+        "ORDER = ('running', 'completed', 'crashed', 'oom')\n"
+        "def g():\n    from memq.analysis import run_status\n")
     (tmp_path / "profiler" / "web.py").write_text(
         "from memq.store import orm\nimport sqlalchemy.orm\n"
         "def g(session, q):\n    return session.execute(q)\n"
@@ -205,7 +232,9 @@ def test_the_checkers_see_what_they_forbid(tmp_path):
     sql = sql_outside_store(tmp_path)
     assert [b.split(" ")[0] for b in sql] == ["profiler/web.py:1", "profiler/web.py:2", "profiler/web.py:4",
                                              "workers/jobs.py:2", "workers/jobs.py:3", "workers/jobs.py:4"], sql
-    assert [b.split(" ")[0] for b in rank_choices(tmp_path)] == ["workers/jobs.py:5"]
-    assert sorted(b.split(" ")[0] for b in status_rules(tmp_path)) == ["workers/jobs.py:4", "workers/jobs.py:6"]
+    assert [b.split(" ")[0] for b in rank_choices(tmp_path)] == ["workers/jobs.py:6"]
+    assert sorted(b.split(" ")[0] for b in status_rules(tmp_path)) == ["workers/jobs.py:4", "workers/jobs.py:5",
+                                                                       "workers/jobs.py:7"]
     assert [b.split(" ")[0] for b in near_miss_rules(tmp_path)] == ["profiler/web.py:6"]
     assert len(literal_confidences(tmp_path)) == 4
+    assert [b.split(" ")[0] for b in analysis_in_workers(tmp_path)] == ["workers/jobs.py:9"]

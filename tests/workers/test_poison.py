@@ -379,7 +379,7 @@ def test_analysis_that_recurses_too_deep_or_exhausts_memory_fails_at_once(world,
     def boom(*_a, **_k):
         raise error
 
-    monkeypatch.setattr(analyse, "analyse_snapshot", boom)
+    monkeypatch.setattr(analyse, "analyse_claimed", boom)
     assert jobs.analyze(st, sid, task_id="t1") == "quarantined"
     with jobs._store(st).session() as s:
         from sqlalchemy import select

@@ -7,8 +7,8 @@ import json
 
 from sqlalchemy import select
 
+from memq.pipeline.history import run_limit
 from memq.store.orm import Run
-from memq.store.queries import run_limit
 from memq.workers.dispatcher import Dispatcher
 from tests.workers.test_poison import _fields, world  # noqa: F401 - the fixture
 

@@ -39,6 +39,15 @@ def find_analysis(session: Session, sha256: str, analyzer_version: str, context_
     return None if rid is None else int(rid)
 
 
+def found_analysis(session: Session, sha256: str, analyzer_version: str, context_key: str = ""):
+    """(id, oom_requested_bytes, oom) of the stored analysis of these bytes in this context, or None: what
+    reusing it needs (its id, and whether it found an OOM)."""
+    return session.execute(select(AnalysisResult.id, AnalysisResult.oom_requested_bytes,
+                                  AnalysisResult.result["oom"].label("oom")).where(
+        AnalysisResult.sha256 == sha256, AnalysisResult.analyzer_version == analyzer_version,
+        AnalysisResult.context_key == context_key)).one_or_none()
+
+
 def _figures(result: Mapping[str, Any]) -> dict[str, Any]:
     metrics = result.get("metrics") or {}
     diag = result.get("diagnosis") or {}

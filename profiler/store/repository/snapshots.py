@@ -63,6 +63,9 @@ def insert_snapshot(session: Session, snap: NewSnapshot) -> tuple[int, bool]:
 
 @dataclass(frozen=True)
 class ClaimedSnapshot:
+    """A leased snapshot with what its analysis reads of the row (the claim's RETURNING: the row is not
+    read again on the way down)."""
+
     id: int
     run_id: int
     rank: int
@@ -71,6 +74,21 @@ class ClaimedSnapshot:
     context: dict
     attempts: int
     lease_until: dt.datetime
+    trigger: str | None = None
+    source: str | None = None
+    step: int | None = None
+    epoch: int | None = None
+
+
+_CLAIMED = (Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.blob_ref, Snapshot.context,
+            Snapshot.attempts, Snapshot.trigger, Snapshot.source, Snapshot.step, Snapshot.epoch)
+
+
+def _claimed(row, until: dt.datetime) -> ClaimedSnapshot:
+    return ClaimedSnapshot(id=row.id, run_id=row.run_id, rank=row.rank, sha256=row.sha256,
+                           blob_ref=row.blob_ref, context=dict(row.context or {}), attempts=row.attempts,
+                           lease_until=to_utc(until), trigger=row.trigger, source=row.source, step=row.step,
+                           epoch=row.epoch)
 
 
 def _claimable(now: dt.datetime, max_attempts: int):
@@ -90,14 +108,9 @@ def claim_snapshot(session: Session, snapshot_id: int, lease_s: int = DEFAULT_LE
     stmt = (update(Snapshot)
             .where(Snapshot.id == snapshot_id, _claimable(now, max_attempts))
             .values(state="running", lease_until=until, attempts=Snapshot.attempts + 1)
-            .returning(Snapshot.id, Snapshot.run_id, Snapshot.rank, Snapshot.sha256, Snapshot.blob_ref,
-                       Snapshot.context, Snapshot.attempts))
+            .returning(*_CLAIMED))
     row = session.execute(stmt).first()
-    if row is None:
-        return None
-    return ClaimedSnapshot(id=row.id, run_id=row.run_id, rank=row.rank, sha256=row.sha256,
-                           blob_ref=row.blob_ref, context=dict(row.context or {}), attempts=row.attempts,
-                           lease_until=to_utc(until))
+    return None if row is None else _claimed(row, until)
 
 
 def claim_next(session: Session, lease_s: int = DEFAULT_LEASE_S, limit: int = 1,
@@ -151,15 +164,16 @@ def snapshot_row(session: Session, snapshot_id: int):
                            .where(Snapshot.id == snapshot_id)).one_or_none()
 
 
-def take_over_lease(session: Session, snapshot_id: int, lease_s: float, max_attempts: int) -> int | None:
+def take_over_lease(session: Session, snapshot_id: int, lease_s: float,
+                    max_attempts: int) -> ClaimedSnapshot | None:
     """The same task back for a snapshot it holds (running): a fresh lease and one more attempt, while
-    attempts remain. Returns the attempts, or None."""
+    attempts remain. Returns the claim, or None."""
     until = _db_time(session, utcnow()) + dt.timedelta(seconds=lease_s)
     got = session.execute(update(Snapshot).where(Snapshot.id == snapshot_id, Snapshot.state == "running",
                                                  Snapshot.attempts < max_attempts)
                           .values(lease_until=until, attempts=Snapshot.attempts + 1)
-                          .returning(Snapshot.attempts)).first()
-    return None if got is None else int(got.attempts)
+                          .returning(*_CLAIMED)).first()
+    return None if got is None else _claimed(got, until)
 
 
 def known_blob_size(session: Session, sha256: str) -> int | None:

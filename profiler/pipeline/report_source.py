@@ -1,5 +1,6 @@
 """What the report reads, bound to one open session: `memq.report.data.build_report` asks this
-object for plain dicts and never sees SQLAlchemy.
+object for plain dicts and never sees SQLAlchemy. The rows are the store's (profiler/store/report_queries.py),
+a run's timeline is its history document (pipeline/history.py).
 
     with store.session() as s:
         doc = build_report(SqlReportSource(s), day, scope, simulate=whatif_simulator(store, s))
@@ -14,8 +15,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy.orm import Session
-
+from memq.pipeline.history import run_history
 from memq.store import report_queries as rq
 from memq.store.report_queries import Scope, Window
 
@@ -23,7 +23,7 @@ from memq.store.report_queries import Scope, Window
 class SqlReportSource:
     """The report's queries (profiler/store/report_queries.py) on one session."""
 
-    def __init__(self, session: Session):
+    def __init__(self, session):
         self.session = session
 
     def window_runs(self, window: Window, scope: Scope) -> list[dict[str, Any]]:
@@ -49,6 +49,4 @@ class SqlReportSource:
 
     def run_history(self, run_name: str, points: int) -> dict[str, Any]:
         """`memq history --json` of the run, for its memory timeline."""
-        from memq.store.queries import run_history
-
         return run_history(self.session, run_name, points=points, max_snapshots=500)
