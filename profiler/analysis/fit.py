@@ -30,6 +30,7 @@ no t x t matrix. A model that materialises attention scores grows faster than th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
@@ -84,6 +85,8 @@ class Measured:
     state_bytes: int = 0  # the recorded optimizer's state: allocated in the trace or live before it
     pre_state: tuple = ()  # (handle, bytes) of state blocks live before the trace began
     optimizer_inferred: bool = False  # the optimizer was read from its state's size, not named
+    partial: str | None = None  # a trace of part of the first step: what it holds (PARTIAL_*), the rest inferred
+    optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
 
     @property
@@ -147,7 +150,9 @@ def recorded_optimizer(snap: Snapshot) -> str | None:
     return None
 
 
-def classify(snap: Snapshot) -> Measured:
+def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
+    """`optimizer`: of a trace that holds only part of its first step (no optimizer step yet), the
+    optimizer whose state and step the rest of the step adds (else the agent's, else AdamW, said so)."""
     from memq.analysis import whatif as wi
 
     if not snap.trace:
@@ -207,6 +212,8 @@ def classify(snap: Snapshot) -> Measured:
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
                      f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: +/-{FIT_MARGIN:.0%})")
+    if steps == 0:
+        return _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers)
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
@@ -224,6 +231,216 @@ def classify(snap: Snapshot) -> Measured:
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
                     step_ops=_step_ops(prog, rep.op_event, trace))
+
+
+
+# ------------------------------------------------------------------ one step, or part of one
+PARTIAL_FORWARD = "forward"
+# A library's own buffer, kept for the process (cuBLAS's workspace), by its C++ frame: at a cut inside a
+# step it is live beside the activations, and is not one. (cuDNN's frames are no such sign: a convolution's
+# output is allocated under them.)
+_KEPT_WORKSPACE = re.compile(r"getCUDABlasLtWorkspace|getCurrentCUDABlasHandle|[Ww]orkspace")
+PARTIAL_BACKWARD = "forward and backward"
+
+
+def _backward_entry(ev, has_python: bool) -> bool:
+    """An entry of the autograd engine: its frames (a Python `backward()`, `*Backward*`, the engine),
+    or no Python frames at all in a trace that records them elsewhere (the engine's thread has none)."""
+    py = python_frames(ev.frames)
+    if py:
+        return fr.is_backward(py)
+    return has_python and (not ev.frames or fr.is_backward(ev.frames))
+
+
+def _step_bounds(prog, op_event, trace, kinds) -> tuple[int, int | None]:
+    """(the op where the first training step begins, the op where its backward begins or None): the
+    step begins after the last parameter made before the first forward (the model's build), the
+    backward at the engine's first entry after that."""
+    has_python = any(python_frames(e.frames) for e in trace)
+    n_events = len(trace)
+    first_fwd = None
+    for i, e in enumerate(op_event):
+        if 0 <= e < n_events and any(fr.FORWARD_NAME.search(frame_name(f)) for f in python_frames(trace[e].frames)):
+            first_fwd = i
+            break
+    if first_fwd is None:
+        raise NotAssessable("the trace holds no forward pass of a training step: memq fit replays a recorded step "
+                            "(or part of one, from its forward on)")
+    start = 0
+    for i in range(first_fwd):
+        if prog.ops[i] == OP_ALLOC and kinds[prog.hid[i]] == PARAMETERS:
+            start = i + 1
+    for i in range(start, len(prog.ops)):
+        e = op_event[i]
+        if 0 <= e < n_events and prog.ops[i] == OP_ALLOC and _backward_entry(trace[e], has_python):
+            return start, i
+    return start, None
+
+
+def inferred_words(partial: str, opt: str, state: int, how: str) -> str:
+    """What `memq fit` says it inferred for a partial step (`how`: the optimizer was asked for, named by
+    the agent or the trace, or assumed)."""
+    bwd = ("the backward (the saved activations walked in reverse) and the gradients (one per parameter, all "
+           "taken as trainable), " if partial == PARTIAL_FORWARD else "")
+    said = {"assumed": " (assumed: no optimizer is named; give --optimizer)", "named": " (named in the recording)",
+            "asked": " (--optimizer)"}[how]
+    return (f"the trace holds the first step's {partial} only; inferred: {bwd}optimizer state inferred from the "
+            f"parameters for {opt}{said}, {state / (1 << 20):.0f} MiB, and its step's temporaries; then a second step "
+            "like the first")
+
+
+def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers) -> Measured:
+    """A trace that holds the first step's forward (and maybe its backward) but no optimizer step: the
+    rest of the step is added from what the trace holds, and a second step repeats the first, so that
+    the peak of a step that runs beside the optimizer's state is what is predicted:
+
+    - forward only: the backward walks the saved activations (what the forward left live) in reverse,
+      each freed after a gradient of its size is made (the previous one freed), and makes one gradient
+      per parameter (all trainable: the trace cannot tell a frozen one) as it goes;
+    - the optimizer step: its state (STATE_MULTIPLE x each gradient, in STATE_BLOCKS blocks, made at the
+      first step and kept) and its temporaries (TEMP_MULTIPLE x each gradient, made and freed); then
+      zero_grad frees the gradients;
+    - the second step: the recorded step's allocations (those it frees, its gradients and what scales
+      with the input) again, with the same tail.
+    The optimizer is the one asked for, else the one the agent named, else AdamW (said so)."""
+    prog, trace = rep.program, snap.trace
+    kinds = list(kinds)
+    start, bwd = _step_bounds(prog, rep.op_event, trace, kinds)
+    step_handles = []
+    for i in range(start, len(prog.ops)):
+        if prog.ops[i] == OP_ALLOC:
+            step_handles.append(prog.hid[i])
+    made = {prog.hid[i]: i for i in range(start, len(prog.ops)) if prog.ops[i] == OP_ALLOC}
+    for h in step_handles:  # what the partial step left live: read by when it was made
+        if not is_open[h] or kinds[h] in (OPT_STATE, OPT_TEMP, CAST_COPY):
+            continue
+        ev = trace[ev_of[h]]
+        if ev.frames and fr.categorize(ev.frames) == fr.PARAMETERS:
+            kinds[h] = PARAMETERS
+        elif is_workspace(size_of[h]) or any(_KEPT_WORKSPACE.search(frame_name(f)) for f in ev.frames or ()):
+            kinds[h] = WORKSPACE
+        elif bwd is not None and made[h] >= bwd:
+            kinds[h] = GRADIENTS  # made by the engine and kept after it: a parameter's .grad
+        else:  # the classes of the live blocks (provenance) read a whole step's end, not a cut inside one
+            kinds[h] = INPUT
+    grads = [h for h in step_handles if is_open[h] and kinds[h] == GRADIENTS]
+    if bwd is not None and not grads:
+        raise NotAssessable("the trace's backward kept no gradients (cut before its first one): a prediction needs "
+                            "its forward alone, or its backward to its end")
+    partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
+    named = recorded_optimizer(snap)
+    opt = optimizer or named or "adamw"
+    assumed = optimizer is None and named is None
+    params = [size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS]
+    params += [req for _a, h, req, _s in rep.start_live if kinds[h] in (PARAMETERS, KEPT)] if not params else []
+    if partial == PARTIAL_FORWARD and not params:
+        raise NotAssessable("the trace holds a forward pass but no parameters to size its gradients from")
+    out = _StepWriter(prog, kinds)
+    live_inputs = [h for h in step_handles if is_open[h] and kinds[h] in (INPUT, CAST_COPY)]
+    g1 = out.backward(live_inputs, params) if partial == PARTIAL_FORWARD else grads
+    out.optimizer_step(g1, opt, first=True)
+    out.free_all(g1)
+    kept = [h for h in live_inputs if h not in set(out.freed)]
+    out.free_all(kept)  # the step's input and loss, rebound by the next step
+    mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (INPUT, CAST_COPY, GRADIENTS))
+    if partial == PARTIAL_FORWARD:
+        g2 = out.backward([mapping[h] for h in live_inputs if h in mapping], params)
+    else:
+        g2 = [mapping[h] for h in grads if h in mapping]
+    out.optimizer_step(g2, opt, first=False)
+    out.free_all(g2)
+    grad_sizes = [out.size_of(h) for h in g1]
+    state = sum(out.size_of(h) for h in range(len(out.kinds)) if out.kinds[h] == OPT_STATE)
+    notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
+                                else "asked"))
+    from dataclasses import replace
+
+    extra = len(out.ops) - len(prog.ops)
+    new_rep = replace(rep, program=out.program(), op_event=list(rep.op_event) + [-1] * extra,
+                      recorded_alloc_addr=list(rep.recorded_alloc_addr) + [None] * extra)
+    param_bytes = sum(params)
+    return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
+                    cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
+                    gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
+                    partial=partial, optimizer_assumed=assumed)
+
+
+class _StepWriter:
+    """Appends the inferred rest of a step to a compiled program (new handles get their kind)."""
+
+    def __init__(self, prog: Program, kinds: list[int]):
+        self.src = prog
+        self.ops, self.hid = list(prog.ops), list(prog.hid)
+        self.size, self.stream = list(prog.size), list(prog.stream)
+        self.kinds = list(kinds)
+        self.sizes: dict[int, int] = {h: s for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True)
+                                      if op == OP_ALLOC}
+        self.freed: list[int] = []
+
+    def size_of(self, h: int) -> int:
+        return self.sizes.get(h, 0)
+
+    def new(self, kind: int, b: int, stream: int = 0) -> int:
+        h = len(self.kinds)
+        self.kinds.append(kind)
+        self.sizes[h] = b
+        self.ops.append(OP_ALLOC), self.hid.append(h), self.size.append(b), self.stream.append(stream)
+        return h
+
+    def free(self, h: int) -> None:
+        self.ops.append(OP_FREE), self.hid.append(h), self.size.append(0), self.stream.append(0)
+        self.freed.append(h)
+
+    def free_all(self, hs) -> None:
+        for h in hs:
+            self.free(h)
+
+    def backward(self, saved: list[int], params: list[int]) -> list[int]:
+        """The saved activations walked in reverse: a gradient of each one's size made, the previous one
+        freed, the activation freed; the parameters' gradients made in reverse as the walk goes."""
+        grads: list[int] = []
+        prev = None
+        todo = list(reversed(params))
+        n = max(1, len(saved))
+        for i, a in enumerate(reversed(saved)):
+            t = self.new(self.kinds[a], self.size_of(a))
+            if prev is not None:
+                self.free(prev)
+            prev = t
+            while todo and len(grads) < len(params) * (i + 1) // n:
+                grads.append(self.new(GRADIENTS, todo.pop(0)))
+            self.free(a)
+        if prev is not None:
+            self.free(prev)
+        while todo:
+            grads.append(self.new(GRADIENTS, todo.pop(0)))
+        return grads
+
+    def optimizer_step(self, grads: list[int], opt: str, first: bool) -> None:
+        mult, blocks, temp = STATE_MULTIPLE[opt], STATE_BLOCKS[opt], TEMP_MULTIPLE[opt]
+        if first and mult > 0:
+            per = blocks or 1
+            for g in grads:
+                for _ in range(per):
+                    self.new(OPT_STATE, max(1, int(self.size_of(g) * mult / per)))
+        if temp > 0:
+            self.free_all([self.new(OPT_TEMP, max(1, int(self.size_of(g) * temp))) for g in grads])
+
+    def repeat(self, start: int, again) -> dict[int, int]:
+        """The recorded step's ops from `start` again, with new handles for the allocations `again`
+        accepts; their frees follow them. Returns old handle -> new."""
+        mapping: dict[int, int] = {}
+        src = self.src
+        for i in range(start, len(src.ops)):
+            op, h = src.ops[i], src.hid[i]
+            if op == OP_ALLOC and again(h):
+                mapping[h] = self.new(self.kinds[h], src.size[i], src.stream[i])
+            elif op == OP_FREE and h in mapping:
+                self.free(mapping[h])
+        return mapping
+
+    def program(self) -> Program:
+        return Program(ops=self.ops, hid=self.hid, size=self.size, stream=self.stream, n_handles=len(self.kinds))
 
 
 def _step_ops(prog, op_event, trace) -> tuple:

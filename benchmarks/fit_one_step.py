@@ -1,0 +1,132 @@
+"""How well `memq fit` predicts from one step or part of one: each whole-run trace of the calibration sets
+cut where a snapshot dumped in the first training step would be (tests/analysis/one_step.py: the trace up
+to the cut, the blocks live at the cut): at the end of the first forward, and at the end of the first
+backward (no optimizer step yet). The rest of the step is inferred (fit._one_step) and the peak predicted
+at 2x and 4x (8x too) the batch or length, against the real uncapped runs' peak reserved. The optimizer is
+given as a user would (`--optimizer`, the family's own). No services, no torch.
+
+    python benchmarks/fit_one_step.py [--half tuning|held_back|all] [--set families|inhouse|both] [--json]
+
+The ten families (tests/fixtures/fit_families, hand recordings from the model's build, stacks="all")
+are split as fit_families_calibration.py splits them: tuned on the tuning half, the held-back half
+reported once. The five in-house models (tests/fixtures/fit, history="on" recordings from the start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from memq.analysis import fit  # noqa: E402
+from memq.load import load_snapshot_file  # noqa: E402
+from tests.analysis.one_step import cut, cut_points  # noqa: E402
+
+GiB = 1 << 30
+FAM = ROOT / "tests" / "fixtures" / "fit_families"
+FIX = ROOT / "tests" / "fixtures" / "fit"
+INHOUSE_OPT = {"cnn": "sgd_momentum"}  # the GPTs: adamw
+
+
+def family_cases(half: str):
+    """(set, name, half, snapshot, optimizer, [(label, k, real)]) per family."""
+    summary = json.loads((FAM / "summary.json").read_text())
+    split = summary["split"]
+    for fam, doc in sorted(summary["families"].items()):
+        h = "tuning" if fam in split["tuning"] else "held_back"
+        if half not in ("all", h):
+            continue
+        spec, runs = doc["spec"], doc["runs"]
+        b0, s0 = spec["batch"], spec["size"]
+        wanted = [(f"{k}x batch", f"{fam}-b{k * b0}-s{s0}", k) for k in (2, 4, 8)]
+        if spec.get("seq"):
+            wanted += [(f"{k}x length", f"{fam}-b{b0}-s{k * s0}", k) for k in (2, 4)]
+        shapes = [(lab, k, runs[key]["max_reserved"]) for lab, key, k in wanted
+                  if runs.get(key, {}).get("outcome") == "completed"]
+        snap = load_snapshot_file(str(FAM / "hand" / f"{fam}.pickle.gz"), max_bytes=1 << 32).snapshot
+        yield "families", fam, h, snap, spec["opt"], shapes
+
+
+def inhouse_cases():
+    from benchmarks.fit_calibration import full_raw
+    from memq.snapshot import parse_snapshot
+
+    truth = json.loads((FIX / "truth.json").read_text())
+    for model, d in truth.items():
+        runs = d["runs"]
+        base = next(v for k, v in runs.items() if k.endswith("-defaults"))
+        b0, t0 = base["batch"], base["seq"]
+        wanted = [(f"{k}x batch", f"{model}-b{b0 * k}-t{t0}", k) for k in (2, 4, 8)]
+        if model != "cnn":
+            wanted += [(f"{k}x length", f"{model}-b{b0}-t{t0 * k}", k) for k in (2, 4)]
+        shapes = [(lab, k, runs[key]["max_reserved"]) for lab, key, k in wanted if key in runs]
+        yield "inhouse", model, "in-house", parse_snapshot(full_raw(model)), INHOUSE_OPT.get(model, "adamw"), shapes
+
+
+def rows(cases) -> list[dict]:
+    out = []
+    for set_, name, half, snap, opt, shapes in cases:
+        try:
+            points = cut_points(snap)
+        except ValueError as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            continue
+        for part, at in points.items():
+            try:
+                m = fit.classify(cut(snap, at), optimizer=opt)
+            except fit.NotAssessable as exc:
+                out.append({"set": set_, "name": name, "half": half, "cut": part, "error": str(exc)})
+                continue
+            for label, k, real in shapes:
+                p = fit.predict(m, k, opt).peak_reserved
+                out.append({"set": set_, "name": name, "half": half, "cut": part, "shape": label, "k": k,
+                            "real": real, "predicted": p, "err": (p - real) / real})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--half", choices=("tuning", "held_back", "all"), default="all")
+    ap.add_argument("--set", choices=("families", "inhouse", "both"), default="both")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    cases = []
+    if args.set in ("families", "both"):
+        cases += list(family_cases(args.half))
+    if args.set in ("inhouse", "both"):
+        cases += list(inhouse_cases())
+    out = rows(cases)
+    took = time.perf_counter() - t0
+    if args.json:
+        json.dump(out, sys.stdout, indent=1)
+        return
+    print("| set | model | half | recorded part | shape | real peak reserved | predicted | error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in out:
+        if "error" in r:
+            print(f"| {r['set']} | {r['name']} | {r['half']} | {r['cut']} | - | - | refused: {r['error']} | - |")
+            continue
+        print(f"| {r['set']} | {r['name']} | {r['half']} | {r['cut']} | {r['shape']} | {r['real'] / GiB:.3f} GiB "
+              f"| {r['predicted'] / GiB:.3f} GiB | {r['err'] * 100:+.1f}% |")
+    print()
+    for half in ("tuning", "held_back", "in-house"):
+        for part in ("forward", "backward"):
+            rs = [r for r in out if r["half"] == half and r["cut"] == part and "err" in r]
+            if not rs:
+                continue
+            at24 = [r for r in rs if r["k"] in (2, 4)]
+            inside = sum(abs(r["err"]) <= 0.03 for r in at24)
+            worst = max(abs(r["err"]) for r in rs)
+            print(f"{half}, cut after the first {part}: {inside}/{len(at24)} predictions at 2x and 4x within 3% "
+                  f"(largest error at 2x-8x {worst * 100:.1f}%)")
+    print(f"{took:.1f} s for all of it")
+
+
+if __name__ == "__main__":
+    main()
