@@ -40,6 +40,7 @@ from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, All
 from memq.analysis.rules import (
     CAST_COVERAGE,
     FIT_MARGIN,
+    FORWARD_ONLY_MARGIN,
     MIDRUN_MARGIN,
     STATE_BLOCKS,
     STATE_INFER_TOLERANCE,
@@ -91,8 +92,10 @@ class Measured:
 
     @property
     def margin(self) -> float:
-        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN)."""
-        return FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
+        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN; of the first
+        step's forward alone, FORWARD_ONLY_MARGIN)."""
+        base = FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
+        return max(base, FORWARD_ONLY_MARGIN) if self.partial == PARTIAL_FORWARD else base
 
 
 @dataclass(frozen=True)
@@ -278,15 +281,12 @@ def _step_bounds(prog, op_event, trace, kinds) -> tuple[int, int | None]:
 
 
 def inferred_words(partial: str, opt: str, state: int, how: str) -> str:
-    """What `memq fit` says it inferred for a partial step (`how`: the optimizer was asked for, named by
-    the agent or the trace, or assumed)."""
-    bwd = ("the backward (the saved activations walked in reverse) and the gradients (one per parameter, all "
-           "taken as trainable), " if partial == PARTIAL_FORWARD else "")
+    """What `memq fit` says it inferred for a partial step (`how`: the optimizer was asked for, named in
+    the recording, or assumed)."""
     said = {"assumed": " (assumed: no optimizer is named; give --optimizer)", "named": " (named in the recording)",
             "asked": " (--optimizer)"}[how]
-    return (f"the trace holds the first step's {partial} only; inferred: {bwd}optimizer state inferred from the "
-            f"parameters for {opt}{said}, {state / (1 << 20):.0f} MiB, and its step's temporaries; then a second step "
-            "like the first")
+    return (f"the trace holds the first step's {partial} only: the rest of the step is inferred; optimizer state "
+            f"inferred from parameters for {opt}{said}: {state / (1 << 20):.0f} MiB")
 
 
 def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers) -> Measured:
@@ -311,6 +311,8 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
         if prog.ops[i] == OP_ALLOC:
             step_handles.append(prog.hid[i])
     made = {prog.hid[i]: i for i in range(start, len(prog.ops)) if prog.ops[i] == OP_ALLOC}
+    param_sizes = {size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS and h not in made}
+    param_sizes |= {req for _a, h, req, _s in rep.start_live}
     for h in step_handles:  # what the partial step left live: read by when it was made
         if not is_open[h] or kinds[h] in (OPT_STATE, OPT_TEMP, CAST_COPY):
             continue
@@ -320,7 +322,9 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
         elif is_workspace(size_of[h]) or any(_KEPT_WORKSPACE.search(frame_name(f)) for f in ev.frames or ()):
             kinds[h] = WORKSPACE
         elif bwd is not None and made[h] >= bwd:
-            kinds[h] = GRADIENTS  # made by the engine and kept after it: a parameter's .grad
+            # made by the engine and kept after it: a parameter's .grad, of a parameter's size (a library's
+            # buffer made on the engine's thread, frameless in a trace of Python frames, is not)
+            kinds[h] = GRADIENTS if not param_sizes or size_of[h] in param_sizes else WORKSPACE
         else:  # the classes of the live blocks (provenance) read a whole step's end, not a cut inside one
             kinds[h] = INPUT
     grads = [h for h in step_handles if is_open[h] and kinds[h] == GRADIENTS]
@@ -337,14 +341,19 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
         raise NotAssessable("the trace holds a forward pass but no parameters to size its gradients from")
     out = _StepWriter(prog, kinds)
     live_inputs = [h for h in step_handles if is_open[h] and kinds[h] in (INPUT, CAST_COPY)]
-    g1 = out.backward(live_inputs, params) if partial == PARTIAL_FORWARD else grads
+    saved = set(live_inputs)
+    fwd1 = [(op, h) for op, h in zip(prog.ops[start:], prog.hid[start:], strict=True)
+            if op in (OP_ALLOC, OP_FREE) and (h in saved or h in made)]
+    fwd1 = [(op, h) for op, h in fwd1 if h in saved or not is_open[h]]
+    g1 = out.backward_mirror(fwd1, saved, params) if partial == PARTIAL_FORWARD else grads
     out.optimizer_step(g1, opt, first=True)
     out.free_all(g1)
     kept = [h for h in live_inputs if h not in set(out.freed)]
     out.free_all(kept)  # the step's input and loss, rebound by the next step
     mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (INPUT, CAST_COPY, GRADIENTS))
     if partial == PARTIAL_FORWARD:
-        g2 = out.backward([mapping[h] for h in live_inputs if h in mapping], params)
+        fwd2 = [(op, mapping[h]) for op, h in fwd1 if h in mapping]
+        g2 = out.backward_mirror(fwd2, {mapping[h] for h in saved if h in mapping}, params)
     else:
         g2 = [mapping[h] for h in grads if h in mapping]
     out.optimizer_step(g2, opt, first=False)
@@ -412,6 +421,38 @@ class _StepWriter:
             self.free(a)
         if prev is not None:
             self.free(prev)
+        while todo:
+            grads.append(self.new(GRADIENTS, todo.pop(0)))
+        return grads
+
+    def backward_mirror(self, fwd: list[tuple[int, int]], saved: set[int], params: list[int]) -> list[int]:
+        """The forward's memory played backwards: its allocations (op, handle) reversed, a saved activation
+        freed where it was made, a temporary made again where it was freed and freed where it was made;
+        beside it the chain of gradients (one of each saved activation's size, the previous one freed)
+        and the parameters' gradients, made in reverse as the walk goes."""
+        grads: list[int] = []
+        todo = list(reversed(params))
+        n = max(1, len(saved))
+        again: dict[int, int] = {}
+        prev = None
+        done = 0
+        for op, h in reversed(fwd):
+            if op == OP_FREE:
+                again[h] = self.new(self.kinds[h], self.size_of(h))
+            elif h in again:
+                self.free(again.pop(h))
+            elif h in saved:
+                t = self.new(self.kinds[h], self.size_of(h))
+                if prev is not None:
+                    self.free(prev)
+                prev = t
+                done += 1
+                while todo and len(grads) < len(params) * done // n:
+                    grads.append(self.new(GRADIENTS, todo.pop(0)))
+                self.free(h)
+        if prev is not None:
+            self.free(prev)
+        self.free_all(list(again.values()))
         while todo:
             grads.append(self.new(GRADIENTS, todo.pop(0)))
         return grads
@@ -1048,7 +1089,9 @@ def answer(m: Measured, q: Question) -> dict:
         "measured": {"peak_bytes": base.peak_reserved, "peak_allocated_bytes": base.peak_allocated,
                      "optimizer_steps": m.steps, "optimizer_inferred": m.optimizer_inferred,
                      "trace_from_start": m.covers_start,
-                     "autocast_copy_share": m.cast_share},
+                     "autocast_copy_share": m.cast_share,
+                     "partial_step": m.partial, "optimizer_assumed": m.optimizer_assumed},
+        "inferred": inferred_parts(m),
         "notes": list(m.notes),
     }
     if q.limit is None:
@@ -1080,6 +1123,22 @@ def _search_unit(q: Question) -> tuple[str | None, int, float]:
     return None, 1, 1.0
 
 
+def inferred_parts(m: Measured) -> list[str]:
+    """What a prediction from part of a step took from outside the trace (empty for a whole step)."""
+    if m.partial is None:
+        return []
+    out = []
+    if m.partial == PARTIAL_FORWARD:
+        out += ["backward (the forward's memory played backwards, with a chain of activation gradients)",
+                "gradients from the parameters (all taken as trainable)"]
+    how = "assumed, no optimizer named" if m.optimizer_assumed else "named"
+    out += [f"optimizer state inferred from parameters for {m.optimizer} ({how}): "
+            f"{STATE_MULTIPLE[m.optimizer]:g}x the gradients' bytes",
+            f"optimizer step temporaries for {m.optimizer}: {TEMP_MULTIPLE[m.optimizer]:g}x the gradients' bytes",
+            "a second step like the first, beside the optimizer state"]
+    return out
+
+
 def _basis(m: Measured, q: Question, out: dict) -> str:
     what = []
     if q.batch is not None:
@@ -1090,6 +1149,10 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
         what.append(f"optimizer {m.optimizer} -> {q.optimizer} (state {STATE_MULTIPLE[q.optimizer]:.2f}x the "
                     "parameter bytes, from the playbook)")
     shape = "; ".join(what) or "the measured shape"
+    if m.partial is not None:
+        return (f"the recorded first step's {m.partial} (no optimizer step in the trace), the rest of the step "
+                f"inferred ({'; '.join(inferred_parts(m))}), replayed through the allocator model with its "
+                f"input-sized allocations scaled {out['scale']:g}x ({shape}); interval +/-{m.margin:.0%}")
     return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
             f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
             f"state and autocast copies held at their measured size; interval +/-{m.margin:.0%}"

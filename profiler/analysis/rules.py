@@ -275,6 +275,13 @@ MIDRUN_MARGIN = _rule(
     "cut where a ring buffer would (12 cuts, 2x-8x the batch, 180 predictions) put the real peak between "
     "0.833x and 1.157x the predicted one (`python benchmarks/fit_calibration.py --mid-run`); never narrower "
     "than FIT_MARGIN", "fit")
+FORWARD_ONLY_MARGIN = _rule(
+    "FORWARD_ONLY_MARGIN", 0.40, "share of the predicted peak", "measured",
+    "the interval of a prediction from the first step's forward alone (its backward, gradients and optimizer "
+    "inferred): the tuning half of the ten families' whole-run traces cut at the end of the first forward "
+    "erred by up to 39.9% at 2x-8x (lora_gpt, +39.9%: a frozen base the forward cannot tell from trained "
+    "weights; the others within 11.3%; `python benchmarks/fit_one_step.py --half tuning`), rounded up; a cut "
+    "after the backward keeps FIT_MARGIN (16.5% there, as the whole trace)", "fit")
 FIT_MIN_BYTES = _rule(
     "FIT_MIN_BYTES", 1 * MiB, "bytes", "judgement",
     "only blocks of at least 1 MiB are read as gradients, their temporaries, library workspaces or (half "

@@ -215,7 +215,7 @@ def test_headroom_reads_the_curve_against_the_limit():
     assert small["fits"] is False and small["max_scale"] == 0.5
 
 
-def test_no_trace_and_one_step_are_refused():
+def test_no_trace_and_one_step_are_refused_and_part_of_the_first_step_is_not():
     snaps, _c, _t = spool_run(next((FIX / "gpt_s" / "defaults").iterdir()))
     untraced = next(s for s in snaps if not s.trace)
     with pytest.raises(fit.NotAssessable, match="no trace"):
@@ -224,10 +224,13 @@ def test_no_trace_and_one_step_are_refused():
     from dataclasses import replace
 
     one = traced("gpt_s")
-    cut = replace(one, traces=[one.trace[: next(i for i, e in enumerate(one.trace)
-                                                  if e.frames and "optim" in str(e.frames[:4]))]])
+    opt = [i for i, e in enumerate(one.trace) if e.frames and "optim" in str(e.frames[:4])]
+    # no optimizer step yet: part of the first step, the rest inferred (test_fit_one_step.py)
+    assert fit.classify(replace(one, traces=[one.trace[:opt[0]]])).partial == fit.PARTIAL_BACKWARD
+    # one whole optimizer step and part of the next: still refused
+    second = next(i for i in opt if i > opt[0] and not any(j == i - 1 for j in opt))
     with pytest.raises(fit.NotAssessable, match="optimizer step"):
-        fit.classify(cut)
+        fit.classify(replace(one, traces=[one.trace[:second]]))
 
 
 def test_an_expandable_run_far_past_its_mapping_ends_the_curve_not_the_analysis():
