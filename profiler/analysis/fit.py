@@ -39,9 +39,12 @@ from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, All
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
 from memq.analysis.rules import (
     CAST_COVERAGE,
+    CUBLAS_WORKSPACE_BYTES,
+    CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
     FORWARD_ONLY_MARGIN,
     MIDRUN_MARGIN,
+    ONE_STEP_REPEATS,
     STATE_BLOCKS,
     STATE_INFER_TOLERANCE,
     STATE_MULTIPLE,
@@ -255,10 +258,10 @@ def _backward_entry(ev, has_python: bool) -> bool:
     return has_python and (not ev.frames or fr.is_backward(ev.frames))
 
 
-def _step_bounds(prog, op_event, trace, kinds) -> tuple[int, int | None]:
-    """(the op where the first training step begins, the op where its backward begins or None): the
-    step begins after the last parameter made before the first forward (the model's build), the
-    backward at the engine's first entry after that."""
+def _step_bounds(prog, op_event, trace, kinds) -> tuple[int, int, int | None]:
+    """(the op where the first training step begins, its first forward op, the op where its backward
+    begins or None): the step begins after the last parameter made before the first forward (the
+    model's build), the backward at the engine's first entry after that."""
     has_python = any(python_frames(e.frames) for e in trace)
     n_events = len(trace)
     first_fwd = None
@@ -276,8 +279,8 @@ def _step_bounds(prog, op_event, trace, kinds) -> tuple[int, int | None]:
     for i in range(start, len(prog.ops)):
         e = op_event[i]
         if 0 <= e < n_events and prog.ops[i] == OP_ALLOC and _backward_entry(trace[e], has_python):
-            return start, i
-    return start, None
+            return start, first_fwd, i
+    return start, first_fwd, None
 
 
 def inferred_words(partial: str, opt: str, state: int, how: str) -> str:
@@ -291,21 +294,23 @@ def inferred_words(partial: str, opt: str, state: int, how: str) -> str:
 
 def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers) -> Measured:
     """A trace that holds the first step's forward (and maybe its backward) but no optimizer step: the
-    rest of the step is added from what the trace holds, and a second step repeats the first, so that
+    rest of the step is added from what the trace holds, and ONE_STEP_REPEATS steps repeat it, so that
     the peak of a step that runs beside the optimizer's state is what is predicted:
 
-    - forward only: the backward walks the saved activations (what the forward left live) in reverse,
-      each freed after a gradient of its size is made (the previous one freed), and makes one gradient
-      per parameter (all trainable: the trace cannot tell a frozen one) as it goes;
+    - forward only: the forward's memory played backwards (a saved activation, what the forward left
+      live, freed where it was made; a temporary made again where it was freed), beside a chain of
+      activation gradients (one of each saved activation's size, the previous one freed) and one gradient
+      per parameter (all trainable: the trace cannot tell a frozen one), made as the walk goes;
+    - forward and backward: what the backward kept of a parameter's size are the gradients;
     - the optimizer step: its state (STATE_MULTIPLE x each gradient, in STATE_BLOCKS blocks, made at the
       first step and kept) and its temporaries (TEMP_MULTIPLE x each gradient, made and freed); then
       zero_grad frees the gradients;
-    - the second step: the recorded step's allocations (those it frees, its gradients and what scales
-      with the input) again, with the same tail.
+    - ONE_STEP_REPEATS more steps: the recorded step's allocations (those it frees, its gradients and what
+      scales with the input) again, with the same tail.
     The optimizer is the one asked for, else the one the agent named, else AdamW (said so)."""
     prog, trace = rep.program, snap.trace
     kinds = list(kinds)
-    start, bwd = _step_bounds(prog, rep.op_event, trace, kinds)
+    start, first_fwd, bwd = _step_bounds(prog, rep.op_event, trace, kinds)
     step_handles = []
     for i in range(start, len(prog.ops)):
         if prog.ops[i] == OP_ALLOC:
@@ -313,14 +318,25 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     made = {prog.hid[i]: i for i in range(start, len(prog.ops)) if prog.ops[i] == OP_ALLOC}
     param_sizes = {size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS and h not in made}
     param_sizes |= {req for _a, h, req, _s in rep.start_live}
+    # cuBLAS's workspace (the rules' size, on Hopper and before it): kept for the process, made at the
+    # forward's first matrix product; in a trace of Python frames alone its size is all that tells it
+    lib_sizes = {CUBLAS_WORKSPACE_BYTES, int(CUBLAS_WORKSPACE_OLD_BYTES)}
+    companion = None  # the call site of cuBLAS's workspace: its next allocation there is cuBLASLt's
     for h in step_handles:  # what the partial step left live: read by when it was made
+        site, companion = companion, None
         if not is_open[h] or kinds[h] in (OPT_STATE, OPT_TEMP, CAST_COPY):
             continue
         ev = trace[ev_of[h]]
-        if ev.frames and fr.categorize(ev.frames) == fr.PARAMETERS:
+        if site is not None and _call_site(ev.frames) == site:
+            kinds[h] = WORKSPACE
+        elif ev.frames and fr.categorize(ev.frames) == fr.PARAMETERS:
             kinds[h] = PARAMETERS
         elif is_workspace(size_of[h]) or any(_KEPT_WORKSPACE.search(frame_name(f)) for f in ev.frames or ()):
             kinds[h] = WORKSPACE
+        elif size_of[h] in lib_sizes and (bwd is None or made[h] < bwd):
+            kinds[h] = WORKSPACE  # cuBLAS's kept workspace, made at the forward's first matrix product
+            lib_sizes.discard(size_of[h])
+            companion = _call_site(ev.frames)
         elif bwd is not None and made[h] >= bwd:
             # made by the engine and kept after it: a parameter's .grad, of a parameter's size (a library's
             # buffer made on the engine's thread, frameless in a trace of Python frames, is not)
@@ -331,6 +347,10 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     if bwd is not None and not grads:
         raise NotAssessable("the trace's backward kept no gradients (cut before its first one): a prediction needs "
                             "its forward alone, or its backward to its end")
+    big = {size_of[g] for g in grads if size_of[g] >= MIN_BYTES}
+    for h in step_handles:  # as `classify` reads a whole step: a frameless temporary of a gradient's size
+        if not is_open[h] and kinds[h] == INPUT and size_of[h] in big and not python_frames(trace[ev_of[h]].frames):
+            kinds[h] = GRAD_TEMP
     partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
     named = recorded_optimizer(snap)
     opt = optimizer or named or "adamw"
@@ -346,18 +366,28 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
             if op in (OP_ALLOC, OP_FREE) and (h in saved or h in made)]
     fwd1 = [(op, h) for op, h in fwd1 if h in saved or not is_open[h]]
     g1 = out.backward_mirror(fwd1, saved, params) if partial == PARTIAL_FORWARD else grads
+    g1 = _in_parameter_order(g1, params, out.size_of)
     out.optimizer_step(g1, opt, first=True)
-    out.free_all(g1)
+    out.free_all(g1)  # zero_grad
     kept = [h for h in live_inputs if h not in set(out.freed)]
-    out.free_all(kept)  # the step's input and loss, rebound by the next step
-    mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (INPUT, CAST_COPY, GRADIENTS))
-    if partial == PARTIAL_FORWARD:
-        fwd2 = [(op, mapping[h]) for op, h in fwd1 if h in mapping]
-        g2 = out.backward_mirror(fwd2, {mapping[h] for h in saved if h in mapping}, params)
-    else:
-        g2 = [mapping[h] for h in grads if h in mapping]
-    out.optimizer_step(g2, opt, first=False)
-    out.free_all(g2)
+    # the step's loss is dropped; its input, made before the forward, when the next step's replaces it
+    batch = [h for h in kept if made[h] < first_fwd]
+    out.free_all([h for h in kept if made[h] >= first_fwd])
+    prev_batch = batch
+    for _ in range(ONE_STEP_REPEATS):
+        mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (INPUT, CAST_COPY, GRADIENTS),
+                             at=first_fwd, then=lambda b=prev_batch: out.free_all(b))
+        if partial == PARTIAL_FORWARD:
+            fwd2 = [(op, mapping[h]) for op, h in fwd1 if h in mapping]
+            g2 = out.backward_mirror(fwd2, {mapping[h] for h in saved if h in mapping}, params)
+        else:
+            g2 = [mapping[h] for h in grads if h in mapping]
+        g2 = _in_parameter_order(g2, params, out.size_of)
+        out.optimizer_step(g2, opt, first=False)
+        out.free_all(g2)
+        prev_batch = [mapping[b] for b in batch if b in mapping]
+        freed = set(out.freed)
+        out.free_all([mapping[h] for h in kept if h in mapping and h not in batch and mapping[h] not in freed])
     grad_sizes = [out.size_of(h) for h in g1]
     state = sum(out.size_of(h) for h in range(len(out.kinds)) if out.kinds[h] == OPT_STATE)
     notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
@@ -372,6 +402,18 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
                     cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     partial=partial, optimizer_assumed=assumed)
+
+
+def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:
+    """The gradients in the parameters' order (the optimizer's and zero_grad's walk): each parameter, in the
+    order the model made them, takes the last-made unused gradient of its size (the backward runs about in
+    reverse); gradients no parameter claims follow, in reverse."""
+    pool: dict[int, list[int]] = {}
+    for g in grads:
+        pool.setdefault(size_of(g), []).append(g)
+    out = [pool[p].pop() for p in params if pool.get(p)]
+    taken = set(out)
+    return out + [g for g in reversed(grads) if g not in taken]
 
 
 class _StepWriter:
@@ -458,6 +500,8 @@ class _StepWriter:
         return grads
 
     def optimizer_step(self, grads: list[int], opt: str, first: bool) -> None:
+        """The state (first step) and the step's temporaries, per gradient in the order given (the
+        parameters', as the optimizer walks its groups)."""
         mult, blocks, temp = STATE_MULTIPLE[opt], STATE_BLOCKS[opt], TEMP_MULTIPLE[opt]
         if first and mult > 0:
             per = blocks or 1
@@ -467,12 +511,14 @@ class _StepWriter:
         if temp > 0:
             self.free_all([self.new(OPT_TEMP, max(1, int(self.size_of(g) * temp))) for g in grads])
 
-    def repeat(self, start: int, again) -> dict[int, int]:
+    def repeat(self, start: int, again, at: int = -1, then=None) -> dict[int, int]:
         """The recorded step's ops from `start` again, with new handles for the allocations `again`
-        accepts; their frees follow them. Returns old handle -> new."""
+        accepts; their frees follow them; `then()` before op `at`. Returns old handle -> new."""
         mapping: dict[int, int] = {}
         src = self.src
         for i in range(start, len(src.ops)):
+            if i == at and then is not None:
+                then()
             op, h = src.ops[i], src.hid[i]
             if op == OP_ALLOC and again(h):
                 mapping[h] = self.new(self.kinds[h], src.size[i], src.stream[i])
@@ -1135,7 +1181,7 @@ def inferred_parts(m: Measured) -> list[str]:
     out += [f"optimizer state inferred from parameters for {m.optimizer} ({how}): "
             f"{STATE_MULTIPLE[m.optimizer]:g}x the gradients' bytes",
             f"optimizer step temporaries for {m.optimizer}: {TEMP_MULTIPLE[m.optimizer]:g}x the gradients' bytes",
-            "a second step like the first, beside the optimizer state"]
+            f"{ONE_STEP_REPEATS} more steps like the first, beside the optimizer state"]
     return out
 
 

@@ -106,3 +106,45 @@ def test_a_cut_before_the_first_forward_is_refused_with_the_reason():
     early = cut(whole("vit_bf16"), 50)
     with pytest.raises(fit.NotAssessable, match="no forward pass"):
         fit.classify(early)
+
+
+@cache
+def inhouse(model: str):
+    from benchmarks.fit_calibration import full_raw
+    from memq.snapshot import parse_snapshot
+
+    return parse_snapshot(full_raw(model))
+
+
+@pytest.mark.rule("ONE_STEP_REPEATS")
+def test_two_more_steps_reach_the_peak_the_whole_trace_reaches(monkeypatch):
+    """gpt_m (tests/fixtures/fit) at 4x the batch peaks in its third step: from its first forward and
+    backward, one more step misses by 6% of the whole trace's prediction, two match it."""
+    snap = inhouse("gpt_m")
+    whole_peak = fit.predict(fit.classify(snap), 4.0).peak_reserved
+    c = cut(snap, cut_points(snap)["backward"])
+    got = {}
+    for n in (fit.ONE_STEP_REPEATS - 1, fit.ONE_STEP_REPEATS):
+        monkeypatch.setattr(fit, "ONE_STEP_REPEATS", n)
+        got[n] = fit.predict(fit.classify(c, optimizer="adamw"), 4.0, "adamw").peak_reserved / whole_peak - 1
+    assert got[1] < -0.05 and abs(got[2]) < 0.005, got
+
+
+@pytest.mark.rule("CUBLAS_WORKSPACE_BYTES")
+def test_the_forward_block_of_cublas_workspace_size_is_held_not_scaled(monkeypatch):
+    """gpt_s (Python frames only): the first 32 MiB block the step keeps is cuBLAS's workspace (and the
+    1 MiB one after it at the same call site cuBLASLt's); a size 512 bytes off is an activation."""
+    c = cut(inhouse("gpt_s"), cut_points(inhouse("gpt_s"))["backward"])
+
+    def held(size: int) -> int:
+        monkeypatch.setattr(fit, "CUBLAS_WORKSPACE_BYTES", size)
+        m = fit.classify(c, optimizer="adamw")
+        sizes = {}
+        for op, h, s in zip(m.replay.program.ops, m.replay.program.hid, m.replay.program.size, strict=True):
+            if op == 0 and m.kinds[h] == fit.WORKSPACE:
+                sizes[s] = sizes.get(s, 0) + 1
+        return sum(s * n for s, n in sizes.items() if s in (32 << 20, 1 << 20))
+
+    assert held(32 << 20) == (32 << 20) + (32 << 20) + (1 << 20)  # the forward's two, the engine thread's one
+    for off in (32 << 20) - 512, (32 << 20) + 512:
+        assert held(off) == 32 << 20  # only the engine thread's (not of a parameter's size)
