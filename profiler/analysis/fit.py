@@ -351,6 +351,11 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     for h in step_handles:  # as `classify` reads a whole step: a frameless temporary of a gradient's size
         if not is_open[h] and kinds[h] == INPUT and size_of[h] in big and not python_frames(trace[ev_of[h]].frames):
             kinds[h] = GRAD_TEMP
+    if not share:  # autocast's copies, now that the gradients (or, of a forward alone, the parameters) are known
+        counts: dict[int, int] = {}
+        for g in grads:
+            counts[size_of[g]] = counts.get(size_of[g], 0) + 1
+        share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, counts, big, notes)
     partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
     named = recorded_optimizer(snap)
     opt = optimizer or named or "adamw"
