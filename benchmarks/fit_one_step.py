@@ -53,6 +53,36 @@ def family_cases(half: str):
         yield "families", fam, h, snap, spec["opt"], shapes
 
 
+ONE = ROOT / "tests" / "fixtures" / "fit_one_step"
+
+
+def dump_cases(half: str):
+    """Real step-1 dumps (benchmarks/gpu/fit_one_step_capture.py): `_snapshot()` at the end of the first
+    forward and of the first backward. The tuning families' truth is tests/fixtures/fit_families; the four
+    new families (not among the ten: a fresh held-back set) carry their own ladders. Yields
+    (set, name, half, {part: snapshot}, optimizer, shapes, whole snapshot or None)."""
+    cap = json.loads((ONE / "summary.json").read_text())
+    fams = json.loads((FAM / "summary.json").read_text())["families"]
+    for fam in cap["tuning"] + list(cap["new_families"]):
+        new = fam in cap["new_families"]
+        h = "new" if new else "tuning"
+        if half not in ("all", h):
+            continue
+        spec = cap["new_families"][fam] if new else fams[fam]["spec"]
+        runs = cap["runs"] if new else fams[fam]["runs"]
+        b0, s0 = spec["batch"], spec["size"]
+        wanted = [(f"{k}x batch", f"{fam}-b{k * b0}-s{s0}", k) for k in (2, 4, 8)]
+        if spec.get("seq"):
+            wanted += [(f"{k}x length", f"{fam}-b{b0}-s{k * s0}", k) for k in (2, 4)]
+        shapes = [(lab, k, runs[key]["max_reserved"]) for lab, key, k in wanted
+                  if runs.get(key, {}).get("outcome") == "completed"]
+        parts = {p: load_snapshot_file(str(ONE / "dumps" / f"{fam}-dump.{p}.pickle.gz"), max_bytes=1 << 32).snapshot
+                 for p in ("forward", "backward")}
+        hand = (ONE / "hand" / f"{fam}.pickle.gz") if new else (FAM / "hand" / f"{fam}.pickle.gz")
+        whole = load_snapshot_file(str(hand), max_bytes=1 << 32).snapshot
+        yield "dumps", fam, h, parts, spec["opt"], shapes, whole
+
+
 def inhouse_cases():
     from benchmarks.fit_calibration import full_raw
     from memq.snapshot import parse_snapshot
@@ -71,20 +101,24 @@ def inhouse_cases():
 
 def rows(cases) -> list[dict]:
     out = []
-    for set_, name, half, snap, opt, shapes in cases:
+    for set_, name, half, snap, opt, shapes, *rest in cases:
+        if rest:  # real dumps: the parts as dumped, and the whole run's recording
+            parts, whole_snap = snap, rest[0]
+        else:
+            try:
+                points = cut_points(snap)
+            except ValueError as exc:
+                print(f"{name}: {exc}", file=sys.stderr)
+                continue
+            parts, whole_snap = {p: (snap, at) for p, at in points.items()}, snap
         try:
-            points = cut_points(snap)
-        except ValueError as exc:
-            print(f"{name}: {exc}", file=sys.stderr)
-            continue
-        try:
-            whole = fit.classify(snap)
+            whole = fit.classify(whole_snap)
         except fit.NotAssessable:
             whole = None
         whole_pred = {k: fit.predict(whole, k).peak_reserved for _l, k, _r in shapes} if whole else {}
-        for part, at in points.items():
+        for part, got in parts.items():
             try:
-                m = fit.classify(cut(snap, at), optimizer=opt)
+                m = fit.classify(cut(*got) if isinstance(got, tuple) else got, optimizer=opt)
             except fit.NotAssessable as exc:
                 out.append({"set": set_, "name": name, "half": half, "cut": part, "error": str(exc)})
                 continue
@@ -100,16 +134,18 @@ def rows(cases) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--half", choices=("tuning", "held_back", "all"), default="all")
-    ap.add_argument("--set", choices=("families", "inhouse", "both"), default="both")
+    ap.add_argument("--half", choices=("tuning", "held_back", "new", "all"), default="all")
+    ap.add_argument("--set", choices=("families", "inhouse", "dumps", "both"), default="both")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     t0 = time.perf_counter()
     cases = []
     if args.set in ("families", "both"):
         cases += list(family_cases(args.half))
-    if args.set in ("inhouse", "both"):
+    if args.set in ("inhouse", "both") and args.half in ("tuning", "all"):
         cases += list(inhouse_cases())
+    if args.set == "dumps":
+        cases += list(dump_cases(args.half))
     out = rows(cases)
     took = time.perf_counter() - t0
     if args.json:
@@ -126,7 +162,7 @@ def main() -> None:
         print(f"| {r['set']} | {r['name']} | {r['half']} | {r['cut']} | {r['shape']} | {r['real'] / GiB:.3f} GiB "
               f"| {r['predicted'] / GiB:.3f} GiB | {r['err'] * 100:+.1f}% | {we} |")
     print()
-    for half in ("tuning", "held_back", "in-house"):
+    for half in ("tuning", "held_back", "in-house", "new"):
         for part in ("forward", "backward"):
             rs = [r for r in out if r["half"] == half and r["cut"] == part and "err" in r]
             if not rs:
