@@ -706,9 +706,17 @@ def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes
             params[req] = params.get(req, 0) + 1
     big_all = set(big) | set(params)
     halves = {s // 2 for s in big_all}
-    copies = set(_cast_copies(trace, kinds, size_of, ev_of, halves))
+    # stacks="all": autocast's own frame names the casts (of activations too: the half-size test stays), of
+    # any weight's size (a LoRA adapter's copy is 24 KiB), and nothing else is one (a float32 layer norm's
+    # output can be half a weight's size): the call-site heuristic is for traces of Python frames alone
+    cxx_frames = any(ev.frames and not frame_file(ev.frames[0]).endswith(".py") for ev in trace[:64])
+    copies = set() if cxx_frames else set(_cast_copies(trace, kinds, size_of, ev_of, halves))
+    if cxx_frames:
+        weights = {size_of[h] for h in range(len(kinds)) if kinds[h] == PARAMETERS} | set(grads)
+        weights |= {req for _a, _h, req, _s in rep.start_live}
+        halves = halves | {s // 2 for s in weights if s >= 2}
     cxx = False
-    for h in range(len(kinds)):  # stacks="all": autocast's own frame names the cast
+    for h in range(len(kinds)):
         if kinds[h] == INPUT and ev_of[h] >= 0 and size_of[h] in halves and _autocast_frame(trace[ev_of[h]].frames):
             copies.add(h)
             cxx = True
@@ -736,6 +744,16 @@ def _autocast_frame(frames) -> bool:
     return any("autocast" in frame_name(f) and "cast" in frame_name(f).rsplit("autocast", 1)[-1] for f in frames or ())
 
 
+# torch.nn.functional's ops that CUDA autocast runs in float32 (torch's "CUDA Ops that can autocast to
+# float32" list): their outputs and statistics are never half-precision weight copies, whatever their size
+# (a layer norm's output at 4 x 256 x 768 is half of a 768 x 2048 weight).
+AUTOCAST_FLOAT32_OPS = frozenset({
+    "layer_norm", "group_norm", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+    "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity", "pdist",
+    "cdist", "softplus",
+})
+
+
 def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     """Handles that look like autocast weight copies: per run of consecutive allocations at one
     call site, the first large one (not the run's last: that is the op's output) of half a
@@ -754,6 +772,9 @@ def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     for run in runs:
         if len(run) < 2 or not trace[ev_of[run[0]]].frames:
             continue
+        py = python_frames(trace[ev_of[run[0]]].frames)
+        if py and frame_name(py[0]) in AUTOCAST_FLOAT32_OPS:
+            continue  # autocast runs these in float32: nothing there is cast to half
         large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES // 2]  # half a weight of MIN_BYTES
         if large and size_of[large[0]] in halves and kinds[large[0]] == INPUT:
             out.append(large[0])
