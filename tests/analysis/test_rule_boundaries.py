@@ -487,10 +487,10 @@ def _measured(covers_start: bool) -> fit.Measured:
 
 
 @rule("FIT_MARGIN")
-def test_fit_interval_is_seventeen_percent_either_side():
+def test_fit_interval_is_twelve_percent_either_side():
     low, high = fit.interval(_measured(True), GiB)
-    assert low <= int(GiB * (1 - 0.169)) and high >= int(GiB * (1 + 0.169))
-    assert low > int(GiB * (1 - 0.171)) and high < int(GiB * (1 + 0.171))
+    assert low <= int(GiB * (1 - 0.119)) and high >= int(GiB * (1 + 0.119))
+    assert low > int(GiB * (1 - 0.121)) and high < int(GiB * (1 + 0.121))
 
 
 @rule("MIDRUN_MARGIN")
