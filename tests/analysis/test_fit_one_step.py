@@ -177,3 +177,24 @@ def test_a_real_forward_dump_is_read_as_a_forward_alone():
     m = fit.classify(dump("resnet_bn", "forward"), optimizer="sgd_momentum")
     assert m.partial == fit.PARTIAL_FORWARD and m.margin == fit.FORWARD_ONLY_MARGIN
     assert m.state_bytes == m.gradient_bytes > 0  # SGD momentum: one copy, from the parameters
+
+
+def test_four_new_families_judged_once():
+    """The fresh held-back set (not among the ten, captured after the tuning: tests/fixtures/fit_one_step),
+    judged once as it is. The real dumps at the end of the first backward predict what the whole hand
+    recording predicts; against the real runs, 9 of 14 whole-trace predictions lie inside FIT_MARGIN (12%):
+    the interval does not hold on this set (convnext_ln 8x +21.6%, gpt_ckpt_bf16 4x -19.9%, vae_conv 4x
+    -19.4% and 8x -14.8%)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import fit_one_step as bench
+
+    rows = [r for r in bench.rows(list(bench.dump_cases("new"))) if "err" in r]
+    back = [r for r in rows if r["cut"] == "backward"]
+    assert len(back) == 14 and all(abs(r["vs_whole"]) < 1e-3 for r in back)
+    inside = sum(abs(r["whole_err"]) <= fit.FIT_MARGIN for r in back)
+    assert inside == 9
+    worst = max(back, key=lambda r: abs(r["whole_err"]))
+    assert (worst["name"], worst["shape"]) == ("convnext_ln", "8x batch")
+    assert worst["whole_err"] == pytest.approx(0.216, abs=0.001)
