@@ -1246,6 +1246,8 @@ def own_curve(snap: Snapshot) -> dict | None:
         m = classify(snap)
     except NotAssessable:
         return None
+    if m.partial is not None:
+        return None  # the run's own curve reads whole steps; part of one needs its optimizer said (memq fit)
     try:
         base = predict(m, 1.0)
     except NotAssessable:
@@ -1267,6 +1269,9 @@ def own_curve_reason(snap: Snapshot) -> str:
         predict(m, 1.0)
     except NotAssessable as exc:
         return str(exc)
+    if m.partial is not None:
+        return (f"the trace holds the first step's {m.partial} only (no optimizer step): `memq fit --optimizer "
+                "NAME` predicts from it, the rest of the step inferred")
     return "the trace could not be replayed"
 
 

@@ -198,3 +198,10 @@ def test_four_new_families_judged_once():
     worst = max(back, key=lambda r: abs(r["whole_err"]))
     assert (worst["name"], worst["shape"]) == ("convnext_ln", "8x batch")
     assert worst["whole_err"] == pytest.approx(0.216, abs=0.001)
+
+
+def test_a_runs_own_curve_reads_whole_steps_and_says_why_not_part_of_one():
+    c = dump("vit_bf16", "backward")
+    assert fit.own_curve(c) is None
+    assert "first step's forward and backward only" in fit.own_curve_reason(c)
+    assert fit.own_curve(whole("vit_bf16")) is not None
