@@ -175,7 +175,37 @@ def main() -> None:
             print(f"{half}, cut after the first {part}: {inside}/{len(at24)} predictions at 2x and 4x within 3% "
                   f"(the whole trace: {w_in}/{len(at24)}); largest error at 2x-8x {worst * 100:.1f}%; largest "
                   f"difference from the whole trace's prediction {max(vs, default=0) * 100:.1f}%")
+    if args.set == "dumps" and args.half in ("new", "all"):
+        largest_rows()
     print(f"{took:.1f} s for all of it")
+
+
+def largest_rows() -> None:
+    """The new families' largest batch under their cap (real capped runs, bisected) against `memq fit`'s
+    from the whole hand recording and from the dump after the first backward, with the ranges (the cap
+    -/+ the margin)."""
+    cap = json.loads((ONE / "summary.json").read_text())
+    print("\n| model | cap | largest batch: real | whole recording (range) | dump after the first backward (range) |")
+    print("|---|---|---|---|---|")
+    exact = inside = n = 0
+    for fam, c in cap.get("caps", {}).items():
+        spec = cap["new_families"][fam]
+        b0, limit = spec["batch"], c["cap_bytes"]
+        srcs = {"whole": fit.classify(load_snapshot_file(str(ONE / "hand" / f"{fam}.pickle.gz"),
+                                                         max_bytes=1 << 32).snapshot),
+                "dump": fit.classify(load_snapshot_file(str(ONE / "dumps" / f"{fam}-dump.backward.pickle.gz"),
+                                                        max_bytes=1 << 32).snapshot, optimizer=spec["opt"])}
+        cells = []
+        for m in srcs.values():
+            best = fit.largest_unit(m, b0, limit, spec["opt"] if m.partial else None)
+            lo = fit.largest_unit(m, b0, int(limit * (1 - m.margin)), spec["opt"] if m.partial else None)
+            hi = fit.largest_unit(m, b0, int(limit * (1 + m.margin)), spec["opt"] if m.partial else None)
+            cells.append(f"{best} ({lo}-{hi})")
+            n += 1
+            exact += best == c["max_batch"]
+            inside += lo <= c["max_batch"] <= hi
+        print(f"| {fam} | {limit / GiB:.3f} GiB | {c['max_batch']} | {cells[0]} | {cells[1]} |")
+    print(f"largest batch exact {exact}/{n}, inside its range {inside}/{n}")
 
 
 if __name__ == "__main__":

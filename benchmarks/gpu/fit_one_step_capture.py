@@ -9,6 +9,7 @@
    length for the sequence one), a hand recording and step-1 dumps of the base shape.
 
     python3 fit_one_step_capture.py all --out DIR [--parallel 8] [--budget 420]
+    python3 fit_one_step_capture.py caps --summary DIR/summary.json --out DIR2 [--budget 300]
     python3 fit_one_step_capture.py job FAM --batch B --size S --mode plain|hand|dump --result R.json
         [--out-pickle P] [--steps N]
 """
@@ -166,8 +167,9 @@ def run_job(a) -> None:
         torch.cuda.memory._record_memory_history(max_entries=400_000)
     else:
         total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, ff.FENCE_BYTES / total), 0)
-        res["fence_bytes"] = ff.FENCE_BYTES
+        cap = a.cap_bytes or ff.FENCE_BYTES
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), 0)
+        res["cap_bytes" if a.cap_bytes else "fence_bytes"] = int(min(1.0, cap / total) * total)
     torch.manual_seed(0)
     model = build(a.family, a.size).to(dev)
     res["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -261,6 +263,57 @@ def main_all(a) -> None:
                 json.dump(summary, fh, indent=1)
 
 
+def main_caps(a) -> None:
+    """The new families' largest batch under a cap halfway between their 4x and 8x peaks (as
+    fit_families.py chooses it), bisected by real capped runs, the families in parallel."""
+    with open(a.summary) as fh:
+        summary = json.load(fh)
+    os.makedirs(os.path.join(a.out, "results"), exist_ok=True)
+    t0 = time.time()
+
+    def probe(fam, b, size, cap):
+        tag = f"{fam}-b{b}-s{size}-cap{cap}"
+        res_path = os.path.join(a.out, "results", tag + ".json")
+        cmd = [sys.executable, os.path.abspath(__file__), "job", fam, "--batch", str(b), "--size", str(size),
+               "--mode", "plain", "--steps", "6", "--result", res_path, "--cap-bytes", str(cap)]
+        try:
+            subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            with open(res_path) as fh:
+                return json.load(fh).get("outcome", "failed")
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            return "failed"
+
+    def family(fam):
+        spec = NEW[fam]
+        b0, s0 = spec["batch"], spec["size"]
+        runs = summary["runs"]
+        p4, p8 = runs[f"{fam}-b{4 * b0}-s{s0}"]["max_reserved"], runs[f"{fam}-b{8 * b0}-s{s0}"]["max_reserved"]
+        cap = (p4 + p8) // 2
+        probes = {}
+        lo, hi = 4 * b0, 8 * b0
+        for b in (lo, hi):
+            probes[b] = probe(fam, b, s0, cap)
+        if probes[lo] != "completed" or probes[hi] != "oom":
+            return fam, {"cap_bytes": cap, "probes": probes, "note": "the ends did not bracket"}
+        while hi - lo > 1 and time.time() - t0 < a.budget:
+            mid = (lo + hi) // 2
+            probes[mid] = probe(fam, mid, s0, cap)
+            if probes[mid] == "completed":
+                lo = mid
+            else:
+                hi = mid
+        return fam, {"cap_bytes": cap, "max_batch": lo, "max_batch_outcome": probes[lo],
+                     "next_outcome": probes.get(lo + 1, "not probed"), "probes": {str(k): v for k, v in probes.items()}}
+
+    out = {}
+    with ThreadPoolExecutor(len(NEW)) as ex:
+        for fam, res in ex.map(family, list(NEW)):
+            out[fam] = res
+            print(fam, res, flush=True)
+    with open(os.path.join(a.out, "caps.json"), "w") as fh:
+        json.dump({"elapsed_s": round(time.time() - t0, 1), "caps": out}, fh, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -268,6 +321,10 @@ def main() -> None:
     al.add_argument("--out", required=True)
     al.add_argument("--parallel", type=int, default=8)
     al.add_argument("--budget", type=float, default=420)
+    c = sub.add_parser("caps")
+    c.add_argument("--summary", required=True)
+    c.add_argument("--out", required=True)
+    c.add_argument("--budget", type=float, default=300)
     j = sub.add_parser("job")
     j.add_argument("family")
     j.add_argument("--batch", type=int, required=True)
@@ -276,9 +333,12 @@ def main() -> None:
     j.add_argument("--steps", type=int, default=6)
     j.add_argument("--result", required=True)
     j.add_argument("--out-pickle", default="")
+    j.add_argument("--cap-bytes", type=int, default=0)
     a = ap.parse_args()
     if a.cmd == "all":
         main_all(a)
+    elif a.cmd == "caps":
+        main_caps(a)
     else:
         run_job(a)
 
