@@ -30,6 +30,7 @@ no t x t matrix. A model that materialises attention scores grows faster than th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from memq.analysis import frames as fr
@@ -38,8 +39,12 @@ from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, All
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
 from memq.analysis.rules import (
     CAST_COVERAGE,
+    CUBLAS_WORKSPACE_BYTES,
+    CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
+    FORWARD_ONLY_MARGIN,
     MIDRUN_MARGIN,
+    ONE_STEP_REPEATS,
     STATE_BLOCKS,
     STATE_INFER_TOLERANCE,
     STATE_MULTIPLE,
@@ -84,12 +89,16 @@ class Measured:
     state_bytes: int = 0  # the recorded optimizer's state: allocated in the trace or live before it
     pre_state: tuple = ()  # (handle, bytes) of state blocks live before the trace began
     optimizer_inferred: bool = False  # the optimizer was read from its state's size, not named
+    partial: str | None = None  # a trace of part of the first step: what it holds (PARTIAL_*), the rest inferred
+    optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
 
     @property
     def margin(self) -> float:
-        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN)."""
-        return FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
+        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN; of the first
+        step's forward alone, FORWARD_ONLY_MARGIN)."""
+        base = FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
+        return max(base, FORWARD_ONLY_MARGIN) if self.partial == PARTIAL_FORWARD else base
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,9 @@ def recorded_optimizer(snap: Snapshot) -> str | None:
     return None
 
 
-def classify(snap: Snapshot) -> Measured:
+def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
+    """`optimizer`: of a trace that holds only part of its first step (no optimizer step yet), the
+    optimizer whose state and step the rest of the step adds (else the agent's, else AdamW, said so)."""
     from memq.analysis import whatif as wi
 
     if not snap.trace:
@@ -207,6 +218,8 @@ def classify(snap: Snapshot) -> Measured:
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
                      f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: +/-{FIT_MARGIN:.0%})")
+    if steps == 0:
+        return _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers)
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
@@ -224,6 +237,302 @@ def classify(snap: Snapshot) -> Measured:
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
                     step_ops=_step_ops(prog, rep.op_event, trace))
+
+
+
+# ------------------------------------------------------------------ one step, or part of one
+PARTIAL_FORWARD = "forward"
+# A library's own buffer, kept for the process (cuBLAS's workspace), by its C++ frame: at a cut inside a
+# step it is live beside the activations, and is not one. (cuDNN's frames are no such sign: a convolution's
+# output is allocated under them.)
+_KEPT_WORKSPACE = re.compile(r"getCUDABlasLtWorkspace|getCurrentCUDABlasHandle|[Ww]orkspace")
+PARTIAL_BACKWARD = "forward and backward"
+
+
+def _backward_entry(ev, has_python: bool) -> bool:
+    """An entry of the autograd engine: its frames (a Python `backward()`, `*Backward*`, the engine),
+    or no Python frames at all in a trace that records them elsewhere (the engine's thread has none)."""
+    py = python_frames(ev.frames)
+    if py:
+        return fr.is_backward(py)
+    return has_python and (not ev.frames or fr.is_backward(ev.frames))
+
+
+def _step_bounds(prog, op_event, trace, kinds) -> tuple[int, int, int | None]:
+    """(the op where the first training step begins, its first forward op, the op where its backward
+    begins or None): the step begins after the last parameter made before the first forward (the
+    model's build), the backward at the engine's first entry after that."""
+    has_python = any(python_frames(e.frames) for e in trace)
+    n_events = len(trace)
+    first_fwd = None
+    for i, e in enumerate(op_event):
+        if 0 <= e < n_events and any(fr.FORWARD_NAME.search(frame_name(f)) for f in python_frames(trace[e].frames)):
+            first_fwd = i
+            break
+    if first_fwd is None:
+        raise NotAssessable("the trace holds no forward pass of a training step: memq fit replays a recorded step "
+                            "(or part of one, from its forward on)")
+    start = 0
+    for i in range(first_fwd):
+        if prog.ops[i] == OP_ALLOC and kinds[prog.hid[i]] == PARAMETERS:
+            start = i + 1
+    for i in range(start, len(prog.ops)):
+        e = op_event[i]
+        if 0 <= e < n_events and prog.ops[i] == OP_ALLOC and _backward_entry(trace[e], has_python):
+            return start, first_fwd, i
+    return start, first_fwd, None
+
+
+def inferred_words(partial: str, opt: str, state: int, how: str) -> str:
+    """What `memq fit` says it inferred for a partial step (`how`: the optimizer was asked for, named in
+    the recording, or assumed)."""
+    said = {"assumed": " (assumed: no optimizer is named; give --optimizer)", "named": " (named in the recording)",
+            "asked": " (--optimizer)"}[how]
+    return (f"the trace holds the first step's {partial} only: the rest of the step is inferred; optimizer state "
+            f"inferred from parameters for {opt}{said}: {state / (1 << 20):.0f} MiB")
+
+
+def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers) -> Measured:
+    """A trace that holds the first step's forward (and maybe its backward) but no optimizer step: the
+    rest of the step is added from what the trace holds, and ONE_STEP_REPEATS steps repeat it, so that
+    the peak of a step that runs beside the optimizer's state is what is predicted:
+
+    - forward only: the forward's memory played backwards (a saved activation, what the forward left
+      live, freed where it was made; a temporary made again where it was freed), beside a chain of
+      activation gradients (one of each saved activation's size, the previous one freed) and one gradient
+      per parameter (all trainable: the trace cannot tell a frozen one), made as the walk goes;
+    - forward and backward: what the backward kept of a parameter's size are the gradients;
+    - the optimizer step: its state (STATE_MULTIPLE x each gradient, in STATE_BLOCKS blocks, made at the
+      first step and kept) and its temporaries (TEMP_MULTIPLE x each gradient, made and freed); then
+      zero_grad frees the gradients;
+    - ONE_STEP_REPEATS more steps: the recorded step's allocations (those it frees, its gradients and what
+      scales with the input) again, with the same tail.
+    The optimizer is the one asked for, else the one the agent named, else AdamW (said so)."""
+    prog, trace = rep.program, snap.trace
+    kinds = list(kinds)
+    start, first_fwd, bwd = _step_bounds(prog, rep.op_event, trace, kinds)
+    step_handles = []
+    for i in range(start, len(prog.ops)):
+        if prog.ops[i] == OP_ALLOC:
+            step_handles.append(prog.hid[i])
+    made = {prog.hid[i]: i for i in range(start, len(prog.ops)) if prog.ops[i] == OP_ALLOC}
+    param_sizes = {size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS and h not in made}
+    param_sizes |= {req for _a, h, req, _s in rep.start_live}
+    # cuBLAS's workspace (the rules' size, on Hopper and before it): kept for the process, made at the
+    # forward's first matrix product; in a trace of Python frames alone its size is all that tells it
+    lib_sizes = {CUBLAS_WORKSPACE_BYTES, int(CUBLAS_WORKSPACE_OLD_BYTES)}
+    companion = None  # the call site of cuBLAS's workspace: its next allocation there is cuBLASLt's
+    for h in step_handles:  # what the partial step left live: read by when it was made
+        site, companion = companion, None
+        if not is_open[h] or kinds[h] in (OPT_STATE, OPT_TEMP, CAST_COPY):
+            continue
+        ev = trace[ev_of[h]]
+        if site is not None and _call_site(ev.frames) == site:
+            kinds[h] = WORKSPACE
+        elif ev.frames and fr.categorize(ev.frames) == fr.PARAMETERS:
+            kinds[h] = PARAMETERS
+        elif is_workspace(size_of[h]) or any(_KEPT_WORKSPACE.search(frame_name(f)) for f in ev.frames or ()):
+            kinds[h] = WORKSPACE
+        elif size_of[h] in lib_sizes and (bwd is None or made[h] < bwd):
+            kinds[h] = WORKSPACE  # cuBLAS's kept workspace, made at the forward's first matrix product
+            lib_sizes.discard(size_of[h])
+            companion = _call_site(ev.frames)
+        elif bwd is not None and made[h] >= bwd:
+            # made by the engine and kept after it: a parameter's .grad, of a parameter's size (a library's
+            # buffer made on the engine's thread, frameless in a trace of Python frames, is not)
+            kinds[h] = GRADIENTS if not param_sizes or size_of[h] in param_sizes else WORKSPACE
+        else:  # the classes of the live blocks (provenance) read a whole step's end, not a cut inside one
+            kinds[h] = INPUT
+    grads = [h for h in step_handles if is_open[h] and kinds[h] == GRADIENTS]
+    if bwd is not None and not grads:
+        raise NotAssessable("the trace's backward kept no gradients (cut before its first one): a prediction needs "
+                            "its forward alone, or its backward to its end")
+    big = {size_of[g] for g in grads if size_of[g] >= MIN_BYTES}
+    for h in step_handles:  # as `classify` reads a whole step: a frameless temporary of a gradient's size
+        if not is_open[h] and kinds[h] == INPUT and size_of[h] in big and not python_frames(trace[ev_of[h]].frames):
+            kinds[h] = GRAD_TEMP
+    if not share:  # autocast's copies, now that the gradients (or, of a forward alone, the parameters) are known
+        counts: dict[int, int] = {}
+        for g in grads:
+            counts[size_of[g]] = counts.get(size_of[g], 0) + 1
+        share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, counts, big, notes)
+    partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
+    named = recorded_optimizer(snap)
+    opt = optimizer or named or "adamw"
+    assumed = optimizer is None and named is None
+    params = [size_of[h] for h in range(prog.n_handles) if kinds[h] == PARAMETERS]
+    params += [req for _a, h, req, _s in rep.start_live if kinds[h] in (PARAMETERS, KEPT)] if not params else []
+    if partial == PARTIAL_FORWARD and not params:
+        raise NotAssessable("the trace holds a forward pass but no parameters to size its gradients from")
+    out = _StepWriter(prog, kinds)
+    live_inputs = [h for h in step_handles if is_open[h] and kinds[h] in (INPUT, CAST_COPY)]
+    saved = set(live_inputs)
+    fwd1 = [(op, h) for op, h in zip(prog.ops[start:], prog.hid[start:], strict=True)
+            if op in (OP_ALLOC, OP_FREE) and (h in saved or h in made)]
+    fwd1 = [(op, h) for op, h in fwd1 if h in saved or not is_open[h]]
+    g1 = out.backward_mirror(fwd1, saved, params) if partial == PARTIAL_FORWARD else grads
+    g1 = _in_parameter_order(g1, params, out.size_of)
+    out.optimizer_step(g1, opt, first=True)
+    out.free_all(g1)  # zero_grad
+    kept = [h for h in live_inputs if h not in set(out.freed)]
+    # the step's loss is dropped; its input, made before the forward, when the next step's replaces it
+    batch = [h for h in kept if made[h] < first_fwd]
+    out.free_all([h for h in kept if made[h] >= first_fwd])
+    prev_batch = batch
+    for _ in range(ONE_STEP_REPEATS):
+        mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (INPUT, CAST_COPY, GRADIENTS),
+                             at=first_fwd, then=lambda b=prev_batch: out.free_all(b))
+        if partial == PARTIAL_FORWARD:
+            fwd2 = [(op, mapping[h]) for op, h in fwd1 if h in mapping]
+            g2 = out.backward_mirror(fwd2, {mapping[h] for h in saved if h in mapping}, params)
+        else:
+            g2 = [mapping[h] for h in grads if h in mapping]
+        g2 = _in_parameter_order(g2, params, out.size_of)
+        out.optimizer_step(g2, opt, first=False)
+        out.free_all(g2)
+        prev_batch = [mapping[b] for b in batch if b in mapping]
+        freed = set(out.freed)
+        out.free_all([mapping[h] for h in kept if h in mapping and h not in batch and mapping[h] not in freed])
+    grad_sizes = [out.size_of(h) for h in g1]
+    state = sum(out.size_of(h) for h in range(len(out.kinds)) if out.kinds[h] == OPT_STATE)
+    notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
+                                else "asked"))
+    from dataclasses import replace
+
+    extra = len(out.ops) - len(prog.ops)
+    new_rep = replace(rep, program=out.program(), op_event=list(rep.op_event) + [-1] * extra,
+                      recorded_alloc_addr=list(rep.recorded_alloc_addr) + [None] * extra)
+    param_bytes = sum(params)
+    return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
+                    cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
+                    gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
+                    partial=partial, optimizer_assumed=assumed)
+
+
+def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:
+    """The gradients in the parameters' order (the optimizer's and zero_grad's walk): each parameter, in the
+    order the model made them, takes the last-made unused gradient of its size (the backward runs about in
+    reverse); gradients no parameter claims follow, in reverse."""
+    pool: dict[int, list[int]] = {}
+    for g in grads:
+        pool.setdefault(size_of(g), []).append(g)
+    out = [pool[p].pop() for p in params if pool.get(p)]
+    taken = set(out)
+    return out + [g for g in reversed(grads) if g not in taken]
+
+
+class _StepWriter:
+    """Appends the inferred rest of a step to a compiled program (new handles get their kind)."""
+
+    def __init__(self, prog: Program, kinds: list[int]):
+        self.src = prog
+        self.ops, self.hid = list(prog.ops), list(prog.hid)
+        self.size, self.stream = list(prog.size), list(prog.stream)
+        self.kinds = list(kinds)
+        self.sizes: dict[int, int] = {h: s for op, h, s in zip(prog.ops, prog.hid, prog.size, strict=True)
+                                      if op == OP_ALLOC}
+        self.freed: list[int] = []
+
+    def size_of(self, h: int) -> int:
+        return self.sizes.get(h, 0)
+
+    def new(self, kind: int, b: int, stream: int = 0) -> int:
+        h = len(self.kinds)
+        self.kinds.append(kind)
+        self.sizes[h] = b
+        self.ops.append(OP_ALLOC), self.hid.append(h), self.size.append(b), self.stream.append(stream)
+        return h
+
+    def free(self, h: int) -> None:
+        self.ops.append(OP_FREE), self.hid.append(h), self.size.append(0), self.stream.append(0)
+        self.freed.append(h)
+
+    def free_all(self, hs) -> None:
+        for h in hs:
+            self.free(h)
+
+    def backward(self, saved: list[int], params: list[int]) -> list[int]:
+        """The saved activations walked in reverse: a gradient of each one's size made, the previous one
+        freed, the activation freed; the parameters' gradients made in reverse as the walk goes."""
+        grads: list[int] = []
+        prev = None
+        todo = list(reversed(params))
+        n = max(1, len(saved))
+        for i, a in enumerate(reversed(saved)):
+            t = self.new(self.kinds[a], self.size_of(a))
+            if prev is not None:
+                self.free(prev)
+            prev = t
+            while todo and len(grads) < len(params) * (i + 1) // n:
+                grads.append(self.new(GRADIENTS, todo.pop(0)))
+            self.free(a)
+        if prev is not None:
+            self.free(prev)
+        while todo:
+            grads.append(self.new(GRADIENTS, todo.pop(0)))
+        return grads
+
+    def backward_mirror(self, fwd: list[tuple[int, int]], saved: set[int], params: list[int]) -> list[int]:
+        """The forward's memory played backwards: its allocations (op, handle) reversed, a saved activation
+        freed where it was made, a temporary made again where it was freed and freed where it was made;
+        beside it the chain of gradients (one of each saved activation's size, the previous one freed)
+        and the parameters' gradients, made in reverse as the walk goes."""
+        grads: list[int] = []
+        todo = list(reversed(params))
+        n = max(1, len(saved))
+        again: dict[int, int] = {}
+        prev = None
+        done = 0
+        for op, h in reversed(fwd):
+            if op == OP_FREE:
+                again[h] = self.new(self.kinds[h], self.size_of(h))
+            elif h in again:
+                self.free(again.pop(h))
+            elif h in saved:
+                t = self.new(self.kinds[h], self.size_of(h))
+                if prev is not None:
+                    self.free(prev)
+                prev = t
+                done += 1
+                while todo and len(grads) < len(params) * done // n:
+                    grads.append(self.new(GRADIENTS, todo.pop(0)))
+                self.free(h)
+        if prev is not None:
+            self.free(prev)
+        self.free_all(list(again.values()))
+        while todo:
+            grads.append(self.new(GRADIENTS, todo.pop(0)))
+        return grads
+
+    def optimizer_step(self, grads: list[int], opt: str, first: bool) -> None:
+        """The state (first step) and the step's temporaries, per gradient in the order given (the
+        parameters', as the optimizer walks its groups)."""
+        mult, blocks, temp = STATE_MULTIPLE[opt], STATE_BLOCKS[opt], TEMP_MULTIPLE[opt]
+        if first and mult > 0:
+            per = blocks or 1
+            for g in grads:
+                for _ in range(per):
+                    self.new(OPT_STATE, max(1, int(self.size_of(g) * mult / per)))
+        if temp > 0:
+            self.free_all([self.new(OPT_TEMP, max(1, int(self.size_of(g) * temp))) for g in grads])
+
+    def repeat(self, start: int, again, at: int = -1, then=None) -> dict[int, int]:
+        """The recorded step's ops from `start` again, with new handles for the allocations `again`
+        accepts; their frees follow them; `then()` before op `at`. Returns old handle -> new."""
+        mapping: dict[int, int] = {}
+        src = self.src
+        for i in range(start, len(src.ops)):
+            if i == at and then is not None:
+                then()
+            op, h = src.ops[i], src.hid[i]
+            if op == OP_ALLOC and again(h):
+                mapping[h] = self.new(self.kinds[h], src.size[i], src.stream[i])
+            elif op == OP_FREE and h in mapping:
+                self.free(mapping[h])
+        return mapping
+
+    def program(self) -> Program:
+        return Program(ops=self.ops, hid=self.hid, size=self.size, stream=self.stream, n_handles=len(self.kinds))
 
 
 def _step_ops(prog, op_event, trace) -> tuple:
@@ -397,9 +706,17 @@ def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes
             params[req] = params.get(req, 0) + 1
     big_all = set(big) | set(params)
     halves = {s // 2 for s in big_all}
-    copies = set(_cast_copies(trace, kinds, size_of, ev_of, halves))
+    # stacks="all": autocast's own frame names the casts (of activations too: the half-size test stays), of
+    # any weight's size (a LoRA adapter's copy is 24 KiB), and nothing else is one (a float32 layer norm's
+    # output can be half a weight's size): the call-site heuristic is for traces of Python frames alone
+    cxx_frames = any(ev.frames and not frame_file(ev.frames[0]).endswith(".py") for ev in trace[:64])
+    copies = set() if cxx_frames else set(_cast_copies(trace, kinds, size_of, ev_of, halves))
+    if cxx_frames:
+        weights = {size_of[h] for h in range(len(kinds)) if kinds[h] == PARAMETERS} | set(grads)
+        weights |= {req for _a, _h, req, _s in rep.start_live}
+        halves = halves | {s // 2 for s in weights if s >= 2}
     cxx = False
-    for h in range(len(kinds)):  # stacks="all": autocast's own frame names the cast
+    for h in range(len(kinds)):
         if kinds[h] == INPUT and ev_of[h] >= 0 and size_of[h] in halves and _autocast_frame(trace[ev_of[h]].frames):
             copies.add(h)
             cxx = True
@@ -427,6 +744,16 @@ def _autocast_frame(frames) -> bool:
     return any("autocast" in frame_name(f) and "cast" in frame_name(f).rsplit("autocast", 1)[-1] for f in frames or ())
 
 
+# torch.nn.functional's ops that CUDA autocast runs in float32 (torch's "CUDA Ops that can autocast to
+# float32" list): their outputs and statistics are never half-precision weight copies, whatever their size
+# (a layer norm's output at 4 x 256 x 768 is half of a 768 x 2048 weight).
+AUTOCAST_FLOAT32_OPS = frozenset({
+    "layer_norm", "group_norm", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+    "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity", "pdist",
+    "cdist", "softplus",
+})
+
+
 def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     """Handles that look like autocast weight copies: per run of consecutive allocations at one
     call site, the first large one (not the run's last: that is the op's output) of half a
@@ -445,6 +772,9 @@ def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     for run in runs:
         if len(run) < 2 or not trace[ev_of[run[0]]].frames:
             continue
+        py = python_frames(trace[ev_of[run[0]]].frames)
+        if py and frame_name(py[0]) in AUTOCAST_FLOAT32_OPS:
+            continue  # autocast runs these in float32: nothing there is cast to half
         large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES // 2]  # half a weight of MIN_BYTES
         if large and size_of[large[0]] in halves and kinds[large[0]] == INPUT:
             out.append(large[0])
@@ -831,7 +1161,9 @@ def answer(m: Measured, q: Question) -> dict:
         "measured": {"peak_bytes": base.peak_reserved, "peak_allocated_bytes": base.peak_allocated,
                      "optimizer_steps": m.steps, "optimizer_inferred": m.optimizer_inferred,
                      "trace_from_start": m.covers_start,
-                     "autocast_copy_share": m.cast_share},
+                     "autocast_copy_share": m.cast_share,
+                     "partial_step": m.partial, "optimizer_assumed": m.optimizer_assumed},
+        "inferred": inferred_parts(m),
         "notes": list(m.notes),
     }
     if q.limit is None:
@@ -863,6 +1195,22 @@ def _search_unit(q: Question) -> tuple[str | None, int, float]:
     return None, 1, 1.0
 
 
+def inferred_parts(m: Measured) -> list[str]:
+    """What a prediction from part of a step took from outside the trace (empty for a whole step)."""
+    if m.partial is None:
+        return []
+    out = []
+    if m.partial == PARTIAL_FORWARD:
+        out += ["backward (the forward's memory played backwards, with a chain of activation gradients)",
+                "gradients from the parameters (all taken as trainable)"]
+    how = "assumed, no optimizer named" if m.optimizer_assumed else "named"
+    out += [f"optimizer state inferred from parameters for {m.optimizer} ({how}): "
+            f"{STATE_MULTIPLE[m.optimizer]:g}x the gradients' bytes",
+            f"optimizer step temporaries for {m.optimizer}: {TEMP_MULTIPLE[m.optimizer]:g}x the gradients' bytes",
+            f"{ONE_STEP_REPEATS} more steps like the first, beside the optimizer state"]
+    return out
+
+
 def _basis(m: Measured, q: Question, out: dict) -> str:
     what = []
     if q.batch is not None:
@@ -873,6 +1221,10 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
         what.append(f"optimizer {m.optimizer} -> {q.optimizer} (state {STATE_MULTIPLE[q.optimizer]:.2f}x the "
                     "parameter bytes, from the playbook)")
     shape = "; ".join(what) or "the measured shape"
+    if m.partial is not None:
+        return (f"the recorded first step's {m.partial} (no optimizer step in the trace), the rest of the step "
+                f"inferred ({'; '.join(inferred_parts(m))}), replayed through the allocator model with its "
+                f"input-sized allocations scaled {out['scale']:g}x ({shape}); interval +/-{m.margin:.0%}")
     return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
             f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
             f"state and autocast copies held at their measured size; interval +/-{m.margin:.0%}"
@@ -894,6 +1246,8 @@ def own_curve(snap: Snapshot) -> dict | None:
         m = classify(snap)
     except NotAssessable:
         return None
+    if m.partial is not None:
+        return None  # the run's own curve reads whole steps; part of one needs its optimizer said (memq fit)
     try:
         base = predict(m, 1.0)
     except NotAssessable:
@@ -915,6 +1269,9 @@ def own_curve_reason(snap: Snapshot) -> str:
         predict(m, 1.0)
     except NotAssessable as exc:
         return str(exc)
+    if m.partial is not None:
+        return (f"the trace holds the first step's {m.partial} only (no optimizer step): `memq fit --optimizer "
+                "NAME` predicts from it, the rest of the step inferred")
     return "the trace could not be replayed"
 
 

@@ -25,7 +25,7 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
     question, read = F.measured_shape(question, snap)
     try:
         F.check(question)
-        doc = F.answer(F.classify(snap), question)
+        doc = F.answer(F.classify(snap, optimizer=question.optimizer), question)
         if read:
             doc["notes"].append(read)
     except ValueError as exc:

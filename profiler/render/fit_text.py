@@ -86,9 +86,15 @@ def render_fit(doc: dict) -> str:
     if dom:
         lines.append("  the peak: " + ", ".join(f"{d['kind']} {fmt_bytes(d['bytes'])} ({d['share']:.0%})" for d in dom))
     meas = doc.get("measured") or {}
-    lines.append(f"  measured peak reserved {fmt_bytes(meas.get('peak_bytes'))} over {meas.get('optimizer_steps')} "
-                 "optimizer steps")
+    if meas.get("partial_step"):
+        lines.append(f"  modelled peak reserved {fmt_bytes(meas.get('peak_bytes'))} at the measured shape: the trace "
+                     f"holds the first step's {meas['partial_step']} only")
+    else:
+        lines.append(f"  measured peak reserved {fmt_bytes(meas.get('peak_bytes'))} over "
+                     f"{meas.get('optimizer_steps')} optimizer steps")
     lines.append(f"basis: {doc['basis']}")
+    for part in doc.get("inferred") or []:
+        lines.append(f"inferred: {safe_text(part)}")
     for n in doc.get("notes") or []:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"

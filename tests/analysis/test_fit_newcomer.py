@@ -192,8 +192,8 @@ def _with_autocast(raw: dict, state: str) -> fit.Measured:
 
 def test_the_agents_autocast_state_decides_the_weight_copies(monkeypatch):
     """bf16 GPT (autocast on): the agent's word holds the copies even where the coverage test alone
-    would not; float32 GPT (autocast off): no copies, though 48% of its weights' bytes have a
-    same-sized activation."""
+    would not; float32 GPT (autocast off): no copies, though 24% of its weights' bytes have a
+    same-sized activation (48% before the outputs of ops autocast runs in float32 were left out)."""
     import json
 
     truth = json.loads((FIX / "fit" / "truth.json").read_text())
@@ -208,7 +208,7 @@ def test_the_agents_autocast_state_decides_the_weight_copies(monkeypatch):
     monkeypatch.undo()
     off = _with_autocast(_warmup_raw("gpt_m"), "off")
     assert off.cast_share == 0.0 and fit.CAST_COPY not in off.kinds
-    assert warmup("gpt_m").cast_share > 0.4  # the coincidences the test of coverage had to reject
+    assert warmup("gpt_m").cast_share > 0.2  # the coincidences the test of coverage had to reject
     real_m = truth["gpt_m"]["runs"]["gpt_m-b16-t256"]["max_reserved"]
     assert abs(fit.predict(off, 8).peak_reserved - real_m) <= FIVE_BAR * real_m
 

@@ -578,10 +578,10 @@ def _measured(covers_start: bool) -> fit.Measured:
 
 
 @rule("FIT_MARGIN")
-def test_fit_interval_is_seventeen_percent_either_side():
+def test_fit_interval_is_twelve_percent_either_side():
     low, high = fit.interval(_measured(True), GiB)
-    assert low <= int(GiB * (1 - 0.169)) and high >= int(GiB * (1 + 0.169))
-    assert low > int(GiB * (1 - 0.171)) and high < int(GiB * (1 + 0.171))
+    assert low <= int(GiB * (1 - 0.119)) and high >= int(GiB * (1 + 0.119))
+    assert low > int(GiB * (1 - 0.121)) and high < int(GiB * (1 + 0.121))
 
 
 @rule("MIDRUN_MARGIN")
@@ -590,6 +590,17 @@ def test_fit_interval_of_a_mid_run_trace_is_seventeen_percent_either_side():
     assert low <= int(GiB * (1 - 0.169)) and high >= int(GiB * (1 + 0.169))
     assert low > int(GiB * (1 - 0.171)) and high < int(GiB * (1 + 0.171))
     assert rules.MIDRUN_MARGIN >= rules.FIT_MARGIN  # a trace cut mid-run is never better than a whole one
+
+
+@rule("FORWARD_ONLY_MARGIN")
+def test_fit_interval_of_a_forward_alone_is_forty_percent_either_side():
+    m = _measured(True)
+    m.partial = fit.PARTIAL_FORWARD
+    low, high = fit.interval(m, GiB)
+    assert low <= int(GiB * (1 - 0.399)) and high >= int(GiB * (1 + 0.399))
+    assert low > int(GiB * (1 - 0.401)) and high < int(GiB * (1 + 0.401))
+    m.partial = fit.PARTIAL_BACKWARD  # a whole backward: the whole trace's interval
+    assert fit.interval(m, GiB) == fit.interval(_measured(True), GiB)
 
 
 @rule("FIT_MIN_BYTES")
