@@ -55,7 +55,8 @@ KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
 SOURCE_WORDS = {
-    FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's)",
+    FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's, or a cache "
+              "the job declared)",
     FROM_FRAMES: "inferred from the trace: the stack that allocated it",
     FROM_TRACE: "inferred from the trace: when in the step it was made, and that it outlived it",
     FROM_SIZE: "inferred from the trace: no frames, its size (a parameter's, a cuBLAS workspace's)",
@@ -65,8 +66,10 @@ SOURCE_WORDS = {
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer_step"
 
+# An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
+# across its forward calls (ARCHITECTURE.md "Composition and phase").
 _ROLE_CLASS = {"parameter": fr.PARAMETERS, "buffer": fr.PARAMETERS, "gradient": fr.GRADIENTS,
-               "optimizer_state": fr.OPTIMIZER_STATE}
+               "optimizer_state": fr.OPTIMIZER_STATE, "cache": fr.PARAMETERS}
 ROLE_CLASSES = tuple(_ROLE_CLASS[r] for r in AGENT_ROLES)
 # State tensors per parameter of the same size, by optimizer (torch.optim's own classes).
 _STATE_PER_PARAM = (("adamw", 2), ("adamax", 2), ("nadam", 2), ("radam", 2), ("lamb", 2), ("adam", 2),
