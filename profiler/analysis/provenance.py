@@ -43,7 +43,7 @@ from memq.analysis.rules import (
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
-from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_name
+from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_line, frame_name
 
 # Where a class came from, as the screens say it.
 FROM_JOB = "job"  # the agent's roles: the job's optimizer or model holds this storage
@@ -447,9 +447,9 @@ def _in_module(frames: list, memo: dict) -> bool:
 def inference_calls(trace: list) -> list[tuple[int, int]]:
     """The forward calls of an inference trace, as [first, last] entry indices: runs of framed entries
     inside a module's call, told apart by the entries between them outside any (sampling the next token,
-    reordering a beam). Empty unless there are at least INFERENCE_MIN_CALLS of them and no entry of the
-    trace is backward or the optimizer step (a framed trace's frameless allocations are the autograd
-    engine's)."""
+    reordering a beam), after the trace's last backward or optimizer entry (a framed trace's frameless
+    allocations are the autograd engine's): a job that trains, then generates, generates after its last
+    step. Empty unless there are at least INFERENCE_MIN_CALLS of them."""
     if not trace:
         return []
     has_frames = any(ev.frames for ev in trace[:4000]) or any(ev.frames for ev in trace[-4000:])
@@ -463,15 +463,16 @@ def inference_calls(trace: list) -> list[tuple[int, int]]:
         if ev.action != "alloc" and ev.action != "free_requested":
             continue
         if not ev.frames:
-            if ev.action == "alloc":
-                return []  # the autograd engine's thread: a backward ran
+            if ev.action == "alloc":  # the autograd engine's thread: a backward ran; the calls come after it
+                spans, start = [], -1
             continue
         k = id(ev.frames)
         ph = phase_memo.get(k)
         if ph is None:
             ph = phase_memo[k] = event_phase(ev.frames, True)
         if ph != PHASE_FORWARD:
-            return []
+            spans, start = [], -1
+            continue
         if _in_module(ev.frames, memo):
             if start < 0:
                 start = i
@@ -490,7 +491,9 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list) -> set:
     call's start since its first (a cache is replaced or written in place; a list that keeps every call's
     output grows), and that kept a block across a call: made before a call began and freed inside a later
     one (a cache grown by concatenation, or reordered between tokens, is replaced while the model reads
-    it), or never freed (a static cache)."""
+    it), or never freed (a static cache). Blocks older than the trace that carry their own stack (a ring
+    buffer that lost their making) were kept across every call of it: those of a stack that holds at least
+    CACHE_MIN_BLOCKS of them are a cache too."""
     starts = [s for s, _ in calls]
     ends = [e for _, e in calls]
     site_of: dict[int, int] = {}  # address -> site (the id of its allocation's frames)
@@ -526,12 +529,21 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list) -> set:
     for site in list(seen_at):
         note(site, end)
     live_at_end: dict[int, list] = {}
+    older: dict[tuple, list] = {}
     for b in live:
         i = made.get(b.address, -1)
-        if i < 0 or b.address not in site_of:
+        if i < 0:
+            if b.frames:
+                key = tuple((frame_file(f), frame_line(f), frame_name(f)) for f in b.frames)
+                older.setdefault(key, []).append(b)
+            continue
+        if b.address not in site_of:
             continue
         live_at_end.setdefault(site_of[b.address], []).append(b)
     out: set = set()
+    for blocks in older.values():
+        if len(blocks) >= CACHE_MIN_BLOCKS:
+            out.update(b.address for b in blocks)
     for site, blocks in live_at_end.items():
         n = len(blocks)
         if n < CACHE_MIN_BLOCKS or site not in low or low[site] < n:

@@ -348,11 +348,35 @@ def test_a_cache_grown_by_concatenation_is_read_with_the_weights_from_two_forwar
 
 
 def test_a_trace_with_a_backward_holds_no_inference_cache():
-    """The same blocks in a trace that also runs a backward (a training job's forward calls with gradient
-    accumulation) are no cache: what is kept across its forward calls is for the backward."""
+    """The same blocks in a trace whose forward calls a backward follows (a training job's forward calls
+    with gradient accumulation) are no cache: what is kept across its forward calls is for the backward.
+    A backward before the calls (a job that trained, then generates) leaves them a cache."""
     snap, cache, _, _, _ = _generation(3, backward=True)
     classes = block_classes(snap)
     assert fr.PARAMETERS not in {classes[a].cls for a in cache}
+    snap, cache, _, _, _ = _generation(3)
+    bwd = [{"filename": "/x/torch/_tensor.py", "name": "backward", "line": 1}]
+    trace = [_ev("alloc", 1 << 30, MiB, bwd), _ev("free_requested", 1 << 30, MiB, bwd),
+             _ev("alloc", (1 << 30) + MiB, MiB, []), _ev("free_requested", (1 << 30) + MiB, MiB, [])] + snap.trace
+    live = [(b.address, b.size, b.frames) for seg in snap.segments for b in seg.blocks if b.is_live]
+    classes = block_classes(_synthetic(live, trace))
+    assert {(classes[a].cls, classes[a].source) for a in cache} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+
+
+def test_a_static_cache_older_than_a_ring_buffer_is_a_cache_by_its_own_stack():
+    """A ring buffer that lost the making of a static cache: its blocks are older than the trace but carry
+    their own stack (made outside the model, never freed); in an inference trace, a stack with several
+    of them is a cache; the prompt, alone at its stack, is the step's."""
+    snap, _, _, _, _ = _generation(3)
+    static_site = [{"filename": "/app/cache.py", "name": "__init__", "line": 5}] + GEN
+    prompt_site = [{"filename": "/app/generate.py", "name": "generate", "line": 3}]
+    base = 1 << 38
+    pre = [(base + k * 8 * MiB, 8 * MiB, static_site) for k in range(4)]
+    prompt = (base + 64 * MiB, 64 * 1024, prompt_site)
+    live = [(b.address, b.size, b.frames) for seg in snap.segments for b in seg.blocks if b.is_live]
+    classes = block_classes(_synthetic(live + pre + [prompt], snap.trace))
+    assert {(classes[a].cls, classes[a].source) for a, _, _ in pre} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+    assert classes[prompt[0]].cls != fr.PARAMETERS
 
 
 @rule("CACHE_MIN_BLOCKS")
