@@ -429,7 +429,9 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
             # the job named its parameters, gradients and optimizer state: what it did not name and no
             # frames explain is the step's (activations, inputs, kept outputs)
             out[b.address] = BlockClass(fr.ACTIVATIONS, BEFORE_TRACE, -1)
-        elif free_params.get(tensor_size(b), 0) > 0:
+        elif trace and free_params.get(tensor_size(b), 0) > 0:
+            # with no history at all, a frameless block of a parameter's size made while recording was
+            # off is as likely forward's output of that shape as a gradient: unknown (the roles say)
             free_params[tensor_size(b)] -= 1
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE, -1)
         else:
