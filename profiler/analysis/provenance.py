@@ -641,6 +641,8 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
                 site = "<known from the job: the optimizer's or the model's tensors>"
             elif bc and bc.source in _UNKNOWN_SITE:
                 site = _UNKNOWN_SITE[bc.source]
+            elif bc and bc.source == FROM_CACHE:  # with the weights in class, but said to be a cache
+                site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
             elif frames:
                 site = fr.stack_signature(frames)
             elif bc and bc.source == FROM_STATE:

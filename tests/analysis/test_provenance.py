@@ -486,6 +486,9 @@ def test_h200_inference_captures_read_their_weights_and_caches(job):
     cache = {a for a, bc in classes.items() if bc.source == pv.FROM_CACHE}
     kv = {b[0] for b in truth["blocks"] if b[2] == "kv_cache"}
     assert cache <= kv, job  # nothing else is called a cache
+    if cache:  # the composition says which of the parameters' bytes are a cache
+        sites = pv.composition(snap)[1][fr.PARAMETERS]
+        assert any(s["site"].startswith("<inference cache>") for s in sites), sites
     if not job.endswith("_loaded"):  # a cache made in the trace, or older than a ring, is read as one
         assert cache == kv, job
     # (older than a trace that covers generation from its start, it is with the weights: parameters)
