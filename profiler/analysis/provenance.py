@@ -173,11 +173,15 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False
+    seen_phase: dict = {}  # by frames list (traces share one per stack): an inference trace has no backward
     for i in range(len(trace) - 1, -1, -1):
         ev = trace[i]
         if ev.action != "alloc" and ev.action != "free_requested":
             continue
-        ph = event_phase(ev.frames, trace_has_frames)
+        k = id(ev.frames)
+        ph = seen_phase.get(k, "")
+        if ph == "":
+            ph = seen_phase[k] = event_phase(ev.frames, trace_has_frames)
         if ph == PHASE_BACKWARD:
             last_bwd = i
             break
@@ -457,23 +461,31 @@ def inference_calls(trace: list) -> list[tuple[int, int]]:
     has_frames = any(ev.frames for ev in trace[:4000]) or any(ev.frames for ev in trace[-4000:])
     if not has_frames:
         return []
-    memo: dict = {}
+    # from the end back to the last backward or optimizer entry: a training trace stops at once
+    begin = 0
     phase_memo: dict = {}
-    spans: list[tuple[int, int]] = []
-    start = last = -1
-    for i, ev in enumerate(trace):
+    for i in range(len(trace) - 1, -1, -1):
+        ev = trace[i]
         if ev.action != "alloc" and ev.action != "free_requested":
             continue
         if not ev.frames:
-            if ev.action == "alloc":  # the autograd engine's thread: a backward ran; the calls come after it
-                spans, start = [], -1
+            if ev.action == "alloc":  # the autograd engine's thread: a backward ran
+                begin = i + 1
+                break
             continue
         k = id(ev.frames)
         ph = phase_memo.get(k)
         if ph is None:
             ph = phase_memo[k] = event_phase(ev.frames, True)
         if ph != PHASE_FORWARD:
-            spans, start = [], -1
+            begin = i + 1
+            break
+    memo: dict = {}
+    spans: list[tuple[int, int]] = []
+    start = last = -1
+    for i in range(begin, len(trace)):
+        ev = trace[i]
+        if (ev.action != "alloc" and ev.action != "free_requested") or not ev.frames:
             continue
         if _in_module(ev.frames, memo):
             if start < 0:
