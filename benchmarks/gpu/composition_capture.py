@@ -13,7 +13,11 @@ step's own figures), or in the middle of generation (inference: bf16 weights and
 Variants: eager and `torch.compile`, fp32 and bf16 autocast, stacks "python", "all" and none (a trace
 without frames), recording from the start, from the dump step on (the model and optimizer older than
 the trace), a short ring buffer (the step's start fell out of it), the memq agent's default (recorded
-warm-up steps, then paused: no trace), and never.
+warm-up steps, then paused: no trace), and never. Inference (`cache`): a static cache made before
+generation by the job's code or by a cache class, a cache grown by concatenation per token (as
+transformers' DynamicCache), beam search reordering it between tokens outside the model, and an
+evaluation loop with no cache that keeps every call's output; bf16, fp16 or fp32 weights (`dtype`). The
+job declares its cache to the agent (`memq.agent.roles.declare`), as a user would.
 
 Truth, per job (DIR/<job>/truth.json), taken at the dump from the objects that own the memory:
 - `roles`: [address, nbytes, role] of every storage the job holds: parameter, buffer, gradient,
