@@ -201,7 +201,9 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
                                     and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)])
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
-    caches = _cache_blocks(trace, made, calls, live) if calls else set()
+    sites: set = set()
+    caches = _cache_blocks(trace, made, calls, live, sites) if calls else set()
+    snap.memo["cache_sites"] = frozenset(sites)
     out: dict[int, BlockClass] = {}
     undecided = []
     predating = []  # older than the trace, no frames of their own, no role: decided by evidence below
@@ -442,6 +444,13 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
             out[b.address] = BlockClass(fr.UNKNOWN, BEFORE_TRACE if trace else NO_TRACE, -1)
 
 
+def cache_sites(snap: Snapshot) -> frozenset:
+    """The allocation sites of the snapshot's inference cache, as the ids of trace entries' frames lists:
+    a timeline draws every block they made, freed or live, as the cache (parameters' class)."""
+    block_classes(snap)
+    return snap.memo.get("cache_sites", frozenset())
+
+
 def _in_module(frames: list, memo: dict) -> bool:
     k = id(frames)
     got = memo.get(k)
@@ -499,7 +508,7 @@ def inference_calls(trace: list) -> list[tuple[int, int]]:
     return spans if len(spans) >= INFERENCE_MIN_CALLS else []
 
 
-def _cache_blocks(trace: list, made: dict, calls: list, live: list) -> set:
+def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) -> set:
     """Addresses of the live blocks that are an inference cache: blocks of an allocation site (one stack)
     that keeps at least CACHE_MIN_BLOCKS of them live at the end, no more than it held at every forward
     call's start since its first (a cache is replaced or written in place; a list that keeps every call's
@@ -507,7 +516,8 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list) -> set:
     one (a cache grown by concatenation, or reordered between tokens, is replaced while the model reads
     it), or never freed (a static cache). Blocks older than the trace that carry their own stack (a ring
     buffer that lost their making) were kept across every call of it: those of a stack that holds at least
-    CACHE_MIN_BLOCKS of them are a cache too."""
+    CACHE_MIN_BLOCKS of them are a cache too. Adds to `sites` the cache's allocation sites (the ids of
+    their trace entries' frames lists), whose earlier blocks, freed as the cache grew, were the cache too."""
     starts = [s for s, _ in calls]
     ends = [e for _, e in calls]
     site_of: dict[int, int] = {}  # address -> site (the id of its allocation's frames)
@@ -555,16 +565,20 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list) -> set:
             continue
         live_at_end.setdefault(site_of[b.address], []).append(b)
     out: set = set()
+    named = (fr.OPTIMIZER_STATE, fr.WORKSPACE_CAT, fr.GRADIENTS, fr.PARAMETERS)  # frames say what these are
     for blocks in older.values():
-        if len(blocks) >= CACHE_MIN_BLOCKS:
+        if len(blocks) >= CACHE_MIN_BLOCKS and fr.categorize(blocks[0].frames) not in named:
             out.update(b.address for b in blocks)
     for site, blocks in live_at_end.items():
         n = len(blocks)
         if n < CACHE_MIN_BLOCKS or site not in low or low[site] < n:
             continue
+        if fr.categorize(trace[made[blocks[0].address]].frames) in named:
+            continue
         kept = any(bisect.bisect_right(starts, made[b.address]) < len(starts) for b in blocks)
         if site in crossed or kept:
             out.update(b.address for b in blocks)
+            sites.add(site)
     return out
 
 

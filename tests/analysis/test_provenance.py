@@ -506,3 +506,23 @@ def test_with_no_history_a_block_of_a_parameters_size_is_not_called_its_gradient
     classes = block_classes(_synthetic([(p1, 64 * MiB, []), (extra, 64 * MiB, [])] + state, []))
     assert (classes[p1].cls, classes[p1].source) == (fr.PARAMETERS, pv.FROM_STATE)
     assert (classes[extra].cls, classes[extra].source) == (fr.UNKNOWN, pv.NO_TRACE)
+
+
+def test_the_timeline_draws_a_growing_cache_as_the_cache_from_its_first_block():
+    """A cache grown by concatenation is replaced every token: the blocks freed on the way were the cache
+    too, so the snapshot page's timeline draws every block of its allocation sites in the class the live
+    cache has (parameters), not as activations."""
+    from memq.web.snapshot_view import _Stacks, category_timeline
+
+    job = H200 / "infer_dyn_bf16_py_start"
+    snap = _snap(job / "snapshot.pickle.gz")
+    sites = pv.cache_sites(snap)
+    made = [ev for ev in snap.trace if ev.action == "alloc" and id(ev.frames) in sites]
+    assert len(sites) == 2 and len(made) > 300  # keys and values, a new block per layer and token
+    tl = category_timeline(snap, _Stacks(), 0)
+    cats = tl["categories"]
+    # half way through generation the cache (some 97% of its final size) is counted with the weights
+    truth = json.loads((job / "truth.json").read_text())
+    cache_bytes = sum(b[1] for b in truth["blocks"] if b[2] == "kv_cache")
+    mid = tl["levels"][len(tl["levels"]) // 2]
+    assert mid[cats.index(fr.PARAMETERS)] >= truth["param_bytes"] + 0.9 * cache_bytes
