@@ -6,7 +6,9 @@ tuning half and the held-back half by a fixed rule: the first hex digit of the s
 uncompressed pickle, 0-7 tuning, 8-f held back.
 
     python benchmarks/composition_truth.py [--extra DIR]
-    python benchmarks/composition_truth.py --gpu DIR   (the captures of benchmarks/gpu/composition_capture.py)
+    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back]
+        (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
+        "+roles -cache" without the inference cache the job declared)
 
 `--extra DIR` adds the public snapshots that cannot be checked in (no licence), fetched as
 tests/fixtures/public_snapshots/README.md says. Truth: tests/fixtures/public_snapshots/truth.json.
@@ -78,13 +80,14 @@ def _pred_phase(bc, snap, has_frames: bool) -> str:
     return event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"
 
 
-def score_gpu(job_dir: Path, with_roles: bool) -> dict:
+def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
     """One capture of benchmarks/gpu/composition_capture.py against the truth taken from its tensors:
     the share of live bytes whose class is right, block by block (truth `other`, a step's leftovers,
     is right as other or activations); the share whose allocation phase is right (a block made before
     the first step, `setup`, is right as anything but backward or the optimizer step; one older than
     the trace only as before_trace); the peak's phase. `with_roles`: the roles the agent sent with it
-    (the capture's `agent_roles`) are given to the analysis, as at the agent's defaults."""
+    (the capture's `agent_roles`) are given to the analysis, as at the agent's defaults; `declared`
+    False: without the cache the job declared (a job that declared none)."""
     from dataclasses import replace
 
     from memq.analysis import analyze
@@ -97,7 +100,12 @@ def score_gpu(job_dir: Path, with_roles: bool) -> dict:
     if with_roles:
         if not isinstance(roles.get("ranges"), list):
             return {}
-        snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in roles["ranges"])))
+        from memq.model import AGENT_ROLES
+
+        ranges = [r for r in roles["ranges"] if declared or r[2] != AGENT_ROLES.index("cache")]
+        if not declared and len(ranges) == len(roles["ranges"]):
+            return {}  # nothing was declared: the same as with the roles
+        snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
     classes = block_classes(snap)
     has_frames = any(ev.frames for ev in snap.trace)
     total = right = right_phase = 0
@@ -149,26 +157,29 @@ def _trace_peak_phase(snap, truth: dict) -> str | None:
     return GPU_PHASE.get(name, name)
 
 
-def main_gpu(folder: Path) -> int:
+def main_gpu(folder: Path, only_half: str | None = None) -> int:
     rows = []
     for job_dir in sorted(p for p in folder.iterdir() if (p / "truth.json").exists()):
         half = "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
-        for roles in (False, True):
-            r = score_gpu(job_dir, roles)
+        if only_half and half != only_half:
+            continue
+        for roles, declared, tag in ((False, True, ""), (True, True, " +roles"), (True, False, " +roles -cache")):
+            r = score_gpu(job_dir, roles, declared)
             if r:
-                rows.append((half, job_dir.name + (" +roles" if roles else ""), r))
+                rows.append((half, job_dir.name + tag, r))
     print(f"{'half':10} {'capture':44} {'live':>8} {'class':>7} {'phase':>7} {'peak':>16}  wrong (GiB)")
     for half, name, r in sorted(rows, key=lambda x: (x[0] != "tuning", x[1])):
         peak = f"{r['peak_phase']}/{r['peak_truth']}" if r["peak_right"] is not None else "(not scored)"
         print(f"{half:10} {name:44} {r['live_gib']:6.2f}Gi {r['class_share']:7.1%} {r['phase_share']:7.1%} "
               f"{peak:>16}  {r['wrong_gib']}")
     for half in ("tuning", "held-back"):
-        for roles in (False, True):
-            got = [r for h, n, r in rows if h == half and n.endswith("+roles") == roles]
+        for tag, words in (("", ""), (" +roles", " with the agent roles"),
+                           (" +roles -cache", " with the agent roles, no cache declared")):
+            got = [r for h, n, r in rows if h == half and n.endswith(tag) and (tag or "+roles" not in n)]
             if got:
                 peaks = [r["peak_right"] for r in got if r["peak_right"] is not None]
                 mean = sum(r["class_share"] for r in got) / len(got)
-                print(f"{half}{' with the agent roles' if roles else ''}: {len(got)} captures, class share worst "
+                print(f"{half}{words}: {len(got)} captures, class share worst "
                       f"{min(r['class_share'] for r in got):.1%} mean {mean:.1%}; "
                       f"phase share worst {min(r['phase_share'] for r in got):.1%}; peak phase right "
                       f"{sum(peaks)}/{len(peaks)}")
@@ -178,11 +189,13 @@ def main_gpu(folder: Path) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--extra", type=Path, default=None)
+    ap.add_argument("--half", choices=("tuning", "held-back"), default=None,
+                    help="with --gpu: score one half only (tune on the tuning half; the held-back half once)")
     ap.add_argument("--gpu", type=Path, default=None,
                     help="a benchmarks/gpu/composition_capture.py --out folder: score its captures instead")
     args = ap.parse_args()
     if args.gpu is not None:
-        return main_gpu(args.gpu)
+        return main_gpu(args.gpu, args.half)
     truth = json.loads(TRUTH.read_text())
     rows = []
     for name, t in truth["snapshots"].items():

@@ -28,8 +28,10 @@ RUN_STATUSES = ("running", "completed", "crashed", "oom")
 Frames = list  # list of frame dicts; empty when no stack was recorded
 
 # The roles the agent reports for the tensors it can see (agent/roles.py sends their index): the
-# optimizer's parameters, their `.grad`, `optimizer.state`, the model's buffers.
-AGENT_ROLES = ("parameter", "gradient", "optimizer_state", "buffer")
+# optimizer's parameters, their `.grad`, `optimizer.state`, the model's buffers, and the inference
+# caches (a KV cache) the job declared (agent.roles.declare). New roles go at the end: an index once
+# sent keeps its meaning.
+AGENT_ROLES = ("parameter", "gradient", "optimizer_state", "buffer", "cache")
 
 
 def frame_name(frame: Any) -> str:

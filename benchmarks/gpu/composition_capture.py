@@ -13,7 +13,11 @@ step's own figures), or in the middle of generation (inference: bf16 weights and
 Variants: eager and `torch.compile`, fp32 and bf16 autocast, stacks "python", "all" and none (a trace
 without frames), recording from the start, from the dump step on (the model and optimizer older than
 the trace), a short ring buffer (the step's start fell out of it), the memq agent's default (recorded
-warm-up steps, then paused: no trace), and never.
+warm-up steps, then paused: no trace), and never. Inference (`cache`): a static cache made before
+generation by the job's code or by a cache class, a cache grown by concatenation per token (as
+transformers' DynamicCache), beam search reordering it between tokens outside the model, and an
+evaluation loop with no cache that keeps every call's output; bf16, fp16 or fp32 weights (`dtype`). The
+job declares its cache to the agent (`memq.agent.roles.declare`), as a user would.
 
 Truth, per job (DIR/<job>/truth.json), taken at the dump from the objects that own the memory:
 - `roles`: [address, nbytes, role] of every storage the job holds: parameter, buffer, gradient,
@@ -101,9 +105,30 @@ JOBS: dict[str, dict] = {
                                        compile=True, batch=16),
     "infer_bf16_all_loaded": J(dump="generate", record="dump_step", stacks="all", infer=True),
     "infer_bf16_py_start": J(dump="generate", record="start", stacks="python", infer=True),
+    # inference variants (2026-12-04, second set): a cache that grows by concatenation per token (as
+    # transformers' DynamicCache), a static cache made by its own class before the trace or inside it, a
+    # beam search that reorders the cache between tokens (outside the model), fp16 and fp32 weights, a
+    # ring buffer that lost the cache's making, a trace without frames, no trace at all
+    "infer_dyn_bf16_py_start": J(dump="generate", record="start", stacks="python", infer=True, cache="dynamic"),
+    "infer_dyn_fp16_all_loaded": J(dump="generate", record="dump_step", stacks="all", infer=True,
+                                   cache="dynamic", dtype="fp16"),
+    "infer_beam_bf16_py_start": J(dump="generate", record="start", stacks="python", infer=True, cache="beam"),
+    "infer_beam_bf16_all_loaded": J(dump="generate", record="dump_step", stacks="all", infer=True,
+                                    cache="beam"),
+    "infer_static_fp32_py_loaded": J(dump="generate", record="dump_step", stacks="python", infer=True,
+                                     cache="static_class", dtype="fp32"),
+    "infer_static_bf16_py_ring": J(dump="generate", record="ring", stacks="python", infer=True,
+                                   cache="static_class", max_entries=2500),
+    "infer_dyn_bf16_py_ring": J(dump="generate", record="ring", stacks="python", infer=True, cache="dynamic",
+                                max_entries=2500),
+    "infer_dyn_bf16_none_start": J(dump="generate", record="start", stacks="none", infer=True, cache="dynamic"),
+    "infer_dyn_bf16_off": J(dump="generate", record="off", stacks="python", infer=True, cache="dynamic"),
+    # no cache: an evaluation loop of forward calls under no_grad that keeps every batch's last-token
+    # scores in a growing list (nothing kept across its calls is a cache)
+    "infer_eval_bf16_py_start": J(dump="generate", record="start", stacks="python", infer=True, cache="none"),
 }
 DEFAULTS = dict(amp=False, compile=False, optimizer="adamw", dump_step=2, warm=2, batch=BATCH, accum=1,
-                max_entries=200_000, infer=False)
+                max_entries=200_000, infer=False, cache="static", dtype="bf16")
 
 
 def spec_of(name: str) -> dict:
@@ -250,6 +275,9 @@ def run_job(name: str, out: str) -> None:
             q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, HEADS, D // HEADS).transpose(1, 3).unbind(2)
             if cache is None:
                 a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            elif not torch.is_tensor(cache[0]):  # (a growing cache object, this layer's index)
+                ck, cv = cache[0].update(cache[1], k, v)
+                a = F.scaled_dot_product_attention(q, ck, cv, is_causal=t > 1)
             else:
                 ck, cv = cache
                 ck[:, :, pos:pos + t] = k
@@ -272,7 +300,8 @@ def run_job(name: str, out: str) -> None:
             t = idx.shape[1]
             x = self.emb(idx) + self.pos(torch.arange(pos, pos + t, device=idx.device)) * self.scale
             for i, blk in enumerate(self.blocks):
-                x = blk(x, None if caches is None else caches[i], pos)
+                c = None if caches is None else caches[i] if isinstance(caches, list) else (caches, i)
+                x = blk(x, c, pos)
             return self.head(self.lnf(x))
 
     model = GPT().to(dev)
@@ -331,6 +360,8 @@ def run_job(name: str, out: str) -> None:
         except Exception as exc:  # noqa: BLE001
             return {"error": f"memq not importable: {exc}"}
         try:
+            if cur.get("cache_obj") is not None and hasattr(agent_roles_mod, "declare"):
+                agent_roles_mod.declare(cur["cache_obj"], "cache")  # what a user of the agent would write
             return agent_roles_mod.collect(opt, model, device_types=(dev.type,))
         except Exception as exc:  # noqa: BLE001
             return {"error": repr(exc)}
@@ -435,16 +466,64 @@ def run_job(name: str, out: str) -> None:
         if is_dump and spec["dump"] == "after_step":
             dump("after_step")
 
+    class DynCache:
+        """A cache that grows by concatenation per token, one key and one value tensor per layer (as
+        transformers' DynamicCache); a beam search reorders it between tokens."""
+
+        def __init__(self):
+            self.keys, self.values = [], []
+
+        def update(self, i, k, v):
+            if len(self.keys) <= i:
+                self.keys.append(k.contiguous())
+                self.values.append(v.contiguous())
+            else:
+                self.keys[i] = torch.cat([self.keys[i], k], dim=2)
+                self.values[i] = torch.cat([self.values[i], v], dim=2)
+            return self.keys[i], self.values[i]
+
+        def reorder(self, idx):
+            for i in range(len(self.keys)):
+                self.keys[i] = self.keys[i].index_select(0, idx)
+                self.values[i] = self.values[i].index_select(0, idx)
+
+    class StaticCache:
+        """A cache allocated whole before generation, written in place (as transformers' StaticCache)."""
+
+        def __init__(self, layers, shape, dtype):
+            self.layers = []
+            for _ in range(layers):
+                self.layers.append((torch.zeros(shape, device=dev, dtype=dtype),
+                                    torch.zeros(shape, device=dev, dtype=dtype)))
+
     try:
         if spec["infer"]:
-            model.to(torch.bfloat16).eval()
+            dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec["dtype"]]
+            model.to(dt).eval()
             result["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
             pb, plen, gen = 8, 512, 64
-            caches = [(torch.zeros(pb, HEADS, plen + gen, D // HEADS, device=dev, dtype=torch.bfloat16),
-                       torch.zeros(pb, HEADS, plen + gen, D // HEADS, device=dev, dtype=torch.bfloat16))
-                      for _ in range(LAYERS)]
-            for k, v in caches:
-                extra.extend([(k, "kv_cache"), (v, "kv_cache")])
+            beams = 4 if spec["cache"] == "beam" else 1
+            cache_obj = None
+            if spec["cache"] == "static":
+                caches = [(torch.zeros(pb, HEADS, plen + gen, D // HEADS, device=dev, dtype=dt),
+                           torch.zeros(pb, HEADS, plen + gen, D // HEADS, device=dev, dtype=dt))
+                          for _ in range(LAYERS)]
+            elif spec["cache"] == "static_class":
+                cache_obj = StaticCache(LAYERS, (pb, HEADS, plen + gen, D // HEADS), dt)
+                caches = cache_obj.layers
+            elif spec["cache"] == "none":
+                caches = None
+            else:
+                caches = cache_obj = DynCache()
+            cur["cache_obj"] = cache_obj if cache_obj is not None else caches
+
+            def cache_tensors():
+                if caches is None:
+                    return []
+                if isinstance(caches, list):
+                    return [t for kv in caches for t in kv]
+                return caches.keys + caches.values
+
             if spec["record"] == "dump_step":
                 record(True)
             cur["dump"] = True
@@ -453,14 +532,39 @@ def run_job(name: str, out: str) -> None:
             cur["marker_t_us"] = time.time() * 1e6
             del m
             with torch.no_grad():
-                prompt = torch.randint(0, VOCAB, (pb, plen), device=dev)
+                prompt = torch.randint(0, VOCAB, (pb // beams, plen), device=dev)
+                if beams > 1:
+                    prompt = prompt.repeat_interleave(beams, 0)
                 extra.append((weakref.ref(prompt), "input"))
                 boundaries.append([time.time() * 1e6, "forward"])
                 cur["phase"] = "forward"
-                tok = fwd(prompt, caches, 0)[:, -1:].argmax(-1)
-                for i in range(gen // 2):
-                    tok = fwd(tok, caches, plen + i)[:, -1:].argmax(-1)
-                extra.append((weakref.ref(tok), "output"))
+                if caches is None:  # an evaluation loop: a batch per call, every batch's scores kept
+                    kept = []
+                    for i in range(8):
+                        g = torch.Generator(device="cpu").manual_seed(100 + i)
+                        xb = torch.randint(0, VOCAB, (pb, plen), generator=g).to(dev)
+                        kept.append(fwd(xb)[:, -1].float())
+                    extra.extend((weakref.ref(t), "output") for t in kept)
+                elif beams == 1:
+                    tok = fwd(prompt, caches, 0)[:, -1:].argmax(-1)
+                    for i in range(gen // 2):
+                        tok = fwd(tok, caches, plen + i)[:, -1:].argmax(-1)
+                    extra.append((weakref.ref(tok), "output"))
+                else:  # beam search: the best `beams` continuations of each prompt, the cache reordered
+                    scores = torch.zeros(pb, device=dev)
+                    seqs, inp, pos = prompt, prompt, 0
+                    for _ in range(gen // 2):
+                        logp = fwd(inp, caches, pos)[:, -1].float().log_softmax(-1) + scores[:, None]
+                        pos += inp.shape[1]
+                        top, idx = logp.view(pb // beams, -1).topk(beams, dim=-1)
+                        rows = (idx // VOCAB + torch.arange(0, pb, beams, device=dev)[:, None]).view(-1)
+                        inp = (idx % VOCAB).view(-1, 1)
+                        scores = top.view(-1)
+                        caches.reorder(rows)
+                        seqs = torch.cat([seqs.index_select(0, rows), inp], 1)
+                    extra.extend([(weakref.ref(seqs), "output"), (weakref.ref(scores), "output"),
+                                  (weakref.ref(inp), "output")])
+                extra.extend((t, "kv_cache") for t in cache_tensors())
                 peaks["forward"] = cu.max_memory_allocated(dev)
                 dump("generate")
             result["outcome"] = "completed"
@@ -658,6 +762,7 @@ def selftest() -> None:
                               "oom_backward", "generate"), name
         assert sp["record"] in ("start", "dump_step", "ring", "agent", "off"), name
         assert sp["stacks"] in ("python", "all", "none"), name
+        assert sp["cache"] in ("static", "static_class", "dynamic", "beam", "none"), name
     print(f"selftest ok ({len(JOBS)} jobs)")
 
 

@@ -1,6 +1,9 @@
 """The roles of the tensors the agent can see, as address ranges sent with each snapshot
 (ARCHITECTURE.md "Composition and phase"): the optimizer's parameters, their `.grad`, the tensors in
-`optimizer.state`, and the model's parameters and buffers when the job passed its model.
+`optimizer.state`, and the model's parameters and buffers when the job passed its model; and the
+inference caches the job declared: `memq.agent.roles.declare(cache)` once, where `cache` is the object
+that holds a KV cache (transformers' `DynamicCache` or `StaticCache`, a list of tensors, a tensor):
+its tensors are read again at every snapshot, so a cache that grows by concatenation is followed.
 
 The analysis reads these first (profiler/analysis/provenance.py): a live block that holds one of these
 storages is that class, "known from the job", whatever its frames say or whenever it was made.
@@ -17,13 +20,37 @@ import: the tensors come from the job's own objects.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from memq.model import AGENT_ROLES as ROLES  # the analysis reads the same table
 
-PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER = range(len(ROLES))
+PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER, CACHE = range(len(ROLES))
 MAX_RANGES = 200_000  # beyond this the list is cut (and says so): a snapshot's metadata stays bounded
 SCHEMA = 1
+MAX_DECLARED = 64  # declared holders kept (the oldest are dropped): a job declares a cache or two
+# Declared holders: weak references where the object takes one (a cache object, a tensor), else weak
+# references to the tensors it held when declared (a list or a tuple cannot be referenced weakly), so
+# that declaring never keeps a cache alive.
+_declared: list = []
+
+
+def declare(holder: Any, role: str = "cache") -> bool:
+    """Declares what `holder` holds (its tensors, in its attributes, lists, tuples and dicts, a few levels
+    deep) to be `role` (only "cache": an inference cache) at every later snapshot. Returns whether it was
+    kept; never raises."""
+    if role != "cache" or holder is None:
+        return False
+    try:
+        try:
+            refs = (weakref.ref(holder),)
+        except TypeError:
+            refs = tuple(weakref.ref(t) for t in _tensors(holder, 0, 5))
+        _declared.append(refs)
+        del _declared[:-MAX_DECLARED]
+        return True
+    except Exception:  # noqa: BLE001 - a holder whose tensors take no weak reference: nothing declared
+        return False
 
 
 def _storage_range(t: Any, device_types: tuple) -> tuple[int, int] | None:
@@ -46,25 +73,28 @@ def _storage_range(t: Any, device_types: tuple) -> tuple[int, int] | None:
     return ptr, n
 
 
-def _tensors(obj: Any, depth: int = 0):
-    """Tensors in an optimizer state value: a tensor, or lists, tuples and dicts of them."""
-    if depth > 3:
+def _tensors(obj: Any, depth: int = 0, max_depth: int = 3):
+    """Tensors in an optimizer state value: a tensor, or lists, tuples and dicts of them; with a larger
+    max_depth (a declared cache) also the attributes of plain objects."""
+    if depth > max_depth:
         return
     if hasattr(obj, "untyped_storage"):
         yield obj
     elif isinstance(obj, dict):
         for v in obj.values():
-            yield from _tensors(v, depth + 1)
+            yield from _tensors(v, depth + 1, max_depth)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from _tensors(v, depth + 1)
+            yield from _tensors(v, depth + 1, max_depth)
+    elif max_depth > 3 and hasattr(obj, "__dict__") and not isinstance(obj, type):
+        yield from _tensors(vars(obj), depth + 1, max_depth)
 
 
 def collect(optimizer: Any = None, model: Any = None, device_types: tuple = ("cuda",),
             max_ranges: int = MAX_RANGES) -> dict | None:
     """The roles of what the optimizer and the model hold, or None when there is nothing to say
     (neither was given, or they hold no tensor of `device_types`). Never raises."""
-    if optimizer is None and model is None:
+    if optimizer is None and model is None and not _declared:
         return None
     seen: dict[int, tuple[int, int]] = {}  # address -> (nbytes, role code)
     totals = [0] * len(ROLES)
@@ -103,6 +133,10 @@ def collect(optimizer: Any = None, model: Any = None, device_types: tuple = ("cu
         if model is not None and hasattr(model, "buffers"):
             for b in model.buffers():
                 add(b, BUFFER)
+        for refs in list(_declared):
+            for ref in refs:
+                for t in _tensors(ref(), 0, 5):
+                    add(t, CACHE)
     except Exception:  # noqa: BLE001 - a job's odd optimizer: what was gathered so far still holds
         truncated = True
     if not seen:

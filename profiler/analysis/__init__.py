@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 # 1.5: growth as a trend; 1.5.1: private pools; 1.5.2: the cross-rank rule; 1.5.3: cause 1 under a cap;
 # 1.5.4: fit's changes; 1.5.5: the need in one sentence (step_need.held_bytes), free in pieces outside the
-# largest block; 1.5.6: composition by provenance
-ANALYZER_VERSION = "1.5.6"
+# largest block; 1.5.6: composition by provenance; 1.5.7: inference caches, why unknown is unknown
+ANALYZER_VERSION = "1.5.7"
 SCHEMA = 1
 CONTRACT_METRICS = ("reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes",
                     "reserved_unallocated_bytes", "largest_free_block_bytes", "fragmentation_ratio",

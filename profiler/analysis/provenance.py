@@ -34,14 +34,16 @@ from typing import NamedTuple
 
 from memq.analysis import frames as fr
 from memq.analysis.rules import (
+    CACHE_MIN_BLOCKS,
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_MAX_BLOCKS,
     CUBLAS_WORKSPACE_OLD_BYTES,
+    INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
-from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_name
+from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_line, frame_name
 
 # Where a class came from, as the screens say it.
 FROM_JOB = "job"  # the agent's roles: the job's optimizer or model holds this storage
@@ -49,24 +51,42 @@ FROM_FRAMES = "frames"  # the allocation's own stack names the code that made it
 FROM_TRACE = "trace"  # when in the recorded step it was made, and that it outlived the step
 FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or a workspace's
 FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
+FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
-SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, BEFORE_TRACE)
+# Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
+NO_FRAMES = "no_frames"
+NO_TRACE = "no_trace"
+SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
+           NO_TRACE)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
 SOURCE_WORDS = {
-    FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's)",
+    FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's, or a cache "
+              "the job declared)",
     FROM_FRAMES: "inferred from the trace: the stack that allocated it",
     FROM_TRACE: "inferred from the trace: when in the step it was made, and that it outlived it",
     FROM_SIZE: "inferred from the trace: no frames, its size (a parameter's, a cuBLAS workspace's)",
     FROM_STATE: "inferred from the trace: allocated before the trace began, sized as the optimizer state implies",
+    FROM_CACHE: "inferred from the trace: an inference cache (a KV cache), kept from one forward call to the "
+                "next",
     BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
+    NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
+               "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
+               "let the agent send the roles of the job's tensors)",
+    NO_TRACE: "unknown: no allocation history was recorded, so nothing tells what made it (record history, "
+              "or let the agent send the roles of the job's tensors)",
 }
+# The site a screen shows for those blocks (the composition's top allocation site)
+_UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
+                 NO_TRACE: "<no allocation history recorded>"}
 
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer_step"
 
+# An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
+# across its forward calls (ARCHITECTURE.md "Composition and phase").
 _ROLE_CLASS = {"parameter": fr.PARAMETERS, "buffer": fr.PARAMETERS, "gradient": fr.GRADIENTS,
-               "optimizer_state": fr.OPTIMIZER_STATE}
+               "optimizer_state": fr.OPTIMIZER_STATE, "cache": fr.PARAMETERS}
 ROLE_CLASSES = tuple(_ROLE_CLASS[r] for r in AGENT_ROLES)
 # State tensors per parameter of the same size, by optimizer (torch.optim's own classes).
 _STATE_PER_PARAM = (("adamw", 2), ("adamax", 2), ("nadam", 2), ("radam", 2), ("lamb", 2), ("adam", 2),
@@ -153,11 +173,15 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False
+    seen_phase: dict = {}  # by frames list (traces share one per stack): an inference trace has no backward
     for i in range(len(trace) - 1, -1, -1):
         ev = trace[i]
         if ev.action != "alloc" and ev.action != "free_requested":
             continue
-        ph = event_phase(ev.frames, trace_has_frames)
+        k = id(ev.frames)
+        ph = seen_phase.get(k, "")
+        if ph == "":
+            ph = seen_phase[k] = event_phase(ev.frames, trace_has_frames)
         if ph == PHASE_BACKWARD:
             last_bwd = i
             break
@@ -176,6 +200,10 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
                                     and tensor_size(b) not in state_sized
                                     and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)])
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
+    calls = inference_calls(trace)
+    sites: set = set()
+    caches = _cache_blocks(trace, made, calls, live, sites) if calls else set()
+    snap.memo["cache_sites"] = frozenset(sites)
     out: dict[int, BlockClass] = {}
     undecided = []
     predating = []  # older than the trace, no frames of their own, no role: decided by evidence below
@@ -192,6 +220,9 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         cat = fr.categorize(frames) if frames else fr.UNKNOWN
         if cat in (fr.OPTIMIZER_STATE, fr.WORKSPACE_CAT, fr.GRADIENTS, fr.PARAMETERS):
             out[b.address] = BlockClass(cat, FROM_FRAMES, i)
+            continue
+        if b.address in caches:
+            out[b.address] = BlockClass(fr.PARAMETERS, FROM_CACHE, i)
             continue
         ph = event_phase(frames, trace_has_frames) if i >= 0 else (fr.phase_of(frames) if frames else None)
         if ph == PHASE_BACKWARD:
@@ -214,8 +245,9 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(cat, FROM_FRAMES, i)
         else:
             undecided.append(b)
-    _resolve_predating(snap, predating, out, trace, trace_has_frames, last_bwd, workspaces, undecided, made)
-    param_sizes = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    _resolve_predating(snap, predating, out, trace, trace_has_frames, last_bwd, workspaces, undecided, made,
+                       bool(calls))
+    param_sizes = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
     grads_known = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS)
     for size, n in grads_known.items():  # one gradient per parameter
         param_sizes[size] = max(0, param_sizes[size] - n)
@@ -237,7 +269,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         elif i >= 0 and trace_has_frames:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
         else:
-            out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE, i)
+            out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE if trace_has_frames else NO_FRAMES, i)
     return out
 
 
@@ -250,8 +282,13 @@ def tensor_size(b) -> int:
     return b.requested_size if 0 < b.requested_size <= b.size else b.size
 
 
+def _weight(bc: BlockClass) -> bool:
+    """A parameter or buffer (an inference cache is in their class, but no gradient or state is sized by it)."""
+    return bc.cls == fr.PARAMETERS and bc.source != FROM_CACHE
+
+
 def _params_known(out: dict) -> bool:
-    return any(bc.cls == fr.PARAMETERS for bc in out.values())
+    return any(_weight(bc) for bc in out.values())
 
 
 def _first_forward(trace: list) -> int:
@@ -291,7 +328,7 @@ def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
         for key, k in _STATE_PER_PARAM:
             if key in name:
                 return k
-    params = sum(b.size for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    params = sum(b.size for b in live if _weight(out.get(b.address, _NONE)))
     state = sum(b.size for b in live if out.get(b.address, _NONE).cls == fr.OPTIMIZER_STATE)
     if params and state:
         return 2 if state > OPTIMIZER_SGD_MULTIPLE * params else 1
@@ -322,7 +359,7 @@ def covers_step_start(trace: list, trace_has_frames: bool) -> bool:
 
 
 def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, trace_has_frames: bool,
-                       last_bwd: int, workspaces: set, undecided: list, made: dict) -> None:
+                       last_bwd: int, workspaces: set, undecided: list, made: dict, inference: bool) -> None:
     """Blocks older than the trace with no frames and no role. Parameters where the optimizer state's
     sizes imply them (each size's state blocks / state per parameter, less the parameters already
     known) or, with no optimizer state and nothing known to be a parameter, where the trace covers the
@@ -332,7 +369,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
         return
     live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
     state_sizes = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.OPTIMIZER_STATE)
-    known_params = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    known_params = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
     by_size: dict[int, list] = {}
     for b in predating:
         if b.address not in workspaces:
@@ -382,22 +419,167 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                     out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
     # one gradient per parameter: the rest at a parameter's size (kept from an earlier backward, or
     # accumulating); a cuBLAS workspace by its size, when there are no more of them than handles
-    free_params = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.PARAMETERS)
+    free_params = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
     free_params.subtract(Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS))
     rest = [b for b in predating if b.address not in out]
     roles_known = snap.agent is not None and bool(snap.agent.roles)
+    # an inference trace: what the job did not name and every forward call of the trace kept, in sizes that
+    # come in several blocks (a key and a value per layer), is its cache; a lone block is the prompt's
+    kept = Counter(tensor_size(b) for b in rest if b.address not in workspaces) if inference else Counter()
     for b in rest:
         if b.address in workspaces:
             out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
+        elif roles_known and kept[tensor_size(b)] >= CACHE_MIN_BLOCKS:
+            out[b.address] = BlockClass(fr.PARAMETERS, FROM_CACHE, -1)
         elif roles_known:
             # the job named its parameters, gradients and optimizer state: what it did not name and no
             # frames explain is the step's (activations, inputs, kept outputs)
             out[b.address] = BlockClass(fr.ACTIVATIONS, BEFORE_TRACE, -1)
-        elif free_params.get(tensor_size(b), 0) > 0:
+        elif trace and free_params.get(tensor_size(b), 0) > 0:
+            # with no history at all, a frameless block of a parameter's size made while recording was
+            # off is as likely forward's output of that shape as a gradient: unknown (the roles say)
             free_params[tensor_size(b)] -= 1
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE, -1)
         else:
-            out[b.address] = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
+            out[b.address] = BlockClass(fr.UNKNOWN, BEFORE_TRACE if trace else NO_TRACE, -1)
+
+
+def cache_sites(snap: Snapshot) -> frozenset:
+    """The allocation sites of the snapshot's inference cache, as the ids of trace entries' frames lists:
+    a timeline draws every block they made, freed or live, as the cache (parameters' class)."""
+    block_classes(snap)
+    return snap.memo.get("cache_sites", frozenset())
+
+
+def _in_module(frames: list, memo: dict) -> bool:
+    k = id(frames)
+    got = memo.get(k)
+    if got is None:
+        got = memo[k] = any(fr.FORWARD_NAME.search(frame_name(f)) for f in frames)
+    return got
+
+
+def inference_calls(trace: list) -> list[tuple[int, int]]:
+    """The forward calls of an inference trace, as [first, last] entry indices: runs of framed entries
+    inside a module's call, told apart by the entries between them outside any (sampling the next token,
+    reordering a beam), after the trace's last backward or optimizer entry (a framed trace's frameless
+    allocations are the autograd engine's): a job that trains, then generates, generates after its last
+    step. Empty unless there are at least INFERENCE_MIN_CALLS of them."""
+    if not trace:
+        return []
+    has_frames = any(ev.frames for ev in trace[:4000]) or any(ev.frames for ev in trace[-4000:])
+    if not has_frames:
+        return []
+    # from the end back to the last backward or optimizer entry: a training trace stops at once
+    begin = 0
+    phase_memo: dict = {}
+    for i in range(len(trace) - 1, -1, -1):
+        ev = trace[i]
+        if ev.action != "alloc" and ev.action != "free_requested":
+            continue
+        if not ev.frames:
+            if ev.action == "alloc":  # the autograd engine's thread: a backward ran
+                begin = i + 1
+                break
+            continue
+        k = id(ev.frames)
+        ph = phase_memo.get(k)
+        if ph is None:
+            ph = phase_memo[k] = event_phase(ev.frames, True)
+        if ph != PHASE_FORWARD:
+            begin = i + 1
+            break
+    memo: dict = {}
+    spans: list[tuple[int, int]] = []
+    start = last = -1
+    for i in range(begin, len(trace)):
+        ev = trace[i]
+        if (ev.action != "alloc" and ev.action != "free_requested") or not ev.frames:
+            continue
+        if _in_module(ev.frames, memo):
+            if start < 0:
+                start = i
+            last = i
+        elif start >= 0:
+            spans.append((start, last))
+            start = -1
+    if start >= 0:
+        spans.append((start, last))
+    return spans if len(spans) >= INFERENCE_MIN_CALLS else []
+
+
+def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) -> set:
+    """Addresses of the live blocks that are an inference cache: blocks of an allocation site (one stack)
+    that keeps at least CACHE_MIN_BLOCKS of them live at the end, no more than it held at every forward
+    call's start since its first (a cache is replaced or written in place; a list that keeps every call's
+    output grows), and that kept a block across a call: made before a call began and freed inside a later
+    one (a cache grown by concatenation, or reordered between tokens, is replaced while the model reads
+    it), or never freed (a static cache). Blocks older than the trace that carry their own stack (a ring
+    buffer that lost their making) were kept across every call of it: those of a stack that holds at least
+    CACHE_MIN_BLOCKS of them are a cache too. Adds to `sites` the cache's allocation sites (the ids of
+    their trace entries' frames lists), whose earlier blocks, freed as the cache grew, were the cache too."""
+    starts = [s for s, _ in calls]
+    ends = [e for _, e in calls]
+    site_of: dict[int, int] = {}  # address -> site (the id of its allocation's frames)
+    alloc_at: dict[int, int] = {}
+    count: Counter = Counter()
+    low: dict[int, int] = {}  # site -> fewest live blocks at a call's start since its first block
+    seen_at: dict[int, int] = {}  # site -> the index of its last change
+    crossed: set = set()
+
+    def note(site: int, i: int) -> None:
+        # the call starts between the site's last change and now saw its count as it is
+        last = seen_at.get(site)
+        if last is not None and bisect.bisect_right(starts, last) < bisect.bisect_right(starts, i):
+            low[site] = min(low.get(site, count[site]), count[site])
+        seen_at[site] = i
+
+    for i, ev in enumerate(trace):
+        if ev.action == "alloc" and ev.frames:
+            site = id(ev.frames)
+            note(site, i)
+            site_of[ev.addr] = site
+            alloc_at[ev.addr] = i
+            count[site] += 1
+        elif ev.action == "free_requested" and ev.addr in site_of:
+            site = site_of.pop(ev.addr)
+            a = alloc_at.pop(ev.addr)
+            note(site, i)
+            count[site] -= 1
+            k = bisect.bisect_right(starts, i) - 1
+            if k >= 0 and i <= ends[k] and starts[k] > a:
+                crossed.add(site)  # made before this call began, freed inside it
+    end = len(trace)
+    for site in list(seen_at):
+        note(site, end)
+    live_at_end: dict[int, list] = {}
+    older: dict[tuple, list] = {}
+    for b in live:
+        i = made.get(b.address, -1)
+        if i < 0:
+            if b.frames:
+                key = tuple((frame_file(f), frame_line(f), frame_name(f)) for f in b.frames)
+                older.setdefault(key, []).append(b)
+            continue
+        if b.address not in site_of:
+            continue
+        live_at_end.setdefault(site_of[b.address], []).append(b)
+    out: set = set()
+    named = (fr.OPTIMIZER_STATE, fr.WORKSPACE_CAT, fr.GRADIENTS, fr.PARAMETERS)  # frames say what these are
+    for blocks in older.values():
+        if len(blocks) >= CACHE_MIN_BLOCKS and fr.categorize(blocks[0].frames) not in named:
+            out.update(b.address for b in blocks)
+    for site, blocks in live_at_end.items():
+        n = len(blocks)
+        if n < CACHE_MIN_BLOCKS or site not in low or low[site] < n:
+            continue
+        if fr.categorize(trace[made[blocks[0].address]].frames) in named:
+            continue
+        kept = any(bisect.bisect_right(starts, made[b.address]) < len(starts) for b in blocks)
+        if site in crossed or kept:
+            out.update(b.address for b in blocks)
+            sites.add(site)
+    return out
 
 
 def _workspace_blocks(frameless: list) -> set:
@@ -483,6 +665,10 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
             frames = b.frames or (trace[bc.event].frames if bc and bc.event >= 0 else [])
             if bc and bc.source == FROM_JOB:
                 site = "<known from the job: the optimizer's or the model's tensors>"
+            elif bc and bc.source in _UNKNOWN_SITE:
+                site = _UNKNOWN_SITE[bc.source]
+            elif bc and bc.source == FROM_CACHE:  # with the weights in class, but said to be a cache
+                site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
             elif frames:
                 site = fr.stack_signature(frames)
             elif bc and bc.source == FROM_STATE:

@@ -148,6 +148,18 @@ STATE_SPLIT_SHARE = _rule(
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
     "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+INFERENCE_MIN_CALLS = _rule(
+    "INFERENCE_MIN_CALLS", 2, "count", "definition",
+    "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
+    "what one forward call leaves for the next, so a trace is read for caches only where it holds at least "
+    "two forward calls (runs of entries inside a module's call) and no backward or optimizer step; one "
+    "forward call (a training step dumped after forward) has nothing kept across calls", "provenance")
+CACHE_MIN_BLOCKS = _rule(
+    "CACHE_MIN_BLOCKS", 2, "count", "judgement",
+    "an allocation site is an inference cache only where it holds at least two live blocks (a key and a value "
+    "per layer: 12-24 in every inference capture of benchmarks/gpu/composition_capture.py), kept across a "
+    "forward call and no more of them at the end than at every call's start; a prompt, the generated "
+    "tokens and the beam scores are one block of their site", "provenance")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "

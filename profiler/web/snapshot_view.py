@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import Any
 
 from memq.analysis import frames as fr
-from memq.analysis.provenance import SOURCE_WORDS, block_classes
+from memq.analysis.provenance import SOURCE_WORDS, block_classes, cache_sites
 from memq.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
 
 MAX_FRAMES = 48  # innermost frames kept per stack: the deep tail is interpreter plumbing
@@ -151,6 +151,8 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
     # An allocation whose block is still live takes the block's class (the composition's), so a band
     # of the timeline and the segment map's block are one class.
     kept = {bc.event: ci[bc.cls] for bc in block_classes(snap).values() if bc.event >= 0}
+    # an inference cache's earlier blocks (freed as it grew or was reordered) were the cache too
+    cache_ids = cache_sites(snap)
     for i, ev in enumerate(trace):
         if not i % DETAIL_CHECKPOINT:
             ckpt.extend(level)
@@ -160,7 +162,8 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
             if f:
                 c = frame_cat.get(id(f))
                 if c is None:
-                    c = frame_cat[id(f)] = ci[stacks.category(stacks.add(f))]
+                    c = ci[stacks.category(stacks.add(f))]
+                    c = frame_cat[id(f)] = ci[fr.PARAMETERS] if id(f) in cache_ids else c
                 if trace_frames is not None and ev.addr is not None:
                     trace_frames[(ev.addr, ev.size)] = f
             else:

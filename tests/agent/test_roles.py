@@ -112,3 +112,41 @@ def test_roles_off(shared):
     a.stop(10)
     snap = [e for e in entries(r, stream) if e.kind == "snapshot"][-1]
     assert codec.loads_restricted(blob_of(r, snap, prefix))["memq_agent"]["roles"] is None
+
+
+def test_a_declared_cache_is_followed_as_it_grows_and_never_kept_alive():
+    """`roles.declare(cache)`: the tensors the cache object holds at each snapshot (a cache grown by
+    concatenation holds new ones every token) are sent as role "cache"; a list of tensors is declared by
+    its tensors; the declaration keeps nothing alive, and a cache that is gone is simply absent."""
+    import gc
+    import weakref
+
+    from memq.agent import roles as rmod
+
+    class Cache:  # as transformers' DynamicCache: one key and one value tensor per layer
+        def __init__(self):
+            self.keys = [torch.zeros(2, 4, 3, 8) for _ in range(2)]
+            self.values = [torch.zeros(2, 4, 3, 8) for _ in range(2)]
+
+    model, opt = _trained()
+    saved = list(rmod._declared)
+    try:
+        rmod._declared.clear()
+        cache = Cache()
+        assert rmod.declare(cache) and not rmod.declare(cache, "parameter")
+        cache.keys[0] = torch.cat([cache.keys[0], torch.zeros(2, 4, 1, 8)], dim=2)  # a token later
+        out = collect(opt, model, device_types=("cpu",))
+        code = ROLES.index("cache")
+        got = {r[0] for r in out["ranges"] if r[2] == code}
+        want = {t.untyped_storage().data_ptr() for t in cache.keys + cache.values}
+        assert got == want and out["bytes"]["cache"] == _nbytes(cache.keys + cache.values)
+        static = [torch.ones(64) for _ in range(3)]
+        assert rmod.declare(static)
+        out = collect(None, None, device_types=("cpu",))  # declared caches alone are worth sending
+        assert out["bytes"]["cache"] == _nbytes(cache.keys + cache.values) + _nbytes(static)
+        ref = weakref.ref(cache)
+        del cache, static
+        gc.collect()
+        assert ref() is None and collect(None, None, device_types=("cpu",)) is None
+    finally:
+        rmod._declared[:] = saved

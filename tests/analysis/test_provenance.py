@@ -268,3 +268,261 @@ def test_older_blocks_split_into_parameters_and_state_where_nine_tenths_come_in_
             assert got == [fr.PARAMETERS] * 3 + [fr.OPTIMIZER_STATE] * 6, got
         else:  # 90 / (90 + 11) < 90%: no split
             assert set(got) == {fr.PARAMETERS}, got
+
+
+# -- inference: weights and caches -------------------------------------------------------------------------
+
+GEN = [{"filename": "/app/generate.py", "name": "generate", "line": 10}]  # the loop between forward calls
+LOOP = [{"filename": "/app/generate.py", "name": "generate", "line": 20}]  # kept outputs, tokens
+
+
+def _site(line: int, in_module: bool = True) -> list:
+    """A stack of its own (traces share one frames list per stack): a cat in attention, or code outside
+    the model."""
+    f = [{"filename": "/app/model.py", "name": "update", "line": line}]
+    return f + ([{"filename": "/x/torch/nn/modules/module.py", "name": "_call_impl", "line": 1}] if in_module else GEN)
+
+
+def _generation(calls: int, layers: int = 2, kept_per_call: int = 0, backward: bool = False):
+    """A trace of `calls` forward calls of a model whose cache grows by concatenation: each call makes a
+    key and a value block per layer (sites K and V) and frees the previous call's, inside the call; its
+    logits are freed between calls. `kept_per_call`: blocks an evaluation loop keeps from every call
+    (a growing list). Returns (snapshot, cache addresses, logits address, kept addresses)."""
+    k_site, v_site, tmp, logits_site, kept_site = _site(1), _site(2), _site(3), _site(4), _site(5, False)
+    base = 1 << 36
+    nxt = [base]
+
+    def new(n):
+        nxt[0] += n
+        return nxt[0] - n
+
+    trace, cache, kept = [], {}, []
+    logits = None
+    for c in range(calls):
+        for layer in range(layers):
+            t = new(MiB)  # an intermediate of this call, freed in it
+            trace += [_ev("alloc", t, MiB, tmp)]
+            for kv, site in ((0, k_site), (1, v_site)):
+                a = new(4 * MiB)
+                trace.append(_ev("alloc", a, 4 * MiB, site))
+                old = cache.pop((layer, kv), None)
+                if old is not None:
+                    trace += [_ev("free_requested", old, 4 * MiB, site), _ev("free_completed", old, 4 * MiB, site)]
+                cache[(layer, kv)] = a
+            trace += [_ev("free_requested", t, MiB, tmp), _ev("free_completed", t, MiB, tmp)]
+        logits = new(2 * MiB)
+        trace.append(_ev("alloc", logits, 2 * MiB, logits_site))
+        for _ in range(kept_per_call):
+            a = new(MiB)
+            trace.append(_ev("alloc", a, MiB, kept_site))
+            kept.append(a)
+        if c < calls - 1:
+            trace += [_ev("free_requested", logits, 2 * MiB, GEN), _ev("free_completed", logits, 2 * MiB, GEN)]
+    if backward:
+        trace.append(_ev("alloc", new(MiB), MiB, [{"filename": "/x/torch/_tensor.py", "name": "backward",
+                                                   "line": 1}]))
+        trace.append(_ev("free_requested", nxt[0] - MiB, MiB, GEN))
+    weights = [(base - (k + 1) * 64 * MiB, 32 * MiB + 4096, []) for k in range(3)]
+    live = weights + [(a, 4 * MiB, None) for a in cache.values()] + [(logits, 2 * MiB, None)] + \
+        [(a, MiB, None) for a in kept]
+    frames_of = {ev.addr: ev.frames for ev in trace if ev.action == "alloc"}
+    live = [(a, n, f if f is not None else frames_of[a]) for a, n, f in live]
+    return _synthetic(live, trace), list(cache.values()), logits, kept, [a for a, _, _ in weights]
+
+
+@rule("INFERENCE_MIN_CALLS")
+def test_a_cache_grown_by_concatenation_is_read_with_the_weights_from_two_forward_calls():
+    """INFERENCE_MIN_CALLS: a key and a value per layer made in each forward call and freed inside the next
+    (a cache grown by concatenation) are a cache, with the weights, once the trace holds two forward calls;
+    in one (a training step dumped after forward) they are activations. The last logits stay the step's."""
+    for calls, want in ((1, fr.ACTIVATIONS), (2, fr.PARAMETERS), (3, fr.PARAMETERS)):
+        snap, cache, logits, _, weights = _generation(calls)
+        classes = block_classes(snap)
+        assert {classes[a].cls for a in cache} == {want}, calls
+        if want == fr.PARAMETERS:
+            assert {classes[a].source for a in cache} == {pv.FROM_CACHE}
+            # the weights older than the trace: the trace covers the generation from its start
+            assert {classes[a].cls for a in weights} == {fr.PARAMETERS}
+            assert {classes[a].source for a in weights} == {pv.BEFORE_TRACE}
+        assert classes[logits].cls == fr.ACTIVATIONS
+
+
+def test_a_trace_with_a_backward_holds_no_inference_cache():
+    """The same blocks in a trace whose forward calls a backward follows (a training job's forward calls
+    with gradient accumulation) are no cache: what is kept across its forward calls is for the backward.
+    A backward before the calls (a job that trained, then generates) leaves them a cache."""
+    snap, cache, _, _, _ = _generation(3, backward=True)
+    classes = block_classes(snap)
+    assert fr.PARAMETERS not in {classes[a].cls for a in cache}
+    snap, cache, _, _, _ = _generation(3)
+    bwd = [{"filename": "/x/torch/_tensor.py", "name": "backward", "line": 1}]
+    trace = [_ev("alloc", 1 << 30, MiB, bwd), _ev("free_requested", 1 << 30, MiB, bwd),
+             _ev("alloc", (1 << 30) + MiB, MiB, []), _ev("free_requested", (1 << 30) + MiB, MiB, [])] + snap.trace
+    live = [(b.address, b.size, b.frames) for seg in snap.segments for b in seg.blocks if b.is_live]
+    classes = block_classes(_synthetic(live, trace))
+    assert {(classes[a].cls, classes[a].source) for a in cache} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+
+
+def test_a_static_cache_older_than_a_ring_buffer_is_a_cache_by_its_own_stack():
+    """A ring buffer that lost the making of a static cache: its blocks are older than the trace but carry
+    their own stack (made outside the model, never freed); in an inference trace, a stack with several
+    of them is a cache; the prompt, alone at its stack, is the step's."""
+    snap, _, _, _, _ = _generation(3)
+    static_site = [{"filename": "/app/cache.py", "name": "__init__", "line": 5}] + GEN
+    prompt_site = [{"filename": "/app/generate.py", "name": "generate", "line": 3}]
+    base = 1 << 38
+    pre = [(base + k * 8 * MiB, 8 * MiB, static_site) for k in range(4)]
+    prompt = (base + 64 * MiB, 64 * 1024, prompt_site)
+    live = [(b.address, b.size, b.frames) for seg in snap.segments for b in seg.blocks if b.is_live]
+    classes = block_classes(_synthetic(live + pre + [prompt], snap.trace))
+    assert {(classes[a].cls, classes[a].source) for a, _, _ in pre} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+    assert classes[prompt[0]].cls != fr.PARAMETERS
+
+
+@rule("CACHE_MIN_BLOCKS")
+def test_a_site_with_one_block_kept_across_calls_is_no_cache():
+    """CACHE_MIN_BLOCKS: a one-layer model keeps one key and one value, each its own site's only block:
+    not a cache (a prompt, the generated tokens and the beam scores are such blocks); two layers (two
+    blocks of each site) are."""
+    for layers, want in ((1, fr.ACTIVATIONS), (2, fr.PARAMETERS)):
+        snap, cache, _, _, _ = _generation(3, layers=layers)
+        classes = block_classes(snap)
+        assert {classes[a].cls for a in cache} == {want}, layers
+
+
+def test_outputs_kept_from_every_call_are_no_cache():
+    """An evaluation loop that keeps every call's output in a list: kept across calls, but more of them at
+    the end than at any call's start (a list grows, a cache is replaced): activations, not a cache."""
+    snap, cache, _, kept, _ = _generation(4, kept_per_call=2)
+    classes = block_classes(snap)
+    assert {classes[a].cls for a in cache} == {fr.PARAMETERS}
+    assert {classes[a].cls for a in kept} == {fr.ACTIVATIONS}
+
+
+def test_a_static_cache_made_before_the_first_call_is_a_cache():
+    """A cache allocated whole before generation by the job's code (outside the model) and written in
+    place: never freed, kept across every call, as many blocks at the end as at each call's start."""
+    snap, _, _, _, _ = _generation(3)
+    static_site, prompt_site = _site(7, False), _site(8, False)
+    base = 1 << 38
+    pre = [_ev("alloc", base + k * 8 * MiB, 8 * MiB, static_site) for k in range(4)]
+    prompt = _ev("alloc", base + 64 * MiB, 64 * 1024, prompt_site)
+    trace = pre + [prompt] + snap.trace
+    live = [(b.address, b.size, b.frames) for seg in snap.segments for b in seg.blocks if b.is_live]
+    live += [(ev.addr, ev.size, ev.frames) for ev in pre + [prompt]]
+    classes = block_classes(_synthetic(live, trace))
+    assert {classes[ev.addr].cls for ev in pre} == {fr.PARAMETERS}
+    assert {classes[ev.addr].source for ev in pre} == {pv.FROM_CACHE}
+    assert classes[prompt.addr].cls == fr.ACTIVATIONS  # the prompt: one block of its site
+
+
+def test_with_the_agents_roles_an_undeclared_cache_older_than_the_trace_is_a_cache():
+    """The job named its weights (agent roles) but declared no cache, made before the trace: in an
+    inference trace, the unnamed blocks every call kept, in sizes of several blocks, are its cache; a lone
+    one (the prompt) is the step's. A declared cache is known from the job."""
+    from dataclasses import replace
+
+    from memq.model import AGENT_ROLES, AgentInfo
+
+    snap, _, _, _, weights = _generation(3)
+    base = 1 << 34
+    old_cache = [(base + k * 16 * MiB, 8 * MiB, []) for k in range(4)]
+    prompt = (base + 128 * MiB, 64 * 1024, [])
+    live = [(b.address, b.size, b.frames) for seg in snap.segments for b in seg.blocks if b.is_live]
+    s2 = _synthetic(live + old_cache + [prompt], snap.trace)
+    code = AGENT_ROLES.index
+    roles = [(a, 32 * MiB + 4096, code("parameter")) for a in weights]
+    s2.agent = replace(AgentInfo(), roles=tuple(sorted(roles)))
+    classes = block_classes(s2)
+    assert {classes[a].cls for a in weights} == {fr.PARAMETERS}
+    assert {(classes[a].cls, classes[a].source) for a, _, _ in old_cache} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+    assert classes[prompt[0]].cls == fr.ACTIVATIONS
+    # declared by the job (agent.roles.declare): known from the job
+    s3 = _synthetic(live + old_cache + [prompt], snap.trace)
+    s3.agent = replace(AgentInfo(), roles=tuple(sorted(roles + [(a, n, code("cache")) for a, n, _ in old_cache])))
+    classes = block_classes(s3)
+    assert {(classes[a].cls, classes[a].source) for a, _, _ in old_cache} == {(fr.PARAMETERS, pv.FROM_JOB)}
+
+
+def test_a_trace_without_stacks_says_why_its_blocks_are_unknown():
+    """A trace recorded without stacks (no frames anywhere): nothing in it tells a class, so its blocks are
+    unknown, and every screen says why (the segment map's block, the composition's site); with no trace
+    at all, the same, for that reason."""
+    base = 1 << 36
+    live = [(base + k * 8 * MiB, 4 * MiB, []) for k in range(3)]
+    trace = [_ev("alloc", a, n, []) for a, n, _ in live] + \
+        [_ev("alloc", base + 64 * MiB, MiB, []), _ev("free_requested", base + 64 * MiB, MiB, [])]
+    snap = _synthetic(live, trace)
+    classes = block_classes(snap)
+    assert {(classes[a].cls, classes[a].source) for a, _, _ in live} == {(fr.UNKNOWN, pv.NO_FRAMES)}
+    _, sites = pv.composition(snap)
+    assert sites[fr.UNKNOWN][0]["site"] == "<no frames: the trace was recorded without stacks>"
+    assert "without stacks" in pv.SOURCE_WORDS[pv.NO_FRAMES]
+    snap = _synthetic(live, [])
+    classes = block_classes(snap)
+    assert {(classes[a].cls, classes[a].source) for a, _, _ in live} == {(fr.UNKNOWN, pv.NO_TRACE)}
+    assert pv.composition(snap)[1][fr.UNKNOWN][0]["site"] == "<no allocation history recorded>"
+
+
+H200 = HERE / "composition_h200"
+
+
+@pytest.mark.parametrize("job", sorted(p.name for p in H200.iterdir() if (p / "truth.json").exists()))
+def test_h200_inference_captures_read_their_weights_and_caches(job):
+    """Generation on an H200 (benchmarks/gpu/composition_capture.py), the truth of every live block from
+    the tensors at the dump: a static cache made before generation (in the trace, or older than a ring
+    buffer), a cache grown by concatenation, a beam search reordering it, and an evaluation loop with no
+    cache. Without the agent's roles, at least 95% of live bytes in the right class (a KV cache with the
+    weights); the evaluation loop's kept outputs are no cache."""
+    truth = json.loads((H200 / job / "truth.json").read_text())
+    snap = _snap(H200 / job / "snapshot.pickle.gz")
+    classes = block_classes(snap)
+    total = right = 0
+    for addr, size, _label, cls, _phase in truth["blocks"]:
+        got = classes[addr].cls if addr in classes else fr.UNKNOWN
+        total += size
+        right += size if got == cls or (cls == "other" and got == fr.ACTIVATIONS) else 0
+    assert right >= 0.95 * total, (job, right / total)
+    cache = {a for a, bc in classes.items() if bc.source == pv.FROM_CACHE}
+    kv = {b[0] for b in truth["blocks"] if b[2] == "kv_cache"}
+    assert cache <= kv, job  # nothing else is called a cache
+    if cache:  # the composition says which of the parameters' bytes are a cache
+        sites = pv.composition(snap)[1][fr.PARAMETERS]
+        assert any(s["site"].startswith("<inference cache>") for s in sites), sites
+    if not job.endswith("_loaded"):  # a cache made in the trace, or older than a ring, is read as one
+        assert cache == kv, job
+    # (older than a trace that covers generation from its start, it is with the weights: parameters)
+
+
+def test_with_no_history_a_block_of_a_parameters_size_is_not_called_its_gradient():
+    """No trace at all (recording was off; the blocks made while it was on keep their frames): Adam's
+    state still implies the parameters among the frameless blocks, but one more of a parameter's size is
+    as likely forward's output of that shape as a gradient kept from a backward: unknown, saying why."""
+    base = 1 << 32
+    adam = [{"filename": "/x/torch/optim/adam.py", "name": "_init_group", "line": 1}]
+    p1, extra = base, base + 128 * MiB
+    s0 = base + 256 * MiB
+    state = [(s0 + i * 64 * MiB, 64 * MiB, adam) for i in range(2)]
+    classes = block_classes(_synthetic([(p1, 64 * MiB, []), (extra, 64 * MiB, [])] + state, []))
+    assert (classes[p1].cls, classes[p1].source) == (fr.PARAMETERS, pv.FROM_STATE)
+    assert (classes[extra].cls, classes[extra].source) == (fr.UNKNOWN, pv.NO_TRACE)
+
+
+def test_the_timeline_draws_a_growing_cache_as_the_cache_from_its_first_block():
+    """A cache grown by concatenation is replaced every token: the blocks freed on the way were the cache
+    too, so the snapshot page's timeline draws every block of its allocation sites in the class the live
+    cache has (parameters), not as activations."""
+    from memq.web.snapshot_view import _Stacks, category_timeline
+
+    job = H200 / "infer_dyn_bf16_py_start"
+    snap = _snap(job / "snapshot.pickle.gz")
+    sites = pv.cache_sites(snap)
+    made = [ev for ev in snap.trace if ev.action == "alloc" and id(ev.frames) in sites]
+    assert len(sites) == 2 and len(made) > 300  # keys and values, a new block per layer and token
+    tl = category_timeline(snap, _Stacks(), 0)
+    cats = tl["categories"]
+    # half way through generation the cache (some 97% of its final size) is counted with the weights
+    truth = json.loads((job / "truth.json").read_text())
+    cache_bytes = sum(b[1] for b in truth["blocks"] if b[2] == "kv_cache")
+    mid = tl["levels"][len(tl["levels"]) // 2]
+    assert mid[cats.index(fr.PARAMETERS)] >= truth["param_bytes"] + 0.9 * cache_bytes
