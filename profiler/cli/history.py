@@ -295,14 +295,17 @@ def compare(run_a, run_b, as_json, as_csv):
 VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("oom_runs", "OOM runs", "int"),
                 Col("oom_rate", "OOM rate", "ratio"), Col("mean_peak_reserved_bytes", "mean peak reserved", "bytes"),
                 Col("max_peak_reserved_bytes", "max peak reserved", "bytes"),
-                Col("mean_fragmentation_ratio", "mean frag", "ratio"), Col("flag", "regression")]
+                Col("mean_pieces_share", "pieces", "ratio"), Col("flag", "regression")]
 
 
 @click.command()
 @click.option("--job", required=True)
 @output_options()
 def versions(job, as_json, as_csv):
-    """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged."""
+    """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged.
+
+    `pieces`: the runs list's column averaged over the version's OOM runs (at the OOM, the share of
+    reserved memory free in pieces outside the largest free block); - for a version without an OOM."""
     from memq.store.queries import torch_versions
 
     fmt = out_format(as_json, as_csv)
@@ -312,8 +315,8 @@ def versions(job, as_json, as_csv):
     rows = [v | {"flag": "; ".join(v["regressions"]) or "-"} for v in doc["versions"]]
     emit(fmt, doc, rows, VERSION_COLS, title=f"job {job} by torch version",
          csv_keys=["torch_version", "runs", "oom_runs", "oom_rate", "mean_peak_reserved_bytes",
-                   "max_peak_reserved_bytes", "mean_peak_allocated_bytes", "mean_fragmentation_ratio", "regression",
-                   "flag"])
+                   "max_peak_reserved_bytes", "mean_peak_allocated_bytes", "mean_pieces_share",
+                   "mean_fragmentation_ratio", "regression", "flag"])
 
 
 def _shown_difference(d: dict) -> dict:

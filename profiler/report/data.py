@@ -16,7 +16,7 @@ beyond short `text` lines. Sections (all byte counts are integers):
 - `breakdown`: per cause / cluster / job rows with both counts, for the tables and the plot.
 - `regressions`: per job, a torch version that ran in the window and, against the job's previous
   version (all history up to the window's end), raised the mean peak reserved by >10%, the OOM
-  rate by 10 points, or mean fragmentation by 0.1; `new` when the previous report lacked it.
+  rate by 10 points, or mean `pieces` at the OOM by 0.1; `new` when the previous report lacked it.
 - `fragmented`: runs whose cached free memory is most in pieces (free bytes outside the largest
   free block), with the allocator setting that would help and why.
 - `growing`: runs whose memory grows across epochs: the growth model (analysis/growth.py) calls the
@@ -259,6 +259,7 @@ def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
                 continue
             p_rate, c_rate = prev["oom_runs"] / prev["runs"], cur["oom_runs"] / cur["runs"]
             pf, cf = prev["mean_fragmentation_ratio"], cur["mean_fragmentation_ratio"]
+            pp, cp = prev.get("mean_pieces_share"), cur.get("mean_pieces_share")
             out.append({
                 "job": job, "torch_version": cur["torch_version"], "previous_version": prev["torch_version"],
                 "runs": cur["runs"], "previous_runs": prev["runs"], "runs_in_window": cur["runs_in_window"],
@@ -266,6 +267,7 @@ def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
                 "mean_peak_reserved_bytes": cur["mean_peak_reserved_bytes"],
                 "previous_mean_peak_reserved_bytes": prev["mean_peak_reserved_bytes"],
                 "mean_fragmentation_ratio": _r(cf), "previous_mean_fragmentation_ratio": _r(pf),
+                "mean_pieces_share": _r(cp), "previous_mean_pieces_share": _r(pp),
                 "reasons": reasons, "new": (job, cur["torch_version"]) not in before,
             })
     return out
@@ -436,8 +438,8 @@ def _changes(doc: dict, prev: dict) -> dict[str, Any]:
 
 
 def _trend(source: ReportSource, day: dt.date, scope: Scope, doc: dict) -> list[dict]:
-    """Per day: OOMs, near misses and mean fragmentation of the listed fragmented runs, from the
-    stored reports of the scope over the last TREND_DAYS days plus this one."""
+    """Per day: OOMs, near misses and the mean `pieces` (share of reserved free in pieces) of the listed
+    fragmented runs, from the stored reports of the scope over the last TREND_DAYS days plus this one."""
     first = day - dt.timedelta(days=TREND_DAYS - 1)
     points = []
     for rep in source.stored_reports(scope, first, day - dt.timedelta(days=1)):
@@ -449,9 +451,11 @@ def _trend(source: ReportSource, day: dt.date, scope: Scope, doc: dict) -> list[
 
 def _trend_point(date: str, s: dict) -> dict:
     frag = [f.get("fragmentation_ratio") for f in s.get("fragmented") or [] if f.get("fragmentation_ratio") is not None]
+    pieces = [f["share_of_reserved"] for f in s.get("fragmented") or [] if f.get("share_of_reserved") is not None]
     t = s.get("totals") or {}
     return {"date": date, "runs": t.get("runs"), "oom_runs": t.get("oom_runs"), "near_misses": t.get("near_misses"),
             "fragmented_runs": len(frag), "mean_fragmentation_ratio": round(sum(frag) / len(frag), 4) if frag else None,
+            "mean_pieces_share": round(sum(pieces) / len(pieces), 4) if pieces else None,
             "mean_fragmented_free_bytes": (int(sum(f.get("fragmented_free_bytes") or 0 for f in s.get("fragmented"))
                                            / len(s.get("fragmented"))) if s.get("fragmented") else None)}
 
@@ -519,9 +523,10 @@ def summary_lines(doc: dict) -> list[str]:
             f"{g['run']} (+{fmt_bytes(g['growth_bytes'] or 0)})" for g in doc["growing"][:5]) + ".")
     if doc["fragmented"]:
         f = doc["fragmented"][0]
-        lines.append(f"Most fragmented: {f['run']} ({fmt_bytes(f['fragmented_free_bytes'])} free in pieces, "
-                     f"ratio {f['fragmentation_ratio']:.2f})" + (f"; try {f['setting']}" if f.get("setting") else "")
-                     + ".")
+        share = f.get("share_of_reserved")
+        lines.append(f"Most fragmented: {f['run']} ({fmt_bytes(f['fragmented_free_bytes'])} free in pieces"
+                     + (f", {share:.2f} of reserved" if share is not None else "") + ")"
+                     + (f"; try {f['setting']}" if f.get("setting") else "") + ".")
     ch = doc.get("changes")
     if ch:
         lines.append(f"Since {ch['previous_date']}: " + "; ".join(ch["lines"][:4]) + ".")

@@ -138,11 +138,10 @@ def trend_figure(trend: list[dict], width: float = 6.0):
     fig.subplots_adjust(left=0.11, right=0.89, bottom=0.12, top=0.89)
     dates = [p["date"][5:] for p in trend]
     xs = list(range(len(trend)))
-    frag = [p["mean_fragmentation_ratio"] if p["mean_fragmentation_ratio"] is not None else float("nan")
-            for p in trend]
-    ax.plot(xs, frag, "-o", color=COLORS["frag"], ms=4, label="mean fragmentation of flagged runs")
+    frag = [p["mean_pieces_share"] if p.get("mean_pieces_share") is not None else float("nan") for p in trend]
+    ax.plot(xs, frag, "-o", color=COLORS["frag"], ms=4, label="mean pieces of flagged runs")
     ax.set_ylim(0, 1)
-    ax.set_ylabel("fragmentation ratio")
+    ax.set_ylabel("pieces (share of reserved)")
     ax2 = ax.twinx()
     ax2.bar(xs, [p["oom_runs"] or 0 for p in trend], color=COLORS["oom"], alpha=0.25, width=0.5, label="OOM runs")
     ax2.set_ylabel("OOM runs")

@@ -397,25 +397,28 @@ def compare_runs(session: Session, a: str, b: str) -> dict[str, Any]:
 
 def torch_versions(session: Session, job: str) -> dict[str, Any]:
     """Per torch version over the job's runs: runs, OOM runs and rate, mean/max peak reserved and
-    allocated, mean fragmentation; a version is flagged by analysis/compare.version_regressions against
-    the previous version."""
+    allocated, and the mean `pieces` of its OOM runs (the lists' column: share of reserved memory free in
+    pieces at the OOM; `mean_fragmentation_ratio` stays in the JSON for older readers); a version is
+    flagged by analysis/compare.version_regressions against the previous version."""
     exists = session.execute(select(func.count()).select_from(Run).where(Run.job == job)).scalar_one()
     if not exists:
         raise NotFound(f"no runs of job {job!r}", hint="list jobs' runs with `memq runs --json`")
     q = (select(Run.torch_version, func.count(), func.sum(case((Run.status == "oom", 1), else_=0)),
                 func.avg(Run.peak_reserved_bytes), func.max(Run.peak_reserved_bytes),
-                func.avg(Run.peak_allocated_bytes), func.avg(Run.fragmentation_ratio))
+                func.avg(Run.peak_allocated_bytes), func.avg(Run.fragmentation_ratio),
+                func.avg(Run.pieces_share))
          .where(Run.job == job).group_by(Run.torch_version))
     rows = sorted(session.execute(q).all(), key=lambda r: version_key(r[0]))
     out, prev = [], None
-    for v, n, ooms, avg_res, max_res, avg_alloc, frag in rows:
+    for v, n, ooms, avg_res, max_res, avg_alloc, frag, pieces in rows:
         figs = VersionFigures(v, int(n), int(ooms or 0), int(avg_res) if avg_res is not None else None,
-                              float(frag) if frag is not None else None)
+                              round(float(pieces), 4) if pieces is not None else None)
         item = {"torch_version": v, "runs": int(n), "oom_runs": int(ooms or 0),
                 "oom_rate": round((ooms or 0) / n, 4) if n else None,
                 "mean_peak_reserved_bytes": figs.mean_peak_reserved_bytes,
                 "max_peak_reserved_bytes": int(max_res) if max_res is not None else None,
                 "mean_peak_allocated_bytes": int(avg_alloc) if avg_alloc is not None else None,
+                "mean_pieces_share": figs.mean_pieces_share,
                 "mean_fragmentation_ratio": round(float(frag), 4) if frag is not None else None,
                 "regression": False, "regressions": []}
         if prev is not None:

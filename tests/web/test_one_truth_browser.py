@@ -56,3 +56,23 @@ def test_the_run_page_says_no_change_once(browser, tmp_path):  # noqa: F811
     assert any("(2 intervals): no significant change" in x for x in quiet), items
     shot(page, tmp_path / "run-sgd-changes.png", full_page=True)
     browser.clean()
+
+
+def test_the_versions_page_says_pieces_as_the_runs_list_does(browser, tmp_path):  # noqa: F811
+    # job gpt: 2.10.0 one healthy run (fragmentation ratio ~0.78), 2.11.0 the capacity OOM (ratio 0.88,
+    # nothing in pieces). The page showed "mean frag" 0.78 / 0.88, the healthy version as the less
+    # fragmented one; the runs list says `pieces`: - for the healthy run, 0.00 for the capacity OOM.
+    runs = browser.open("/runs")
+    pieces = _column(runs, "pieces")
+    page = browser.open("/versions?job=gpt")
+    heads = [h.strip() for h in page.locator("#versions-table thead th").all_text_contents()]
+    assert "pieces" in heads and not any("frag" in h for h in heads), heads
+    i = heads.index("pieces")
+    rows = {r.locator("td").first.text_content().strip(): [c.strip() for c in r.locator("td").all_text_contents()]
+            for r in page.locator("#versions-table tbody tr").all()}
+    assert rows["2.10.0"][i] == pieces["seed_adamw"] == "-", rows
+    assert rows["2.11.0"][i] == pieces["capacity"], (rows, pieces)
+    assert "fragmentation" not in page.text_content("#versions-table")
+    assert_not_blank(shot(page, tmp_path / "versions-pieces.png", full_page=True))
+    browser.clean()
+    print("screenshots:", tmp_path)
