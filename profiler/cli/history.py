@@ -212,9 +212,10 @@ def _print_whatif(con, snaps: list[dict]) -> None:
         where = " ".join(x for x in (f"step {s['step']}" if s.get("step") is not None else "",
                                       f"epoch {s['epoch']}" if s.get("epoch") is not None else "") if x)
         seeds = len(w.get("seeds") or []) + len(w.get("joined") or [])
+        limit = ("no limit known" if w.get("limit_bytes") is None else
+                 f"limit {cell(w['limit_bytes'], 'bytes')} from {escape(str(w.get('limit_source') or '-'))}")
         con.print(f"[bold]what-if at the {escape(s['trigger'])} snapshot[/bold] (rank {s['rank']}"
-                  f"{', ' + where if where else ''}; limit {cell(w['limit_bytes'], 'bytes')} from "
-                  f"{escape(str(w.get('limit_source') or '-'))}; {seeds} earlier snapshot(s) used)")
+                  f"{', ' + where if where else ''}; {limit}; {seeds} earlier snapshot(s) used)")
         reasons = {r.get("reason") for r in w["results"]}
         if all(r.get("predicted_oom") is None for r in w["results"]) and len(reasons) == 1:
             con.print(f"  every setting: not assessable ({escape(str(reasons.pop()))})")  # e.g. no trace

@@ -47,3 +47,21 @@ def test_versions_compare_pieces_at_the_oom_not_the_fragmentation_ratio(memq_env
     head = next(x for x in out.splitlines() if "torch" in x and "runs" in x)
     assert "pieces" in head and "frag" not in head
     assert "0.82" not in out and "0.55" not in out
+
+
+# ------------------------------------------------------------------------------ what-if: one limit
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_what_if_sweep_header_and_its_reason_name_one_limit(memq_env):
+    # ingested without its cap: the header said "limit - from unknown" and the line under it "under the
+    # limit of 139.04 GiB": two limits for one replay. The replay used the device-bound limit; say so.
+    memq("db", "upgrade")
+    memq("ingest", *run_files("frag_dynamic_1.15"), "--run", "frag")
+    text = flat(memq("history", "--run", "frag"))
+    head = text[text.index("what-if at the oom snapshot"):]
+    assert head.startswith("what-if at the oom snapshot (rank 0; no limit known;"), head[:120]
+    assert "limit - from unknown" not in text
+    assert "the replay used the device-bound 139.04 GiB, under which the model serves every request" in head
+    assert "under the limit of 139.04 GiB" not in text
+    doc = json.loads(memq("history", "--run", "frag", "--json"))
+    w = next(s["whatif"] for s in doc["snapshots"] if s.get("whatif"))
+    assert w["limit_bytes"] is None and "device-bound" in w["results"][0]["reason"]
