@@ -157,6 +157,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         peak_reserved=peak_reserved, leak=leak, stacks_all=stacks_all,
         step_need=need, checkpoint_load=loading, optimizer_creation=opt_creation,
         optimizer_name=optimizer,
+        process_in_use=ctx.message.process_in_use_bytes if ctx is not None and ctx.message is not None else None,
     )
     primary, conf, causes, _findings = diagnose(facts)
     recs = recommend(primary, facts, optimizer, leak, whatif)

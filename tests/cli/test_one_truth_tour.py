@@ -65,3 +65,42 @@ def test_the_what_if_sweep_header_and_its_reason_name_one_limit(memq_env):
     doc = json.loads(memq("history", "--run", "frag", "--json"))
     w = next(s["whatif"] for s in doc["snapshots"] if s.get("whatif"))
     assert w["limit_bytes"] is None and "device-bound" in w["results"][0]["reason"]
+
+
+# ------------------------------------------------------------------------------ whose memory
+def test_analyze_with_the_message_names_the_owner_explain_names():
+    # the message says "this process has 137.08 GiB memory in use" of which PyTorch reserved 11.12 GiB:
+    # `memq explain` said "not another program", while `memq analyze --oom-message` of the same OOM said
+    # "another process or library holds the card" and advised nvidia-smi to find it
+    from tests.helpers import REAL, meta
+
+    msg = meta("external")["oom_message"]
+    explain = json.loads(memq("explain", msg, "--json"))["diagnosis"]
+    doc = json.loads(memq("analyze", REAL / "external" / "oom.pickle.gz", "--oom-message", msg, "--json"))
+    d = doc["diagnosis"]
+    assert d["primary_cause"] == explain["primary_cause"] == "external_memory"
+    ev = " ".join(d["causes"][0]["evidence"])
+    assert "this process's own" in ev and "another process or library holds the card" not in ev
+    actions = [r["action"] for r in d["recommendations"]]
+    assert actions[:2] == [r["action"] for r in explain["recommendations"]][:2], (actions, explain)
+    assert not any("Find and stop what else holds the GPU" in a for a in actions)
+    # the why does not restate the evidence line above it
+    text = flat(memq("analyze", REAL / "external" / "oom.pickle.gz", "--oom-message", msg))
+    assert text.count("(137.08 GiB in use, 11.12 GiB of it PyTorch's)") == 1, text
+    assert flat(memq("explain", msg)).count("(137.08 GiB in use, 11.12 GiB of it PyTorch's)") == 1
+    # without the message nobody knows whose: the old sentence stays
+    alone = json.loads(memq("analyze", REAL / "external" / "oom.pickle.gz", "--device-total", "150109880320",
+                            "--json"))["diagnosis"]
+    assert "another process or library holds the card" in " ".join(alone["causes"][0]["evidence"])
+
+
+@pytest.mark.parametrize("args", [["explain", ""], ["analyze", "X", "--oom-message", ""]])
+def test_an_empty_message_is_refused_in_one_line(args):
+    # `memq explain "$(grep -m1 'CUDA out of memory' train.log)"` where the log has none: an internal
+    # error (exit 1) for explain, silently no message for analyze
+    from tests.helpers import REAL
+
+    args = [str(REAL / "capacity" / "oom.pickle.gz") if a == "X" else a for a in args]
+    res = CliRunner().invoke(cli, args, catch_exceptions=True)
+    assert res.exit_code == 2, (res.output, res.exception)
+    assert "not an out-of-memory message" in res.output and "internal error" not in res.output
