@@ -10,6 +10,7 @@ from typing import TextIO
 from rich.panel import Panel
 from rich.table import Table
 
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.provenance import origin_words
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link
@@ -53,8 +54,12 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     for name, val in rows:
         if val is not None:
             t.add_row(name, fmt_bytes(val))
-    if m.get("fragmentation_ratio") is not None:
-        t.add_row("fragmentation ratio", f"{m['fragmentation_ratio']:.3f}")
+    # Free in pieces, as the lists, the report and the evidence say it; the fragmentation ratio (0.7-0.9 in
+    # healthy runs and capacity OOMs alike) stays in the JSON only: shown here it read as a problem.
+    pieces = free_in_pieces(m.get("reserved_unallocated_bytes"), m.get("largest_free_block_bytes"))
+    if pieces is not None:
+        share = f" ({pieces / m['reserved_bytes']:.2f} of reserved)" if m.get("reserved_bytes") else ""
+        t.add_row("free in pieces (outside the largest free block)", fmt_bytes(pieces) + share)
     if dm.get("segment_count") is not None:
         t.add_row("segments", str(dm["segment_count"]))
         t.add_row("expandable segments", str(dm.get("expandable_segments")))
@@ -121,11 +126,11 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     per = det.get("per_snapshot") or []
     if len(per) > 1:
         st = Table(title="Snapshots of the run", header_style="bold")
-        for c in ("file", "active", "reserved", "peak live", "fragmentation"):
+        for c in ("file", "active", "reserved", "peak live"):
             st.add_column(c, justify="left" if c == "file" else "right")
         for p in per:
             st.add_row(v(p["file"].rsplit("/", 1)[-1]), fmt_bytes(p["active_bytes"]), fmt_bytes(p["reserved_bytes"]),
-                       fmt_bytes(p["peak_live_bytes"]), f"{p['fragmentation_ratio']:.3f}")
+                       fmt_bytes(p["peak_live_bytes"]))
         con.print(st)
 
     found, open_ = split_unsettled(d["causes"][1:])

@@ -104,3 +104,19 @@ def test_an_empty_message_is_refused_in_one_line(args):
     res = CliRunner().invoke(cli, args, catch_exceptions=True)
     assert res.exit_code == 2, (res.output, res.exception)
     assert "not an out-of-memory message" in res.output and "internal error" not in res.output
+
+
+# ------------------------------------------------------------------------------ analyze: pieces, not a ratio
+def test_analyze_shows_free_in_pieces_not_a_fragmentation_ratio():
+    # the capacity OOM showed "fragmentation ratio 0.883" (and healthy snapshots 0.76-0.79) in the memory
+    # picture: a problem that is not one; the lists and the evidence say "free in pieces"
+    from tests.helpers import REAL
+
+    cap = REAL / "capacity" / "oom.pickle.gz"
+    m = json.loads(memq("analyze", cap, "--limit", "17179869184", "--json"))["metrics"]
+    assert m["fragmentation_ratio"] > 0.8  # the contract keeps it
+    text = flat(memq("analyze", cap, "--limit", "17179869184"))
+    assert "fragmentation ratio" not in text
+    assert "free in pieces (outside the largest free block) 16.99 MiB (0.00 of reserved)" in text
+    runs = flat(memq("analyze", *run_files("seed_sgd")))
+    assert "Snapshots of the run" in runs and "fragmentation" not in runs.split("Snapshots of the run")[1][:400]
