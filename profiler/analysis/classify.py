@@ -333,7 +333,7 @@ def check_fragmentation(f: Facts) -> Finding:
     need = segment_needed(f.S)
     limit, src = f.limit, f.limit_source
     if limit is None and f.limit_lower_bound:
-        limit, src = f.limit_lower_bound, "a lower bound (the allocator held that much earlier)"
+        limit, src = f.limit_lower_bound, "a lower bound: the allocator held that much earlier"
     if limit is None:
         out.missing.append(NEED_LIMIT)
         return out

@@ -24,7 +24,7 @@ from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
-from memq.render.reasons import changes_once, said_once
+from memq.render.reasons import changes_once, panel_cause_lines, said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said, verdict_head, verdict_headline
@@ -136,10 +136,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
         need = step_need_line(d)
         if need:
             head.append(rich_text(need))
-        for c in d.get("causes", [])[:3]:
-            # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
-            for ev in [e for e in c.get("evidence", []) if not (need and need in e)][:1]:
-                head.append(f"  {c['cause']}: {ev}")
+        # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
+        head += [f"  {rich_text(line)}" for line in panel_cause_lines(d.get("causes") or [], skip=need)]
         for r in d.get("recommendations", [])[:2]:
             link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one
             head.append(f"-> {r['action']}" + (f"\n   playbook: {link}" if link else ""))

@@ -18,7 +18,7 @@ from memq.render.reasons import split_unsettled, unsettled_lines
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
 from memq.render.step_need_text import step_need_headline
-from memq.render.words import verdict_head
+from memq.render.words import said, verdict_head
 from memq.units import fmt_bytes, sparkline
 
 
@@ -138,7 +138,7 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         con.print("[bold]Other causes considered[/bold]")
         for c in found:
             ev = "; ".join(c["evidence"]) or "-"
-            con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
+            con.print(f"  {v(said(c['cause']))} ({c['confidence']:.2f}): {v(ev)}")
     if open_:
         con.print("[bold]Not settled[/bold] (what would settle each)")
         for line in unsettled_lines(open_, d["causes"][0].get("evidence") or []):

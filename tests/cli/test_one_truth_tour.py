@@ -120,3 +120,31 @@ def test_analyze_shows_free_in_pieces_not_a_fragmentation_ratio():
     assert "free in pieces (outside the largest free block) 16.99 MiB (0.00 of reserved)" in text
     runs = flat(memq("analyze", *run_files("seed_sgd")))
     assert "Snapshots of the run" in runs and "fragmentation" not in runs.split("Snapshots of the run")[1][:400]
+
+
+# ------------------------------------------------------------------------------ run panels: causes in words
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_run_panels_name_causes_in_words_and_list_unsettled_ones_apart(memq_env):
+    # `memq history` printed "external_memory: not settled: ..." and "leak: not settled: ..." as the
+    # run's findings, raw enum first, where `memq analyze` lists them apart under "Not settled"
+    memq("db", "upgrade")
+    ingest = flat(memq("ingest", *run_files("capacity"), "--run", "cap"))
+    text = flat(memq("history", "--run", "cap"))
+    for screen in (ingest, text):
+        assert "external_memory:" not in screen and "leak: not settled" not in screen, screen[:900]
+        assert "not settled: external memory: device total and free memory at the OOM" in screen
+        assert "capacity: no deciding test could be settled" in screen
+
+
+def test_analyze_names_other_causes_in_words():
+    import io
+
+    from memq.render.terminal import render_analysis
+
+    doc = json.loads(memq("analyze", *run_files("capacity"), "--limit", "17179869184", "--json"))
+    d = doc["diagnosis"]
+    d["causes"].insert(1, {"cause": "activation_spike", "confidence": 0.4, "evidence": ["a larger input"]})
+    out = io.StringIO()
+    render_analysis(doc, out, width=200)
+    assert "activation spike (0.40): a larger input" in out.getvalue()
+    assert "activation_spike" not in out.getvalue()
