@@ -421,6 +421,12 @@ def check_healthy(f: Facts) -> Finding:
         if in_last_free_bytes(f.peak_reserved, f.limit):
             out.strength = STRENGTH["healthy_near_miss"]
             out.evidence.append("headroom is under 5% of the limit: a near miss; a larger input would OOM")
+    elif f.device_total:
+        # the device is known (a screen shows it as the run's limit) but not what this process may reserve
+        # of it: say the share of the device, never "no limit given" beside a limit on the same screen
+        share = _pct(f.peak_reserved, f.device_total)
+        out.evidence.append(f"no OOM recorded; peak reserved {g(f.peak_reserved)} is {share} of the "
+                            f"{g(f.device_total)} device (headroom under a per-process cap needs --limit)")
     else:
         out.evidence.append(f"no OOM recorded; peak reserved {g(f.peak_reserved)} (no limit given to "
                             "compute headroom)")

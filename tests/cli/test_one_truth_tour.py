@@ -148,3 +148,21 @@ def test_analyze_names_other_causes_in_words():
     render_analysis(doc, out, width=200)
     assert "activation spike (0.40): a larger input" in out.getvalue()
     assert "activation_spike" not in out.getvalue()
+
+
+# ------------------------------------------------------------------------------ healthy: the device is known
+def test_a_healthy_run_on_a_known_device_does_not_say_no_limit_given(tmp_path, monkeypatch):
+    # `memq history --run demo-sgd` (the demo's "next" command): "limit 139.80 GiB (the device total)" in
+    # its first line and "no limit given to compute headroom" three lines below it
+    d = json.loads(memq("analyze", *run_files("seed_sgd"), "--device-total", "150109880320", "--json"))["diagnosis"]
+    ev = d["causes"][0]["evidence"][0]
+    assert d["primary_cause"] == "healthy" and d["confidence"] == 0.85  # the verdict is unchanged
+    assert "no limit given" not in ev and "is 5.3% of the 139.80 GiB device" in ev, ev
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "share"))
+    for k in ("MEMQ_DATABASE_URL", "MEMQ_DATA_DIR", "MEMQ_CONFIG", "MEMQ_BLOB_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    demo = flat(memq("demo"))
+    hist = demo[demo.index("run demo-sgd"):]
+    assert "limit 139.80 GiB (the device total)" in hist
+    assert "no limit given" not in demo, demo[:600]
