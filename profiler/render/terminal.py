@@ -10,7 +10,6 @@ from typing import TextIO
 from rich.panel import Panel
 from rich.table import Table
 
-from memq.analysis.memory import free_in_pieces
 from memq.analysis.provenance import origin_words
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link
@@ -18,7 +17,7 @@ from memq.render.reasons import split_unsettled, unsettled_lines
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
 from memq.render.step_need_text import step_need_headline
-from memq.render.words import said, verdict_head
+from memq.render.words import pieces_text, said, verdict_head
 from memq.units import fmt_bytes, sparkline
 
 
@@ -56,10 +55,8 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
             t.add_row(name, fmt_bytes(val))
     # Free in pieces, as the lists, the report and the evidence say it; the fragmentation ratio (0.7-0.9 in
     # healthy runs and capacity OOMs alike) stays in the JSON only: shown here it read as a problem.
-    pieces = free_in_pieces(m.get("reserved_unallocated_bytes"), m.get("largest_free_block_bytes"))
-    if pieces is not None:
-        share = f" ({pieces / m['reserved_bytes']:.2f} of reserved)" if m.get("reserved_bytes") else ""
-        t.add_row("free in pieces (outside the largest free block)", fmt_bytes(pieces) + share)
+    if m.get("largest_free_block_bytes") is not None:
+        t.add_row("free in pieces (outside the largest free block)", pieces_text(m))
     if dm.get("segment_count") is not None:
         t.add_row("segments", str(dm["segment_count"]))
         t.add_row("expandable segments", str(dm.get("expandable_segments")))

@@ -76,3 +76,19 @@ def test_the_versions_page_says_pieces_as_the_runs_list_does(browser, tmp_path):
     assert_not_blank(shot(page, tmp_path / "versions-pieces.png", full_page=True))
     browser.clean()
     print("screenshots:", tmp_path)
+
+
+def test_the_snapshot_page_says_free_in_pieces_not_a_fragmentation_ratio(browser, web_history, tmp_path):  # noqa: F811
+    # the figures line said "fragmentation 0.55" where the runs list and the verdict say free in pieces
+    # (2.53 GiB, 0.15 of reserved); a healthy cache's 0.78 read as a problem the same way
+    sid = web_history.snapshot_id("frag_dyn", "oom")
+    page = browser.open(f"/snapshots/{sid}")
+    figures = page.text_content("p.figures")
+    assert "fragmentation" not in figures, figures
+    assert page.text_content("#free-in-pieces").strip() == "2.53 GiB (0.15 of reserved)"
+    pieces = _column(browser.open("/runs"), "pieces")["frag_dyn"]
+    assert f"({pieces} of reserved)" in figures
+    page = browser.open(f"/snapshots/{sid}")
+    assert_not_blank(shot(page, tmp_path / "snapshot-free-in-pieces.png"), red=True)
+    browser.clean()
+    print("screenshots:", tmp_path)
