@@ -40,6 +40,7 @@ from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
 from memq.store.run_verdicts import verdict_rank
+from memq.store.sweeps import OOM_ANALYSIS
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -301,7 +302,7 @@ def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
         return {"bytes": int(run.memory_limit_bytes), "source": "the run's cap"}
     oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
     if oom.get("limit_bytes"):
-        return {"bytes": int(oom["limit_bytes"]), "source": "the OOM analysis"}
+        return {"bytes": int(oom["limit_bytes"]), "source": OOM_ANALYSIS}
     card = card_limit(run)
     if card is not None:
         return {"bytes": card, "source": "the device less memory outside PyTorch"}

@@ -21,6 +21,11 @@ from memq.errors import NotFound
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
 
+#: Where a limit came from when the OOM's own analysis derived it: the run header (queries.run_limit) and
+#: the what-if sweep say it in the same words (the run page showed "the OOM analysis" above "the OOM (its
+#: analysis)" for one 13.84 GiB).
+OOM_ANALYSIS = "the OOM analysis"
+
 #: Earlier snapshots (newest first, with a trace) a sweep replays before the OOM snapshot's window.
 MAX_SEEDS = 8
 #: How many earlier snapshot rows are looked at to find those seeds.
@@ -90,7 +95,7 @@ def plan_for(session, snapshot_id: int) -> SweepPlan:
     limit, source = None, "unknown"
     # The analysis's limit first: it is what the OOM itself says ("N GiB allowed", the observer), where the
     # run's limit may be the device total reported before the job set its cap.
-    for value, where in (((oom or {}).get("limit_bytes"), "the OOM (its analysis)"),
+    for value, where in (((oom or {}).get("limit_bytes"), OOM_ANALYSIS),
                          (ctx.get("limit_bytes"), "the snapshot's facts"), (row.memory_limit_bytes, "the run's limit")):
         if value:
             limit, source = int(value), where

@@ -166,3 +166,17 @@ def test_a_healthy_run_on_a_known_device_does_not_say_no_limit_given(tmp_path, m
     hist = demo[demo.index("run demo-sgd"):]
     assert "limit 139.80 GiB (the device total)" in hist
     assert "no limit given" not in demo, demo[:600]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_run_header_and_its_what_if_name_one_limit_source(memq_env):
+    # the run page said "limit 13.84 GiB (the OOM analysis)" and, for the same limit, "What-if sweep ...
+    # under the limit 13.84 GiB (the OOM (its analysis))"
+    from tests.helpers import meta
+
+    memq("db", "upgrade")
+    memq("ingest", *run_files("external"), "--run", "ext", "--oom-message", meta("external")["oom_message"])
+    doc = json.loads(memq("history", "--run", "ext", "--json"))
+    w = next(s["whatif"] for s in doc["snapshots"] if s.get("whatif"))
+    assert w["limit_bytes"] == doc["limit"]["bytes"]
+    assert w["limit_source"] == doc["limit"]["source"] == "the OOM analysis"
