@@ -191,7 +191,16 @@ def explain_gap(A: dict, B: dict, comp_delta: dict[str, int] | None, diffs: list
         text += " of reserved-but-free memory at the same live peak"
     if settings:
         s0 = settings[0]
-        text += f"; differing setting that drives it: {s0['field']} {s0['a']} -> {s0['b']}"
+        field = s0["field"].split(".")[0]
+        # a more direct driver recorded in neither run (two runs ingested without their optimizer): the
+        # difference found may drive the gap, it is not shown to (torch 2.10 -> 2.11 does not make AdamW)
+        unknown = [d for d in drivers[: drivers.index(field)] if A.get(d) is None and B.get(d) is None]
+        name = s0["field"].replace("_", " ")
+        if unknown:
+            text += (f"; a differing setting that may drive it: {name} {s0['a']} -> {s0['b']} (not recorded for "
+                     f"either run: {', '.join(d.replace('_', ' ') for d in unknown)})")
+        else:
+            text += f"; differing setting that drives it: {name} {s0['a']} -> {s0['b']}"
     else:
         text += "; no recorded setting that drives it differs (batch size, sequence length or code may)"
     return {"category": cat, "delta_bytes": int(delta), **base,

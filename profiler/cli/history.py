@@ -272,11 +272,11 @@ def compare(run_a, run_b, as_json, as_csv):
         kind = r["kind"]
         delta = "-" if r["delta"] is None else (("+" if r["delta"] >= 0 else "") + cell(r["delta"], kind)
                                                 if kind == "ratio" else cell(r["delta"], "delta"))
-        t.add_row(r["what"], cell(r["a"], kind), cell(r["b"], kind), delta)
+        t.add_row(said(r["what"]), cell(r["a"], kind), cell(r["b"], kind), delta)  # the CSV keeps the key
     con.print(t)
     if doc["differences"]:
         con.print(table("settings and versions that differ", [Col("field", "field"), Col("a", run_a), Col("b", run_b)],
-                        [_shown_difference(d) for d in doc["differences"]]))
+                        [_shown_difference(d) | {"field": said(d["field"])} for d in doc["differences"]]))
     else:
         con.print("no recorded setting or version differs")
     con.print(f"[bold]explanation[/bold]: {doc['explanation']['text']}")

@@ -38,6 +38,13 @@ def _ratio(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _delta(v: Any) -> str:
+    """A signed size, as `memq compare` prints it ("+465.25 MiB", "-896.00 KiB", "+0 B")."""
+    from memq.analysis.compare import fmt_delta
+
+    return "-" if v is None else fmt_delta(int(v))
+
+
 def _time(v: Any) -> str:
     return "-" if not v else str(v).replace("T", " ")[:19]
 
@@ -67,7 +74,7 @@ def _env():
                        playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect,
                        said=said, plural=plural, labelled=labelled, verdict_head=verdict_head,
                        split_unsettled=split_unsettled, unsettled_lines=unsettled_lines,
-                       change_groups=change_groups, pieces=pieces_text)
+                       change_groups=change_groups, pieces=pieces_text, delta=_delta)
     return env
 
 

@@ -180,3 +180,26 @@ def test_the_run_header_and_its_what_if_name_one_limit_source(memq_env):
     w = next(s["whatif"] for s in doc["snapshots"] if s.get("whatif"))
     assert w["limit_bytes"] == doc["limit"]["bytes"]
     assert w["limit_source"] == doc["limit"]["source"] == "the OOM analysis"
+
+
+# ------------------------------------------------------------------------------ compare: what drives the gap
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_compare_does_not_credit_the_torch_version_with_the_optimizer_state(memq_env):
+    # SGD vs AdamW ingested without --optimizer, on two torch versions: compare said "differing setting
+    # that drives it: torch_version 2.10.0 -> 2.11.0" for +465 MiB of optimizer state, with raw enums
+    memq("db", "upgrade")
+    memq("ingest", *run_files("seed_sgd"), "--run", "sgd", "--torch-version", "2.10.0")
+    memq("ingest", *run_files("seed_adamw"), "--run", "adamw", "--torch-version", "2.11.0")
+    ex = json.loads(memq("compare", "sgd", "adamw", "--json"))["explanation"]
+    assert ex["category"] == "optimizer_state"
+    assert "differing setting that drives it" not in ex["text"], ex["text"]
+    assert "a differing setting that may drive it: torch version 2.10.0 -> 2.11.0 (not recorded for either run: " \
+           "optimizer" in ex["text"]
+    text = flat(memq("compare", "sgd", "adamw"))
+    assert "optimizer_state" not in text and "torch_version" not in text
+    assert "optimizer state 464.55 MiB 929.80 MiB +465.25 MiB" in text
+    # recorded: the direct driver is named as before
+    memq("ingest", *run_files("seed_sgd"), "--run", "sgd2", "--optimizer", "SGD")
+    memq("ingest", *run_files("seed_adamw"), "--run", "adamw2", "--optimizer", "AdamW")
+    ex = json.loads(memq("compare", "sgd2", "adamw2", "--json"))["explanation"]
+    assert "differing setting that drives it: optimizer SGD -> AdamW" in ex["text"]

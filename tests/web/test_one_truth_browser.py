@@ -92,3 +92,27 @@ def test_the_snapshot_page_says_free_in_pieces_not_a_fragmentation_ratio(browser
     assert_not_blank(shot(page, tmp_path / "snapshot-free-in-pieces.png"), red=True)
     browser.clean()
     print("screenshots:", tmp_path)
+
+
+def test_the_compare_page_says_what_may_drive_the_gap_in_words(browser, tmp_path):  # noqa: F811
+    # seed_sgd vs seed_adamw, no optimizer recorded: "differing setting that drives it: torch_version
+    # 2.10.0 -> 2.11.0" for the optimizer state, and `optimizer_state` / `torch_version` in the tables
+    page = browser.open("/compare?a=seed_adamw&b=seed_sgd")
+    text = " ".join(page.inner_text("body").split())
+    assert "optimizer_state" not in text and "torch_version" not in text, text[:800]
+    assert "optimizer state" in text and "torch version" in text
+    assert "differing setting that drives it" not in text
+    assert "may drive it: torch version 2.10.0 -> 2.11.0 (not recorded for either run: optimizer" in text
+    assert_not_blank(shot(page, tmp_path / "compare-words.png", full_page=True))
+    browser.clean()
+    print("screenshots:", tmp_path)
+
+
+def test_the_compare_page_signs_its_deltas_as_the_cli_does(browser):  # noqa: F811
+    # deltas signed as `memq compare` prints them (the page showed "896.00 KiB" beside "-1.38 GiB")
+    page = browser.open("/compare?a=seed_adamw&b=seed_sgd")
+    rows = {r.locator("td").first.inner_text().strip(): r.locator("td").last.inner_text().strip()
+            for r in page.locator("table.grid").first.locator("tbody tr").all()}
+    assert rows["activations"] == "+896.00 KiB" and rows["peak reserved"] == "-1.38 GiB", rows
+    assert rows["gradients"] == "+0 B"
+    browser.clean()
