@@ -31,13 +31,14 @@ from memq.render.words import labelled, plural, said, verdict_head, verdict_head
 from memq.units import fmt_bytes, sparkline
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
-            Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
+            Col("cause_shown", "cause"), Col("cause_confidence", "conf", "conf"),
             Col("peak_reserved_bytes", "peak reserved", "bytes"),
             Col("peak_allocated_bytes", "peak allocated", "bytes"),
             Col("pieces_share", "pieces", "ratio"), Col("snapshot_count", "snaps", "int"),
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
-RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
+RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "undetermined", "cause_confidence",
+           "peak_reserved_bytes",
            "peak_allocated_bytes", "pieces_share", "fragmentation_ratio", "oom_count", "snapshot_count",
            "torch_version",
            "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
@@ -68,8 +69,15 @@ def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_js
     store = open_cli_store()
     with store.session() as s:
         rows = list_runs(s, f)
-    emit(fmt, {"runs": rows, "count": len(rows)}, rows, RUN_COLS, title=plural(len(rows), "run"), csv_keys=RUN_CSV,
+    shown = [r | {"cause_shown": cause_shown(r)} for r in rows]
+    emit(fmt, {"runs": rows, "count": len(rows)}, shown, RUN_COLS, title=plural(len(rows), "run"), csv_keys=RUN_CSV,
          empty="no runs match")
+
+
+def cause_shown(row: dict) -> str:
+    """A list's cause cell: in words, and "undetermined" where the run page says so (the candidate stays in
+    the JSON's primary_cause)."""
+    return "undetermined" if row.get("undetermined") else said(row.get("primary_cause"))
 
 
 def _no_limit(value):

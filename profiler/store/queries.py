@@ -35,11 +35,11 @@ from memq.analysis.compare import (
 from memq.analysis.frames import CATEGORIES
 from memq.analysis.memory import free_in_pieces
 from memq.analysis.ranks import RankFacts, diagnose_ranks, leak_listed, rank_advice_first
-from memq.analysis.run_verdict import forecast_rank
+from memq.analysis.run_verdict import forecast_rank, undetermined
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
-from memq.store.run_verdicts import verdict_rank
+from memq.store.run_verdicts import verdict_rank, verdict_ranks
 from memq.store.sweeps import OOM_ANALYSIS
 
 
@@ -108,7 +108,27 @@ def list_runs(session: Session, f: RunFilter) -> list[dict[str, Any]]:
     if since is not None and session.get_bind().dialect.name == "sqlite":
         f = RunFilter(**{**f.__dict__, "since": to_utc(since).replace(tzinfo=None)})
     q = _filtered(select(Run), f).order_by(Run.started_at.desc(), Run.id.desc()).limit(max(1, f.limit))
-    return [run_dict(r) for r in session.execute(q).scalars()]
+    return mark_undetermined(session, list(session.execute(q).scalars()))
+
+
+def mark_undetermined(session: Session, runs: list[Run]) -> list[dict[str, Any]]:
+    """run_dict of each run, with `undetermined`: true for an OOM run whose verdict names its cause only as
+    the best candidate (no deciding test settled, analysis/run_verdict.undetermined), so a list says
+    "undetermined" as the run page and `memq history` do, never the candidate as the run's cause. One
+    query for the page's OOM runs."""
+    rows = [run_dict(r) for r in runs]
+    ooms = [r.id for r in runs if r.status == "oom" or (r.oom_count or 0) > 0]
+    weak: set[int] = set()
+    if ooms:
+        speaks = verdict_ranks(session, ooms)
+        for run_id, rank, diag in session.execute(
+                select(RunDiagnosis.run_id, RunDiagnosis.rank, RunDiagnosis.result["diagnosis"])
+                .where(RunDiagnosis.run_id.in_(ooms))):
+            if speaks.get(int(run_id)) == int(rank) and undetermined(diag):
+                weak.add(int(run_id))
+    for r, row in zip(runs, rows, strict=True):
+        row["undetermined"] = r.id in weak
+    return rows
 
 
 def _run_row(session: Session, name: str) -> Run:

@@ -203,3 +203,30 @@ def test_compare_does_not_credit_the_torch_version_with_the_optimizer_state(memq
     memq("ingest", *run_files("seed_adamw"), "--run", "adamw2", "--optimizer", "AdamW")
     ex = json.loads(memq("compare", "sgd2", "adamw2", "--json"))["explanation"]
     assert "differing setting that drives it: optimizer SGD -> AdamW" in ex["text"]
+
+
+# ------------------------------------------------------------------------------ lists: the run's verdict
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_lists_say_undetermined_where_the_run_page_does(memq_env, store):
+    # the capacity OOM ingested without a limit: `memq history` and the run page read "undetermined (best
+    # candidate capacity, confidence 0.30)", `memq runs` and the web list read "capacity 0.30"; and
+    # `memq runs` printed the raw `external_memory`
+    from memq.store.page_queries import RunPage, page_runs
+    from memq.store.queries import RunFilter
+    from tests.helpers import meta
+
+    memq("db", "upgrade")
+    memq("ingest", *run_files("capacity"), "--run", "cap")
+    memq("ingest", *run_files("capacity"), "--run", "capped", "--limit", "17179869184")
+    memq("ingest", *run_files("external"), "--run", "ext", "--oom-message", meta("external")["oom_message"])
+    assert "undetermined (best candidate capacity" in flat(memq("history", "--run", "cap"))
+    runs = {r["run"]: r for r in json.loads(memq("runs", "--json"))["runs"]}
+    assert runs["cap"]["primary_cause"] == "capacity" and runs["cap"]["undetermined"] is True  # the key stays
+    assert runs["capped"]["undetermined"] is False and runs["ext"]["undetermined"] is False
+    table = {line.split("│")[1].strip(): line for line in memq("runs").splitlines() if line.startswith("│")}
+    assert "undetermined" in table["cap"] and "capacity" not in table["cap"]
+    assert "capacity" in table["capped"] and "external memory" in table["ext"]
+    assert "external_memory" not in memq("runs")
+    with store.session() as s:
+        page = {r["run"]: r for r in page_runs(s, RunPage(filter=RunFilter()))["runs"]}
+    assert page["cap"]["undetermined"] is True and page["capped"]["undetermined"] is False
