@@ -120,9 +120,9 @@ def build_report(source: ReportSource, day: dt.date, scope: Scope, *, previous: 
         "window": {"start": _iso(window.start), "end": _iso(window.end)},
         "generated_at": _iso(now or dt.datetime.now(dt.UTC)),
         "totals": _totals(runs, ooms, near),
-        "ooms": _incidents(ooms, parts, kind="oom"),
+        "ooms": _incidents(_shown(ooms, parts), parts, kind="oom"),
         "near_misses": _incidents(near, parts, kind="near_miss"),
-        "breakdown": _breakdown(ooms, near),
+        "breakdown": _breakdown(_shown(ooms, parts), near),
         "regressions": _regressions(source.version_stats(window, scope), previous),
         "fragmented": [_public(f) for f in fragmented],
         "growing": [_public(g) for g in growing],
@@ -229,15 +229,24 @@ def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str,
                 else:
                     said_for[why] = item["run"]
         listed.append(item)
-    return {"count": len(rows), "by_cause": count("primary_cause"), "by_cluster": count("cluster"),
+    return {"count": len(rows), "by_cause": count("cause_shown" if kind == "oom" else "primary_cause"),
+            "by_cluster": count("cluster"),
             "by_job": count("job"), "runs": listed, "listed": len(listed)}
+
+
+def _shown(rows: list[dict], parts: dict[int, dict]) -> list[dict]:
+    """The rows with `cause_shown`: "undetermined" for an OOM whose verdict names its cause only as the
+    best candidate (the OOM table says so), else the cause; the counts and the chart read it, so the
+    summary never counts "capacity 1" above a row that reads "undetermined"."""
+    return [r | {"cause_shown": "undetermined" if undetermined((parts.get(r["id"]) or {}).get("diagnosis"))
+                 else r["primary_cause"]} for r in rows]
 
 
 def _breakdown(ooms: list[dict], near: list[dict]) -> dict[str, list[dict]]:
     out = {}
-    for key, name in (("primary_cause", "cause"), ("cluster", "cluster"), ("job", "job")):
-        o = Counter((r[key] or "-") for r in ooms)
-        n = Counter((r[key] or "-") for r in near)
+    for key, name in (("cause_shown", "cause"), ("cluster", "cluster"), ("job", "job")):
+        o = Counter((r.get(key, r["primary_cause"]) or "-") for r in ooms)
+        n = Counter((r.get(key, r["primary_cause"]) or "-") for r in near)
         rows = [{name: k, "ooms": o.get(k, 0), "near_misses": n.get(k, 0)} for k in set(o) | set(n)]
         out[f"by_{name}"] = sorted(rows, key=lambda x: (-(x["ooms"] + x["near_misses"]), x[name]))
     return out
@@ -497,7 +506,8 @@ def timeline_from_history(h: dict[str, Any]) -> dict[str, Any]:
     series = [{"t": p["t"], "reserved_bytes": p["reserved_bytes"], "allocated_bytes": p["allocated_bytes"],
                "epoch": p["epoch"], "step": p["step"]} for p in h["stats"]["series"]]
     return {"run": run["run"], "job": run["job"], "cluster": run["cluster"], "status": run["status"],
-            "primary_cause": run["primary_cause"], "limit_bytes": limit, "limit_kind": limit_kind,
+            "primary_cause": run["primary_cause"], "undetermined": undetermined(h.get("diagnosis")),
+            "limit_bytes": limit, "limit_kind": limit_kind,
             "peak_reserved_bytes": run["peak_reserved_bytes"], "series": series, "snapshots": snaps, "oom": oom}
 
 

@@ -105,7 +105,8 @@ def timeline_figure(tl: dict[str, Any], width: float = 9.0, height: float = 3.4)
         ax.set_xticks([0.0], [t0.strftime("%H:%M:%S") if t0 else "-"])
         ax.set_xlabel(f"one moment, {t0.strftime('%Y-%m-%d') if t0 else '-'} UTC ({source})")
     ax.set_ylabel("GiB")
-    cause = tl.get("primary_cause") or "not analysed"
+    cause = ("undetermined" if tl.get("undetermined") else said(tl.get("primary_cause"))) \
+        if tl.get("primary_cause") else "not analysed"
     title = f"{tl['run']}  ({tl.get('job') or '-'} / {tl.get('cluster') or '-'}, {tl.get('status')}, {cause})"
     ax.set_title(plain(title), loc="left", fontsize=10)
     ax.grid(alpha=0.25)

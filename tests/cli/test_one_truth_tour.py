@@ -230,3 +230,28 @@ def test_the_lists_say_undetermined_where_the_run_page_does(memq_env, store):
     with store.session() as s:
         page = {r["run"]: r for r in page_runs(s, RunPage(filter=RunFilter()))["runs"]}
     assert page["cap"]["undetermined"] is True and page["capped"]["undetermined"] is False
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_report_counts_an_undetermined_oom_as_undetermined(memq_env, tmp_path):
+    # the OOM table read "undetermined (best candidate capacity, 0.30)" under a summary "OOMs by cause:
+    # capacity 1" and a chart bar for capacity; the timeline's title said "external_memory"
+    from tests.helpers import meta
+
+    memq("db", "upgrade")
+    memq("ingest", *run_files("capacity"), "--run", "cap")
+    memq("ingest", *run_files("external"), "--run", "ext", "--oom-message", meta("external")["oom_message"])
+    out = tmp_path / "r.json"
+    memq("report", "--format", "json", "--out", out)
+    doc = json.loads(out.read_text())
+    assert doc["ooms"]["by_cause"] == {"external_memory": 1, "undetermined": 1}, doc["ooms"]["by_cause"]
+    assert {r["cause"] for r in doc["breakdown"]["by_cause"]} == {"external_memory", "undetermined"}
+    line = next(x for x in doc["summary"] if x.startswith("OOMs by cause"))
+    assert "undetermined 1" in line and "capacity" not in line, line
+    tl = {t["run"]: t for t in doc["timelines"]}
+    assert tl["cap"]["undetermined"] is True and tl["ext"]["undetermined"] is False
+    from memq.report.plots import timeline_figure
+
+    fig = timeline_figure(tl["ext"])
+    assert "external memory" in fig.axes[0].get_title(loc="left")
+    assert "undetermined" in timeline_figure(tl["cap"]).axes[0].get_title(loc="left")
