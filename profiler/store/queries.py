@@ -40,7 +40,7 @@ from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
 from memq.store.run_verdicts import verdict_rank, verdict_ranks
-from memq.store.sweeps import OOM_ANALYSIS
+from memq.store.sweeps import OOM_ANALYSIS, RUN_CAP
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -319,7 +319,7 @@ def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
     limit its diagnosis derived (the OOM message's "allowed", the device less memory outside PyTorch), so
     a header never says "limit -" above a verdict that used one."""
     if run.memory_limit_bytes:
-        return {"bytes": int(run.memory_limit_bytes), "source": "the run's cap"}
+        return {"bytes": int(run.memory_limit_bytes), "source": RUN_CAP}
     oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
     if oom.get("limit_bytes"):
         return {"bytes": int(oom["limit_bytes"]), "source": OOM_ANALYSIS}

@@ -255,3 +255,16 @@ def test_the_report_counts_an_undetermined_oom_as_undetermined(memq_env, tmp_pat
     fig = timeline_figure(tl["ext"])
     assert "external memory" in fig.axes[0].get_title(loc="left")
     assert "undetermined" in timeline_figure(tl["cap"]).axes[0].get_title(loc="left")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_capped_run_and_its_what_if_say_the_runs_cap(memq_env):
+    # `memq history --run demo-fragmentation` (the demo's next command): "limit 8.00 GiB (the run's cap)"
+    # in the header, "limit 8.00 GiB from the OOM analysis" over the what-if lines, for one 8 GiB cap
+    memq("db", "upgrade")
+    memq("ingest", *run_files("frag_synthetic"), "--run", "frag", "--limit", "8589934592")
+    doc = json.loads(memq("history", "--run", "frag", "--json"))
+    w = next(s["whatif"] for s in doc["snapshots"] if s.get("whatif"))
+    assert w["limit_bytes"] == doc["limit"]["bytes"] == 8589934592
+    assert w["limit_source"] == doc["limit"]["source"] == "the run's cap"
+    assert "limit 8.00 GiB from the run's cap" in flat(memq("history", "--run", "frag"))
