@@ -130,6 +130,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                         for p in per)
     # The agent's peak counters saw every completed step, not only the snapshots' moments.
     peak_reserved = max([peak_reserved, *(f["peak_reserved"] for f in (agents[-1] or {}).get("step_figures") or [])])
+    if need is not None and lim.limit is None:
+        need = replace(need, floor=peak_reserved)  # what the fragmentation test compares with (its lower bound)
     tl = last["timeline"]
     peak_frames = []
     if tl.get("peak_index", -1) is not None and tl.get("peak_index", -1) >= 0:

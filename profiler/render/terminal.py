@@ -81,14 +81,22 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         ot.add_column("answer")
         src = lim.get("requested_source") or ("the OOM message" if not r.get("snapshots") else None)
         ot.add_row("failed request", fmt_bytes(oom["requested_bytes"]) + (f" (from {v(src)})" if src else ""))
-        ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({v(lim.get('limit_source') or 'unknown')})")
+        floor = det.get("peak_reserved_bytes") if oom.get("limit_bytes") is None else None
+        if floor:  # the fragmentation test's lower bound: the row says it, not a bare "unknown" beside it
+            ot.add_row("limit", f"unknown; at least {fmt_bytes(floor)} (the allocator held that much earlier)")
+        else:
+            ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({v(lim.get('limit_source') or 'unknown')})")
         ot.add_row("fits the largest usable free block?",
                    _yn(oom["fits_largest_free_block"], lim.get("largest_usable_free_block_bytes"),
                        "unknown (a message does not give the free blocks)" if not r.get("snapshots")
                        else "unknown"))
-        ot.add_row("fits if the cache were compacted?",
-                   _yn(oom["fits_if_compacted"], None, "unknown (no limit)" if oom.get("limit_bytes") is None
-                       else "unknown (the live bytes are not known)"))
+        live = (r.get("metrics") or {}).get("active_bytes")
+        if floor and live is not None and live + oom["requested_bytes"] <= floor:
+            compacted = f"yes, under that lower bound ({fmt_bytes(live + oom['requested_bytes'])})"
+        else:
+            compacted = _yn(oom["fits_if_compacted"], None, "unknown (no limit)" if oom.get("limit_bytes") is None
+                            else "unknown (the live bytes are not known)")
+        ot.add_row("fits if the cache were compacted?", compacted)
         if lim.get("non_pytorch_bytes") is not None:
             ot.add_row("memory outside PyTorch", fmt_bytes(lim["non_pytorch_bytes"]))
         if lim.get("oom_site"):

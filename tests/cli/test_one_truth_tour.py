@@ -268,3 +268,23 @@ def test_a_capped_run_and_its_what_if_say_the_runs_cap(memq_env):
     assert w["limit_bytes"] == doc["limit"]["bytes"] == 8589934592
     assert w["limit_source"] == doc["limit"]["source"] == "the run's cap"
     assert "limit 8.00 GiB from the run's cap" in flat(memq("history", "--run", "frag"))
+
+
+# ------------------------------------------------------------------------------ a lower bound, said as one
+def test_a_lower_bound_limit_is_not_called_unknown_beside_itself():
+    # frag_dynamic without its cap: "fits the limit of 16.89 GiB (a lower bound (...))", then "the limit is
+    # not known, so whether it fits is not settled" for a need of 16.31-16.40 GiB, and a fit table with
+    # "limit n/a (unknown)" and "fits if compacted? unknown (no limit)"
+    from tests.helpers import REAL
+
+    oom = REAL / "frag_dynamic_1.15" / "oom.pickle.gz"
+    d = json.loads(memq("analyze", oom, "--json"))["diagnosis"]
+    assert d["primary_cause"] == "fragmentation" and d["confidence"] == 0.49  # verdicts unchanged
+    assert d["step_need"]["fits_limit"] is None and d["step_need"]["limit_floor_bytes"] == 18136170496
+    text = flat(memq("analyze", oom))
+    assert "(a lower bound (" not in text
+    assert "the limit is not known, so whether it fits is not settled" not in text
+    assert "the failing step needed ~16.40 GiB (16.31-16.40 GiB): under the 16.89 GiB the allocator held " \
+           "earlier, the least the limit can be" in text
+    assert "limit unknown; at least 16.89 GiB (the allocator held that much earlier)" in text
+    assert "fits if the cache were compacted? yes, under that lower bound (16.40 GiB)" in text
