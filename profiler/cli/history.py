@@ -133,9 +133,13 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
 
     con = console()
     run = doc["run"]
+    lim = doc["limit"]
+    if lim["bytes"] is None and lim.get("at_least"):
+        limit = f"unknown, at least {cell(lim['at_least'], 'bytes')} (the allocator held that much)"
+    else:
+        limit = cell(lim["bytes"], "bytes") + (f" ({lim['source']})" if lim["source"] else "")
     head = [f"job {run['job'] or '-'}  cluster {run['cluster'] or '-'}  status {run['status']}  "
-            f"torch {run['torch_version'] or '-'}  limit {cell(doc['limit']['bytes'], 'bytes')}"
-            + (f" ({doc['limit']['source']})" if doc["limit"]["source"] else ""),
+            f"torch {run['torch_version'] or '-'}  limit {limit}",
             f"peak reserved {cell(run['peak_reserved_bytes'], 'bytes')}  "
             f"peak allocated {cell(run['peak_allocated_bytes'], 'bytes')}  snapshots {run['snapshot_count']}"]
     d = doc.get("diagnosis")

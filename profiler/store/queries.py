@@ -329,6 +329,10 @@ def run_limit(run: Run | Any, main: RunDiagnosis | None) -> dict[str, Any]:
     if getattr(run, "gpu_memory_bytes", None):
         # no cap and no OOM: the run could use the whole device, whose total the agent or ingest recorded
         return {"bytes": int(run.gpu_memory_bytes), "source": "the device total"}
+    if oom and run.peak_reserved_bytes:
+        # an OOM with no limit known: the verdict compared with the peak the allocator held (its lower
+        # bound); the header says that bound, never a bare "limit -" above "fits the limit of 16.89 GiB"
+        return {"bytes": None, "source": None, "at_least": int(run.peak_reserved_bytes)}
     return {"bytes": None, "source": None}
 
 

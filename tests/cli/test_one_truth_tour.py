@@ -288,3 +288,17 @@ def test_a_lower_bound_limit_is_not_called_unknown_beside_itself():
            "earlier, the least the limit can be" in text
     assert "limit unknown; at least 16.89 GiB (the allocator held that much earlier)" in text
     assert "fits if the cache were compacted? yes, under that lower bound (16.40 GiB)" in text
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_run_header_gives_the_lower_bound_its_verdict_used(memq_env):
+    # `memq history --run frag` (and the run page) headed "limit -" above "fits the limit of 16.89 GiB
+    # (a lower bound: the allocator held that much earlier)"
+    memq("db", "upgrade")
+    memq("ingest", *run_files("frag_dynamic_1.15"), "--run", "frag")
+    doc = json.loads(memq("history", "--run", "frag", "--json"))
+    assert doc["limit"]["bytes"] is None and doc["limit"]["at_least"] == 18136170496
+    text = flat(memq("history", "--run", "frag"))
+    assert "limit -" not in text
+    assert "limit unknown, at least 16.89 GiB (the allocator held that much)" in text
+    assert "fits the limit of 16.89 GiB (a lower bound" in text
