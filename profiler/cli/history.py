@@ -69,15 +69,15 @@ def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_js
     store = open_cli_store()
     with store.session() as s:
         rows = list_runs(s, f)
-    shown = [r | {"cause_shown": cause_shown(r)} for r in rows]
-    emit(fmt, {"runs": rows, "count": len(rows)}, shown, RUN_COLS, title=plural(len(rows), "run"), csv_keys=RUN_CSV,
-         empty="no runs match")
+    emit(fmt, {"runs": rows, "count": len(rows)}, shown_runs(rows), RUN_COLS, title=plural(len(rows), "run"),
+         csv_keys=RUN_CSV, empty="no runs match")
 
 
-def cause_shown(row: dict) -> str:
-    """A list's cause cell: in words, and "undetermined" where the run page says so (the candidate stays in
-    the JSON's primary_cause)."""
-    return "undetermined" if row.get("undetermined") else said(row.get("primary_cause"))
+def shown_runs(rows: list[dict]) -> list[dict]:
+    """The rows a RUN_COLS table prints (`memq runs`, the demo): the cause cell in words, and
+    "undetermined" where the run page says so (the candidate stays in the JSON's primary_cause)."""
+    return [r | {"cause_shown": "undetermined" if r.get("undetermined") else said(r.get("primary_cause"))}
+            for r in rows]
 
 
 def _no_limit(value):

@@ -163,6 +163,9 @@ def test_a_healthy_run_on_a_known_device_does_not_say_no_limit_given(tmp_path, m
     for k in ("MEMQ_DATABASE_URL", "MEMQ_DATA_DIR", "MEMQ_CONFIG", "MEMQ_BLOB_DIR"):
         monkeypatch.delenv(k, raising=False)
     demo = flat(memq("demo"))
+    runs = demo[demo.index("history (memq runs --cluster demo)"):demo.index("run demo-sgd")]
+    for run, cause in (("demo-capacity", "capacity"), ("demo-fragmentation", "fragmentation"), ("demo-sgd", "healthy")):
+        assert re.search(rf"{run} \S+ demo \S+ {cause} 0\.\d\d", runs), runs  # the demo's list names causes
     hist = demo[demo.index("run demo-sgd"):]
     assert "limit 139.80 GiB (the device total)" in hist
     assert "no limit given" not in demo, demo[:600]
