@@ -363,7 +363,7 @@ class Settings:
         "Alerts: longest wait between retries (exponential back-off with full jitter).",
         minimum=0)
     exporter_active_minutes: int = setting(60, "MEMQ_EXPORTER_ACTIVE_MINUTES",
-        ("`memq exporter`: running runs updated within this many minutes get headroom and fragmentation "
+        ("`memq exporter`: running runs updated within this many minutes get headroom and `pieces` "
          "gauges (the default spans two periodic snapshots, MEMQ_SNAPSHOT_EVERY_S)."),
         minimum=1)
     exporter_max_jobs: int = setting(200, "MEMQ_EXPORTER_MAX_JOBS",

@@ -130,6 +130,8 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
                         for p in per)
     # The agent's peak counters saw every completed step, not only the snapshots' moments.
     peak_reserved = max([peak_reserved, *(f["peak_reserved"] for f in (agents[-1] or {}).get("step_figures") or [])])
+    if need is not None and lim.limit is None:
+        need = replace(need, floor=peak_reserved)  # what the fragmentation test compares with (its lower bound)
     tl = last["timeline"]
     peak_frames = []
     if tl.get("peak_index", -1) is not None and tl.get("peak_index", -1) >= 0:
@@ -157,6 +159,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         peak_reserved=peak_reserved, leak=leak, stacks_all=stacks_all,
         step_need=need, checkpoint_load=loading, optimizer_creation=opt_creation,
         optimizer_name=optimizer,
+        process_in_use=ctx.message.process_in_use_bytes if ctx is not None and ctx.message is not None else None,
     )
     primary, conf, causes, _findings = diagnose(facts)
     recs = recommend(primary, facts, optimizer, leak, whatif)

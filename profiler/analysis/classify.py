@@ -99,6 +99,7 @@ class Facts:
     optimizer_name: str | None = None
     largest_known: bool = True  # False for an OOM message alone: it gives no free blocks
     device_free: int | None = None  # the card's free bytes at the OOM
+    process_in_use: int | None = None  # the message's "this process has P memory in use" (torch >= 2.1)
 
 
 def g(n: float | None) -> str:
@@ -132,8 +133,11 @@ def check_external(f: Facts) -> Finding:
     if f.non_pytorch > floor and fits:
         out.holds = True
         out.strength = min(1.0, f.non_pytorch / (STRENGTH["external_full_at_floor_x"] * floor))
+        own = own_outside(f.non_pytorch, f.process_in_use, f.R)
+        whose = (own_sentence(own, f.process_in_use, f.R) if own is not None
+                 else "another process or library holds the card")
         out.evidence.append(f"{g(f.non_pytorch)} of the {g(f.device_total)} device is held outside PyTorch's "
-                            f"cache (more than {g(floor)}): another process or library holds the card")
+                            f"cache (more than {g(floor)}): {whose}")
         out.evidence.append(f"PyTorch's live set plus the request ({g(f.A)} + {g(f.S)}) would fit the device "
                             f"minus a normal ~1 GiB context")
     elif f.non_pytorch > CUDA_CONTEXT_BYTES:
@@ -329,7 +333,7 @@ def check_fragmentation(f: Facts) -> Finding:
     need = segment_needed(f.S)
     limit, src = f.limit, f.limit_source
     if limit is None and f.limit_lower_bound:
-        limit, src = f.limit_lower_bound, "a lower bound (the allocator held that much earlier)"
+        limit, src = f.limit_lower_bound, "a lower bound: the allocator held that much earlier"
     if limit is None:
         out.missing.append(NEED_LIMIT)
         return out
@@ -417,6 +421,12 @@ def check_healthy(f: Facts) -> Finding:
         if in_last_free_bytes(f.peak_reserved, f.limit):
             out.strength = STRENGTH["healthy_near_miss"]
             out.evidence.append("headroom is under 5% of the limit: a near miss; a larger input would OOM")
+    elif f.device_total:
+        # the device is known (a screen shows it as the run's limit) but not what this process may reserve
+        # of it: say the share of the device, never "no limit given" beside a limit on the same screen
+        share = _pct(f.peak_reserved, f.device_total)
+        out.evidence.append(f"no OOM recorded; peak reserved {g(f.peak_reserved)} is {share} of the "
+                            f"{g(f.device_total)} device (headroom under a per-process cap needs --limit)")
     else:
         out.evidence.append(f"no OOM recorded; peak reserved {g(f.peak_reserved)} (no limit given to "
                             "compute headroom)")
@@ -467,6 +477,23 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
     # screen lists them in the order the numbers say.
     causes[1:] = sorted(causes[1:], key=lambda c: -c["confidence"])
     return primary.cause, primary_conf, causes, findings
+
+
+def own_outside(non_pytorch: int | None, process_in_use: int | None, reserved: int | None) -> int | None:
+    """The bytes outside PyTorch's cache that are this process's own (the message's "this process has P
+    memory in use" less PyTorch's reserved R) when they are most of it, else None: whose the memory is,
+    said where the message tells (ARCHITECTURE.md cause 1). `memq explain` and `memq analyze
+    --oom-message` both decide it here, so the two never point at different owners."""
+    if non_pytorch is None or process_in_use is None or reserved is None:
+        return None
+    own = process_in_use - reserved
+    return own if own >= non_pytorch / 2 else None
+
+
+def own_sentence(own: int, process_in_use: int, reserved: int) -> str:
+    return (f"{g(own)} of it is this process's own ({g(process_in_use)} in use, {g(reserved)} of it PyTorch's): "
+            "its CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers or another framework in the same process, "
+            "not another program")
 
 
 def external_floor(device_total: int) -> int:

@@ -191,7 +191,16 @@ def explain_gap(A: dict, B: dict, comp_delta: dict[str, int] | None, diffs: list
         text += " of reserved-but-free memory at the same live peak"
     if settings:
         s0 = settings[0]
-        text += f"; differing setting that drives it: {s0['field']} {s0['a']} -> {s0['b']}"
+        field = s0["field"].split(".")[0]
+        # a more direct driver recorded in neither run (two runs ingested without their optimizer): the
+        # difference found may drive the gap, it is not shown to (torch 2.10 -> 2.11 does not make AdamW)
+        unknown = [d for d in drivers[: drivers.index(field)] if A.get(d) is None and B.get(d) is None]
+        name = s0["field"].replace("_", " ")
+        if unknown:
+            text += (f"; a differing setting that may drive it: {name} {s0['a']} -> {s0['b']} (not recorded for "
+                     f"either run: {', '.join(d.replace('_', ' ') for d in unknown)})")
+        else:
+            text += f"; differing setting that drives it: {name} {s0['a']} -> {s0['b']}"
     else:
         text += "; no recorded setting that drives it differs (batch size, sequence length or code may)"
     return {"category": cat, "delta_bytes": int(delta), **base,
@@ -216,7 +225,10 @@ class VersionFigures:
     runs: int
     oom_runs: int
     mean_peak_reserved_bytes: int | None
-    mean_fragmentation_ratio: float | None
+    #: the lists' `pieces` averaged over the version's OOM runs (analysis/memory.pieces_share); None
+    #: without an OOM run. Not the fragmentation ratio: healthy runs' 0.7-0.8 would flag a version
+    #: whose only change is more healthy runs.
+    mean_pieces_share: float | None
 
     @property
     def oom_rate(self) -> float | None:
@@ -225,13 +237,14 @@ class VersionFigures:
 
 def version_figures(d: Mapping[str, Any]) -> VersionFigures:
     return VersionFigures(d.get("torch_version"), int(d.get("runs") or 0), int(d.get("oom_runs") or 0),
-                          d.get("mean_peak_reserved_bytes"), d.get("mean_fragmentation_ratio"))
+                          d.get("mean_peak_reserved_bytes"), d.get("mean_pieces_share"))
 
 
 def version_regressions(prev: VersionFigures, cur: VersionFigures, vs: bool = False) -> list[str]:
     """Why `cur` is a regression against the job's previous version `prev` (empty: it is not): its mean
     peak reserved grows by more than REGRESSION_PEAK_GROWTH, its OOM rate rises by REGRESSION_OOM_RATE
-    or more, or its mean fragmentation by REGRESSION_FRAG or more. `vs`: each line names `prev`."""
+    or more, or its share of reserved memory free in pieces at the OOM (`pieces`) by REGRESSION_FRAG or
+    more. `vs`: each line names `prev`."""
     tail = f" vs {prev.torch_version}" if vs else ""
     out = []
     if prev.mean_peak_reserved_bytes and cur.mean_peak_reserved_bytes is not None:
@@ -241,7 +254,7 @@ def version_regressions(prev: VersionFigures, cur: VersionFigures, vs: bool = Fa
     p, c = prev.oom_rate, cur.oom_rate
     if p is not None and c is not None and c - p >= REGRESSION_OOM_RATE - EPS:
         out.append(f"OOM rate {p:.0%} -> {c:.0%}{tail}")
-    pf, cf = prev.mean_fragmentation_ratio, cur.mean_fragmentation_ratio
+    pf, cf = prev.mean_pieces_share, cur.mean_pieces_share
     if pf is not None and cf is not None and cf - pf >= REGRESSION_FRAG - EPS:
-        out.append(f"mean fragmentation {pf:.2f} -> {cf:.2f}{tail}")
+        out.append(f"pieces at the OOM {pf:.2f} -> {cf:.2f}{tail}")
     return out

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memq.analysis.classify import external_floor, g
+from memq.analysis.classify import external_floor, g, own_outside, own_sentence
 from memq.analysis.confidence import message_confidence
 from memq.analysis.rules import (
     CUDA_CONTEXT_BYTES,
@@ -116,13 +116,12 @@ def judge(msg: OomMessage, limit: int | None = None, device_total: int | None = 
     non_pt = (T - F - R) if (T is not None and F is not None and R is not None) else None
     if not capped and non_pt is not None and T is not None and non_pt > external_floor(T) and A is not None \
             and A + S <= T - CUDA_CONTEXT_BYTES:
-        own = (P - R) if P is not None and R is not None else None
-        if own is not None and own >= non_pt / 2:
+        mine = own_outside(non_pt, P, R)
+        if mine is not None:
             return out("own_libraries", "external_memory", "own_libraries",
-                       [f"{g(non_pt)} of the device is outside PyTorch's cache, and {g(own)} of it is this process's "
-                        f"own ({g(P)} in use, {g(R)} of it PyTorch's): its CUDA context, cuBLAS/cuDNN workspaces, "
-                        "NCCL buffers or another framework in the same process, not another program"],
+                       [f"{g(non_pt)} of the device is outside PyTorch's cache, and {own_sentence(mine, P, R)}"],
                        lim=lim, src=lsrc)
+        own = (P - R) if P is not None and R is not None else None
         who = (f"{g(non_pt - own)} of it outside this process" if own is not None
                else "the message does not say whose (torch < 2.1 prints no process figures)")
         return out("external", "external_memory", "external",

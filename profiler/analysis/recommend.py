@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from memq.analysis import frames as fr
-from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, step_estimate
+from memq.analysis.classify import Facts, external_floor, g, optimizer_state_sizes, own_outside, step_estimate
 from memq.analysis.headroom import in_last_free_bytes
 from memq.analysis.leak import HOW_TO_GET_FRAMES
 from memq.analysis.memory import free_in_pieces
@@ -19,6 +19,15 @@ DEFAULTS_CONF = "expandable_segments:False"
 
 
 NO_CHANGE = "No change needed"
+#: memory outside PyTorch's cache that the message shows is this process's own (explain and analyze)
+OWN_LIBRARIES_ACTION = ("Shrink this process's memory outside PyTorch's cache: other frameworks' preallocation "
+                        "(XLA_PYTHON_CLIENT_PREALLOCATE=false, cupy's pool limit), NCCL buffers (NCCL_BUFFSIZE), "
+                        "cuBLAS/cuDNN workspaces (CUBLAS_WORKSPACE_CONFIG=:4096:8, cudnn.benchmark=False)")
+
+
+def own_why(own: int) -> str:
+    """Short: the evidence above it already says whose and how it was read."""
+    return f"{g(own)} of this process's own memory is outside PyTorch's cache"
 # The expected effect of advice that states none (NO_CHANGE): a dash in JSON, nothing on a screen.
 NO_EFFECT = "-"
 
@@ -82,7 +91,14 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
         return (f"; replaying the recorded trace under {conf} in memq's allocator model: the request "
                 f"{verdict}, peak reserved {g(w['peak_reserved_bytes'])}{caveat}")
 
-    if primary == "external_memory":
+    own = own_outside(f.non_pytorch, f.process_in_use, f.R) if primary == "external_memory" else None
+    if own is not None:  # the message shows it is this process's own: the advice `memq explain` gives
+        recs.append(_rec(OWN_LIBRARIES_ACTION, own_why(own),
+                         f"frees up to {g(own)}; the request of {g(S)} then fits", playbook="external-memory"))
+        recs.append(_rec("Do not look for another program holding the GPU first",
+                         "the message's 'this process' figure shows the memory is this process's own", "no change",
+                         playbook="external-memory"))
+    elif primary == "external_memory":
         recs.append(_rec("Find and stop what else holds the GPU (nvidia-smi --query-compute-apps=pid,used_memory "
                          "--format=csv); give each job its own device (CUDA_VISIBLE_DEVICES)",
                          f"{g(f.non_pytorch)} of the device is used outside PyTorch's cache",
@@ -459,10 +475,8 @@ def message_recommendations(v, msg) -> list[dict]:
             v.evidence[-1], "the limit that refused the request is named", "allocator-settings")
         return recs
     if sit == "own_libraries":
-        add("Shrink this process's memory outside PyTorch's cache: other frameworks' preallocation "
-            "(XLA_PYTHON_CLIENT_PREALLOCATE=false, cupy's pool limit), NCCL buffers (NCCL_BUFFSIZE), cuBLAS/cuDNN "
-            "workspaces (CUBLAS_WORKSPACE_CONFIG=:4096:8, cudnn.benchmark=False)",
-            v.evidence[-1], "the request fits once those buffers shrink", "external-memory")
+        add(OWN_LIBRARIES_ACTION, own_why((f.get("this_process") or 0) - (R or 0)),
+            "the request fits once those buffers shrink", "external-memory")
         add("Do not look for another program holding the GPU first",
             "the message's 'this process' figure shows the memory is this process's own", "no change",
             "external-memory")

@@ -281,8 +281,9 @@ REGRESSION_OOM_RATE = _rule(
     "REGRESSION_OOM_RATE", 0.10, "share of runs", "judgement",
     "... or whose OOM rate rises by ten points or more", "compare")
 REGRESSION_FRAG = _rule(
-    "REGRESSION_FRAG", 0.10, "fragmentation ratio", "judgement",
-    "... or whose mean fragmentation ratio rises by a tenth or more", "compare")
+    "REGRESSION_FRAG", 0.10, "share of reserved", "judgement",
+    "... or whose mean share of reserved memory free in pieces at the OOM (the lists' `pieces`) rises by a "
+    "tenth or more", "compare")
 # ------------------------------------------------------------------ memq fit (fit.py)
 FIT_MARGIN = _rule(
     "FIT_MARGIN", 0.12, "share of the predicted peak", "measured",

@@ -80,12 +80,13 @@ class StepNeed:
     reference: str | None = None  # where the earlier step was seen
     limit: int | None = None  # the limit it was judged against
     held: int | None = None  # live + request at the OOM: what the step held for certain
+    floor: int | None = None  # with no limit known: the peak reserved the allocator held, the least it can be
 
     def as_json(self) -> dict:
         return {"bytes": self.bytes, "limit_bytes": self.limit, "low": self.low, "high": self.high,
                 "fits_limit": self.fits_limit, "basis": self.basis, "k": self.k,
                 "matched_share": self.matched_share, "position": self.position, "reference": self.reference,
-                "held_bytes": self.held}
+                "held_bytes": self.held, "limit_floor_bytes": self.floor}
 
 
 #: How `basis` begins when live + request alone exceed the limit (the step does not fit: settled).
@@ -116,7 +117,13 @@ def need_sentence(n: Mapping[str, Any], *, with_basis: bool = True) -> str:
             s = f"the failing step needed {fmt_need(None, n.get('low'), None)}{against}: whether it fits is not known"
         return s + (f" ({rest})" if with_basis else "")
     verdict = _FITS[n.get("fits_limit")]
-    if n.get("fits_limit") is None and not lim:
+    floor, high = n.get("limit_floor_bytes"), n.get("high")
+    if n.get("fits_limit") is None and not lim and floor and high is not None and high <= floor:
+        # the fragmentation line beside it compares with this lower bound: never "not known" under it
+        against, verdict = "", (f"under the {fmt_bytes(floor, 'brief')} the allocator held earlier, the least the "
+                                "limit can be; the limit itself is not known (--limit, --oom-message or "
+                                "--device-total would name it)")
+    elif n.get("fits_limit") is None and not lim:
         against, verdict = "", ("the limit is not known, so whether it fits is not settled (--limit, --oom-message or "
                    "--device-total would settle it)")
     s = f"the failing step needed {fmt_need(n['bytes'], n.get('low'), n.get('high'))}{against}: {verdict}"

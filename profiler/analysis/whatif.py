@@ -87,7 +87,7 @@ SWEEP = (
 )
 TORCH_VERSION_MODELLED = "2.11"
 #: Part of the key of stored sweeps (profiler/store/sweeps.py): bump when the replay's answers change.
-WHATIF_MODEL_VERSION = "3"
+WHATIF_MODEL_VERSION = "4"  # 4: a device-bound replay limit is said as such in the reasons
 
 
 @dataclass
@@ -980,9 +980,15 @@ def run_whatif(snapshot: Snapshot, limit_bytes: int | None, confs: list[str] | t
     if rec_oom and rec_sim.oom_op != first_rec:
         what = ("serves every request" if rec_sim.oom_op is None else
                 f"fails an earlier request (trace entry {rep.op_event[rec_sim.oom_op]})")
-        return all_na(f"the recorded settings do not reproduce the recorded OOM: under the limit of "
-                      f"{fmt_bytes(limit_bytes)} the model {what}; the limit must be the per-process cap the run had",
-                      rec_sim, fid)
+        if per_process:
+            return all_na(f"the recorded settings do not reproduce the recorded OOM: under the limit of "
+                          f"{fmt_bytes(limit_bytes)} the model {what}; the limit must be the per-process cap the "
+                          "run had", rec_sim, fid)
+        # no limit was known: say that this one is the device's, or the screen's "limit unknown" above
+        # this line and "the limit of 139 GiB" in it read as two limits
+        return all_na(f"the recorded settings do not reproduce the recorded OOM: with no limit known, the replay "
+                      f"used the device-bound {fmt_bytes(limit_bytes)}, under which the model {what}: the run had a "
+                      "lower per-process cap (--limit)", rec_sim, fid)
     if hypothetical:
         common.append(f"the recorded run reserved up to {fmt_bytes(max(rec_reserved))}, more than this limit: "
                       "the replay predicts what a lower cap would have done")

@@ -31,7 +31,7 @@ SIZE = SizeType()
 def build_context(limit: int | None, device_total: int | None, oom_message: str | None,
                   requested: int | None = None) -> OomContext:
     msg = None
-    if oom_message:
+    if oom_message is not None:  # an empty one (a `grep` that found nothing) is refused, never dropped
         from memq.oom_message import parse_oom_message
 
         msg = parse_oom_message(oom_message)

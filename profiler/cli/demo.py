@@ -77,7 +77,7 @@ def demo(as_json: bool, database_url: str | None) -> None:
     from rich.panel import Panel
 
     from memq.cli._listing import table
-    from memq.cli.history import RUN_COLS, _flat, _print_history
+    from memq.cli.history import RUN_COLS, _flat, _print_history, shown_runs
     from memq.pipeline.history import run_history
 
     store = demo_store(database_url)
@@ -102,7 +102,7 @@ def demo(as_json: bool, database_url: str | None) -> None:
         for rec in d.get("recommendations", [])[:2]:
             lines += recommendation_lines(rec)
         con.print(Panel("\n".join(lines), title=f"{rep['run']} ({rep['status']})", expand=False))
-    con.print(table("history (memq runs --cluster demo)", RUN_COLS, doc["history"]))
+    con.print(table("history (memq runs --cluster demo)", RUN_COLS, shown_runs(doc["history"])))
     with store.session() as s:
         hist = run_history(s, "demo-sgd")
     con.print("[bold]memq history --run demo-sgd[/bold]")

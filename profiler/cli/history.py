@@ -24,20 +24,21 @@ from memq.model import CAUSE_NAMES, RUN_STATUSES
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
-from memq.render.reasons import changes_once, said_once
+from memq.render.reasons import changes_once, panel_cause_lines, said_once
 from memq.render.safe import rich_text
 from memq.render.step_need_text import step_need_line
 from memq.render.words import labelled, plural, said, verdict_head, verdict_headline
 from memq.units import fmt_bytes, sparkline
 
 RUN_COLS = [Col("run", "run"), Col("job", "job"), Col("cluster", "cluster"), Col("status", "status"),
-            Col("primary_cause", "cause"), Col("cause_confidence", "conf", "conf"),
+            Col("cause_shown", "cause"), Col("cause_confidence", "conf", "conf"),
             Col("peak_reserved_bytes", "peak reserved", "bytes"),
             Col("peak_allocated_bytes", "peak allocated", "bytes"),
             Col("pieces_share", "pieces", "ratio"), Col("snapshot_count", "snaps", "int"),
             Col("oom_forecast_at", "OOM due (UTC)", "time"), Col("torch_version", "torch"),
             Col("started_at", "started (UTC)", "time")]
-RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "cause_confidence", "peak_reserved_bytes",
+RUN_CSV = ["run", "job", "cluster", "host", "status", "primary_cause", "undetermined", "cause_confidence",
+           "peak_reserved_bytes",
            "peak_allocated_bytes", "pieces_share", "fragmentation_ratio", "oom_count", "snapshot_count",
            "torch_version",
            "cuda_version", "gpu_model", "memory_limit_bytes", "optimizer", "started_at", "ended_at", "labels"]
@@ -68,8 +69,15 @@ def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_js
     store = open_cli_store()
     with store.session() as s:
         rows = list_runs(s, f)
-    emit(fmt, {"runs": rows, "count": len(rows)}, rows, RUN_COLS, title=plural(len(rows), "run"), csv_keys=RUN_CSV,
-         empty="no runs match")
+    emit(fmt, {"runs": rows, "count": len(rows)}, shown_runs(rows), RUN_COLS, title=plural(len(rows), "run"),
+         csv_keys=RUN_CSV, empty="no runs match")
+
+
+def shown_runs(rows: list[dict]) -> list[dict]:
+    """The rows a RUN_COLS table prints (`memq runs`, the demo): the cause cell in words, and
+    "undetermined" where the run page says so (the candidate stays in the JSON's primary_cause)."""
+    return [r | {"cause_shown": "undetermined" if r.get("undetermined") else said(r.get("primary_cause"))}
+            for r in rows]
 
 
 def _no_limit(value):
@@ -125,9 +133,13 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
 
     con = console()
     run = doc["run"]
+    lim = doc["limit"]
+    if lim["bytes"] is None and lim.get("at_least"):
+        limit = f"unknown, at least {cell(lim['at_least'], 'bytes')} (the allocator held that much)"
+    else:
+        limit = cell(lim["bytes"], "bytes") + (f" ({lim['source']})" if lim["source"] else "")
     head = [f"job {run['job'] or '-'}  cluster {run['cluster'] or '-'}  status {run['status']}  "
-            f"torch {run['torch_version'] or '-'}  limit {cell(doc['limit']['bytes'], 'bytes')}"
-            + (f" ({doc['limit']['source']})" if doc["limit"]["source"] else ""),
+            f"torch {run['torch_version'] or '-'}  limit {limit}",
             f"peak reserved {cell(run['peak_reserved_bytes'], 'bytes')}  "
             f"peak allocated {cell(run['peak_allocated_bytes'], 'bytes')}  snapshots {run['snapshot_count']}"]
     d = doc.get("diagnosis")
@@ -136,10 +148,8 @@ def _print_history(doc: dict, rows: list[dict]) -> None:
         need = step_need_line(d)
         if need:
             head.append(rich_text(need))
-        for c in d.get("causes", [])[:3]:
-            # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
-            for ev in [e for e in c.get("evidence", []) if not (need and need in e)][:1]:
-                head.append(f"  {c['cause']}: {ev}")
+        # one line per cause, not the need again (a spike's or fragmentation's evidence holds it)
+        head += [f"  {rich_text(line)}" for line in panel_cause_lines(d.get("causes") or [], skip=need)]
         for r in d.get("recommendations", [])[:2]:
             link = doc_link(r.get("playbook"))  # "" for a diagnosis stored before recommendations had one
             head.append(f"-> {r['action']}" + (f"\n   playbook: {link}" if link else ""))
@@ -212,9 +222,10 @@ def _print_whatif(con, snaps: list[dict]) -> None:
         where = " ".join(x for x in (f"step {s['step']}" if s.get("step") is not None else "",
                                       f"epoch {s['epoch']}" if s.get("epoch") is not None else "") if x)
         seeds = len(w.get("seeds") or []) + len(w.get("joined") or [])
+        limit = ("no limit known" if w.get("limit_bytes") is None else
+                 f"limit {cell(w['limit_bytes'], 'bytes')} from {escape(str(w.get('limit_source') or '-'))}")
         con.print(f"[bold]what-if at the {escape(s['trigger'])} snapshot[/bold] (rank {s['rank']}"
-                  f"{', ' + where if where else ''}; limit {cell(w['limit_bytes'], 'bytes')} from "
-                  f"{escape(str(w.get('limit_source') or '-'))}; {seeds} earlier snapshot(s) used)")
+                  f"{', ' + where if where else ''}; {limit}; {seeds} earlier snapshot(s) used)")
         reasons = {r.get("reason") for r in w["results"]}
         if all(r.get("predicted_oom") is None for r in w["results"]) and len(reasons) == 1:
             con.print(f"  every setting: not assessable ({escape(str(reasons.pop()))})")  # e.g. no trace
@@ -273,11 +284,11 @@ def compare(run_a, run_b, as_json, as_csv):
         kind = r["kind"]
         delta = "-" if r["delta"] is None else (("+" if r["delta"] >= 0 else "") + cell(r["delta"], kind)
                                                 if kind == "ratio" else cell(r["delta"], "delta"))
-        t.add_row(r["what"], cell(r["a"], kind), cell(r["b"], kind), delta)
+        t.add_row(said(r["what"]), cell(r["a"], kind), cell(r["b"], kind), delta)  # the CSV keeps the key
     con.print(t)
     if doc["differences"]:
         con.print(table("settings and versions that differ", [Col("field", "field"), Col("a", run_a), Col("b", run_b)],
-                        [_shown_difference(d) for d in doc["differences"]]))
+                        [_shown_difference(d) | {"field": said(d["field"])} for d in doc["differences"]]))
     else:
         con.print("no recorded setting or version differs")
     con.print(f"[bold]explanation[/bold]: {doc['explanation']['text']}")
@@ -295,14 +306,17 @@ def compare(run_a, run_b, as_json, as_csv):
 VERSION_COLS = [Col("torch_version", "torch"), Col("runs", "runs", "int"), Col("oom_runs", "OOM runs", "int"),
                 Col("oom_rate", "OOM rate", "ratio"), Col("mean_peak_reserved_bytes", "mean peak reserved", "bytes"),
                 Col("max_peak_reserved_bytes", "max peak reserved", "bytes"),
-                Col("mean_fragmentation_ratio", "mean frag", "ratio"), Col("flag", "regression")]
+                Col("mean_pieces_share", "pieces", "ratio"), Col("flag", "regression")]
 
 
 @click.command()
 @click.option("--job", required=True)
 @output_options()
 def versions(job, as_json, as_csv):
-    """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged."""
+    """Peak memory, OOM rate and fragmentation of a job per torch version; regressions flagged.
+
+    `pieces`: the runs list's column averaged over the version's OOM runs (at the OOM, the share of
+    reserved memory free in pieces outside the largest free block); - for a version without an OOM."""
     from memq.pipeline.history import torch_versions
 
     fmt = out_format(as_json, as_csv)
@@ -312,8 +326,8 @@ def versions(job, as_json, as_csv):
     rows = [v | {"flag": "; ".join(v["regressions"]) or "-"} for v in doc["versions"]]
     emit(fmt, doc, rows, VERSION_COLS, title=f"job {job} by torch version",
          csv_keys=["torch_version", "runs", "oom_runs", "oom_rate", "mean_peak_reserved_bytes",
-                   "max_peak_reserved_bytes", "mean_peak_allocated_bytes", "mean_fragmentation_ratio", "regression",
-                   "flag"])
+                   "max_peak_reserved_bytes", "mean_peak_allocated_bytes", "mean_pieces_share",
+                   "mean_fragmentation_ratio", "regression", "flag"])
 
 
 def _shown_difference(d: dict) -> dict:

@@ -13,6 +13,7 @@ import click
 from memq.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
 from memq.cli.analyze import SIZE
 from memq.model import RUN_STATUSES, TRIGGERS
+from memq.render.reasons import panel_cause_lines
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
 from memq.render.words import verdict_head
@@ -125,9 +126,7 @@ def _print_report(doc: dict) -> None:
     if res:
         d = res["diagnosis"]
         lines = ["[bold]{}[/bold] ({})".format(*(v(x) for x in verdict_head(d)))]
-        for c in d.get("causes", [])[:3]:
-            for ev in c.get("evidence", [])[:2]:
-                lines.append(f"  {v(c['cause'])}: {v(ev)}")
+        lines += [f"  {v(line)}" for line in panel_cause_lines(d.get("causes") or [], evidence_max=2)]
         for r in d.get("recommendations", [])[:3]:
             lines += recommendation_lines(r)
         con.print(Panel("\n".join(lines), title="run diagnosis", expand=False))

@@ -51,7 +51,8 @@ def whatif(files, run_name, rank, limit, confs, sweep, oom_message, as_json, max
         raise BadInput("--rank goes with --run")
     if oom_message and run_name:
         raise BadInput("--oom-message goes with snapshot files; a run's history already holds its OOM")
-    ctx = build_context(limit, None, oom_message) if oom_message else None  # refused before any file is read
+    # refused before any file is read
+    ctx = build_context(limit, None, oom_message) if oom_message is not None else None
     for c in confs:  # refuse bad settings before reading anything
         from memq.analysis.alloc_conf import parse_alloc_conf
 

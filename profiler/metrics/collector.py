@@ -21,9 +21,15 @@ MEMQ_EXPORTER_RESYNC_S: profiler/store/snapshot_tally.py)
 - memq_active_runs{cluster, job_name}                           running runs updated in the last
                                                                  MEMQ_EXPORTER_ACTIVE_MINUTES
 - memq_job_headroom_min_ratio{cluster, job_name}                least headroom among them (1 - peak reserved / limit)
-- memq_job_fragmentation_max_ratio{cluster, job_name}           most fragmentation among them
+- memq_job_pieces_max_ratio{cluster, job_name}                  most `pieces` among them: the runs list's column, at
+                                                                 an OOM the run caught and went on from, the share
+                                                                 of reserved memory free in pieces (outside the
+                                                                 largest free block); no series without an OOM
 - memq_run_headroom_ratio{cluster, job_name, run}               the MEMQ_EXPORTER_TOP_K active runs with the
-- memq_run_fragmentation_ratio{cluster, job_name, run}          least headroom, and their fragmentation
+- memq_run_pieces_ratio{cluster, job_name, run}                 least headroom, and their `pieces`
+- memq_job_fragmentation_max_ratio, memq_run_fragmentation_ratio  deprecated (1 - largest free / free, 0.7-0.8 in
+                                                                 healthy runs): kept for existing queries; the
+                                                                 dashboards read the `pieces` gauges
 - memq_run_oom_eta_seconds{cluster, job_name, run}              seconds until the forecast OOM of the
                                                                  MEMQ_EXPORTER_TOP_K running runs whose OOM
                                                                  comes first (0 once it is due)
@@ -88,11 +94,20 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                          ("cluster", "job_name")),
     "memq_job_headroom_min_ratio": ("gauge", "Least headroom (1 - peak reserved / limit) among the job's active "
                                              "runs.", ("cluster", "job_name")),
-    "memq_job_fragmentation_max_ratio": ("gauge", "Most fragmentation (1 - largest free / free) among the job's "
-                                                  "active runs.", ("cluster", "job_name")),
+    "memq_job_pieces_max_ratio": ("gauge", "Most `pieces` among the job's active runs: at an OOM the run went on "
+                                           "from, the share of reserved memory free in pieces (outside the largest "
+                                           "free block), as the runs list shows it; no series without an OOM.",
+                                  ("cluster", "job_name")),
+    "memq_job_fragmentation_max_ratio": ("gauge", "Deprecated: memq_job_pieces_max_ratio says what failed. Most "
+                                                  "fragmentation (1 - largest free / free, 0.7-0.8 in healthy runs) "
+                                                  "among the job's active runs.", ("cluster", "job_name")),
     "memq_run_headroom_ratio": ("gauge", "Headroom of the MEMQ_EXPORTER_TOP_K active runs with the least.",
                                 ("cluster", "job_name", "run")),
-    "memq_run_fragmentation_ratio": ("gauge", "Fragmentation of the same top-K runs.", ("cluster", "job_name", "run")),
+    "memq_run_pieces_ratio": ("gauge", "`pieces` of the same top-K runs (no series for a run without an OOM).",
+                              ("cluster", "job_name", "run")),
+    "memq_run_fragmentation_ratio": ("gauge", "Deprecated: memq_run_pieces_ratio says what failed. Fragmentation "
+                                              "(1 - largest free / free) of the same top-K runs.",
+                                     ("cluster", "job_name", "run")),
     "memq_run_oom_eta_seconds": ("gauge", "Seconds until the forecast OOM of the MEMQ_EXPORTER_TOP_K running runs "
                                           "whose OOM comes first (0 once due).", ("cluster", "job_name", "run")),
     "memq_stream_length": ("gauge", "Entries in the ingest stream.", ()),
@@ -144,10 +159,10 @@ def kept_jobs(done: Mapping, active: list, runs: list, limit: int, *, verdicts: 
         weight[(_s(cluster), _s(job))][0] += int(n)
     for cluster, job, _kind, _cause, _state, n in verdicts:
         weight[(_s(cluster), _s(job))][1] += int(n)
-    for cluster, job, n, _h, _f in active:
+    for cluster, job, n, *_ in active:
         weight[(_s(cluster), _s(job))][2] += int(n)
     ranked = sorted(weight, key=lambda k: (-weight[k][0], -weight[k][1], -weight[k][2], k))
-    first = list(dict.fromkeys((_s(c), _s(j)) for _n, c, j, _h, _f in top))
+    first = list(dict.fromkeys((_s(c), _s(j)) for _n, c, j, *_ in top))
     taken = set(first)
     ranked = [*first, *(k for k in ranked if k not in taken)]
     per_cluster: dict[str, int] = defaultdict(int)
@@ -262,23 +277,29 @@ class MemqCollector(Collector):
         for state in SUMMARY_STATES:
             f["memq_alert_summaries"].add_metric([state], summaries.get(state, 0))
         per_job: dict[tuple, list] = {}
-        for cluster, job, n, headroom, frag in active:
+        for cluster, job, n, headroom, frag, pieces in active:
             labels = keep.pair(cluster, job)
-            cur = per_job.setdefault(labels, [0, None, None])
+            cur = per_job.setdefault(labels, [0, None, None, None])
             cur[0] += int(n)  # "other" sums the runs, keeps the least headroom and the most fragmentation
             if headroom is not None:
                 cur[1] = float(headroom) if cur[1] is None else min(cur[1], float(headroom))
             if frag is not None:
                 cur[2] = float(frag) if cur[2] is None else max(cur[2], float(frag))
-        for labels, (n, headroom, frag) in sorted(per_job.items()):
+            if pieces is not None:
+                cur[3] = float(pieces) if cur[3] is None else max(cur[3], float(pieces))
+        for labels, (n, headroom, frag, pieces) in sorted(per_job.items()):
             f["memq_active_runs"].add_metric(list(labels), n)
             if headroom is not None:
                 f["memq_job_headroom_min_ratio"].add_metric(list(labels), headroom)
+            if pieces is not None:
+                f["memq_job_pieces_max_ratio"].add_metric(list(labels), pieces)
             if frag is not None:
                 f["memq_job_fragmentation_max_ratio"].add_metric(list(labels), frag)
-        for name, cluster, job, headroom, frag in top:  # at most MEMQ_EXPORTER_TOP_K runs
+        for name, cluster, job, headroom, frag, pieces in top:  # at most MEMQ_EXPORTER_TOP_K runs
             labels = [*keep.pair(cluster, job), name]
             f["memq_run_headroom_ratio"].add_metric(labels, float(headroom))
+            if pieces is not None:
+                f["memq_run_pieces_ratio"].add_metric(labels, float(pieces))
             if frag is not None:
                 f["memq_run_fragmentation_ratio"].add_metric(labels, float(frag))
         for name, cluster, job, at in soon:  # at most MEMQ_EXPORTER_TOP_K runs

@@ -30,6 +30,7 @@ from memq.analysis.ranks import diagnose_ranks, rank_advice_first
 from memq.analysis.run_verdict import forecast_rank
 from memq.store import queries as q
 from memq.store.queries import RunFilter, get_run, iso, list_runs, run_dict, stat_series
+from memq.store.sweeps import OOM_ANALYSIS, RUN_CAP
 
 __all__ = ["RunFilter", "card_limit", "compare_runs", "get_run", "list_runs", "rank_section", "run_forecast",
            "run_history", "run_limit", "torch_versions", "with_rank_advice"]
@@ -121,16 +122,20 @@ def run_limit(run: Any, main: Any) -> dict[str, Any]:
     limit its diagnosis derived (the OOM message's "allowed", the device less memory outside PyTorch), so
     a header never says "limit -" above a verdict that used one."""
     if run.memory_limit_bytes:
-        return {"bytes": int(run.memory_limit_bytes), "source": "the run's cap"}
+        return {"bytes": int(run.memory_limit_bytes), "source": RUN_CAP}
     oom = ((main.result or {}).get("oom") or {}) if main is not None else {}
     if oom.get("limit_bytes"):
-        return {"bytes": int(oom["limit_bytes"]), "source": "the OOM analysis"}
+        return {"bytes": int(oom["limit_bytes"]), "source": OOM_ANALYSIS}
     card = card_limit(run)
     if card is not None:
         return {"bytes": card, "source": "the device less memory outside PyTorch"}
     if getattr(run, "gpu_memory_bytes", None):
         # no cap and no OOM: the run could use the whole device, whose total the agent or ingest recorded
         return {"bytes": int(run.gpu_memory_bytes), "source": "the device total"}
+    if oom and run.peak_reserved_bytes:
+        # an OOM with no limit known: the verdict compared with the peak the allocator held (its lower
+        # bound); the header says that bound, never a bare "limit -" above "fits the limit of 16.89 GiB"
+        return {"bytes": None, "source": None, "at_least": int(run.peak_reserved_bytes)}
     return {"bytes": None, "source": None}
 
 
@@ -190,18 +195,20 @@ def compare_runs(session, a: str, b: str) -> dict[str, Any]:
 
 def torch_versions(session, job: str) -> dict[str, Any]:
     """Per torch version over the job's runs: runs, OOM runs and rate, mean/max peak reserved and
-    allocated, mean fragmentation; a version is flagged by analysis/compare.version_regressions against
-    the previous version."""
+    allocated, and the mean `pieces` of its OOM runs (the lists' column: share of reserved memory free in
+    pieces at the OOM; `mean_fragmentation_ratio` stays in the JSON for older readers); a version is
+    flagged by analysis/compare.version_regressions against the previous version."""
     rows = sorted(q.version_rows(session, job), key=lambda r: version_key(r[0]))
     out, prev = [], None
-    for v, n, ooms, avg_res, max_res, avg_alloc, frag in rows:
+    for v, n, ooms, avg_res, max_res, avg_alloc, frag, pieces in rows:
         figs = VersionFigures(v, int(n), int(ooms or 0), int(avg_res) if avg_res is not None else None,
-                              float(frag) if frag is not None else None)
+                              round(float(pieces), 4) if pieces is not None else None)
         item = {"torch_version": v, "runs": int(n), "oom_runs": int(ooms or 0),
                 "oom_rate": round((ooms or 0) / n, 4) if n else None,
                 "mean_peak_reserved_bytes": figs.mean_peak_reserved_bytes,
                 "max_peak_reserved_bytes": int(max_res) if max_res is not None else None,
                 "mean_peak_allocated_bytes": int(avg_alloc) if avg_alloc is not None else None,
+                "mean_pieces_share": figs.mean_pieces_share,
                 "mean_fragmentation_ratio": round(float(frag), 4) if frag is not None else None,
                 "regression": False, "regressions": []}
         if prev is not None:

@@ -77,3 +77,23 @@ def unsettled_lines(causes: list[dict], said_above: list[str]) -> list[str]:
     above = " ".join(str(e) for e in said_above)
     return [f"{', '.join(names)}: " + ("the input named above" if reason in above else reason)
             for reason, names in by_reason.items()]
+
+
+def panel_cause_lines(causes: Sequence[Mapping[str, Any]], skip: str | None = None, found_max: int = 3,
+                      evidence_max: int = 1, open_max: int = 2) -> list[str]:
+    """A run panel's cause lines (`memq history`, `memq ingest`): the causes whose test said something, by
+    name in words ("external memory", never `external_memory`), then one "not settled" line per missing
+    input, as `memq analyze` lists them apart: an unsettled cause is never shown as a finding. `skip`: a
+    sentence the panel already says (the failing step's need), left out of the evidence."""
+    causes = [c for c in causes if isinstance(c, Mapping)]
+    found, open_ = split_unsettled(causes[1:])
+    out = []
+    for c in ([causes[0]] if causes else []) + found[: max(0, found_max - 1)]:
+        for ev in [e for e in c.get("evidence") or [] if not (skip and skip in str(e))][:evidence_max]:
+            out.append(f"{said(c['cause'])}: {ev}")
+    said_above = [str(e) for c in causes[:1] for e in c.get("evidence") or []]
+    lines = unsettled_lines(open_, said_above)
+    out += [f"not settled: {line}" for line in lines[:open_max]]
+    if len(lines) > open_max:  # a panel stays short: the rest by name (`--json` and the run page say why)
+        out.append("not settled either: " + ", ".join(x.split(": ", 1)[0] for x in lines[open_max:]))
+    return out

@@ -17,7 +17,7 @@ from memq.render.reasons import split_unsettled, unsettled_lines
 from memq.render.safe import rich_text as v
 from memq.render.safe import safe_console
 from memq.render.step_need_text import step_need_headline
-from memq.render.words import verdict_head
+from memq.render.words import pieces_text, said, verdict_head
 from memq.units import fmt_bytes, sparkline
 
 
@@ -53,8 +53,10 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     for name, val in rows:
         if val is not None:
             t.add_row(name, fmt_bytes(val))
-    if m.get("fragmentation_ratio") is not None:
-        t.add_row("fragmentation ratio", f"{m['fragmentation_ratio']:.3f}")
+    # Free in pieces, as the lists, the report and the evidence say it; the fragmentation ratio (0.7-0.9 in
+    # healthy runs and capacity OOMs alike) stays in the JSON only: shown here it read as a problem.
+    if m.get("largest_free_block_bytes") is not None:
+        t.add_row("free in pieces (outside the largest free block)", pieces_text(m))
     if dm.get("segment_count") is not None:
         t.add_row("segments", str(dm["segment_count"]))
         t.add_row("expandable segments", str(dm.get("expandable_segments")))
@@ -79,14 +81,22 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         ot.add_column("answer")
         src = lim.get("requested_source") or ("the OOM message" if not r.get("snapshots") else None)
         ot.add_row("failed request", fmt_bytes(oom["requested_bytes"]) + (f" (from {v(src)})" if src else ""))
-        ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({v(lim.get('limit_source') or 'unknown')})")
+        floor = det.get("peak_reserved_bytes") if oom.get("limit_bytes") is None else None
+        if floor:  # the fragmentation test's lower bound: the row says it, not a bare "unknown" beside it
+            ot.add_row("limit", f"unknown; at least {fmt_bytes(floor)} (the allocator held that much earlier)")
+        else:
+            ot.add_row("limit", f"{fmt_bytes(oom['limit_bytes'])} ({v(lim.get('limit_source') or 'unknown')})")
         ot.add_row("fits the largest usable free block?",
                    _yn(oom["fits_largest_free_block"], lim.get("largest_usable_free_block_bytes"),
                        "unknown (a message does not give the free blocks)" if not r.get("snapshots")
                        else "unknown"))
-        ot.add_row("fits if the cache were compacted?",
-                   _yn(oom["fits_if_compacted"], None, "unknown (no limit)" if oom.get("limit_bytes") is None
-                       else "unknown (the live bytes are not known)"))
+        live = (r.get("metrics") or {}).get("active_bytes")
+        if floor and live is not None and live + oom["requested_bytes"] <= floor:
+            compacted = f"yes, under that lower bound ({fmt_bytes(live + oom['requested_bytes'])})"
+        else:
+            compacted = _yn(oom["fits_if_compacted"], None, "unknown (no limit)" if oom.get("limit_bytes") is None
+                            else "unknown (the live bytes are not known)")
+        ot.add_row("fits if the cache were compacted?", compacted)
         if lim.get("non_pytorch_bytes") is not None:
             ot.add_row("memory outside PyTorch", fmt_bytes(lim["non_pytorch_bytes"]))
         if lim.get("oom_site"):
@@ -121,11 +131,11 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
     per = det.get("per_snapshot") or []
     if len(per) > 1:
         st = Table(title="Snapshots of the run", header_style="bold")
-        for c in ("file", "active", "reserved", "peak live", "fragmentation"):
+        for c in ("file", "active", "reserved", "peak live"):
             st.add_column(c, justify="left" if c == "file" else "right")
         for p in per:
             st.add_row(v(p["file"].rsplit("/", 1)[-1]), fmt_bytes(p["active_bytes"]), fmt_bytes(p["reserved_bytes"]),
-                       fmt_bytes(p["peak_live_bytes"]), f"{p['fragmentation_ratio']:.3f}")
+                       fmt_bytes(p["peak_live_bytes"]))
         con.print(st)
 
     found, open_ = split_unsettled(d["causes"][1:])
@@ -133,7 +143,7 @@ def render_analysis(r: dict, out: TextIO, width: int | None = None) -> None:
         con.print("[bold]Other causes considered[/bold]")
         for c in found:
             ev = "; ".join(c["evidence"]) or "-"
-            con.print(f"  {v(c['cause'])} ({c['confidence']:.2f}): {v(ev)}")
+            con.print(f"  {v(said(c['cause']))} ({c['confidence']:.2f}): {v(ev)}")
     if open_:
         con.print("[bold]Not settled[/bold] (what would settle each)")
         for line in unsettled_lines(open_, d["causes"][0].get("evidence") or []):

@@ -76,3 +76,18 @@ def verdict_headline(diagnosis: Mapping[str, Any] | None) -> str:
     """"capacity (confidence 0.68)", or "undetermined (best candidate capacity, confidence 0.30)"."""
     what, conf = verdict_head(diagnosis)
     return f"{what} ({conf})"
+
+
+def pieces_text(metrics: Mapping[str, Any] | None) -> str:
+    """"2.53 GiB (0.15 of reserved)": cached free memory outside the largest free block, the figure every
+    screen shows of a snapshot in place of the fragmentation ratio (0.7-0.9 in healthy caches and
+    capacity OOMs alike, it read as a problem); "-" without the figures."""
+    from memq.analysis.memory import free_in_pieces
+    from memq.units import fmt_bytes
+
+    m = metrics or {}
+    pieces = free_in_pieces(m.get("reserved_unallocated_bytes"), m.get("largest_free_block_bytes"))
+    if pieces is None:
+        return "-"
+    share = f" ({pieces / m['reserved_bytes']:.2f} of reserved)" if m.get("reserved_bytes") else ""
+    return fmt_bytes(pieces) + share

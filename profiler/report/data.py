@@ -16,7 +16,7 @@ beyond short `text` lines. Sections (all byte counts are integers):
 - `breakdown`: per cause / cluster / job rows with both counts, for the tables and the plot.
 - `regressions`: per job, a torch version that ran in the window and, against the job's previous
   version (all history up to the window's end), raised the mean peak reserved by >10%, the OOM
-  rate by 10 points, or mean fragmentation by 0.1; `new` when the previous report lacked it.
+  rate by 10 points, or mean `pieces` at the OOM by 0.1; `new` when the previous report lacked it.
 - `fragmented`: runs whose cached free memory is most in pieces (free bytes outside the largest
   free block), with the allocator setting that would help and why.
 - `growing`: runs whose memory grows across epochs: the growth model (analysis/growth.py) calls the
@@ -120,9 +120,9 @@ def build_report(source: ReportSource, day: dt.date, scope: Scope, *, previous: 
         "window": {"start": _iso(window.start), "end": _iso(window.end)},
         "generated_at": _iso(now or dt.datetime.now(dt.UTC)),
         "totals": _totals(runs, ooms, near),
-        "ooms": _incidents(ooms, parts, kind="oom"),
+        "ooms": _incidents(_shown(ooms, parts), parts, kind="oom"),
         "near_misses": _incidents(near, parts, kind="near_miss"),
-        "breakdown": _breakdown(ooms, near),
+        "breakdown": _breakdown(_shown(ooms, parts), near),
         "regressions": _regressions(source.version_stats(window, scope), previous),
         "fragmented": [_public(f) for f in fragmented],
         "growing": [_public(g) for g in growing],
@@ -229,15 +229,24 @@ def _incidents(rows: list[dict], parts: dict[int, dict], kind: str) -> dict[str,
                 else:
                     said_for[why] = item["run"]
         listed.append(item)
-    return {"count": len(rows), "by_cause": count("primary_cause"), "by_cluster": count("cluster"),
+    return {"count": len(rows), "by_cause": count("cause_shown" if kind == "oom" else "primary_cause"),
+            "by_cluster": count("cluster"),
             "by_job": count("job"), "runs": listed, "listed": len(listed)}
+
+
+def _shown(rows: list[dict], parts: dict[int, dict]) -> list[dict]:
+    """The rows with `cause_shown`: "undetermined" for an OOM whose verdict names its cause only as the
+    best candidate (the OOM table says so), else the cause; the counts and the chart read it, so the
+    summary never counts "capacity 1" above a row that reads "undetermined"."""
+    return [r | {"cause_shown": "undetermined" if undetermined((parts.get(r["id"]) or {}).get("diagnosis"))
+                 else r["primary_cause"]} for r in rows]
 
 
 def _breakdown(ooms: list[dict], near: list[dict]) -> dict[str, list[dict]]:
     out = {}
-    for key, name in (("primary_cause", "cause"), ("cluster", "cluster"), ("job", "job")):
-        o = Counter((r[key] or "-") for r in ooms)
-        n = Counter((r[key] or "-") for r in near)
+    for key, name in (("cause_shown", "cause"), ("cluster", "cluster"), ("job", "job")):
+        o = Counter((r.get(key, r["primary_cause"]) or "-") for r in ooms)
+        n = Counter((r.get(key, r["primary_cause"]) or "-") for r in near)
         rows = [{name: k, "ooms": o.get(k, 0), "near_misses": n.get(k, 0)} for k in set(o) | set(n)]
         out[f"by_{name}"] = sorted(rows, key=lambda x: (-(x["ooms"] + x["near_misses"]), x[name]))
     return out
@@ -259,6 +268,7 @@ def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
                 continue
             p_rate, c_rate = prev["oom_runs"] / prev["runs"], cur["oom_runs"] / cur["runs"]
             pf, cf = prev["mean_fragmentation_ratio"], cur["mean_fragmentation_ratio"]
+            pp, cp = prev.get("mean_pieces_share"), cur.get("mean_pieces_share")
             out.append({
                 "job": job, "torch_version": cur["torch_version"], "previous_version": prev["torch_version"],
                 "runs": cur["runs"], "previous_runs": prev["runs"], "runs_in_window": cur["runs_in_window"],
@@ -266,6 +276,7 @@ def _regressions(stats: list[dict], previous: dict | None) -> list[dict]:
                 "mean_peak_reserved_bytes": cur["mean_peak_reserved_bytes"],
                 "previous_mean_peak_reserved_bytes": prev["mean_peak_reserved_bytes"],
                 "mean_fragmentation_ratio": _r(cf), "previous_mean_fragmentation_ratio": _r(pf),
+                "mean_pieces_share": _r(cp), "previous_mean_pieces_share": _r(pp),
                 "reasons": reasons, "new": (job, cur["torch_version"]) not in before,
             })
     return out
@@ -436,8 +447,8 @@ def _changes(doc: dict, prev: dict) -> dict[str, Any]:
 
 
 def _trend(source: ReportSource, day: dt.date, scope: Scope, doc: dict) -> list[dict]:
-    """Per day: OOMs, near misses and mean fragmentation of the listed fragmented runs, from the
-    stored reports of the scope over the last TREND_DAYS days plus this one."""
+    """Per day: OOMs, near misses and the mean `pieces` (share of reserved free in pieces) of the listed
+    fragmented runs, from the stored reports of the scope over the last TREND_DAYS days plus this one."""
     first = day - dt.timedelta(days=TREND_DAYS - 1)
     points = []
     for rep in source.stored_reports(scope, first, day - dt.timedelta(days=1)):
@@ -449,9 +460,11 @@ def _trend(source: ReportSource, day: dt.date, scope: Scope, doc: dict) -> list[
 
 def _trend_point(date: str, s: dict) -> dict:
     frag = [f.get("fragmentation_ratio") for f in s.get("fragmented") or [] if f.get("fragmentation_ratio") is not None]
+    pieces = [f["share_of_reserved"] for f in s.get("fragmented") or [] if f.get("share_of_reserved") is not None]
     t = s.get("totals") or {}
     return {"date": date, "runs": t.get("runs"), "oom_runs": t.get("oom_runs"), "near_misses": t.get("near_misses"),
             "fragmented_runs": len(frag), "mean_fragmentation_ratio": round(sum(frag) / len(frag), 4) if frag else None,
+            "mean_pieces_share": round(sum(pieces) / len(pieces), 4) if pieces else None,
             "mean_fragmented_free_bytes": (int(sum(f.get("fragmented_free_bytes") or 0 for f in s.get("fragmented"))
                                            / len(s.get("fragmented"))) if s.get("fragmented") else None)}
 
@@ -493,7 +506,8 @@ def timeline_from_history(h: dict[str, Any]) -> dict[str, Any]:
     series = [{"t": p["t"], "reserved_bytes": p["reserved_bytes"], "allocated_bytes": p["allocated_bytes"],
                "epoch": p["epoch"], "step": p["step"]} for p in h["stats"]["series"]]
     return {"run": run["run"], "job": run["job"], "cluster": run["cluster"], "status": run["status"],
-            "primary_cause": run["primary_cause"], "limit_bytes": limit, "limit_kind": limit_kind,
+            "primary_cause": run["primary_cause"], "undetermined": undetermined(h.get("diagnosis")),
+            "limit_bytes": limit, "limit_kind": limit_kind,
             "peak_reserved_bytes": run["peak_reserved_bytes"], "series": series, "snapshots": snaps, "oom": oom}
 
 
@@ -519,9 +533,10 @@ def summary_lines(doc: dict) -> list[str]:
             f"{g['run']} (+{fmt_bytes(g['growth_bytes'] or 0)})" for g in doc["growing"][:5]) + ".")
     if doc["fragmented"]:
         f = doc["fragmented"][0]
-        lines.append(f"Most fragmented: {f['run']} ({fmt_bytes(f['fragmented_free_bytes'])} free in pieces, "
-                     f"ratio {f['fragmentation_ratio']:.2f})" + (f"; try {f['setting']}" if f.get("setting") else "")
-                     + ".")
+        share = f.get("share_of_reserved")
+        lines.append(f"Most fragmented: {f['run']} ({fmt_bytes(f['fragmented_free_bytes'])} free in pieces"
+                     + (f", {share:.2f} of reserved" if share is not None else "") + ")"
+                     + (f"; try {f['setting']}" if f.get("setting") else "") + ".")
     ch = doc.get("changes")
     if ch:
         lines.append(f"Since {ch['previous_date']}: " + "; ".join(ch["lines"][:4]) + ".")

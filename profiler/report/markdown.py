@@ -13,6 +13,10 @@ def _b(v) -> str:
     return fmt_bytes(v, unknown="-")
 
 
+def _share(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def _sim(r: dict) -> str:
     sim = r.get("simulated") or {}
     if "predicted_oom" not in sim:
@@ -87,9 +91,9 @@ def render_markdown(doc: dict[str, Any], *, summary_only: bool = False) -> str:
         L += ["None.", ""]
     L += ["## Most fragmented runs", ""]
     if doc["fragmented"]:
-        L += _table(["run", "job", "cause", "fragmentation", "free in pieces", "setting that would help",
+        L += _table(["run", "job", "cause", "pieces", "free in pieces", "setting that would help",
                      "allocator model with it"],
-                    [[r["run"], r["job"], said(r["primary_cause"]), f"{r['fragmentation_ratio']:.2f}",
+                    [[r["run"], r["job"], said(r["primary_cause"]), _share(r.get("share_of_reserved")),
                       _b(r["fragmented_free_bytes"]),
                       _with_playbook(f"`{r['setting']}`" if r["setting"] else "-", r.get("playbook")), _sim(r)]
                      for r in doc["fragmented"]])

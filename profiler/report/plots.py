@@ -105,7 +105,8 @@ def timeline_figure(tl: dict[str, Any], width: float = 9.0, height: float = 3.4)
         ax.set_xticks([0.0], [t0.strftime("%H:%M:%S") if t0 else "-"])
         ax.set_xlabel(f"one moment, {t0.strftime('%Y-%m-%d') if t0 else '-'} UTC ({source})")
     ax.set_ylabel("GiB")
-    cause = tl.get("primary_cause") or "not analysed"
+    cause = ("undetermined" if tl.get("undetermined") else said(tl.get("primary_cause"))) \
+        if tl.get("primary_cause") else "not analysed"
     title = f"{tl['run']}  ({tl.get('job') or '-'} / {tl.get('cluster') or '-'}, {tl.get('status')}, {cause})"
     ax.set_title(plain(title), loc="left", fontsize=10)
     ax.grid(alpha=0.25)
@@ -138,11 +139,10 @@ def trend_figure(trend: list[dict], width: float = 6.0):
     fig.subplots_adjust(left=0.11, right=0.89, bottom=0.12, top=0.89)
     dates = [p["date"][5:] for p in trend]
     xs = list(range(len(trend)))
-    frag = [p["mean_fragmentation_ratio"] if p["mean_fragmentation_ratio"] is not None else float("nan")
-            for p in trend]
-    ax.plot(xs, frag, "-o", color=COLORS["frag"], ms=4, label="mean fragmentation of flagged runs")
+    frag = [p["mean_pieces_share"] if p.get("mean_pieces_share") is not None else float("nan") for p in trend]
+    ax.plot(xs, frag, "-o", color=COLORS["frag"], ms=4, label="mean pieces of flagged runs")
     ax.set_ylim(0, 1)
-    ax.set_ylabel("fragmentation ratio")
+    ax.set_ylabel("pieces (share of reserved)")
     ax2 = ax.twinx()
     ax2.bar(xs, [p["oom_runs"] or 0 for p in trend], color=COLORS["oom"], alpha=0.25, width=0.5, label="OOM runs")
     ax2.set_ylabel("OOM runs")

@@ -129,27 +129,29 @@ def _active(session: Session, since: dt.datetime):
     headroom = case((and_(limit > 0, Run.peak_reserved_bytes.is_not(None)),
                      1.0 - Run.peak_reserved_bytes * 1.0 / limit), else_=None)
     return (select(Run.name, Run.cluster, Run.job, headroom.label("headroom"),
-                   Run.fragmentation_ratio.label("frag"))
+                   Run.fragmentation_ratio.label("frag"), Run.pieces_share.label("pieces"))
             .where(Run.status == "running", Run.updated_at >= repo.db_time(session, since))
             .subquery())
 
 
 def active_by_job(session: Session, since: dt.datetime) -> list[tuple]:
-    """(cluster, job, active runs, least headroom, most fragmentation) of running runs updated
-    since `since`."""
+    """(cluster, job, active runs, least headroom, most fragmentation, most `pieces`) of running runs
+    updated since `since`."""
     a = _active(session, since)
     return [tuple(r) for r in session.execute(
-        select(a.c.cluster, a.c.job, func.count(), func.min(a.c.headroom), func.max(a.c.frag))
+        select(a.c.cluster, a.c.job, func.count(), func.min(a.c.headroom), func.max(a.c.frag),
+               func.max(a.c.pieces))
         .group_by(a.c.cluster, a.c.job))]
 
 
 def least_headroom(session: Session, since: dt.datetime, k: int) -> list[tuple]:
-    """(run, cluster, job, headroom, fragmentation) of the `k` active runs with the least headroom."""
+    """(run, cluster, job, headroom, fragmentation, `pieces`) of the `k` active runs with the least
+    headroom."""
     if k <= 0:
         return []
     a = _active(session, since)
     return [tuple(r) for r in session.execute(
-        select(a.c.name, a.c.cluster, a.c.job, a.c.headroom, a.c.frag).where(a.c.headroom.is_not(None))
+        select(a.c.name, a.c.cluster, a.c.job, a.c.headroom, a.c.frag, a.c.pieces).where(a.c.headroom.is_not(None))
         .order_by(a.c.headroom, a.c.name).limit(k))]
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Report, Run, Snapshot, StatSample
-from memq.store.queries import RunFilter, _filtered, _run_row, iso, run_dict, stat_series
+from memq.store.queries import RunFilter, _filtered, _run_row, iso, mark_undetermined, stat_series
 from memq.store.repository import to_utc
 
 #: sort key of the API -> column. Every one of them is a plain column of `runs`.
@@ -77,7 +77,7 @@ def page_runs(session: Session, p: RunPage) -> dict[str, Any]:
         tie = Run.id.desc() if desc else Run.id.asc()
         q = base.order_by(key if keyset else key.nulls_last(), tie).limit(p.limit).offset(p.offset)
         found = list(session.execute(q).scalars())
-    rows = [run_dict(r) for r in found]
+    rows = mark_undetermined(session, list(found))
     total = int(session.execute(select(func.count()).select_from(base.order_by(None).subquery())).scalar_one())
     nxt = p.offset + p.limit if p.offset + p.limit < total else None
     prev = max(0, p.offset - p.limit) if p.offset > 0 else None

@@ -27,10 +27,11 @@ from sqlalchemy.orm import Session
 
 from memq.analysis.memory import free_in_pieces
 from memq.analysis.ranks import RankFacts, leak_listed
+from memq.analysis.run_verdict import undetermined
 from memq.errors import NotFound
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
-from memq.store.run_verdicts import verdict_rank
+from memq.store.run_verdicts import verdict_rank, verdict_ranks
 
 
 def iso(value: dt.datetime | None) -> str | None:
@@ -98,7 +99,27 @@ def list_runs(session: Session, f: RunFilter) -> list[dict[str, Any]]:
     if since is not None and session.get_bind().dialect.name == "sqlite":
         f = RunFilter(**{**f.__dict__, "since": to_utc(since).replace(tzinfo=None)})
     q = _filtered(select(Run), f).order_by(Run.started_at.desc(), Run.id.desc()).limit(max(1, f.limit))
-    return [run_dict(r) for r in session.execute(q).scalars()]
+    return mark_undetermined(session, list(session.execute(q).scalars()))
+
+
+def mark_undetermined(session: Session, runs: list[Run]) -> list[dict[str, Any]]:
+    """run_dict of each run, with `undetermined`: true for an OOM run whose verdict names its cause only as
+    the best candidate (no deciding test settled, analysis/run_verdict.undetermined), so a list says
+    "undetermined" as the run page and `memq history` do, never the candidate as the run's cause. One
+    query for the page's OOM runs."""
+    rows = [run_dict(r) for r in runs]
+    ooms = [r.id for r in runs if r.status == "oom" or (r.oom_count or 0) > 0]
+    weak: set[int] = set()
+    if ooms:
+        speaks = verdict_ranks(session, ooms)
+        for run_id, rank, diag in session.execute(
+                select(RunDiagnosis.run_id, RunDiagnosis.rank, RunDiagnosis.result["diagnosis"])
+                .where(RunDiagnosis.run_id.in_(ooms))):
+            if speaks.get(int(run_id)) == int(rank) and undetermined(diag):
+                weak.add(int(run_id))
+    for r, row in zip(runs, rows, strict=True):
+        row["undetermined"] = r.id in weak
+    return rows
 
 
 def _run_row(session: Session, name: str) -> Run:
@@ -270,12 +291,13 @@ def stat_series(session: Session, run_id: int, rank: int, points: int = 60) -> d
 
 def version_rows(session: Session, job: str) -> list[tuple]:
     """Per torch version of the job's runs: (version, runs, OOM runs, mean and max peak reserved, mean peak
-    allocated, mean fragmentation); NotFound for a job with no runs."""
+    allocated, mean fragmentation ratio, mean pieces share); NotFound for a job with no runs."""
     exists = session.execute(select(func.count()).select_from(Run).where(Run.job == job)).scalar_one()
     if not exists:
         raise NotFound(f"no runs of job {job!r}", hint="list jobs' runs with `memq runs --json`")
     q = (select(Run.torch_version, func.count(), func.sum(case((Run.status == "oom", 1), else_=0)),
                 func.avg(Run.peak_reserved_bytes), func.max(Run.peak_reserved_bytes),
-                func.avg(Run.peak_allocated_bytes), func.avg(Run.fragmentation_ratio))
+                func.avg(Run.peak_allocated_bytes), func.avg(Run.fragmentation_ratio),
+                func.avg(Run.pieces_share))
          .where(Run.job == job).group_by(Run.torch_version))
     return [tuple(r) for r in session.execute(q).all()]

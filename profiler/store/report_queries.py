@@ -173,7 +173,8 @@ def epoch_floors(session: Session, window: Window, scope: Scope) -> dict[int, li
 
 def version_stats(session: Session, window: Window, scope: Scope) -> list[dict[str, Any]]:
     """Per (job, torch version) over every run of that job that started before the window's end:
-    runs, OOM runs, mean peak reserved, mean fragmentation, and how many runs fall in the window.
+    runs, OOM runs, mean peak reserved, mean fragmentation, the mean `pieces` of the OOM runs (what the
+    regressions compare), and how many runs fall in the window.
     Only jobs with a run in the window are considered."""
     start, end = window.db(session)
     jobs = select(Run.job).where(_in_window(session, window, scope), Run.job.is_not(None)).distinct()
@@ -183,13 +184,14 @@ def version_stats(session: Session, window: Window, scope: Scope) -> list[dict[s
     if scope.kind == "cluster":
         conds.append(Run.cluster == scope.value)
     q = (select(Run.job, Run.torch_version, func.count(), func.sum(is_oom), func.avg(Run.peak_reserved_bytes),
-                func.avg(Run.fragmentation_ratio), func.sum(in_win))
+                func.avg(Run.fragmentation_ratio), func.avg(Run.pieces_share), func.sum(in_win))
          .where(*conds).group_by(Run.job, Run.torch_version))
     return [{"job": job, "torch_version": v, "runs": int(n), "oom_runs": int(ooms or 0),
              "mean_peak_reserved_bytes": int(res) if res is not None else None,
              "mean_fragmentation_ratio": float(frag) if frag is not None else None,
+             "mean_pieces_share": float(pieces) if pieces is not None else None,
              "runs_in_window": int(win or 0)}
-            for job, v, n, ooms, res, frag, win in session.execute(q)]
+            for job, v, n, ooms, res, frag, pieces, win in session.execute(q)]
 
 
 def stored_report(session: Session, day: dt.date, scope: Scope) -> dict[str, Any] | None:

@@ -21,6 +21,12 @@ from memq.errors import NotFound
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
 
+#: Where a limit came from when the OOM's own analysis derived it: the run header (pipeline/history.run_limit) and
+#: the what-if sweep say it in the same words (the run page showed "the OOM analysis" above "the OOM (its
+#: analysis)" for one 13.84 GiB).
+OOM_ANALYSIS = "the OOM analysis"
+RUN_CAP = "the run's cap"
+
 #: Earlier snapshots (newest first, with a trace) a sweep replays before the OOM snapshot's window.
 MAX_SEEDS = 8
 #: How many earlier snapshot rows are looked at to find those seeds.
@@ -90,11 +96,13 @@ def plan_for(session, snapshot_id: int) -> SweepPlan:
     limit, source = None, "unknown"
     # The analysis's limit first: it is what the OOM itself says ("N GiB allowed", the observer), where the
     # run's limit may be the device total reported before the job set its cap.
-    for value, where in (((oom or {}).get("limit_bytes"), "the OOM (its analysis)"),
-                         (ctx.get("limit_bytes"), "the snapshot's facts"), (row.memory_limit_bytes, "the run's limit")):
+    for value, where in (((oom or {}).get("limit_bytes"), OOM_ANALYSIS),
+                         (ctx.get("limit_bytes"), "the snapshot's facts"), (row.memory_limit_bytes, RUN_CAP)):
         if value:
             limit, source = int(value), where
             break
+    if limit is not None and limit == row.memory_limit_bytes:
+        source = RUN_CAP  # the words the run's header uses for the same bytes (pipeline/history.run_limit)
     recorded_oom = row.trigger == "oom" or oom is not None or bool(ctx.get("requested_bytes"))
     order = (Snapshot.taken_at.desc(), Snapshot.id.desc())
     rows = session.execute(

@@ -18,7 +18,7 @@ from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import forecast_line
 from memq.render.reasons import change_groups, said_once, split_unsettled, unsettled_lines
 from memq.render.step_need_text import step_need_headline
-from memq.render.words import labelled, plural, said, verdict_head
+from memq.render.words import labelled, pieces_text, plural, said, verdict_head
 from memq.units import fmt_bytes
 
 
@@ -36,6 +36,13 @@ def static_text(name: str) -> str:
 
 def _ratio(v: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
+
+
+def _delta(v: Any) -> str:
+    """A signed size, as `memq compare` prints it ("+465.25 MiB", "-896.00 KiB", "+0 B")."""
+    from memq.analysis.compare import fmt_delta
+
+    return "-" if v is None else fmt_delta(int(v))
 
 
 def _time(v: Any) -> str:
@@ -67,7 +74,7 @@ def _env():
                        playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect,
                        said=said, plural=plural, labelled=labelled, verdict_head=verdict_head,
                        split_unsettled=split_unsettled, unsettled_lines=unsettled_lines,
-                       change_groups=change_groups)
+                       change_groups=change_groups, pieces=pieces_text, delta=_delta)
     return env
 
 

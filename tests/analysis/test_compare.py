@@ -91,7 +91,7 @@ def test_a_version_whose_oom_rate_rises_by_ten_points():
 
 
 @rule("REGRESSION_FRAG")
-def test_a_version_whose_mean_fragmentation_rises_by_a_tenth():
+def test_a_version_whose_mean_pieces_at_the_oom_rises_by_a_tenth():
     prev = V("2.10", 1, 0, None, 0.30)
-    assert version_regressions(prev, V("2.11", 1, 0, None, 0.40)) == ["mean fragmentation 0.30 -> 0.40"]
+    assert version_regressions(prev, V("2.11", 1, 0, None, 0.40)) == ["pieces at the OOM 0.30 -> 0.40"]
     assert version_regressions(prev, V("2.11", 1, 0, None, 0.399)) == []

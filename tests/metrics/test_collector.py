@@ -238,3 +238,21 @@ def test_inbox_backlog_is_a_metric(store, shared_redis):
         assert m.get("memq_inbox_length") == 3 and m.get("memq_up", component="redis") == 1
     finally:
         r.delete(f"{stream}:inbox")
+
+
+def test_active_runs_show_pieces_as_the_runs_list_does(store):
+    # a healthy run's fragmentation ratio (0.78: its free cache between steps) is no problem, and the runs
+    # list shows `pieces` "-" for it; a run that caught an OOM and went on has its pieces at that OOM
+    with store.session() as s:
+        add_run(s, "healthy", job="jp", peak=70 * GIB, limit=80 * GIB, frag=0.78)
+        caught = add_run(s, "caught", job="jp", peak=60 * GIB, limit=80 * GIB, frag=0.55)
+        set_run(s, caught, pieces_share=0.15)
+        add_run(s, "alone", job="jq", peak=75 * GIB, limit=80 * GIB, frag=0.79)
+    env = memq_environ(store.settings.database_url, Path(store.settings.data_dir).parent)
+    env |= {"MEMQ_EXPORTER_TOP_K": "3", "MEMQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    m = Samples(generate_latest(registry_for(load_settings(env), store)).decode())
+    assert math.isclose(m.get("memq_job_pieces_max_ratio", job_name="jp"), 0.15)
+    assert m.get("memq_job_pieces_max_ratio", job_name="jq") is None  # no OOM: no series, as the list's "-"
+    assert [lab["run"] for lab, _ in m.all("memq_run_pieces_ratio")] == ["caught"]
+    assert math.isclose(m.get("memq_run_pieces_ratio", run="caught"), 0.15)
+    assert math.isclose(m.get("memq_job_fragmentation_max_ratio", job_name="jq"), 0.79)  # deprecated, kept

@@ -44,3 +44,25 @@ def test_the_report_and_analyze_give_one_free_in_pieces(history):
     m = json.loads(CliRunner().invoke(cli, ["analyze", *map(str, run_files("frag_dynamic_1.15")), "--json"]).output)
     mm = m["metrics"]
     assert frag["fragmented_free_bytes"] == mm["reserved_unallocated_bytes"] - mm["largest_free_block_bytes"]
+
+
+def test_the_report_says_pieces_as_the_runs_list_does(history):
+    # the summary said "ratio 0.55" and the table a `fragmentation` column beside "free in pieces", where
+    # `memq runs` shows the same run's pieces (share of reserved free in pieces at the OOM)
+    import json
+
+    from tests.report.conftest import invoke
+
+    doc = _report(history, DAY1)
+    runs = {r["run"]: r for r in json.loads(invoke(history.env, ["runs", "--json"]).output)["runs"]}
+    top = doc["fragmented"][0]
+    line = next(x for x in doc["summary"] if x.startswith("Most fragmented"))
+    assert f"{runs[top['run']]['pieces_share']:.2f} of reserved" in line, (line, runs[top["run"]])
+    assert "ratio" not in line
+    html = re.sub(r"\s+", " ", _report(history, DAY1, fmt="html"))
+    table = html[html.index('id="fragmented"'):]
+    table = table[: table.index("</table>")]
+    assert "<th>fragmentation</th>" not in table and ">pieces</th>" in table
+    assert f">{runs[top['run']]['pieces_share']:.2f}<" in table
+    md = _report(history, DAY1, fmt="md")
+    assert "| cause | pieces | free in pieces |" in md and "| cause | fragmentation | free in pieces |" not in md
