@@ -36,6 +36,9 @@ from memq.units import fmt_bytes
 #: What a test that needs the limit misses, said in the same words by every cause that misses it.
 NEED_LIMIT = "a limit (--limit, the OOM message's 'allowed', or --device-total)"
 LIMIT_HINT = "give the limit (--limit SIZE for files; memq reanalyze --run RUN --limit SIZE for a stored run)"
+#: An undetermined verdict's lead names the missing limit without its flags: the recommendation that
+#: comes with it (recommend.py, "Give memq the limit ...") says where to find one, once per screen.
+LIMIT_LEAD = "the limit is not known (the recommendation says how to give it)"
 PRECEDENCE = ("external_memory", "leak", "optimizer_state", "activation_spike", "workspace",
               "allocator_config", "fragmentation", "capacity", "healthy")
 CAUSES = frozenset(CAUSE_NAMES)
@@ -451,7 +454,8 @@ def diagnose(f: Facts) -> tuple[str, float, list[dict], list[Finding]]:
         primary = next((x for x in findings if x.cause == "capacity"), findings[-1])
         primary_conf = confidence("weak_primary")
         primary.evidence.insert(0, UNDETERMINED_LEAD + "; "
-                                   + "; ".join(primary.missing or [LIMIT_HINT]))
+                                   + "; ".join([LIMIT_LEAD if m == NEED_LIMIT else m for m in primary.missing]
+                                               or [LIMIT_HINT]))
     else:
         earlier = PRECEDENCE[: PRECEDENCE.index(primary.cause)]
         primary_conf = confidence(

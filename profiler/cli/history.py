@@ -92,7 +92,7 @@ SNAP_COLS = [Col("rank", "rank", "int"), Col("step", "step", "int"), Col("epoch"
              Col("reserved_bytes", "reserved", "bytes"), Col("allocated_bytes", "allocated", "bytes"),
              Col("free_in_pieces_bytes", "free in pieces", "bytes"),
              Col("largest_free_block_bytes", "largest free", "bytes"),
-             Col("cause", "diagnosis"), Col("confidence", "conf", "conf")]
+             Col("cause_shown", "diagnosis"), Col("confidence", "conf", "conf")]
 SNAP_CSV = ["id", "rank", "step", "epoch", "trigger", "taken_at", "sha256", "size_bytes", "state", "analyzer_version",
             "reserved_bytes", "allocated_bytes", "active_bytes", "fragmentation_ratio", "free_in_pieces_bytes",
             "largest_free_block_bytes",
@@ -101,7 +101,8 @@ SNAP_CSV = ["id", "rank", "step", "epoch", "trigger", "taken_at", "sha256", "siz
 
 def _flat(s: dict) -> dict:
     d = s.get("diagnosis") or {}
-    return s | {"cause": d.get("primary_cause"), "confidence": d.get("confidence")}
+    return s | {"cause": d.get("primary_cause"), "confidence": d.get("confidence"),
+                "cause_shown": verdict_head(d)[0] if d.get("primary_cause") else None}
 
 
 @click.command()

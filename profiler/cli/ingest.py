@@ -16,7 +16,7 @@ from memq.model import RUN_STATUSES, TRIGGERS
 from memq.render.reasons import panel_cause_lines
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
-from memq.render.words import verdict_head
+from memq.render.words import said, verdict_head
 
 
 def _progress(total: int, enabled: bool):
@@ -115,7 +115,8 @@ def _print_report(doc: dict) -> None:
     con = console()
     rows = [{"file": Path(s["file"]).name, "sha256": s["sha256"][:12], "step": s["step"], "epoch": s["epoch"],
              "trigger": s["trigger"], "stored": "new" if s["created"] else "already stored",
-             "analysis": "analysed" if s["analysed"] else "reused", "cause": s["primary_cause"]}
+             "analysis": "analysed" if s["analysed"] else "reused",
+             "cause": "undetermined" if s.get("undetermined") else said(s["primary_cause"])}
             for s in doc["snapshots"]]
     cols = [Col("file", "file"), Col("sha256", "sha256"), Col("step", "step", "int"), Col("epoch", "epoch", "int"),
             Col("trigger", "trigger"), Col("stored", "row"), Col("analysis", "analysis"), Col("cause", "cause")]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memq.analysis import run_status
+from memq.analysis.run_verdict import undetermined
 from memq.errors import BadInput, MemqError
 from memq.load import LoadedSnapshot, load_snapshot_file
 from memq.pipeline import runs
@@ -51,6 +52,8 @@ class IngestedSnapshot:
     step: int | None
     epoch: int | None
     trigger: str
+    #: no deciding test settled the snapshot's OOM: its cause is the best candidate (run_verdict.undetermined)
+    undetermined: bool = False
 
 
 @dataclass
@@ -135,14 +138,15 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                 trigger=trigger, taken_at=when, blob_ref=ref, source=inp.path, context=facts))
         aid, computed = analyse_snapshot(store, sid, ld, optimizer=run_row.optimizer)
         with store.session() as s:
-            cause = repo.analysis_cause(s, aid)
+            diagnosis = (repo.analysis_doc(s, aid) or {}).get("diagnosis") or {}
+        cause, weak = diagnosis.get("primary_cause"), undetermined(diagnosis)
         ld.snapshot.release_held()  # kept for the run's diagnosis: not the frames the parser dropped
         cache[ld.sha256] = ld
         while len(cache) > INGEST_CACHE:
             cache.pop(next(iter(cache)))
         report.snapshots.append(IngestedSnapshot(file=inp.path, snapshot_id=sid, sha256=ld.sha256, created=created,
                                                  analysed=computed, primary_cause=cause, step=step, epoch=epoch,
-                                                 trigger=trigger))
+                                                 trigger=trigger, undetermined=weak))
         if progress:
             progress(f"{Path(inp.path).name}: {cause}")
     first = next((i for i, t in enumerate(times) if t is not None), None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memq.analysis.classify import LIMIT_LEAD, NEED_LIMIT
 from memq.render.words import said
 
 
@@ -75,7 +76,11 @@ def unsettled_lines(causes: list[dict], said_above: list[str]) -> list[str]:
             if isinstance(e, str) and e.startswith(NOT_SETTLED):
                 by_reason.setdefault(e[len(NOT_SETTLED):], []).append(said(c["cause"]))
     above = " ".join(str(e) for e in said_above)
-    return [f"{', '.join(names)}: " + ("the input named above" if reason in above else reason)
+
+    def named_above(reason: str) -> bool:
+        return reason in above or (reason == NEED_LIMIT and LIMIT_LEAD in above)
+
+    return [f"{', '.join(names)}: " + ("the input named above" if named_above(reason) else reason)
             for reason, names in by_reason.items()]
 
 

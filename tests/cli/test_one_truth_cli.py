@@ -90,7 +90,9 @@ def test_the_unsettled_reason_is_said_once_on_analyze():
     args = [*run_files("frag_synthetic"), "--limit", "8589934592"]
     assert screen(*args).count(BASIS) == 1
     text = screen(*CAP)  # no limit: the missing limit is named once, the spike points to it
-    assert text.count("(--limit, the OOM message's 'allowed', or --device-total)") == 1
+    # the lead says the limit is missing and points to the recommendation, which alone names the flags
+    assert "the limit is not known (the recommendation says how to give it)" in text
+    assert text.count("--oom-message") == 1 and text.count("--limit SIZE") == 1, text
     assert "activation spike: the input named above" in text
 
 

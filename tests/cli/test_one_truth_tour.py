@@ -136,6 +136,23 @@ def test_run_panels_name_causes_in_words_and_list_unsettled_ones_apart(memq_env)
         assert "capacity: no deciding test could be settled" in screen
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_snapshot_tables_say_undetermined_as_the_panel_above_them(memq_env):
+    # `memq ingest`'s table and `memq history`'s snapshots said "capacity" under a panel headed
+    # "undetermined (best candidate capacity, ...)"
+    memq("db", "upgrade")
+    ingest = memq("ingest", *run_files("capacity"), "--run", "cap")
+    table = ingest[: ingest.index("run diagnosis")]
+    assert "undetermined" in table and "capacity" not in table, table
+    hist = memq("history", "--run", "cap")
+    start = hist.index("taken (UTC)")
+    snaps = hist[start: hist.index("└", start)]  # the snapshots table, header to its last row
+    assert "undetermined" in snaps and "capacity" not in snaps, snaps
+    doc = json.loads(memq("ingest", *run_files("capacity"), "--run", "cap", "--json"))
+    assert [s["primary_cause"] for s in doc["snapshots"]] == ["capacity"]  # the JSON keeps the candidate
+    assert [s["undetermined"] for s in doc["snapshots"]] == [True]
+
+
 def test_analyze_names_other_causes_in_words():
     import io
 

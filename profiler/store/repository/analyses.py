@@ -191,10 +191,6 @@ def max_present(*vals):
 # ------------------------------------------------------------------------------------- reads
 
 
-def analysis_cause(session: Session, analysis_id: int) -> str | None:
-    return session.execute(select(AnalysisResult.primary_cause).where(AnalysisResult.id == analysis_id)).scalar_one()
-
-
 def analysis_doc(session: Session, analysis_id: int) -> dict | None:
     """The stored result of one analysis, or None."""
     return session.execute(select(AnalysisResult.result).where(AnalysisResult.id == analysis_id)).scalar_one_or_none()
