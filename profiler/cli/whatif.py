@@ -158,8 +158,14 @@ def render_text(results: list[dict], title: str, out) -> None:
         room = _fmt(r["headroom_bytes"]) if r["predicted_oom"] is not None else "-"
         if r["predicted_oom"] and r.get("shortfall_bytes") is not None:
             room = f"short {_fmt(r['shortfall_bytes'])}"  # what the failing request lacked under the limit
-        out.write(f"{(r['conf'] or '(recorded)').ljust(width)}  {outcome:<19} {_fmt(r['peak_reserved_bytes']):>14} "
+        # a replay that cannot answer has no peak worth a figure: the table shows none beside "not assessable"
+        peak = _fmt(r["peak_reserved_bytes"]) if r["predicted_oom"] is not None else "-"
+        out.write(f"{(r['conf'] or '(recorded)').ljust(width)}  {outcome:<19} {peak:>14} "
                   f"{room:>18}  {r['confidence']}\n")
+    if any(r["predicted_oom"] and r.get("shortfall_bytes") is not None for r in results):
+        # "short" and a reason's "live + request exceed the limit" are two figures of one failure: say which
+        out.write("  short: what the allocator lacked at the failure (reserved there + the segment it asked for - "
+                  "the limit); live + request - the limit, in a reason, is the part no cache layout avoids\n")
     for r, why in zip(results, said_once(results), strict=True):  # why an answer is missing or partial
         if why:
             out.write(f"  {r['conf'] or '(recorded)'}: {why}\n")

@@ -44,3 +44,26 @@ def test_a_recommendation_does_not_repeat_the_not_assessable_reason():
     effects = " ".join(x["expected_effect"] for x in r["diagnosis"]["recommendations"])
     assert "too short to rebuild" not in effects
     assert "cannot assess" in effects
+
+
+def _whatif(*args) -> str:
+    out = subprocess.run([sys.executable, "-m", "memq", "whatif", *map(str, args)],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_short_is_said_beside_the_reasons_live_plus_request():
+    # "short 600.00 MiB" sat beside "live 12.28 GiB + the request 4.12 GiB exceed the limit 16.00 GiB"
+    # (0.40 GiB over) with nothing saying they measure two things
+    text = _whatif(SNAP, "--limit", "17179869184", "--sweep")
+    assert "short 600.00 MiB" in text and "exceed the limit 16.00 GiB" in text
+    assert text.count("short: what the allocator lacked at the failure") == 1, text
+
+
+def test_a_setting_not_assessable_shows_no_peak():
+    # the replay under the device-bound limit does not reproduce the OOM: its 8.50 GiB peak answered nothing
+    text = _whatif(REAL / "frag_synthetic" / "oom.pickle.gz")
+    row = next(x for x in text.splitlines() if x.startswith("(recorded)"))
+    assert "not assessable" in row and "GiB" not in row, row
+    assert "short:" not in text
