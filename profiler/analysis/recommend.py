@@ -32,6 +32,11 @@ def own_why(own: int) -> str:
 NO_EFFECT = "-"
 
 
+#: Where a recommendation sends the reader for a what-if the snapshot alone cannot answer; a page that
+#: shows the what-if table below its verdict points there instead (render/reasons.whatif_here).
+WHATIF_POINTER = "(`memq whatif` says why)"
+
+
 def stated_effect(rec: dict) -> str:
     """A recommendation's expected effect as a screen shows it: "" when it states none."""
     effect = rec.get("expected_effect") or ""
@@ -80,7 +85,7 @@ def recommend(primary: str, f: Facts, optimizer: str | None, leak: dict,
         if not w:
             return ""
         if w.get("predicted_oom") is None:  # not assessable: `memq whatif` says why (no table on this screen)
-            return f"; memq's allocator model cannot assess {conf} from this snapshot (`memq whatif` says why)"
+            return f"; memq's allocator model cannot assess {conf} from this snapshot {WHATIF_POINTER}"
         verdict = "fails again" if w["predicted_oom"] else "succeeds"
         caveat = ""
         if w.get("verdict") == "survives_window":

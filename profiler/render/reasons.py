@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memq.analysis.classify import LIMIT_LEAD, NEED_LIMIT
+from memq.analysis.recommend import WHATIF_POINTER
 from memq.render.words import said
 
 
@@ -102,3 +103,9 @@ def panel_cause_lines(causes: Sequence[Mapping[str, Any]], skip: str | None = No
     if len(lines) > open_max:  # a panel stays short: the rest by name (`--json` and the run page say why)
         out.append("not settled either: " + ", ".join(x.split(": ", 1)[0] for x in lines[open_max:]))
     return out
+
+
+def whatif_here(text: str, table_below: bool) -> str:
+    """A recommendation's effect on a page that shows the what-if table under the verdict: its pointer
+    to `memq whatif` becomes a pointer to that table (the CLI screens, which print none, keep it)."""
+    return text.replace(WHATIF_POINTER, "(the what-if table below says why)") if table_below else text

@@ -16,7 +16,7 @@ from urllib.parse import quote
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import forecast_line
-from memq.render.reasons import change_groups, said_once, split_unsettled, unsettled_lines
+from memq.render.reasons import change_groups, said_once, split_unsettled, unsettled_lines, whatif_here
 from memq.render.step_need_text import step_need_headline
 from memq.render.words import labelled, pieces_text, plural, said, verdict_head
 from memq.units import fmt_bytes
@@ -73,7 +73,7 @@ def _env():
                        q=lambda v: quote(str(v), safe=""), snapshot_state=_snapshot_state,
                        playbook_doc=doc_link, playbook_href=web_href, effect=stated_effect,
                        said=said, plural=plural, labelled=labelled, verdict_head=verdict_head,
-                       split_unsettled=split_unsettled, unsettled_lines=unsettled_lines,
+                       split_unsettled=split_unsettled, unsettled_lines=unsettled_lines, whatif_here=whatif_here,
                        change_groups=change_groups, pieces=pieces_text, delta=_delta)
     return env
 

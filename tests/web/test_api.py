@@ -353,3 +353,19 @@ def test_playbook_page_renders_the_text_escaped_behind_the_token(web_history, tm
     missing = create_app(load_settings(web_history.env), token="", playbook_path=tmp_path / "none.md")
     code, _, body = _asgi_get(missing, "/playbook")
     assert code == 500 and b"python benchmarks/playbook.py" in body
+
+
+def test_a_page_with_the_what_if_table_points_to_it_not_to_the_cli():
+    # the run and snapshot pages show the what-if table under the verdict, yet a recommendation said
+    # "(`memq whatif` says why)"; a page without the table keeps the CLI's pointer
+    from memq.web.render import _env
+
+    d = {"primary_cause": "fragmentation", "confidence": 0.8, "causes": [{"cause": "fragmentation",
+         "confidence": 0.8, "evidence": ["e"]}], "recommendations": [{
+             "action": "Set expandable_segments:True", "why": "w", "playbook": None,
+             "expected_effect": "less fragmentation; memq's allocator model cannot assess expandable_segments:True "
+                                "from this snapshot (`memq whatif` says why)"}]}
+    macro = _env().get_template("_verdict.html").module.verdict
+    assert "the what-if table below says why" in str(macro(d, False, True))
+    page = str(macro(d, False, False))
+    assert "`memq whatif` says why" in page and "table below" not in page
