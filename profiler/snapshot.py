@@ -320,7 +320,8 @@ class _Frames:
     def first_sight(self, f: Any) -> list:
         """`intern` of a non-empty `f` that is not remembered by its identity: the kept list that
         reads like it. The parser calls it with f held by the entry's dict and its own name only
-        (what _LIST_UNSHARED_REFS counts); a list that entries still to be read hold is remembered.
+        (what _LIST_UNSHARED_REFS counts); a list of frames of its own that entries still to be
+        read hold is remembered (found again by its text, it would cost a tuple of its frames).
 
         Lists of frame objects that other lists share too (torch pickles one dict per distinct
         frame) are found by identities and confirmed by list equality (identity first, in C): a
@@ -334,38 +335,37 @@ class _Frames:
         linear."""
         if type(f) is not list:
             return _EMPTY_FRAMES
-        remember = getrefcount(f) > _LIST_UNSHARED_REFS  # before the look-ups: they may keep f
         first = f[0]
         if getrefcount(first) > _UNSHARED_REFS:
+            # Not remembered by its identity: found again this way when an entry reads it later
+            # (costs about what remembering and letting go of it would)
             n = len(f)
             near = (n, id(f[n >> 1]))
             seen = self._by_middle.get(near)
             if seen is not None and seen[0] == f:
-                c = seen[1]
-            else:
-                key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
-                tried = self._by_ids.get(key)
-                if tried is None:
-                    tried = self._by_ids[key] = []
-                for seen in tried:
-                    if seen[0] == f:
-                        self._by_middle[near] = seen
-                        c = seen[1]
-                        break
-                else:
-                    c = self._by_text(f)
-                    if len(tried) < _SAME_ENDS:
-                        tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
-                        self._by_middle[near] = seen
-                    elif c is not f:
-                        self.held.append(f)
-        else:
+                return seen[1]
+            key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
+            tried = self._by_ids.get(key)
+            if tried is None:
+                tried = self._by_ids[key] = []
+            for seen in tried:
+                if seen[0] == f:
+                    self._by_middle[near] = seen
+                    return seen[1]
             c = self._by_text(f)
-            if c is not f:
-                # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
-                # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
-                # freeing it, a worker frees it whole when the analysis is done).
+            if len(tried) < _SAME_ENDS:
+                tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
+                self._by_middle[near] = seen
+            elif c is not f:
                 self.held.append(f)
+            return c
+        remember = getrefcount(f) > _LIST_UNSHARED_REFS  # before the look-up: it may keep f
+        c = self._by_text(f)
+        if c is not f:
+            # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
+            # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
+            # freeing it, a worker frees it whole when the analysis is done).
+            self.held.append(f)
         if remember:  # entries still to be read hold it: found by its identity until the last
             self._by_list[id(f)] = (f, c)
             if len(self._by_list) >= self._next_sweep:
@@ -462,6 +462,12 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     te = TraceEvent
     fields = _entry_fields(t)
     seen = None
+    # The list of the entry before and what it was interned to: torch pickles one list per
+    # allocation, and its frees follow it often enough (a third of the C++ capture's entries, half
+    # of the real 1M capture's) that an identity test spares them any look-up. Held only after
+    # first_sight has counted the list's references.
+    last_raw: Any = None
+    last_kept = empty
     for k, e in enumerate(t):
         if consume:
             t[k] = None
@@ -473,25 +479,31 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             action = f = None
         if (action in plain and type(size) is int and type(addr) is int and type(stream) is int
                 and type(t_us) is int):
-            # the frames list: one dict look-up when an earlier entry had it (torch's list per
-            # allocation, read again by its frees), else interned at its first sight
+            # the frames list: the entry before's, one dict look-up when an earlier entry had it
+            # (lists of frames of their own), else interned at its first sight
             if f:
-                seen = remembered(id(f))
-                f = seen[1] if seen is not None else first_sight(f)
+                if f is not last_raw:
+                    seen = remembered(id(f))
+                    last_kept = seen[1] if seen is not None else first_sight(f)
+                    last_raw = f
+                f = last_kept
             else:
                 f = empty
             append(make(te, (action, addr, size, stream, t_us, f, None, None, "")))
         else:
             f = e.get("frames")
             if f:
-                seen = remembered(id(f))
-                f = seen[1] if seen is not None else first_sight(f)
+                if f is not last_raw:
+                    seen = remembered(id(f))
+                    last_kept = seen[1] if seen is not None else first_sight(f)
+                    last_raw = f
+                f = last_kept
             else:
                 f = empty
             ev = _odd_entry(e, k, device, f)
             if ev is not None:
                 append(ev)
-    e = seen = None  # the last entry and its list are read: nothing here holds them
+    e = seen = last_raw = None  # the last entry and its list are read: nothing here holds them
     frames_seen.sweep()  # what no entry holds any more
     # the frame references the entries make, each its list's length (a kept list is as long as the
     # entry's own): counted when as many entries as the trace has, each with the longest list kept,

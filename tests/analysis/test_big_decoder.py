@@ -305,19 +305,37 @@ def test_lists_of_shared_frames_are_read_by_their_text_once_per_stack_not_once_p
 
 
 def test_a_list_remembered_by_identity_is_let_go_after_its_last_entry():
-    """torch's one list per allocation, read again by its frees: remembered while entries still to
-    come hold it, so that memory follows what is left to read."""
+    """One list per allocation, read again by its frees, of frames of its own (no other list holds
+    them): remembered while entries still to come hold it, so that memory follows what is left to
+    read, and found again by its identity instead of its text."""
     raw = _cpp_trace(3, one_list_per_entry=False)
     from memq.snapshot import _Frames, _parse_trace
 
     trace = raw["device_traces"][0]
-    shared = {id(e["frames"]) for e in trace if e["frames"]}
-    assert len(shared) < len(trace) * 0.7  # frees read their allocation's list
+    own: dict[int, list] = {}  # each list with frame dicts of its own, still shared by its entries
+    for e in trace:
+        if e["frames"]:
+            e["frames"] = own.setdefault(id(e["frames"]), [dict(f) for f in e["frames"]])
+    assert len(own) < len(trace) * 0.7  # frees read their allocation's list
     fs = _Frames(10**9)
     events = _parse_trace(trace, 0, fs, consume=True)
     kept = {id(ev.frames) for ev in events}
     # what is still remembered is a list kept for its stack anyway, never one that would be freed
     assert fs._by_list and all(id(f) in kept or f in fs.held for f, _c in fs._by_list.values())
+
+
+def test_lists_of_shared_frames_are_not_remembered_by_identity():
+    """torch's one list per allocation, of frames other lists share: found again by the frames'
+    identities, so no entry's list is held past its last entry and nothing is swept."""
+    raw = _cpp_trace(3, one_list_per_entry=False)
+    from memq.snapshot import _Frames, _parse_trace
+
+    trace = raw["device_traces"][0]
+    stacks = {tuple(map(id, e["frames"])) for e in trace if e["frames"]}
+    fs = _Frames(10**9)
+    events = _parse_trace(trace, 0, fs, consume=True)
+    assert not fs._by_list
+    assert len({id(ev.frames) for ev in events if ev.frames}) == len(stacks)
 
 
 def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_limit_and_past_it():
