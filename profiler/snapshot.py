@@ -291,7 +291,7 @@ class _Frames:
         # holds it, so that memory follows the entries still to come.
         self._by_list: dict[int, tuple[list, list]] = {}
         self._by_ids: dict[tuple, list[tuple[list, list]]] = {}
-        self._by_middle: dict[tuple, tuple[list, list]] = {}  # (length, id of the middle frame) -> a tried entry
+        self._by_middle: dict[tuple, list[tuple[list, list]]] = {}  # (length, id of the middle frame) -> tried
         self._odd: dict[int, list] = {}  # lists of frames that have no text key (legacy tuples, odd dicts)
         self.held: list[list] = []  # lists dropped for an equal one, freed with the snapshot
         self._next_sweep = _SWEEP_MIN
@@ -326,13 +326,13 @@ class _Frames:
         Lists of frame objects that other lists share too (torch pickles one dict per distinct
         frame) are found by identities and confirmed by list equality (identity first, in C): a
         fixed cost per list, and a C comparison per frame reference, as the unpickler's own. First
-        the list found last with the same length and middle frame (one identity: the stack of most
-        lists, 70-85% of those of the real recordings and of the shapes of
-        benchmarks/trace_shapes.py), then the lists tried for five frames' identities (first,
-        quarter, middle, three quarters, last). The rest, whose frames are their own, by their
-        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that
-        (lists crafted to agree there) a list is found by its text, which costs more but stays
-        linear."""
+        among the lists of the same length and middle frame (one identity: real stacks that agree
+        there differ elsewhere in a few ways, 1.3-1.7 comparisons a list on the real 1M capture and
+        the C++ shape of benchmarks/trace_shapes.py), then, past _SAME_ENDS of those, among the
+        lists tried for five frames' identities (first, quarter, middle, three quarters, last). The
+        rest, whose frames are their own, by their text, once per list. At most _SAME_ENDS lists
+        are tried per key; past both (lists crafted to agree there) a list is found by its text,
+        which costs more but stays linear."""
         if type(f) is not list:
             return _EMPTY_FRAMES
         first = f[0]
@@ -341,21 +341,26 @@ class _Frames:
             # (costs about what remembering and letting go of it would)
             n = len(f)
             near = (n, id(f[n >> 1]))
-            seen = self._by_middle.get(near)
-            if seen is not None and seen[0] == f:
-                return seen[1]
+            tried = self._by_middle.get(near)
+            if tried is None:
+                tried = self._by_middle[near] = []
+            for seen in tried:
+                if seen[0] == f:
+                    return seen[1]
+            if len(tried) < _SAME_ENDS:
+                c = self._by_text(f)
+                tried.append((f, c))  # f held: the ids in the keys stay its frames'
+                return c
             key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
             tried = self._by_ids.get(key)
             if tried is None:
                 tried = self._by_ids[key] = []
             for seen in tried:
                 if seen[0] == f:
-                    self._by_middle[near] = seen
                     return seen[1]
             c = self._by_text(f)
             if len(tried) < _SAME_ENDS:
-                tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
-                self._by_middle[near] = seen
+                tried.append((f, c))
             elif c is not f:
                 self.held.append(f)
             return c
@@ -432,9 +437,10 @@ _LIST_UNSHARED_REFS = 4
 _LIST_MEMO_ONLY_REFS = 2
 _SWEEP_MIN = 4096  # lists remembered before the first sweep
 _FIRST = itemgetter(0)
-# Lists tried per five frame identities. Real stacks that agree on those five frames differ
-# elsewhere in a few ways: the stacks="all" cuDNN capture (tests/fixtures/captured/cudnn_workspace)
-# has 64 stacks, at most 8 per key, most alone. Each try is one C list comparison.
+# Lists tried per key (a length and a middle frame; then five frame identities). Real stacks that
+# agree there differ elsewhere in a few ways: the stacks="all" cuDNN capture
+# (tests/fixtures/captured/cudnn_workspace) has 64 stacks, at most 8 per length and middle frame;
+# the real 1M capture at most 5. Each try is one C list comparison.
 _SAME_ENDS = 32
 
 

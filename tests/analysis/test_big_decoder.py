@@ -338,14 +338,16 @@ def test_lists_of_shared_frames_are_not_remembered_by_identity():
     assert len({id(ev.frames) for ev in events if ev.frames}) == len(stacks)
 
 
-def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_limit_and_past_it():
-    """_SAME_ENDS lists that agree on their first, quarter, middle, three-quarter and last frames are
-    each found by identity; past it, a list is found by its text: the same answer, at the text's cost."""
+def test_lists_agreeing_on_the_frames_looked_at_are_told_apart_up_to_the_limits_and_past_them():
+    """Lists that agree on their length and middle frame are told apart by identity up to _SAME_ENDS
+    of them, then by five frames' identities (first, quarter, middle, three-quarter, last) up to
+    _SAME_ENDS more; past both, a list is found by its text: the same answer, at the text's cost."""
     from memq import snapshot as snapshot_mod
     from memq.snapshot import _SAME_ENDS, _Frames
 
+    many = 2 * _SAME_ENDS + 2
     ends = [{"filename": "e.py", "line": n, "name": "f"} for n in range(5)]
-    between = [{"filename": "m.py", "line": n, "name": "g"} for n in range(_SAME_ENDS + 2)]
+    between = [{"filename": "m.py", "line": n, "name": "g"} for n in range(many)]
     holder = []  # frames other lists hold too, as torch pickles them
 
     def stack(k: int) -> list:  # 9 frames: positions 0, 2, 4, 6, 8 are the five looked at
@@ -354,14 +356,14 @@ def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_li
         return list(fl)
 
     fs = _Frames(10**6)
-    kept = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
-    assert len({id(c) for c in kept}) == _SAME_ENDS + 2  # all different stacks
+    kept = [fs.intern(stack(k)) for k in range(many)]
+    assert len({id(c) for c in kept}) == many  # all different stacks
     calls = []
     real = snapshot_mod._Frames._by_text
     snapshot_mod._Frames._by_text = lambda self, f: calls.append(1) or real(self, f)
     try:
-        again = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
+        again = [fs.intern(stack(k)) for k in range(many)]
     finally:
         snapshot_mod._Frames._by_text = real
     assert [id(c) for c in again] == [id(c) for c in kept]
-    assert len(calls) == 2  # the two past the limit, by their text; the first _SAME_ENDS by identity
+    assert len(calls) == 2  # the two past both limits, by their text; the others by identity
