@@ -461,7 +461,8 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     out = []
     append = out.append
     plain = _PLAIN_ACTIONS
-    remembered = frames_seen._by_list.get
+    by_list = frames_seen._by_list
+    remembered = by_list.get
     first_sight = frames_seen.first_sight
     empty = _EMPTY_FRAMES
     make = tuple.__new__
@@ -489,7 +490,7 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             # (lists of frames of their own), else interned at its first sight
             if f:
                 if f is not last_raw:
-                    seen = remembered(id(f))
+                    seen = remembered(id(f)) if by_list else None  # none for lists of shared frames
                     last_kept = seen[1] if seen is not None else first_sight(f)
                     last_raw = f
                 f = last_kept
@@ -500,7 +501,7 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             f = e.get("frames")
             if f:
                 if f is not last_raw:
-                    seen = remembered(id(f))
+                    seen = remembered(id(f)) if by_list else None  # none for lists of shared frames
                     last_kept = seen[1] if seen is not None else first_sight(f)
                     last_raw = f
                 f = last_kept
@@ -566,8 +567,9 @@ def _odd_entry(e: dict, k: int, device: int, frames: list) -> TraceEvent | None:
         dfree = get("device_free", addr)
         pool = get("pool_id")
         ok_pool = type(pool) in (list, tuple) and all(type(v) is int for v in pool[:4])
-        return TraceEvent(action, None, size, stream, t_us, frames, dfree if type(dfree) is int else None,
-                          tuple(pool[:4]) if ok_pool else None)
+        return tuple.__new__(TraceEvent, (action, None, size, stream, t_us, frames,
+                                          dfree if type(dfree) is int else None,
+                                          tuple(pool[:4]) if ok_pool else None, ""))
     ev = TraceEvent(action, addr if type(addr) is int else None, size, stream, t_us, frames)
     if action == "annotate":
         meta = get("user_metadata")

@@ -49,6 +49,8 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     created: set = set()  # segments created inside the trace
     opt_of: dict[int, bool] = {}  # id(frames) -> is_optimizer; the trace holds every list it names
     opt_get = opt_of.get
+    last_f = None
+    opt = False
     is_opt = fr.is_optimizer
     i = -1
     for ev in trace:
@@ -85,9 +87,11 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         # inside step() show).
         f = ev[5]
         if f:
-            opt = opt_get(id(f))
-            if opt is None:
-                opt = opt_of[id(f)] = is_opt(f)
+            if f is not last_f:  # else `opt` is still this list's (a stack's entries come in runs)
+                last_f = f
+                opt = opt_get(id(f))
+                if opt is None:
+                    opt = opt_of[id(f)] = is_opt(f)
             if opt and not in_opt:
                 step_starts.append(i)
                 if i > lo:  # the stretch before it closes (this event's level is the next one's)
