@@ -475,6 +475,8 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     # first_sight has counted the list's references.
     last_raw: Any = None
     last_kept = empty
+    total = 0  # of the sizes' magnitudes, so a negative size cannot cancel a hostile one
+    most = MAX_FIGURE_BYTES
     for k, e in enumerate(t):
         if consume:
             t[k] = None
@@ -496,6 +498,9 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
                 f = last_kept
             else:
                 f = empty
+            total += size if size >= 0 else -size
+            if total > most:  # at once: a sum past it would only grow, each addition costing more
+                _bytes_total((total,), f"device_traces[{device}] entry sizes")
             append(make(te, (action, addr, size, stream, t_us, f, None, None, "")))
         else:
             f = e.get("frames")
@@ -509,20 +514,20 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
                 f = empty
             ev = _odd_entry(e, k, device, f)
             if ev is not None:
+                total += abs(ev[2])
+                if total > most:
+                    _bytes_total((total,), f"device_traces[{device}] entry sizes")
                 append(ev)
     e = seen = last_raw = None  # the last entry and its list are read: nothing here holds them
     frames_seen.sweep()  # what no entry holds any more
     # the frame references the entries make, each its list's length (a kept list is as long as the
     # entry's own): counted when as many entries as the trace has, each with the longest list kept,
-    # could pass the budget; and one C-level pass (about a tenth of the loop above) over the sizes'
-    # magnitudes, so a negative size cannot cancel a hostile one either
+    # could pass the budget
     frames_seen.count_refs(len(out) * frames_seen.longest(), lambda: sum(map(len, map(_EVENT_FRAMES, out))))
-    _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
 
 
 _EVENT_FRAMES = itemgetter(5)
-_EVENT_SIZE = itemgetter(2)
 
 
 _ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")

@@ -367,3 +367,15 @@ def test_lists_agreeing_on_the_frames_looked_at_are_told_apart_up_to_the_limits_
         snapshot_mod._Frames._by_text = real
     assert [id(c) for c in again] == [id(c) for c in kept]
     assert len(calls) == 2  # the two past both limits, by their text; the others by identity
+
+
+def test_entry_sizes_past_the_cap_are_refused_at_the_entry_that_passes_it():
+    """The sizes' sum is checked as it grows: past MAX_FIGURE_BYTES it could only grow, and each
+    addition to a sum of a hundred thousand digits costs as much as its digits. The entry after
+    the one that passes the cap (here not even a dict) is never read."""
+    from memq.snapshot import MAX_FIGURE_BYTES
+
+    huge = {"action": "alloc", "addr": 1, "size": MAX_FIGURE_BYTES ** 50, "stream": 0, "time_us": 1, "frames": []}
+    raw = {"segments": [], "device_traces": [[huge, "not an entry"] + [dict(huge, addr=2)] * 10]}
+    with pytest.raises(SnapshotError, match="a snapshot may claim"):
+        parse_snapshot(raw)
