@@ -285,10 +285,12 @@ class _Frames:
 
     def __init__(self, budget: int) -> None:
         self._lists: dict[tuple, list] = {}
-        # A list that later entries share (torch pickles one list per allocation, read again by its
-        # frees) is remembered by its identity (id -> (list, kept list)) while entries still to come
-        # hold it: held meanwhile, so its id stays its own, and let go by `sweep` once no entry
-        # holds it, so that memory follows the entries still to come.
+        # A list of frames of its own that later entries share is remembered by its identity
+        # (id -> (list, kept list)) while entries still to come hold it: held meanwhile, so its id
+        # stays its own, and let go by `sweep` once no entry holds it, so that memory follows the
+        # entries still to come. Lists of shared frames (torch's one list per allocation, read
+        # again by its frees) are found again by their frames' identities instead: cheaper than
+        # remembering them.
         self._by_list: dict[int, tuple[list, list]] = {}
         self._by_ids: dict[tuple, list[tuple[list, list]]] = {}
         self._by_middle: dict[tuple, list[tuple[list, list]]] = {}  # (length, id of the middle frame) -> tried
