@@ -285,13 +285,15 @@ class _Frames:
 
     def __init__(self, budget: int) -> None:
         self._lists: dict[tuple, list] = {}
-        # A list that later entries share (torch pickles one list per allocation, read again by its
-        # frees) is remembered by its identity (id -> (list, kept list)) while entries still to come
-        # hold it: held meanwhile, so its id stays its own, and let go by `sweep` once no entry
-        # holds it, so that memory follows the entries still to come.
+        # A list of frames of its own that later entries share is remembered by its identity
+        # (id -> (list, kept list)) while entries still to come hold it: held meanwhile, so its id
+        # stays its own, and let go by `sweep` once no entry holds it, so that memory follows the
+        # entries still to come. Lists of shared frames (torch's one list per allocation, read
+        # again by its frees) are found again by their frames' identities instead: cheaper than
+        # remembering them.
         self._by_list: dict[int, tuple[list, list]] = {}
         self._by_ids: dict[tuple, list[tuple[list, list]]] = {}
-        self._by_middle: dict[tuple, tuple[list, list]] = {}  # (length, id of the middle frame) -> a tried entry
+        self._by_middle: dict[tuple, list[tuple[list, list]]] = {}  # (length, id of the middle frame) -> tried
         self._odd: dict[int, list] = {}  # lists of frames that have no text key (legacy tuples, odd dicts)
         self.held: list[list] = []  # lists dropped for an equal one, freed with the snapshot
         self._next_sweep = _SWEEP_MIN
@@ -320,52 +322,57 @@ class _Frames:
     def first_sight(self, f: Any) -> list:
         """`intern` of a non-empty `f` that is not remembered by its identity: the kept list that
         reads like it. The parser calls it with f held by the entry's dict and its own name only
-        (what _LIST_UNSHARED_REFS counts); a list that entries still to be read hold is remembered.
+        (what _LIST_UNSHARED_REFS counts); a list of frames of its own that entries still to be
+        read hold is remembered (found again by its text, it would cost a tuple of its frames).
 
         Lists of frame objects that other lists share too (torch pickles one dict per distinct
         frame) are found by identities and confirmed by list equality (identity first, in C): a
         fixed cost per list, and a C comparison per frame reference, as the unpickler's own. First
-        the list found last with the same length and middle frame (one identity: the stack of most
-        lists, 70-85% of those of the real recordings and of the shapes of
-        benchmarks/trace_shapes.py), then the lists tried for five frames' identities (first,
-        quarter, middle, three quarters, last). The rest, whose frames are their own, by their
-        text, once per list. At most _SAME_ENDS lists are tried per five identities; past that
-        (lists crafted to agree there) a list is found by its text, which costs more but stays
-        linear."""
+        among the lists of the same length and middle frame (one identity: real stacks that agree
+        there differ elsewhere in a few ways, 1.3-1.7 comparisons a list on the real 1M capture and
+        the C++ shape of benchmarks/trace_shapes.py), then, past _SAME_ENDS of those, among the
+        lists tried for five frames' identities (first, quarter, middle, three quarters, last). The
+        rest, whose frames are their own, by their text, once per list. At most _SAME_ENDS lists
+        are tried per key; past both (lists crafted to agree there) a list is found by its text,
+        which costs more but stays linear."""
         if type(f) is not list:
             return _EMPTY_FRAMES
-        remember = getrefcount(f) > _LIST_UNSHARED_REFS  # before the look-ups: they may keep f
         first = f[0]
         if getrefcount(first) > _UNSHARED_REFS:
+            # Not remembered by its identity: found again this way when an entry reads it later
+            # (costs about what remembering and letting go of it would)
             n = len(f)
             near = (n, id(f[n >> 1]))
-            seen = self._by_middle.get(near)
-            if seen is not None and seen[0] == f:
-                c = seen[1]
-            else:
-                key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
-                tried = self._by_ids.get(key)
-                if tried is None:
-                    tried = self._by_ids[key] = []
-                for seen in tried:
-                    if seen[0] == f:
-                        self._by_middle[near] = seen
-                        c = seen[1]
-                        break
-                else:
-                    c = self._by_text(f)
-                    if len(tried) < _SAME_ENDS:
-                        tried.append(seen := (f, c))  # f held: the ids in the keys stay its frames'
-                        self._by_middle[near] = seen
-                    elif c is not f:
-                        self.held.append(f)
-        else:
+            tried = self._by_middle.get(near)
+            if tried is None:
+                tried = self._by_middle[near] = []
+            for seen in tried:
+                if seen[0] == f:
+                    return seen[1]
+            if len(tried) < _SAME_ENDS:
+                c = self._by_text(f)
+                tried.append((f, c))  # f held: the ids in the keys stay its frames'
+                return c
+            key = (n, id(first), id(f[n >> 2]), id(f[n >> 1]), id(f[(3 * n) >> 2]), id(f[-1]))
+            tried = self._by_ids.get(key)
+            if tried is None:
+                tried = self._by_ids[key] = []
+            for seen in tried:
+                if seen[0] == f:
+                    return seen[1]
             c = self._by_text(f)
-            if c is not f:
-                # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
-                # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
-                # freeing it, a worker frees it whole when the analysis is done).
+            if len(tried) < _SAME_ENDS:
+                tried.append((f, c))
+            elif c is not f:
                 self.held.append(f)
+            return c
+        remember = getrefcount(f) > _LIST_UNSHARED_REFS  # before the look-up: it may keep f
+        c = self._by_text(f)
+        if c is not f:
+            # Its frames die with it: freed here one by one, 486k frame dicts cost the 100k
+            # snapshot 0.03-0.05 s; held, they go with the snapshot (a command exits without
+            # freeing it, a worker frees it whole when the analysis is done).
+            self.held.append(f)
         if remember:  # entries still to be read hold it: found by its identity until the last
             self._by_list[id(f)] = (f, c)
             if len(self._by_list) >= self._next_sweep:
@@ -432,9 +439,10 @@ _LIST_UNSHARED_REFS = 4
 _LIST_MEMO_ONLY_REFS = 2
 _SWEEP_MIN = 4096  # lists remembered before the first sweep
 _FIRST = itemgetter(0)
-# Lists tried per five frame identities. Real stacks that agree on those five frames differ
-# elsewhere in a few ways: the stacks="all" cuDNN capture (tests/fixtures/captured/cudnn_workspace)
-# has 64 stacks, at most 8 per key, most alone. Each try is one C list comparison.
+# Lists tried per key (a length and a middle frame; then five frame identities). Real stacks that
+# agree there differ elsewhere in a few ways: the stacks="all" cuDNN capture
+# (tests/fixtures/captured/cudnn_workspace) has 64 stacks, at most 8 per length and middle frame;
+# the real 1M capture at most 5. Each try is one C list comparison.
 _SAME_ENDS = 32
 
 
@@ -455,13 +463,22 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
     out = []
     append = out.append
     plain = _PLAIN_ACTIONS
-    remembered = frames_seen._by_list.get
+    by_list = frames_seen._by_list
+    remembered = by_list.get
     first_sight = frames_seen.first_sight
     empty = _EMPTY_FRAMES
     make = tuple.__new__
     te = TraceEvent
     fields = _entry_fields(t)
     seen = None
+    # The list of the entry before and what it was interned to: torch pickles one list per
+    # allocation, and its frees follow it often enough (a third of the C++ capture's entries, half
+    # of the real 1M capture's) that an identity test spares them any look-up. Held only after
+    # first_sight has counted the list's references.
+    last_raw: Any = None
+    last_kept = empty
+    total = 0  # of the sizes' magnitudes, so a negative size cannot cancel a hostile one
+    most = MAX_FIGURE_BYTES
     for k, e in enumerate(t):
         if consume:
             t[k] = None
@@ -473,37 +490,46 @@ def _parse_trace(t: Any, device: int, frames_seen: _Frames, consume: bool) -> li
             action = f = None
         if (action in plain and type(size) is int and type(addr) is int and type(stream) is int
                 and type(t_us) is int):
-            # the frames list: one dict look-up when an earlier entry had it (torch's list per
-            # allocation, read again by its frees), else interned at its first sight
+            # the frames list: the entry before's, one dict look-up when an earlier entry had it
+            # (lists of frames of their own), else interned at its first sight
             if f:
-                seen = remembered(id(f))
-                f = seen[1] if seen is not None else first_sight(f)
+                if f is not last_raw:
+                    seen = remembered(id(f)) if by_list else None  # none for lists of shared frames
+                    last_kept = seen[1] if seen is not None else first_sight(f)
+                    last_raw = f
+                f = last_kept
             else:
                 f = empty
+            total += size if size >= 0 else -size
+            if total > most:  # at once: a sum past it would only grow, each addition costing more
+                _bytes_total((total,), f"device_traces[{device}] entry sizes")
             append(make(te, (action, addr, size, stream, t_us, f, None, None, "")))
         else:
             f = e.get("frames")
             if f:
-                seen = remembered(id(f))
-                f = seen[1] if seen is not None else first_sight(f)
+                if f is not last_raw:
+                    seen = remembered(id(f)) if by_list else None  # none for lists of shared frames
+                    last_kept = seen[1] if seen is not None else first_sight(f)
+                    last_raw = f
+                f = last_kept
             else:
                 f = empty
             ev = _odd_entry(e, k, device, f)
             if ev is not None:
+                total += abs(ev[2])
+                if total > most:
+                    _bytes_total((total,), f"device_traces[{device}] entry sizes")
                 append(ev)
-    e = seen = None  # the last entry and its list are read: nothing here holds them
+    e = seen = last_raw = None  # the last entry and its list are read: nothing here holds them
     frames_seen.sweep()  # what no entry holds any more
     # the frame references the entries make, each its list's length (a kept list is as long as the
     # entry's own): counted when as many entries as the trace has, each with the longest list kept,
-    # could pass the budget; and one C-level pass (about a tenth of the loop above) over the sizes'
-    # magnitudes, so a negative size cannot cancel a hostile one either
+    # could pass the budget
     frames_seen.count_refs(len(out) * frames_seen.longest(), lambda: sum(map(len, map(_EVENT_FRAMES, out))))
-    _bytes_total(map(abs, map(_EVENT_SIZE, out)), f"device_traces[{device}] entry sizes")
     return out
 
 
 _EVENT_FRAMES = itemgetter(5)
-_EVENT_SIZE = itemgetter(2)
 
 
 _ENTRY_FIELDS = itemgetter("action", "addr", "size", "stream", "time_us", "frames")
@@ -548,8 +574,9 @@ def _odd_entry(e: dict, k: int, device: int, frames: list) -> TraceEvent | None:
         dfree = get("device_free", addr)
         pool = get("pool_id")
         ok_pool = type(pool) in (list, tuple) and all(type(v) is int for v in pool[:4])
-        return TraceEvent(action, None, size, stream, t_us, frames, dfree if type(dfree) is int else None,
-                          tuple(pool[:4]) if ok_pool else None)
+        return tuple.__new__(TraceEvent, (action, None, size, stream, t_us, frames,
+                                          dfree if type(dfree) is int else None,
+                                          tuple(pool[:4]) if ok_pool else None, ""))
     ev = TraceEvent(action, addr if type(addr) is int else None, size, stream, t_us, frames)
     if action == "annotate":
         meta = get("user_metadata")

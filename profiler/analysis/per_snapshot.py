@@ -39,8 +39,9 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
     done = snap.memo.get(key)
     if done is None:
         m = memory_metrics(snap)
-        comp, sites = composition(snap)
+        # the replay first: its pass over the trace leaves what provenance reads of it (made_live_in)
         tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
+        comp, sites = composition(snap)
         agent = agent_facts(snap)
         own, why = _own_fit(snap, tl)
         done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "origins": origins(snap),

@@ -43,6 +43,7 @@ from memq.analysis.rules import (
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
+from memq.analysis.timeline import made_live_in
 from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_line, frame_name
 
 # Where a class came from, as the screens say it.
@@ -162,14 +163,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     trace = snap.trace
     trace_has_frames = any(ev.frames for ev in trace[-4000:]) or any(ev.frames for ev in trace[:4000])
     # The entry that made each block still live at the end: the last alloc at its address.
-    made: dict[int, int] = {}
-    for i, ev in enumerate(trace):
-        if ev.addr is None:
-            continue
-        if ev.action == "alloc":
-            made[ev.addr] = i
-        elif ev.action == "free_completed":
-            made.pop(ev.addr, None)
+    made = made_live_in(snap)
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False

@@ -12,6 +12,7 @@ so the level at its start is derived backwards from that anchor at its end.
 from __future__ import annotations
 
 from collections import Counter
+from itertools import islice
 
 from memq.analysis import frames as fr
 from memq.model import Snapshot
@@ -48,6 +49,8 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     created: set = set()  # segments created inside the trace
     opt_of: dict[int, bool] = {}  # id(frames) -> is_optimizer; the trace holds every list it names
     opt_get = opt_of.get
+    last_f = None
+    opt = False
     is_opt = fr.is_optimizer
     i = -1
     for ev in trace:
@@ -84,9 +87,11 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
         # inside step() show).
         f = ev[5]
         if f:
-            opt = opt_get(id(f))
-            if opt is None:
-                opt = opt_of[id(f)] = is_opt(f)
+            if f is not last_f:  # else `opt` is still this list's (a stack's entries come in runs)
+                last_f = f
+                opt = opt_get(id(f))
+                if opt is None:
+                    opt = opt_of[id(f)] = is_opt(f)
             if opt and not in_opt:
                 step_starts.append(i)
                 if i > lo:  # the stretch before it closes (this event's level is the next one's)
@@ -103,7 +108,7 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     reserved_start = reserved_end - seg_level
     # The trace saw the whole run when every segment alive at the end was created inside it.
     covers = bool(snap.segments) and all(s.address in created for s in snap.segments) and reserved_start == 0
-    by_site, by_cat = _live_at(trace, peak_i)
+    by_site, by_cat = _live_at(snap, peak_i)
     before = (start + peak) - sum(by_site.values())
     peak_ev = trace[peak_i] if peak_i >= 0 else None
     series = []
@@ -141,29 +146,62 @@ def replay(snap: Snapshot, live_requested_end: int, reserved_end: int) -> dict:
     }
 
 
+def made_live_in(snap: Snapshot) -> dict[int, int]:
+    """Address -> index of the `alloc` that made the block at it live at the end of the trace: the
+    blocks allocated inside it and not freed by its end (an entry without an address touches no
+    block). Memoised on the snapshot; the timeline's replay leaves it there on its way."""
+    got = snap.memo.get("made_live")
+    if got is None:
+        got = snap.memo["made_live"] = _made_live(snap.trace, {}, -1)
+    return got
+
+
+def _made_live(trace, live: dict[int, int], i: int) -> dict[int, int]:
+    """`live` (the blocks allocated and not freed up to event i) carried on to the end of `trace`.
+    Events are read by position: a field read by name costs a descriptor call, and this reads two
+    fields of a million events."""
+    pop = live.pop
+    for ev in islice(trace, i + 1, None):
+        i += 1
+        a = ev[0]
+        if a == "alloc":
+            if ev[1] is not None:
+                live[ev[1]] = i
+        elif a == "free_completed":
+            pop(ev[1], None)
+    return live
+
+
 _SEG_UP = frozenset(("segment_alloc", "segment_map"))
 _SEG_DOWN = frozenset(("segment_free", "segment_unmap"))
 
 
-def _live_at(trace, peak_i: int) -> tuple[Counter, Counter]:
+def _live_at(snap: Snapshot, peak_i: int) -> tuple[Counter, Counter]:
     """Bytes by site and by category of the allocations made inside the trace and not yet freed at
-    event `peak_i`. Sites and categories are read once per frames list, not once per live block."""
-    live: dict[int, tuple] = {}  # addr -> its alloc event
+    event `peak_i`. Sites and categories are read once per frames list, not once per live block.
+    The same pass goes on to the end of the trace for made_live_in (what provenance reads)."""
+    trace = snap.trace
+    live: dict[int, int] = {}  # addr -> index of its alloc
     pop = live.pop
-    for ev in trace[: peak_i + 1]:
+    i = -1
+    for ev in islice(trace, peak_i + 1):
+        i += 1
         a = ev[0]
         if a == "alloc":
             if ev[1] is not None:
-                live[ev[1]] = ev
-        elif a == "free_completed" and ev[1] is not None:
+                live[ev[1]] = i
+        elif a == "free_completed":
             pop(ev[1], None)
     per_list: dict[int, list] = {}  # id(frames) -> [frames, bytes], in the order live blocks are
-    for ev in live.values():
+    for j in live.values():
+        ev = trace[j]
         got = per_list.get(id(ev[5]))
         if got is None:
             per_list[id(ev[5])] = [ev[5], ev[2]]
         else:
             got[1] += ev[2]
+    if "made_live" not in snap.memo:
+        snap.memo["made_live"] = _made_live(trace, live, i)
     by_site: Counter = Counter()
     by_cat: Counter = Counter()
     for frames, size in per_list.values():

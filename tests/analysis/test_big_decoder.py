@@ -305,14 +305,18 @@ def test_lists_of_shared_frames_are_read_by_their_text_once_per_stack_not_once_p
 
 
 def test_a_list_remembered_by_identity_is_let_go_after_its_last_entry():
-    """torch's one list per allocation, read again by its frees: remembered while entries still to
-    come hold it, so that memory follows what is left to read."""
+    """One list per allocation, read again by its frees, of frames of its own (no other list holds
+    them): remembered while entries still to come hold it, so that memory follows what is left to
+    read, and found again by its identity instead of its text."""
     raw = _cpp_trace(3, one_list_per_entry=False)
     from memq.snapshot import _Frames, _parse_trace
 
     trace = raw["device_traces"][0]
-    shared = {id(e["frames"]) for e in trace if e["frames"]}
-    assert len(shared) < len(trace) * 0.7  # frees read their allocation's list
+    own: dict[int, list] = {}  # each list with frame dicts of its own, still shared by its entries
+    for e in trace:
+        if e["frames"]:
+            e["frames"] = own.setdefault(id(e["frames"]), [dict(f) for f in e["frames"]])
+    assert len(own) < len(trace) * 0.7  # frees read their allocation's list
     fs = _Frames(10**9)
     events = _parse_trace(trace, 0, fs, consume=True)
     kept = {id(ev.frames) for ev in events}
@@ -320,14 +324,30 @@ def test_a_list_remembered_by_identity_is_let_go_after_its_last_entry():
     assert fs._by_list and all(id(f) in kept or f in fs.held for f, _c in fs._by_list.values())
 
 
-def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_limit_and_past_it():
-    """_SAME_ENDS lists that agree on their first, quarter, middle, three-quarter and last frames are
-    each found by identity; past it, a list is found by its text: the same answer, at the text's cost."""
+def test_lists_of_shared_frames_are_not_remembered_by_identity():
+    """torch's one list per allocation, of frames other lists share: found again by the frames'
+    identities, so no entry's list is held past its last entry and nothing is swept."""
+    raw = _cpp_trace(3, one_list_per_entry=False)
+    from memq.snapshot import _Frames, _parse_trace
+
+    trace = raw["device_traces"][0]
+    stacks = {tuple(map(id, e["frames"])) for e in trace if e["frames"]}
+    fs = _Frames(10**9)
+    events = _parse_trace(trace, 0, fs, consume=True)
+    assert not fs._by_list
+    assert len({id(ev.frames) for ev in events if ev.frames}) == len(stacks)
+
+
+def test_lists_agreeing_on_the_frames_looked_at_are_told_apart_up_to_the_limits_and_past_them():
+    """Lists that agree on their length and middle frame are told apart by identity up to _SAME_ENDS
+    of them, then by five frames' identities (first, quarter, middle, three-quarter, last) up to
+    _SAME_ENDS more; past both, a list is found by its text: the same answer, at the text's cost."""
     from memq import snapshot as snapshot_mod
     from memq.snapshot import _SAME_ENDS, _Frames
 
+    many = 2 * _SAME_ENDS + 2
     ends = [{"filename": "e.py", "line": n, "name": "f"} for n in range(5)]
-    between = [{"filename": "m.py", "line": n, "name": "g"} for n in range(_SAME_ENDS + 2)]
+    between = [{"filename": "m.py", "line": n, "name": "g"} for n in range(many)]
     holder = []  # frames other lists hold too, as torch pickles them
 
     def stack(k: int) -> list:  # 9 frames: positions 0, 2, 4, 6, 8 are the five looked at
@@ -336,14 +356,26 @@ def test_lists_agreeing_on_the_five_frames_looked_at_are_told_apart_up_to_the_li
         return list(fl)
 
     fs = _Frames(10**6)
-    kept = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
-    assert len({id(c) for c in kept}) == _SAME_ENDS + 2  # all different stacks
+    kept = [fs.intern(stack(k)) for k in range(many)]
+    assert len({id(c) for c in kept}) == many  # all different stacks
     calls = []
     real = snapshot_mod._Frames._by_text
     snapshot_mod._Frames._by_text = lambda self, f: calls.append(1) or real(self, f)
     try:
-        again = [fs.intern(stack(k)) for k in range(_SAME_ENDS + 2)]
+        again = [fs.intern(stack(k)) for k in range(many)]
     finally:
         snapshot_mod._Frames._by_text = real
     assert [id(c) for c in again] == [id(c) for c in kept]
-    assert len(calls) == 2  # the two past the limit, by their text; the first _SAME_ENDS by identity
+    assert len(calls) == 2  # the two past both limits, by their text; the others by identity
+
+
+def test_entry_sizes_past_the_cap_are_refused_at_the_entry_that_passes_it():
+    """The sizes' sum is checked as it grows: past MAX_FIGURE_BYTES it could only grow, and each
+    addition to a sum of a hundred thousand digits costs as much as its digits. The entry after
+    the one that passes the cap (here not even a dict) is never read."""
+    from memq.snapshot import MAX_FIGURE_BYTES
+
+    huge = {"action": "alloc", "addr": 1, "size": MAX_FIGURE_BYTES ** 50, "stream": 0, "time_us": 1, "frames": []}
+    raw = {"segments": [], "device_traces": [[huge, "not an entry"] + [dict(huge, addr=2)] * 10]}
+    with pytest.raises(SnapshotError, match="a snapshot may claim"):
+        parse_snapshot(raw)
