@@ -360,7 +360,9 @@ def check_fragmentation(f: Facts) -> Finding:
             out.evidence.append(f"{g(free)} is cached but unallocated and the {g(f.S)} request still failed: "
                                 "the free cache is in pieces (the message gives no free blocks; a snapshot "
                                 "would show them)")
-        if n is not None and n.fits_limit is True:
+        # Under a lower bound of the limit the projected step fits too: the limit is at least that bound.
+        under_floor = f.limit is None and n is not None and n.high is not None and n.high <= limit
+        if n is not None and (n.fits_limit is True or under_floor):
             out.evidence.append(need_text(n, limit))
         elif n is not None:
             # The rest of the step is not settled: fragmentation answers for this request only.

@@ -299,9 +299,12 @@ def test_a_lower_bound_limit_is_not_called_unknown_beside_itself():
 
     oom = REAL / "frag_dynamic_1.15" / "oom.pickle.gz"
     d = json.loads(memq("analyze", oom, "--json"))["diagnosis"]
-    assert d["primary_cause"] == "fragmentation" and d["confidence"] == 0.49  # verdicts unchanged
+    # a need under the least the limit can be fits: no penalty for an unsettled step (0.49 before), and no
+    # "the whole step may not fit the limit either" beside "under the 16.89 GiB ... the least the limit can be"
+    assert d["primary_cause"] == "fragmentation" and d["confidence"] == 0.67
     assert d["step_need"]["fits_limit"] is None and d["step_need"]["limit_floor_bytes"] == 18136170496
     text = flat(memq("analyze", oom))
+    assert "may not fit the limit either" not in text
     assert "(a lower bound (" not in text
     assert "the limit is not known, so whether it fits is not settled" not in text
     assert "the failing step needed ~16.40 GiB (16.31-16.40 GiB): under the 16.89 GiB the allocator held " \
