@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from memq.analysis.provenance import composition as by_provenance
 from memq.model import ACTIVE_ALLOCATED, INACTIVE, SMALL_SIZE, Snapshot
 
 MiB = 1024 * 1024
@@ -127,8 +128,6 @@ def largest_oversize_free_block(snap: Snapshot, size: int) -> int:
 def composition(snap: Snapshot) -> tuple[dict, dict]:
     """Live bytes by class, and the top allocation sites of each: provenance.block_classes decides
     every block's class, so the segment map and the composition never disagree."""
-    from memq.analysis.provenance import composition as by_provenance
-
     return by_provenance(snap)
 
 
