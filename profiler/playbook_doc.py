@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from memq.errors import BadInput, MemqError
@@ -46,8 +47,6 @@ def unknown_entry(entry_id: str) -> BadInput:
 
 
 def packaged_path() -> Path:
-    from importlib import resources
-
     return Path(str(resources.files("memq").joinpath(PACKAGED_NAME)))
 
 

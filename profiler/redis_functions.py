@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memq.identity import parse_keyring
+
 log = logging.getLogger("memq.redis_functions")
 
 LIBRARY = "memq"
@@ -121,8 +123,6 @@ class Relay:
     def for_settings(cls, client, st) -> Relay:
         kids: tuple[str, ...] = ()
         if st.agent_keyring:
-            from memq.identity import parse_keyring
-
             kids = tuple(parse_keyring(st.agent_keyring))
         return cls(client, stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
                    blob_ttl_s=st.blob_ttl_s, dead_key=st.dead_letter_key, kids=kids)

@@ -11,12 +11,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 AREAS = ("profiler/agent", "profiler/alerts", "profiler/metrics", "profiler/pipeline/dead_blobs.py",
-         "profiler/analysis")
+         "profiler/analysis",
+         *(f"profiler/{m}.py" for m in ("codec", "redis_functions", "redis_client", "envelope", "config", "load",
+                                        "backoff", "playbook_doc")))
 #: files of those areas not (yet) held to it
 SKIP = ("profiler/analysis/timeline.py", "profiler/analysis/frames.py")
 
 #: `memq analyze` of a healthy snapshot imports none of these (tests/analysis/test_import_purity.py)
 ONLY_WHEN_NEEDED = "loaded only when the input needs it (tests/analysis/test_import_purity.py)"
+#: the agent imports these modules and runs without redis-py and zstandard, spooling gzip
+#: (tests/agent/test_faults.py::test_without_redis_py_and_zstandard_spools_gzip)
+AGENT_WITHOUT = "the agent runs without it (tests/agent/test_faults.py, without redis-py and zstandard)"
 
 #: (file, function, module) -> why it stays lazy
 LAZY = {
@@ -36,6 +41,19 @@ LAZY = {
     ("profiler/analysis/memory.py", "smallest_request_rounding_to", "memq.analysis.allocator_model"):
         "the allocator model: " + ONLY_WHEN_NEEDED,
     ("profiler/analysis/per_snapshot.py", "_own_fit", "memq.analysis.fit"): "the fit rules: " + ONLY_WHEN_NEEDED,
+    ("profiler/codec.py", "_sha256", "hashlib"): "OpenSSL: " + ONLY_WHEN_NEEDED,
+    ("profiler/codec.py", "_unzstd_chunks", "zstandard"): AGENT_WITHOUT + "; " + ONLY_WHEN_NEEDED,
+    ("profiler/codec.py", "compress", "zstandard"): AGENT_WITHOUT,
+    ("profiler/config.py", "_read_file", "tomllib"): "only with a config file: " + ONLY_WHEN_NEEDED,
+    ("profiler/playbook_doc.py", "to_html", "markdown_it"):
+        "memq serve's /playbook page; analyze's terminal text does not need it: " + ONLY_WHEN_NEEDED,
+    ("profiler/backoff.py", "__init__", "redis.backoff"): AGENT_WITHOUT,
+    ("profiler/redis_client.py", "make_client", "redis"): AGENT_WITHOUT,
+    ("profiler/redis_client.py", "make_client", "redis.backoff"): AGENT_WITHOUT,
+    ("profiler/redis_client.py", "make_client", "redis.retry"): AGENT_WITHOUT,
+    ("profiler/redis_functions.py", "loaded_version", "redis"): AGENT_WITHOUT,
+    ("profiler/redis_functions.py", "step", "redis"): AGENT_WITHOUT,
+    ("profiler/redis_functions.py", "doctor_checks", "redis"): AGENT_WITHOUT,
 }
 
 
