@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 AREAS = ("profiler/agent", "profiler/alerts", "profiler/metrics", "profiler/pipeline/dead_blobs.py",
-         "profiler/analysis",
+         "profiler/analysis", "profiler/store",
          *(f"profiler/{m}.py" for m in ("codec", "redis_functions", "redis_client", "envelope", "config", "load",
                                         "backoff", "playbook_doc")))
 #: files of those areas not (yet) held to it
