@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-AREAS = ("profiler/agent", "profiler/alerts", "profiler/metrics", "profiler/pipeline/dead_blobs.py",
-         "profiler/analysis", "profiler/store",
+AREAS = ("profiler/agent", "profiler/alerts", "profiler/metrics", "profiler/pipeline", "profiler/analysis",
+         "profiler/store",
          *(f"profiler/{m}.py" for m in ("codec", "redis_functions", "redis_client", "envelope", "config", "load",
                                         "backoff", "playbook_doc")))
 #: files of those areas not (yet) held to it
@@ -41,6 +41,8 @@ LAZY = {
     ("profiler/analysis/memory.py", "smallest_request_rounding_to", "memq.analysis.allocator_model"):
         "the allocator model: " + ONLY_WHEN_NEEDED,
     ("profiler/analysis/per_snapshot.py", "_own_fit", "memq.analysis.fit"): "the fit rules: " + ONLY_WHEN_NEEDED,
+    ("profiler/pipeline/offline.py", "advice_replay", "memq.analysis.whatif"):
+        "the allocator model, for an OOM's replay: " + ONLY_WHEN_NEEDED,
     ("profiler/codec.py", "_sha256", "hashlib"): "OpenSSL: " + ONLY_WHEN_NEEDED,
     ("profiler/codec.py", "_unzstd_chunks", "zstandard"): AGENT_WITHOUT + "; " + ONLY_WHEN_NEEDED,
     ("profiler/codec.py", "compress", "zstandard"): AGENT_WITHOUT,
