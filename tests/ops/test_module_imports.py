@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 AREAS = ("profiler/agent", "profiler/alerts", "profiler/metrics", "profiler/pipeline", "profiler/analysis",
-         "profiler/store",
+         "profiler/store", "workers",
          *(f"profiler/{m}.py" for m in ("codec", "redis_functions", "redis_client", "envelope", "config", "load",
                                         "backoff", "playbook_doc")))
 #: files of those areas not (yet) held to it
@@ -21,6 +21,9 @@ SKIP = ("profiler/analysis/timeline.py", "profiler/analysis/frames.py")
 ONLY_WHEN_NEEDED = "loaded only when the input needs it (tests/analysis/test_import_purity.py)"
 #: the agent imports these modules and runs without redis-py and zstandard, spooling gzip
 #: (tests/agent/test_faults.py::test_without_redis_py_and_zstandard_spools_gzip)
+#: the tasks module builds the Celery app: the dispatcher, which only sends tasks, never builds one
+#: before the first send (tests/workers/test_import_graph.py::test_dispatcher_and_heartbeat_build_no_celery_app)
+NO_CELERY_APP = "the dispatcher builds no Celery app until it sends a task (tests/workers/test_import_graph.py)"
 AGENT_WITHOUT = "the agent runs without it (tests/agent/test_faults.py, without redis-py and zstandard)"
 
 #: (file, function, module) -> why it stays lazy
@@ -43,6 +46,8 @@ LAZY = {
     ("profiler/analysis/per_snapshot.py", "_own_fit", "memq.analysis.fit"): "the fit rules: " + ONLY_WHEN_NEEDED,
     ("profiler/pipeline/offline.py", "advice_replay", "memq.analysis.whatif"):
         "the allocator model, for an OOM's replay: " + ONLY_WHEN_NEEDED,
+    ("workers/dispatcher.py", "enqueue", "memq.workers.tasks"): NO_CELERY_APP,
+    ("workers/dispatcher.py", "refresh_forecast", "memq.workers.tasks"): NO_CELERY_APP,
     ("profiler/codec.py", "_sha256", "hashlib"): "OpenSSL: " + ONLY_WHEN_NEEDED,
     ("profiler/codec.py", "_unzstd_chunks", "zstandard"): AGENT_WITHOUT + "; " + ONLY_WHEN_NEEDED,
     ("profiler/codec.py", "compress", "zstandard"): AGENT_WITHOUT,
