@@ -115,7 +115,7 @@ def to_html(text: str) -> str:
     text (markdown-it with html off; link targets such as javascript: are refused by its validator);
     the one thing kept of it is the `<a id>` anchor of a heading, which becomes the heading's id, so
     /playbook#<id> lands on the entry."""
-    from markdown_it import MarkdownIt
+    from markdown_it import MarkdownIt  # memq serve's page only: the terminal shows the text
 
     ids = {h.line: h.entry_id for h in headings(text) if h.entry_id}
     lines = text.splitlines()

@@ -77,7 +77,7 @@ def _missing(exc: BaseException) -> bool:
 
 def loaded_version(client) -> int | None:
     """The memq library's version loaded in this Redis, or None when it is not loaded."""
-    import redis
+    import redis  # the agent imports this module and runs without redis-py (spool only)
 
     try:
         return int(client.fcall_ro("memq_version", 0))

@@ -140,7 +140,7 @@ class Dispatcher:
         if self._enqueue is not None:
             self._enqueue(snapshot_id)
             return
-        from memq.workers.tasks import analyze_snapshot
+        from memq.workers.tasks import analyze_snapshot  # builds the Celery app: only at the first send
 
         try:
             analyze_snapshot.apply_async((int(snapshot_id),))
@@ -152,7 +152,7 @@ class Dispatcher:
         once per MEMQ_FORECAST_REFRESH_S per rank: agents flush stats every few seconds, and a forecast
         counted in epochs gains nothing from each. A batch skipped or lost (broker down) leaves a gap the
         next one, or the next snapshot, covers."""
-        from memq.workers.tasks import refresh_forecast
+        from memq.workers.tasks import refresh_forecast  # builds the Celery app: only at the first send
 
         now = time.monotonic()
         key = (int(run_id), int(rank))

@@ -137,7 +137,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         _has_cpp_frames(b.frames) for seg in last_snap.segments[:50] for b in seg.blocks[:20])
     s_min = S
     if S and last_snap.settings.roundup_power2_divisions:
-        from memq.analysis.whatif import config_from_settings
+        from memq.analysis.whatif import config_from_settings  # the allocator model: only for this OOM
 
         divs = config_from_settings(last_snap.settings)[0].roundup_power2_divisions
         s_min = smallest_request_rounding_to(S, divs)
@@ -437,7 +437,7 @@ def message_facts(ctx: OomContext) -> Facts:
 def explain_message(ctx: OomContext) -> dict:
     """The contract from an OOM message alone: what the message carries, null for the rest, and the
     verdict its own figures settle (message_verdict.py), with advice for that situation first."""
-    from memq.analysis.message_verdict import judge
+    from memq.analysis.message_verdict import judge  # only with a message: not for a snapshot
 
     msg = ctx.message
     if msg is None:

@@ -135,7 +135,7 @@ def smallest_request_rounding_to(size: int, divisions: tuple) -> int:
     """The smallest request the allocator would round up to `size` (torch's round_size is monotonic,
     so a binary search finds it). The trace records some requests only after rounding, e.g. the OOM
     entry under roundup_power2_divisions; this is the most the rounding can have added."""
-    from memq.analysis.allocator_model import round_size
+    from memq.analysis.allocator_model import round_size  # only under roundup_power2_divisions
 
     if round_size(size, divisions) != size:
         return size  # not a size the allocator produces: take it as given
