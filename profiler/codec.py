@@ -559,7 +559,7 @@ def _unzstd_chunks(data: bytes) -> Iterator[bytes]:
 
 def compress(data: bytes, codec: str = "zstd") -> bytes:
     if codec == "zstd":
-        import zstandard
+        import zstandard  # the agent imports this module and runs without it (spooling gzip)
 
         return zstandard.ZstdCompressor(level=3).compress(data)
     if codec == "gzip":

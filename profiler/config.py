@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from memq.codec import raw_limit
 from memq.errors import ConfigError
 
 MIN_DECODE_BUDGET = 768 * 1024**2  # the budget before it scaled with memory: what small pods had
@@ -391,8 +392,6 @@ class Settings:
     def decode_max_bytes(self) -> int:
         """Largest uncompressed snapshot this process decodes: the decode budget's share, at most
         MEMQ_MAX_SNAPSHOT_BYTES."""
-        from memq.codec import raw_limit
-
         return raw_limit(self.decode_budget, self.max_snapshot_bytes)
 
     @property

@@ -20,6 +20,7 @@ Unknown extra fields are kept in `Envelope.extra` (forward compatibility), never
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import secrets
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memq import names
 from memq.errors import BadInput
 from memq.model import RUN_STATUSES, TRIGGERS
 
@@ -375,8 +377,6 @@ def _check_kind_payload(kind: str, payload: dict, lo_ms: int, hi_ms: int) -> Non
 def parse(fields: Mapping[Any, Any], limits: Limits | None = None) -> Envelope:
     """Stream entry fields (str or bytes) -> Envelope, or EnvelopeError naming what is wrong.
     Never raises anything else for any input (tests/fuzz/test_fuzz_envelope.py)."""
-    from memq import names
-
     limits = limits or Limits()
     if not isinstance(fields, Mapping):
         raise EnvelopeError("an envelope is a mapping of fields")
@@ -457,8 +457,6 @@ def dead_letter_fields(fields: Any) -> dict[str, str]:
     names are listed in `b64_fields` (a field name that is not UTF-8 becomes `b64:<base64>`);
     values over DEAD_VALUE_MAX bytes are cut (named in `truncated_fields`); fields beyond
     DEAD_FIELDS_MAX are counted in `fields_dropped`. Never raises."""
-    import base64
-
     def as_text(x: Any) -> tuple[str, bool]:
         if isinstance(x, str):
             try:

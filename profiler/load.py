@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memq import codec
+from memq.config import load_settings
 from memq.errors import NotRegularFile, SnapshotError, TooLarge
 from memq.model import Snapshot
 from memq.snapshot import parse_snapshot
@@ -57,8 +58,6 @@ def read_bytes(path: str | os.PathLike, max_bytes: int, *, idle_timeout_s: float
             os.set_blocking(fd, True)
             return _read_capped(fd, p, max_bytes, None)
         if idle_timeout_s is None:  # read here, not by every caller: only a pipe needs it
-            from memq.config import load_settings
-
             idle_timeout_s = float(load_settings().pipe_idle_timeout_s)
         return _read_capped(fd, p, max_bytes, idle_timeout_s)  # FIFO / pipe: stays non-blocking
     except OSError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from memq.errors import BadInput, MemqError
@@ -46,8 +47,6 @@ def unknown_entry(entry_id: str) -> BadInput:
 
 
 def packaged_path() -> Path:
-    from importlib import resources
-
     return Path(str(resources.files("memq").joinpath(PACKAGED_NAME)))
 
 
@@ -116,7 +115,7 @@ def to_html(text: str) -> str:
     text (markdown-it with html off; link targets such as javascript: are refused by its validator);
     the one thing kept of it is the `<a id>` anchor of a heading, which becomes the heading's id, so
     /playbook#<id> lands on the entry."""
-    from markdown_it import MarkdownIt
+    from markdown_it import MarkdownIt  # memq serve's page only: the terminal shows the text
 
     ids = {h.line: h.entry_id for h in headings(text) if h.entry_id}
     lines = text.splitlines()

@@ -18,7 +18,7 @@ def make_client(url: str, timeout_s: float, *, connect_timeout_s: float | None =
                 retries: bool = False, health_check_s: int = 0):
     """A redis-py client with hard timeouts; no hidden retries unless `retries` (redis-py's own, for a
     long-lived reader that reconnects by itself: the dispatcher)."""
-    import redis
+    import redis  # the agent imports this module and runs without redis-py (spool only)
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 

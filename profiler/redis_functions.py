@@ -32,6 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memq.identity import parse_keyring
+
 log = logging.getLogger("memq.redis_functions")
 
 LIBRARY = "memq"
@@ -75,7 +77,7 @@ def _missing(exc: BaseException) -> bool:
 
 def loaded_version(client) -> int | None:
     """The memq library's version loaded in this Redis, or None when it is not loaded."""
-    import redis
+    import redis  # the agent imports this module and runs without redis-py (spool only)
 
     try:
         return int(client.fcall_ro("memq_version", 0))
@@ -121,8 +123,6 @@ class Relay:
     def for_settings(cls, client, st) -> Relay:
         kids: tuple[str, ...] = ()
         if st.agent_keyring:
-            from memq.identity import parse_keyring
-
             kids = tuple(parse_keyring(st.agent_keyring))
         return cls(client, stream=st.stream_key, key_prefix=st.key_prefix, maxlen=st.stream_maxlen,
                    blob_ttl_s=st.blob_ttl_s, dead_key=st.dead_letter_key, kids=kids)

@@ -30,6 +30,7 @@ from kombu import Queue
 
 from memq.config import Settings, load_settings
 from memq.errors import ConfigError
+from memq.store.db import configure_orm as configure
 from memq.workers import runtime
 from memq.workers.heartbeat import Heartbeat, heartbeat_key
 from memq.workers.queues import QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES
@@ -202,6 +203,4 @@ def _child_init(**_):
 
 
 def configure_orm() -> None:
-    from memq.store.db import configure_orm as configure
-
     configure()

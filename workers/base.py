@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from celery import Task
+from celery.utils.time import get_exponential_backoff_interval
+from kombu.exceptions import OperationalError
 
 from memq.errors import BadInput, BrokerUnavailable, StorageUnavailable
+from memq.workers.app import settings_of
 from memq.workers.runtime import is_transient
 
 log = logging.getLogger("memq.workers")
@@ -24,9 +28,6 @@ log = logging.getLogger("memq.workers")
 
 def transient_errors() -> tuple[type[BaseException], ...]:
     """The exception classes that may be outages (`is_transient` decides for an instance)."""
-    import redis
-    from kombu.exceptions import OperationalError
-
     return (StorageUnavailable, BrokerUnavailable, redis.ConnectionError, redis.TimeoutError, redis.ResponseError,
             OperationalError)
 
@@ -55,10 +56,6 @@ class MemqTask(Task):
         MEMQ_RETRY_BACKOFF_MAX_S, at most MEMQ_TASK_MAX_RETRIES times (then the task fails and the
         SQL state, still pending or leased, is re-driven by the reaper). `kwargs_update` changes the
         arguments of the next attempt (e.g. the lease it holds)."""
-        from celery.utils.time import get_exponential_backoff_interval
-
-        from memq.workers.app import settings_of
-
         st = settings_of(self.app)
         countdown = get_exponential_backoff_interval(factor=1, retries=self.request.retries,
                                                      maximum=st.retry_backoff_max_s, full_jitter=True)

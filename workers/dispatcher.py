@@ -50,6 +50,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import redis
+from kombu.exceptions import OperationalError
+
 from memq import envelope, identity
 from memq.backoff import full_jitter
 from memq.config import Settings, redact_url
@@ -61,7 +64,9 @@ from memq.errors import (
     TooLarge,
 )
 from memq.pipeline import record
+from memq.redis_client import make_client
 from memq.redis_functions import Relay
+from memq.store import partitions
 from memq.store import repository as repo
 from memq.workers import runtime
 from memq.workers.faults import armed_fault
@@ -124,8 +129,6 @@ class Dispatcher:
 
     # ------------------------------------------------------------------------------ plumbing
     def _client(self):
-        from memq.redis_client import make_client
-
         timeout = max(10.0, self.block_ms / 1000.0 + 5.0)  # longer than one blocking read
         return make_client(self.st.redis_url, timeout, connect_timeout_s=5, retries=True, health_check_s=30)
 
@@ -137,9 +140,7 @@ class Dispatcher:
         if self._enqueue is not None:
             self._enqueue(snapshot_id)
             return
-        from kombu.exceptions import OperationalError
-
-        from memq.workers.tasks import analyze_snapshot
+        from memq.workers.tasks import analyze_snapshot  # builds the Celery app: only at the first send
 
         try:
             analyze_snapshot.apply_async((int(snapshot_id),))
@@ -151,9 +152,7 @@ class Dispatcher:
         once per MEMQ_FORECAST_REFRESH_S per rank: agents flush stats every few seconds, and a forecast
         counted in epochs gains nothing from each. A batch skipped or lost (broker down) leaves a gap the
         next one, or the next snapshot, covers."""
-        from kombu.exceptions import OperationalError
-
-        from memq.workers.tasks import refresh_forecast
+        from memq.workers.tasks import refresh_forecast  # builds the Celery app: only at the first send
 
         now = time.monotonic()
         key = (int(run_id), int(rank))
@@ -173,8 +172,6 @@ class Dispatcher:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def ensure_group(self) -> None:
-        import redis
-
         with runtime.redis_errors(self.st.redis_url):
             try:
                 self.r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
@@ -279,8 +276,6 @@ class Dispatcher:
     def _make_partitions(self) -> None:
         """stat_samples' coming day partitions (PostgreSQL), at start and then hourly. Failing here
         stops nothing: samples without a day partition land in the default one."""
-        from memq.store import partitions
-
         try:
             with self.store.session() as s:
                 made = partitions.ensure_ahead(s, dt.datetime.now(dt.UTC), self.st.stat_partition_days_ahead)
@@ -313,8 +308,6 @@ class Dispatcher:
         return True
 
     def read(self) -> list[Entry]:
-        import redis
-
         with runtime.redis_errors(self.st.redis_url):
             try:
                 # no wait while the relay is clearing the inbox: its next step goes on at once
@@ -332,8 +325,6 @@ class Dispatcher:
     def recover_own(self) -> list[Entry]:
         """The oldest entry this consumer read and did not acknowledge (it crashed, or was killed),
         claimed again so that the delivery is counted; [] when none is left."""
-        import redis
-
         with runtime.redis_errors(self.st.redis_url):
             try:
                 pend = self.r.xpending_range(self.stream, self.group, min="-", max="+", count=1,
@@ -356,8 +347,6 @@ class Dispatcher:
         """Entries other consumers took and left unacknowledged for claim_idle_s: those delivered
         max_deliveries times are dead-lettered; of the rest, the oldest is claimed (one delivery
         more) and returned, to be handled alone."""
-        import redis
-
         idle_ms = self.st.claim_idle_s * 1000
         with runtime.redis_errors(self.st.redis_url):
             try:

@@ -43,7 +43,9 @@ from typing import Any
 
 from memq.config import Settings
 from memq.errors import BadInput, BrokerUnavailable, MemqError, NotFound
+from memq.pipeline import analyse, sweeps
 from memq.store import repository as repo
+from memq.store.blob_snapshots import load_blob
 from memq.workers import runtime
 from memq.workers.queues import QUEUE_ANALYZE
 
@@ -107,8 +109,6 @@ def _decode_frozen(store, sha256: str, name: str | None):
     walk them again (a fifth of a worker's CPU under load, measured with py-spy). Reference counting
     still frees them. The collect first frees cyclic garbage made so far, which would otherwise be
     frozen with the snapshot for good."""
-    from memq.store.blob_snapshots import load_blob
-
     gc.collect()
     was = gc.isenabled()
     gc.disable()
@@ -183,8 +183,6 @@ def analyze(st: Settings, snapshot_id: int, task_id: str | None = None, senders:
     """See the module docstring. `senders` re-enqueue it and schedule the run diagnosis (tasks pass
     theirs); only an outcome that sends work needs them. One call down (the lease), one into the use
     case (memq.pipeline.analyse.analyse_claimed, with this process's decode cache), and back."""
-    from memq.pipeline import analyse
-
     store = _store(st)
     lease, how = _claim(st, snapshot_id, task_id)
     if lease is None:
@@ -321,8 +319,6 @@ def recompute(st: Settings, run_id: int, rank: int, senders: Senders) -> str | N
     """The run-level diagnosis of one rank; returns its primary cause, or "deferred" when the run
     is still receiving snapshots (then it is enqueued again for when it goes quiet, within the
     longest wait counted from the first snapshot it waits for)."""
-    from memq.pipeline import analyse
-
     r = runtime.redis_client(st.redis_url)
     key = runtime.run_diag_key(st, run_id, rank)
     try:
@@ -358,8 +354,6 @@ def refresh_forecast(st: Settings, run_id: int, rank: int, figures: list, as_of_
                      senders: Senders | None = None) -> str:
     """A stats batch's per-step figures move the rank's OOM forecast on (memq.pipeline.analyse.refresh_forecast);
     when they move the growth model's leak verdict, the run diagnosis is scheduled again."""
-    from memq.pipeline import analyse
-
     out = analyse.refresh_forecast(_store(st), run_id, rank, list(figures or []), as_of_time)
     if out == "verdict_changed" and senders is not None:
         schedule_recompute(st, run_id, rank, senders.recompute)
@@ -373,8 +367,6 @@ def sweep(st: Settings, snapshot_id: int) -> str:
     """The standard what-if sweep of one OOM snapshot under its run's limit, seeded by the rank's
     earlier snapshots (memq.pipeline.sweeps); stored once per inputs. Returns swept | reused |
     skipped (not an OOM, blob gone, bad data: the analysis already records why)."""
-    from memq.pipeline import sweeps
-
     store = _store(st)
     try:
         sid, computed = sweeps.sweep_snapshot(store, snapshot_id, load=lambda sha, src: _cached_load(store, sha, src))
@@ -432,11 +424,10 @@ def reap(st: Settings, senders: Senders, limit: int = 1000) -> dict[str, int]:
 def stale_diagnoses(st: Settings, limit: int = 200) -> list[tuple[int, int]]:
     """(run, rank) pairs whose analysed snapshots are not all in their run-level diagnosis, once
     the last diagnosis is older than the debounce delay."""
-    from memq.pipeline.analyse import MAX_RUN_SNAPSHOTS
-
     with _store(st).session() as s:
         return repo.stale_diagnoses(
-            s, repo.utcnow() - dt.timedelta(milliseconds=st.run_diagnosis_delay_ms + 1000), MAX_RUN_SNAPSHOTS, limit)
+            s, repo.utcnow() - dt.timedelta(milliseconds=st.run_diagnosis_delay_ms + 1000),
+            analyse.MAX_RUN_SNAPSHOTS, limit)  # read when called, like the pipeline's own use of it
 
 
 __all__ = ["Senders", "analyze", "recompute", "reap", "refresh_forecast", "sweep",

@@ -26,8 +26,16 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from celery.schedules import crontab
+
 from memq.config import Settings
 from memq.errors import BadInput, ConfigError
+from memq.report import generate
+from memq.report.markdown import render_markdown
+from memq.store.report_queries import Scope, report_dates
+from memq.workers import runtime
+from memq.workers.app import app, settings_of
+from memq.workers.base import MemqTask
 
 log = logging.getLogger("memq.workers.reports")
 
@@ -35,8 +43,6 @@ TASK_NAME = "workers.reports.nightly_report"
 
 
 def configured_scopes(st: Settings):
-    from memq.store.report_queries import Scope
-
     scopes = [Scope.parse(s) for s in (st.report_scopes or "all").split(",") if s.strip()]
     return scopes or [Scope.parse("all")]
 
@@ -44,8 +50,6 @@ def configured_scopes(st: Settings):
 def dates_to_build(store, scope, target: dt.date, catchup_days: int) -> list[dt.date]:
     """`target` always (a rerun replaces it), plus the days of the catch-up window before it that
     have no stored report, oldest first."""
-    from memq.store.report_queries import report_dates
-
     first = target - dt.timedelta(days=max(0, catchup_days - 1))
     with store.session() as s:
         have = report_dates(s, scope, first, target)
@@ -56,9 +60,6 @@ def dates_to_build(store, scope, target: dt.date, catchup_days: int) -> list[dt.
 def run_nightly(store, st: Settings, *, date: dt.date | None = None, scopes: list | None = None,
                 today: dt.date | None = None, catch_up: bool = True, webhook: bool = True) -> dict[str, Any]:
     """Build, store and write the reports; post the webhook. Returns what was done, per scope."""
-    from memq.report import generate
-    from memq.report.markdown import render_markdown
-
     today = today or dt.datetime.now(dt.UTC).date()
     target = date or today - dt.timedelta(days=1)
     out: dict[str, Any] = {"date": target.isoformat(), "scopes": []}
@@ -117,8 +118,6 @@ def post_webhook(url: str, text: str, timeout_s: float = 10.0) -> int:
 
 def beat_entries(st: Settings) -> dict[str, dict]:
     """The nightly report's beat entry (UTC; memq.workers.app sets enable_utc and timezone UTC)."""
-    from celery.schedules import crontab
-
     if not (0 <= st.report_hour_utc <= 23 and 0 <= st.report_minute_utc <= 59):
         raise ConfigError("MEMQ_REPORT_HOUR_UTC must be 0..23 and MEMQ_REPORT_MINUTE_UTC 0..59")
     return {"memq-nightly-report": {
@@ -129,17 +128,11 @@ def beat_entries(st: Settings) -> dict[str, dict]:
 
 
 def _bind():
-    from memq.workers.app import app, settings_of
-    from memq.workers.base import MemqTask
-
     @app.task(base=MemqTask, bind=True, name=TASK_NAME)
     def nightly_report(self, date: str | None = None, scope: str | None = None) -> dict:
         """Beat calls it with no arguments (yesterday, every configured scope, catch-up);
         `date`/`scope` rebuild one report by hand: `celery call workers.reports.nightly_report
         --kwargs '{"date": "2026-11-29"}'`."""
-        from memq.store.report_queries import Scope
-        from memq.workers import runtime
-
         st = settings_of(app)
         day = dt.date.fromisoformat(date) if date else None
         scopes = [Scope.parse(scope)] if scope else None

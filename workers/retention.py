@@ -24,8 +24,15 @@ from __future__ import annotations
 
 import logging
 
+from celery.schedules import crontab
+
 from memq.config import Settings
 from memq.errors import ConfigError
+from memq.pipeline.dead_blobs import clean
+from memq.store.retention import Policy, collect
+from memq.workers import runtime
+from memq.workers.app import app, settings_of
+from memq.workers.base import MemqTask
 
 log = logging.getLogger("memq.workers.retention")
 
@@ -66,8 +73,6 @@ def trim_floor(r, stream: str, keep_s: float = 0.0) -> str | None:
 
 def trim_stream(st: Settings, r=None) -> dict:
     """XTRIM the ingest stream to the oldest entry a consumer group still needs. Returns what it did."""
-    from memq.workers import runtime
-
     r = r or runtime.redis_client(st.redis_url)
     with runtime.redis_errors(st.redis_url):
         floor = trim_floor(r, st.stream_key, st.stream_keep_s)
@@ -89,8 +94,6 @@ def expire_untimed_blobs(st: Settings, r=None, budget: int = BLOB_TTL_SCAN) -> d
     the relay gives a blob its TTL when it relays the envelope that names it; a blob no envelope ever
     names (a job killed between the two writes, or a hostile one) would otherwise stay until
     `maxmemory` (deploy/SECURITY.md). Bounded work per call: `budget` keys, resumed from a cursor."""
-    from memq.workers import runtime
-
     r = r or runtime.redis_client(st.redis_url)
     cursor_key = st.key_prefix + "blob-ttl-cursor"
     pattern = st.key_prefix + "blob:*"
@@ -122,9 +125,6 @@ def expire_untimed_blobs(st: Settings, r=None, budget: int = BLOB_TTL_SCAN) -> d
 def clean_dead_blobs(st: Settings, store=None, r=None, **kw) -> dict:
     """memq.pipeline.dead_blobs.clean with this process's store and Redis client (outages become
     BrokerUnavailable)."""
-    from memq.pipeline.dead_blobs import clean
-    from memq.workers import runtime
-
     r = r or runtime.redis_client(st.redis_url)
     with runtime.redis_errors(st.redis_url):
         return clean(st, store if store is not None else (lambda: runtime.store(st)), r, **kw)
@@ -132,11 +132,7 @@ def clean_dead_blobs(st: Settings, store=None, r=None, **kw) -> dict:
 
 def run_gc(st: Settings, store=None, *, dry_run: bool = False, grace_s: float | None = None) -> dict:
     """The work, as a plain function (tests and the task share it)."""
-    from memq.store.retention import Policy, collect
-
     if store is None:
-        from memq.workers import runtime
-
         store = runtime.store(st)
     kw = {} if grace_s is None else {"grace_s": grace_s}
     summary = collect(store, Policy.from_settings(st), dry_run=dry_run,
@@ -162,8 +158,6 @@ def _dead_blobs_or_error(st: Settings, store=None, **kw) -> dict:
 
 def beat_entries(st: Settings) -> dict[str, dict]:
     """The daily retention entry (UTC); none when everything is kept forever."""
-    from celery.schedules import crontab
-
     if not (0 <= st.gc_hour_utc <= 23 and 0 <= st.gc_minute_utc <= 59):
         raise ConfigError("MEMQ_GC_HOUR_UTC must be 0..23 and MEMQ_GC_MINUTE_UTC 0..59")
     out: dict[str, dict] = {}
@@ -182,9 +176,6 @@ def beat_entries(st: Settings) -> dict[str, dict]:
 
 
 def _bind():
-    from memq.workers.app import app, settings_of
-    from memq.workers.base import MemqTask
-
     @app.task(base=MemqTask, bind=True, name=TASK_NAME, retry_on_outage=False)
     def gc(self, dry_run: bool = False) -> dict:
         return run_gc(settings_of(app), dry_run=bool(dry_run))

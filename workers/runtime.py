@@ -21,7 +21,11 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import redis
+from kombu.exceptions import OperationalError
+
 from memq.config import Settings, load_settings, redact_url
+from memq.envelope import dead_letter_fields
 from memq.errors import (
     BadInput,
     BrokerUnavailable,
@@ -32,6 +36,8 @@ from memq.errors import (
 )
 from memq.queues import GROUP, QUEUE_ANALYZE, QUEUE_INGEST, QUEUE_REPORT, QUEUES  # noqa: F401 - named here too
 from memq.redis_client import forget_shared, shared_client
+from memq.store.connection import open_store
+from memq.store.db import commit_asynchronously
 
 log = logging.getLogger("memq.workers")
 
@@ -62,12 +68,8 @@ def store(st: Settings | None = None, *, async_commit: bool = False):
     key = (st.database_url, st.blob_dir, async_commit)
     found = _stores.get(key)
     if found is None:
-        from memq.store.connection import open_store
-
         found = open_store(st)
         if async_commit:
-            from memq.store.db import commit_asynchronously
-
             commit_asynchronously(found.engine)
         _stores[key] = found
     return found
@@ -89,8 +91,6 @@ def redis_client(url: str | None = None, timeout_s: float = 10.0):
 @contextlib.contextmanager
 def redis_errors(url: str) -> Iterator[None]:
     """Connection-level Redis errors -> BrokerUnavailable (retryable); the URL shown is redacted."""
-    import redis
-
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
@@ -124,8 +124,6 @@ def _db_limit(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True for an outage (retry later), False for bad data (never retry). See the module docstring."""
-    import redis
-
     if isinstance(exc, (BrokerUnavailable, SchemaOutOfDate, DecodeUnavailable, redis.ConnectionError,
                         redis.TimeoutError, redis.BusyLoadingError)):
         return True
@@ -135,10 +133,6 @@ def is_transient(exc: BaseException) -> bool:
         return not _db_limit(exc)
     if isinstance(exc, StorageError) and isinstance(exc.__cause__, OSError):
         return True  # the blob store's disk (full, unmounted, read-only): ours, not the input's
-    try:
-        from kombu.exceptions import OperationalError
-    except ImportError:  # pragma: no cover - kombu comes with celery
-        return False
     return isinstance(exc, OperationalError)
 
 
@@ -157,8 +151,6 @@ def _text(v: Any) -> str:
 def dead_letter(r, st: Settings, fields: Mapping[Any, Any], reason: str, **extra: Any) -> str:
     """Append one dead letter: the original fields (any bytes: envelope.dead_letter_fields),
     `reason`, and `extra` (e.g. entry_id, stage)."""
-    from memq.envelope import dead_letter_fields
-
     out = dead_letter_fields(fields)
     out.update({k: _text(v) for k, v in extra.items() if v is not None})
     out["reason"] = reason[:2000]

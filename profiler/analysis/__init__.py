@@ -17,10 +17,11 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memq.analysis import frames as fr
 from memq.analysis.classify import CAUSES, PRECEDENCE, Facts, diagnose
+from memq.analysis.fit_reason import missing_reason
 from memq.analysis.forecast import forecast as oom_forecast
 from memq.analysis.forecast import inputs as forecast_inputs
 from memq.analysis.labels import agent_label
@@ -32,12 +33,10 @@ from memq.analysis.memory import (
     smallest_request_rounding_to,
 )
 from memq.analysis.per_snapshot import SnapshotDigest, per_snapshot
-from memq.analysis.recommend import message_playbook, recommend
+from memq.analysis.recommend import message_playbook, message_recommendations, recommend
 from memq.analysis.rules import SEGMENT_ROUNDING_BYTES, STATE_REQUEST_MAX_MULTIPLE, STATE_REQUEST_MIN_BYTES
+from memq.analysis.step_need import StepNeed, project
 from memq.model import OomContext, Snapshot, frame_file, frame_name
-
-if TYPE_CHECKING:
-    from memq.analysis.step_need import StepNeed
 
 # 1.5: growth as a trend; 1.5.1: private pools; 1.5.2: the cross-rank rule; 1.5.3: cause 1 under a cap;
 # 1.5.4: fit's changes; 1.5.5: the need in one sentence (step_need.held_bytes), free in pieces outside the
@@ -140,7 +139,7 @@ def analyze(items: list[Any], ctx: OomContext | None = None, names: list[str] | 
         _has_cpp_frames(b.frames) for seg in last_snap.segments[:50] for b in seg.blocks[:20])
     s_min = S
     if S and last_snap.settings.roundup_power2_divisions:
-        from memq.analysis.whatif import config_from_settings
+        from memq.analysis.whatif import config_from_settings  # the allocator model: only for this OOM
 
         divs = config_from_settings(last_snap.settings)[0].roundup_power2_divisions
         s_min = smallest_request_rounding_to(S, divs)
@@ -341,8 +340,6 @@ MAX_REFERENCES = 3
 
 
 def _fit_reason(names: list, per: list[dict]) -> str:
-    from memq.analysis.fit_reason import missing_reason
-
     return missing_reason([(str(n), p.get("fit_reason") or ("no trace" if p.get("fit") is None else None))
                            for n, p in zip(names, per, strict=True)])
 
@@ -358,8 +355,6 @@ def _fit(curve_doc: dict | None, limit: int | None) -> dict | None:
 def _step_need(per, heads, tags, last_snap: Snapshot, A: int, S: int, limit: int | None,
                prev: int | None) -> StepNeed:
     """The failing step's need (step_need.py) against the best-aligned earlier recorded step."""
-    from memq.analysis.step_need import project
-
     refs = []
     if per[-1]["timeline"].get("last_cycle"):
         refs.append((per[-1]["timeline"]["last_cycle"], "the step before it in the OOM snapshot's trace"))
@@ -445,8 +440,7 @@ def message_facts(ctx: OomContext) -> Facts:
 def explain_message(ctx: OomContext) -> dict:
     """The contract from an OOM message alone: what the message carries, null for the rest, and the
     verdict its own figures settle (message_verdict.py), with advice for that situation first."""
-    from memq.analysis.message_verdict import judge
-    from memq.analysis.recommend import message_recommendations
+    from memq.analysis.message_verdict import judge  # only with a message: not for a snapshot
 
     msg = ctx.message
     if msg is None:

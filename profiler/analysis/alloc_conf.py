@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 
+from memq.analysis.allocator_model import AllocatorConfig
 from memq.errors import BadInput
 
 MiB = 1024 * 1024
@@ -78,8 +79,6 @@ def parse_alloc_conf(text: str):
     """`"expandable_segments:True,max_split_size_mb:128"` -> `AllocatorConfig` (defaults for keys not named).
 
     The empty string gives the default configuration."""
-    from memq.analysis.allocator_model import AllocatorConfig  # the same layer: analysis
-
     tok = _tokens(text or "")
     values: dict = {}
     i = 0

@@ -30,11 +30,14 @@ no t x t matrix. A model that materialises attention scores grows faster than th
 
 from __future__ import annotations
 
+import bisect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memq.analysis import frames as fr
+from memq.analysis import whatif as wi
 from memq.analysis.allocator_model import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, AllocatorModel, Program
+from memq.analysis.provenance import block_classes
 
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
 from memq.analysis.rules import (
@@ -159,8 +162,6 @@ def recorded_optimizer(snap: Snapshot) -> str | None:
 def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     """`optimizer`: of a trace that holds only part of its first step (no optimizer step yet), the
     optimizer whose state and step the rest of the step adds (else the agent's, else AdamW, said so)."""
-    from memq.analysis import whatif as wi
-
     if not snap.trace:
         raise NotAssessable("the snapshot has no trace: memq fit replays a recorded training step (the agent "
                             "records the warm-up at its defaults, or history=\"on\")")
@@ -397,8 +398,6 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     state = sum(out.size_of(h) for h in range(len(out.kinds)) if out.kinds[h] == OPT_STATE)
     notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
                                 else "asked"))
-    from dataclasses import replace
-
     extra = len(out.ops) - len(prog.ops)
     new_rep = replace(rep, program=out.program(), op_event=list(rep.op_event) + [-1] * extra,
                       recorded_alloc_addr=list(rep.recorded_alloc_addr) + [None] * extra)
@@ -630,8 +629,6 @@ def _scale_input_sized_workspaces(kinds: list[int], size_of: list[int]) -> None:
 
 def near_input(size: int, inputs: list[int]) -> bool:
     """Is `size` within WORKSPACE_NEAR bytes of one of `inputs` (sorted sizes of input-sized blocks)?"""
-    import bisect
-
     j = bisect.bisect_left(inputs, size)
     return any(abs(x - size) <= WORKSPACE_NEAR for x in inputs[max(0, j - 1):j + 1])
 
@@ -643,8 +640,6 @@ def _live_classes(snap: Snapshot, rep, kinds: list, ev_of: list, is_open: list) 
     their size) are no longer read as input-sized, and a block kept across steps that the trace shows
     to be a gradient or a parameter says so. Only names move: what scales with the input, and the
     optimizer's own allocations, keep their kind."""
-    from memq.analysis.provenance import block_classes
-
     classes = block_classes(snap)
     prog, trace = rep.program, snap.trace
     freed = {h for op, h in zip(prog.ops, prog.hid, strict=True) if op == OP_FREE}
@@ -1098,8 +1093,6 @@ def measured_shape(q: Question, snap: Snapshot) -> tuple[Question, str | None]:
     """`--from-batch` (and `--from-seq`) when the question leaves them out and the agent read the first
     forward's input: its first dimension is the batch, and the second, of a 2-D input (token ids), the
     length. (question, the note saying so) or (question, None)."""
-    from dataclasses import replace
-
     shapes = snap.agent.input_shapes if snap.agent is not None else ()
     if not shapes or not shapes[0]:
         return q, None

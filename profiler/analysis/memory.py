@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from memq.analysis.provenance import composition as by_provenance
 from memq.model import ACTIVE_ALLOCATED, INACTIVE, SMALL_SIZE, Snapshot
 
 MiB = 1024 * 1024
@@ -127,8 +128,6 @@ def largest_oversize_free_block(snap: Snapshot, size: int) -> int:
 def composition(snap: Snapshot) -> tuple[dict, dict]:
     """Live bytes by class, and the top allocation sites of each: provenance.block_classes decides
     every block's class, so the segment map and the composition never disagree."""
-    from memq.analysis.provenance import composition as by_provenance
-
     return by_provenance(snap)
 
 
@@ -136,7 +135,7 @@ def smallest_request_rounding_to(size: int, divisions: tuple) -> int:
     """The smallest request the allocator would round up to `size` (torch's round_size is monotonic,
     so a binary search finds it). The trace records some requests only after rounding, e.g. the OOM
     entry under roundup_power2_divisions; this is the most the rounding can have added."""
-    from memq.analysis.allocator_model import round_size
+    from memq.analysis.allocator_model import round_size  # only under roundup_power2_divisions
 
     if round_size(size, divisions) != size:
         return size  # not a size the allocator produces: take it as given

@@ -65,7 +65,7 @@ def _own_fit(snap: Snapshot, tl: dict) -> tuple[dict | None, str | None]:
         return None, (f"its trace ({steps} optimizer steps) starts mid-run: the run's own fit is read from a trace "
                       "that starts at an empty allocator (the agent's warm-up recording); `memq fit --run` "
                       "answers from a mid-run one")
-    from memq.analysis.fit import own_curve, own_curve_reason
+    from memq.analysis.fit import own_curve, own_curve_reason  # the allocator model: only for a whole run
 
     curve = own_curve(snap)
     return curve, (None if curve else own_curve_reason(snap))

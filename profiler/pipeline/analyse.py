@@ -20,13 +20,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memq import analysis
+from memq.analysis.forecast import refresh
+from memq.analysis.labels import snapshot_label
+from memq.analysis.per_snapshot import SnapshotDigest, digest
 from memq.errors import BadInput, MemqError, NotFound, SnapshotError
 from memq.load import LoadedSnapshot
 from memq.model import OomContext
+from memq.oom_message import parse_oom_message
 from memq.pipeline import runs
+from memq.pipeline.offline import advice_replay
+from memq.pipeline.sweeps import sweep_rank
 from memq.store import repository as repo
 from memq.store.blob_snapshots import load_blob
 from memq.store.connection import Store
+from memq.store.sweeps import oom_snapshot_ids
 
 #: A run-level diagnosis reads at most this many of a rank's most recent snapshots, and stops adding
 #: older ones once their uncompressed sizes pass MAX_RUN_BYTES (parsed, a snapshot takes ~6x its
@@ -38,16 +46,12 @@ Progress = Callable[[str], None]
 
 
 def analyzer() -> tuple[Callable[..., dict], str]:
-    from memq.analysis import ANALYZER_VERSION, analyze
-
-    return analyze, ANALYZER_VERSION
+    return analysis.analyze, analysis.ANALYZER_VERSION  # read when called: the version in force now
 
 
 def _label(row) -> str | None:
     """How evidence names a stored snapshot: where in the run it was taken, not its stream id
     (`source` is "memq:ingest/<id>" for what the agent sent)."""
-    from memq.analysis.labels import snapshot_label
-
     return snapshot_label(row.trigger, row.step, row.epoch)
 
 
@@ -66,8 +70,6 @@ def oom_context(facts: Mapping[str, Any]) -> OomContext | None:
         return None
     msg = None
     if facts.get("message"):
-        from memq.oom_message import parse_oom_message
-
         try:
             msg = parse_oom_message(str(facts["message"]))
         except BadInput:
@@ -139,8 +141,6 @@ def _analyse_row(store: Store, row, load: Loader, *, optimizer: str | None, move
     result = analyze([loaded], oom_context(row.context), names=[row.source or row.sha256[:12]],
                      triggers=[row.trigger], optimizer=optimizer or (run.optimizer if run is not None else None),
                      labels=[_label(row)])
-    from memq.analysis.per_snapshot import digest
-
     with store.session() as s:
         aid = repo.store_analysis(s, row.sha256, version, result, key, digest=digest(loaded.snapshot, version))
         repo.complete_snapshot(s, row.id, aid, version)
@@ -155,8 +155,6 @@ def refresh_forecast(store: Store, run_id: int, rank: int, figures: list[dict], 
     change, and only when the diagnosis is still the one read: a recompute that lands meanwhile wins.
     Returns refreshed | verdict_changed (the growth model's leak verdict moved: the caller has the run
     diagnosed again) | unchanged | none (no diagnosis, or one from before forecasts were kept)."""
-    from memq.analysis.forecast import refresh
-
     with store.session() as s:
         row = repo.run_result_row(s, run_id, rank)
         if row is None:
@@ -209,8 +207,6 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
     store); earlier ones come from the digests stored with their analyses, and are decoded only
     when they have none (their digest is filled in then)."""
     analyze, version = analyzer()
-    from memq.analysis.per_snapshot import SnapshotDigest, digest
-
     cache = cache or {}
     with store.session() as s:
         run = repo.run_settings(s, run_id)
@@ -292,8 +288,6 @@ def recompute_run(store: Store, run_id: int, rank: int = 0,
             out.append(ld.snapshot)
         return out[::-1]
 
-    from memq.pipeline.offline import advice_replay
-
     result = analyze(loaded, ctx, names=[r.source or r.sha256[:12] for r in used],
                      triggers=[r.trigger for r in used], optimizer=run.optimizer, labels=[_label(r) for r in used],
                      figures=_kept_figures(store, run_id, rank), whatif=advice_replay(last.snapshot, ctx, seeds))
@@ -328,8 +322,6 @@ def diagnose_rank(store: Store, run_id: int, rank: int, load: Loader | None = No
     """The worker's run diagnosis of one rank: `recompute_run`, the run moved to `oom` when it found one,
     and the ids of the rank's analysed OOM snapshots (each gets its what-if sweep next, once the
     diagnosis has let the rank's analyses settle). Returns (the stored result, those ids)."""
-    from memq.store.sweeps import oom_snapshot_ids
-
     result = recompute_run(store, run_id, rank, load=load)
     with store.session() as s:
         runs.diagnosed(s, run_id, result)
@@ -389,8 +381,6 @@ def reanalyze(store: Store, run_name: str | None = None, *, force: bool = False,
         if progress:
             progress(f"snapshot {sn.id}")
     todo = {p for p in pairs if force or p in touched or tuple(p) not in current}
-    from memq.pipeline.sweeps import sweep_rank
-
     for run_id, rank in sorted(todo):
         recompute_run(store, run_id, rank)
         sweep_rank(store, run_id, rank)  # OOM snapshots' what-if sweeps under the current version

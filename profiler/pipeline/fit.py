@@ -4,17 +4,17 @@ analysis/fit.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from memq.analysis import fit as F
 from memq.errors import BadInput
+from memq.store.blob_snapshots import load_blob
 from memq.store.fit_source import fit_source
 
 
 def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str | None]) -> dict:
     """`memq fit`'s document for a decoded snapshot (CLI and web): the question's limit, else
     `fallback_limit` (the run's, else the agent's). Refusals are BadInput naming what to change."""
-    from dataclasses import replace
-
-    from memq.analysis import fit as F
-
     if question.limit is None:
         limit = fallback_limit[0]
         if limit is None and snap.agent is not None and snap.agent.limit_bytes:
@@ -38,8 +38,6 @@ def answer_for(snap, where: str, question, fallback_limit: tuple[int | None, str
 
 def fit_for_run(store, run_name: str, rank: int | None, question) -> dict:
     """`memq fit --run` and the web's /fit: the run's measured snapshot, answered."""
-    from memq.store.blob_snapshots import load_blob
-
     with store.session() as s:
         src = fit_source(s, run_name, rank)
     snap = load_blob(store, src.sha256, src.source).snapshot

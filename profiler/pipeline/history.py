@@ -30,7 +30,7 @@ from memq.analysis.ranks import diagnose_ranks, rank_advice_first
 from memq.analysis.run_verdict import forecast_rank
 from memq.store import queries as q
 from memq.store.queries import RunFilter, get_run, iso, list_runs, run_dict, stat_series
-from memq.store.sweeps import OOM_ANALYSIS, RUN_CAP
+from memq.store.sweeps import OOM_ANALYSIS, RUN_CAP, attach_sweeps
 
 __all__ = ["RunFilter", "card_limit", "compare_runs", "get_run", "list_runs", "rank_section", "run_forecast",
            "run_history", "run_limit", "torch_versions", "with_rank_advice"]
@@ -43,8 +43,6 @@ def run_history(session, name: str, rank: int | None = None, points: int = 60,
                 max_snapshots: int = 1000) -> dict[str, Any]:
     run = q.run_row(session, name)
     snaps = q.snapshot_rows(session, run.id, name, rank, max_snapshots)
-    from memq.store.sweeps import attach_sweeps
-
     attach_sweeps(session, snaps)  # each OOM snapshot's stored what-if sweep (`whatif`), else None
     main = q.main_diagnosis(session, run.id, rank)
     ranks = rank_section(session, run.id)

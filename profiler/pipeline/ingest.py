@@ -11,17 +11,21 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from memq.analysis import run_status
+from memq.analysis.labels import infer_from_name as infer
 from memq.analysis.run_verdict import undetermined
 from memq.errors import BadInput, MemqError
 from memq.load import LoadedSnapshot, load_snapshot_file
 from memq.pipeline import runs
 from memq.pipeline.analyse import Progress, analyse_snapshot, oom_facts, recompute_run, stored_run_result
+from memq.pipeline.sweeps import sweep_snapshot
 from memq.store import repository as repo
 from memq.store.blob_snapshots import load_blob
 from memq.store.connection import Store
@@ -71,8 +75,6 @@ class IngestReport:
 
 def infer_from_name(path: str) -> dict[str, Any]:
     """Step, epoch and trigger from a file name (memq.analysis.labels.infer_from_name)."""
-    from memq.analysis.labels import infer_from_name as infer
-
     return infer(path)
 
 
@@ -160,8 +162,6 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
         repo.upsert_run(s, repo.RunMeta(name=meta.name, started_at=min(times)))
     stored = None if any(x.created for x in report.snapshots) else stored_run_result(store, run_id, rank)
     report.diagnosis = stored if stored is not None else recompute_run(store, run_id, rank, cache=cache)
-    from memq.pipeline.sweeps import sweep_snapshot
-
     for snap in report.snapshots:  # OOM snapshots: the what-if sweep, as a worker stores it (others: a no-op)
         sweep_snapshot(store, snap.snapshot_id, load=lambda sha, src: cache.get(sha) or load_blob(store, sha, src))
     if progress:
@@ -178,9 +178,6 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
 def iter_stats_jsonl(path: str | Path) -> Iterable[dict[str, Any]]:
     """Rows of a stats.jsonl file (one `torch.cuda.memory_stats()` subset per line, with `t` in
     epoch seconds, `step`, `epoch`), as the agent and the fixtures write them."""
-    import gzip
-    import json
-
     p = Path(path)
     opener = gzip.open if p.suffix == ".gz" else open
     try:

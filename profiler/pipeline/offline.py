@@ -17,6 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from memq import codec
+from memq.analysis import analyze
+from memq.analysis.labels import infer_from_name, snapshot_label
+from memq.analysis.limits import resolve_limits
+from memq.analysis.message_check import reconcile
+from memq.analysis.recommend import DEFAULTS_CONF
 from memq.load import LoadedSnapshot, load_snapshot_file
 from memq.model import OomContext, Snapshot
 
@@ -32,8 +37,6 @@ class OfflineAnalysis:
 def file_label(path: str) -> str | None:
     """Where a file was taken, from its name (`epoch2.pickle.gz`, `step0040...`, `oom...`), for the
     evidence; snapshots the agent sent carry their own trigger, step and epoch, which win."""
-    from memq.analysis.labels import infer_from_name, snapshot_label
-
     got = infer_from_name(path)
     return snapshot_label(got.get("trigger"), got.get("step"), got.get("epoch")) if got else None
 
@@ -44,8 +47,6 @@ def advice_replay(last: Snapshot, ctx: OomContext | None,
     service path decodes the earlier snapshots only then)."""
     if last.oom_event() is None:
         return None
-    from memq.analysis.limits import resolve_limits
-    from memq.analysis.recommend import DEFAULTS_CONF
     from memq.analysis.whatif import simulate_whatif  # the allocator model: only for an OOM
 
     limit = resolve_limits(last, ctx, None).limit
@@ -61,9 +62,6 @@ def advice_replay(last: Snapshot, ctx: OomContext | None,
 def analyse_files(files: Sequence[str], ctx: OomContext, *, optimizer: str | None = None,
                   max_bytes: int = codec.DEFAULT_MAX_BYTES, digest: bool = False) -> OfflineAnalysis:
     """See the module docstring. `digest`: also hash the files (a page that names them by sha256)."""
-    from memq.analysis import analyze
-    from memq.analysis.message_check import reconcile
-
     with codec.gc_paused(freeze=True):  # a million parsed events: the GC would rescan them, for nothing
         loaded = [load_snapshot_file(f, max_bytes=max_bytes, digest=digest) for f in files]
         ctx, mismatch = reconcile(ctx, loaded[-1].snapshot)  # another OOM's message: the snapshot's figures win

@@ -7,6 +7,14 @@ from __future__ import annotations
 import json
 import time
 
+from memq.config import redact_url
+from memq.errors import MemqError
+from memq.queues import GROUP, QUEUES
+from memq.redis_client import shared_client
+from memq.redis_functions import inbox_key
+from memq.store.connection import open_store
+from memq.store.metric_queries import state_counts
+
 # A consumer idle longer than this is gone (a dispatcher that was killed, or stopped before it could
 # leave the group): a live one attempts a read at least every --block-ms, at most 60 s (memq dispatcher),
 # and Redis counts a consumer's idle time from its last read attempt; ten such waits leave room for a
@@ -30,18 +38,12 @@ def _queue_depth(r, prefix: str, queue: str) -> int:
 
 def collect_status(st, with_db: bool = True, gone_after_s: float = CONSUMER_GONE_S) -> dict:
     """What `memq status` shows, as one dict (byte-free: counts and ages only)."""
-    from memq.config import redact_url
-    from memq.queues import GROUP, QUEUES
-    from memq.redis_client import shared_client
-
     r = shared_client(st.redis_url, timeout_s=5)
     now = time.time()
     doc: dict = {"redis": redact_url(st.redis_url), "stream": {"key": st.stream_key}, "queues": {},
                  "dead_letters": {"key": st.dead_letter_key}, "workers": [], "dispatchers": []}
     s = doc["stream"]
     s["length"] = int(r.xlen(st.stream_key))
-    from memq.redis_functions import inbox_key
-
     # what agents appended through the inbox and the relay has not moved yet (an outage backlog)
     s["inbox"] = int(r.llen(inbox_key(st.stream_key)))
     groups = []
@@ -87,10 +89,6 @@ def collect_status(st, with_db: bool = True, gone_after_s: float = CONSUMER_GONE
 
 
 def _db_states(st) -> dict:
-    from memq.errors import MemqError
-    from memq.store.connection import open_store
-    from memq.store.metric_queries import state_counts
-
     try:
         store = open_store(st)
         try:

@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from memq.analysis.whatif import run_whatif, sweep_confs
 from memq.errors import MemqError, NotFound
+from memq.store import sweeps
+from memq.store.blob_snapshots import load_blob
 from memq.store.connection import Store
 from memq.store.sweeps import (
     Loader,
@@ -32,8 +35,6 @@ def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
              limit_bytes: int | None = None, sweep: bool = False) -> dict[str, Any]:
     """Replay a plan (decoding its blobs with `load(sha256, source)`) under the recorded settings,
     `confs`, and the standard sweep when `sweep` or no confs are given; the stored document."""
-    from memq.analysis.whatif import run_whatif, sweep_confs
-
     target = load(plan.target.sha256, plan.target.source)
     earlier, used = [], []
     for ref in plan.earlier:
@@ -63,8 +64,6 @@ def run_plan(plan: SweepPlan, load: Loader, confs: list[str] | None = None,
 
 
 def _default_load(store: Store) -> Loader:
-    from memq.store.blob_snapshots import load_blob
-
     return lambda sha, src: load_blob(store, sha, src)
 
 
@@ -112,8 +111,6 @@ def whatif_simulator(store, session,
     store with the rank's earlier snapshots as seeds. The result carries the verdict and its reason
     (not assessable, or a success over the recorded window only), never an outcome alone. Returns
     None when the blob is not stored or the trace is too long to replay here."""
-    from memq.store import sweeps
-
     def simulate(run: dict, setting: str) -> dict | None:
         row = sweeps.report_target(session, run["id"])
         if row is None:
@@ -125,8 +122,6 @@ def whatif_simulator(store, session,
             if not store.blobs.exists(row.sha256):
                 return None
             try:
-                from memq.store.blob_snapshots import load_blob
-
                 def load(sha, src):
                     ld = load_blob(store, sha, src)
                     if sum(len(t) for t in ld.snapshot.traces) > max_trace_entries:

@@ -17,8 +17,9 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, configure_mappers
 
+import memq.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
 from memq.config import normalize_database_url, redact_url
 from memq.errors import MemqError, SchemaOutOfDate, StorageError, StorageUnavailable
 
@@ -146,8 +147,4 @@ def _no_sync_commit(dbapi_conn, _record) -> None:
 def configure_orm() -> None:
     """Configure the ORM's mappers now (a forked worker process, before its first task: configured lazily
     inside a task, a soft time limit could interrupt SQLAlchemy's one-time configuration)."""
-    from sqlalchemy.orm import configure_mappers
-
-    import memq.store.orm  # noqa: F401 - the mapped classes must be imported to be configured
-
     configure_mappers()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from psycopg import sql
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -114,8 +115,6 @@ def _exec(session: Session, query, params: tuple = ()) -> list[tuple]:
 
 
 def _create_day(session: Session, day: dt.date) -> None:
-    from psycopg import sql
-
     t0, t1 = _bounds(day)
     name, parent, default = sql.Identifier(day_name(day)), sql.Identifier(PARENT), sql.Identifier(DEFAULT)
     lo, hi = sql.Literal(t0), sql.Literal(t1)
@@ -152,8 +151,6 @@ def drop_days_before(session: Session, cut: dt.date, dry_run: bool = False) -> t
         return [], 0
     _lock(session)
     gone, rows = [], 0
-    from psycopg import sql
-
     for day in _days(session):
         if day >= cut:
             break

@@ -29,6 +29,7 @@ from memq.analysis.memory import free_in_pieces
 from memq.analysis.ranks import RankFacts, leak_listed
 from memq.analysis.run_verdict import undetermined
 from memq.errors import NotFound
+from memq.store import rank_figures
 from memq.store.orm import AnalysisResult, Run, RunDiagnosis, Snapshot, StatSample
 from memq.store.repository import to_utc
 from memq.store.run_verdicts import verdict_rank, verdict_ranks
@@ -214,8 +215,6 @@ def forecasts(session: Session, run_id: int, rank: int | None = None) -> list[tu
 def rank_facts(session: Session, run_id: int) -> list[RankFacts]:
     """What is stored of each rank of a run: its run-level diagnosis, its own exit figures, its first
     OOM snapshot, and its stat samples' maxima (for ranks that sent nothing else)."""
-    from memq.store import rank_figures
-
     diags = {d.rank: d for d in session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id)).scalars()}
     figs = rank_figures.for_run(session, run_id)
     first_oom: dict[int, Any] = {}

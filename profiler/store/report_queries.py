@@ -20,6 +20,7 @@ predicate instead of sending lists of ids, so a day of 10,000 runs costs a handf
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +79,6 @@ class Scope:
 
     def slug(self) -> str:
         """A file-name-safe form of the key, for the report directory."""
-        import re
-
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.key.replace(":", "-"))[:120] or "all"
 
 

@@ -19,6 +19,10 @@ import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
@@ -38,8 +42,6 @@ def migrations_dir() -> Path:
 
 
 def alembic_config(engine: Engine | None = None):
-    from alembic.config import Config
-
     directory = migrations_dir()
     cfg = Config(str(directory / "alembic.ini"))
     cfg.set_main_option("script_location", str(directory))
@@ -50,8 +52,6 @@ def alembic_config(engine: Engine | None = None):
 
 @functools.lru_cache(maxsize=1)
 def _script_heads() -> tuple[tuple[str, ...], frozenset[str]]:
-    from alembic.script import ScriptDirectory
-
     script = ScriptDirectory.from_config(alembic_config())
     return tuple(script.get_heads()), frozenset(rev.revision for rev in script.walk_revisions())
 
@@ -64,8 +64,6 @@ def head_revision() -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     with translated(_url(engine)), engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
@@ -75,8 +73,6 @@ def _url(engine: Engine) -> str:
 
 
 def _run(engine: Engine, fn_name: str, revision: str) -> None:
-    from alembic import command
-
     cfg = alembic_config(engine)
     with translated(_url(engine)), engine.begin() as conn:
         cfg.attributes["connection"] = conn

@@ -17,6 +17,8 @@ from typing import Any
 
 from sqlalchemy import case, select
 
+from memq import analysis
+from memq.analysis import whatif
 from memq.errors import NotFound
 from memq.store import repository as repo
 from memq.store.orm import AnalysisResult, Run, Snapshot, WhatIfSweep
@@ -36,10 +38,7 @@ Loader = Callable[[str, "str | None"], Any]
 
 
 def sweep_version() -> str:
-    from memq.analysis import ANALYZER_VERSION
-    from memq.analysis.whatif import WHATIF_MODEL_VERSION
-
-    return f"{ANALYZER_VERSION}+whatif{WHATIF_MODEL_VERSION}"
+    return f"{analysis.ANALYZER_VERSION}+whatif{whatif.WHATIF_MODEL_VERSION}"  # read when called, as analyzer()
 
 
 @dataclass

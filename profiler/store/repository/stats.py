@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import psycopg
 from sqlalchemy.orm import Session
 
 from memq.errors import StorageError, StorageUnavailable
@@ -80,8 +81,6 @@ def _ts_array(values: list[dt.datetime]) -> str:
 
 def _flush_stats(session: Session, batch: list[dict[str, Any]], dialect: str) -> int:
     if dialect == "postgresql":
-        import psycopg
-
         params = [_ts_array([r[c] for r in batch]) if c == "sampled_at" else _int_array([r[c] for r in batch])
                   for c in STAT_COLUMNS]
         dbapi = session.connection().connection.dbapi_connection  # the session's own transaction
