@@ -121,6 +121,22 @@ def categorize(frames: list) -> str:
     return OTHER
 
 
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer_step"
+
+
+def event_phase(frames: list, trace_has_frames: bool) -> str | None:
+    """The phase of one trace entry. The autograd engine's frames, or none at all in a trace that
+    records Python frames elsewhere (the engine's thread has no Python stack), are backward;
+    optimizer code is the optimizer step; any other framed entry is forward (or setup)."""
+    if not frames:
+        return PHASE_BACKWARD if trace_has_frames else None
+    if is_optimizer(frames):
+        return PHASE_OPTIMIZER
+    if is_backward(frames):
+        return PHASE_BACKWARD
+    return PHASE_FORWARD
+
+
 def phase_of(frames: list) -> str | None:
     """forward / backward / optimizer_step, or None when the frames do not tell."""
     if not frames:

@@ -33,6 +33,7 @@ from collections import Counter
 from typing import NamedTuple
 
 from memq.analysis import frames as fr
+from memq.analysis.frames import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, event_phase
 from memq.analysis.rules import (
     CACHE_MIN_BLOCKS,
     CUBLAS_WORKSPACE_BYTES,
@@ -82,8 +83,6 @@ SOURCE_WORDS = {
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
 
-PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER = "forward", "backward", "optimizer_step"
-
 # An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
 # across its forward calls (ARCHITECTURE.md "Composition and phase").
 _ROLE_CLASS = {"parameter": fr.PARAMETERS, "buffer": fr.PARAMETERS, "gradient": fr.GRADIENTS,
@@ -115,19 +114,6 @@ def origin_words(by_origin: dict | None) -> str:
     if inferred and not known:
         return INFERRED
     return f"{known / (known + inferred):.0%} {KNOWN}, the rest {INFERRED}"
-
-
-def event_phase(frames: list, trace_has_frames: bool) -> str | None:
-    """The phase of one trace entry. The autograd engine's frames, or none at all in a trace that
-    records Python frames elsewhere (the engine's thread has no Python stack), are backward;
-    optimizer code is the optimizer step; any other framed entry is forward (or setup)."""
-    if not frames:
-        return PHASE_BACKWARD if trace_has_frames else None
-    if fr.is_optimizer(frames):
-        return PHASE_OPTIMIZER
-    if fr.is_backward(frames):
-        return PHASE_BACKWARD
-    return PHASE_FORWARD
 
 
 def block_classes(snap: Snapshot) -> dict[int, BlockClass]:

@@ -272,13 +272,11 @@ def _current_step(trace, stretches: list[tuple[int, int, int]], start: int, step
 
 
 def _phase(ev, trace_has_frames: bool = True) -> str | None:
-    """The phase of the peak's entry (provenance.event_phase): an entry without frames is backward only
+    """The phase of the peak's entry (frames.event_phase): an entry without frames is backward only
     in a trace that records frames elsewhere (autograd's thread records no Python frames)."""
     if ev is None:
         return None
-    from memq.analysis.provenance import event_phase
-
-    ph = event_phase(ev.frames, trace_has_frames)
+    ph = fr.event_phase(ev.frames, trace_has_frames)
     if ph == "backward" and not ev.frames:
         return "backward (no Python frames: autograd's thread)" if ev.action == "alloc" else None
     return ph
