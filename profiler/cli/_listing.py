@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from memq.errors import BadInput
-from memq.render.safe import rich_text, safe_text
+from memq.render.safe import rich_text, safe_console, safe_text
 from memq.units import fmt_bytes
 
 
@@ -42,7 +42,7 @@ def out_format(as_json: bool, as_csv: bool = False) -> str:
 
 def open_cli_store():
     """The configured store, closed when the click command ends."""
-    from memq.store.connection import open_store
+    from memq.store.connection import open_store  # sqlalchemy: never on fit/whatif's FILE path (pinned)
 
     store = open_store()
     ctx = click.get_current_context(silent=True)
@@ -52,8 +52,6 @@ def open_cli_store():
 
 
 def console(stderr: bool = False):
-    from memq.render.safe import safe_console
-
     return safe_console(file=sys.stderr if stderr else sys.stdout, highlight=False, soft_wrap=False,
                         width=None if (sys.stderr if stderr else sys.stdout).isatty() else 200)
 
@@ -100,7 +98,7 @@ def write_csv(rows: Iterable[dict[str, Any]], keys: Sequence[str]) -> None:
 
 
 def table(title: str | None, cols: Sequence[Col], rows: Iterable[dict[str, Any]], caption: str | None = None):
-    from rich.table import Table
+    from rich.table import Table  # rich: never for --json (pinned)
 
     t = Table(title=title, caption=caption, show_lines=False, header_style="bold")
     for c in cols:

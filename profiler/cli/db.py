@@ -5,12 +5,13 @@ from __future__ import annotations
 import click
 
 from memq.cli._listing import write_json
+from memq.config import load_settings, redact_url
+from memq.errors import SchemaOutOfDate
+from memq.store import schema
+from memq.store.db import make_engine
 
 
 def _engine():
-    from memq.config import load_settings
-    from memq.store.db import make_engine
-
     settings = load_settings()
     engine = make_engine(settings.database_url)
     ctx = click.get_current_context(silent=True)
@@ -20,8 +21,6 @@ def _engine():
 
 
 def _where(engine) -> str:
-    from memq.config import redact_url
-
     return redact_url(engine.url.render_as_string(hide_password=True))
 
 
@@ -34,8 +33,6 @@ def db() -> None:
 @click.argument("revision", default="head")
 def upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
-    from memq.store import schema
-
     engine = _engine()
     before = schema.current_revision(engine)
     schema.upgrade(engine, revision)
@@ -50,8 +47,6 @@ def upgrade(revision: str) -> None:
 @click.argument("revision", default="-1")
 def downgrade(revision: str) -> None:
     """Revert migrations down to REVISION (default: one step; `base` removes every table)."""
-    from memq.store import schema
-
     engine = _engine()
     before = schema.current_revision(engine)
     schema.downgrade(engine, revision)
@@ -63,9 +58,6 @@ def downgrade(revision: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def current(as_json: bool) -> None:
     """Show the database's schema revision and this memq's; exit 3 when they differ."""
-    from memq.errors import SchemaOutOfDate
-    from memq.store import schema
-
     engine = _engine()
     cur, head = schema.current_revision(engine), schema.head_revision()
     doc = {"database": _where(engine), "current": cur, "head": head, "up_to_date": cur == head}

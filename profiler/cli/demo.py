@@ -12,11 +12,18 @@ from importlib import resources
 from pathlib import Path
 
 import click
+from rich.panel import Panel
 
-from memq.cli._listing import console, write_json
+from memq.cli._listing import console, table, write_json
+from memq.cli.history import RUN_COLS, _flat, _print_history, shown_runs
+from memq.config import load_settings
+from memq.pipeline import ingest as ingesting
+from memq.pipeline.history import RunFilter, compare_runs, list_runs, run_history
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
 from memq.render.words import verdict_head
+from memq.store.connection import open_store
+from memq.store.repository import RunMeta
 
 
 def demo_dir() -> Path:
@@ -28,9 +35,6 @@ def load_manifest() -> dict:
 
 
 def demo_store(database_url: str | None = None):
-    from memq.config import load_settings
-    from memq.store.connection import open_store
-
     settings = load_settings()
     url = database_url or demo_database_url(settings)
     return open_store(settings, database_url=url)
@@ -43,10 +47,6 @@ def demo_database_url(settings) -> str:
 
 def run_demo(store) -> dict:
     """Ingest every demo run; returns {"runs": [...ingest reports...], "compare": ...}."""
-    from memq.pipeline import ingest as ingesting
-    from memq.pipeline.history import RunFilter, compare_runs, list_runs
-    from memq.store.repository import RunMeta
-
     base = demo_dir()
     manifest = load_manifest()
     reports = []
@@ -74,12 +74,6 @@ def run_demo(store) -> dict:
               help="Store the demo runs here instead of the demo's own <data dir>/demo.db.")
 def demo(as_json: bool, database_url: str | None) -> None:
     """Analyse a few real H200 snapshots into the local history and show what memq finds."""
-    from rich.panel import Panel
-
-    from memq.cli._listing import table
-    from memq.cli.history import RUN_COLS, _flat, _print_history, shown_runs
-    from memq.pipeline.history import run_history
-
     store = demo_store(database_url)
     ctx = click.get_current_context(silent=True)
     if ctx is not None:

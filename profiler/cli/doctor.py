@@ -33,14 +33,34 @@ back to CONFIG GET save, and says so when it cannot tell.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import click
+import redis
 
-from memq.errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_SCHEMA
+from memq.config import load_settings, redact_url
+from memq.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_SCHEMA,
+    ConfigError,
+    MemqError,
+    SchemaOutOfDate,
+    StorageError,
+)
+from memq.redis_client import make_client
+from memq.redis_functions import doctor_checks
+from memq.render.safe import safe_text
+from memq.store import partitions, schema
+from memq.store.blobs import BlobStore
+from memq.store.db import is_sqlite, make_engine
+from memq.workers.retention import trim_floor
+from memq.workers.runtime import GROUP
 
 OK, INFO, WARN, ERROR = "ok", "info", "warning", "error"
 EVICTING = ("allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu", "volatile-random",
@@ -66,11 +86,6 @@ def _text(v) -> str:
 
 
 def check_database(st) -> list[Check]:
-    from memq.config import redact_url
-    from memq.errors import MemqError, SchemaOutOfDate
-    from memq.store import schema
-    from memq.store.db import is_sqlite, make_engine
-
     where = redact_url(st.database_url)
     engine = make_engine(st.database_url)
     try:
@@ -103,10 +118,6 @@ def check_database(st) -> list[Check]:
 
 def check_partitions(engine) -> list[Check]:
     """PostgreSQL: stat_samples' day partitions exist ahead (the dispatchers make them hourly)."""
-    import datetime as dt
-
-    from memq.store import partitions
-
     found = partitions.health(engine, dt.datetime.now(dt.UTC).date())
     if found is None:
         return []
@@ -121,16 +132,10 @@ def check_partitions(engine) -> list[Check]:
 
 
 def _redis_client(st):
-    from memq.redis_client import make_client
-
     return make_client(st.redis_url, 5)
 
 
 def check_redis(st) -> tuple[list[Check], object | None]:
-    import redis
-
-    from memq.config import redact_url
-
     where = redact_url(st.redis_url)
     try:
         r = _redis_client(st)
@@ -151,11 +156,6 @@ def check_redis(st) -> tuple[list[Check], object | None]:
 
 def check_broker(st) -> list[Check]:
     """The Celery broker, when it is not the same Redis (MEMQ_BROKER_URL)."""
-    import redis
-
-    from memq.config import redact_url
-    from memq.redis_client import make_client
-
     if not st.broker_url or st.broker_url == st.redis_url:
         return []
     where = redact_url(st.broker_url)
@@ -168,8 +168,6 @@ def check_broker(st) -> list[Check]:
 
 
 def check_memory(r) -> list[Check]:
-    import redis
-
     try:
         mem = r.info("memory")
     except redis.RedisError as exc:
@@ -194,8 +192,6 @@ def check_memory(r) -> list[Check]:
 
 
 def check_persistence(r) -> list[Check]:
-    import redis
-
     try:
         pers = r.info("persistence")
     except redis.RedisError as exc:
@@ -225,10 +221,6 @@ def check_persistence(r) -> list[Check]:
 
 
 def check_stream(r, st) -> list[Check]:
-    import redis
-
-    from memq.workers.runtime import GROUP
-
     data: dict = {"key": st.stream_key}
     try:
         if not r.exists(st.stream_key):
@@ -277,10 +269,6 @@ ID_MAX = 2**64 - 1
 def check_stream_limits(r, st, length: int, group: dict) -> list[Check]:
     """Length against MEMQ_STREAM_MAXLEN, entries lost unread (added to the stream, never read by
     the group, and no longer in it), and the last ID against the clock and the end of the ID space."""
-    import redis
-
-    from memq.workers.runtime import GROUP
-
     try:
         info = r.xinfo_stream(st.stream_key)
     except redis.RedisError as exc:
@@ -326,10 +314,6 @@ def check_stream_limits(r, st, length: int, group: dict) -> list[Check]:
 
 def check_pending(r, st) -> list[Check]:
     """Pending entries nobody takes over, and entries past MEMQ_MAX_DELIVERIES still pending."""
-    import redis
-
-    from memq.workers.runtime import GROUP
-
     stuck_ms = 1000 * max(300, 5 * st.claim_idle_s)
     try:
         oldest = r.xpending_range(st.stream_key, GROUP, min="-", max="+", count=1000)
@@ -362,8 +346,6 @@ def check_pending(r, st) -> list[Check]:
 
 def _check_trim(r, st) -> list[Check]:
     """An entry the periodic trim should have removed three periods ago is still there: it is not running."""
-    from memq.workers.retention import trim_floor
-
     if st.stream_trim_interval_s <= 0:
         return []
     overdue = trim_floor(r, st.stream_key, st.stream_keep_s + 3 * st.stream_trim_interval_s)
@@ -381,8 +363,6 @@ def _check_trim(r, st) -> list[Check]:
 
 
 def check_heartbeats(r, st) -> list[Check]:
-    import redis
-
     now = time.time()
     seen: dict[str, list[dict]] = {"worker": [], "dispatcher": []}
     try:
@@ -410,9 +390,6 @@ def check_heartbeats(r, st) -> list[Check]:
 
 
 def check_blobs(st) -> list[Check]:
-    from memq.errors import StorageError
-    from memq.store.blobs import BlobStore
-
     try:
         BlobStore(st.blob_dir).check_writable()
     except StorageError as exc:
@@ -427,8 +404,6 @@ def run_checks(st) -> list[Check]:
     checks += rchecks
     if r is not None:
         checks += check_memory(r) + check_persistence(r) + check_stream(r, st) + check_heartbeats(r, st)
-        from memq.redis_functions import doctor_checks
-
         checks += [Check(*c) for c in doctor_checks(r, st)]  # the agents' inbox relay
     checks += check_broker(st) + check_blobs(st)
     return checks
@@ -452,9 +427,6 @@ def exit_code(checks: list[Check], strict: bool) -> int:
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 def doctor(strict: bool, as_json: bool) -> None:
     """Check the database, Redis, stream, workers and blob store; print a fix for each problem."""
-    from memq.config import load_settings
-    from memq.errors import ConfigError
-
     try:
         st = load_settings()
         checks = [Check("config", OK, "settings loaded")]
@@ -471,8 +443,6 @@ def doctor(strict: bool, as_json: bool) -> None:
                "checks": [{k: v for k, v in asdict(c).items() if k != "code"} for c in checks]}
         click.echo(json.dumps(doc, indent=2, default=str))
     else:
-        from memq.render.safe import safe_text
-
         width = max(len(c.name) for c in checks)
         for c in checks:
             click.echo(f"{c.status.upper():7} {c.name:{width}}  {safe_text(c.detail)}")  # may quote Redis data

@@ -8,6 +8,10 @@ import logging
 import sys
 
 import click
+from prometheus_client import generate_latest
+
+from memq.config import load_settings
+from memq.metrics.exporter import registry_for, serve
 
 
 @click.command()
@@ -18,15 +22,10 @@ import click
 @click.option("-l", "--loglevel", default="INFO", show_default=True)
 def exporter(host, port, once, loglevel):
     """Serve Prometheus metrics: snapshots, OOMs, verdicts, headroom, stream lag, workers."""
-    from memq.config import load_settings
-    from memq.metrics.exporter import registry_for, serve
-
     logging.basicConfig(level=loglevel.upper(), stream=sys.stderr,
                         format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
     st = load_settings()
     if once:
-        from prometheus_client import generate_latest
-
         sys.stdout.write(generate_latest(registry_for(st)).decode())
         return
     serve(st, host, port)

@@ -10,8 +10,15 @@ import sys
 
 import click
 
-from memq.cli.analyze import SIZE
+from memq.analysis.fit import Question, choose
+from memq.cli import SIZE
+from memq.cli._listing import open_cli_store
+from memq.config import load_settings
 from memq.errors import BadInput
+from memq.gpus import gpu_limit
+from memq.load import load_snapshot_file
+from memq.pipeline.fit import answer_for, fit_for_run
+from memq.render.fit_text import render_fit
 
 
 @click.command()
@@ -39,36 +46,21 @@ def fit(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limi
         raise BadInput("--limit and --gpu are exclusive")
     limit_source = "--limit" if limit is not None else None
     if gpu:
-        from memq.gpus import gpu_limit
-
         limit, limit_source = gpu_limit(gpu)
     doc = _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source)
     if as_json:
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return
-    from memq.render.fit_text import render_fit
-
     sys.stdout.write(render_fit(doc))
 
 
 def _answer(files, run_name, rank, batch, from_batch, seq, from_seq, optimizer, limit, limit_source) -> dict:
-    from memq.analysis.fit import Question
-
     q = Question(batch=batch, from_batch=from_batch, seq=seq, from_seq=from_seq,
                  optimizer=optimizer.lower() if optimizer else None, limit=limit, limit_source=limit_source)
     if run_name:
-        from memq.cli._listing import open_cli_store
-        from memq.pipeline.fit import fit_for_run
-
         return fit_for_run(open_cli_store(), run_name, rank, q)
-    from memq.config import load_settings
-    from memq.load import load_snapshot_file
-    from memq.pipeline.fit import answer_for
-
     cap = load_settings().decode_max_bytes
-    from memq.analysis.fit import choose
-
     loaded = [load_snapshot_file(f, max_bytes=cap) for f in files]
     # one run's snapshots: a trace that holds a whole clean step (fit.choose says which and why)
     pick, why = choose([x.snapshot for x in loaded]) if len(loaded) > 1 else (0, "")

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import click
 
+from memq.cli._listing import write_json
+from memq.config import load_settings
+from memq.pipeline.dead_blobs import clean
+from memq.redis_client import make_client
+from memq.store.connection import open_store
+from memq.store.retention import Policy, collect
+
 
 @click.command()
 @click.option("--dry-run", is_flag=True, help="Show what would be removed; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 def gc(dry_run: bool, as_json: bool) -> None:
     """Remove raw blobs and stat samples past the retention policy."""
-    from memq.config import load_settings
-    from memq.store.connection import open_store
-    from memq.store.retention import Policy, collect
-
     st = load_settings()
     policy = Policy.from_settings(st)
     store = open_store(st)
@@ -31,8 +34,6 @@ def gc(dry_run: bool, as_json: bool) -> None:
     finally:
         store.close()
     if as_json:
-        from memq.cli._listing import write_json
-
         write_json(summary)
         return
     verb = "would remove" if dry_run else "removed"
@@ -65,9 +66,6 @@ def gc(dry_run: bool, as_json: bool) -> None:
 def _dead_blobs(st, store, dry_run: bool) -> dict:
     """The dead-blob cleanup (memq.pipeline.dead_blobs), which needs Redis: unreachable, it is reported
     and the retention above stands."""
-    from memq.pipeline.dead_blobs import clean
-    from memq.redis_client import make_client
-
     try:
         return clean(st, store, make_client(st.redis_url, 5), dry_run=dry_run)
     except Exception as exc:  # noqa: BLE001 - Redis unreachable or refusing: say so, keep gc's result

@@ -5,7 +5,11 @@ from __future__ import annotations
 import time
 
 import click
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
 
+from memq.analysis.frames import CATEGORIES
 from memq.cli._listing import (
     Col,
     cell,
@@ -21,6 +25,7 @@ from memq.cli._listing import (
     write_json,
 )
 from memq.model import CAUSE_NAMES, RUN_STATUSES
+from memq.pipeline.history import RunFilter, compare_runs, list_runs, run_history, torch_versions
 from memq.playbook_doc import doc_link
 from memq.render.fit_text import own_fit_line
 from memq.render.forecast_text import forecast_line
@@ -61,8 +66,6 @@ def runs(cluster, job, torch_version, status, cause, since, labels, limit, as_js
 
     `pieces`: at the OOM, the share of reserved memory that was free in pieces (outside the largest free
     block); - for a run without an OOM."""
-    from memq.pipeline.history import RunFilter, list_runs
-
     fmt = out_format(as_json, as_csv)
     f = RunFilter(cluster=cluster, job=job, torch_version=torch_version, status=status, cause=cause,
                   since=parse_since(since), labels=parse_labels(labels), limit=limit)
@@ -113,8 +116,6 @@ def _flat(s: dict) -> dict:
 @output_options()
 def history(run_name, rank, points, as_json, as_csv):
     """A run's snapshots in time order, its diagnosis, what changed, and a memory timeline."""
-    from memq.pipeline.history import run_history
-
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
     with store.session() as s:
@@ -130,8 +131,6 @@ def history(run_name, rank, points, as_json, as_csv):
 
 
 def _print_history(doc: dict, rows: list[dict]) -> None:
-    from rich.panel import Panel
-
     con = console()
     run = doc["run"]
     lim = doc["limit"]
@@ -198,8 +197,6 @@ RANK_COLS = [Col("rank", "rank", "int"), Col("status", "status"), Col("cause", "
 
 def _print_ranks(con, ranks: dict | None) -> None:
     """Ranks side by side, then which one failed first and why that one (several ranks only)."""
-    from rich.markup import escape
-
     if not ranks or ranks.get("world", 0) < 2:
         return
     con.print(table("ranks side by side", RANK_COLS, ranks["ranks"]))
@@ -214,8 +211,6 @@ def _print_ranks(con, ranks: dict | None) -> None:
 
 def _print_whatif(con, snaps: list[dict]) -> None:
     """The stored what-if sweep of each OOM snapshot: every setting's outcome with its reason."""
-    from rich.markup import escape
-
     for s in snaps:
         w = s.get("whatif")
         if not w:
@@ -247,9 +242,6 @@ def _print_whatif(con, snaps: list[dict]) -> None:
 @output_options()
 def compare(run_a, run_b, as_json, as_csv):
     """Two runs side by side: peaks, composition deltas, settings that differ, and what explains the gap."""
-    from memq.analysis.frames import CATEGORIES
-    from memq.pipeline.history import compare_runs
-
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
     with store.session() as s:
@@ -273,8 +265,6 @@ def compare(run_a, run_b, as_json, as_csv):
     if fmt == "csv":
         write_csv(rows, ["what", "a", "b", "delta"])
         return
-    from rich.table import Table
-
     con = console()
     t = Table(title=f"{run_a} vs {run_b}", header_style="bold")
     t.add_column("")
@@ -295,8 +285,6 @@ def compare(run_a, run_b, as_json, as_csv):
     con.print(f"[bold]explanation[/bold]: {doc['explanation']['text']}")
     for side, name in ((A, run_a), (B, run_b)):
         if (side.get("ranks") or {}).get("world", 0) >= 2:
-            from rich.markup import escape
-
             con.print(table(f"{escape(name)}: ranks side by side", RANK_COLS, side["ranks"]["ranks"]))
     for side, name in ((A, run_a), (B, run_b)):
         d = side.get("diagnosis")
@@ -318,8 +306,6 @@ def versions(job, as_json, as_csv):
 
     `pieces`: the runs list's column averaged over the version's OOM runs (at the OOM, the share of
     reserved memory free in pieces outside the largest free block); - for a version without an OOM."""
-    from memq.pipeline.history import torch_versions
-
     fmt = out_format(as_json, as_csv)
     store = open_cli_store()
     with store.session() as s:

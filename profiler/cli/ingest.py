@@ -9,22 +9,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from memq.cli import SIZE
 from memq.cli._listing import Col, console, open_cli_store, out_format, parse_labels, table, write_json
-from memq.cli.analyze import SIZE
 from memq.model import RUN_STATUSES, TRIGGERS
+from memq.names import check_name
+from memq.pipeline import analyse
+from memq.pipeline import ingest as ingesting
 from memq.render.reasons import panel_cause_lines
 from memq.render.safe import rich_text as v
 from memq.render.terminal import recommendation_lines
 from memq.render.words import said, verdict_head
+from memq.store.repository import RunMeta
 
 
 def _progress(total: int, enabled: bool):
     """A rich progress bar on stderr (stdout stays clean for --json); None when not wanted."""
     if not enabled:
         return None, None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console(stderr=True), transient=True)
     task = prog.add_task("ingest", total=total)
@@ -70,14 +74,9 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
            stats_path, status, host, username, project, torch_version, cuda_version, driver_version, gpu_model,
            optimizer, param_count, world_size, allocator_conf, as_json):
     """Analyse snapshot FILEs of one run (in time order) and store them in the run history."""
-    from memq.pipeline import ingest as ingesting
-    from memq.store.repository import RunMeta
-
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
                                "like step0040.pickle.gz / epoch2.pickle.gz")
-    from memq.names import check_name
-
     # the dispatcher's rule for agents' envelopes, so that SQLite (no String(N) limit) and PostgreSQL agree
     check_name("run", run_name)
     for field, value in (("cluster", cluster), ("job", job), ("host", host)):
@@ -110,8 +109,6 @@ def ingest(files, run_name, cluster, job, labels, rank, step, epoch, trigger, li
 
 
 def _print_report(doc: dict) -> None:
-    from rich.panel import Panel
-
     con = console()
     rows = [{"file": Path(s["file"]).name, "sha256": s["sha256"][:12], "step": s["step"], "epoch": s["epoch"],
              "trigger": s["trigger"], "stored": "new" if s["created"] else "already stored",
@@ -143,8 +140,6 @@ def _print_report(doc: dict) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def reanalyze(run_name, force, limit_bytes, as_json):
     """Recompute stored results from the raw snapshots with this memq's analyzer version."""
-    from memq.pipeline import analyse
-
     store = open_cli_store()
     report = analyse.reanalyze(store, run_name, force=force, limit_bytes=limit_bytes)
     doc = report.as_dict()

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from memq.errors import BadInput
+from memq.identity import parse_key, parse_keyring
 
 # 32 random bytes: the HMAC-SHA256 key length identity.MIN_SECRET_BYTES asks for (RFC 2104).
 SECRET_BYTES = 32
@@ -50,8 +51,6 @@ def key():
 @click.option("--job", "jobs", multiple=True, metavar="PATTERN", help="Jobs it may write (default *).")
 def new(principal, key_file, keyring, clusters, jobs):
     """Make a key for PRINCIPAL: the agent's key file and its entry in the keyring."""
-    from memq.identity import parse_key, parse_keyring
-
     if not principal or "/" in principal or len(principal) > 200:
         raise BadInput("--principal must be a name of 1-200 characters without '/'")
     agent, entry = new_key(principal, clusters, jobs)

@@ -11,6 +11,9 @@ import sys
 
 import click
 
+from memq.playbook import BY_ID, DOC_PATH, ENTRIES
+from memq.playbook_doc import doc_link, read_playbook, section, unknown_entry
+
 ANCHOR = re.compile(r'<a id="[^"]*"></a>')
 
 
@@ -21,9 +24,6 @@ ANCHOR = re.compile(r'<a id="[^"]*"></a>')
 @click.option("--file", "path", type=click.Path(dir_okay=False), default=None, hidden=True)
 def playbook(entry_id, as_json, path):
     """List the playbook's entries, or print the section of ENTRY_ID (e.g. `memq playbook empty-cache`)."""
-    from memq.playbook import BY_ID, DOC_PATH, ENTRIES
-    from memq.playbook_doc import doc_link, read_playbook, section, unknown_entry
-
     if entry_id is None:
         rows = [{"id": e.id, "title": e.title, "summary": e.summary, "advice": e.advice, "link": doc_link(e.id)}
                 for e in ENTRIES]

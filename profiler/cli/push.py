@@ -17,8 +17,19 @@ import socket
 
 import click
 
-from memq.cli.analyze import SIZE
+from memq import codec, envelope
+from memq.agent.spool import Spool
+from memq.agent.transport import Item, Transport, append_fields
+from memq.cli import SIZE
+from memq.cli._listing import write_json
+from memq.config import load_settings, redact_url
+from memq.errors import BadInput, BrokerUnavailable
+from memq.identity import IdentityError, parse_key, parse_keyring, sign, verify
+from memq.load import decode_snapshot_bytes, read_bytes
 from memq.model import RUN_STATUSES, TRIGGERS
+from memq.names import check_name
+from memq.pipeline.ingest import infer_from_name
+from memq.redis_client import make_client
 from memq.render.words import plural
 
 
@@ -45,21 +56,9 @@ from memq.render.words import plural
 def push(files, run_name, cluster, job, rank, host, trigger, step, epoch, limit, device_total, oom_message, status,
          check, redis_url, as_json):
     """Send snapshot FILEs of one run (in time order) to the ingest stream, as the agent does."""
-    from memq import codec, envelope
-    from memq.agent.spool import Spool
-    from memq.agent.transport import Item, Transport, append_fields
-    from memq.cli._listing import write_json
-    from memq.config import load_settings, redact_url
-    from memq.errors import BadInput, BrokerUnavailable
-    from memq.load import decode_snapshot_bytes, read_bytes
-    from memq.pipeline.ingest import infer_from_name
-    from memq.redis_client import make_client
-
     if len(files) > 1 and (step is not None or epoch is not None):
         raise click.UsageError("--step/--epoch describe one snapshot; give one file, or name files "
                                "like step0040.pickle.gz / epoch2.pickle.gz")
-    from memq.names import check_name
-
     st = load_settings()
     url = redis_url or st.redis_url
     identity = {"run": run_name, "cluster": cluster, "job": job, "rank": rank, "host": host or socket.gethostname()}
@@ -134,8 +133,6 @@ def signing_note(key_text: str, keyring_text: str, cluster: str, job: str | None
     """What the pusher can know of how a dispatcher will take its envelopes: unsigned ones are
     dead-lettered wherever a keyring is held, and a key the local keyring lacks (or whose clusters or
     jobs leave this one out) is refused at the door. None when nothing speaks against them."""
-    from memq.identity import IdentityError, parse_key, parse_keyring, sign, verify
-
     check = "check `memq status` (dead letters) once they are read"
     if not key_text:
         return ("these envelopes are unsigned: a dispatcher that holds a keyring dead-letters them; give the "
@@ -155,9 +152,6 @@ def _key(text: str):
     """MEMQ_AGENT_KEY(_FILE), the key envelopes are signed with; a bad key file is an error here."""
     if not text:
         return None
-    from memq.errors import BadInput
-    from memq.identity import parse_key
-
     try:
         return parse_key(text)
     except BadInput as exc:

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import click
 
+from memq import redis_functions as rf
+from memq.config import load_settings, redact_url
+from memq.errors import BrokerUnavailable
+from memq.redis_client import make_client
+
 
 @click.command()
 @click.argument("action", type=click.Choice(["load", "version"]))
 @click.option("--redis-url", envvar="MEMQ_REDIS_URL", help="The memq services user's URL (default MEMQ_REDIS_URL).")
 def relay(action, redis_url):
     """Load the relay library into Redis (FUNCTION LOAD REPLACE when missing or older), or show its version."""
-    from memq import redis_functions as rf
-    from memq.config import load_settings, redact_url
-    from memq.errors import BrokerUnavailable
-    from memq.redis_client import make_client
-
     url = redis_url or load_settings().redis_url
     client = make_client(url, 10.0)
     try:

@@ -20,9 +20,14 @@ import click
 
 from memq.cli._listing import open_cli_store
 from memq.errors import BadInput, NotFound
+from memq.pipeline.report_source import SqlReportSource
 from memq.render.outfile import check_output, write_output
 from memq.render.safe import safe_text
 from memq.render.words import plural
+from memq.report import generate, plots
+from memq.report.data import run_timeline
+from memq.report.html import render_timeline_html
+from memq.store.report_queries import Scope, latest_activity_date
 
 
 def _date(ctx, param, value):
@@ -52,9 +57,6 @@ def _format_for(fmt: str | None, out: str | None) -> str:
               help="Also keep it in the database and MEMQ_REPORT_DIR.")
 def report(day, scope, fmt, out, save):
     """OOMs and near misses by cause, regressions, fragmentation and growth for one UTC day."""
-    from memq.report import generate
-    from memq.store.report_queries import Scope, latest_activity_date
-
     sc = Scope.parse(scope)
     fmt = _format_for(fmt, out)
     if out:
@@ -82,10 +84,6 @@ def report(day, scope, fmt, out, save):
               help="Buckets of the stat-sample timeline (max per bucket).")
 def plot(run_name, out, points):
     """A run's memory timeline: reserved, allocated, the limit, snapshots and the OOM."""
-    from memq.pipeline.report_source import SqlReportSource
-    from memq.report import plots
-    from memq.report.data import run_timeline
-
     out = out or f"{''.join(c if c.isalnum() or c in '._-' else '_' for c in run_name)}.png"
     suffix = Path(out).suffix.lower()
     if suffix not in (".png", ".html", ".htm", ".svg"):
@@ -102,8 +100,6 @@ def plot(run_name, out, points):
     elif suffix == ".svg":
         write_output(out, plots.to_svg(plots.timeline_figure(tl)))
     else:
-        from memq.report.html import render_timeline_html
-
         write_output(out, render_timeline_html(tl))
     click.echo(f"memq: wrote {safe_text(out)} ({plural(len(tl['series']), 'timeline point')}, "
                f"{plural(len(tl['snapshots']), 'snapshot')}"

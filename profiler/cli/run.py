@@ -11,7 +11,9 @@ import shutil
 
 import click
 
+from memq.agent.bootstrap import child_env
 from memq.errors import BadInput
+from memq.names import check_name
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -31,9 +33,6 @@ from memq.errors import BadInput
 def run(run_name, cluster, job, redis_url, spool_dir, history, snapshot_every_s, stats_interval_s, signal_name,
         command):
     """Run COMMAND (after `--`) with the memq agent started in each of its Python processes."""
-    from memq.agent.bootstrap import child_env
-    from memq.names import check_name
-
     # The names ingest, push and the dispatcher accept, refused here before the job starts (not
     # dead-lettered once it has run for hours).
     check_name("run", run_name)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import click
+import uvicorn
+
+from memq.config import load_settings
+from memq.errors import ConfigError
+from memq.web.app import create_app
+from memq.web.protocol import HeaderDeadlineProtocol, RedactToken
 
 
 @click.command()
@@ -16,11 +24,6 @@ import click
               show_default=True)
 def serve(host, port, workers, root_path, log_level):
     """Runs, snapshots, comparisons and reports in a browser, with the JSON API behind every page."""
-    import uvicorn
-
-    from memq.config import load_settings
-    from memq.errors import ConfigError
-
     settings = load_settings()
     local = host in ("127.0.0.1", "::1", "localhost")
     if not local and not settings.serve_token:
@@ -28,10 +31,6 @@ def serve(host, port, workers, root_path, log_level):
                    "this port reads the history (put an authenticating proxy in front, or set a token)", err=True)
     if workers > 1 and settings.is_embedded_db:
         raise ConfigError("several --workers need a server database (MEMQ_DATABASE_URL=postgresql://...)")
-    import logging
-
-    from memq.web.protocol import HeaderDeadlineProtocol, RedactToken
-
     HeaderDeadlineProtocol.header_timeout_s = float(settings.serve_header_timeout_s)
     logging.getLogger("uvicorn.access").addFilter(RedactToken())
     common = dict(host=host, port=port, root_path=root_path, log_level=log_level, server_header=False,
@@ -41,6 +40,4 @@ def serve(host, port, workers, root_path, log_level):
     if workers > 1:
         uvicorn.run("memq.web.app:app_from_env", factory=True, workers=workers, **common)
     else:
-        from memq.web.app import create_app
-
         uvicorn.run(create_app(settings), **common)

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import click
 
-from memq.cli.analyze import build_context, oom_options
+from memq.cli import build_context, oom_options
+from memq.config import load_settings
+from memq.pipeline.offline import analyse_files
+from memq.render.outfile import check_output, write_output
+from memq.web.render import render_page
+from memq.web.snapshot_view import snapshot_view
 
 
 @click.command()
@@ -18,12 +23,6 @@ from memq.cli.analyze import build_context, oom_options
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
 def view(files, limit, device_total, oom_message, optimizer, out):
     """Draw the last of FILES (one run's snapshots in time order) with the diagnosis of all of them."""
-    from memq.config import load_settings
-    from memq.pipeline.offline import analyse_files
-    from memq.render.outfile import check_output, write_output
-    from memq.web.render import render_page
-    from memq.web.snapshot_view import snapshot_view
-
     check_output(out)  # a device, FIFO or missing directory is refused before the work
     done = analyse_files(files, build_context(limit, device_total, oom_message), optimizer=optimizer,
                          max_bytes=load_settings().decode_max_bytes, digest=True)  # the page names its sha256

@@ -14,15 +14,21 @@ import sys
 
 import click
 
-from memq.cli.analyze import SIZE, build_context
+from memq.analysis.alloc_conf import parse_alloc_conf
+from memq.analysis.limits import resolve_limits
+from memq.analysis.whatif import run_whatif, sweep_confs
+from memq.cli import SIZE, build_context
+from memq.cli._listing import open_cli_store
+from memq.config import load_settings
 from memq.errors import BadInput
+from memq.load import load_snapshot_file
 from memq.render.reasons import said_once
 from memq.render.words import plural, said
+from memq.store.blob_snapshots import load_blob
+from memq.units import fmt_bytes
 
 
 def _fmt(n: int | None) -> str:
-    from memq.units import fmt_bytes
-
     return fmt_bytes(n)
 
 
@@ -54,8 +60,6 @@ def whatif(files, run_name, rank, limit, confs, sweep, oom_message, as_json, max
     # refused before any file is read
     ctx = build_context(limit, None, oom_message) if oom_message is not None else None
     for c in confs:  # refuse bad settings before reading anything
-        from memq.analysis.alloc_conf import parse_alloc_conf
-
         parse_alloc_conf(c)
     if run_name:
         results, title = _from_run(run_name, rank, limit, confs, sweep, max_bytes)
@@ -69,8 +73,6 @@ def whatif(files, run_name, rank, limit, confs, sweep, oom_message, as_json, max
 
 
 def _wanted(confs, sweep: bool, snapshot) -> list[str]:
-    from memq.analysis.whatif import sweep_confs
-
     wanted = [""]
     for c in list(confs) + (sweep_confs(snapshot) if sweep else []):
         if c not in wanted:
@@ -79,17 +81,11 @@ def _wanted(confs, sweep: bool, snapshot) -> list[str]:
 
 
 def _from_files(files, limit, confs, sweep, max_bytes, ctx=None) -> tuple[list[dict], str]:
-    from memq.analysis.whatif import run_whatif
-    from memq.config import load_settings
-    from memq.load import load_snapshot_file
-
     cap = load_settings().decode_max_bytes  # --max-bytes may lower the decode budget's cap, not raise it
     max_b = min(max_bytes or cap, cap)
     loaded = [load_snapshot_file(f, max_bytes=max_b) for f in files]
     last = loaded[-1].snapshot
     if limit is None and ctx is not None:
-        from memq.analysis.limits import resolve_limits
-
         limit = resolve_limits(last, ctx, None).limit  # the message's cap, as `memq analyze` resolves it
     results = run_whatif(last, limit, _wanted(confs, sweep, last), earlier=[x.snapshot for x in loaded[:-1]])
     out = []
@@ -104,9 +100,7 @@ def _from_files(files, limit, confs, sweep, max_bytes, ctx=None) -> tuple[list[d
 
 
 def _from_run(run_name, rank, limit, confs, sweep, max_bytes) -> tuple[list[dict], str]:
-    from memq.cli._listing import open_cli_store
-    from memq.pipeline.sweeps import replay_for_run
-    from memq.store.blob_snapshots import load_blob
+    from memq.pipeline.sweeps import replay_for_run  # sqlalchemy: never on the FILE path (pinned)
 
     store = open_cli_store()
     doc = replay_for_run(store, run_name, rank, list(confs), sweep=sweep, limit_bytes=limit,

@@ -41,7 +41,7 @@ def safe_text(value: Any, keep_newlines: bool = False) -> str:
 
 def rich_text(value: Any) -> str:
     """`safe_text` plus rich markup escaping, for a value placed inside a rich markup string."""
-    from rich.markup import escape
+    from rich.markup import escape  # rich: `memq --help` and `analyze --json` load this module (pinned)
 
     return escape(safe_text(value))
 
@@ -49,7 +49,7 @@ def rich_text(value: Any) -> str:
 @functools.lru_cache(maxsize=1)
 def safe_console_class():
     """A rich Console whose every rendered string passes through `safe_text` (newlines kept)."""
-    from rich.console import Console
+    from rich.console import Console  # rich: as in rich_text (pinned)
     from rich.errors import MarkupError
     from rich.segment import Segment
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memq.analysis.memory import free_in_pieces
 from memq.analysis.run_verdict import undetermined
+from memq.units import fmt_bytes
 
 # Causes (docs/causes.md) and what-if outcomes, as a reader says them. The identifiers stay in JSON,
 # CSV and the CLI's filter options (`--cause external_memory`).
@@ -82,9 +84,6 @@ def pieces_text(metrics: Mapping[str, Any] | None) -> str:
     """"2.53 GiB (0.15 of reserved)": cached free memory outside the largest free block, the figure every
     screen shows of a snapshot in place of the fragmentation ratio (0.7-0.9 in healthy caches and
     capacity OOMs alike, it read as a problem); "-" without the figures."""
-    from memq.analysis.memory import free_in_pieces
-    from memq.units import fmt_bytes
-
     m = metrics or {}
     pieces = free_in_pieces(m.get("reserved_unallocated_bytes"), m.get("largest_free_block_bytes"))
     if pieces is None:

@@ -18,6 +18,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from memq.analysis import ANALYZER_VERSION
+from memq.pipeline.report_source import SqlReportSource
+from memq.pipeline.sweeps import whatif_simulator
+from memq.report.data import build_report, stored_summary
+from memq.report.html import render_html
+from memq.report.markdown import render_markdown
+from memq.store import repository as repo
+
 FORMATS = ("html", "md", "json")
 
 
@@ -25,12 +33,8 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
     if fmt == "md":
-        from memq.report.markdown import render_markdown
-
         return render_markdown(doc)
     if fmt == "html":
-        from memq.report.html import render_html
-
         return render_html(doc)
     raise ValueError(f"unknown report format {fmt!r}")
 
@@ -55,11 +59,6 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
     `write_dir/<scope slug>/` (default: settings.report_dir) and upsert the reports row.
     Returns (document, {format: rendered text}): every format when saving, else `formats`.
     `simulate`: replay the top fragmented runs under the proposed setting (needs their blobs)."""
-    from memq.pipeline.report_source import SqlReportSource
-    from memq.pipeline.sweeps import whatif_simulator
-    from memq.report.data import build_report, stored_summary
-    from memq.store import repository as repo
-
     with store.session() as s:
         doc = build_report(SqlReportSource(s), day, scope, now=now,
                            simulate=whatif_simulator(store, s) if simulate else None)
@@ -70,8 +69,6 @@ def generate(store, day: dt.date, scope, *, write_dir: str | Path | None = None,
         for fmt, p in paths.items():
             write_atomic(p, texts[fmt])
         doc["files"] = {fmt: str(p) for fmt, p in paths.items()}
-        from memq.analysis import ANALYZER_VERSION
-
         with store.session() as s:
             doc["report_id"] = repo.upsert_report(s, day, scope.key, stored_summary(doc), path=str(paths["html"]),
                                                   analyzer_version=ANALYZER_VERSION)

@@ -45,6 +45,7 @@ from memq.render.forecast_text import forecast_line
 from memq.render.step_need_text import step_need_line
 from memq.render.words import said
 from memq.store.report_queries import Scope, Window
+from memq.units import fmt_bytes
 
 SCHEMA = 1
 MiB = 1024**2
@@ -516,8 +517,6 @@ def timeline_from_history(h: dict[str, Any]) -> dict[str, Any]:
 
 def summary_lines(doc: dict) -> list[str]:
     """A few sentences for the top of every format and the webhook."""
-    from memq.units import fmt_bytes
-
     t = doc["totals"]
     lines = [f"{t['runs']} runs in {doc['scope_label']} on {doc['date']}: {t['oom_runs']} OOM, "
              f"{t['near_misses']} near misses (headroom under {NEAR_MISS_SHARE:.0%} of the limit)."]

@@ -7,7 +7,13 @@ import functools
 from pathlib import Path
 from typing import Any
 
+import jinja2
+from markupsafe import Markup, escape
+
+from memq.playbook_doc import doc_link
+from memq.render.words import noun, plural, said
 from memq.report import plots
+from memq.report.data import simulated_outcome
 from memq.units import fmt_bytes
 
 # The page's template is a package file: HTML lines keep their natural length there.
@@ -20,17 +26,11 @@ def _template_text() -> str:
 
 
 def _env():
-    import jinja2
-
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["gib"] = lambda v: f"{(v or 0) / 1024**3:.2f}"
     env.globals["b"] = lambda v: "-" if v is None else fmt_bytes(v)
-    from memq.render.words import noun, plural, said
-
     env.filters.update(said=said, plural=plural)
     env.globals["noun"] = noun
-    from memq.report.data import simulated_outcome
-
     env.globals["sim_outcome"] = simulated_outcome
     env.globals["playbook"] = _playbook_note
     return env
@@ -40,10 +40,6 @@ def _playbook_note(entry_id: object):
     """Where the advice is measured: the playbook entry as text, not a link, since this file is read
     from mail or a share with no docs/ beside it (`memq playbook ID` prints the entry). Nothing for a
     report stored before recommendations named an entry."""
-    from markupsafe import Markup, escape
-
-    from memq.playbook_doc import doc_link
-
     link = doc_link(entry_id)
     return Markup(f'<div class="playbook">playbook: <code>{escape(link)}</code></div>') if link else ""
 

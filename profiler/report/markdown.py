@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from memq.analysis.rules import NEAR_MISS_SHARE
+from memq.playbook_doc import doc_link
 from memq.render.words import said
+from memq.report.data import simulated_outcome
 from memq.units import fmt_bytes
 
 
@@ -21,8 +23,6 @@ def _sim(r: dict) -> str:
     sim = r.get("simulated") or {}
     if "predicted_oom" not in sim:
         return "-"
-    from memq.report.data import simulated_outcome
-
     out = simulated_outcome(sim)
     if sim["predicted_oom"] is not None:
         out += f", peak reserved {_b(sim['peak_reserved_bytes'])}"
@@ -32,8 +32,6 @@ def _sim(r: dict) -> str:
 def _with_playbook(text: Any, entry_id: Any) -> Any:
     """The advice and the playbook entry that measures it (nothing added for a report stored before
     recommendations named one)."""
-    from memq.playbook_doc import doc_link
-
     link = doc_link(entry_id)
     return f"{text} (playbook: {link})" if link and text else text
 

@@ -23,7 +23,7 @@ COLORS = {"reserved": "#4c72b0", "allocated": "#55a868", "limit": "#c44e52", "oo
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # when a chart is drawn, not when `memq serve` or a worker starts (pinned)
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

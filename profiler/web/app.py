@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,6 +33,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from memq.analysis.fit import OPTIMIZER_NAMES, Question
 from memq.config import Settings, load_settings
 from memq.errors import (
     BadInput,
@@ -42,8 +44,31 @@ from memq.errors import (
     SnapshotError,
     StorageUnavailable,
 )
+from memq.gpus import gpu_limit
+from memq.load import decode_snapshot_bytes
+from memq.model import CAUSE_NAMES as CAUSES
+from memq.model import RUN_STATUSES
+from memq.pipeline.fit import fit_for_run
+from memq.pipeline.history import RunFilter, compare_runs, run_history, torch_versions
+from memq.playbook_doc import read_playbook, to_html
+from memq.report.html import render_html
+from memq.store.connection import open_store
+from memq.store.page_queries import (
+    SORTS,
+    RunPage,
+    list_reports,
+    page_runs,
+    pick_lists,
+    report_row,
+    run_lanes,
+    snapshot_row,
+)
+from memq.store.sweeps import sweeps_by_sha
+from memq.units import parse_size
 from memq.web import params as P
+from memq.web.protocol import RedactToken
 from memq.web.render import render_page
+from memq.web.snapshot_view import snapshot_view
 
 STATIC = Path(__file__).parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -218,8 +243,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                playbook_path: Path | str | None = None) -> Starlette:
     """The ASGI app over the configured history. `token` defaults to MEMQ_SERVE_TOKEN ('' = none).
     `playbook_path`: the playbook Markdown /playbook shows (default: the packaged copy; tests give one)."""
-    from memq.store.connection import open_store
-
     settings = settings or load_settings()
     store = store or open_store(settings)
     token = settings.serve_token if token is None else token
@@ -232,9 +255,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
 
     # ------------------------------------------------------------------ documents (the JSON API)
     def runs_doc(request: Request) -> dict:
-        from memq.pipeline.history import RunFilter
-        from memq.store.page_queries import SORTS, RunPage, page_runs
-
         p = P.run_page(query(request), SORTS)
         f = RunFilter(cluster=p["cluster"], job=p["job"], torch_version=p["torch_version"], status=p["status"],
                       cause=p["cause"], since=p["since"])
@@ -247,8 +267,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return doc
 
     def run_doc(request: Request) -> dict:
-        from memq.pipeline.history import run_history
-
         q = query(request)
         P.check_known(q, ("rank", "points"))
         rank = P.integer(q, "rank", None, 0, 1_000_000)
@@ -257,8 +275,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return run_history(s, request.path_params["name"], rank, points=points)
 
     def lanes_doc(request: Request) -> dict:
-        from memq.store.page_queries import run_lanes
-
         q = query(request)
         P.check_known(q, ("points",))
         with store.session() as s:
@@ -271,9 +287,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return int(raw)
 
     def snapshot_doc(request: Request) -> dict:
-        from memq.store.page_queries import snapshot_row
-        from memq.store.sweeps import sweeps_by_sha
-
         P.check_known(query(request), ())
         with store.session() as s:
             row = snapshot_row(s, snapshot_id(request))
@@ -287,9 +300,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return {"snapshot": row, "analysis": analysis, "view": view}
 
     def _snapshot_view(row: dict, analysis: dict | None) -> dict:
-        from memq.load import decode_snapshot_bytes
-        from memq.web.snapshot_view import snapshot_view
-
         snap, err = None, None
         try:
             raw = store.blobs.get(row["sha256"])
@@ -302,8 +312,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return snapshot_view(snap, analysis, title=title, meta=row, blob_error=err)
 
     def compare_doc(request: Request) -> dict:
-        from memq.pipeline.history import compare_runs
-
         q = query(request)
         P.check_known(q, ("a", "b"))
         a, b = P.text(q, "a"), P.text(q, "b")
@@ -313,10 +321,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return compare_runs(s, a, b)
 
     def fit_doc(request: Request) -> dict:
-        from memq.analysis.fit import OPTIMIZER_NAMES, Question
-        from memq.pipeline.fit import fit_for_run
-        from memq.units import parse_size
-
         q = query(request)
         P.check_known(q, FIT_PARAMS)
         run = P.text(q, "run")
@@ -329,8 +333,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         if P.text(q, "limit"):
             limit, source = parse_size(P.text(q, "limit")), "the form's limit"
         elif P.text(q, "gpu"):
-            from memq.gpus import gpu_limit
-
             limit, source = gpu_limit(P.text(q, "gpu"))
         question = Question(**ints, optimizer=P.choice(q, "optimizer", OPTIMIZER_NAMES), limit=limit,
                             limit_source=source)
@@ -344,8 +346,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return HTMLResponse(render_page("fit.html", data=None, doc=doc, form=form, asked=asked, title="fit"))
 
     def versions_doc(request: Request) -> dict:
-        from memq.pipeline.history import torch_versions
-
         q = query(request)
         P.check_known(q, ("job",))
         job = P.text(q, "job")
@@ -355,8 +355,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return torch_versions(s, job)
 
     def reports_doc(request: Request) -> dict:
-        from memq.store.page_queries import list_reports
-
         q = query(request)
         P.check_known(q, ("limit",))
         with store.session() as s:
@@ -364,8 +362,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return {"reports": rows, "count": len(rows)}
 
     def report_doc(request: Request) -> dict:
-        from memq.store.page_queries import report_row
-
         P.check_known(query(request), ())
         raw = request.path_params["rid"]
         if not raw.isdigit() or len(raw) > 18:
@@ -378,8 +374,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return lambda request: Json(fn(request))
 
     def raw_snapshot(request: Request) -> Response:
-        from memq.store.page_queries import snapshot_row
-
         P.check_known(query(request), ())
         with store.session() as s:
             row = snapshot_row(s, snapshot_id(request))
@@ -392,9 +386,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                         headers={"content-disposition": f'attachment; filename="{name}"'})
 
     def runs_page(request: Request) -> HTMLResponse:
-        from memq.model import CAUSE_NAMES as CAUSES
-        from memq.model import RUN_STATUSES
-
         doc = runs_doc(request)
         return HTMLResponse(render_page("runs.html", data=None, doc=doc, causes=CAUSES, statuses=RUN_STATUSES,
                                         title="runs"))
@@ -406,8 +397,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return HTMLResponse(render_page("run.html", data=data, doc=doc, lanes=lanes, title=f"run {doc['run']['run']}"))
 
     def lanes_doc_for(name: str) -> dict:
-        from memq.store.page_queries import run_lanes
-
         with store.session() as s:
             return run_lanes(s, name)
 
@@ -418,8 +407,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
                                         title=doc["view"]["title"]))
 
     def picks() -> dict:
-        from memq.store.page_queries import pick_lists
-
         with store.session() as s:
             return pick_lists(s)
 
@@ -452,8 +439,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         if text is None and doc["summary"]:
             # Not on this machine's disk (a worker pod wrote it to its own volume): drawn again from
             # the stored figures, without the per-run timelines the table does not keep.
-            from memq.report.html import render_html
-
             try:
                 text = render_html(doc["summary"])
             except (KeyError, TypeError, ValueError):
@@ -466,10 +451,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
     def playbook_page(request: Request) -> HTMLResponse:
         """The OOM playbook (the packaged docs/playbook.md) as HTML: every recommendation on the other
         pages links to /playbook#<entry id>. The Markdown's own HTML is escaped, never passed through."""
-        from markupsafe import Markup
-
-        from memq.playbook_doc import read_playbook, to_html
-
         P.check_known(query(request), ())
         body = Markup(to_html(read_playbook(playbook_path)))  # markdown-it's own output, raw HTML escaped
         return HTMLResponse(render_page("playbook.html", data=None, body=body, title="OOM playbook"))
@@ -512,8 +493,6 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
     app = Starlette(routes=routes, exception_handlers={MemqError: memq_error, HTTPException: http_error},
                     lifespan=lifespan)
     app.add_middleware(SecurityMiddleware, token=token, allowed_hosts=settings.serve_allowed_hosts)
-    from memq.web.protocol import RedactToken  # also in each process that --workers starts
-
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, RedactToken) for f in access.filters):
         access.addFilter(RedactToken())

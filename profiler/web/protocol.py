@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from memq.config import load_settings
 
 log = logging.getLogger("memq.serve")
 
@@ -28,8 +31,6 @@ class HeaderDeadlineProtocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if type(self).header_timeout_s is None:
-            from memq.config import load_settings
-
             type(self).header_timeout_s = float(load_settings().serve_header_timeout_s)
         self._head_deadline: asyncio.TimerHandle | None = None
         self._arm()
@@ -101,6 +102,4 @@ class RedactToken(logging.Filter):
 
 
 def redact(text: str) -> str:
-    import re
-
     return re.sub(r"(?i)([?&]token=)[^&\s\"]*", r"\1[redacted]", text)

@@ -13,6 +13,10 @@ from importlib import resources
 from typing import Any
 from urllib.parse import quote
 
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from memq.analysis.compare import fmt_delta
 from memq.analysis.recommend import stated_effect
 from memq.playbook_doc import doc_link, web_href
 from memq.render.forecast_text import forecast_line
@@ -40,8 +44,6 @@ def _ratio(v: Any) -> str:
 
 def _delta(v: Any) -> str:
     """A signed size, as `memq compare` prints it ("+465.25 MiB", "-896.00 KiB", "+0 B")."""
-    from memq.analysis.compare import fmt_delta
-
     return "-" if v is None else fmt_delta(int(v))
 
 
@@ -64,8 +66,6 @@ def _snapshot_state(state: Any) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _env():
-    from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
-
     env = Environment(loader=PackageLoader("memq.web", "templates"), autoescape=select_autoescape(["html"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(said_once=said_once, step_need_headline=step_need_headline, bytes=_bytes,
@@ -79,8 +79,6 @@ def _env():
 
 
 def render_page(template: str, *, data: Any = None, inline: bool = False, **ctx: Any) -> str:
-    from markupsafe import Markup
-
     extra = {"data_json": Markup(json_for_script(data)) if data is not None else None, "inline": inline}
     if inline:
         js = static_text("memq.js")

@@ -1,57 +1,17 @@
-"""`memq worker`, `memq dispatcher`, `memq status`: run and watch the Redis -> Celery -> SQL path.
-
-- `memq worker [CELERY WORKER OPTIONS]`: Celery's own worker for `memq.workers.app` (the same as
-  `celery -A memq.workers.app worker ...`); memq adds defaults for the queues and the prefork pool.
-- `memq dispatcher`: the stream consumer (workers/dispatcher.py) until SIGTERM or SIGINT.
-- `memq status [--json]`: stream length, consumer-group lag and pending entries, queue depths,
-  dead letters (with the latest reasons), heartbeats of workers and dispatchers, snapshot states.
-"""
+"""`memq status [--json]`: watch the Redis -> Celery -> SQL path: stream length, consumer-group lag and
+pending entries, queue depths, dead letters (with the latest reasons), heartbeats of workers and
+dispatchers, snapshot states."""
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import click
+import redis
 
-
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.option("-Q", "--queues", default="memq.ingest,memq.analyze,memq.report", show_default=True)
-@click.option("-c", "--concurrency", type=int, help="Pool processes (default: Celery's, the CPU count).")
-@click.option("-l", "--loglevel", default="INFO", show_default=True)
-@click.option("-B", "--beat", is_flag=True,
-              help="Also run the beat scheduler, for development (run exactly one beat). Deployments run "
-                   "`celery -A memq.workers.app beat` as its own process: a worker with an embedded beat "
-                   "can stop consuming after a Redis restart.")
-@click.pass_context
-def worker(ctx, queues, concurrency, loglevel, beat):
-    """Run a Celery worker for memq (other options go to `celery worker` unchanged)."""
-    from memq.workers.app import app
-
-    argv = ["worker", "-Q", queues, "-l", loglevel, "-P", "prefork"]
-    if concurrency:
-        argv += ["-c", str(concurrency)]
-    if beat:
-        argv.append("-B")
-    argv += list(ctx.args)
-    app.worker_main(argv=argv)
-
-
-@click.command()
-@click.option("--consumer", help="Consumer name in the group (default: host-pid).")
-@click.option("--batch", type=click.IntRange(1, 10_000), default=100, show_default=True,
-              help="Stream entries read at once.")
-@click.option("--block-ms", type=click.IntRange(10, 60_000), default=1000, show_default=True)
-@click.option("-l", "--loglevel", default="INFO", show_default=True)
-def dispatcher(consumer, batch, block_ms, loglevel):
-    """Move the agents' stream into the history and enqueue analyses, until SIGTERM."""
-    from memq.config import load_settings
-    from memq.workers.dispatcher import Dispatcher
-
-    logging.basicConfig(level=loglevel.upper(), stream=sys.stderr,
-                        format="[%(asctime)s: %(levelname)s/%(name)s] %(message)s")
-    st = load_settings()
-    Dispatcher(st, consumer=consumer, batch=batch, block_ms=block_ms).run()
+from memq.cli._listing import console, write_json
+from memq.config import load_settings, redact_url
+from memq.errors import BrokerUnavailable
+from memq.pipeline.status import CONSUMER_GONE_S, collect_status
+from memq.render.safe import rich_text as v
 
 
 @click.command()
@@ -59,23 +19,15 @@ def dispatcher(consumer, batch, block_ms, loglevel):
 @click.option("--no-db", is_flag=True, help="Do not query the database for snapshot states.")
 def status(as_json, no_db):
     """Backlog and health of the ingest path: stream, queues, dead letters, workers."""
-    from memq.config import load_settings, redact_url
-    from memq.errors import BrokerUnavailable
-    from memq.pipeline.status import collect_status
-
     st = load_settings()
     try:
         doc = collect_status(st, with_db=not no_db)
     except Exception as exc:  # noqa: BLE001 - redis-py errors: one line, no password
-        import redis
-
         if isinstance(exc, redis.RedisError):
             raise BrokerUnavailable(f"Redis {redact_url(st.redis_url)} unavailable: {type(exc).__name__}: {exc}",
                                     hint="check MEMQ_REDIS_URL and that Redis is running") from exc
         raise
     if as_json:
-        from memq.cli._listing import write_json
-
         write_json(doc)
         return
     _print(doc)
@@ -84,15 +36,10 @@ def status(as_json, no_db):
 def _print(doc: dict) -> None:
     """The human view. Names, ids and reasons come from Redis, written by any job: each value goes
     through rich_text (control characters escaped, no markup)."""
-    from memq.cli._listing import console
-    from memq.render.safe import rich_text as v
-
     con = console()
     s = doc["stream"]
     con.print(f"[bold]stream[/bold] {v(s['key'])} at {v(doc['redis'])}: {s['length']} entries, "
               f"{s['pending']} pending, lag {s['lag'] if s['lag'] is not None else '-'}")
-    from memq.pipeline.status import CONSUMER_GONE_S
-
     def fmt_duration(sec: float) -> str:
         return f"{sec / 3600:.1f} h" if sec >= 3600 else f"{sec / 60:.0f} min"
 
