@@ -39,6 +39,10 @@ def significant(delta: int, base: int | None) -> bool:
     return abs(delta) >= max(CHANGE_MIN_BYTES, CHANGE_MIN_SHARE * (base or 0))
 
 
+def _words(name: str | None) -> str:
+    return "-" if name is None else str(name).replace("_", " ")
+
+
 def changes_between(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """What changed from each snapshot to the next of the same rank (the history's snapshot dicts):
     reserved/allocated deltas, composition categories that moved significantly, fragmentation, and the cause."""
@@ -62,11 +66,12 @@ def changes_between(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
             notes.append(f"allocated {fmt_delta(d_alloc)}")
         if significant(d_res, prev["reserved_bytes"]):
             notes.append(f"reserved {fmt_delta(d_res)}")
-        notes += [f"{c} {fmt_delta(v)}" for c, v in sorted(moved.items(), key=lambda kv: -abs(kv[1]))]
+        # in words, as every screen names classes and causes ("optimizer state", never `optimizer_state`)
+        notes += [f"{_words(c)} {fmt_delta(v)}" for c, v in sorted(moved.items(), key=lambda kv: -abs(kv[1]))]
         if frag_a is not None and frag_b is not None and abs(frag_b - frag_a) >= CHANGE_FRAG_RATIO:
             notes.append(f"fragmentation {frag_a:.2f} -> {frag_b:.2f}")
         if cause_a != cause_b:
-            notes.append(f"diagnosis {cause_a} -> {cause_b}")
+            notes.append(f"diagnosis {_words(cause_a)} -> {_words(cause_b)}")
         out.append({
             "rank": s["rank"], "from_id": prev["id"], "to_id": s["id"],
             "from": snapshot_label(prev), "to": snapshot_label(s),

@@ -42,6 +42,11 @@ def test_changes_between_snapshots_name_what_moved():
     s = out[0]["summary"]
     assert "allocated +1.00 GiB" in s and "activations +1.00 GiB" in s and "fragmentation 0.20 -> 0.30" in s
     assert "diagnosis healthy -> leak" in s and out[0]["from"] == "periodic step 1"
+    out = changes_between([_snap(1, 4 * GiB, 0.2, None, "capacity"),
+                           _snap(2, 5 * GiB, 0.2, {"optimizer_state": GiB}, "activation_spike")])
+    s = out[0]["summary"]  # classes and causes in words, as every screen says them
+    assert "optimizer state +1.00 GiB" in s and "diagnosis capacity -> activation spike" in s, s
+    assert "_" not in s
 
 
 @rule("SAME_LIMIT_WITHIN_BYTES")

@@ -64,7 +64,7 @@ def test_history_orders_snapshots_in_time_and_reports_changes(store):
     assert h["diagnosis"]["primary_cause"] == "healthy"
     first = h["changes"][0]
     assert first["composition_delta"]["optimizer_state"] > 400 * 2**20  # SGD momentum appears after step 1
-    assert "optimizer_state" in first["summary"]
+    assert "optimizer state" in first["summary"] and "optimizer_state" not in first["summary"]  # in words
     assert h["stats"]["count"] == 45 and h["stats"]["series"]
     assert all(isinstance(x["reserved_bytes"], int) for x in h["snapshots"])
 
