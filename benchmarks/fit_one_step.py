@@ -43,14 +43,20 @@ def family_cases(half: str):
         if half not in ("all", h):
             continue
         spec, runs = doc["spec"], doc["runs"]
-        b0, s0 = spec["batch"], spec["size"]
-        wanted = [(f"{k}x batch", f"{fam}-b{k * b0}-s{s0}", k) for k in (2, 4, 8)]
-        if spec.get("seq"):
-            wanted += [(f"{k}x length", f"{fam}-b{b0}-s{k * s0}", k) for k in (2, 4)]
-        shapes = [(lab, k, runs[key]["max_reserved"]) for lab, key, k in wanted
-                  if runs.get(key, {}).get("outcome") == "completed"]
+        shapes = ladder(fam, spec, runs)
         snap = load_snapshot_file(str(FAM / "hand" / f"{fam}.pickle.gz"), max_bytes=1 << 32).snapshot
         yield "families", fam, h, snap, spec["opt"], shapes
+
+
+def ladder(fam: str, spec: dict, runs: dict) -> list[tuple[str, int, int]]:
+    """(label, scale, real peak reserved) of a family's completed runs at 2x/4x/8x the batch and, for
+    sequence models, 2x/4x the length."""
+    b0, s0 = spec["batch"], spec["size"]
+    wanted = [(f"{k}x batch", f"{fam}-b{k * b0}-s{s0}", k) for k in (2, 4, 8)]
+    if spec.get("seq"):
+        wanted += [(f"{k}x length", f"{fam}-b{b0}-s{k * s0}", k) for k in (2, 4)]
+    return [(lab, k, runs[key]["max_reserved"]) for lab, key, k in wanted
+            if runs.get(key, {}).get("outcome") == "completed"]
 
 
 ONE = ROOT / "tests" / "fixtures" / "fit_one_step"
@@ -70,12 +76,7 @@ def dump_cases(half: str):
             continue
         spec = cap["new_families"][fam] if new else fams[fam]["spec"]
         runs = cap["runs"] if new else fams[fam]["runs"]
-        b0, s0 = spec["batch"], spec["size"]
-        wanted = [(f"{k}x batch", f"{fam}-b{k * b0}-s{s0}", k) for k in (2, 4, 8)]
-        if spec.get("seq"):
-            wanted += [(f"{k}x length", f"{fam}-b{b0}-s{k * s0}", k) for k in (2, 4)]
-        shapes = [(lab, k, runs[key]["max_reserved"]) for lab, key, k in wanted
-                  if runs.get(key, {}).get("outcome") == "completed"]
+        shapes = ladder(fam, spec, runs)
         parts = {p: load_snapshot_file(str(ONE / "dumps" / f"{fam}-dump.{p}.pickle.gz"), max_bytes=1 << 32).snapshot
                  for p in ("forward", "backward")}
         hand = (ONE / "hand" / f"{fam}.pickle.gz") if new else (FAM / "hand" / f"{fam}.pickle.gz")

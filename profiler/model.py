@@ -302,3 +302,31 @@ class OomContext:
     device_total_bytes: int | None = None
     device_free_bytes: int | None = None
     message: OomMessage | None = None
+
+
+# Causes (docs/causes.md), classes and what-if outcomes, as a reader says them (every screen, and the
+# analysis' own sentences). The identifiers stay in JSON,
+# CSV and the CLI's filter options (`--cause external_memory`).
+WORDS = {
+    "external_memory": "external memory",
+    "leak": "leak",
+    "optimizer_state": "optimizer state",
+    "activation_spike": "activation spike",
+    "workspace": "workspace",
+    "allocator_config": "allocator settings",
+    "fragmentation": "fragmentation",
+    "capacity": "capacity",
+    "healthy": "healthy",
+    "oom": "OOM",
+    "fits": "fits",
+    "survives_window": "survives the window",
+    "not_assessable": "not assessable",
+}
+
+
+def said(value: object) -> str:
+    """An enum as words; "-" for none; an unknown identifier with its underscores as spaces."""
+    if value is None or value == "":
+        return "-"
+    text = str(value)
+    return WORDS.get(text, text.replace("_", " "))

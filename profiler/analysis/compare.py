@@ -25,6 +25,7 @@ from memq.analysis.rules import (
     REGRESSION_PEAK_GROWTH,
     SAME_LIMIT_WITHIN_BYTES,
 )
+from memq.model import said
 from memq.units import fmt_bytes
 
 #: A difference of rates or ratios this close to a threshold is on it (0.1 of 0.3333 and 0.4333).
@@ -37,10 +38,6 @@ EPS = 1e-9
 def significant(delta: int, base: int | None) -> bool:
     """A change worth naming: at least CHANGE_MIN_BYTES and CHANGE_MIN_SHARE of what it changed from."""
     return abs(delta) >= max(CHANGE_MIN_BYTES, CHANGE_MIN_SHARE * (base or 0))
-
-
-def _words(name: str | None) -> str:
-    return "-" if name is None else str(name).replace("_", " ")
 
 
 def changes_between(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -67,11 +64,11 @@ def changes_between(snaps: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if significant(d_res, prev["reserved_bytes"]):
             notes.append(f"reserved {fmt_delta(d_res)}")
         # in words, as every screen names classes and causes ("optimizer state", never `optimizer_state`)
-        notes += [f"{_words(c)} {fmt_delta(v)}" for c, v in sorted(moved.items(), key=lambda kv: -abs(kv[1]))]
+        notes += [f"{said(c)} {fmt_delta(v)}" for c, v in sorted(moved.items(), key=lambda kv: -abs(kv[1]))]
         if frag_a is not None and frag_b is not None and abs(frag_b - frag_a) >= CHANGE_FRAG_RATIO:
             notes.append(f"fragmentation {frag_a:.2f} -> {frag_b:.2f}")
         if cause_a != cause_b:
-            notes.append(f"diagnosis {_words(cause_a)} -> {_words(cause_b)}")
+            notes.append(f"diagnosis {said(cause_a)} -> {said(cause_b)}")
         out.append({
             "rank": s["rank"], "from_id": prev["id"], "to_id": s["id"],
             "from": snapshot_label(prev), "to": snapshot_label(s),

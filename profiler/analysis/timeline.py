@@ -156,12 +156,12 @@ def made_live_in(snap: Snapshot) -> dict[int, int]:
     return got
 
 
-def _made_live(trace, live: dict[int, int], i: int) -> dict[int, int]:
-    """`live` (the blocks allocated and not freed up to event i) carried on to the end of `trace`.
-    Events are read by position: a field read by name costs a descriptor call, and this reads two
-    fields of a million events."""
+def _made_live(trace, live: dict[int, int], i: int, stop: int | None = None) -> dict[int, int]:
+    """`live` (the blocks allocated and not freed up to event i) carried on to event `stop` (exclusive;
+    the end of `trace` when None). Events are read by position: a field read by name costs a descriptor
+    call, and this reads two fields of a million events."""
     pop = live.pop
-    for ev in islice(trace, i + 1, None):
+    for ev in islice(trace, i + 1, stop):
         i += 1
         a = ev[0]
         if a == "alloc":
@@ -181,17 +181,8 @@ def _live_at(snap: Snapshot, peak_i: int) -> tuple[Counter, Counter]:
     event `peak_i`. Sites and categories are read once per frames list, not once per live block.
     The same pass goes on to the end of the trace for made_live_in (what provenance reads)."""
     trace = snap.trace
-    live: dict[int, int] = {}  # addr -> index of its alloc
-    pop = live.pop
-    i = -1
-    for ev in islice(trace, peak_i + 1):
-        i += 1
-        a = ev[0]
-        if a == "alloc":
-            if ev[1] is not None:
-                live[ev[1]] = i
-        elif a == "free_completed":
-            pop(ev[1], None)
+    live = _made_live(trace, {}, -1, peak_i + 1)  # addr -> index of its alloc, up to the peak
+    i = min(peak_i, len(trace) - 1)
     per_list: dict[int, list] = {}  # id(frames) -> [frames, bytes], in the order live blocks are
     for j in live.values():
         ev = trace[j]

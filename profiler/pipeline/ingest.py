@@ -140,7 +140,7 @@ def ingest_files(store: Store, meta: repo.RunMeta, inputs: list[SnapshotInput], 
                 trigger=trigger, taken_at=when, blob_ref=ref, source=inp.path, context=facts))
         aid, computed = analyse_snapshot(store, sid, ld, optimizer=run_row.optimizer)
         with store.session() as s:
-            diagnosis = (repo.analysis_doc(s, aid) or {}).get("diagnosis") or {}
+            diagnosis = repo.analysis_diagnosis(s, aid) or {}
         cause, weak = diagnosis.get("primary_cause"), undetermined(diagnosis)
         ld.snapshot.release_held()  # kept for the run's diagnosis: not the frames the parser dropped
         cache[ld.sha256] = ld

@@ -9,34 +9,8 @@ from typing import Any
 
 from memq.analysis.memory import free_in_pieces
 from memq.analysis.run_verdict import undetermined
+from memq.model import WORDS, said  # noqa: F401 (the screens' words, read from here as from model)
 from memq.units import fmt_bytes
-
-# Causes (docs/causes.md) and what-if outcomes, as a reader says them. The identifiers stay in JSON,
-# CSV and the CLI's filter options (`--cause external_memory`).
-WORDS = {
-    "external_memory": "external memory",
-    "leak": "leak",
-    "optimizer_state": "optimizer state",
-    "activation_spike": "activation spike",
-    "workspace": "workspace",
-    "allocator_config": "allocator settings",
-    "fragmentation": "fragmentation",
-    "capacity": "capacity",
-    "healthy": "healthy",
-    "oom": "OOM",
-    "fits": "fits",
-    "survives_window": "survives the window",
-    "not_assessable": "not assessable",
-}
-
-
-def said(value: object) -> str:
-    """An enum as words; "-" for none; an unknown identifier with its underscores as spaces."""
-    if value is None or value == "":
-        return "-"
-    text = str(value)
-    return WORDS.get(text, text.replace("_", " "))
-
 
 # English plurals memq prints: the irregular ones; every other noun takes an "s".
 PLURALS = {"near miss": "near misses", "this": "these", "entry": "entries", "is": "are"}

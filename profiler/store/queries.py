@@ -135,17 +135,6 @@ def get_run(session: Session, name: str) -> dict[str, Any]:
     return run_dict(_run_row(session, name))
 
 
-def _main_diagnosis(session: Session, run_id: int, rank: int | None) -> RunDiagnosis | None:
-    """The run-level diagnosis of `rank`, else of the rank that speaks for the run
-    (analysis/run_verdict.run_verdict, read through store/run_verdicts)."""
-    if rank is None:
-        rank = verdict_rank(session, run_id)
-        if rank is None:
-            return None
-    return session.execute(select(RunDiagnosis).where(RunDiagnosis.run_id == run_id, RunDiagnosis.rank == rank)
-                           ).scalar_one_or_none()
-
-
 # ------------------------------------------------------------------------------------------ history
 
 

@@ -47,6 +47,9 @@ def test_changes_between_snapshots_name_what_moved():
     s = out[0]["summary"]  # classes and causes in words, as every screen says them
     assert "optimizer state +1.00 GiB" in s and "diagnosis capacity -> activation spike" in s, s
     assert "_" not in s
+    # the screens' words, not identifiers with spaces: allocator_config reads "allocator settings"
+    out = changes_between([_snap(1, 4 * GiB), _snap(2, 4 * GiB, 0.2, None, "allocator_config")])
+    assert out[0]["summary"] == "diagnosis healthy -> allocator settings"
 
 
 @rule("SAME_LIMIT_WITHIN_BYTES")

@@ -454,3 +454,39 @@ def spools_stack(tmp: Path, shared_redis, db_name: str, spools: dict[str, Path])
             yield s
         finally:
             s.close()
+
+
+@contextlib.contextmanager
+def keyring_stack(tmp: Path, memq_url: str, keyring: Path, db_name: str, *, worker: bool, **env):
+    """A Stack on a private ACL Redis (tests/ops/acl_redis) under the deployment's key names, which
+    the ACL grants, with the agents' keyring and its own PostgreSQL database; the dispatcher running,
+    and a worker when `worker`."""
+    from tests.conftest import temp_pg_database
+
+    with temp_pg_database(db_name) as url:
+        s = Stack(tmp, memq_url, url, MEMQ_KEY_PREFIX="memq:", MEMQ_STREAM="memq:ingest",
+                  MEMQ_DEAD_STREAM="memq:dead", MEMQ_AGENT_KEYRING_FILE=str(keyring), **env)
+        s.prefix = "memq:"
+        try:
+            s.upgrade()
+            if worker:
+                s.start_worker(concurrency=1)
+            s.start_dispatcher(wait=True)
+            yield s
+        finally:
+            s.close()
+
+
+@contextlib.contextmanager
+def as_training_job(stack: Stack, agent_url: str, key_file: Path | None):
+    """The stack's CLI as a training job runs it: the agent's Redis user and, when given, its own key
+    (none: a job without a key)."""
+    env = dict(stack.env)
+    stack.env.pop("MEMQ_AGENT_KEY_FILE", None)
+    stack.env["MEMQ_REDIS_URL"] = agent_url
+    if key_file is not None:
+        stack.env["MEMQ_AGENT_KEY_FILE"] = str(key_file)
+    try:
+        yield stack
+    finally:
+        stack.env = env

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.ops.acl_redis import acl_redis
-from tests.workers.stack import REAL, Stack, wait_for
+from tests.workers.stack import REAL, as_training_job, keyring_stack, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -50,32 +50,15 @@ def acl(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, acl, pg_server, keys):
-    from tests.conftest import temp_pg_database
-
-    with temp_pg_database("deadblob") as url:
-        s = Stack(tmp_path_factory.mktemp("deadblob"), acl["memq_url"], url, MEMQ_KEY_PREFIX="memq:",
-                  MEMQ_STREAM="memq:ingest", MEMQ_DEAD_STREAM="memq:dead",
-                  MEMQ_AGENT_KEYRING_FILE=str(keys["ring"]), MEMQ_RETENTION_DAYS="0")
-        s.prefix = "memq:"  # the deployment's key names (the ACL grants them): a private server
-        try:
-            s.upgrade()
-            s.start_dispatcher(wait=True)
-            yield s
-        finally:
-            s.close()
+    with keyring_stack(tmp_path_factory.mktemp("deadblob"), acl["memq_url"], keys["ring"], "deadblob",
+                       worker=False, MEMQ_RETENTION_DAYS="0") as s:
+        yield s
 
 
 def _push(stack, acl, key_file, *args) -> list[str]:
     """`memq push --json` as a training job (the agent's Redis user); the sha256s it sent."""
-    env = dict(stack.env)
-    stack.env.pop("MEMQ_AGENT_KEY_FILE", None)
-    stack.env["MEMQ_REDIS_URL"] = acl["agent_url"]
-    if key_file is not None:
-        stack.env["MEMQ_AGENT_KEY_FILE"] = str(key_file)
-    try:
+    with as_training_job(stack, acl["agent_url"], key_file):
         return [s["sha256"] for s in stack.memq_json("push", *args)["snapshots"]]
-    finally:
-        stack.env = env
 
 
 def _on_disk(stack, sha: str) -> bool:

@@ -16,7 +16,7 @@ import pytest
 
 from memq import envelope, identity, redis_functions
 from tests.ops.acl_redis import acl_redis
-from tests.workers.stack import REAL, Stack, wait_for
+from tests.workers.stack import REAL, as_training_job, keyring_stack, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -48,34 +48,14 @@ def acl(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, acl, pg_server, keys):
-    from tests.conftest import temp_pg_database
-
-    with temp_pg_database("ident") as url:
-        # the deployment's key names (the ACL grants them): a private server, nothing else uses it
-        s = Stack(tmp_path_factory.mktemp("ident"), acl["memq_url"], url, MEMQ_KEY_PREFIX="memq:",
-                  MEMQ_STREAM="memq:ingest", MEMQ_DEAD_STREAM="memq:dead",
-                  MEMQ_AGENT_KEYRING_FILE=str(keys["ring"]))
-        s.prefix = "memq:"
-        try:
-            s.upgrade()
-            s.start_worker(concurrency=1)
-            s.start_dispatcher(wait=True)
-            yield s
-        finally:
-            s.close()
+    with keyring_stack(tmp_path_factory.mktemp("ident"), acl["memq_url"], keys["ring"], "ident", worker=True) as s:
+        yield s
 
 
 def _push(stack, acl, key_file, *args, check=True):
     """`memq push` as a training job: the agent's Redis user (XADD refused: the inbox), its own key."""
-    env = dict(stack.env)
-    stack.env.pop("MEMQ_AGENT_KEY_FILE", None)
-    stack.env["MEMQ_REDIS_URL"] = acl["agent_url"]
-    if key_file is not None:
-        stack.env["MEMQ_AGENT_KEY_FILE"] = str(key_file)
-    try:
+    with as_training_job(stack, acl["agent_url"], key_file):
         return stack.memq("push", *args, check=check)
-    finally:
-        stack.env = env
 
 
 def _inbox(acl, fields: dict) -> None:

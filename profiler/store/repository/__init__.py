@@ -51,6 +51,7 @@ from __future__ import annotations
 from memq.store.repository.analyses import (
     CONTRACT_KEYS,
     MAX_DETAILS_CHARS,
+    analysis_diagnosis,
     analysis_doc,
     context_key,
     contract_only,
@@ -109,7 +110,8 @@ from memq.store.repository.stats import STAT_BATCH_ROWS, STAT_COLUMNS, insert_st
 __all__ = [
     "CONTRACT_KEYS", "ClaimedSnapshot", "DEFAULT_LEASE_S", "DEFAULT_MAX_ATTEMPTS", "MAX_DETAILS_CHARS",
     "NewSnapshot", "RunMeta", "STAT_BATCH_ROWS", "STAT_COLUMNS", "_db_time", "_insert",
-    "analysis_doc", "claim_next", "claim_snapshot", "complete_snapshot", "context_key", "contract_only",
+    "analysis_diagnosis", "analysis_doc", "claim_next", "claim_snapshot", "complete_snapshot", "context_key",
+    "contract_only",
     "db_time", "dead_letter_row", "delete_run", "drop_digests_outside_window", "fail_snapshot", "fill_digest",
     "find_analysis", "found_analysis", "find_run_id", "forecast_summary", "insert_snapshot", "insert_stat_samples",
     "json_safe",

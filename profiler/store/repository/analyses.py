@@ -191,6 +191,12 @@ def max_present(*vals):
 # ------------------------------------------------------------------------------------- reads
 
 
+def analysis_diagnosis(session: Session, analysis_id: int) -> dict | None:
+    """The diagnosis of one stored analysis (its cause and evidence), read alone: not the whole result."""
+    return session.execute(select(AnalysisResult.result["diagnosis"]).where(AnalysisResult.id == analysis_id)
+                           ).scalar_one_or_none()
+
+
 def analysis_doc(session: Session, analysis_id: int) -> dict | None:
     """The stored result of one analysis, or None."""
     return session.execute(select(AnalysisResult.result).where(AnalysisResult.id == analysis_id)).scalar_one_or_none()
