@@ -18,13 +18,8 @@ import shutil
 from pathlib import Path
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("src", type=Path)
-    ap.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[2] / "tests" / "fixtures" /
-                    "fit_families")
-    args = ap.parse_args()
-    src, dest = args.src, args.dest
+def import_capture(src: Path, dest: Path) -> int:
+    """The fixture written from the capture in src; the bytes written."""
     summary = json.loads((src / "summary.json").read_text())
     for doc in summary.get("families", {}).values():
         for run in doc.get("runs", {}).values():
@@ -50,7 +45,17 @@ def main() -> None:
                 shutil.copyfileobj(fh, gz)
         if out.is_file():
             total += out.stat().st_size
-    print(f"{dest}: {total / 2**20:.1f} MiB")
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("src", type=Path)
+    ap.add_argument("--dest", type=Path, default=Path(__file__).resolve().parents[2] / "tests" / "fixtures" /
+                    "fit_families")
+    args = ap.parse_args()
+    total = import_capture(args.src, args.dest)
+    print(f"{args.dest}: {total / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":

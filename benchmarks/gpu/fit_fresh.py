@@ -10,13 +10,14 @@ loop, their agent and hand recordings, their step-1 dumps, their ladder and capp
 
 | family | what | precision | optimizer | base |
 |---|---|---|---|---|
-| effnet_se | EfficientNet-like: MBConv (expand, depthwise, squeeze-excite, SiLU), BatchNorm, 128 px | fp32 | SGD momentum | 32 images |
-| swin_bf16 | Swin-like: 7x7 windowed attention (shifted every other block), relative bias, patch merging | bf16 autocast | AdamW | 8 images |
-| t5_relpos | T5-like encoder-decoder (d 512, 4 + 4), bucketed relative position bias, RMSNorm | fp32 | AdamW | 16 x 128 |
-| whisper_enc | Whisper-like: 2 conv1d over 80 log-mel bins (stride 2), transformer encoder d 512 x 6 | bf16 autocast | AdamW | 8 x 800 frames |
-| gqa_lm | decoder LM: grouped-query attention (8 heads, 2 kv), SwiGLU, RMSNorm, RoPE, torch.compile | bf16 autocast | AdamW | 8 x 256 |
-| gnn_rec | message passing over 1M-node embedding table, gather + index_add per layer, degree mean | fp32 | Adam | 4 graphs x 1024 nodes |
-| vit_ckpt_bf16 | the ViT of vit_bf16 (d 512 x 8), activation checkpointing per block | bf16 autocast | AdamW | 16 images |
+| effnet_se | EfficientNet-like (MBConv: depthwise, squeeze-excite, SiLU), BN, 128 px | fp32 | SGD mom. | 32 |
+| swin_bf16 | Swin-like: 7x7 windows (shifted), relative bias, patch merging, 224 px | bf16 | AdamW | 8 |
+| t5_relpos | T5-like encoder-decoder (d 512, 4 + 4), bucketed relative bias, RMSNorm | fp32 | AdamW | 16 x 128 |
+| whisper_enc | Whisper-like: 2 conv1d over 80 mel bins (stride 2), encoder d 512 x 6 | bf16 | AdamW | 8 x 800 |
+| gqa_lm | decoder LM: GQA (8 heads, 2 kv), SwiGLU, RMSNorm, RoPE, torch.compile | bf16 | AdamW | 8 x 256 |
+| gnn_rec | 1M x 128 node table, 2 rounds gather + index_add, degree mean, link score | fp32 | Adam | 4 x 1024 |
+| vit_ckpt_bf16 | the ViT of vit_bf16 (d 512 x 8), activation checkpointing per block | bf16 | AdamW | 16 |
+(bf16: autocast; base: images, sequences x tokens (mel frames), or subgraphs x nodes)
 
 Per family (jobs in parallel, at most --parallel processes on the GPU; fit_families.Runner's order):
 the base shape recorded by the agent at its defaults (DIR/spools/FAM/defaults) and by hand (torch's
@@ -33,7 +34,6 @@ recordings and dumps copied from tests/fixtures (of other families: their number
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
