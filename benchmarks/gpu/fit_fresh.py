@@ -12,7 +12,7 @@ loop, their agent and hand recordings, their step-1 dumps, their ladder and capp
 |---|---|---|---|---|
 | effnet_se | EfficientNet-like (MBConv: depthwise, squeeze-excite, SiLU), BN, 128 px | fp32 | SGD mom. | 32 |
 | swin_bf16 | Swin-like: 7x7 windows (shifted), relative bias, patch merging, 224 px | bf16 | AdamW | 8 |
-| t5_relpos | T5-like encoder-decoder (d 512, 4 + 4), bucketed relative bias, RMSNorm | fp32 | AdamW | 16 x 128 |
+| t5_relpos | T5-like encoder-decoder (d 512, 4 + 4), bucketed relative bias, RMSNorm | fp32 | AdamW | 8 x 128 |
 | whisper_enc | Whisper-like: 2 conv1d over 80 mel bins (stride 2), encoder d 512 x 6 | bf16 | AdamW | 8 x 800 |
 | gqa_lm | decoder LM: GQA (8 heads, 2 kv), SwiGLU, RMSNorm, RoPE, torch.compile | bf16 | AdamW | 8 x 256 |
 | gnn_rec | 1M x 128 node table, 2 rounds gather + index_add, degree mean, link score | fp32 | Adam | 4 x 1024 |
@@ -52,7 +52,7 @@ GiB = 1 << 30
 FRESH = {
     "effnet_se": dict(batch=32, size=128, seq=False, bf16=False, ckpt=False, compile=False, opt="sgd_momentum"),
     "swin_bf16": dict(batch=8, size=224, seq=False, bf16=True, ckpt=False, compile=False, opt="adamw"),
-    "t5_relpos": dict(batch=16, size=128, seq=True, bf16=False, ckpt=False, compile=False, opt="adamw"),
+    "t5_relpos": dict(batch=8, size=128, seq=True, bf16=False, ckpt=False, compile=False, opt="adamw"),
     "whisper_enc": dict(batch=8, size=800, seq=True, bf16=True, ckpt=False, compile=False, opt="adamw"),
     "gqa_lm": dict(batch=8, size=256, seq=True, bf16=True, ckpt=False, compile=True, opt="adamw"),
     "gnn_rec": dict(batch=4, size=1024, seq=False, bf16=False, ckpt=False, compile=False, opt="adam"),
