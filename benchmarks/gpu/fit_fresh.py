@@ -11,12 +11,12 @@ loop, their agent and hand recordings, their step-1 dumps, their ladder and capp
 | family | what | precision | optimizer | base |
 |---|---|---|---|---|
 | effnet_se | EfficientNet-like (MBConv: depthwise, squeeze-excite, SiLU), BN, 128 px | fp32 | SGD mom. | 32 |
-| swin_bf16 | Swin-like: 7x7 windows (shifted), relative bias, patch merging, 224 px | bf16 | AdamW | 8 |
+| swin_bf16 | Swin-like: 7x7 windows (shifted), relative bias, patch merging, 224 px | bf16 | AdamW | 16 |
 | t5_relpos | T5-like encoder-decoder (d 512, 4 + 4), bucketed relative bias, RMSNorm | fp32 | AdamW | 8 x 128 |
-| whisper_enc | Whisper-like: 2 conv1d over 80 mel bins (stride 2), encoder d 512 x 6 | bf16 | AdamW | 8 x 800 |
+| whisper_enc | Whisper-like: 2 conv1d over 80 mel bins (stride 2), encoder d 512 x 6 | bf16 | AdamW | 16 x 800 |
 | gqa_lm | decoder LM: GQA (8 heads, 2 kv), SwiGLU, RMSNorm, RoPE, torch.compile | bf16 | AdamW | 8 x 256 |
 | gnn_rec | 1M x 128 node table, 2 rounds gather + index_add, degree mean, link score | fp32 | Adam | 4 x 1024 |
-| vit_ckpt_bf16 | the ViT of vit_bf16 (d 512 x 8), activation checkpointing per block | bf16 | AdamW | 16 |
+| vit_ckpt_bf16 | the ViT of vit_bf16 (d 512 x 8), activation checkpointing per block | bf16 | AdamW | 32 |
 (bf16: autocast; base: images, sequences x tokens (mel frames), or subgraphs x nodes)
 
 Per family (jobs in parallel, at most --parallel processes on the GPU; fit_families.Runner's order):
@@ -51,12 +51,12 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 GiB = 1 << 30
 FRESH = {
     "effnet_se": dict(batch=32, size=128, seq=False, bf16=False, ckpt=False, compile=False, opt="sgd_momentum"),
-    "swin_bf16": dict(batch=8, size=224, seq=False, bf16=True, ckpt=False, compile=False, opt="adamw"),
+    "swin_bf16": dict(batch=16, size=224, seq=False, bf16=True, ckpt=False, compile=False, opt="adamw"),
     "t5_relpos": dict(batch=8, size=128, seq=True, bf16=False, ckpt=False, compile=False, opt="adamw"),
-    "whisper_enc": dict(batch=8, size=800, seq=True, bf16=True, ckpt=False, compile=False, opt="adamw"),
+    "whisper_enc": dict(batch=16, size=800, seq=True, bf16=True, ckpt=False, compile=False, opt="adamw"),
     "gqa_lm": dict(batch=8, size=256, seq=True, bf16=True, ckpt=False, compile=True, opt="adamw"),
     "gnn_rec": dict(batch=4, size=1024, seq=False, bf16=False, ckpt=False, compile=False, opt="adam"),
-    "vit_ckpt_bf16": dict(batch=16, size=224, seq=False, bf16=True, ckpt=True, compile=False, opt="adamw"),
+    "vit_ckpt_bf16": dict(batch=32, size=224, seq=False, bf16=True, ckpt=True, compile=False, opt="adamw"),
 }
 SEEN = set(ff.FAMILIES) | {"cnn", "gpt_s", "gpt_m", "gpt_ckpt", "gpt_bf16"}
 assert not SEEN & set(FRESH), SEEN & set(FRESH)
@@ -180,6 +180,10 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
 
         return Swin()
 
+    def rotate(z, rope):
+        cos, sin = rope
+        return torch.cat([z[..., ::2] * cos - z[..., 1::2] * sin, z[..., ::2] * sin + z[..., 1::2] * cos], -1)
+
     class MHA(nn.Module):
         """Attention with an additive bias (T5) or grouped-query heads and rotary positions (the LM)."""
 
@@ -199,9 +203,7 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
             k = self.k(src).view(b, src.shape[1], self.kv, hd).transpose(1, 2)
             v = self.v(src).view(b, src.shape[1], self.kv, hd).transpose(1, 2)
             if rope is not None:
-                cos, sin = rope
-                q, k = (torch.cat([z[..., ::2] * cos - z[..., 1::2] * sin, z[..., ::2] * sin + z[..., 1::2] * cos], -1)
-                        .to(v.dtype) for z in (q, k))
+                q, k = rotate(q, rope).to(v.dtype), rotate(k, rope).to(v.dtype)
             if self.kv != self.h:
                 k, v = k.repeat_interleave(self.h // self.kv, 1), v.repeat_interleave(self.h // self.kv, 1)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
