@@ -7,6 +7,7 @@ uncompressed pickle, 0-7 tuning, 8-f held back.
 
     python benchmarks/composition_truth.py [--extra DIR]
     python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back]
+        (a `--set fresh` capture is held back whole: score it once, never tune on it)
         (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
         "+roles -cache" without the inference cache the job declared)
 
@@ -157,10 +158,19 @@ def _trace_peak_phase(snap, truth: dict) -> str | None:
     return GPU_PHASE.get(name, name)
 
 
+def gpu_half(job_dir: Path) -> str:
+    """The half a capture belongs to: the fresh set's (composition_capture.py --set fresh) is held back
+    whole, as it was made to judge what was tuned elsewhere; the others split by their pickle's sha256."""
+    spec = json.loads((job_dir / "truth.json").read_text()).get("spec") or {}
+    if spec.get("set") == "fresh":
+        return "held-back"
+    return "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
+
+
 def main_gpu(folder: Path, only_half: str | None = None) -> int:
     rows = []
     for job_dir in sorted(p for p in folder.iterdir() if (p / "truth.json").exists()):
-        half = "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
+        half = gpu_half(job_dir)
         if only_half and half != only_half:
             continue
         for roles, declared, tag in ((False, True, ""), (True, True, " +roles"), (True, False, " +roles -cache")):

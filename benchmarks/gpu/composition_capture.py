@@ -3,7 +3,9 @@ H200 where what every live byte is comes from the tensors themselves at the mome
 
     python3 benchmarks/gpu/composition_capture.py --out DIR [--only a,b] [--budget 190] [--parallel 6]
     python3 benchmarks/gpu/composition_capture.py --job NAME --out DIR     (one job; the parent runs these)
-    python3 benchmarks/gpu/composition_capture.py --list | --selftest      (no GPU)
+    python3 benchmarks/gpu/composition_capture.py --list [--set fresh] | --selftest   (no GPU)
+    python3 benchmarks/gpu/composition_capture.py --set fresh --out DIR --budget 150 --parallel 6
+        (the fresh judging set: FRESH_JOBS below; never tune on it)
 
 Every job trains (or serves) the same GPT (6 blocks of 1024, vocabulary 16,384, 109M parameters, AdamW
 unless said) in its own process, records allocator history as its spec says, and dumps one snapshot:
@@ -18,6 +20,14 @@ generation by the job's code or by a cache class, a cache grown by concatenation
 transformers' DynamicCache), beam search reordering it between tokens outside the model, and an
 evaluation loop with no cache that keeps every call's output; bf16, fp16 or fp32 weights (`dtype`). The
 job declares its cache to the agent (`memq.agent.roles.declare`), as a user would.
+
+The fresh set (`--set fresh`, FRESH_JOBS, names `fresh_*`) is for judging what was tuned on the set
+above, never for tuning: the same dumps, recordings and truth for other models (a CNN with BatchNorm, a
+smaller and a wider GPT, an encoder-decoder, a GPT with tied embeddings, a LoRA fine-tune whose base
+weights are frozen), other optimizers (SGD momentum, Adam, Adafactor, RMSprop, Adagrad), gradients kept
+as zeroed tensors between steps and gradient accumulation. Frozen weights are `parameter`s (live, no
+gradient); momentum, factored and accumulated-square buffers are `optimizer_state` (whatever
+`optimizer.state` holds); a `.grad` kept zeroed is a `gradient` wherever it is live.
 
 Truth, per job (DIR/<job>/truth.json), taken at the dump from the objects that own the memory:
 - `roles`: [address, nbytes, role] of every storage the job holds: parameter, buffer, gradient,
@@ -127,12 +137,94 @@ JOBS: dict[str, dict] = {
     # scores in a growing list (nothing kept across its calls is a cache)
     "infer_eval_bf16_py_start": J(dump="generate", record="start", stacks="python", infer=True, cache="none"),
 }
+# The fresh set (`--set fresh`): what the set above never varies, for judging only (never tuned on):
+# other models (`model`: a CNN with BatchNorm, an encoder-decoder, a LoRA fine-tune whose base weights
+# are frozen, a GPT whose output head is its embedding; `shape`: a smaller and a wider GPT), other
+# optimizers (SGD with momentum, Adam, Adafactor's factored state, RMSprop, Adagrad whose state is made
+# when the optimizer is), gradients kept as zeroed tensors between steps (`set_to_none` False), gradient
+# accumulation, and the same recording variants and dump points. Its truth.json says `set: fresh`.
+def _fresh(**kw) -> dict:
+    return dict(set="fresh", **kw)
+
+
+FRESH_JOBS: dict[str, dict] = {
+    # a CNN (BatchNorm: running statistics are buffers) with SGD momentum, on images
+    "fresh_cnn_sgd_step_py_start": _fresh(model="cnn", optimizer="sgd", dump="after_step", record="start",
+                                          stacks="python", batch=64),
+    "fresh_cnn_sgd_fwd_all_dumpstep": _fresh(model="cnn", optimizer="sgd", dump="after_forward",
+                                             record="dump_step", stacks="all", batch=64),
+    "fresh_cnn_sgd_keepgrad_bwd_none_start": _fresh(model="cnn", optimizer="sgd", dump="after_backward",
+                                                    record="start", stacks="none", batch=64,
+                                                    set_to_none=False),
+    "fresh_cnn_sgd_oom_bwd_py_start": _fresh(model="cnn", optimizer="sgd", dump="oom_backward", record="start",
+                                             stacks="python", batch=128),
+    "fresh_cnn_rmsprop_bf16_step_py_ring": _fresh(model="cnn", optimizer="rmsprop", dump="after_step",
+                                                  record="ring", stacks="python", batch=64, amp=True,
+                                                  max_entries=300),
+    # a smaller GPT
+    "fresh_small_adam_step_all_start": _fresh(shape="small", optimizer="adam", dump="after_step", record="start",
+                                              stacks="all"),
+    "fresh_small_adagrad_step_py_dumpstep": _fresh(shape="small", optimizer="adagrad", dump="after_step",
+                                                   record="dump_step", stacks="python"),
+    "fresh_small_adam_fwd_py_agent": _fresh(shape="small", optimizer="adam", dump="after_forward",
+                                            record="agent", stacks="python"),
+    "fresh_small_adam_keepgrad_fwd_py_start": _fresh(shape="small", optimizer="adam", dump="after_forward",
+                                                     record="start", stacks="python", set_to_none=False),
+    "fresh_small_adam_accum4_step_py_start": _fresh(shape="small", optimizer="adam", dump="after_step",
+                                                    record="start", stacks="python", accum=4),
+    "fresh_small_bf16_oom_fwd_all_start": _fresh(shape="small", dump="oom_forward", record="start",
+                                                 stacks="all", amp=True, batch=16),
+    "fresh_small_infer_dyn_bf16_py_start": _fresh(shape="small", dump="generate", record="start",
+                                                  stacks="python", infer=True, cache="dynamic"),
+    # a wider GPT (2048 wide, 3 blocks)
+    "fresh_wide_adafactor_step_py_start": _fresh(shape="wide", optimizer="adafactor", dump="after_step",
+                                                 record="start", stacks="python"),
+    "fresh_wide_adafactor_bwd_all_dumpstep": _fresh(shape="wide", optimizer="adafactor", dump="after_backward",
+                                                    record="dump_step", stacks="all"),
+    "fresh_wide_bf16_oom_bwd_py_ring": _fresh(shape="wide", optimizer="adam", dump="oom_backward", record="ring",
+                                              stacks="python", amp=True, batch=16, max_entries=600),
+    "fresh_wide_infer_static_bf16_all_loaded": _fresh(shape="wide", dump="generate", record="dump_step",
+                                                      stacks="all", infer=True, cache="static"),
+    "fresh_wide_adamw_fwd_off": _fresh(shape="wide", dump="after_forward", record="off", stacks="python"),
+    # an encoder-decoder (torch's nn.Transformer, 3 + 3 layers)
+    "fresh_encdec_adamw_step_py_start": _fresh(model="encdec", dump="after_step", record="start",
+                                               stacks="python"),
+    "fresh_encdec_bf16_fwd_none_dumpstep": _fresh(model="encdec", dump="after_forward", record="dump_step",
+                                                  stacks="none", amp=True),
+    "fresh_encdec_rmsprop_accum2_bwd_py_start": _fresh(model="encdec", optimizer="rmsprop", dump="after_backward",
+                                                       record="start", stacks="python", accum=2),
+    "fresh_encdec_oom_fwd_py_start": _fresh(model="encdec", dump="oom_forward", record="start", stacks="python",
+                                            batch=16),
+    # a GPT whose output head is its token embedding (one parameter, two uses)
+    "fresh_tied_adamw_step_py_start": _fresh(model="tied", dump="after_step", record="start", stacks="python"),
+    "fresh_tied_sgd_keepgrad_step_all_dumpstep": _fresh(model="tied", optimizer="sgd", dump="after_step",
+                                                        record="dump_step", stacks="all", set_to_none=False),
+    "fresh_tied_infer_static_fp16_py_start": _fresh(model="tied", dump="generate", record="start",
+                                                    stacks="python", infer=True, cache="static_class",
+                                                    dtype="fp16"),
+    "fresh_tied_infer_dyn_bf16_py_ring": _fresh(model="tied", dump="generate", record="ring", stacks="python",
+                                                infer=True, cache="dynamic", max_entries=1500),
+    # LoRA: the GPT's weights frozen (parameters without gradients), rank-16 adapters trained
+    "fresh_lora_adamw_step_py_start": _fresh(model="lora", dump="after_step", record="start", stacks="python"),
+    "fresh_lora_adamw_fwd_all_dumpstep": _fresh(model="lora", dump="after_forward", record="dump_step",
+                                                stacks="all"),
+    "fresh_lora_bf16_oom_bwd_py_start": _fresh(model="lora", dump="oom_backward", record="start",
+                                               stacks="python", amp=True, batch=32),
+    "fresh_lora_adamw_step_py_agent": _fresh(model="lora", dump="after_step", record="agent", stacks="python"),
+    "fresh_lora_adamw_step_off": _fresh(model="lora", dump="after_step", record="off", stacks="python"),
+}
+SETS = {"tuning": JOBS, "fresh": FRESH_JOBS}
+ALL_JOBS = {**JOBS, **FRESH_JOBS}
+# vocabulary, width, blocks, heads, tokens per sequence of the fresh set's GPT shapes and encoder-decoder
+SHAPE_DIMS = {"small": (8192, 512, 4, 8, 256), "wide": (16_384, 2048, 3, 16, 512),
+              "encdec": (8192, 512, 3, 8, 256)}
 DEFAULTS = dict(amp=False, compile=False, optimizer="adamw", dump_step=2, warm=2, batch=BATCH, accum=1,
-                max_entries=200_000, infer=False, cache="static", dtype="bf16")
+                max_entries=200_000, infer=False, cache="static", dtype="bf16", model="gpt", shape="base",
+                set_to_none=None, set="tuning")
 
 
 def spec_of(name: str) -> dict:
-    return {**DEFAULTS, **JOBS[name]}
+    return {**DEFAULTS, **ALL_JOBS[name]}
 
 
 # ----------------------------------------------------------------------------------------------- truth
@@ -204,6 +296,99 @@ def summarise(blocks: list) -> dict:
             "alloc_phase_bytes": ph}
 
 
+# --------------------------------------------------------------------------------- the fresh set's models
+def make_optimizer(torch, name: str, params: list):
+    """The job's optimizer over the parameters that train (a LoRA job's frozen weights are left out)."""
+    if name == "sgd":  # a momentum buffer per parameter, made at the first step
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4)
+    if name == "adafactor":  # factored second moment: a row and a column vector per matrix
+        return torch.optim.Adafactor(params, lr=1e-2)
+    if name == "rmsprop":  # square_avg and a momentum buffer
+        return torch.optim.RMSprop(params, lr=1e-4, momentum=0.9)
+    if name == "adagrad":  # its `sum` is made with the optimizer, before any step
+        return torch.optim.Adagrad(params, lr=1e-2)
+    return torch.optim.AdamW(params, lr=1e-4, fused=name == "adamw_fused")
+
+
+def lora_wrap(model, nn, rank: int) -> None:
+    """Freezes every weight of the GPT and adds a trained low-rank pair beside each linear layer of its
+    blocks (the base weights stay parameters: live, without gradients or optimizer state)."""
+    import torch
+
+    class LoRALinear(nn.Module):
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+            self.lora_a = nn.Parameter(torch.randn(rank, base.in_features) * 0.01)
+            self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+
+        def forward(self, x):
+            return self.base(x) + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for blk in model.blocks:
+        for name in ("qkv", "proj", "fc1", "fc2"):
+            setattr(blk, name, LoRALinear(getattr(blk, name)))
+
+
+def fresh_model(kind: str, torch, nn, F, dims: tuple, dev, batch: int, dry: bool):  # noqa: N803
+    """(model on dev, batch_of(step) -> (x, y), loss_of(fwd, x, y) -> (output, loss)) of the fresh set's
+    models that are not the GPT: `cnn` (conv, BatchNorm, ReLU; images) and `encdec` (nn.Transformer)."""
+    vocab, d, layers, heads, seq = dims
+    if kind == "cnn":
+        chans, img, classes = ((8, 16), 16, 10) if dry else ((64, 128, 256, 512), 64, 1000)
+
+        def conv_bn(i, o, stride):
+            return nn.Sequential(nn.Conv2d(i, o, 3, stride, 1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True))
+
+        mods = [conv_bn(3, chans[0], 1)]
+        for i, o in zip(chans[:-1], chans[1:], strict=True):
+            mods += [conv_bn(i, o, 2), conv_bn(o, o, 1)]
+        model = nn.Sequential(*mods, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(chans[-1], classes))
+
+        def batch_of(step: int):
+            g = torch.Generator(device="cpu").manual_seed(step)
+            return (torch.randn(batch, 3, img, img, generator=g).to(dev),
+                    torch.randint(0, classes, (batch,), generator=g).to(dev))
+
+        def loss_of(fwd, x, y):
+            out = fwd(x)
+            return out, F.cross_entropy(out.float(), y)
+
+        return model.to(dev), batch_of, loss_of
+    if kind == "encdec":
+        class EncDec(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.src_emb, self.tgt_emb = nn.Embedding(vocab, d), nn.Embedding(vocab, d)
+                self.pos = nn.Embedding(4096, d)
+                self.tf = nn.Transformer(d, heads, layers, layers, 4 * d, dropout=0.0, batch_first=True)
+                self.head = nn.Linear(d, vocab, bias=False)
+
+            def forward(self, src, tgt):
+                ps = self.pos(torch.arange(src.shape[1], device=src.device))
+                pt = self.pos(torch.arange(tgt.shape[1], device=tgt.device))
+                mask = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], device=tgt.device)
+                h = self.tf(self.src_emb(src) + ps, self.tgt_emb(tgt) + pt, tgt_mask=mask, tgt_is_causal=True)
+                return self.head(h)
+
+        def batch_of(step: int):
+            g = torch.Generator(device="cpu").manual_seed(step)
+            src = torch.randint(0, vocab, (batch, seq), generator=g).to(dev)
+            t = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(dev)
+            return (src, t[:, :-1].contiguous()), t[:, 1:].contiguous()
+
+        def loss_of(fwd, x, y):
+            out = fwd(*x)
+            return out, F.cross_entropy(out.float().view(-1, vocab), y.view(-1))
+
+        return EncDec().to(dev), batch_of, loss_of
+    raise ValueError(f"unknown model {kind}")
+
+
 # ------------------------------------------------------------------------------------------------- job
 def run_job(name: str, out: str) -> None:
     spec = spec_of(name)
@@ -226,7 +411,8 @@ def run_job(name: str, out: str) -> None:
         save_result()
         return
     cu = _DryCuda() if dry else _Cuda(torch)
-    VOCAB, D, LAYERS, HEADS, SEQ = DRY_DIMS if dry else FULL_DIMS  # noqa: N806
+    shape = "encdec" if spec["model"] == "encdec" else spec["shape"]
+    VOCAB, D, LAYERS, HEADS, SEQ = DRY_DIMS if dry else SHAPE_DIMS.get(shape, FULL_DIMS)  # noqa: N806
     dev = torch.device("cpu") if dry else torch.device("cuda", 0)
     result.update(torch=torch.__version__, device=cu.get_device_name(0),
                   total_memory=cu.get_device_properties(0).total_memory)
@@ -304,15 +490,33 @@ def run_job(name: str, out: str) -> None:
                 x = blk(x, c, pos)
             return self.head(self.lnf(x))
 
-    model = GPT().to(dev)
+    batch = spec["batch"]
+
+    def batch_of(step: int):
+        g = torch.Generator(device="cpu").manual_seed(step)
+        x = torch.randint(0, VOCAB, (batch, SEQ + 1), generator=g).to(dev)
+        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    def loss_of(fwd, x, y):
+        logits = fwd(x)
+        return logits, F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+
+    if spec["model"] in ("gpt", "tied", "lora"):
+        model = GPT()
+        if spec["model"] == "tied":
+            model.head.weight = model.emb.weight
+        elif spec["model"] == "lora":
+            lora_wrap(model, nn, 4 if dry else 16)
+        model = model.to(dev)
+    else:
+        model, batch_of, loss_of = fresh_model(spec["model"], torch, nn, F, (VOCAB, D, LAYERS, HEADS, SEQ),
+                                               dev, batch, dry)
     result["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = None
     if not spec["infer"]:
-        if spec["optimizer"] == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        else:
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=spec["optimizer"] == "adamw_fused")
+        opt = make_optimizer(torch, spec["optimizer"], [p for p in model.parameters() if p.requires_grad])
     fwd = torch.compile(model) if spec["compile"] else model
+    set_to_none = spec["accum"] == 1 if spec["set_to_none"] is None else spec["set_to_none"]
 
     boundaries: list = []  # [t_us, phase] of the dump step (and of generation)
     peaks: dict = {}
@@ -405,13 +609,6 @@ def run_job(name: str, out: str) -> None:
         dump(spec["dump"], oom={"alloc": int(alloc), "device_alloc": int(device_alloc),
                                 "device_free": int(device_free), "phase": cur["phase"]})
 
-    batch = spec["batch"]
-
-    def batch_of(step: int):
-        g = torch.Generator(device="cpu").manual_seed(step)
-        x = torch.randint(0, VOCAB, (batch, SEQ + 1), generator=g).to(dev)
-        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
-
     def train_step(step: int, is_dump: bool) -> None:
         cur["dump"] = is_dump
         if is_dump:
@@ -422,10 +619,10 @@ def run_job(name: str, out: str) -> None:
             del m
         boundaries.append([time.time() * 1e6, "zero_grad"])
         cur["phase"] = "zero_grad"
-        opt.zero_grad(set_to_none=spec["accum"] == 1)
+        opt.zero_grad(set_to_none=set_to_none)
         for micro in range(spec["accum"]):
             x, y = batch_of(step * 10 + micro)
-            extra[:] = [(weakref.ref(x), "input"), (weakref.ref(y), "input")]
+            extra[:] = [(weakref.ref(t), "input") for t in (*(x if isinstance(x, tuple) else (x,)), y)]
             last = micro == spec["accum"] - 1
             mark("forward")
             hooks = torch.autograd.graph.saved_tensors_hooks(
@@ -434,8 +631,8 @@ def run_job(name: str, out: str) -> None:
                 hooks.__enter__()
             try:
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=spec["amp"]):
-                    logits = fwd(x)
-                    loss = F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1)) / spec["accum"]
+                    logits, loss = loss_of(fwd, x, y)
+                    loss = loss / spec["accum"]
             finally:
                 if hooks is not None:
                     hooks.__exit__(None, None, None)
@@ -593,14 +790,13 @@ def run_job(name: str, out: str) -> None:
                                   warm_peak=peak)
                 if spec["dump"].startswith("oom") and step == dump_step - 1:
                     cu.synchronize()
-                    opt.zero_grad(set_to_none=True)
+                    opt.zero_grad(set_to_none=set_to_none)
                     cur["base"] = cu.memory_allocated(dev)
                     cu.reset_peak_memory_stats(dev)
                     x, y = batch_of(step)
                     mark("forward")
                     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=spec["amp"]):
-                        logits = fwd(x)
-                        loss = F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+                        logits, loss = loss_of(fwd, x, y)
                     cu.synchronize()
                     cur["fwd_end"] = cu.memory_allocated(dev)
                     mark("backward")
@@ -702,7 +898,7 @@ class Runner:
 
     def job(self, name: str) -> None:
         left = self.deadline - time.time()
-        if left < (40 if JOBS[name].get("compile") else 12):
+        if left < (40 if ALL_JOBS[name].get("compile") else 12):
             self.summary["jobs"][name] = {"outcome": "skipped: budget"}
             self.write()
             print(f"[skip] {name}: budget", flush=True)
@@ -756,20 +952,30 @@ def selftest() -> None:
     assert [b[4] for b in blocks] == ["forward", "before_trace", "backward", "before_trace"], blocks
     s = summarise(blocks)
     assert s["live_bytes"] == 512 + 512 + 1024 + 2048 and s["class_bytes"]["activations"] == 3072
-    for name in JOBS:
+    assert not set(JOBS) & set(FRESH_JOBS) and all(n.startswith("fresh_") for n in FRESH_JOBS)
+    assert set(CLASS_OF) == set(LABEL_ORDER)
+    for name in ALL_JOBS:
         sp = spec_of(name)
+        assert sp["set"] == ("fresh" if name in FRESH_JOBS else "tuning"), name
+        assert sp["model"] in ("gpt", "tied", "lora", "cnn", "encdec") and sp["shape"] in ("base", *SHAPE_DIMS)
+        assert sp["optimizer"] in ("adamw", "adamw_fused", "sgd", "adam", "adafactor", "rmsprop", "adagrad")
+        assert sp["set_to_none"] in (None, True, False), name
+        # the GPT's cache, beams and gradient hook are the only inference and in-backward code
+        assert not (sp["infer"] or sp["dump"] == "in_backward") or sp["model"] in ("gpt", "tied"), name
         assert sp["dump"] in ("after_step", "after_forward", "after_backward", "in_backward", "oom_forward",
                               "oom_backward", "generate"), name
         assert sp["record"] in ("start", "dump_step", "ring", "agent", "off"), name
         assert sp["stacks"] in ("python", "all", "none"), name
         assert sp["cache"] in ("static", "static_class", "dynamic", "beam", "none"), name
-    print(f"selftest ok ({len(JOBS)} jobs)")
+    print(f"selftest ok ({len(JOBS)} tuning jobs, {len(FRESH_JOBS)} fresh jobs)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", help="folder for everything this writes")
-    ap.add_argument("--only", default="", help="comma-separated job names (default: all)")
+    ap.add_argument("--only", default="", help="comma-separated job names (default: all of --set)")
+    ap.add_argument("--set", default="tuning", choices=tuple(SETS),
+                    help="tuning: the 33 jobs of one GPT; fresh: the judging set of other models and optimizers")
     ap.add_argument("--budget", type=float, default=190.0, help="seconds all jobs may take together")
     ap.add_argument("--parallel", type=int, default=6, help="jobs at once on the one GPU")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds one job may take")
@@ -778,8 +984,8 @@ def main() -> None:
     ap.add_argument("--selftest", action="store_true")
     args = ap.parse_args()
     if args.list:
-        for n in JOBS:
-            print(n, json.dumps(JOBS[n]))
+        for n in SETS[args.set]:
+            print(n, json.dumps(SETS[args.set][n]))
         return
     if args.selftest:
         selftest()
@@ -787,16 +993,16 @@ def main() -> None:
     if not args.out:
         ap.error("--out is required")
     if args.job:
-        if args.job not in JOBS:
+        if args.job not in ALL_JOBS:
             ap.error(f"unknown job {args.job}")
         run_job(args.job, args.out)
         return
-    names = [n for n in (args.only.split(",") if args.only else JOBS) if n]
-    bad = [n for n in names if n not in JOBS]
+    names = [n for n in (args.only.split(",") if args.only else SETS[args.set]) if n]
+    bad = [n for n in names if n not in ALL_JOBS]
     if bad:
         ap.error(f"unknown jobs: {', '.join(bad)}")
     # the slow ones (torch.compile) first, so that the short ones fill in behind them
-    names.sort(key=lambda n: not JOBS[n].get("compile"))
+    names.sort(key=lambda n: not ALL_JOBS[n].get("compile"))
     r = Runner(args.out, args.budget, args.timeout)
     r.write()
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as ex:
