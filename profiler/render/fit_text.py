@@ -30,8 +30,13 @@ def fits_word(v: bool | None) -> str:
     return {True: "yes", False: "no", None: "undetermined (the interval straddles the limit)"}[v]
 
 
-def answer_line(doc: dict) -> str:
-    """`memq fit` in one line: does the asked shape fit, with what headroom, and the largest that does."""
+CLI_LIMIT_HOW = "give --limit SIZE or --gpu NAME"
+WEB_LIMIT_HOW = "give a limit or a GPU"
+
+
+def answer_line(doc: dict, limit_how: str = CLI_LIMIT_HOW) -> str:
+    """`memq fit` in one line: does the asked shape fit, with what headroom, and the largest that does (the
+    same words on the terminal and the web page; `limit_how` says how each screen takes a limit)."""
     lim, shape = doc.get("limit_bytes"), _shape(doc)
     largest = ""
     for unit, name in (("batch", "batch"), ("seq", "sequence length")):
@@ -40,7 +45,7 @@ def answer_line(doc: dict) -> str:
             break
     if lim is None:
         return f"answer: {shape} needs about {fmt_bytes(doc['peak_bytes'])}; whether it fits is undetermined " \
-               "(no limit known: give --limit SIZE or --gpu NAME)"
+               f"(no limit known: {limit_how})"
     if doc["fits"] is True:
         room = doc.get("headroom_bytes")
         if room is not None and room < 0:  # over the limit uncapped, served under the cap
@@ -85,19 +90,23 @@ def render_fit(doc: dict) -> str:
     dom = doc.get("dominant") or []
     if dom:
         lines.append("  the peak: " + ", ".join(f"{d['kind']} {fmt_bytes(d['bytes'])} ({d['share']:.0%})" for d in dom))
-    meas = doc.get("measured") or {}
-    if meas.get("partial_step"):
-        lines.append(f"  modelled peak reserved {fmt_bytes(meas.get('peak_bytes'))} at the measured shape: the trace "
-                     f"holds the first step's {meas['partial_step']} only")
-    else:
-        lines.append(f"  measured peak reserved {fmt_bytes(meas.get('peak_bytes'))} over "
-                     f"{meas.get('optimizer_steps')} optimizer steps")
+    lines.append("  " + measured_line(doc))
     lines.append(f"basis: {doc['basis']}")
     for part in doc.get("inferred") or []:
         lines.append(f"inferred: {safe_text(part)}")
     for n in doc.get("notes") or []:
         lines.append(f"note: {n}")
     return "\n".join(lines) + "\n"
+
+
+def measured_line(doc: dict) -> str:
+    """What was measured: the recorded peak over whole steps, or the modelled one of a part of the first step."""
+    meas = doc.get("measured") or {}
+    if meas.get("partial_step"):
+        return (f"modelled peak reserved {fmt_bytes(meas.get('peak_bytes'))} at the measured shape: the trace "
+                f"holds the first step's {meas['partial_step']} only")
+    return (f"measured peak reserved {fmt_bytes(meas.get('peak_bytes'))} over {meas.get('optimizer_steps')} "
+            "optimizer steps")
 
 
 def own_fit_line(fit: dict | None) -> str | None:

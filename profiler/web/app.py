@@ -51,6 +51,7 @@ from memq.model import RUN_STATUSES
 from memq.pipeline.fit import fit_for_run
 from memq.pipeline.history import RunFilter, compare_runs, run_history, torch_versions
 from memq.playbook_doc import read_playbook, to_html
+from memq.render.fit_text import WEB_LIMIT_HOW, answer_line, measured_line
 from memq.report.html import render_html
 from memq.store.connection import open_store
 from memq.store.page_queries import (
@@ -343,7 +344,11 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         form = {k: q.get(k, "") for k in FIT_PARAMS}
         asked = any(q.get(k) for k in ("batch", "seq", "optimizer", "limit", "gpu"))
         doc = fit_doc(request) if q.get("run") else None
-        return HTMLResponse(render_page("fit.html", data=None, doc=doc, form=form, asked=asked, title="fit"))
+        # the terminal's sentences, said once (render/fit_text.py)
+        words = {"answer": answer_line(doc, WEB_LIMIT_HOW).removeprefix("answer: "),
+                 "measured": measured_line(doc)} if doc else {}
+        return HTMLResponse(render_page("fit.html", data=None, doc=doc, form=form, asked=asked, words=words,
+                                        title="fit"))
 
     def versions_doc(request: Request) -> dict:
         q = query(request)

@@ -101,6 +101,7 @@ class Server:
     url: str
     proc: subprocess.Popen
     log: Path
+    history: History | None = None  # what it serves, for a test that asks the CLI the same question
 
     def get(self, path: str, headers: dict[str, str] | None = None, method: str = "GET"):
         """(status, headers, body bytes); never raises on HTTP errors and never follows redirects."""
@@ -130,7 +131,7 @@ def _start(history: History, tmp: Path, token: str | None) -> Server:
     fh = open(log, "wb")
     proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level", "warning"],
                             cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    server = Server(f"http://127.0.0.1:{port}", proc, log, history)
 
     def up():
         if proc.poll() is not None:
@@ -187,6 +188,9 @@ def forecast_server(tmp_path_factory) -> Server:
     fit_cap = json.loads((fit_dir / "truth.json").read_text())["gpt_m"]["cap"]["cap_bytes"]
     h.cli("ingest", *map(str, gpt_m), "--run", "fit_m", "--cluster", "b", "--job", "gpt", "--limit", str(fit_cap),
           "--json")
+    # and a run whose only snapshot is a dump after the first backward (the H200 one-step set's lora_gpt)
+    dump = Path(__file__).resolve().parents[1] / "fixtures/fit_one_step/dumps/lora_gpt-dump.backward.pickle.gz"
+    h.cli("ingest", str(dump), "--run", "fit_partial", "--cluster", "b", "--job", "lora", "--limit", "4GiB", "--json")
     s = _start(h, tmp_path_factory.mktemp("serve_forecast"), None)
     yield s
     _stop(s)

@@ -389,6 +389,28 @@ def test_run_page_fit_form_predicts_the_batch(browser, forecast_server, tmp_path
     browser.clean()
 
 
+def test_fit_page_says_what_the_terminal_says_of_a_partial_step(browser, forecast_server, tmp_path):
+    """A run measured by one dump after the first backward: the /fit page gives `memq fit --run`'s answer,
+    its reason, what was measured (a modelled peak: part of a step) and every line the prediction inferred
+    (the optimizer state assumed, its temporaries, the steps added), in the terminal's words."""
+    browser.base = forecast_server.url
+    page = browser.open("/fit?run=fit_partial&batch=8&from_batch=4")
+    page.wait_for_selector("#fit-result")
+    lines = forecast_server.history.cli("fit", "--run", "fit_partial", "--batch", "8", "--from-batch", "4").splitlines()
+    answer = lines[0].removeprefix("answer: ")
+    assert page.text_content("#fit-answer").strip() == answer
+    inferred = [ln.removeprefix("inferred: ") for ln in lines if ln.startswith("inferred: ")]
+    assert len(inferred) == 3 and "optimizer state inferred from parameters for adamw (assumed" in inferred[0]
+    shown = [t.strip().removeprefix("inferred: ") for t in page.locator("#fit-inferred li").all_text_contents()]
+    assert shown == inferred
+    measured = next(ln.strip() for ln in lines if "modelled peak reserved" in ln)
+    assert measured in page.text_content("#fit-result")
+    reason = next(ln.strip() for ln in lines if ln.strip().startswith("because "))
+    assert page.text_content("#fit-reason").strip() == reason
+    assert_not_blank(shot(page, tmp_path / "fit-partial.png", full_page=True))
+    browser.clean()
+
+
 def test_run_page_draws_the_forecast(browser, forecast_server, tmp_path):
     """A running leak run: the forecast said once above the timeline, and its projection drawn from the
     last point up to the limit."""
