@@ -48,6 +48,8 @@ from memq.analysis.rules import (
     FORWARD_ONLY_MARGIN,
     MIDRUN_MARGIN,
     ONE_STEP_REPEATS,
+    REDUCE_SEMAPHORES_MAX,
+    REDUCE_STAGING_MAX,
     STATE_BLOCKS,
     STATE_INFER_TOLERANCE,
     STATE_MULTIPLE,
@@ -95,6 +97,7 @@ class Measured:
     partial: str | None = None  # a trace of part of the first step: what it holds (PARTIAL_*), the rest inferred
     optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
+    caps: dict = field(default_factory=dict)  # handle -> the most an input-sized block grows to (see _reduction_caps)
 
     @property
     def margin(self) -> float:
@@ -210,6 +213,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     _hold_weight_gradients(trace, kinds, size_of, ev_of, _weight_sizes(rep, kinds, size_of, grads))
+    caps = _reduction_caps(prog, kinds)
     _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
@@ -238,7 +242,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
                     recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
-                    step_ops=_step_ops(prog, rep.op_event, trace))
+                    step_ops=_step_ops(prog, rep.op_event, trace), caps=caps)
 
 
 
@@ -402,13 +406,14 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
                                 else "asked"))
     extra = len(out.ops) - len(prog.ops)
-    new_rep = replace(rep, program=out.program(), op_event=list(rep.op_event) + [-1] * extra,
+    new_prog = out.program()
+    new_rep = replace(rep, program=new_prog, op_event=list(rep.op_event) + [-1] * extra,
                       recorded_alloc_addr=list(rep.recorded_alloc_addr) + [None] * extra)
     param_bytes = sum(params)
     return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
                     cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
-                    partial=partial, optimizer_assumed=assumed)
+                    partial=partial, optimizer_assumed=assumed, caps=_reduction_caps(new_prog, out.kinds))
 
 
 def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:
@@ -757,6 +762,24 @@ def _hold_weight_gradients(trace, kinds, size_of, ev_of, weights: set[int]) -> N
             kinds[h] = GRAD_TEMP
 
 
+def _reduction_caps(prog, kinds) -> dict[int, int]:
+    """A CUDA reduction that sums across blocks (a bias's or a norm's gradient over the batch) allocates a
+    staging buffer and then its semaphores (one int per block of the grid: 12-500 bytes), frees the
+    semaphores and then the buffer, with nothing between: in any trace, with frames or without. The buffer
+    grows with the input until the reduction's grid fills the GPU, then stays: it scales, to
+    REDUCE_STAGING_MAX at most (the logits' sums of seq2seq and lstm_lm are there at every shape; read as
+    scaled, +9-11%)."""
+    caps = {}
+    ops, hid, size = prog.ops, prog.hid, prog.size
+    for i in range(len(ops) - 3):
+        if ops[i] != OP_ALLOC or ops[i + 1] != OP_ALLOC or ops[i + 2] != OP_FREE or ops[i + 3] != OP_FREE:
+            continue
+        h, sem = hid[i], hid[i + 1]
+        if hid[i + 2] == sem and hid[i + 3] == h and kinds[h] == INPUT and size[i + 1] <= REDUCE_SEMAPHORES_MAX:
+            caps[h] = REDUCE_STAGING_MAX
+    return caps
+
+
 def holds_cast_copies(share: float, told: bool) -> bool:
     """Are the half-size copies found autocast's (held at their size)? Yes when the agent or autocast's
     own frame said so, else when they cover CAST_COVERAGE of the weights' bytes."""
@@ -815,7 +838,7 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: fl
             continue
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
-            out.append(max(1, int(s * k)))
+            out.append(max(1, int(s * k)) if h not in m.caps else min(max(1, int(s * k)), max(s, m.caps[h])))
         elif kind == OPT_STATE and state_ratio != 1.0:
             out.append(max(1, int(s * state_ratio)))
         elif kind == OPT_TEMP and temp_ratio != 1.0:
