@@ -11,8 +11,10 @@ modelled, not guessed:
    parameters and optimizer state (by their frames, or allocated in optimizer code); gradients (freed
    in optimizer code: `zero_grad`); what is never freed in the trace (kept across steps); a
    gradient-sized temporary (no Python frames, autograd's thread, and exactly a gradient's size: the
-   second use of a tied weight sums into one); an autocast weight copy (see CAST_* below); a library
-   workspace (see WORKSPACE_* below); the rest is input-sized and scales.
+   second use of a tied weight sums into one; with C++ frames, a weight's gradient made in a matrix
+   product's precision); an autocast weight copy (see CAST_* below); a library workspace (see
+   WORKSPACE_* below); the rest is input-sized and scales (a reduction's staging buffer to
+   REDUCE_STAGING_MAX at most).
 2. Predict (`predict`): the program with input-sized sizes x k (k = batch / measured batch, times
    length / measured length), optimizer state x the new optimizer's state multiple over the old one;
    peak reserved from the model without a limit, peak allocated from the same sizes.

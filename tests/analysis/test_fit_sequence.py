@@ -21,8 +21,7 @@ from types import SimpleNamespace
 import pytest
 
 from memq.analysis import fit
-from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
-from memq.analysis.rules import RULES
+from memq.analysis.allocator_model import OP_ALLOC, Program
 from memq.load import load_snapshot_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,30 +125,3 @@ def test_vit_ckpt_at_8x_is_cudnns_choice():
     sim = fit._run(m, None, swapped, 1.0, stop_at_oom=False)
     assert sim.peak_reserved == fit.predict(base("vit_ckpt"), 8).peak_reserved
     assert err("vit_ckpt", "vit_ckpt-hand-b128", 8) == pytest.approx(-0.126, abs=1e-3)
-
-
-def _staging(sem: int) -> SimpleNamespace:
-    prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_FREE], hid=[0, 1, 1, 0], size=[64 << 20, sem, 0, 0],
-                   stream=[0] * 4, n_handles=2)
-    kinds = [fit.INPUT, fit.INPUT]
-    return SimpleNamespace(replay=SimpleNamespace(program=prog), kinds=kinds, caps=fit._reduction_caps(prog, kinds))
-
-
-def test_reduce_semaphores_max_just_under_and_over():
-    assert RULES["REDUCE_SEMAPHORES_MAX"].value == fit.REDUCE_SEMAPHORES_MAX == 1024
-    assert _staging(fit.REDUCE_SEMAPHORES_MAX).caps == {0: fit.REDUCE_STAGING_MAX}
-    assert _staging(fit.REDUCE_SEMAPHORES_MAX + 1).caps == {}
-
-
-def test_reduce_staging_max_just_under_and_over():
-    assert RULES["REDUCE_STAGING_MAX"].value == fit.REDUCE_STAGING_MAX == 138_412_032
-    m = _staging(48)
-    s = 64 << 20
-    under = (fit.REDUCE_STAGING_MAX - 1) / s
-    over = (fit.REDUCE_STAGING_MAX + 4096) / s
-    assert fit.scaled_sizes(m, under)[0] == int(s * under) < fit.REDUCE_STAGING_MAX
-    assert fit.scaled_sizes(m, over)[0] == fit.REDUCE_STAGING_MAX
-    assert fit.scaled_sizes(m, over)[1] == int(48 * over)  # the semaphores scale as read
-    # a buffer already past it at the measured shape is held at its size
-    m.replay.program.size[0] = fit.REDUCE_STAGING_MAX + 851_968  # seq2seq's 139,264,000
-    assert fit.scaled_sizes(m, 8.0)[0] == fit.REDUCE_STAGING_MAX + 851_968
