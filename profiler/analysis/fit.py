@@ -757,16 +757,10 @@ def _hold_weight_gradients(trace, kinds, size_of, ev_of, weights: set[int]) -> N
     precision), is held at its size, not scaled with the input (the checkpointed bf16 GPT's tied 32000 x
     512 head: 31 MiB at every batch, 125 MiB when scaled 4x, which moved the allocator's packing by 1 GiB).
     A product of two activations has a second operand of no weight's size: it scales."""
-    forward = {size_of[h] for h in range(len(kinds)) if kinds[h] == INPUT and ev_of[h] >= 0
-               and python_frames(trace[ev_of[h]].frames)}
-    cast = CAST_COPY in kinds
     for h in range(len(kinds)):
         if kinds[h] != INPUT or ev_of[h] < 0 or not (size_of[h] in weights or 2 * size_of[h] in weights):
             continue
-        frames = trace[ev_of[h]].frames or ()
-        if any(_WEIGHT_GRAD_FRAME.search(frame_name(f)) for f in frames):
-            kinds[h] = GRAD_TEMP
-        elif cast and 2 * size_of[h] in weights and size_of[h] not in forward and not python_frames(frames):
+        if any(_WEIGHT_GRAD_FRAME.search(frame_name(f)) for f in trace[ev_of[h]].frames or ()):
             kinds[h] = GRAD_TEMP
 
 
