@@ -11,8 +11,10 @@ modelled, not guessed:
    parameters and optimizer state (by their frames, or allocated in optimizer code); gradients (freed
    in optimizer code: `zero_grad`); what is never freed in the trace (kept across steps); a
    gradient-sized temporary (no Python frames, autograd's thread, and exactly a gradient's size: the
-   second use of a tied weight sums into one); an autocast weight copy (see CAST_* below); a library
-   workspace (see WORKSPACE_* below); the rest is input-sized and scales.
+   second use of a tied weight sums into one; with C++ frames, a weight's gradient made in a matrix
+   product's precision); an autocast weight copy (see CAST_* below); a library workspace (see
+   WORKSPACE_* below); the rest is input-sized and scales (a reduction's staging buffer to
+   REDUCE_STAGING_MAX at most).
 2. Predict (`predict`): the program with input-sized sizes x k (k = batch / measured batch, times
    length / measured length), optimizer state x the new optimizer's state multiple over the old one;
    peak reserved from the model without a limit, peak allocated from the same sizes.
@@ -48,6 +50,8 @@ from memq.analysis.rules import (
     FORWARD_ONLY_MARGIN,
     MIDRUN_MARGIN,
     ONE_STEP_REPEATS,
+    REDUCE_SEMAPHORES_MAX,
+    REDUCE_STAGING_MAX,
     STATE_BLOCKS,
     STATE_INFER_TOLERANCE,
     STATE_MULTIPLE,
@@ -95,6 +99,7 @@ class Measured:
     partial: str | None = None  # a trace of part of the first step: what it holds (PARTIAL_*), the rest inferred
     optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
+    caps: dict = field(default_factory=dict)  # handle -> the most an input-sized block grows to (see _reduction_caps)
 
     @property
     def margin(self) -> float:
@@ -209,6 +214,8 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     _scale_input_sized_workspaces(kinds, size_of)
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
+    _hold_weight_gradients(trace, kinds, size_of, ev_of, _weight_sizes(rep, kinds, size_of, grads))
+    caps = _reduction_caps(prog, kinds)
     _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
@@ -237,7 +244,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
                     recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
-                    step_ops=_step_ops(prog, rep.op_event, trace))
+                    step_ops=_step_ops(prog, rep.op_event, trace), caps=caps)
 
 
 
@@ -357,6 +364,8 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
         for g in grads:
             counts[size_of[g]] = counts.get(size_of[g], 0) + 1
         share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, counts, big, notes)
+    _hold_weight_gradients(trace, kinds, size_of, ev_of,
+                           _weight_sizes(rep, kinds, size_of, {size_of[g] for g in grads}) | param_sizes)
     partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
     named = recorded_optimizer(snap)
     opt = optimizer or named or "adamw"
@@ -399,13 +408,14 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
                                 else "asked"))
     extra = len(out.ops) - len(prog.ops)
-    new_rep = replace(rep, program=out.program(), op_event=list(rep.op_event) + [-1] * extra,
+    new_prog = out.program()
+    new_rep = replace(rep, program=new_prog, op_event=list(rep.op_event) + [-1] * extra,
                       recorded_alloc_addr=list(rep.recorded_alloc_addr) + [None] * extra)
     param_bytes = sum(params)
     return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
                     cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
-                    partial=partial, optimizer_assumed=assumed)
+                    partial=partial, optimizer_assumed=assumed, caps=_reduction_caps(new_prog, out.kinds))
 
 
 def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:
@@ -729,6 +739,49 @@ def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes
     return share
 
 
+# A matrix product's gradient for its second operand (torch's `mm_mat2_backward`: AddmmBackward0 and
+# MmBackward0 of a linear layer, whose second operand is the weight) is a weight's gradient, made in the
+# product's precision: under autocast half a float32 weight's gradient, then cast and summed into .grad.
+_WEIGHT_GRAD_FRAME = re.compile(r"\bmm_mat2_backward\b")
+
+
+def _weight_sizes(rep, kinds, size_of, grads) -> set[int]:
+    """The weights' sizes: the gradients', the parameters' made in the trace and of the blocks live before it."""
+    out = set(grads) | {size_of[h] for h in range(len(kinds)) if kinds[h] == PARAMETERS}
+    return out | {req for _a, _h, req, _s in rep.start_live}
+
+
+def _hold_weight_gradients(trace, kinds, size_of, ev_of, weights: set[int]) -> None:
+    """A trace with C++ frames (stacks="all") names where a weight's gradient is computed: what a matrix
+    product's backward makes for its second operand, of a weight's size or half of it (autocast's
+    precision), is held at its size, not scaled with the input (the checkpointed bf16 GPT's tied 32000 x
+    512 head: 31 MiB at every batch, 125 MiB when scaled 4x, which moved the allocator's packing by 1 GiB).
+    A product of two activations has a second operand of no weight's size: it scales."""
+    for h in range(len(kinds)):
+        if kinds[h] != INPUT or ev_of[h] < 0 or not (size_of[h] in weights or 2 * size_of[h] in weights):
+            continue
+        if any(_WEIGHT_GRAD_FRAME.search(frame_name(f)) for f in trace[ev_of[h]].frames or ()):
+            kinds[h] = GRAD_TEMP
+
+
+def _reduction_caps(prog, kinds) -> dict[int, int]:
+    """A CUDA reduction that sums across blocks (a bias's or a norm's gradient over the batch) allocates a
+    staging buffer and then its semaphores (one int per block of the grid: 12-500 bytes), frees the
+    semaphores and then the buffer, with nothing between: in any trace, with frames or without. The buffer
+    grows with the input until the reduction's grid fills the GPU, then stays: it scales, to
+    REDUCE_STAGING_MAX at most (the logits' sums of seq2seq and lstm_lm are there at every shape; read as
+    scaled, +9-11%)."""
+    caps = {}
+    ops, hid, size = prog.ops, prog.hid, prog.size
+    for i in range(len(ops) - 3):
+        if ops[i] != OP_ALLOC or ops[i + 1] != OP_ALLOC or ops[i + 2] != OP_FREE or ops[i + 3] != OP_FREE:
+            continue
+        h, sem = hid[i], hid[i + 1]
+        if hid[i + 2] == sem and hid[i + 3] == h and kinds[h] == INPUT and size[i + 1] <= REDUCE_SEMAPHORES_MAX:
+            caps[h] = REDUCE_STAGING_MAX
+    return caps
+
+
 def holds_cast_copies(share: float, told: bool) -> bool:
     """Are the half-size copies found autocast's (held at their size)? Yes when the agent or autocast's
     own frame said so, else when they cover CAST_COVERAGE of the weights' bytes."""
@@ -787,7 +840,7 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: fl
             continue
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
-            out.append(max(1, int(s * k)))
+            out.append(max(1, int(s * k)) if h not in m.caps else min(max(1, int(s * k)), max(s, m.caps[h])))
         elif kind == OPT_STATE and state_ratio != 1.0:
             out.append(max(1, int(s * state_ratio)))
         elif kind == OPT_TEMP and temp_ratio != 1.0:

@@ -333,6 +333,21 @@ WORKSPACE_NEAR = _rule(
     "(batches 8-64) the workspaces that recur at every batch are at least 32,105 bytes from any activation's "
     "size and the ones that change with the batch within 415; on the ResNet and the diffusion UNet of "
     "tests/fixtures/fit_families within 31-287 bytes (held, they made the ResNet 8-10% low)", "fit")
+REDUCE_STAGING_MAX = _rule(
+    "REDUCE_STAGING_MAX", 138_412_032, "bytes", "measured",
+    "a CUDA reduction's staging buffer (torch's gpu_reduce_kernel, for a sum across blocks: a bias's or a "
+    "norm's gradient summed over the batch) grows with the input until its grid fills the GPU, then stays: "
+    "138,412,032 bytes (512 per resident thread, 132 SMs x 2048) on an H200 (hand recordings at 2x-8x the "
+    "batch, tests/fixtures/fit_bighand: vit_ckpt's 39.3 MB at 16 images, 77.9 MB at 32, 138.4 MB at 64 and "
+    "128; seq2seq's and lstm_lm's logits' 139.3 MB, with the rounding of 16,000 outputs, at every batch "
+    "16-128 and length 128-512); scaled past it, seq2seq was 9-11% high", "fit")
+REDUCE_SEMAPHORES_MAX = _rule(
+    "REDUCE_SEMAPHORES_MAX", 1024, "bytes", "measured",
+    "a block allocated right after a larger one and freed before it with nothing between is a reduction's "
+    "semaphores (one int per block of its grid) when at most this size: 12-500 bytes under torch's "
+    "gpu_reduce_kernel in the hand recordings of seq2seq, lstm_lm, vit_ckpt and gpt_ckpt_bf16 "
+    "(tests/fixtures/fit_families, tests/fixtures/fit_bighand); the grid is at most a few hundred blocks "
+    "wide", "fit")
 STATE_INFER_TOLERANCE = _rule(
     "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
     "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "

@@ -632,6 +632,34 @@ def test_fit_reads_an_unnamed_optimizer_from_its_state_within_fifteen_percent():
     assert fit.infer_optimizer(int(g * 0.151), g) == (None, False)
 
 
+def _staging(sem: int, size: int = 64 * MiB):
+    from types import SimpleNamespace
+
+    from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
+
+    prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_FREE], hid=[0, 1, 1, 0], size=[size, sem, 0, 0],
+                   stream=[0] * 4, n_handles=2)
+    kinds = [fit.INPUT, fit.INPUT]
+    return SimpleNamespace(replay=SimpleNamespace(program=prog), kinds=kinds, caps=fit._reduction_caps(prog, kinds))
+
+
+@rule("REDUCE_SEMAPHORES_MAX")
+def test_fit_reads_a_block_and_its_1024_byte_semaphores_as_a_reduction_staging_buffer():
+    assert _staging(1024).caps == {0: fit.REDUCE_STAGING_MAX}
+    assert _staging(1025).caps == {}
+
+
+@rule("REDUCE_STAGING_MAX")
+def test_fit_scales_a_staging_buffer_to_138412032_bytes_at_most():
+    s = 64 * MiB
+    m = _staging(48, s)
+    under, over = (138_412_032 - 1) / s, (138_412_032 + 4096) / s
+    assert fit.scaled_sizes(m, under)[0] == int(s * under) == 138_412_031
+    assert fit.scaled_sizes(m, over)[0] == 138_412_032
+    held = _staging(48, 139_264_000)  # past it at the measured shape: held at its size
+    assert fit.scaled_sizes(held, 8.0)[0] == 139_264_000
+
+
 def test_every_rule_has_a_boundary_test():
     missing = sorted(set(rules.RULES) - _covered())
     assert missing == [], f"rules with no boundary test: {missing}"
