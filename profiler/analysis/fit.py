@@ -48,6 +48,7 @@ from memq.analysis.rules import (
     FORWARD_ONLY_MARGIN,
     MIDRUN_MARGIN,
     ONE_STEP_REPEATS,
+    REDUCE_BUFFER_CAP,
     STATE_BLOCKS,
     STATE_INFER_TOLERANCE,
     STATE_MULTIPLE,
@@ -60,10 +61,10 @@ from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
 from memq.model import Snapshot, frame_file, frame_line, frame_name
 
 # What an allocation holds (the composition of a predicted peak).
-PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE = range(9)
+PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE, REDUCE_BUFFER = range(10)
 KIND_NAMES = ("parameters", "gradients", "optimizer state", "optimizer step temporaries",
               "kept across steps", "gradient-sized temporaries", "autocast weight copies",
-              "input-sized (activations)", "library workspaces")
+              "input-sized (activations)", "library workspaces", "reduction buffers")
 SCALES_WITH_INPUT = (INPUT,)
 
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
@@ -206,7 +207,9 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
             kinds[h] = GRAD_TEMP
         elif is_workspace(size_of[h]):
             kinds[h] = WORKSPACE
+    _cxx_frame_kinds(trace, kinds, ev_of)
     _scale_input_sized_workspaces(kinds, size_of)
+    _mark_reduce_buffers(trace, kinds, ev_of)
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
@@ -352,6 +355,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     for h in step_handles:  # as `classify` reads a whole step: a frameless temporary of a gradient's size
         if not is_open[h] and kinds[h] == INPUT and size_of[h] in big and not python_frames(trace[ev_of[h]].frames):
             kinds[h] = GRAD_TEMP
+    _cxx_frame_kinds(trace, kinds, ev_of)
     if not share:  # autocast's copies, now that the gradients (or, of a forward alone, the parameters) are known
         counts: dict[int, int] = {}
         for g in grads:
@@ -627,6 +631,70 @@ def _scale_input_sized_workspaces(kinds: list[int], size_of: list[int]) -> None:
             kinds[h] = INPUT
 
 
+# C++ frames (a trace recorded with stacks="all") name what a frameless block of autograd's thread is.
+# An autograd node's frame; the helpers that compute a weight's gradient (a tied weight's second use sums
+# into a temporary of the weight's size) and an input's; the nodes whose output may be a weight's gradient
+# (an op with a weight, or one a weight passes through: a transpose, a dtype cast), read as before when the
+# helpers are not in the frames (inlined: no `_apply_functional` frame either).
+_AUTOGRAD_NODE = re.compile(r"(\w+?)Backward\d*(?:_apply_functional|::apply)")
+_WEIGHT_GRAD = re.compile(
+    r"mm_mat2_backward|backward_weight|embedding_(?:dense_)?backward|AccumulateGrad|InputBuffer::add")
+_INPUT_GRAD = re.compile(r"mm_mat1_backward|backward_input")
+_WEIGHT_NODES = frozenset({"Mm", "Addmm", "Bmm", "Baddbmm", "Convolution", "Embedding", "EmbeddingDense", "Linear",
+                           "Matmul", "T", "Transpose", "Permute", "ToCopy"})
+
+
+def _cxx_frame_kinds(trace, kinds: list[int], ev_of: list[int]) -> None:
+    """What C++ frames tell of a frameless block, where sizes alone misread it: a gradient-sized
+    temporary made by an autograd node for an activation's gradient (a VAE's 2 MiB activation gradients
+    match a 2 MiB weight's) scales with the input."""
+    for h, kind in enumerate(kinds):
+        if kind != GRAD_TEMP or ev_of[h] < 0:
+            continue
+        frames = trace[ev_of[h]].frames
+        if not frames or frame_file(frames[0]).endswith(".py"):
+            continue
+        names = [frame_name(f) for f in frames]
+        if activation_gradient(names):
+            kinds[h] = INPUT
+
+
+def activation_gradient(names: list[str]) -> bool:
+    """Do these C++ frame names show an autograd node computing an input's gradient (not a weight's)?"""
+    if any(_WEIGHT_GRAD.search(n) for n in names):
+        return False
+    if any(_INPUT_GRAD.search(n) for n in names):
+        return True
+    node = next((m.group(1) for n in names if (m := _AUTOGRAD_NODE.search(n))), None)
+    return node is not None and node not in _WEIGHT_NODES
+
+
+def _mark_reduce_buffers(trace, kinds: list[int], ev_of: list[int]) -> None:
+    """A reduction split over thread blocks (torch's gpu_reduce_kernel: a sum over the batch, such as the
+    engine's of a broadcast parameter's gradient) allocates its staging buffer, then its semaphores, and
+    frees them in the reverse order before anything else is requested: that pattern of four requests,
+    frames or none, marks the buffer (REDUCE_BUFFER_CAP says how it grows). Of 1,550 such buffers on the
+    stacks="all" recordings of tests/fixtures/fit_families and fit_one_step (the C++ frame naming the
+    reduction) the pattern finds every one; what else it finds is optimizer code's, left as it is."""
+    handle = {e: h for h, e in enumerate(ev_of) if e >= 0}
+    reqs = [i for i, ev in enumerate(trace) if ev.action in ("alloc", "free_requested")]
+    for x in range(len(reqs) - 3):
+        a, b, c, d = (trace[i] for i in reqs[x:x + 4])
+        if (a.action == b.action == "alloc" and c.action == d.action == "free_requested" and c.addr == b.addr
+                and d.addr == a.addr and b.size < a.size and a.size >= MIN_BYTES):
+            h = handle.get(reqs[x])
+            if h is not None and kinds[h] in (INPUT, GRAD_TEMP):
+                kinds[h] = REDUCE_BUFFER
+
+
+def reduce_buffer_size(size: int, k: float) -> int:
+    """A reduction's staging buffer at k x the input: it grows with the input up to REDUCE_BUFFER_CAP; one
+    at or over it already stays."""
+    if size >= REDUCE_BUFFER_CAP:
+        return size
+    return max(1, min(int(size * k), int(REDUCE_BUFFER_CAP)))
+
+
 def near_input(size: int, inputs: list[int]) -> bool:
     """Is `size` within WORKSPACE_NEAR bytes of one of `inputs` (sorted sizes of input-sized blocks)?"""
     j = bisect.bisect_left(inputs, size)
@@ -788,6 +856,8 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: fl
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
             out.append(max(1, int(s * k)))
+        elif kind == REDUCE_BUFFER:
+            out.append(reduce_buffer_size(s, k))
         elif kind == OPT_STATE and state_ratio != 1.0:
             out.append(max(1, int(s * state_ratio)))
         elif kind == OPT_TEMP and temp_ratio != 1.0:

@@ -623,6 +623,15 @@ def test_fit_scales_a_workspace_within_4096_bytes_of_an_activation():
     assert not fit.near_input(act + 4097, [act]) and not fit.near_input(act - 4097, [4 * MiB, act])
 
 
+@rule("REDUCE_BUFFER_CAP")
+def test_fit_grows_a_reduction_buffer_up_to_132_mib():
+    cap = 132 * MiB
+    assert fit.reduce_buffer_size(cap // 2 - 1, 2) == cap - 2  # just under: x k
+    assert fit.reduce_buffer_size(cap // 2 + 1, 2) == cap  # just over: the cap
+    assert fit.reduce_buffer_size(cap - 1, 8) == cap
+    assert fit.reduce_buffer_size(cap + 1, 8) == cap + 1  # over it already: held
+
+
 @rule("STATE_INFER_TOLERANCE")
 def test_fit_reads_an_unnamed_optimizer_from_its_state_within_fifteen_percent():
     g = 100 * MiB
