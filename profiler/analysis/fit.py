@@ -677,14 +677,19 @@ def _mark_reduce_buffers(trace, kinds: list[int], ev_of: list[int]) -> None:
     stacks="all" recordings of tests/fixtures/fit_families and fit_one_step (the C++ frame naming the
     reduction) the pattern finds every one; what else it finds is optimizer code's, left as it is."""
     handle = {e: h for h, e in enumerate(ev_of) if e >= 0}
-    reqs = [i for i, ev in enumerate(trace) if ev.action in ("alloc", "free_requested")]
-    for x in range(len(reqs) - 3):
-        a, b, c, d = (trace[i] for i in reqs[x:x + 4])
-        if (a.action == b.action == "alloc" and c.action == d.action == "free_requested" and c.addr == b.addr
-                and d.addr == a.addr and b.size < a.size and a.size >= MIN_BYTES):
-            h = handle.get(reqs[x])
-            if h is not None and kinds[h] in (INPUT, GRAD_TEMP):
-                kinds[h] = REDUCE_BUFFER
+    last: list[int] = []  # the last three requests' entries (a trace can hold millions: no list of all)
+    for i, d in enumerate(trace):
+        if d.action not in ("alloc", "free_requested"):
+            continue
+        if len(last) == 3:
+            a, b, c = (trace[j] for j in last)
+            if (a.action == b.action == "alloc" and c.action == d.action == "free_requested" and c.addr == b.addr
+                    and d.addr == a.addr and b.size < a.size and a.size >= MIN_BYTES):
+                h = handle.get(last[0])
+                if h is not None and kinds[h] in (INPUT, GRAD_TEMP):
+                    kinds[h] = REDUCE_BUFFER
+            last.pop(0)
+        last.append(i)
 
 
 def reduce_buffer_size(size: int, k: float) -> int:
