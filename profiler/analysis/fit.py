@@ -46,6 +46,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
     FORWARD_ONLY_MARGIN,
+    GRAD_TEMP_PER_GRADIENT,
     MIDRUN_MARGIN,
     ONE_STEP_REPEATS,
     REDUCE_BUFFER_CAP,
@@ -207,7 +208,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
             kinds[h] = GRAD_TEMP
         elif is_workspace(size_of[h]):
             kinds[h] = WORKSPACE
-    _cxx_frame_kinds(trace, kinds, ev_of)
+    _activation_gradients(trace, kinds, size_of, ev_of, grads)
     _scale_input_sized_workspaces(kinds, size_of)
     _mark_reduce_buffers(trace, kinds, ev_of)
     notes: list[str] = []
@@ -355,7 +356,10 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     for h in step_handles:  # as `classify` reads a whole step: a frameless temporary of a gradient's size
         if not is_open[h] and kinds[h] == INPUT and size_of[h] in big and not python_frames(trace[ev_of[h]].frames):
             kinds[h] = GRAD_TEMP
-    _cxx_frame_kinds(trace, kinds, ev_of)
+    step_grads: dict[int, int] = {}
+    for g in grads:
+        step_grads[size_of[g]] = step_grads.get(size_of[g], 0) + 1
+    _activation_gradients(trace, kinds, size_of, ev_of, step_grads)
     if not share:  # autocast's copies, now that the gradients (or, of a forward alone, the parameters) are known
         counts: dict[int, int] = {}
         for g in grads:
@@ -644,29 +648,45 @@ _WEIGHT_NODES = frozenset({"Mm", "Addmm", "Bmm", "Baddbmm", "Convolution", "Embe
                            "Matmul", "T", "Transpose", "Permute", "ToCopy"})
 
 
-def _cxx_frame_kinds(trace, kinds: list[int], ev_of: list[int]) -> None:
-    """What C++ frames tell of a frameless block, where sizes alone misread it: a gradient-sized
-    temporary made by an autograd node for an activation's gradient (a VAE's 2 MiB activation gradients
-    match a 2 MiB weight's) scales with the input."""
+def _activation_gradients(trace, kinds: list[int], size_of: list[int], ev_of: list[int], grads: dict) -> None:
+    """A gradient-sized temporary that is an activation's gradient of a coinciding size (a VAE's 2 MiB SiLU
+    gradients match a 2 MiB weight's) scales with the input. Told per block by its C++ frames where they say
+    (stacks="all": the autograd node computes an input's gradient, or a weight's); else by how many there
+    are: more than GRAD_TEMP_PER_GRADIENT x the gradients of that size or of twice it (a weight's gradient
+    in bfloat16, before its cast, is half its float32 one) cannot all be weights'. `grads`: size -> how many
+    gradients of that size the trace's optimizer steps freed."""
+    temps: dict[int, int] = {}
+    for h, kind in enumerate(kinds):
+        if kind == GRAD_TEMP:
+            temps[size_of[h]] = temps.get(size_of[h], 0) + 1
     for h, kind in enumerate(kinds):
         if kind != GRAD_TEMP or ev_of[h] < 0:
             continue
         frames = trace[ev_of[h]].frames
-        if not frames or frame_file(frames[0]).endswith(".py"):
-            continue
-        names = [frame_name(f) for f in frames]
-        if activation_gradient(names):
+        scales = activation_gradient([frame_name(f) for f in frames or ()])
+        if scales is None:
+            s = size_of[h]
+            scales = too_many_for_weights(temps[s], grads.get(s, 0) + grads.get(2 * s, 0))
+        if scales:
             kinds[h] = INPUT
 
 
-def activation_gradient(names: list[str]) -> bool:
-    """Do these C++ frame names show an autograd node computing an input's gradient (not a weight's)?"""
+def too_many_for_weights(temps: int, grads: int) -> bool:
+    """Are `temps` frameless temporaries of a gradient's size more than the weights of that size account
+    for (GRAD_TEMP_PER_GRADIENT each: a tied embedding's second use makes 2 a step for its 1 gradient)?"""
+    return temps > GRAD_TEMP_PER_GRADIENT * grads
+
+
+def activation_gradient(names: list[str]) -> bool | None:
+    """Do these C++ frame names show an autograd node computing an input's gradient (True) or a weight's
+    (False)? None when they do not say: no node (Python frames only), or a node of an op with a weight whose
+    helper frames were inlined away (which operand, unknown)."""
     if any(_WEIGHT_GRAD.search(n) for n in names):
         return False
     if any(_INPUT_GRAD.search(n) for n in names):
         return True
     node = next((m.group(1) for n in names if (m := _AUTOGRAD_NODE.search(n))), None)
-    return node is not None and node not in _WEIGHT_NODES
+    return None if node is None or node in _WEIGHT_NODES else True
 
 
 def _mark_reduce_buffers(trace, kinds: list[int], ev_of: list[int]) -> None:

@@ -340,6 +340,14 @@ REDUCE_BUFFER_CAP = _rule(
     "stays: on one H200 (132 SMs) the 24-49 MiB buffers of ConvNeXt, the MLP-Mixer and the seq2seq model are "
     "138,412,032 bytes (132.0 MiB) at 4x and 8x, linear below it; a 132.8 MiB one (seq2seq, the LSTM) is "
     "the same at 1x-8x (hand recordings at 2x-8x, tests/fixtures/fit_one_step/big)", "fit")
+GRAD_TEMP_PER_GRADIENT = _rule(
+    "GRAD_TEMP_PER_GRADIENT", 2, "x the gradients of that size", "measured",
+    "frameless temporaries of a gradient's size (or half of one: bfloat16) are weights' gradient temporaries, "
+    "held, up to this many per gradient of that size or twice it; more are activation gradients of a "
+    "coinciding size and scale: held ones 0.1-1.0 per gradient on ConvNeXt, the UNet, ViT under bf16 and the "
+    "seq2seq model's 1 MiB ones, 2.0 on the tied-embedding GPT of tests/fixtures/fit (gpt_m); activation "
+    "gradients 2.7-37 per gradient on the VAE, the ResNet and the seq2seq model (their C++ frames name the "
+    "autograd node, and the real 2x-8x runs scale them)", "fit")
 STATE_INFER_TOLERANCE = _rule(
     "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
     "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "

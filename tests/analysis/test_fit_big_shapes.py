@@ -92,9 +92,23 @@ def test_activation_gradients_scale_and_weight_gradients_temporaries_do_not():
         assert m.steps == steps and len(grads) == 15 * steps  # 15 a step at 2 MiB; the same 15 at 8 MiB at 4x
     cnx = measured(ONE / "hand" / "convnext_ln.pickle.gz")
     held = frames_of(cnx, snap(ONE / "hand" / "convnext_ln.pickle.gz"), fit.GRAD_TEMP)
-    assert len(held) == 102 and all(not fit.activation_gradient(names) for names in held)
+    assert len(held) == 102 and all(fit.activation_gradient(names) is False for names in held)
     real = sizes(measured(BIG / "convnext_ln-hand-b128.pickle.gz"), fit.GRAD_TEMP)
     assert set(sizes(cnx, fit.GRAD_TEMP)) <= set(real)
+
+
+def test_without_cxx_frames_their_number_tells_them():
+    """The agent's recordings (Python frames: the engine's blocks have none) read the same by count: the
+    ResNet's BN/ReLU gradients (15-31 a step for 1-7 gradients of their size) scale, as the hand recording's
+    C++ frames say; the tied-embedding GPT's 2 a step for its one gradient stay held (tests/fixtures/fit)."""
+    from tests.analysis.test_fit import measured as inhouse
+    from tests.analysis.test_fit_families import recordings
+
+    agent = recordings("resnet_bn")["agent"]
+    assert fit.GRAD_TEMP not in agent.kinds and fit.GRAD_TEMP not in recordings("resnet_bn")["hand"].kinds
+    gpt_m = inhouse("gpt_m")
+    held = [h for h, kind in enumerate(gpt_m.kinds) if kind == fit.GRAD_TEMP]
+    assert len(held) == 2 * gpt_m.steps
 
 
 def test_activation_gradient_reads_the_frames():
@@ -102,12 +116,12 @@ def test_activation_gradient_reads_the_frames():
     assert fit.activation_gradient([node.format("SiluBackward0")])
     assert fit.activation_gradient(["at::native::cudnn_convolution_backward_input(...)",
                                     node.format("ConvolutionBackward0")])
-    assert not fit.activation_gradient([node.format("ConvolutionBackward0")])  # which operand: unknown
-    assert not fit.activation_gradient(["torch::autograd::generated::details::mm_mat2_backward(...)",
-                                        node.format("AddmmBackward0")])
+    assert fit.activation_gradient([node.format("ConvolutionBackward0")]) is None  # which operand: unknown
+    assert fit.activation_gradient(["torch::autograd::generated::details::mm_mat2_backward(...)",
+                                    node.format("AddmmBackward0")]) is False
     assert fit.activation_gradient(["torch::autograd::generated::details::mm_mat1_backward(...)",
                                     node.format("AddmmBackward0")])
-    assert not fit.activation_gradient(["at::native::empty_cuda(...)"])  # no node: held as before
+    assert fit.activation_gradient(["at::native::empty_cuda(...)"]) is None  # no node: by their number
 
 
 def test_the_new_families_predictions():

@@ -102,11 +102,10 @@ def test_known_misses_on_the_tuning_half():
     # reductions over the batch, 16-32 MiB at 16 sequences, stop at REDUCE_BUFFER_CAP, and the 133 MiB one of
     # the logits' backward, over it already, stays; the 8 MiB ones were read as gradient-sized and held)
     assert all(abs(e) < 0.001 for src in ("agent", "hand") for e in errors("seq2seq", src).values())
-    # ResNet with BN: 2-5% low, with its activation-sized workspaces scaled (held, it was 8-10% low); the
-    # hand recording's C++ frames tell its BN and ReLU backward's activation gradients (2-8 MiB, a gradient's
-    # size) from weight gradients: they scale (-4.4%, -4.2%, -1.8%)
-    assert all(-0.051 <= e <= -0.021 for e in errors("resnet_bn").values())
-    assert all(-0.045 <= e <= -0.017 for e in errors("resnet_bn", "hand").values())
+    # ResNet with BN: 2-5% low, with its activation-sized workspaces scaled (held, it was 8-10% low); its BN
+    # and ReLU backward's activation gradients (1-8 MiB, a gradient's size: 15-31 a step for 1-7 gradients
+    # of that size) now scale (-5.0/-4.8/-2.2% before; -4.6/-4.2/-1.8% now, from either recording)
+    assert all(-0.047 <= e <= -0.017 for src in ("agent", "hand") for e in errors("resnet_bn", src).values())
     assert rows("resnet_bn")["largest"]["real_range"] == (109, 127)  # the capture's bisection stopped there
 
 
@@ -120,8 +119,9 @@ def test_resnet_workspaces_held_were_the_miss(monkeypatch):
     monkeypatch.setattr(fit, "WORKSPACE_NEAR", -1)  # no workspace is near an activation: all held
     held = fit.classify(snap)
     assert held.kinds.count(fit.WORKSPACE) > m.kinds.count(fit.WORKSPACE)
-    assert (fit.predict(held, 2).peak_reserved - real) / real == pytest.approx(-0.098, abs=0.002)
-    assert (fit.predict(m, 2).peak_reserved - real) / real == pytest.approx(-0.050, abs=0.002)
+    # -0.098 and -0.050 before its activation gradients of a gradient's size scaled (GRAD_TEMP_PER_GRADIENT)
+    assert (fit.predict(held, 2).peak_reserved - real) / real == pytest.approx(-0.094, abs=0.002)
+    assert (fit.predict(m, 2).peak_reserved - real) / real == pytest.approx(-0.046, abs=0.002)
 
 
 def test_the_held_back_half_as_it_is():
@@ -147,9 +147,6 @@ def test_agent_and_hand_recordings_agree():
     stacks="all" names the adapters' small copies: 0.4% apart at 8x); within 1.2% on the held-back half
     (the compiled GPT: its hand recording sees 1.15% more at 4x)."""
     for fam in TUNING:
-        # ResNet: the hand recording's C++ frames tell the BN/ReLU backward's activation gradients of a
-        # gradient's size (scaled) from weight gradients; the agent's Python frames cannot (held): 0.6% apart
-        tol = {"lora_gpt": 0.005, "resnet_bn": 0.007}.get(fam, 2e-3)
-        assert errors(fam) == pytest.approx(errors(fam, "hand"), abs=tol), fam
+        assert errors(fam) == pytest.approx(errors(fam, "hand"), abs=0.005 if fam == "lora_gpt" else 2e-3), fam
     worst = max(abs(s["agent"] - s["hand"]) / s["hand"] for fam in HELD_BACK for s in rows(fam)["shapes"])
     assert 0.011 < worst < 0.012

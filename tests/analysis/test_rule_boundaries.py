@@ -632,6 +632,13 @@ def test_fit_grows_a_reduction_buffer_up_to_132_mib():
     assert fit.reduce_buffer_size(cap + 1, 8) == cap + 1  # over it already: held
 
 
+@rule("GRAD_TEMP_PER_GRADIENT")
+def test_fit_holds_up_to_two_gradient_sized_temporaries_per_gradient():
+    assert not fit.too_many_for_weights(6, 3)  # the tied-embedding GPT: 2 a step for its 1 gradient, 3 steps
+    assert fit.too_many_for_weights(7, 3)
+    assert fit.too_many_for_weights(1, 0)  # no gradient of that size (nor twice it) at all
+
+
 @rule("STATE_INFER_TOLERANCE")
 def test_fit_reads_an_unnamed_optimizer_from_its_state_within_fifteen_percent():
     g = 100 * MiB
