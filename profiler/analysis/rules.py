@@ -340,7 +340,9 @@ REDUCE_STAGING_MAX = _rule(
     "138,412,032 bytes (512 per resident thread, 132 SMs x 2048) on an H200 (hand recordings at 2x-8x the "
     "batch, tests/fixtures/fit_bighand: vit_ckpt's 39.3 MB at 16 images, 77.9 MB at 32, 138.4 MB at 64 and "
     "128; seq2seq's and lstm_lm's logits' 139.3 MB, with the rounding of 16,000 outputs, at every batch "
-    "16-128 and length 128-512); scaled past it, seq2seq was 9-11% high", "fit")
+    "16-128 and length 128-512; ConvNeXt's, the MLP-Mixer's and the seq2seq model's 24-49 MiB buffers are "
+    "this size at 4x and 8x, linear below it, tests/fixtures/fit_one_step/big); scaled past it, seq2seq was "
+    "9-11% high", "fit")
 REDUCE_SEMAPHORES_MAX = _rule(
     "REDUCE_SEMAPHORES_MAX", 1024, "bytes", "measured",
     "a block allocated right after a larger one and freed before it with nothing between is a reduction's "
@@ -348,6 +350,14 @@ REDUCE_SEMAPHORES_MAX = _rule(
     "gpu_reduce_kernel in the hand recordings of seq2seq, lstm_lm, vit_ckpt and gpt_ckpt_bf16 "
     "(tests/fixtures/fit_families, tests/fixtures/fit_bighand); the grid is at most a few hundred blocks "
     "wide", "fit")
+GRAD_TEMP_PER_GRADIENT = _rule(
+    "GRAD_TEMP_PER_GRADIENT", 2, "x the gradients of that size", "measured",
+    "frameless temporaries of a gradient's size (or half of one: bfloat16) are weights' gradient temporaries, "
+    "held, up to this many per gradient of that size or twice it; more are activation gradients of a "
+    "coinciding size and scale: held ones 0.1-1.0 per gradient on ConvNeXt, the UNet, ViT under bf16 and the "
+    "seq2seq model's 1 MiB ones, 2.0 on the tied-embedding GPT of tests/fixtures/fit (gpt_m); activation "
+    "gradients 2.7-37 per gradient on the VAE, the ResNet and the seq2seq model (their C++ frames name the "
+    "autograd node, and the real 2x-8x runs scale them)", "fit")
 STATE_INFER_TOLERANCE = _rule(
     "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
     "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "

@@ -623,6 +623,13 @@ def test_fit_scales_a_workspace_within_4096_bytes_of_an_activation():
     assert not fit.near_input(act + 4097, [act]) and not fit.near_input(act - 4097, [4 * MiB, act])
 
 
+@rule("GRAD_TEMP_PER_GRADIENT")
+def test_fit_holds_up_to_two_gradient_sized_temporaries_per_gradient():
+    assert not fit.too_many_for_weights(6, 3)  # the tied-embedding GPT: 2 a step for its 1 gradient, 3 steps
+    assert fit.too_many_for_weights(7, 3)
+    assert fit.too_many_for_weights(1, 0)  # no gradient of that size (nor twice it) at all
+
+
 @rule("STATE_INFER_TOLERANCE")
 def test_fit_reads_an_unnamed_optimizer_from_its_state_within_fifteen_percent():
     g = 100 * MiB
@@ -639,14 +646,18 @@ def _staging(sem: int, size: int = 64 * MiB):
 
     prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_FREE], hid=[0, 1, 1, 0], size=[size, sem, 0, 0],
                    stream=[0] * 4, n_handles=2)
+    trace = [SimpleNamespace(action=a, addr=addr, size=sz, frames=[]) for a, addr, sz in
+             (("alloc", 1 << 20, size), ("alloc", 1 << 40, sem), ("free_requested", 1 << 40, sem),
+              ("free_requested", 1 << 20, size))]
     kinds = [fit.INPUT, fit.INPUT]
-    return SimpleNamespace(replay=SimpleNamespace(program=prog), kinds=kinds, caps=fit._reduction_caps(prog, kinds))
+    fit._mark_reduce_buffers(trace, kinds, [0, 1])
+    return SimpleNamespace(replay=SimpleNamespace(program=prog), kinds=kinds)
 
 
 @rule("REDUCE_SEMAPHORES_MAX")
 def test_fit_reads_a_block_and_its_1024_byte_semaphores_as_a_reduction_staging_buffer():
-    assert _staging(1024).caps == {0: fit.REDUCE_STAGING_MAX}
-    assert _staging(1025).caps == {}
+    assert _staging(1024).kinds == [fit.REDUCE_BUFFER, fit.INPUT]
+    assert _staging(1025).kinds == [fit.INPUT, fit.INPUT]
 
 
 @rule("REDUCE_STAGING_MAX")
@@ -658,6 +669,8 @@ def test_fit_scales_a_staging_buffer_to_138412032_bytes_at_most():
     assert fit.scaled_sizes(m, over)[0] == 138_412_032
     held = _staging(48, 139_264_000)  # past it at the measured shape: held at its size
     assert fit.scaled_sizes(held, 8.0)[0] == 139_264_000
+    assert fit.reduce_buffer_size(138_412_032 - 1, 8) == 138_412_032
+    assert fit.reduce_buffer_size(138_412_032 + 1, 8) == 138_412_032 + 1
 
 
 def test_every_rule_has_a_boundary_test():
