@@ -160,6 +160,13 @@ CACHE_MIN_BLOCKS = _rule(
     "per layer: 12-24 in every inference capture of benchmarks/gpu/composition_capture.py), kept across a "
     "forward call and no more of them at the end than at every call's start; a prompt, the generated "
     "tokens and the beam scores are one block of their site", "provenance")
+UNTRACED_MODEL_MIN_SEGMENTS = _rule(
+    "UNTRACED_MODEL_MIN_SEGMENTS", 4, "count", "judgement",
+    "with no allocation history and no optimizer state to read the model by, its weights are the blocks "
+    "down to the end of the first run, from the top of the address space, of at least four large segments "
+    "back to back (a model loads one segment per weight, one after another: 17 in the inference captures "
+    "of tests/fixtures/composition_h200; a step's activations reuse freed segments and leave runs of 1-3 "
+    "above them there)", "provenance (untraced)")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "
