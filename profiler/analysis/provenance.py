@@ -191,7 +191,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None
                                     and tensor_size(b) not in state_sized
                                     and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)],
-                                   _sharing(snap))
+                                   _inside_segment(snap))
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
     sites: set = set()
@@ -582,25 +582,30 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) 
     return out
 
 
-def _sharing(snap: Snapshot) -> set:
-    """Addresses of the live blocks that share their segment with another live block."""
+def _inside_segment(snap: Snapshot) -> set:
+    """Addresses of the live frameless blocks that do not start their segment, or share it with another
+    live frameless block."""
     out = set()
     for seg in snap.segments:
-        live = [b.address for b in seg.blocks if b.is_live]
-        if len(live) > 1:
-            out.update(live)
+        bare = [b.address for b in seg.blocks if b.is_live and not b.frames]
+        if len(bare) > 1:
+            out.update(bare)
+        elif bare and bare[0] != seg.address:
+            out.add(bare[0])
     return out
 
 
-def _workspace_blocks(frameless: list, sharing: set = frozenset()) -> set:
+def _workspace_blocks(frameless: list, inside: set = frozenset()) -> set:
     """Addresses of the frameless blocks that are cuBLAS workspaces by their size: only where that size
     comes in no more blocks than CUBLAS_WORKSPACE_MAX_BLOCKS (a handle per thread and stream); more are
-    tensors of that shape. A block that shares its segment with another live block is not one: every
-    workspace of the 33 captures of benchmarks/gpu/composition_capture.py (66) is its segment's only
-    block, while a weight of that size loaded beside others shares one (the inference captures)."""
+    tensors of that shape. A block that does not start its segment, or shares it with another frameless
+    block, is not one: every workspace of the 33 captures of benchmarks/gpu/composition_capture.py (66)
+    and of tests/fixtures/real starts its segment, alone or beside framed blocks only (made once per
+    handle, from a fresh or a whole cached segment), while a weight of that size loaded beside other
+    weights (the inference captures) or a step's activation beside others (the OOM captures) shares one."""
     out = set()
     for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
-        same = [b.address for b in frameless if tensor_size(b) == size and b.address not in sharing]
+        same = [b.address for b in frameless if tensor_size(b) == size and b.address not in inside]
         if 0 < len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
             out.update(same)
     return out

@@ -153,6 +153,14 @@ def _synthetic(live: list[tuple[int, int, list]], trace: list) -> Snapshot:
     return Snapshot([seg], [trace], AllocatorSettings(), "2.3+")
 
 
+def _own_segments(live: list[tuple[int, int, list]], trace: list) -> Snapshot:
+    """Each of `live` [(address, size, frames)] the first block of its own segment, a free block after it."""
+    segs = [Segment(0, a, n + 2 * MiB, 0, "large", (0, 0), False,
+                    [Block(a, n, n, ACTIVE_ALLOCATED, f), Block(a + n, 2 * MiB, 0, INACTIVE, [])], [])
+            for a, n, f in live]
+    return Snapshot(segs, [trace], AllocatorSettings(), "2.3+")
+
+
 FWD = [{"filename": "/x/torch/nn/modules/linear.py", "name": "forward", "line": 1}]
 
 
@@ -184,8 +192,9 @@ def test_a_trace_that_frees_what_it_did_not_allocate_does_not_cover_the_step_sta
 @rule("CUBLAS_WORKSPACE_BYTES", "CUBLAS_WORKSPACE_OLD_BYTES", "CUBLAS_WORKSPACE_MAX_BLOCKS")
 def test_a_frameless_block_the_size_of_a_cublas_workspace_is_a_workspace():
     """Older than a trace that did not start at the step's start (it frees blocks it never made), with no
-    frames: 32 MiB or 8.125 MiB blocks are cuBLAS workspaces, up to four of them; 512 bytes more, or a
-    fifth of that size (tensors of that shape), and they stay unknown."""
+    frames, each starting its segment: 32 MiB or 8.125 MiB blocks are cuBLAS workspaces, up to four of
+    them; 512 bytes more, or a fifth of that size (tensors of that shape), and they stay unknown. One
+    placed after another block in its segment (a weight loaded beside others) is no workspace."""
     base = 1 << 32
     act = base + 1024 * MiB
     orphans = [_ev("free_requested", base - (k + 1) * 64 * MiB, 64 * MiB) for k in range(9)]
@@ -194,9 +203,13 @@ def test_a_frameless_block_the_size_of_a_cublas_workspace_is_a_workspace():
              (32 * MiB, 4, fr.WORKSPACE_CAT), (32 * MiB, 5, fr.UNKNOWN))
     for size, count, want in cases:
         blocks = [(base + k * 40 * MiB, size, []) for k in range(count)]
-        snap = _synthetic(blocks + [(act, 2 * MiB, FWD)], trace)
+        snap = _own_segments(blocks + [(act, 2 * MiB, FWD)], trace)
         classes = block_classes(snap)
         assert {classes[a].cls for a, _, _ in blocks} == {want}, (size, count)
+    # the same block after an 8 MiB one in a single segment
+    weight = base + 8 * MiB
+    snap = _synthetic([(base, 8 * MiB, []), (weight, 32 * MiB, []), (act, 2 * MiB, FWD)], trace)
+    assert block_classes(snap)[weight].cls == fr.UNKNOWN
 
 
 def test_older_blocks_sized_as_the_optimizer_state_implies_are_parameters():
