@@ -89,6 +89,8 @@ SOURCE_WORDS = {
 # The site a screen shows for those blocks (the composition's top allocation site)
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
+_LAYOUT_SITE = {AFTER_HISTORY: "<no allocation history: made after it stopped, by the running step>",
+                FROM_LAYOUT: "<no allocation history: inferred from sizes and addresses>"}
 
 # An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
 # across its forward calls (ARCHITECTURE.md "Composition and phase").
@@ -688,6 +690,8 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
                 site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
             elif frames:
                 site = fr.stack_signature(frames)
+            elif bc and bc.source in _LAYOUT_SITE:
+                site = _LAYOUT_SITE[bc.source]
             elif bc and bc.source == FROM_STATE:
                 site = "<allocated before the trace began, sized as the optimizer state implies>"
             elif bc and bc.source == BEFORE_TRACE:

@@ -147,7 +147,9 @@ STATE_SPLIT_SHARE = _rule(
     "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
-    "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+    "the rest is what the step kept (inputs, outputs) or a leak. With no trace at all, the same share of the "
+    "bytes walked from the top must have room for two state blocks each below them before the optimizer "
+    "state is read from its pairs", "provenance, untraced")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
