@@ -166,9 +166,10 @@ UNTRACED_MODEL_MIN_SEGMENTS = _rule(
     "UNTRACED_MODEL_MIN_SEGMENTS", 4, "count", "judgement",
     "with no allocation history and no optimizer state to read the model by, its weights are the blocks "
     "down to the end of the first run, from the top of the address space, of at least four large segments "
-    "back to back (a model loads one segment per weight, one after another: 17 in the inference captures "
-    "of tests/fixtures/composition_h200; a step's activations reuse freed segments and leave runs of 1-3 "
-    "above them there)", "provenance (untraced)")
+    "back to back (a model loads one segment per weight, one after another: the first such run from the top "
+    "is the model's 17 segments in all 33 captures of benchmarks/gpu/composition_capture.py, with only runs "
+    "of one segment above it, a weight or a workspace; a step's own segments come below, in runs of up to "
+    "53)", "untraced")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "

@@ -89,7 +89,7 @@ def _pairs(segments: list, rest_addr: set) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for seg in segments:
         live = [b for b in seg.blocks if b.is_live and b.address in rest_addr]
-        for a, b in zip(live, live[1:]):
+        for a, b in zip(live, live[1:], strict=False):
             if a.address + a.size == b.address and _size(a) == _size(b):
                 out.setdefault(a.address, []).append(b.address)
                 out.setdefault(b.address, []).append(a.address)

@@ -588,8 +588,8 @@ def test_h200_captures_with_no_trace_read_the_models_state_by_sizes_and_addresse
 def test_untraced_oom_capture_parameters_state_and_activations_in_their_bytes():
     """The AdamW OOM with no history: 0.42 GiB of parameters, 0.84 GiB of state (two per parameter) and
     1.31 GiB of activations, each within 5% of the truth (an 8 MiB and a 2 MiB activation among the
-    parameters, a 32 MiB one alone in its segment read as a cuBLAS workspace), nothing unknown; with the agent's roles every
-    block they name is known from the job instead (the roles come first)."""
+    parameters, a 32 MiB one alone in its segment read as a cuBLAS workspace), nothing unknown; with the
+    agent's roles every block they name is known from the job instead (the roles come first)."""
     from dataclasses import replace
 
     from memq.model import AgentInfo
@@ -602,7 +602,8 @@ def test_untraced_oom_capture_parameters_state_and_activations_in_their_bytes():
         assert comp[cls] == pytest.approx(truth["class_bytes"][cls], rel=0.05), cls
     assert comp[fr.UNKNOWN] == 0
     snap = _snap(job / "snapshot.pickle.gz")
-    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in truth["agent_roles"]["ranges"])))
+    ranges = truth["agent_roles"]["ranges"]
+    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
     sources = {bc.source for bc in block_classes(snap).values()}
     assert pv.FROM_LAYOUT not in sources and pv.FROM_JOB in sources
 
