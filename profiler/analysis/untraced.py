@@ -9,20 +9,20 @@ origin "inferred from sizes and addresses"), neither ever used where the agent's
   was made while it ran, so a frameless block was made after it stopped, by the step that was running
   at the dump: its activations, or its gradients where every parameter size of 1 MiB or more has one
   more frameless block (a backward ran: one gradient per parameter).
-- No frames at all: the model's state by its structure. Adam keeps two state tensors of each parameter's
-  size, made back to back (`zeros_like` twice), and the model is made first, so its parameters are the
-  highest-address blocks of their sizes: the driver hands the first segments of a process the highest
-  addresses (in every capture of tests/fixtures/composition_h200 the model's segments are above the
-  optimizer state's and the activations'). Walking the blocks from the highest address down, a block is
-  a parameter while its size still has room for two state blocks per parameter among the blocks of that
-  size; the walk stops at the first two blocks of one parameter's size side by side in one segment (a
-  parameter's two moments): the state begins there. Of the rest, two blocks per parameter of its size
-  are its state (the pairs first), and the remainder is the running step's (everything live beyond the
-  model's state: activations, or gradients as above). Where the walk finds no such pair there is no
-  optimizer state to read the model by (inference, or a step before the first optimizer step): the
-  parameters are then the blocks of the first run of at least UNTRACED_MODEL_MIN_SEGMENTS segments
-  that sit back to back from the top of the address space (a model's weights, loaded one segment after
-  another), and the rest stays unknown (activations and an inference cache look alike here).
+- No frames at all: the model's state by its layout. A process's first segments get the highest addresses
+  and a model loads one segment per weight, one after another, so the model is the first run of at least
+  UNTRACED_MODEL_MIN_SEGMENTS segments back to back from the top (no more than UNTRACED_RUNS_ABOVE_MODEL
+  runs above it), and the runs below it made of the same sizes, down to the first segment holding two
+  blocks of one such size side by side (`zeros_like` twice: a parameter's two moments, the optimizer
+  state begins). In every capture of tests/fixtures/composition_h200 the model's segments are above the
+  optimizer state's and the activations'. Adam keeps two state tensors of each parameter's size, and a
+  gradient is one more after backward: a model block is a parameter where its size has room for them
+  among the blocks of that size. Where nearly all (STATE_SPLIT_SHARE) of the model's first run has that
+  room, two blocks per parameter of its size are its state (side by side in segments of the parameters'
+  sizes first, then the highest), small blocks split likewise by thirds, and what is live beyond the
+  model's state is the running step's (activations, or gradients as above). Otherwise there is no
+  optimizer state (inference, or a step before the first optimizer step): the model's blocks are the
+  weights, and the rest stays unknown (an inference cache and activations look alike here).
 Pure: plain data in and out.
 """
 
@@ -31,7 +31,12 @@ from __future__ import annotations
 from collections import Counter
 
 from memq.analysis import frames as fr
-from memq.analysis.rules import STATE_REQUEST_MIN_BYTES, STATE_SPLIT_SHARE, UNTRACED_MODEL_MIN_SEGMENTS
+from memq.analysis.rules import (
+    STATE_REQUEST_MIN_BYTES,
+    STATE_SPLIT_SHARE,
+    UNTRACED_MODEL_MIN_SEGMENTS,
+    UNTRACED_RUNS_ABOVE_MODEL,
+)
 
 # Where such a class came from (provenance.SOURCES), as the screens say it
 AFTER_HISTORY = "after_history"  # no frames where the model's blocks have them: made after the history stopped
@@ -96,36 +101,84 @@ def _pairs(segments: list, rest_addr: set) -> dict[int, list[int]]:
     return out
 
 
+def _runs(segments: list) -> list[list]:
+    """The large segments from the top of the address space down, in runs of segments back to back (each
+    ends where the one above it starts: made one after another)."""
+    # (a CUDA graph's private pool holds what its capture made, never the model loaded before it)
+    large = sorted((s for s in segments if s.segment_type != "small" and not s.is_private_pool),
+                   key=lambda s: -s.address)
+    runs: list[list] = []
+    for seg in large:
+        if runs and seg.address + seg.total_size == runs[-1][-1].address:
+            runs[-1].append(seg)
+        else:
+            runs.append([seg])
+    return runs
+
+
+def _model_region(segments: list, rest_addr: set, paired: dict) -> tuple[int, int] | None:
+    """(the end of the model's first run, the lowest address of the model's segments): down to the end of
+    the first run of at least
+    UNTRACED_MODEL_MIN_SEGMENTS segments back to back from the top (a model loads one segment per weight,
+    one after another), and on through the runs below it while nearly all of their live bytes
+    (STATE_SPLIT_SHARE) are in the sizes the model's run holds (the rest of the model, loaded into a new
+    stretch of address space) or they hold nothing of `rest` (a workspace's), up to the first segment
+    holding two blocks of one such size side by side where the model's run holds none so (a parameter's
+    two moments: the optimizer state begins); None where there is no such run near the top."""
+    runs = _runs(segments)
+    at = next((i for i, r in enumerate(runs) if len(r) >= UNTRACED_MODEL_MIN_SEGMENTS), None)
+    if at is None or at > UNTRACED_RUNS_ABOVE_MODEL:
+        return None  # no model's run near the top: nothing says where the model is
+    core = low = runs[at][-1].address
+    sizes, own_pairs = set(), set()
+    for seg in segments:
+        if seg.address >= low:
+            for b in seg.blocks:
+                if b.is_live and b.address in rest_addr and _size(b) >= STATE_REQUEST_MIN_BYTES:
+                    sizes.add(_size(b))
+                    if b.address in paired:
+                        own_pairs.add(_size(b))
+    for run in runs[at + 1:]:
+        live = [b for seg in run for b in seg.blocks if b.is_live and b.address in rest_addr]
+        if live and sum(b.size for b in live if _size(b) in sizes) < STATE_SPLIT_SHARE * sum(b.size for b in live):
+            break
+        for seg in run:
+            if any(b.is_live and b.address in paired and _size(b) in sizes and _size(b) not in own_pairs
+                   for b in seg.blocks):
+                return core, low
+            low = seg.address
+    return core, low
+
+
 def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
     k = _ADAM_STATE
     rest_addr = {b.address for b in rest}
     paired = _pairs(segments, rest_addr)
+    region = _model_region(segments, rest_addr, paired)
+    if region is None:
+        return {}
+    core, low = region
     big = sorted((b for b in rest if _size(b) >= STATE_REQUEST_MIN_BYTES), key=lambda b: -b.address)
     n = Counter(_size(b) for b in big)
+    # the model's blocks; a parameter has room for its k state blocks among the blocks of its size, and
+    # for its gradient too where nearly all of the model's first run has room for one more per block (after
+    # backward)
+    model = [b for b in big if b.address >= low]
+    in_model = Counter(_size(b) for b in model if b.address >= core)
+    grads = sum(s * m for s, m in in_model.items() if n[s] >= (2 + k) * m) >= \
+        STATE_SPLIT_SHARE * sum(s * m for s, m in in_model.items())
     params: Counter = Counter()
     chosen: set = set()
-    state_found = False
-    walked = skipped = 0
-    paired_params: set = set()  # sizes of which two parameters sit side by side: the model's own pairs
-    for b in big:
+    for b in model:
         s = _size(b)
-        mates = paired.get(b.address, ())
-        if params[s] and mates and s not in paired_params and not any(m in chosen for m in mates):
-            # two blocks of a parameter's size side by side, where the model's own blocks of that size
-            # never were: a parameter's moments, the state begins
-            state_found = True
-            break
-        walked += b.size
-        if n[s] >= (1 + k) * (params[s] + 1):
+        if n[s] >= (1 + k + grads) * (params[s] + 1):
             params[s] += 1
             chosen.add(b.address)
-            if any(m in chosen for m in mates):
-                paired_params.add(s)
-        else:
-            skipped += b.size
-    if not state_found or skipped > (1 - STATE_SPLIT_SHARE) * walked:
-        # no state, or a "model" most of whose blocks have none (weights with no optimizer): read by its run
-        return _model_run(segments, rest_addr)
+    first = [b for b in model if b.address >= core]
+    if sum(b.size for b in first if b.address in chosen) < STATE_SPLIT_SHARE * sum(b.size for b in first):
+        # most of the model's first run has no state beside it: no optimizer state (inference, or before the
+        # first optimizer step): the model's region are the weights, the rest unknown
+        return {b.address: (fr.PARAMETERS, FROM_LAYOUT) for b in rest if b.address >= low}
     out: dict[int, tuple[str, str]] = {a: (fr.PARAMETERS, FROM_LAYOUT) for a in chosen}
     # the state: k blocks per parameter of its size; first those side by side in a segment that holds
     # only blocks of the parameters' sizes (a step's activations sit beside blocks of other sizes), then
@@ -164,29 +217,4 @@ def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
             else:
                 left.append(b)
     out.update(_after_history(left, params, FROM_LAYOUT))
-    return out
-
-
-def _model_run(segments: list, rest_addr: set) -> dict[int, tuple[str, str]]:
-    """No optimizer state to read the model by: the parameters are the blocks of `rest` from the top of the
-    address space down to the end of the first run of at least UNTRACED_MODEL_MIN_SEGMENTS large segments
-    back to back (each starts where the one below it ends: loaded one after another); the rest stays
-    unknown."""
-    large = sorted((s for s in segments if s.segment_type != "small"), key=lambda s: -s.address)
-    runs: list[list] = []
-    for seg in large:
-        if runs and seg.address + seg.total_size == runs[-1][-1].address:
-            runs[-1].append(seg)
-        else:
-            runs.append([seg])
-    model = next((r for r in runs if len(r) >= UNTRACED_MODEL_MIN_SEGMENTS), None)
-    if model is None:
-        return {}
-    low = model[-1].address
-    out: dict[int, tuple[str, str]] = {}
-    for seg in segments:
-        if seg.address >= low:
-            for b in seg.blocks:
-                if b.is_live and b.address in rest_addr:
-                    out[b.address] = (fr.PARAMETERS, FROM_LAYOUT)
     return out
