@@ -45,7 +45,7 @@ from memq.analysis.rules import (
     STEP_START_ORPHAN_FREES,
 )
 from memq.analysis.timeline import made_live_in
-from memq.analysis.untraced import AFTER_HISTORY, FROM_LAYOUT, LAYOUT_ORIGIN
+from memq.analysis.untraced import AFTER_HISTORY, FROM_LAYOUT, LAYOUT_ORIGIN, WORKSPACE_LAYOUT
 from memq.analysis.untraced import SOURCE_WORDS as _UNTRACED_WORDS
 from memq.analysis.untraced import resolve as _resolve_untraced
 from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_line, frame_name
@@ -62,7 +62,7 @@ BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
-           NO_TRACE, AFTER_HISTORY, FROM_LAYOUT)
+           NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 # with no trace at all (untraced.py): the model's state by its sizes and addresses
@@ -90,7 +90,8 @@ SOURCE_WORDS = {
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
 _LAYOUT_SITE = {AFTER_HISTORY: "<no allocation history: made after it stopped, by the running step>",
-                FROM_LAYOUT: "<no allocation history: inferred from sizes and addresses>"}
+                FROM_LAYOUT: "<no allocation history: inferred from sizes and addresses>",
+                WORKSPACE_LAYOUT: "<no allocation history: the size of a cuBLAS workspace>"}
 
 # An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
 # across its forward calls (ARCHITECTURE.md "Composition and phase").
@@ -112,7 +113,7 @@ def origin(source: str) -> str:
     """How a screen says where a class came from."""
     if source == FROM_JOB:
         return KNOWN
-    return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT) else INFERRED
+    return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT) else INFERRED
 
 
 def origin_words(by_origin: dict | None) -> str:
@@ -430,7 +431,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     kept = Counter(tensor_size(b) for b in rest if b.address not in workspaces) if inference else Counter()
     for b in rest:
         if b.address in workspaces:
-            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
+            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE if trace else WORKSPACE_LAYOUT, -1)
         elif roles_known and kept[tensor_size(b)] >= CACHE_MIN_BLOCKS:
             out[b.address] = BlockClass(fr.PARAMETERS, FROM_CACHE, -1)
         elif roles_known:

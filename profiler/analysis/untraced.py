@@ -41,14 +41,17 @@ from memq.analysis.rules import (
 # Where such a class came from (provenance.SOURCES), as the screens say it
 AFTER_HISTORY = "after_history"  # no frames where the model's blocks have them: made after the history stopped
 FROM_LAYOUT = "layout"  # no history at all: the model's state by its sizes and addresses
+WORKSPACE_LAYOUT = "workspace_layout"  # no history at all: a cuBLAS workspace by its size and segment
 LAYOUT_ORIGIN = "inferred from sizes and addresses"
 SOURCE_WORDS = {
     AFTER_HISTORY: f"{LAYOUT_ORIGIN}: no allocation trace; it has no frames while the model's blocks have "
                    "theirs, so it was made after the allocation history stopped, by the step running at the "
                    "dump (a gradient where every parameter size has one more such block)",
-    FROM_LAYOUT: f"{LAYOUT_ORIGIN}: no allocation history; the model's parameters are the highest-address "
-                 "blocks of their sizes, Adam's two state tensors per parameter of its size follow, and what "
-                 "is live beyond them is the running step's",
+    FROM_LAYOUT: f"{LAYOUT_ORIGIN}: no allocation history; the model is the first run of segments loaded "
+                 "back to back at the top of the address space, a parameter has room for Adam's two state "
+                 "tensors of its size below it, and what is live beyond the model's state is the running step's",
+    WORKSPACE_LAYOUT: f"{LAYOUT_ORIGIN}: no allocation history; its size is a cuBLAS workspace's (one per "
+                      "handle and stream) and it starts its segment",
 }
 _ADAM_STATE = 2  # state tensors per parameter of its size (provenance._STATE_PER_PARAM: Adam, AdamW, ...)
 

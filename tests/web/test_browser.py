@@ -520,8 +520,8 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                                 key=lambda r: float(r.get_attribute("width")))
                 elif name == "untraced":  # no trace at all: the model's state by its sizes and addresses
                     assert "unknown" not in comp and comp["optimizer_state"] > 0.8 * 2**30
-                    assert note.startswith("parameters, optimizer state, activations: inferred from sizes and "
-                                           "addresses"), note
+                    assert note == ("parameters, optimizer state, activations, workspace: inferred from sizes "
+                                    "and addresses"), note
                     block = max(page.locator("#segmap-svg rect.block.cat-optimizer_state").all(),
                                 key=lambda r: float(r.get_attribute("width")))
                 else:

@@ -560,7 +560,7 @@
   /* Where one block's class came from, by its source (provenance.origin). */
   function originOf(v) {
     if (v === "job") return "known from the job";
-    if (v === "layout" || v === "after_history") return "inferred from sizes and addresses";
+    if (v === "layout" || v === "after_history" || v === "workspace_layout") return "inferred from sizes and addresses";
     return "inferred from the trace";
   }
 
