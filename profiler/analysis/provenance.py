@@ -19,6 +19,9 @@ Evidence, strongest first:
   while nothing else is known to be a parameter and there is no optimizer state (forward only,
   inference). Otherwise they stay unknown: a leak kept from earlier steps, or the activations of a step
   whose start fell out of a short ring buffer, also predate the trace.
+With no trace at all (recording off, or paused after warm-up) and no roles, untraced.py reads the model's
+state from the snapshot's layout and the frames a paused history left, said "inferred from sizes and
+addresses" on every screen.
 A frame name that happens to be on a stack is weak evidence: with stacks="all" every forward
 allocation passes `torch::autograd::VariableType::*` (forward dispatch), and a gradient is allocated
 by the backward node that computed it (`MmBackward0::apply`), not by `AccumulateGrad`, which only
