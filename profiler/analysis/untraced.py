@@ -202,16 +202,16 @@ def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
             out[b.address] = (fr.OPTIMIZER_STATE, FROM_LAYOUT)
         else:
             left.append(b)
-    # small blocks (norms, biases): each size's highest third the parameters, the next two thirds their state
+    # small blocks (norms, biases) share the small pool's segments with everything small: each size's
+    # highest blocks the parameters, the next k per parameter their state (k + 1 per parameter in all, one
+    # more with gradients), the rest the step's
     by_size: dict[int, list] = {}
     for b in rest:
         if _size(b) < STATE_REQUEST_MIN_BYTES:
             by_size.setdefault(_size(b), []).append(b)
-    small_params: Counter = Counter()
-    for s, group in by_size.items():
+    for group in by_size.values():
         group.sort(key=lambda b: -b.address)
-        p = len(group) // (1 + k)
-        small_params[s] = p
+        p = len(group) // (1 + k + grads)
         for i, b in enumerate(group):
             if i < p:
                 out[b.address] = (fr.PARAMETERS, FROM_LAYOUT)
