@@ -147,7 +147,9 @@ STATE_SPLIT_SHARE = _rule(
     "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
-    "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+    "the rest is what the step kept (inputs, outputs) or a leak. With no trace at all, the same share of the "
+    "bytes walked from the top must have room for two state blocks each below them before the optimizer "
+    "state is read from its pairs", "provenance, untraced")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
@@ -160,6 +162,19 @@ CACHE_MIN_BLOCKS = _rule(
     "per layer: 12-24 in every inference capture of benchmarks/gpu/composition_capture.py), kept across a "
     "forward call and no more of them at the end than at every call's start; a prompt, the generated "
     "tokens and the beam scores are one block of their site", "provenance")
+UNTRACED_MODEL_MIN_SEGMENTS = _rule(
+    "UNTRACED_MODEL_MIN_SEGMENTS", 8, "count", "judgement",
+    "with no allocation history, the model is read from the first run, from the top of the address space, "
+    "of at least eight large segments back to back (a model loads one segment per weight, one after "
+    "another: that run is the model's 17 segments in all 33 captures of "
+    "benchmarks/gpu/composition_capture.py, a 6-block GPT; a published snapshot's forward activations "
+    "(cs336 ctx512 forward_mixed) make a run of 5 at the top, which must not read as a model)", "untraced")
+UNTRACED_RUNS_ABOVE_MODEL = _rule(
+    "UNTRACED_RUNS_ABOVE_MODEL", 2, "count", "measured",
+    "with no allocation history, the model's run of segments is read only where at most two runs of segments "
+    "lie above it (one, a single weight's segment, in all 33 captures of benchmarks/gpu/composition_capture.py); "
+    "where the driver spaced segments apart (tests/fixtures/real: every 20 MiB segment its own run) the first "
+    "long run is far down, among the optimizer state, and nothing is read", "untraced")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "
