@@ -348,6 +348,18 @@ REDUCE_SEMAPHORES_MAX = _rule(
     "gpu_reduce_kernel in the hand recordings of seq2seq, lstm_lm, vit_ckpt and gpt_ckpt_bf16 "
     "(tests/fixtures/fit_families, tests/fixtures/fit_bighand); the grid is at most a few hundred blocks "
     "wide", "fit")
+CAST_GRAD_RATIO = _rule(
+    "CAST_GRAD_RATIO", 2, "x the block's bytes", "measured",
+    "a float32 weight's gradient over the same gradient made in bfloat16 or float16 (4 bytes an element "
+    "over 2): under autocast a matrix product's or convolution's weight gradient is made in the product's "
+    "precision and cast to the weight's float32 (autograd's ToCopyBackward0) on its way to .grad; exactly "
+    "2x in all 2,232 such casts of the hand recordings named under CAST_GRAD_GAP", "fit")
+CAST_GRAD_GAP = _rule(
+    "CAST_GRAD_GAP", 1, "ops", "measured",
+    "autograd frees a half-precision weight gradient right after allocating its float32 cast: the cast's "
+    "allocation is the op just before the free in all 2,232 casts that become a .grad in the hand "
+    "recordings of gpt_ckpt_bf16, vit_bf16, unet_diff, lora_gpt and convnext_ln (their C++ frames name "
+    "ToCopyBackward0; tests/fixtures/fit_families, tests/fixtures/fit_one_step)", "fit")
 STATE_INFER_TOLERANCE = _rule(
     "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
     "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "
