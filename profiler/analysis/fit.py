@@ -772,16 +772,23 @@ def _hold_cast_gradients(prog, kinds, frameless) -> None:
     """A weight's gradient made in a matrix product's precision under autocast, found without C++ frames:
     autograd casts it to the weight's float32 (an allocation of exactly CAST_GRAD_RATIO x its size) and
     frees it at once, CAST_GRAD_GAP ops later; with .grad set to None the float32 copy becomes the .grad,
-    kept to zero_grad (GRADIENTS). An activation's gradient cast the same way is consumed by the next op,
-    not kept: it scales. `frameless(h)`: the block has no Python frames (autograd's thread)."""
+    kept to zero_grad (or to the trace's end), or, when its strides are not the weight's (the gradient of an einsum's
+    or bmm's weight), .grad is a copy of it allocated on the next op and the cast freed on the one after.
+    An activation's gradient cast the same way is consumed by the next op, not kept: it scales.
+    `frameless(h)`: the block has no Python frames (autograd's thread)."""
+    ops, hid, size = prog.ops, prog.hid, prog.size
+    kept = (GRADIENTS, KEPT)  # the last step's .grad, when zero_grad comes first in a step, is never freed
     alloc = {}
-    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
+    for i, (op, h) in enumerate(zip(ops, hid, strict=True)):
         if op == OP_ALLOC:
             alloc[h] = i
         elif op == OP_FREE and h in alloc and kinds[h] == INPUT and i >= CAST_GRAD_GAP:
             j = i - CAST_GRAD_GAP
-            if prog.ops[j] == OP_ALLOC and kinds[prog.hid[j]] == GRADIENTS \
-                    and prog.size[j] == CAST_GRAD_RATIO * prog.size[alloc[h]] and frameless(h):
+            if ops[j] != OP_ALLOC or size[j] != CAST_GRAD_RATIO * size[alloc[h]] or not frameless(h):
+                continue
+            copied = (i + 2 < len(ops) and ops[i + 1] == OP_ALLOC and size[i + 1] == size[j]
+                      and kinds[hid[i + 1]] in kept and ops[i + 2] == OP_FREE and hid[i + 2] == hid[j])
+            if kinds[hid[j]] in kept or copied:
                 kinds[h] = GRAD_TEMP
 
 

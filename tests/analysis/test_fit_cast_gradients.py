@@ -146,3 +146,34 @@ def test_a_python_frame_dump_after_the_first_backward_holds_them_too(monkeypatch
     monkeypatch.setattr(fit, "_hold_cast_gradients", lambda *a: None)
     off = gpt_errors(fit.classify(python_only(_load(path)), optimizer="adamw"))
     assert off["4x batch"] == pytest.approx(-0.192, abs=1e-3)
+
+
+def test_an_einsum_weights_gradient_is_held_where_grad_is_a_copy_of_the_cast(monkeypatch):
+    """A published recording (tests/fixtures/public_snapshots/cs336_d512_3steps_ctx200_bf16: the CS336
+    TransformerLM, d 512 x 4 layers, its linears einsums, three steps under bf16 autocast, stacks="all"): the
+    weight's bfloat16 gradient is cast to float32 with the bmm's strides, so AccumulateGrad allocates .grad as
+    a copy on the op after the bfloat16 block's free and then frees the cast. Held: 29 a step, the 4 layers'
+    7 linears and the head, every one's cast ToCopyBackward0 and its .grad AccumulateGrad's in the C++ frames
+    (the last step's .grad is never freed in the trace: kept)."""
+    snap = _load(ROOT / "tests" / "fixtures" / "public_snapshots" / "cs336_d512_3steps_ctx200_bf16.pickle.gz")
+    ran = fit._hold_cast_gradients
+    held: list[int] = []
+
+    def spy(prog, kinds, frameless):
+        before = list(kinds)
+        ran(prog, kinds, frameless)
+        held.extend(h for h in range(len(kinds)) if kinds[h] != before[h])
+
+    monkeypatch.setattr(fit, "_hold_cast_gradients", spy)
+    m = fit.classify(snap)
+    prog, trace = m.replay.program, snap.trace
+    free_at = {h: i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)) if op == OP_FREE}
+    size = {h: prog.size[i] for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)) if op == OP_ALLOC}
+
+    def named(i: int, what: str) -> bool:
+        e = m.replay.op_event[i]
+        return e >= 0 and any(what in frame_name(f) for f in trace[e].frames or ())
+
+    assert m.steps == 3 and len(held) == 3 * 29
+    assert sorted({size[h] for h in held}) == [512 * 512 * 2, 1344 * 512 * 2, 10_000 * 512 * 2]
+    assert all(named(free_at[h] - 1, "ToCopyBackward0") and named(free_at[h] + 1, "AccumulateGrad") for h in held)

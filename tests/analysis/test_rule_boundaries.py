@@ -674,11 +674,26 @@ def _cast(partner: int, gap: int = 1, kind: int = fit.GRADIENTS, size: int = MiB
     return kinds[0]
 
 
+def _cast_copied(copy: int, size: int = MiB) -> int:
+    """The cast (a temporary), the block freed, .grad allocated as a copy of the cast (`copy` bytes, its
+    strides the weight's), the cast freed: an einsum's or bmm's weight gradient."""
+    from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
+
+    prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_ALLOC, OP_FREE], hid=[0, 1, 0, 2, 1],
+                   size=[size, 2 * size, 0, copy, 0], stream=[0] * 5, n_handles=3)
+    kinds = [fit.INPUT, fit.INPUT, fit.GRADIENTS]
+    fit._hold_cast_gradients(prog, kinds, lambda h: True)
+    return kinds[0]
+
+
 @rule("CAST_GRAD_RATIO")
 def test_fit_holds_a_block_whose_float32_cast_is_twice_its_size_and_kept_as_a_gradient():
     assert _cast(2 * MiB) == fit.GRAD_TEMP
     assert _cast(2 * MiB - 1) == fit.INPUT and _cast(2 * MiB + 1) == fit.INPUT
     assert _cast(2 * MiB, kind=fit.INPUT) == fit.INPUT  # an activation's gradient cast: consumed, not kept
+    assert _cast(2 * MiB, kind=fit.KEPT) == fit.GRAD_TEMP  # the last step's .grad, never freed in the trace
+    assert _cast_copied(2 * MiB) == fit.GRAD_TEMP
+    assert _cast_copied(2 * MiB - 1) == fit.INPUT and _cast_copied(2 * MiB + 1) == fit.INPUT
 
 
 @rule("CAST_GRAD_GAP")
