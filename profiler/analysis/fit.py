@@ -772,9 +772,9 @@ def _hold_cast_gradients(prog, kinds, frameless) -> None:
     """A weight's gradient made in a matrix product's precision under autocast, found without C++ frames:
     autograd casts it to the weight's float32 (an allocation of exactly CAST_GRAD_RATIO x its size) and
     frees it at once, CAST_GRAD_GAP ops later; with .grad set to None the float32 copy becomes the .grad,
-    kept to zero_grad (or to the trace's end), or, when its strides are not the weight's (the gradient of an einsum's
-    or bmm's weight), .grad is a copy of it allocated on the next op and the cast freed on the one after.
-    An activation's gradient cast the same way is consumed by the next op, not kept: it scales.
+    kept to zero_grad (or to the trace's end), or, when its strides are not the weight's (an einsum's or
+    bmm's weight), .grad is a copy of it made on the next op and the cast is freed on the one after. An
+    activation's gradient cast the same way is consumed by the next op, not kept: it scales.
     `frameless(h)`: the block has no Python frames (autograd's thread)."""
     ops, hid, size = prog.ops, prog.hid, prog.size
     kept = (GRADIENTS, KEPT)  # the last step's .grad, when zero_grad comes first in a step, is never freed
