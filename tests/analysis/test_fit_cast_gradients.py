@@ -114,6 +114,7 @@ def test_what_the_rule_holds_is_what_autograd_casts_to_a_grad(fam, monkeypatch):
         return e >= 0 and any("ToCopyBackward0" in frame_name(f) for f in trace[e].frames or ())
 
     assert held and all(cast(free_at[h] - 1) for h in held)
+    assert all(m.kinds[prog.hid[free_at[h] - 1]] == fit.GRADIENTS for h in held)  # kept: no activation's cast
     to_grad = [i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
                if op == OP_ALLOC and cast(i) and m.kinds[h] == fit.GRADIENTS]
     sources = [prog.hid[i + 1] for i in to_grad]
