@@ -373,6 +373,20 @@ GRAD_TEMP_PER_GRADIENT = _rule(
     "seq2seq model's 1 MiB ones, 2.0 on the tied-embedding GPT of tests/fixtures/fit (gpt_m); activation "
     "gradients 2.7-37 per gradient on the VAE, the ResNet and the seq2seq model (their C++ frames name the "
     "autograd node, and the real 2x-8x runs scale them)", "fit")
+CAST_GRAD_RATIO = _rule(
+    "CAST_GRAD_RATIO", 2, "x the block's bytes", "measured",
+    "a float32 weight's gradient over the same gradient made in bfloat16 or float16 (4 bytes an element "
+    "over 2): under autocast a matrix product's or convolution's weight gradient is made in the product's "
+    "precision and cast to the weight's float32 (autograd's ToCopyBackward0) on its way to .grad; exactly "
+    "2x in all 2,232 such casts of the hand recordings named under CAST_GRAD_GAP", "fit")
+CAST_GRAD_GAP = _rule(
+    "CAST_GRAD_GAP", 1, "ops", "measured",
+    "autograd frees a half-precision weight gradient right after allocating its float32 cast: the cast's "
+    "allocation is the op just before the free in all 2,232 casts that become a .grad in the hand "
+    "recordings of gpt_ckpt_bf16, vit_bf16, unet_diff, lora_gpt and convnext_ln (their C++ frames name "
+    "ToCopyBackward0; tests/fixtures/fit_families, tests/fixtures/fit_one_step), and in the 87 of a published "
+    "einsum model's (tests/fixtures/public_snapshots/cs336_d512_3steps_ctx200_bf16), where AccumulateGrad "
+    "copies the cast into .grad on the op after the free and frees the cast on the one after that", "fit")
 STATE_INFER_TOLERANCE = _rule(
     "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
     "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "
