@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from memq.analysis import frames as fr
-from memq.analysis.provenance import block_classes, event_phase
+from memq.analysis.provenance import block_classes, entry_phase
 from memq.load import load_snapshot_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +56,7 @@ def score(path: Path, truth: dict) -> dict:
         if bc is None or bc.event < 0:
             phase["before_trace"] += b.size
         else:
-            phase[event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"] += b.size
+            phase[entry_phase(snap, bc.event) or "unknown"] += b.size
     want = {k: truth.get(k, 0) for k in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE)}
     want["rest"] = max(0, total - sum(want.values()))
     right = sum(min(pred[k], v) for k, v in want.items())
@@ -77,7 +77,7 @@ GPU_PHASE = {"zero_grad": "forward", "forward": "forward", "backward": "backward
 def _pred_phase(bc, snap, has_frames: bool) -> str:
     if bc is None or bc.event < 0:
         return "before_trace"
-    return event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"
+    return entry_phase(snap, bc.event) or "unknown"
 
 
 def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:

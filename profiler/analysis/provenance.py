@@ -41,6 +41,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
+    ORDER_GRADIENT_SHARE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -54,12 +55,13 @@ FROM_TRACE = "trace"  # when in the recorded step it was made, and that it outli
 FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or a workspace's
 FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
 FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
+FROM_ORDER = "order"  # a trace without stacks: its place in the trace's order (made first and kept: a weight)
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 # Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
-SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
-           NO_TRACE)
+SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, FROM_ORDER, BEFORE_TRACE,
+           NO_FRAMES, NO_TRACE)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
@@ -72,6 +74,10 @@ SOURCE_WORDS = {
     FROM_STATE: "inferred from the trace: allocated before the trace began, sized as the optimizer state implies",
     FROM_CACHE: "inferred from the trace: an inference cache (a KV cache), kept from one forward call to the "
                 "next",
+    FROM_ORDER: "inferred from the trace's order: recorded without stacks, so where it was made and what it "
+                "outlived (made first and kept: a weight; the optimizer's first step makes a parameter's size "
+                "in pairs: its state; a backward makes one per weight: a gradient; a workspace amid a "
+                "multiply's operands)",
     BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
     NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
                "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
@@ -80,6 +86,9 @@ SOURCE_WORDS = {
               "or let the agent send the roles of the job's tensors)",
 }
 # The site a screen shows for those blocks (the composition's top allocation site)
+ORDER_SITE = {fr.PARAMETERS: "made first and kept", fr.OPTIMIZER_STATE: "the optimizer step's pairs of a "
+              "parameter's size", fr.GRADIENTS: "one per weight, made after them", fr.WORKSPACE_CAT:
+              "made amid a multiply's operands", fr.ACTIVATIONS: "kept by the step"}
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
 
@@ -150,6 +159,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     trace_has_frames = any(ev.frames for ev in trace[-4000:]) or any(ev.frames for ev in trace[:4000])
     # The entry that made each block still live at the end: the last alloc at its address.
     made = made_live_in(snap)
+    order = _order(snap)  # a trace without stacks that holds the whole job: its order says
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False
@@ -192,6 +202,9 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         known = role_of(b.address, b.size)
         if known is not None:
             out[b.address] = BlockClass(known, FROM_JOB, i)
+            continue
+        if order is not None and i in order.made:
+            out[b.address] = BlockClass(*order.made[i], i)
             continue
         frames = b.frames or (trace[i].frames if i >= 0 else [])
         if i < 0 and not b.frames:
@@ -649,6 +662,8 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
                 site = _UNKNOWN_SITE[bc.source]
             elif bc and bc.source == FROM_CACHE:  # with the weights in class, but said to be a cache
                 site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
+            elif bc and bc.source == FROM_ORDER:
+                site = f"<no frames: {ORDER_SITE.get(bc.cls, bc.cls)}, by the trace's order>"
             elif frames:
                 site = fr.stack_signature(frames)
             elif bc and bc.source == FROM_STATE:
@@ -681,3 +696,179 @@ def origins(snap: Snapshot) -> dict:
                 d = out.setdefault(cls, {})
                 d[o] = d.get(o, 0) + b.size
     return out
+
+
+# ------------------------------------------------------------------ a trace recorded without stacks
+class _Order(NamedTuple):
+    """What a trace recorded without stacks says by its order alone (`_order`)."""
+    made: dict  # trace index of an alloc still live at the end -> (class, source)
+    backward: tuple[int, int] | None  # first and last entry of the last backward that left gradients
+    optimizer: tuple  # (first, last) entry stretches of optimizer steps
+
+
+def _order(snap: Snapshot) -> _Order | None:
+    """Classes and phases of a trace recorded without stacks, from its order alone, where it holds the whole
+    job (every live block was made inside it: nothing predates it). Memoised; None where it does not apply
+    (a framed trace, or one that lost its beginning)."""
+    if "order" in snap.memo:
+        return snap.memo["order"]
+    snap.memo["order"] = got = _read_order(snap)
+    return got
+
+
+def _read_order(snap: Snapshot) -> _Order | None:
+    """A trace without stacks that holds the whole job: every block live at the end was made in it. Its
+    allocations that stay live to the end come in runs (consecutive allocations with no short-lived one
+    between them):
+    - a cuBLAS workspace is made amid a multiply's operands: a block of a workspace's size whose
+      neighbouring allocations are both freed in the trace (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
+    - the optimizer's state is made in one run, per parameter its tensors of the parameter's size one
+      after the other (AdamW: two): the first run of which nine tenths of the bytes (STATE_SPLIT_SHARE)
+      come in consecutive pairs of one size that earlier kept blocks have, in more than one size;
+    - the weights are made first: the earliest blocks of the sizes that state implies, with the rest of
+      their runs (buffers); with no state, the trace's largest run;
+    - gradients are made later at a weight's size, one per weight, by a backward: where the state shows
+      an optimizer, or where they copy at least ORDER_GRADIENT_SHARE of the weights' bytes;
+    - an inference cache (no optimizer, no gradients) is a later run of pairs of one size (a key and a
+      value per layer, made together as the cache grows or is made);
+    - the rest (inputs, kept outputs) are the step's: activations."""
+    trace = snap.trace
+    if not trace or any(ev.frames for ev in trace):
+        return None
+    made = made_live_in(snap)
+    live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
+    if not live or any(b.address not in made for b in live):
+        return None
+    kept = set(made.values())
+    size_at = {i: trace[i].size for i in kept}
+    # allocation order: each alloc's index, and runs of kept ones
+    allocs = [i for i, ev in enumerate(trace) if ev.action == "alloc"]
+    pos = {i: k for k, i in enumerate(allocs)}
+    ws_sized = [i for i in kept if size_at[i] in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
+                and all(j not in kept for j in _neighbours(allocs, pos[i]))]
+    workspaces = set(ws_sized) if len(ws_sized) <= CUBLAS_WORKSPACE_MAX_BLOCKS else set()
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    for i in allocs:
+        if i in kept and i not in workspaces:
+            cur.append(i)
+        elif i not in kept and cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    out: dict[int, tuple[str, str]] = {i: (fr.WORKSPACE_CAT, FROM_ORDER) for i in workspaces}
+    # the optimizer's state: the first run of pairs of sizes earlier live blocks have
+    state_run = None
+    earlier: Counter = Counter()
+    for run in runs:
+        if len(run) >= 2:
+            sizes = [size_at[i] for i in run]
+            pairs = [sizes[k] for k in range(0, len(sizes) - 1, 2)
+                     if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0]
+            # a model's parameters come in more than one size (weights, biases, norms); a cache's key and
+            # value of one layer are one size
+            if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes):
+                state_run = run
+                break
+        earlier.update(size_at[i] for i in run)
+    weights: set[int] = set()
+    weight_runs: list[list[int]] = []
+    if state_run is not None:
+        need = Counter()
+        for i in state_run:
+            need[size_at[i]] += 1
+        need = Counter({s: math.ceil(n / 2) for s, n in need.items()})
+        for run in runs:
+            if run[0] >= state_run[0]:
+                break
+            took = False
+            for i in run:
+                if need[size_at[i]] > 0:
+                    need[size_at[i]] -= 1
+                    took = True
+            if took:
+                weight_runs.append(run)
+        for i in state_run:
+            out[i] = (fr.OPTIMIZER_STATE, FROM_ORDER)
+    elif runs:
+        weight_runs = [max(runs, key=lambda r: sum(size_at[i] for i in r))]
+    for run in weight_runs:
+        weights.update(run)
+    for i in weights:
+        out[i] = (fr.PARAMETERS, FROM_ORDER)
+    # gradients: the latest blocks of a weight's size made after the weights, one per weight
+    last_weight = max(weights, default=-1)
+    free = Counter(size_at[i] for i in weights)
+    grads = []
+    for i in sorted((i for i in kept if i > last_weight and i not in out), reverse=True):
+        if free[size_at[i]] > 0:
+            free[size_at[i]] -= 1
+            grads.append(i)
+    weight_bytes = sum(size_at[i] for i in weights)
+    if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
+        for i in grads:
+            out[i] = (fr.GRADIENTS, FROM_ORDER)
+    else:
+        grads = []
+    if state_run is None and not grads:
+        for run in runs:
+            if run[0] > last_weight and len(run) % 2 == 0 and \
+                    all(size_at[run[k]] == size_at[run[k + 1]] for k in range(0, len(run), 2)):
+                for i in run:
+                    out[i] = (fr.PARAMETERS, FROM_CACHE)
+    for i in kept:
+        if i not in out:
+            out[i] = (fr.ACTIVATIONS, FROM_ORDER)
+    backward = None
+    optimizer = []
+    if grads:
+        # backward begins at the step's highest live point before its first gradient (forward's saved
+        # activations all live, the loss's gradient made), and ends with its last gradient
+        g0, g1 = min(grads), max(grads)
+        level = top = 0
+        start = max(last_weight, 0)
+        top_at = start
+        for i, ev in enumerate(trace[:g0 + 1]):
+            if ev.action == "alloc":
+                level += ev.size
+            elif ev.action == "free_completed":
+                level -= ev.size
+            if i >= start and level > top:
+                top, top_at = level, i
+        backward = (top_at, g1)
+        if state_run is not None:
+            optimizer.append((g1 + 1, len(trace) - 1))
+    if state_run is not None:
+        optimizer.append((state_run[0], state_run[-1]))
+    return _Order(out, backward, tuple(optimizer))
+
+
+def _neighbours(allocs: list, k: int) -> list:
+    return [allocs[j] for j in (k - 1, k + 1) if 0 <= j < len(allocs)]
+
+
+def entry_phase(snap: Snapshot, i: int) -> str | None:
+    """The phase of trace entry i: from its frames (frames.event_phase); in a trace recorded without stacks
+    that holds the whole job, from the trace's order (`_read_order`): a gradient was made in backward, the
+    optimizer's state in its step, the rest where the stretches of backward and optimizer steps put it,
+    else forward (or setup); None where nothing tells."""
+    trace = snap.trace
+    has_frames = snap.memo.get("trace_has_frames")
+    if has_frames is None:
+        has_frames = snap.memo["trace_has_frames"] = any(ev.frames for ev in trace)
+    if has_frames:
+        return event_phase(trace[i].frames, True)
+    order = _order(snap)
+    if order is None:
+        return None
+    got = order.made.get(i)
+    if got is not None and got[0] == fr.GRADIENTS:
+        return PHASE_BACKWARD
+    if got is not None and got[0] == fr.OPTIMIZER_STATE:
+        return PHASE_OPTIMIZER
+    if order.backward is not None and order.backward[0] <= i <= order.backward[1]:
+        return PHASE_BACKWARD
+    if any(a <= i <= b for a, b in order.optimizer):
+        return PHASE_OPTIMIZER
+    return PHASE_FORWARD

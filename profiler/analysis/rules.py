@@ -147,7 +147,17 @@ STATE_SPLIT_SHARE = _rule(
     "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
-    "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+    "the rest is what the step kept (inputs, outputs) or a leak; in a trace without stacks, a run of blocks "
+    "made one after another and kept is the optimizer's state where nine tenths of its bytes come in "
+    "consecutive pairs of a size earlier kept blocks have (AdamW's two moments per parameter, made together "
+    "in its first step)", "provenance")
+ORDER_GRADIENT_SHARE = _rule(
+    "ORDER_GRADIENT_SHARE", 0.5, "share of the weights' bytes", "judgement",
+    "in a trace without stacks and no optimizer state, kept blocks made after the weights at a weight's size "
+    "(one per weight) are gradients only where they copy at least half of the weights' bytes (a backward "
+    "makes one per parameter: all of them after a full backward, 100% in the H200 captures of "
+    "benchmarks/gpu/composition_capture.py); fewer are as likely outputs that happen to share a size",
+    "provenance")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
