@@ -47,7 +47,6 @@ def score(path: Path, truth: dict) -> dict:
     live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
     total = sum(b.size for b in live)
     classes = block_classes(snap)
-    has_frames = any(ev.frames for ev in snap.trace)
     pred, phase = Counter(), Counter()
     for b in live:
         bc = classes.get(b.address)
@@ -74,7 +73,7 @@ GPU_PHASE = {"zero_grad": "forward", "forward": "forward", "backward": "backward
              "before_trace": "before_trace"}
 
 
-def _pred_phase(bc, snap, has_frames: bool) -> str:
+def _pred_phase(bc, snap) -> str:
     if bc is None or bc.event < 0:
         return "before_trace"
     return entry_phase(snap, bc.event) or "unknown"
@@ -107,7 +106,6 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
             return {}  # nothing was declared: the same as with the roles
         snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
     classes = block_classes(snap)
-    has_frames = any(ev.frames for ev in snap.trace)
     total = right = right_phase = 0
     wrong: Counter = Counter()
     for addr, size, _label, cls, alloc_phase in truth["blocks"]:
@@ -118,7 +116,7 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
             right += size
         else:
             wrong[f"{cls}->{got}"] += size
-        want, ph = GPU_PHASE.get(alloc_phase, alloc_phase), _pred_phase(bc, snap, has_frames)
+        want, ph = GPU_PHASE.get(alloc_phase, alloc_phase), _pred_phase(bc, snap)
         # `setup`: made in the trace before the dump step's boundaries (the 2026-12-04 captures mark the
         # dump step only), so any phase the analysis gives a block made inside the trace is allowed
         if ph == want or (want == "setup" and ph != "before_trace"):

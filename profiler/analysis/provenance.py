@@ -702,8 +702,8 @@ def origins(snap: Snapshot) -> dict:
 class _Order(NamedTuple):
     """What a trace recorded without stacks says by its order alone (`_order`)."""
     made: dict  # trace index of an alloc still live at the end -> (class, source)
-    backward: tuple[int, int] | None  # first and last entry of the last backward that left gradients
-    optimizer: tuple  # (first, last) entry stretches of optimizer steps
+    backward: list  # (first, last) entry of each backward pass the gradients show
+    optimizer: list  # (first, last) entry of each optimizer step
 
 
 def _order(snap: Snapshot) -> _Order | None:
@@ -820,28 +820,80 @@ def _read_order(snap: Snapshot) -> _Order | None:
     for i in kept:
         if i not in out:
             out[i] = (fr.ACTIVATIONS, FROM_ORDER)
-    backward = None
-    optimizer = []
-    if grads:
-        # backward begins at the step's highest live point before its first gradient (forward's saved
-        # activations all live, the loss's gradient made), and ends with its last gradient
-        g0, g1 = min(grads), max(grads)
-        level = top = 0
-        start = max(last_weight, 0)
-        top_at = start
-        for i, ev in enumerate(trace[:g0 + 1]):
+    steps = _steps(trace, weights, size_at, grads)
+    backward, optimizer = [], []
+    if steps:
+        # a backward begins at its step's highest live point before its first gradient (forward's saved
+        # activations all live, the loss's gradient made) and ends with its last gradient; the optimizer
+        # step follows, up to zero_grad releasing those gradients (or the trace's end)
+        level = 0
+        levels = []
+        for ev in trace:
             if ev.action == "alloc":
                 level += ev.size
             elif ev.action == "free_completed":
                 level -= ev.size
-            if i >= start and level > top:
-                top, top_at = level, i
-        backward = (top_at, g1)
-        if state_run is not None:
-            optimizer.append((g1 + 1, len(trace) - 1))
+            levels.append(level)
+        bound = max(last_weight, 0)
+        for g0, g1, end in steps:
+            top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
+            backward.append((top_at, g1))
+            if end < len(trace) or state_run is not None:
+                optimizer.append((g1 + 1, end - 1))
+            bound = end
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
-    return _Order(out, backward, tuple(optimizer))
+    return _Order(out, backward, optimizer)
+
+
+def _steps(trace: list, weights: set, size_at: dict, grads: list) -> list[tuple[int, int, int]]:
+    """The training steps of a trace without stacks, as (first gradient, last gradient, the entry where
+    zero_grad releases them or the trace's end), in order. A step's gradients are told by zero_grad: it
+    frees them together (a run of frees with no allocation between them), one per weight, at least
+    ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as many other entries (a foreach
+    temporary list of the optimizer is made in a row); the last step's are the gradients still live."""
+    if not weights:
+        return []
+    last_weight = max(weights)
+    sizes = Counter(size_at[i] for i in weights)
+    weight_bytes = sum(size_at[i] for i in weights)
+    out = []
+    born: dict = {}
+    freed: list[int] = []  # alloc indices the current run of frees released
+    run_start = -1
+
+    def close() -> None:
+        left = sizes.copy()
+        matched = []
+        for j in sorted(freed):  # the earliest made: the optimizer's last temporaries may be freed with them
+            if j > last_weight and left[trace[j].size] > 0:
+                left[trace[j].size] -= 1
+                matched.append(j)
+        if grads:  # every backward makes as many as the last one left (a buffer has a weight's size too)
+            matched = matched[:len(grads)]
+        # made one by one amid the backward's other entries, not as one list in a row (the optimizer's
+        # foreach temporaries, one per weight too, are made together and freed together)
+        if matched and sum(trace[j].size for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
+                and max(matched) - min(matched) + 1 > 2 * len(matched):
+            out.append((min(matched), max(matched), run_start))
+
+    for i, ev in enumerate(trace):
+        if ev.action == "alloc":
+            if freed:
+                close()
+                freed = []
+            born[ev.addr] = i
+        elif ev.action == "free_requested":
+            j = born.pop(ev.addr, None)
+            if j is not None:
+                if not freed:
+                    run_start = i
+                freed.append(j)
+    if freed:
+        close()
+    if grads:
+        out.append((min(grads), max(grads), len(trace)))
+    return out
 
 
 def _neighbours(allocs: list, k: int) -> list:
@@ -867,7 +919,7 @@ def entry_phase(snap: Snapshot, i: int) -> str | None:
         return PHASE_BACKWARD
     if got is not None and got[0] == fr.OPTIMIZER_STATE:
         return PHASE_OPTIMIZER
-    if order.backward is not None and order.backward[0] <= i <= order.backward[1]:
+    if any(a <= i <= b for a, b in order.backward):
         return PHASE_BACKWARD
     if any(a <= i <= b for a, b in order.optimizer):
         return PHASE_OPTIMIZER
