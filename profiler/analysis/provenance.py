@@ -717,7 +717,8 @@ def _order(snap: Snapshot) -> _Order | None:
 
 
 def _read_order(snap: Snapshot) -> _Order | None:
-    """A trace without stacks that holds the whole job: every block live at the end was made in it. Its
+    """A trace without stacks that holds the whole job: every segment and every block live at the end were
+    made in it. Its
     allocations that stay live to the end come in runs (consecutive allocations with no short-lived one
     between them):
     - a cuBLAS workspace is made amid a multiply's operands: a block of a workspace's size whose
@@ -733,7 +734,18 @@ def _read_order(snap: Snapshot) -> _Order | None:
       value per layer, made together as the cache grows or is made);
     - the rest (inputs, kept outputs) are the step's: activations."""
     trace = snap.trace
-    if not trace or any(ev.frames for ev in trace):
+    if not trace:
+        return None
+    # the whole job: every segment was made in the trace (the timeline's covers_whole_run) and every live
+    # block too; a trace that lost its beginning may have lost the weights' making. (Entries are read by
+    # position: this reads every entry of traces of a million.)
+    created = set()
+    for ev in trace:
+        if ev[5]:
+            return None
+        if ev[0] == "segment_alloc" or ev[0] == "segment_map":
+            created.add(ev[1])
+    if any(seg.address not in created for seg in snap.segments):
         return None
     made = made_live_in(snap)
     live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
@@ -741,18 +753,21 @@ def _read_order(snap: Snapshot) -> _Order | None:
         return None
     kept = set(made.values())
     size_at = {i: trace[i].size for i in kept}
-    # allocation order: each alloc's index, and runs of kept ones
-    allocs = [i for i, ev in enumerate(trace) if ev.action == "alloc"]
-    pos = {i: k for k, i in enumerate(allocs)}
     ws_sized = [i for i in kept if size_at[i] in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
-                and all(j not in kept for j in _neighbours(allocs, pos[i]))]
+                and all(j not in kept for j in _neighbours(trace, i))]
     workspaces = set(ws_sized) if len(ws_sized) <= CUBLAS_WORKSPACE_MAX_BLOCKS else set()
+    # runs of kept allocations: consecutive ones with no short-lived allocation between them
     runs: list[list[int]] = []
     cur: list[int] = []
-    for i in allocs:
-        if i in kept and i not in workspaces:
-            cur.append(i)
-        elif i not in kept and cur:
+    i = -1
+    for ev in trace:
+        i += 1
+        if ev[0] != "alloc":
+            continue
+        if i in kept:
+            if i not in workspaces:
+                cur.append(i)
+        elif cur:
             runs.append(cur)
             cur = []
     if cur:
@@ -820,20 +835,12 @@ def _read_order(snap: Snapshot) -> _Order | None:
     for i in kept:
         if i not in out:
             out[i] = (fr.ACTIVATIONS, FROM_ORDER)
-    steps = _steps(trace, weights, size_at, grads)
+    steps, levels = _steps(trace, weights, size_at, grads)
     backward, optimizer = [], []
     if steps:
         # a backward begins at its step's highest live point before its first gradient (forward's saved
         # activations all live, the loss's gradient made) and ends with its last gradient; the optimizer
         # step follows, up to zero_grad releasing those gradients (or the trace's end)
-        level = 0
-        levels = []
-        for ev in trace:
-            if ev.action == "alloc":
-                level += ev.size
-            elif ev.action == "free_completed":
-                level -= ev.size
-            levels.append(level)
         bound = max(last_weight, 0)
         for g0, g1, end in steps:
             top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
@@ -846,58 +853,81 @@ def _read_order(snap: Snapshot) -> _Order | None:
     return _Order(out, backward, optimizer)
 
 
-def _steps(trace: list, weights: set, size_at: dict, grads: list) -> list[tuple[int, int, int]]:
+def _steps(trace: list, weights: set, size_at: dict, grads: list) -> tuple[list[tuple[int, int, int]], list]:
     """The training steps of a trace without stacks, as (first gradient, last gradient, the entry where
-    zero_grad releases them or the trace's end), in order. A step's gradients are told by zero_grad: it
-    frees them together (a run of frees with no allocation between them), one per weight, at least
-    ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as many other entries (a foreach
-    temporary list of the optimizer is made in a row); the last step's are the gradients still live."""
+    zero_grad releases them or the trace's end), in order, and the live bytes after every entry. A step's
+    gradients are told by zero_grad: it frees them together (a run of frees with no allocation between
+    them), one per weight, at least ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as
+    many other entries (a foreach temporary list of the optimizer is made in a row); the last step's are
+    the gradients still live."""
     if not weights:
-        return []
+        return [], []
     last_weight = max(weights)
     sizes = Counter(size_at[i] for i in weights)
     weight_bytes = sum(size_at[i] for i in weights)
     out = []
-    born: dict = {}
-    freed: list[int] = []  # alloc indices the current run of frees released
+    born: dict = {}  # address -> alloc index, of the blocks at a weight's size made after the weights
+    freed: list[int] = []  # those the current run of frees released
     run_start = -1
+    freed_bytes = 0
+    levels = []
+    level = 0
 
     def close() -> None:
         left = sizes.copy()
         matched = []
         for j in sorted(freed):  # the earliest made: the optimizer's last temporaries may be freed with them
-            if j > last_weight and left[trace[j].size] > 0:
-                left[trace[j].size] -= 1
+            if left[trace[j][2]] > 0:
+                left[trace[j][2]] -= 1
                 matched.append(j)
         if grads:  # every backward makes as many as the last one left (a buffer has a weight's size too)
             matched = matched[:len(grads)]
         # made one by one amid the backward's other entries, not as one list in a row (the optimizer's
         # foreach temporaries, one per weight too, are made together and freed together)
-        if matched and sum(trace[j].size for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
+        if matched and sum(trace[j][2] for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
                 and max(matched) - min(matched) + 1 > 2 * len(matched):
             out.append((min(matched), max(matched), run_start))
 
-    for i, ev in enumerate(trace):
-        if ev.action == "alloc":
+    i = -1
+    for ev in trace:
+        i += 1
+        a = ev[0]
+        if a == "alloc":
+            level += ev[2]
             if freed:
-                close()
+                if freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
+                    close()
                 freed = []
-            born[ev.addr] = i
-        elif ev.action == "free_requested":
-            j = born.pop(ev.addr, None)
+                freed_bytes = 0
+            if i > last_weight and ev[2] in sizes:
+                born[ev[1]] = i
+        elif a == "free_completed":
+            level -= ev[2]
+        elif a == "free_requested":
+            j = born.pop(ev[1], None)
             if j is not None:
                 if not freed:
                     run_start = i
                 freed.append(j)
-    if freed:
+                freed_bytes += ev[2]
+        levels.append(level)
+    if freed and freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
         close()
     if grads:
         out.append((min(grads), max(grads), len(trace)))
+    return out, levels
+
+
+def _neighbours(trace: list, i: int) -> list:
+    """The allocations just before and just after entry i."""
+    out = []
+    for step in (-1, 1):
+        j = i + step
+        while 0 <= j < len(trace) and trace[j][0] != "alloc":
+            j += step
+        if 0 <= j < len(trace):
+            out.append(j)
     return out
-
-
-def _neighbours(allocs: list, k: int) -> list:
-    return [allocs[j] for j in (k - 1, k + 1) if 0 <= j < len(allocs)]
 
 
 def entry_phase(snap: Snapshot, i: int) -> str | None:

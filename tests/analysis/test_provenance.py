@@ -526,3 +526,128 @@ def test_the_timeline_draws_a_growing_cache_as_the_cache_from_its_first_block():
     cache_bytes = sum(b[1] for b in truth["blocks"] if b[2] == "kv_cache")
     mid = tl["levels"][len(tl["levels"]) // 2]
     assert mid[cats.index(fr.PARAMETERS)] >= truth["param_bytes"] + 0.9 * cache_bytes
+
+
+# ------------------------------------------------------------------ traces recorded without stacks
+
+def _job(live: list, trace: list) -> Snapshot:
+    """A snapshot whose frameless trace holds the whole job: it made the one segment, then `trace`."""
+    snap = _synthetic(live, trace)
+    seg = snap.segments[0]
+    snap.traces[snap.trace_device] = [_ev("segment_alloc", seg.address, seg.total_size, [])] + trace
+    return snap
+
+
+def _made(blocks: list, gap: int = 0) -> list:
+    """Frameless allocations of `blocks` [(address, size, frames)] one after another, with `gap`
+    short-lived allocations (made and freed) between any two: a run of kept blocks when gap is 0."""
+    out = []
+    for k, (a, n, _f) in enumerate(blocks):
+        if k and gap:
+            out += _tmp(gap, tag=a)
+        out.append(_ev("alloc", a, n, []))
+    return out
+
+
+def _tmp(n: int, tag: int = 0) -> list:
+    """n short-lived frameless allocations (a forward's temporaries), made and freed, outside the segment."""
+    out = []
+    for k in range(n):
+        a = (1 << 30) + ((tag >> 20) % 4096) * 64 * MiB + k * MiB
+        out += [_ev("alloc", a, MiB, []), _ev("free_requested", a, MiB, []), _ev("free_completed", a, MiB, [])]
+    return out
+
+
+@rule("ORDER_GRADIENT_SHARE")
+def test_without_stacks_gradients_are_kept_copies_of_half_the_weights():
+    """A trace without stacks that holds the whole job and shows no optimizer state: the weights are made
+    first (the largest run of kept blocks); a block made later at a weight's size is its gradient where such
+    copies hold at least half of the weights' bytes (51 of 100 MiB), and the step's (activations) at 49."""
+    base = 1 << 34
+    w49, w51 = (base, 49 * MiB, []), (base + 64 * MiB, 51 * MiB, [])
+    for copied, want in ((w51, fr.GRADIENTS), (w49, fr.ACTIVATIONS)):
+        g = (base + 128 * MiB, copied[1], [])
+        trace = _made([w49, w51]) + _tmp(3) + _made([g]) + _tmp(2)
+        classes = block_classes(_job([w49, w51, g], trace))
+        assert (classes[g[0]].cls, classes[g[0]].source) == (want, pv.FROM_ORDER)
+        assert {classes[a].cls for a, _, _ in (w49, w51)} == {fr.PARAMETERS}
+
+
+@rule("STATE_SPLIT_SHARE")
+def test_without_stacks_a_run_of_pairs_of_the_weights_sizes_is_the_optimizer_state():
+    """AdamW's first step makes two blocks per parameter of its size, one after the other: a run of kept
+    blocks is the state where nine tenths of its bytes come in such pairs (40+40+50+50 MiB and 20 MiB
+    more: 90%); with 21 MiB more (89.5%) it is not. The state implies the weights (the earliest blocks of
+    its sizes), and a later copy of each is its gradient."""
+    base = 1 << 34
+    weights = [(base, 40 * MiB, []), (base + 64 * MiB, 50 * MiB, [])]
+    grads = [(base + 128 * MiB, 40 * MiB, []), (base + 192 * MiB, 50 * MiB, [])]
+    for odd_mib, want in ((20, fr.OPTIMIZER_STATE), (21, None)):
+        s0 = base + 256 * MiB
+        state = [(s0, 40 * MiB, []), (s0 + 64 * MiB, 40 * MiB, []), (s0 + 128 * MiB, 50 * MiB, []),
+                 (s0 + 192 * MiB, 50 * MiB, []), (s0 + 256 * MiB, odd_mib * MiB, [])]
+        trace = _made(weights) + _tmp(4) + _made(grads, gap=2) + _tmp(1) + _made(state) + _tmp(2)
+        classes = block_classes(_job(weights + grads + state, trace))
+        got = {classes[a].cls for a, _, _ in state[:4]}
+        if want:
+            assert got == {want}
+            assert {classes[a].cls for a, _, _ in weights} == {fr.PARAMETERS}
+            assert {classes[a].cls for a, _, _ in grads} == {fr.GRADIENTS}
+        else:
+            assert fr.OPTIMIZER_STATE not in got
+
+
+def test_without_stacks_a_workspace_is_made_amid_a_multiplys_operands():
+    """Two 32 MiB blocks kept to the end: the one made between short-lived allocations (a multiply's
+    operands) is a cuBLAS workspace, the one made among the weights is a weight; a later run of pairs of
+    one size no weight has is an inference cache (a key and a value), a lone kept block the step's."""
+    base = 1 << 34
+    ws = (base, 32 * MiB, [])
+    weights = [(base + 64 * MiB, 32 * MiB, []), (base + 128 * MiB, 8 * MiB, [])]
+    kv = [(base + 192 * MiB, 3 * MiB, []), (base + 196 * MiB, 3 * MiB, [])]
+    out = (base + 200 * MiB, 64 * 1024, [])
+    trace = _tmp(1) + _made([ws]) + _tmp(1) + _made(weights) + _tmp(3) + _made(kv) + _tmp(2) + _made([out]) + _tmp(1)
+    snap = _job([ws] + weights + kv + [out], trace)
+    classes = block_classes(snap)
+    got = {a: (classes[a].cls, classes[a].source) for a, _, _ in [ws] + weights + kv + [out]}
+    assert got[ws[0]] == (fr.WORKSPACE_CAT, pv.FROM_ORDER)
+    assert {got[a] for a, _, _ in weights} == {(fr.PARAMETERS, pv.FROM_ORDER)}
+    assert {got[a] for a, _, _ in kv} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+    assert got[out[0]] == (fr.ACTIVATIONS, pv.FROM_ORDER)
+    assert {pv.entry_phase(snap, classes[a].event) for a in got} == {"forward"}  # no backward: forward (or setup)
+    _, sites = pv.composition(snap)
+    assert any("by the trace's order" in s["site"] for s in sites[fr.PARAMETERS])
+    assert pv.SOURCE_WORDS[pv.FROM_ORDER].startswith("inferred from the trace's order")
+
+
+@pytest.mark.parametrize("job", ["full_eager_fp32_none_start", "infer_dyn_bf16_none_start"])
+def test_h200_traces_without_stacks_read_by_their_order(job):
+    """Recorded with stacks=None from the job's start on an H200 (benchmarks/gpu/composition_capture.py):
+    GPT 109M with AdamW dumped after its third step, and bf16 generation with a cache grown by
+    concatenation. With no frame anywhere, the trace's order alone puts at least 97% of live bytes in the
+    right class and the right allocation phase (the truth from the tensors at the dump), every class
+    says it came from the order, and the training peak is in backward."""
+    truth = json.loads((H200 / job / "truth.json").read_text())
+    snap = _snap(H200 / job / "snapshot.pickle.gz")
+    assert not any(ev.frames for ev in snap.trace)
+    classes = block_classes(snap)
+    phase_of = {"zero_grad": "forward", "end": "optimizer_step"}
+    total = right = right_phase = 0
+    for addr, size, _label, cls, alloc_phase in truth["blocks"]:
+        bc = classes[addr]
+        total += size
+        right += size if bc.cls == cls or (cls == "other" and bc.cls == fr.ACTIVATIONS) else 0
+        got = pv.entry_phase(snap, bc.event)
+        want = phase_of.get(alloc_phase, alloc_phase)
+        right_phase += size if got == want or (want == "setup" and got is not None) else 0
+        assert bc.source in (pv.FROM_ORDER, pv.FROM_CACHE)
+    assert right >= 0.97 * total, right / total
+    assert right_phase >= 0.97 * total, right_phase / total
+    comp = analyze([snap])
+    assert comp["composition"]["unknown"] == 0
+    if job.startswith("full"):
+        want = {k: truth["class_bytes"][k] for k in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE)}
+        assert {k: comp["composition"][k] for k in want} == pytest.approx(want, rel=0.01)
+        assert comp["details"]["timeline"]["peak_phase"] == "backward"
+    sites = [s["site"] for c in comp["details"]["composition_sites"].values() for s in c]
+    assert all("by the trace's order" in s or s.startswith("<inference cache>") for s in sites), sites
