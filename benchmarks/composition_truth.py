@@ -6,7 +6,7 @@ tuning half and the held-back half by a fixed rule: the first hex digit of the s
 uncompressed pickle, 0-7 tuning, 8-f held back.
 
     python benchmarks/composition_truth.py [--extra DIR]
-    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back]
+    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back] [--only NAME] [--strip-frames]
         (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
         "+roles -cache" without the inference cache the job declared)
 
@@ -79,7 +79,18 @@ def _pred_phase(bc, snap) -> str:
     return entry_phase(snap, bc.event) or "unknown"
 
 
-def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
+def strip_frames(snap) -> None:
+    """The snapshot as `_record_memory_history(context=None)` would have recorded it: the same entries,
+    no stack on any of them or on any block."""
+    empty: list = []
+    snap.traces[:] = [[ev._replace(frames=empty) for ev in t] for t in snap.traces]
+    for seg in snap.segments:
+        for b in seg.blocks:
+            b.frames = empty
+    snap.memo.clear()
+
+
+def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, strip: bool = False) -> dict:
     """One capture of benchmarks/gpu/composition_capture.py against the truth taken from its tensors:
     the share of live bytes whose class is right, block by block (truth `other`, a step's leftovers,
     is right as other or activations); the share whose allocation phase is right (a block made before
@@ -95,6 +106,8 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
     truth = json.loads((job_dir / "truth.json").read_text())
     snap = load_snapshot_file(job_dir / "snapshot.pickle.gz")
     snap = getattr(snap, "snapshot", snap)
+    if strip:
+        strip_frames(snap)
     roles = truth.get("agent_roles") or {}
     if with_roles:
         if not isinstance(roles.get("ranges"), list):
@@ -155,14 +168,14 @@ def _trace_peak_phase(snap, truth: dict) -> str | None:
     return GPU_PHASE.get(name, name)
 
 
-def main_gpu(folder: Path, only_half: str | None = None) -> int:
+def main_gpu(folder: Path, only_half: str | None = None, only: str = "", strip: bool = False) -> int:
     rows = []
     for job_dir in sorted(p for p in folder.iterdir() if (p / "truth.json").exists()):
         half = "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
-        if only_half and half != only_half:
+        if only_half and half != only_half or only and only not in job_dir.name:
             continue
         for roles, declared, tag in ((False, True, ""), (True, True, " +roles"), (True, False, " +roles -cache")):
-            r = score_gpu(job_dir, roles, declared)
+            r = score_gpu(job_dir, roles, declared, strip)
             if r:
                 rows.append((half, job_dir.name + tag, r))
     print(f"{'half':10} {'capture':44} {'live':>8} {'class':>7} {'phase':>7} {'peak':>16}  wrong (GiB)")
@@ -191,9 +204,12 @@ def main() -> int:
                     help="with --gpu: score one half only (tune on the tuning half; the held-back half once)")
     ap.add_argument("--gpu", type=Path, default=None,
                     help="a benchmarks/gpu/composition_capture.py --out folder: score its captures instead")
+    ap.add_argument("--only", default="", help="with --gpu: the captures whose name holds this")
+    ap.add_argument("--strip-frames", action="store_true",
+                    help="with --gpu: every stack removed first, as a recording without stacks would have them")
     args = ap.parse_args()
     if args.gpu is not None:
-        return main_gpu(args.gpu, args.half)
+        return main_gpu(args.gpu, args.half, args.only, args.strip_frames)
     truth = json.loads(TRUTH.read_text())
     rows = []
     for name, t in truth["snapshots"].items():

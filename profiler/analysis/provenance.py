@@ -725,7 +725,9 @@ def _read_order(snap: Snapshot) -> _Order | None:
       neighbouring allocations are both freed in the trace (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
     - the optimizer's state is made in one run, per parameter its tensors of the parameter's size one
       after the other (AdamW: two): the first run of which nine tenths of the bytes (STATE_SPLIT_SHARE)
-      come in consecutive pairs of one size that earlier kept blocks have, in more than one size;
+      come in consecutive pairs of one size that earlier kept blocks have, in more than one size; or
+      (SGD's momentum: one) a run one block per earlier block's size, that copies at least
+      ORDER_GRADIENT_SHARE of their bytes;
     - the weights are made first: the earliest blocks of the sizes that state implies, with the rest of
       their runs (buffers); with no state, the trace's largest run;
     - gradients are made later at a weight's size, one per weight, by a backward: where the state shows
@@ -773,8 +775,10 @@ def _read_order(snap: Snapshot) -> _Order | None:
     if cur:
         runs.append(cur)
     out: dict[int, tuple[str, str]] = {i: (fr.WORKSPACE_CAT, FROM_ORDER) for i in workspaces}
-    # the optimizer's state: the first run of pairs of sizes earlier live blocks have
+    # the optimizer's state: the first run of pairs of sizes earlier live blocks have (Adam), or of one
+    # block per earlier block's size that copies at least half of them (SGD's momentum)
     state_run = None
+    per_param = 2
     earlier: Counter = Counter()
     for run in runs:
         if len(run) >= 2:
@@ -786,6 +790,16 @@ def _read_order(snap: Snapshot) -> _Order | None:
             if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes):
                 state_run = run
                 break
+            left = earlier.copy()
+            ones = []
+            for n in sizes:
+                if left[n] > 0:
+                    left[n] -= 1
+                    ones.append(n)
+            if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(sizes) \
+                    and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()):
+                state_run, per_param = run, 1
+                break
         earlier.update(size_at[i] for i in run)
     weights: set[int] = set()
     weight_runs: list[list[int]] = []
@@ -793,7 +807,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
         need = Counter()
         for i in state_run:
             need[size_at[i]] += 1
-        need = Counter({s: math.ceil(n / 2) for s, n in need.items()})
+        need = Counter({s: math.ceil(n / per_param) for s, n in need.items()})
         for run in runs:
             if run[0] >= state_run[0]:
                 break
@@ -812,21 +826,38 @@ def _read_order(snap: Snapshot) -> _Order | None:
         weights.update(run)
     for i in weights:
         out[i] = (fr.PARAMETERS, FROM_ORDER)
-    # gradients: the latest blocks of a weight's size made after the weights, one per weight
     last_weight = max(weights, default=-1)
+    # a gradient per parameter the optimizer keeps state for (buffers have none), else per weight
+    n_params = len(state_run) // per_param if state_run is not None else len(weights)
+    steps, levels = _steps(trace, weights, size_at, n_params)
+    # the last step's gradients, still live: the latest blocks of a weight's size, one per weight, made
+    # after its forward ended (the most bytes live since the last zero_grad, up to the last such block:
+    # forward's saved activations all live and the loss's gradient made; saved activations of a weight's
+    # shape are made before it)
+    bound = steps[-1][3] if steps else max(last_weight, 0)
     free = Counter(size_at[i] for i in weights)
+    last = max((i for i in kept if i > bound and i not in out and free[size_at[i]] > 0), default=-1)
+    fwd_end = max(range(bound, last + 1), key=levels.__getitem__, default=len(trace))
     grads = []
-    for i in sorted((i for i in kept if i > last_weight and i not in out), reverse=True):
-        if free[size_at[i]] > 0:
+    if state_run is not None:
+        # made between the weights and the optimizer's first step, and kept since: the first backward's
+        # gradients, never released (zero_grad(set_to_none=False), or accumulated into every step)
+        early = [i for i in kept if last_weight < i < state_run[0] and i not in out and free[size_at[i]] > 0]
+        if sum(size_at[i] for i in early) >= ORDER_GRADIENT_SHARE * sum(size_at[i] for i in weights):
+            fwd_end = last_weight
+    # the earliest: a next micro-batch's forward (gradient accumulation) makes blocks of a weight's shape
+    for i in sorted(i for i in kept if i > fwd_end and i not in out):
+        if free[size_at[i]] > 0 and len(grads) < n_params:
             free[size_at[i]] -= 1
             grads.append(i)
     weight_bytes = sum(size_at[i] for i in weights)
     if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
         for i in grads:
             out[i] = (fr.GRADIENTS, FROM_ORDER)
+        steps.append((min(grads), max(grads), len(trace), len(trace)))
     else:
         grads = []
-    if state_run is None and not grads:
+    if state_run is None and not grads and not steps:
         for run in runs:
             if run[0] > last_weight and len(run) % 2 == 0 and \
                     all(size_at[run[k]] == size_at[run[k + 1]] for k in range(0, len(run), 2)):
@@ -835,31 +866,35 @@ def _read_order(snap: Snapshot) -> _Order | None:
     for i in kept:
         if i not in out:
             out[i] = (fr.ACTIVATIONS, FROM_ORDER)
-    steps, levels = _steps(trace, weights, size_at, grads)
     backward, optimizer = [], []
-    if steps:
-        # a backward begins at its step's highest live point before its first gradient (forward's saved
-        # activations all live, the loss's gradient made) and ends with its last gradient; the optimizer
-        # step follows, up to zero_grad releasing those gradients (or the trace's end)
-        bound = max(last_weight, 0)
-        for g0, g1, end in steps:
-            top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
-            backward.append((top_at, g1))
-            if end < len(trace) or state_run is not None:
-                optimizer.append((g1 + 1, end - 1))
-            bound = end
+    # a backward begins where its step's forward ended (the most bytes live before its first gradient) and
+    # ends with its last gradient; the optimizer step follows, up to zero_grad releasing those gradients
+    # (or the trace's end)
+    bound = max(last_weight, 0)
+    for g0, g1, end, after in steps:
+        top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
+        backward.append((top_at, g1))
+        if end == len(trace) and state_run is not None:
+            # the last step's optimizer: its temporaries come and go; from the last time live bytes are
+            # back where backward left them on, they only grow: a next micro-batch's forward
+            end = next((j + 1 for j in range(len(trace) - 1, g1, -1) if levels[j] <= levels[g1]), g1 + 1)
+            optimizer.append((g1 + 1, end - 1))
+        elif end < len(trace):
+            optimizer.append((g1 + 1, end - 1))
+        bound = after
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
     return _Order(out, backward, optimizer)
 
 
-def _steps(trace: list, weights: set, size_at: dict, grads: list) -> tuple[list[tuple[int, int, int]], list]:
-    """The training steps of a trace without stacks, as (first gradient, last gradient, the entry where
-    zero_grad releases them or the trace's end), in order, and the live bytes after every entry. A step's
-    gradients are told by zero_grad: it frees them together (a run of frees with no allocation between
-    them), one per weight, at least ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as
-    many other entries (a foreach temporary list of the optimizer is made in a row); the last step's are
-    the gradients still live."""
+def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple[int, int, int, int]], list]:
+    """The training steps of a trace without stacks whose gradients zero_grad released, as (first
+    gradient, last gradient, zero_grad's first free of them, the allocation after its last), in order, and
+    the bytes live after
+    every entry. zero_grad frees a step's gradients together (a run of frees with no allocation between
+    them), one per parameter (`n_params`, the earliest made: the optimizer's last temporaries may be freed
+    with them), at least ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as many other
+    entries (a foreach temporary list of the optimizer is made in a row)."""
     if not weights:
         return [], []
     last_weight = max(weights)
@@ -873,20 +908,18 @@ def _steps(trace: list, weights: set, size_at: dict, grads: list) -> tuple[list[
     levels = []
     level = 0
 
-    def close() -> None:
+    def close(after: int) -> None:
         left = sizes.copy()
         matched = []
-        for j in sorted(freed):  # the earliest made: the optimizer's last temporaries may be freed with them
-            if left[trace[j][2]] > 0:
+        for j in sorted(freed):
+            if left[trace[j][2]] > 0 and len(matched) < n_params:
                 left[trace[j][2]] -= 1
                 matched.append(j)
-        if grads:  # every backward makes as many as the last one left (a buffer has a weight's size too)
-            matched = matched[:len(grads)]
         # made one by one amid the backward's other entries, not as one list in a row (the optimizer's
         # foreach temporaries, one per weight too, are made together and freed together)
         if matched and sum(trace[j][2] for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
                 and max(matched) - min(matched) + 1 > 2 * len(matched):
-            out.append((min(matched), max(matched), run_start))
+            out.append((min(matched), max(matched), run_start, after))
 
     i = -1
     for ev in trace:
@@ -896,7 +929,7 @@ def _steps(trace: list, weights: set, size_at: dict, grads: list) -> tuple[list[
             level += ev[2]
             if freed:
                 if freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
-                    close()
+                    close(i)
                 freed = []
                 freed_bytes = 0
             if i > last_weight and ev[2] in sizes:
@@ -912,9 +945,7 @@ def _steps(trace: list, weights: set, size_at: dict, grads: list) -> tuple[list[
                 freed_bytes += ev[2]
         levels.append(level)
     if freed and freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
-        close()
-    if grads:
-        out.append((min(grads), max(grads), len(trace)))
+        close(len(trace))
     return out, levels
 
 

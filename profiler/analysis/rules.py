@@ -156,8 +156,10 @@ ORDER_GRADIENT_SHARE = _rule(
     "in a trace without stacks and no optimizer state, kept blocks made after the weights at a weight's size "
     "(one per weight) are gradients only where they copy at least half of the weights' bytes (a backward "
     "makes one per parameter: all of them after a full backward, 100% in the H200 captures of "
-    "benchmarks/gpu/composition_capture.py); fewer are as likely outputs that happen to share a size",
-    "provenance")
+    "benchmarks/gpu/composition_capture.py); fewer are as likely outputs that happen to share a size. "
+    "Likewise a run of kept blocks, one per earlier kept block's size, is SGD's momentum (made together in "
+    "its first step) only where it copies at least half of those blocks' bytes (a run of two gradients "
+    "made one after the other copies a few MiB)", "provenance")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
