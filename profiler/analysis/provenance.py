@@ -160,6 +160,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     # The entry that made each block still live at the end: the last alloc at its address.
     made = made_live_in(snap)
     order = _order(snap)  # a trace without stacks that holds the whole job: its order says
+    unnamed = None  # with the agent's roles: sizes of the weights by the order the job did not name
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False
@@ -204,7 +205,19 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(known, FROM_JOB, i)
             continue
         if order is not None and i in order.made:
-            out[b.address] = BlockClass(*order.made[i], i)
+            cls, source = order.made[i]
+            if roles_known and source == FROM_ORDER and cls in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE):
+                # the job named its weights, gradients and state: not one of them; kept with the weights in
+                # sizes that come in several blocks, a cache it did not declare (as older than a trace)
+                if unnamed is None:
+                    unnamed = Counter(trace[j].size for j, (c, src) in order.made.items()
+                                      if src == FROM_ORDER and c == fr.PARAMETERS
+                                      and role_of(trace[j].addr, trace[j].size) is None)
+                if cls == fr.PARAMETERS and unnamed[trace[i].size] >= CACHE_MIN_BLOCKS:
+                    cls, source = fr.PARAMETERS, FROM_CACHE
+                else:
+                    cls = fr.ACTIVATIONS
+            out[b.address] = BlockClass(cls, source, i)
             continue
         frames = b.frames or (trace[i].frames if i >= 0 else [])
         if i < 0 and not b.frames:

@@ -467,7 +467,8 @@ def test_a_trace_without_stacks_says_why_its_blocks_are_unknown():
 H200 = HERE / "composition_h200"
 
 
-@pytest.mark.parametrize("job", sorted(p.name for p in H200.iterdir() if (p / "truth.json").exists()))
+@pytest.mark.parametrize("job", sorted(p.name for p in H200.iterdir()
+                                        if (p / "truth.json").exists() and p.name.startswith("infer_")))
 def test_h200_inference_captures_read_their_weights_and_caches(job):
     """Generation on an H200 (benchmarks/gpu/composition_capture.py), the truth of every live block from
     the tensors at the dump: a static cache made before generation (in the trace, or older than a ring
@@ -709,3 +710,25 @@ def test_h200_captures_from_the_start_read_by_their_order_once_their_stacks_are_
         right_phase += size if got == want or (want == "setup" and got is not None) else 0
     assert right >= 0.97 * total, right / total
     assert right_phase >= 0.97 * total, right_phase / total
+
+
+def test_without_stacks_the_agents_roles_still_come_first():
+    """The generation recorded without stacks, with the roles the agent sent: the weights are known from
+    the job; without the cache the job declared, the trace's order still reads the cache (pairs of one
+    size kept with the weights), and no block the job did not name is called a weight, gradient or state."""
+    from dataclasses import replace
+
+    from memq.model import AGENT_ROLES, AgentInfo
+
+    job = H200 / "infer_dyn_bf16_none_start"
+    truth = json.loads((job / "truth.json").read_text())
+    kv = {b[0] for b in truth["blocks"] if b[2] == "kv_cache"}
+    ranges = [tuple(r) for r in truth["agent_roles"]["ranges"] if r[2] != AGENT_ROLES.index("cache")]
+    snap = _snap(job / "snapshot.pickle.gz")
+    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(ranges)))
+    classes = block_classes(snap)
+    weights = {b[0] for b in truth["blocks"] if b[2] == "parameter"}
+    assert {classes[a].source for a in weights} == {pv.FROM_JOB}
+    assert {(classes[a].cls, classes[a].source) for a in kv} == {(fr.PARAMETERS, pv.FROM_CACHE)}
+    named = {(fr.PARAMETERS, pv.FROM_ORDER), (fr.GRADIENTS, pv.FROM_ORDER), (fr.OPTIMIZER_STATE, pv.FROM_ORDER)}
+    assert not {(bc.cls, bc.source) for bc in classes.values()} & named
