@@ -734,8 +734,9 @@ def _read_order(snap: Snapshot) -> _Order | None:
     made in it. Its
     allocations that stay live to the end come in runs (consecutive allocations with no short-lived one
     between them):
-    - a cuBLAS workspace is made amid a multiply's operands: a block of a workspace's size whose
-      neighbouring allocations are both freed in the trace (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
+    - a cuBLAS workspace is made amid a multiply's operands, at a thread's first multiply: a block of a
+      workspace's size whose neighbouring allocations are both freed in the trace, made before the first
+      backward is over (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
     - the optimizer's state is made in one run, per parameter its tensors of the parameter's size one
       after the other (AdamW: two): the first run of which nine tenths of the bytes (STATE_SPLIT_SHARE)
       come in consecutive pairs of one size that earlier kept blocks have, in more than one size; or
@@ -770,7 +771,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
     size_at = {i: trace[i].size for i in kept}
     ws_sized = [i for i in kept if size_at[i] in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
                 and all(j not in kept for j in _neighbours(trace, i))]
-    workspaces = set(ws_sized) if len(ws_sized) <= CUBLAS_WORKSPACE_MAX_BLOCKS else set()
+    workspaces = set(ws_sized)  # candidates: which are workspaces is decided once the steps are known
     # runs of kept allocations: consecutive ones with no short-lived allocation between them
     runs: list[list[int]] = []
     cur: list[int] = []
@@ -787,7 +788,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
             cur = []
     if cur:
         runs.append(cur)
-    out: dict[int, tuple[str, str]] = {i: (fr.WORKSPACE_CAT, FROM_ORDER) for i in workspaces}
+    out: dict[int, tuple[str, str]] = {}
     # the optimizer's state: the first run of pairs of sizes earlier live blocks have (Adam), or of one
     # block per earlier block's size that copies at least half of them (SGD's momentum)
     state_run = None
@@ -859,7 +860,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
         if sum(size_at[i] for i in early) >= ORDER_GRADIENT_SHARE * sum(size_at[i] for i in weights):
             fwd_end = last_weight
     # the earliest: a next micro-batch's forward (gradient accumulation) makes blocks of a weight's shape
-    for i in sorted(i for i in kept if i > fwd_end and i not in out):
+    for i in sorted(i for i in kept if i > fwd_end and i not in out and i not in workspaces):
         if free[size_at[i]] > 0 and len(grads) < n_params:
             free[size_at[i]] -= 1
             grads.append(i)
@@ -876,6 +877,11 @@ def _read_order(snap: Snapshot) -> _Order | None:
                     all(size_at[run[k]] == size_at[run[k + 1]] for k in range(0, len(run), 2)):
                 for i in run:
                     out[i] = (fr.PARAMETERS, FROM_CACHE)
+    # a thread's workspace is made at its first multiply, before the first backward is over (the
+    # autograd engine's in it); a block of that size made amid short-lived ones later is a tensor
+    first = ws_sized if not steps else [i for i in ws_sized if i <= steps[0][1]]
+    if len(first) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
+        out.update((i, (fr.WORKSPACE_CAT, FROM_ORDER)) for i in first)
     for i in kept:
         if i not in out:
             out[i] = (fr.ACTIVATIONS, FROM_ORDER)

@@ -732,3 +732,21 @@ def test_without_stacks_the_agents_roles_still_come_first():
     assert {(classes[a].cls, classes[a].source) for a in kv} == {(fr.PARAMETERS, pv.FROM_CACHE)}
     named = {(fr.PARAMETERS, pv.FROM_ORDER), (fr.GRADIENTS, pv.FROM_ORDER), (fr.OPTIMIZER_STATE, pv.FROM_ORDER)}
     assert not {(bc.cls, bc.source) for bc in classes.values()} & named
+
+
+def test_without_stacks_a_workspace_sized_block_made_after_the_first_backward_is_a_tensor():
+    """A thread's cuBLAS workspace is made at its first multiply: a 32 MiB block made amid short-lived ones
+    before the first backward is over (its gradients, freed together by zero_grad, tell where it ended) is
+    a workspace; one made so in a later step is that step's tensor."""
+    base = 1 << 34
+    ws = (base, 32 * MiB, [])
+    weights = [(base + 64 * MiB, 40 * MiB, []), (base + 128 * MiB, 50 * MiB, [])]
+    late = (base + 192 * MiB, 32 * MiB, [])
+    g = [((1 << 33) + k * 64 * MiB, n, []) for k, (_, n, _) in enumerate(weights)]  # freed by zero_grad
+    zero_grad = [_ev(a, addr, n, []) for addr, n, _ in g for a in ("free_requested", "free_completed")]
+    trace = _tmp(1) + _made([ws]) + _tmp(1) + _made(weights) + FORWARD + _made(g, gap=2) + _tmp(1) + zero_grad \
+        + _tmp(1, tag=1 << 41, size=256 * MiB) + _tmp(1) + _made([late]) + _tmp(1)
+    snap = _job([ws] + weights + [late], trace)
+    classes = block_classes(snap)
+    assert (classes[ws[0]].cls, classes[late[0]].cls) == (fr.WORKSPACE_CAT, fr.ACTIVATIONS)
+    assert pv._order(snap).backward  # the step was read from zero_grad's frees
