@@ -623,7 +623,9 @@ def _parse_settings(d: dict) -> AllocatorSettings:
 def _frames_missing_reason(segments: list[Segment]) -> list[str]:
     live = [b for s in segments for b in s.blocks if b.is_live]
     if live and not any(b.frames for b in live):
-        return ["no block carries frames (history was not recorded with stacks): composition is 'unknown'"]
+        # provenance reads the classes from the trace's order where it holds the whole job
+        return ["no block carries frames (history was not recorded with stacks): the composition is read from "
+                "the trace's order where it holds the whole job, else 'unknown'"]
     return []
 
 

@@ -64,6 +64,7 @@ SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE,
            NO_FRAMES, NO_TRACE)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
+ORDER = "inferred from the trace's order"  # inferred, from a trace without stacks: its order alone
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
 SOURCE_WORDS = {
     FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's, or a cache "
@@ -110,18 +111,20 @@ class BlockClass(NamedTuple):
 
 def origin(source: str) -> str:
     """How a screen says where a class came from."""
-    return KNOWN if source == FROM_JOB else INFERRED
+    return KNOWN if source == FROM_JOB else ORDER if source == FROM_ORDER else INFERRED
 
 
 def origin_words(by_origin: dict | None) -> str:
-    """One class's bytes by origin ({KNOWN: n, INFERRED: m}) in words, for a table cell or a title."""
+    """One class's bytes by origin ({KNOWN: n, INFERRED: m, ORDER: o}) in words, for a table cell or a
+    title (the trace's order is a way of inferring from the trace: said alone where it decided all)."""
     if not by_origin:
         return ""
-    known, inferred = by_origin.get(KNOWN, 0), by_origin.get(INFERRED, 0)
+    known, order = by_origin.get(KNOWN, 0), by_origin.get(ORDER, 0)
+    inferred = by_origin.get(INFERRED, 0) + order
     if known and not inferred:
         return KNOWN
     if inferred and not known:
-        return INFERRED
+        return ORDER if order == inferred else INFERRED
     return f"{known / (known + inferred):.0%} {KNOWN}, the rest {INFERRED}"
 
 
@@ -717,6 +720,7 @@ class _Order(NamedTuple):
     made: dict  # trace index of an alloc still live at the end -> (class, source)
     backward: list  # (first, last) entry of each backward pass the gradients show
     optimizer: list  # (first, last) entry of each optimizer step
+    released: frozenset  # trace indices of the gradients zero_grad released (earlier steps')
 
 
 def _order(snap: Snapshot) -> _Order | None:
@@ -868,7 +872,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
     if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
         for i in grads:
             out[i] = (fr.GRADIENTS, FROM_ORDER)
-        steps.append((min(grads), max(grads), len(trace), len(trace)))
+        steps.append((min(grads), max(grads), len(trace), len(trace), ()))
     else:
         grads = []
     if state_run is None and not grads and not steps:
@@ -890,7 +894,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
     # ends with its last gradient; the optimizer step follows, up to zero_grad releasing those gradients
     # (or the trace's end)
     bound = max(last_weight, 0)
-    for g0, g1, end, after in steps:
+    for g0, g1, end, after, _got in steps:
         top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
         backward.append((top_at, g1))
         if end == len(trace) and state_run is not None:
@@ -903,13 +907,13 @@ def _read_order(snap: Snapshot) -> _Order | None:
         bound = after
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
-    return _Order(out, backward, optimizer)
+    return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
 
 
-def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple[int, int, int, int]], list]:
+def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple], list]:
     """The training steps of a trace without stacks whose gradients zero_grad released, as (first
-    gradient, last gradient, zero_grad's first free of them, the allocation after its last), in order, and
-    the bytes live after
+    gradient, last gradient, zero_grad's first free of them, the allocation after its last, the gradients'
+    trace indices), in order, and the bytes live after
     every entry. zero_grad frees a step's gradients together (a run of frees with no allocation between
     them), one per parameter (`n_params`, the earliest made: the optimizer's last temporaries may be freed
     with them), at least ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as many other
@@ -938,7 +942,7 @@ def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[lis
         # foreach temporaries, one per weight too, are made together and freed together)
         if matched and sum(trace[j][2] for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
                 and max(matched) - min(matched) + 1 > 2 * len(matched):
-            out.append((min(matched), max(matched), run_start, after))
+            out.append((min(matched), max(matched), run_start, after, matched))
 
     i = -1
     for ev in trace:
@@ -978,6 +982,32 @@ def _neighbours(trace: list, i: int) -> list:
         if 0 <= j < len(trace):
             out.append(j)
     return out
+
+
+def freed_class(snap: Snapshot):
+    """For the category timeline of a trace read by its order (`_read_order`): a function, trace index of
+    an allocation freed inside the trace -> its class (a gradient zero_grad released; made in an optimizer
+    step: the optimizer's, as its frames would say; else the step's activations); None for any other trace
+    (its frames say, or nothing does)."""
+    order = _order(snap)
+    if order is None:
+        return None
+    merged: list[list[int]] = []  # the optimizer stretches, disjoint (the state's run is inside its step)
+    for lo, hi in sorted(order.optimizer):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        elif lo <= hi:
+            merged.append([lo, hi])
+    starts = [lo for lo, _ in merged]
+    released = order.released
+
+    def cls(i: int) -> str:
+        if i in released:
+            return fr.GRADIENTS
+        k = bisect.bisect_right(starts, i) - 1
+        return fr.OPTIMIZER_STATE if k >= 0 and i <= merged[k][1] else fr.ACTIVATIONS
+
+    return cls
 
 
 def entry_phase(snap: Snapshot, i: int) -> str | None:

@@ -649,7 +649,9 @@ def test_h200_traces_without_stacks_read_by_their_order(job):
     assert right_phase >= 0.97 * total, right_phase / total
     comp = analyze([snap])
     assert comp["composition"]["unknown"] == 0
+    words = {c: pv.origin_words(o) for c, o in comp["details"]["composition_origin"].items()}
     if job.startswith("full"):
+        assert set(words.values()) == {pv.ORDER}, words  # every class: "inferred from the trace's order"
         want = {k: truth["class_bytes"][k] for k in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE)}
         assert {k: comp["composition"][k] for k in want} == pytest.approx(want, rel=0.01)
         assert comp["details"]["timeline"]["peak_phase"] == "backward"
@@ -750,3 +752,22 @@ def test_without_stacks_a_workspace_sized_block_made_after_the_first_backward_is
     classes = block_classes(snap)
     assert (classes[ws[0]].cls, classes[late[0]].cls) == (fr.WORKSPACE_CAT, fr.ACTIVATIONS)
     assert pv._order(snap).backward  # the step was read from zero_grad's frees
+
+
+def test_without_stacks_the_timeline_draws_every_step_by_the_trace_order():
+    """The snapshot page's category timeline of the training step recorded without stacks: nothing is
+    drawn unknown; each earlier step's gradients (released together by zero_grad) are drawn as gradients
+    while they lived, the optimizer's temporaries with its state, the rest as the step's activations."""
+    from memq.web.snapshot_view import _Stacks, category_timeline
+
+    snap = _snap(H200 / "full_eager_fp32_none_start" / "snapshot.pickle.gz")
+    tl = category_timeline(snap, _Stacks(), 0)
+    cats = tl["categories"]
+    col = {c: [row[cats.index(c)] for row in tl["levels"]] for c in cats}
+    assert max(col[fr.UNKNOWN]) == 0
+    grads = col[fr.GRADIENTS]
+    # the gradients rise in each backward and fall at zero_grad: at least two falls before the dump
+    high = [g > 300 * MiB for g in grads if g > 300 * MiB or g < 100 * MiB]  # full, or released
+    falls = sum(1 for a, b in zip(high, high[1:], strict=False) if a and not b)
+    assert falls >= 2, falls
+    assert max(col[fr.ACTIVATIONS]) > GiB

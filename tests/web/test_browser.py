@@ -484,7 +484,9 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
     roles_file = tmp_path / "agent_roles.pickle"
     roles_file.write_bytes(pickle.dumps(raw, protocol=4))  # our own data, read back by memq's safe decoder
 
-    pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file}
+    # and a training step recorded without stacks from the job's start: every class from the trace's order
+    order = ROOT / "tests/fixtures/composition_h200/full_eager_fp32_none_start/snapshot.pickle.gz"
+    pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file, "order": order}
     with sync_playwright() as p:
         b = Browser(p, None)
         try:
@@ -516,6 +518,11 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                     assert fit_live == sorted(comp)  # the fit test's live bar, by the same classes
                     block = max(page.locator("#segmap-svg rect.block.cat-activations").all(),
                                 key=lambda r: float(r.get_attribute("width")))
+                elif name == "order":
+                    assert "unknown" not in comp and comp["gradients"] > 0.4 * 2**30
+                    assert " · " not in note and note.endswith(": inferred from the trace's order"), note
+                    block = max(page.locator("#segmap-svg rect.block.cat-optimizer_state").all(),
+                                key=lambda r: float(r.get_attribute("width")))
                 else:
                     assert comp["parameters"] > 12 * 2**30 and "unknown" not in comp
                     assert "parameters: known from the job" in note
@@ -525,7 +532,8 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                 block.scroll_into_view_if_needed()
                 block.click()
                 panel = page.text_content("#frames")
-                want = "known from the job" if name == "roles" else "inferred from the trace"
+                want = {"roles": "known from the job", "order": "inferred from the trace's order"}.get(
+                    name, "inferred from the trace")
                 assert want in panel, panel
                 page.locator("#composition").scroll_into_view_if_needed()
                 assert_not_blank(shot(page, tmp_path / f"one_class_{name}.png", full_page=True))

@@ -465,7 +465,8 @@
       if (!t.getAttribute || t.getAttribute("data-bi") === null) { readout.textContent = ""; return; }
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
       readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown")) +
-        (b.v ? " (" + (b.v === "job" ? "known from the job" : "inferred from the trace") + ")" : "") +
+        (b.v ? " (" + (b.v === "job" ? "known from the job" : b.v === "order" ? "inferred from the trace's order" :
+          "inferred from the trace") + ")" : "") +
         " at 0x" + (s.address + b.o).toString(16) + " in a " + fmtBytes(s.size) + " " + s.pool + " segment";
     });
     svg.addEventListener("click", function (ev) {
@@ -560,9 +561,10 @@
   /* One class's bytes by origin in words (provenance.origin_words). */
   function originWords(o) {
     if (!o) return "";
-    var k = o["known from the job"] || 0, i = o["inferred from the trace"] || 0;
+    var k = o["known from the job"] || 0, r = o["inferred from the trace's order"] || 0,
+      i = (o["inferred from the trace"] || 0) + r;
     if (k && !i) return "known from the job";
-    if (i && !k) return "inferred from the trace";
+    if (i && !k) return r === i ? "inferred from the trace's order" : "inferred from the trace";
     return Math.round(100 * k / (k + i)) + "% known from the job, the rest inferred from the trace";
   }
 
