@@ -743,7 +743,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
       backward is over (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
     - the optimizer's state is made in one run, per parameter its tensors of the parameter's size one
       after the other (AdamW: two): the first run of which nine tenths of the bytes (STATE_SPLIT_SHARE)
-      come in consecutive pairs of one size that earlier kept blocks have, in more than one size; or
+      come in adjacent pairs of one size that earlier kept blocks have, in more than one size; or
       (SGD's momentum: one) a run one block per earlier block's size, that copies at least
       ORDER_GRADIENT_SHARE of their bytes;
     - the weights are made first: the earliest blocks of the sizes that state implies, with the rest of
@@ -796,17 +796,23 @@ def _read_order(snap: Snapshot) -> _Order | None:
     # the optimizer's state: the first run of pairs of sizes earlier live blocks have (Adam), or of one
     # block per earlier block's size that copies at least half of them (SGD's momentum)
     state_run = None
-    per_param = 2
+    per_param: list = []  # a size per parameter the state was made for
     earlier: Counter = Counter()
     for run in runs:
         if len(run) >= 2:
             sizes = [size_at[i] for i in run]
-            pairs = [sizes[k] for k in range(0, len(sizes) - 1, 2)
-                     if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0]
+            pairs = []  # adjacent blocks of one size (fused Adam puts a small step tensor before each pair)
+            k = 0
+            while k < len(sizes) - 1:
+                if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0:
+                    pairs.append(sizes[k])
+                    k += 2
+                else:
+                    k += 1
             # a model's parameters come in more than one size (weights, biases, norms); a cache's key and
             # value of one layer are one size
             if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes):
-                state_run = run
+                state_run, per_param = run, pairs
                 break
             left = earlier.copy()
             ones = []
@@ -816,16 +822,13 @@ def _read_order(snap: Snapshot) -> _Order | None:
                     ones.append(n)
             if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(sizes) \
                     and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()):
-                state_run, per_param = run, 1
+                state_run, per_param = run, ones
                 break
         earlier.update(size_at[i] for i in run)
     weights: set[int] = set()
     weight_runs: list[list[int]] = []
     if state_run is not None:
-        need = Counter()
-        for i in state_run:
-            need[size_at[i]] += 1
-        need = Counter({s: math.ceil(n / per_param) for s, n in need.items()})
+        need = Counter(per_param)
         for run in runs:
             if run[0] >= state_run[0]:
                 break
@@ -846,7 +849,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
         out[i] = (fr.PARAMETERS, FROM_ORDER)
     last_weight = max(weights, default=-1)
     # a gradient per parameter the optimizer keeps state for (buffers have none), else per weight
-    n_params = len(state_run) // per_param if state_run is not None else len(weights)
+    n_params = len(per_param) if state_run is not None else len(weights)
     steps, levels = _steps(trace, weights, size_at, n_params)
     # the last step's gradients, still live: the latest blocks of a weight's size, one per weight, made
     # after its forward ended (the most bytes live since the last zero_grad, up to the last such block:

@@ -149,8 +149,8 @@ STATE_SPLIT_SHARE = _rule(
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
     "the rest is what the step kept (inputs, outputs) or a leak; in a trace without stacks, a run of blocks "
     "made one after another and kept is the optimizer's state where nine tenths of its bytes come in "
-    "consecutive pairs of a size earlier kept blocks have (AdamW's two moments per parameter, made together "
-    "in its first step)", "provenance")
+    "adjacent pairs of a size earlier kept blocks have (AdamW's two moments per parameter, made together "
+    "in its first step; fused Adam's small step tensors between them)", "provenance")
 ORDER_GRADIENT_SHARE = _rule(
     "ORDER_GRADIENT_SHARE", 0.5, "share of the weights' bytes", "judgement",
     "in a trace without stacks and no optimizer state, kept blocks made after the weights at a weight's size "

@@ -771,3 +771,19 @@ def test_without_stacks_the_timeline_draws_every_step_by_the_trace_order():
     falls = sum(1 for a, b in zip(high, high[1:], strict=False) if a and not b)
     assert falls >= 2, falls
     assert max(col[fr.ACTIVATIONS]) > GiB
+
+
+def test_without_stacks_fused_adams_step_tensors_sit_between_the_pairs():
+    """Fused (or capturable) Adam makes a small step tensor on the GPU before each parameter's two moments:
+    the pairs are still adjacent blocks of one size, so the run is the state, step tensors with it."""
+    base = 1 << 34
+    weights = [(base, 40 * MiB, []), (base + 64 * MiB, 50 * MiB, [])]
+    grads = [(base + 128 * MiB, 40 * MiB, []), (base + 192 * MiB, 50 * MiB, [])]
+    s0 = base + 256 * MiB
+    state = [(s0, 512, []), (s0 + MiB, 40 * MiB, []), (s0 + 64 * MiB, 40 * MiB, []),
+             (s0 + 128 * MiB, 512, []), (s0 + 129 * MiB, 50 * MiB, []), (s0 + 192 * MiB, 50 * MiB, [])]
+    trace = _made(weights) + _tmp(4) + FORWARD + _made(grads, gap=2) + _tmp(1) + _made(state) + _tmp(2)
+    classes = block_classes(_job(weights + grads + state, trace))
+    assert {classes[a].cls for a, _, _ in state} == {fr.OPTIMIZER_STATE}
+    assert {classes[a].cls for a, _, _ in weights} == {fr.PARAMETERS}
+    assert {classes[a].cls for a, _, _ in grads} == {fr.GRADIENTS}
