@@ -735,9 +735,8 @@ def _order(snap: Snapshot) -> _Order | None:
 
 def _read_order(snap: Snapshot) -> _Order | None:
     """A trace without stacks that holds the whole job: every segment and every block live at the end were
-    made in it. Its
-    allocations that stay live to the end come in runs (consecutive allocations with no short-lived one
-    between them):
+    made in it. Its allocations that stay live to the end come in runs (consecutive allocations with no
+    short-lived one between them):
     - a cuBLAS workspace is made amid a multiply's operands, at a thread's first multiply: a block of a
       workspace's size whose neighbouring allocations are both freed in the trace, made before the first
       backward is over (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
@@ -748,8 +747,9 @@ def _read_order(snap: Snapshot) -> _Order | None:
       ORDER_GRADIENT_SHARE of their bytes;
     - the weights are made first: the earliest blocks of the sizes that state implies, with the rest of
       their runs (buffers); with no state, the trace's largest run;
-    - gradients are made later at a weight's size, one per weight, by a backward: where the state shows
-      an optimizer, or where they copy at least ORDER_GRADIENT_SHARE of the weights' bytes;
+    - gradients are made later at a weight's size, one per parameter, by a backward (after its step's
+      forward ended; `_steps` tells the steps): where the state shows an optimizer, or where they copy at
+      least ORDER_GRADIENT_SHARE of the weights' bytes;
     - an inference cache (no optimizer, no gradients) is a later run of pairs of one size (a key and a
       value per layer, made together as the cache grows or is made);
     - the rest (inputs, kept outputs) are the step's: activations."""
@@ -851,8 +851,8 @@ def _read_order(snap: Snapshot) -> _Order | None:
     # a gradient per parameter the optimizer keeps state for (buffers have none), else per weight
     n_params = len(per_param) if state_run is not None else len(weights)
     steps, levels = _steps(trace, weights, size_at, n_params)
-    # the last step's gradients, still live: the latest blocks of a weight's size, one per weight, made
-    # after its forward ended (the most bytes live since the last zero_grad, up to the last such block:
+    # the last step's gradients, still live: the earliest blocks of a weight's size, one per parameter,
+    # made after its forward ended (the most bytes live since the last zero_grad, up to the last such block:
     # forward's saved activations all live and the loss's gradient made; saved activations of a weight's
     # shape are made before it)
     bound = steps[-1][3] if steps else max(last_weight, 0)
