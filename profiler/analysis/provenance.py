@@ -44,6 +44,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
+    ORDER_GRADIENT_SHARE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -60,17 +61,19 @@ FROM_TRACE = "trace"  # when in the recorded step it was made, and that it outli
 FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or a workspace's
 FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
 FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
+FROM_ORDER = "order"  # a trace without stacks: its place in the trace's order (made first and kept: a weight)
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 # Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
-SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
-           NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT)
+SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, FROM_ORDER, BEFORE_TRACE,
+           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
+ORDER = "inferred from the trace's order"  # inferred, from a trace without stacks: its order alone
 # with no trace at all (untraced.py): the model's state by its sizes and addresses
 LAYOUT = LAYOUT_ORIGIN
-ORIGINS = (KNOWN, INFERRED, LAYOUT)
+ORIGINS = (KNOWN, INFERRED, ORDER, LAYOUT)
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
 SOURCE_WORDS = {
     FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's, or a cache "
@@ -81,6 +84,10 @@ SOURCE_WORDS = {
     FROM_STATE: "inferred from the trace: allocated before the trace began, sized as the optimizer state implies",
     FROM_CACHE: "inferred from the trace: an inference cache (a KV cache), kept from one forward call to the "
                 "next",
+    FROM_ORDER: "inferred from the trace's order: recorded without stacks, so where it was made and what it "
+                "outlived (made first and kept: a weight; the optimizer's first step makes a parameter's size "
+                "in pairs: its state; a backward makes one per weight: a gradient; a workspace amid a "
+                "multiply's operands)",
     BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
     NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
                "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
@@ -90,6 +97,9 @@ SOURCE_WORDS = {
     **_UNTRACED_WORDS,
 }
 # The site a screen shows for those blocks (the composition's top allocation site)
+ORDER_SITE = {fr.PARAMETERS: "made first and kept", fr.OPTIMIZER_STATE: "the optimizer step's pairs of a "
+              "parameter's size", fr.GRADIENTS: "one per weight, made after them", fr.WORKSPACE_CAT:
+              "made amid a multiply's operands", fr.ACTIVATIONS: "kept by the step"}
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
 _LAYOUT_SITE = {AFTER_HISTORY: "<no allocation history: made after it stopped, by the running step>",
@@ -116,12 +126,14 @@ def origin(source: str) -> str:
     """How a screen says where a class came from."""
     if source == FROM_JOB:
         return KNOWN
+    if source == FROM_ORDER:
+        return ORDER
     return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT) else INFERRED
 
 
 def origin_words(by_origin: dict | None) -> str:
-    """One class's bytes by origin ({KNOWN: n, INFERRED: m, LAYOUT: l}) in words, for a table cell or a
-    title."""
+    """One class's bytes by origin ({KNOWN: n, INFERRED: m, ORDER: o, LAYOUT: l}) in words, for a table cell
+    or a title: one origin said alone, more in shares."""
     if not by_origin:
         return ""
     got = [(o, by_origin.get(o, 0)) for o in ORIGINS if by_origin.get(o, 0)]
@@ -168,6 +180,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     trace_has_frames = any(ev.frames for ev in trace[-4000:]) or any(ev.frames for ev in trace[:4000])
     # The entry that made each block still live at the end: the last alloc at its address.
     made = made_live_in(snap)
+    order = _order(snap)  # a trace without stacks that holds the whole job: its order says
+    unnamed = None  # with the agent's roles: sizes of the weights by the order the job did not name
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False
@@ -211,6 +225,21 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         known = role_of(b.address, b.size)
         if known is not None:
             out[b.address] = BlockClass(known, FROM_JOB, i)
+            continue
+        if order is not None and i in order.made:
+            cls, source = order.made[i]
+            if roles_known and source == FROM_ORDER and cls in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE):
+                # the job named its weights, gradients and state: not one of them; kept with the weights in
+                # sizes that come in several blocks, a cache it did not declare (as older than a trace)
+                if unnamed is None:
+                    unnamed = Counter(trace[j].size for j, (c, src) in order.made.items()
+                                      if src == FROM_ORDER and c == fr.PARAMETERS
+                                      and role_of(trace[j].addr, trace[j].size) is None)
+                if cls == fr.PARAMETERS and unnamed[trace[i].size] >= CACHE_MIN_BLOCKS:
+                    cls, source = fr.PARAMETERS, FROM_CACHE
+                else:
+                    cls = fr.ACTIVATIONS
+            out[b.address] = BlockClass(cls, source, i)
             continue
         frames = b.frames or (trace[i].frames if i >= 0 else [])
         if i < 0 and not b.frames:
@@ -692,6 +721,8 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
                 site = _UNKNOWN_SITE[bc.source]
             elif bc and bc.source == FROM_CACHE:  # with the weights in class, but said to be a cache
                 site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
+            elif bc and bc.source == FROM_ORDER:
+                site = f"<no frames: {ORDER_SITE.get(bc.cls, bc.cls)}, by the trace's order>"
             elif frames:
                 site = fr.stack_signature(frames)
             elif bc and bc.source in _LAYOUT_SITE:
@@ -726,3 +757,328 @@ def origins(snap: Snapshot) -> dict:
                 d = out.setdefault(cls, {})
                 d[o] = d.get(o, 0) + b.size
     return out
+
+
+# ------------------------------------------------------------------ a trace recorded without stacks
+class _Order(NamedTuple):
+    """What a trace recorded without stacks says by its order alone (`_order`)."""
+    made: dict  # trace index of an alloc still live at the end -> (class, source)
+    backward: list  # (first, last) entry of each backward pass the gradients show
+    optimizer: list  # (first, last) entry of each optimizer step
+    released: frozenset  # trace indices of the gradients zero_grad released (earlier steps')
+
+
+def _order(snap: Snapshot) -> _Order | None:
+    """Classes and phases of a trace recorded without stacks, from its order alone, where it holds the whole
+    job (every live block was made inside it: nothing predates it). Memoised; None where it does not apply
+    (a framed trace, or one that lost its beginning)."""
+    if "order" in snap.memo:
+        return snap.memo["order"]
+    snap.memo["order"] = got = _read_order(snap)
+    return got
+
+
+def _read_order(snap: Snapshot) -> _Order | None:
+    """A trace without stacks that holds the whole job: every segment and every block live at the end were
+    made in it. Its allocations that stay live to the end come in runs (consecutive allocations with no
+    short-lived one between them):
+    - a cuBLAS workspace is made amid a multiply's operands, at a thread's first multiply: a block of a
+      workspace's size whose neighbouring allocations are both freed in the trace, made before the first
+      backward is over (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
+    - the optimizer's state is made in one run, per parameter its tensors of the parameter's size one
+      after the other (AdamW: two): the first run of which nine tenths of the bytes (STATE_SPLIT_SHARE)
+      come in adjacent pairs of one size that earlier kept blocks have, in more than one size; or
+      (SGD's momentum: one) a run one block per earlier block's size, that copies at least
+      ORDER_GRADIENT_SHARE of their bytes;
+    - the weights are made first: the earliest blocks of the sizes that state implies, with the rest of
+      their runs (buffers); with no state, the trace's largest run;
+    - gradients are made later at a weight's size, one per parameter, by a backward (after its step's
+      forward ended; `_steps` tells the steps): where the state shows an optimizer, or where they copy at
+      least ORDER_GRADIENT_SHARE of the weights' bytes;
+    - an inference cache (no optimizer, no gradients) is a later run of pairs of one size (a key and a
+      value per layer, made together as the cache grows or is made);
+    - the rest (inputs, kept outputs) are the step's: activations."""
+    trace = snap.trace
+    if not trace:
+        return None
+    # the whole job: every segment was made in the trace (the timeline's covers_whole_run) and every live
+    # block too; a trace that lost its beginning may have lost the weights' making. (Entries are read by
+    # position: this reads every entry of traces of a million.)
+    created = set()
+    for ev in trace:
+        if ev[5]:
+            return None
+        if ev[0] == "segment_alloc" or ev[0] == "segment_map":
+            created.add(ev[1])
+    if any(seg.address not in created for seg in snap.segments):
+        return None
+    made = made_live_in(snap)
+    live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
+    if not live or any(b.address not in made for b in live):
+        return None
+    kept = set(made.values())
+    size_at = {i: trace[i].size for i in kept}
+    ws_sized = [i for i in kept if size_at[i] in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
+                and all(j not in kept for j in _neighbours(trace, i))]
+    workspaces = set(ws_sized)  # candidates: which are workspaces is decided once the steps are known
+    # runs of kept allocations: consecutive ones with no short-lived allocation between them
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    i = -1
+    for ev in trace:
+        i += 1
+        if ev[0] != "alloc":
+            continue
+        if i in kept:
+            if i not in workspaces:
+                cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    out: dict[int, tuple[str, str]] = {}
+    # the optimizer's state: the first run of pairs of sizes earlier live blocks have (Adam), or of one
+    # block per earlier block's size that copies at least half of them (SGD's momentum)
+    state_run = None
+    per_param: list = []  # a size per parameter the state was made for
+    earlier: Counter = Counter()
+    for run in runs:
+        if len(run) >= 2:
+            sizes = [size_at[i] for i in run]
+            pairs = []  # adjacent blocks of one size (fused Adam puts a small step tensor before each pair)
+            k = 0
+            while k < len(sizes) - 1:
+                if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0:
+                    pairs.append(sizes[k])
+                    k += 2
+                else:
+                    k += 1
+            # a model's parameters come in more than one size (weights, biases, norms); a cache's key and
+            # value of one layer are one size
+            if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes):
+                state_run, per_param = run, pairs
+                break
+            left = earlier.copy()
+            ones = []
+            for n in sizes:
+                if left[n] > 0:
+                    left[n] -= 1
+                    ones.append(n)
+            if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(sizes) \
+                    and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()):
+                state_run, per_param = run, ones
+                break
+        earlier.update(size_at[i] for i in run)
+    weights: set[int] = set()
+    weight_runs: list[list[int]] = []
+    if state_run is not None:
+        need = Counter(per_param)
+        for run in runs:
+            if run[0] >= state_run[0]:
+                break
+            took = False
+            for i in run:
+                if need[size_at[i]] > 0:
+                    need[size_at[i]] -= 1
+                    took = True
+            if took:
+                weight_runs.append(run)
+        for i in state_run:
+            out[i] = (fr.OPTIMIZER_STATE, FROM_ORDER)
+    elif runs:
+        weight_runs = [max(runs, key=lambda r: sum(size_at[i] for i in r))]
+    for run in weight_runs:
+        weights.update(run)
+    for i in weights:
+        out[i] = (fr.PARAMETERS, FROM_ORDER)
+    last_weight = max(weights, default=-1)
+    # a gradient per parameter the optimizer keeps state for (buffers have none), else per weight
+    n_params = len(per_param) if state_run is not None else len(weights)
+    steps, levels = _steps(trace, weights, size_at, n_params)
+    # the last step's gradients, still live: the earliest blocks of a weight's size, one per parameter,
+    # made after its forward ended (the most bytes live since the last zero_grad, up to the last such block:
+    # forward's saved activations all live and the loss's gradient made; saved activations of a weight's
+    # shape are made before it)
+    bound = steps[-1][3] if steps else max(last_weight, 0)
+    free = Counter(size_at[i] for i in weights)
+    last = max((i for i in kept if i > bound and i not in out and free[size_at[i]] > 0), default=-1)
+    fwd_end = max(range(bound, last + 1), key=levels.__getitem__, default=len(trace))
+    grads = []
+    if state_run is not None:
+        # made between the weights and the optimizer's first step, and kept since: the first backward's
+        # gradients, never released (zero_grad(set_to_none=False), or accumulated into every step)
+        early = [i for i in kept if last_weight < i < state_run[0] and i not in out and free[size_at[i]] > 0]
+        if sum(size_at[i] for i in early) >= ORDER_GRADIENT_SHARE * sum(size_at[i] for i in weights):
+            fwd_end = last_weight
+    # the earliest: a next micro-batch's forward (gradient accumulation) makes blocks of a weight's shape
+    for i in sorted(i for i in kept if i > fwd_end and i not in out and i not in workspaces):
+        if free[size_at[i]] > 0 and len(grads) < n_params:
+            free[size_at[i]] -= 1
+            grads.append(i)
+    weight_bytes = sum(size_at[i] for i in weights)
+    if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
+        for i in grads:
+            out[i] = (fr.GRADIENTS, FROM_ORDER)
+        steps.append((min(grads), max(grads), len(trace), len(trace), ()))
+    else:
+        grads = []
+    if state_run is None and not grads and not steps:
+        for run in runs:
+            if run[0] > last_weight and len(run) % 2 == 0 and \
+                    all(size_at[run[k]] == size_at[run[k + 1]] for k in range(0, len(run), 2)):
+                for i in run:
+                    out[i] = (fr.PARAMETERS, FROM_CACHE)
+    # a thread's workspace is made at its first multiply, before the first backward is over (the
+    # autograd engine's in it); a block of that size made amid short-lived ones later is a tensor
+    first = ws_sized if not steps else [i for i in ws_sized if i <= steps[0][1]]
+    if len(first) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
+        out.update((i, (fr.WORKSPACE_CAT, FROM_ORDER)) for i in first)
+    for i in kept:
+        if i not in out:
+            out[i] = (fr.ACTIVATIONS, FROM_ORDER)
+    backward, optimizer = [], []
+    # a backward begins where its step's forward ended (the most bytes live before its first gradient) and
+    # ends with its last gradient; the optimizer step follows, up to zero_grad releasing those gradients
+    # (or the trace's end)
+    bound = max(last_weight, 0)
+    for g0, g1, end, after, _got in steps:
+        top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
+        backward.append((top_at, g1))
+        if end == len(trace) and state_run is not None:
+            # the last step's optimizer: its temporaries come and go; from the last time live bytes are
+            # back where backward left them on, they only grow: a next micro-batch's forward
+            end = next((j + 1 for j in range(len(trace) - 1, g1, -1) if levels[j] <= levels[g1]), g1 + 1)
+            optimizer.append((g1 + 1, end - 1))
+        elif end < len(trace):
+            optimizer.append((g1 + 1, end - 1))
+        bound = after
+    if state_run is not None:
+        optimizer.append((state_run[0], state_run[-1]))
+    return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
+
+
+def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple], list]:
+    """The training steps of a trace without stacks whose gradients zero_grad released, as (first
+    gradient, last gradient, zero_grad's first free of them, the allocation after its last, the gradients'
+    trace indices), in order, and the bytes live after
+    every entry. zero_grad frees a step's gradients together (a run of frees with no allocation between
+    them), one per parameter (`n_params`, the earliest made: the optimizer's last temporaries may be freed
+    with them), at least ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as many other
+    entries (a foreach temporary list of the optimizer is made in a row)."""
+    if not weights:
+        return [], []
+    last_weight = max(weights)
+    sizes = Counter(size_at[i] for i in weights)
+    weight_bytes = sum(size_at[i] for i in weights)
+    out = []
+    born: dict = {}  # address -> alloc index, of the blocks at a weight's size made after the weights
+    freed: list[int] = []  # those the current run of frees released
+    run_start = -1
+    freed_bytes = 0
+    levels = []
+    level = 0
+
+    def close(after: int) -> None:
+        left = sizes.copy()
+        matched = []
+        for j in sorted(freed):
+            if left[trace[j][2]] > 0 and len(matched) < n_params:
+                left[trace[j][2]] -= 1
+                matched.append(j)
+        # made one by one amid the backward's other entries, not as one list in a row (the optimizer's
+        # foreach temporaries, one per weight too, are made together and freed together)
+        if matched and sum(trace[j][2] for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
+                and max(matched) - min(matched) + 1 > 2 * len(matched):
+            out.append((min(matched), max(matched), run_start, after, matched))
+
+    i = -1
+    for ev in trace:
+        i += 1
+        a = ev[0]
+        if a == "alloc":
+            level += ev[2]
+            if freed:
+                if freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
+                    close(i)
+                freed = []
+                freed_bytes = 0
+            if i > last_weight and ev[2] in sizes:
+                born[ev[1]] = i
+        elif a == "free_completed":
+            level -= ev[2]
+        elif a == "free_requested":
+            j = born.pop(ev[1], None)
+            if j is not None:
+                if not freed:
+                    run_start = i
+                freed.append(j)
+                freed_bytes += ev[2]
+        levels.append(level)
+    if freed and freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
+        close(len(trace))
+    return out, levels
+
+
+def _neighbours(trace: list, i: int) -> list:
+    """The allocations just before and just after entry i."""
+    out = []
+    for step in (-1, 1):
+        j = i + step
+        while 0 <= j < len(trace) and trace[j][0] != "alloc":
+            j += step
+        if 0 <= j < len(trace):
+            out.append(j)
+    return out
+
+
+def freed_class(snap: Snapshot):
+    """For the category timeline of a trace read by its order (`_read_order`): a function, trace index of
+    an allocation freed inside the trace -> its class (a gradient zero_grad released; made in an optimizer
+    step: the optimizer's, as its frames would say; else the step's activations); None for any other trace
+    (its frames say, or nothing does)."""
+    order = _order(snap)
+    if order is None:
+        return None
+    merged: list[list[int]] = []  # the optimizer stretches, disjoint (the state's run is inside its step)
+    for lo, hi in sorted(order.optimizer):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        elif lo <= hi:
+            merged.append([lo, hi])
+    starts = [lo for lo, _ in merged]
+    released = order.released
+
+    def cls(i: int) -> str:
+        if i in released:
+            return fr.GRADIENTS
+        k = bisect.bisect_right(starts, i) - 1
+        return fr.OPTIMIZER_STATE if k >= 0 and i <= merged[k][1] else fr.ACTIVATIONS
+
+    return cls
+
+
+def entry_phase(snap: Snapshot, i: int) -> str | None:
+    """The phase of trace entry i: from its frames (frames.event_phase); in a trace recorded without stacks
+    that holds the whole job, from the trace's order (`_read_order`): a gradient was made in backward, the
+    optimizer's state in its step, the rest where the stretches of backward and optimizer steps put it,
+    else forward (or setup); None where nothing tells."""
+    trace = snap.trace
+    has_frames = snap.memo.get("trace_has_frames")
+    if has_frames is None:
+        has_frames = snap.memo["trace_has_frames"] = any(ev.frames for ev in trace)
+    if has_frames:
+        return event_phase(trace[i].frames, True)
+    order = _order(snap)
+    if order is None:
+        return None
+    got = order.made.get(i)
+    if got is not None and got[0] == fr.GRADIENTS:
+        return PHASE_BACKWARD
+    if got is not None and got[0] == fr.OPTIMIZER_STATE:
+        return PHASE_OPTIMIZER
+    if any(a <= i <= b for a, b in order.backward):
+        return PHASE_BACKWARD
+    if any(a <= i <= b for a, b in order.optimizer):
+        return PHASE_OPTIMIZER
+    return PHASE_FORWARD
