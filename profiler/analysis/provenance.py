@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import Counter
 from typing import NamedTuple
 
@@ -211,6 +212,9 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         if frames:
             if cat == fr.OTHER and b.address in workspaces:
                 out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
+                continue
+            if cat in (fr.OTHER, fr.ACTIVATIONS) and made_by_constructor(frames):
+                out[b.address] = BlockClass(fr.PARAMETERS, FROM_FRAMES, i)  # the model's construction
                 continue
             # Made by code no rule names and still live: forward's output where the trace shows a
             # forward pass (own modules, stacks="all"), else what the frames said ("other").
@@ -626,6 +630,31 @@ def _in_backward_at_end(trace: list, last_bwd: int) -> bool:
     """True when the recording stops inside backward (an OOM or a dump from a hook in backward): a
     block made there may still be an intermediate of the remaining backward, not a kept gradient."""
     return last_bwd >= 0 and any(ev.action == "oom" for ev in trace[last_bwd:])
+
+
+# The code that builds or loads a model: a constructor (an nn.Module subclass's `__init__` making
+# nn.Parameter(torch.empty(...)), an inference engine's `__init__` allocating its weights), or a weight
+# initialiser or loader by its conventional name. torch's own modules are caught by frames.categorize.
+_BUILD_NAME = re.compile(r"^__init__$|^reset_parameters$|^from_pretrained$|^_?(init|load)_(all_)?weights?")
+# Constructors whose tensors are not the model's: an optimizer's (a hand-written Adam may make its state
+# up front), DDP's (its gradient buckets), a process group's (communication buffers).
+_NOT_MODEL_BUILD = re.compile(r"optim|/nn/parallel/|/distributed/", re.IGNORECASE)
+
+
+@fr.per_frames_list
+def made_by_constructor(frames: list) -> bool:
+    """The stack is the model's construction: a constructor or weight initialiser, outside any forward
+    call, backward and optimizer code. What it made and is still live is a parameter or a buffer (the
+    model is built once and kept), wherever the trace began: before the model was made (the block has
+    a trace entry) or after (a torch 2.0 block carries its own history)."""
+    build = False
+    for f in frames:
+        name, path = frame_name(f), frame_file(f)
+        if fr.FORWARD_NAME.search(name) or _NOT_MODEL_BUILD.search(path) or _NOT_MODEL_BUILD.search(name):
+            return False
+        if _BUILD_NAME.search(name):
+            build = True
+    return build and not fr.is_backward(frames)
 
 
 def composition(snap: Snapshot) -> tuple[dict, dict]:
