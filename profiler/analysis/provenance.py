@@ -55,12 +55,13 @@ FROM_TRACE = "trace"  # when in the recorded step it was made, and that it outli
 FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or a workspace's
 FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
 FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
+FROM_REBOUND = "rebound"  # made by the optimizer step in place of an older parameter of its size
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 # Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
-           NO_TRACE)
+           NO_TRACE, FROM_REBOUND)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
@@ -74,6 +75,9 @@ SOURCE_WORDS = {
     FROM_CACHE: "inferred from the trace: an inference cache (a KV cache), kept from one forward call to the "
                 "next",
     BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
+    FROM_REBOUND: "inferred from the trace: made by the optimizer step in place of a block of its size made "
+                  "before it, one per gradient, and nothing else is that gradient's parameter (the step "
+                  "rebinds its parameters to new tensors)",
     NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
                "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
                "let the agent send the roles of the job's tensors)",
@@ -254,6 +258,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE if trace_has_frames else NO_FRAMES, i)
+    _rebound_params(trace, live, out)
     return out
 
 
@@ -655,6 +660,51 @@ def made_by_constructor(frames: list) -> bool:
         if _BUILD_NAME.search(name):
             build = True
     return build and not fr.is_backward(frames)
+
+
+def _rebound_params(trace: list, live: list, out: dict) -> None:
+    """Parameters a hand-written optimizer rebinds every step (`p.data = p.data - lr * update`): the
+    step makes each one anew beside its state, so its frames say optimizer state. Where a size has
+    gradients but no live block of it is a parameter, the step's blocks of that size come from two or
+    more allocation sites (the state's, the update's), and the site that comes last (the update reads
+    the moments, so it is made after them) made one block per gradient, each while the step freed a
+    block of that size made before it (the old parameter): those are the parameters."""
+    grads = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS)
+    if not grads:
+        return
+    weights = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
+    sites: dict[int, dict[int, list]] = {}  # size -> allocation site -> the step's live blocks
+    for b in live:
+        bc = out.get(b.address, _NONE)
+        size = tensor_size(b)
+        if bc.cls == fr.OPTIMIZER_STATE and bc.event >= 0 and grads[size] and not weights[size]:
+            sites.setdefault(size, {}).setdefault(id(trace[bc.event].frames), []).append(b)
+    for size, by_site in sites.items():
+        if len(by_site) < 2:
+            continue
+        last = max(by_site.values(), key=lambda bs: min(out[b.address].event for b in bs))
+        if len(last) != grads[size]:
+            continue
+        start = min(out[b.address].event for bs in by_site.values() for b in bs)
+        if _replaced_in_step(trace, start, {b.size for b in last} | {size}) < len(last):
+            continue
+        for b in last:
+            out[b.address] = BlockClass(fr.PARAMETERS, FROM_REBOUND, out[b.address].event)
+
+
+def _replaced_in_step(trace: list, start: int, sizes: set) -> int:
+    """Blocks of these sizes made before `start` (in the trace or before it) that optimizer code frees
+    from there on: what the step's new blocks replaced."""
+    made_since: set = set()
+    n = 0
+    for ev in trace[start:]:
+        if ev.action == "alloc":
+            made_since.add(ev.addr)
+        elif ev.action == "free_requested" and ev.size in sizes and ev.addr not in made_since \
+                and ev.frames and fr.is_optimizer(ev.frames):
+            made_since.add(ev.addr)  # counted once
+            n += 1
+    return n
 
 
 def composition(snap: Snapshot) -> tuple[dict, dict]:
