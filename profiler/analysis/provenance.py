@@ -42,6 +42,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
+    STATE_COUNT_SHARE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -365,7 +366,9 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
             by_size.setdefault(tensor_size(b), []).append(b)
     params: dict[int, list] = {}
     if state_sizes:
-        k = state_per_param(snap, out, live) or 1
+        k = state_per_param(snap, out, live) or _state_per_param_by_count(
+            state_sizes, by_size, _grads_predate(out, predating, trace, trace_has_frames, last_bwd)
+            and _fresh_gradients_freed(trace, by_size, trace_has_frames)) or 1
         for size, group in by_size.items():
             need = math.ceil(state_sizes.get(size, 0) / k) - known_params.get(size, 0)
             if need > 0:
@@ -705,6 +708,39 @@ def _replaced_in_step(trace: list, start: int, sizes: set) -> int:
             made_since.add(ev.addr)  # counted once
             n += 1
     return n
+
+
+def _state_per_param_by_count(state_sizes: Counter, by_size: dict, grads_before: bool) -> int | None:
+    """State blocks per parameter where nothing names the optimizer (a hand-written one) and no parameter
+    is known: from the counts, size by size, of the state and of the blocks older than the trace, which
+    are the parameters, and their gradients too where a backward accumulated into gradients older than
+    the trace (`grads_before`). k where at least STATE_COUNT_SHARE of the state's bytes are in sizes with
+    exactly k state blocks per parameter; None where no k is (then each state block is read as implying
+    a parameter of its own)."""
+    total = sum(size * n for size, n in state_sizes.items())
+    if not total:
+        return None
+    per = 2 if grads_before else 1  # older blocks per parameter: itself, and its gradient
+    for k in (2, 1):
+        fit = sum(size * n for size, n in state_sizes.items()
+                  if len(by_size.get(size, ())) % per == 0 and n == k * len(by_size.get(size, ())) // per > 0)
+        if fit >= STATE_COUNT_SHARE * total:
+            return k
+    return None
+
+
+def _fresh_gradients_freed(trace: list, by_size: dict, trace_has_frames: bool) -> bool:
+    """The backward in the trace made blocks of the sizes older than it and freed them: fresh gradients
+    that the autograd engine added into gradients kept from an earlier step, in place."""
+    made_in_bwd: set = set()
+    sizes = set(by_size) | {b.size for g in by_size.values() for b in g}
+    for ev in trace:
+        if ev.action == "alloc" and ev.size in sizes \
+                and event_phase(ev.frames, trace_has_frames) == PHASE_BACKWARD:
+            made_in_bwd.add(ev.addr)
+        elif ev.action == "free_requested" and ev.addr in made_in_bwd:
+            return True
+    return False
 
 
 def composition(snap: Snapshot) -> tuple[dict, dict]:

@@ -148,6 +148,12 @@ STATE_SPLIT_SHARE = _rule(
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
     "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+STATE_COUNT_SHARE = _rule(
+    "STATE_COUNT_SHARE", 0.9, "share of the optimizer state's bytes", "judgement",
+    "where nothing names the optimizer (a hand-written one), its state blocks per parameter are the k that "
+    "nine tenths of the state's bytes agree on, size by size (k state blocks per block older than the trace, "
+    "or per two where the gradients are older too); the rest may be a size shared with other tensors",
+    "provenance")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
