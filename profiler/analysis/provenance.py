@@ -184,7 +184,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     state_sized = {tensor_size(b) for b in live if frames_of(b) and fr.is_optimizer(frames_of(b))}
     workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None
                                     and tensor_size(b) not in state_sized
-                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)])
+                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER
+                                         and not made_by_constructor(frames_of(b)))])
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
     sites: set = set()
@@ -215,11 +216,11 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             undecided.append(b)  # a gradient or a backward intermediate: decided by size below
             continue
         if frames:
-            if cat == fr.OTHER and b.address in workspaces:
-                out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
-                continue
             if cat in (fr.OTHER, fr.ACTIVATIONS) and made_by_constructor(frames):
                 out[b.address] = BlockClass(fr.PARAMETERS, FROM_FRAMES, i)  # the model's construction
+                continue
+            if cat == fr.OTHER and b.address in workspaces:
+                out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
                 continue
             # Made by code no rule names and still live: forward's output where the trace shows a
             # forward pass (own modules, stacks="all"), else what the frames said ("other").
