@@ -217,8 +217,11 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             continue
         if frames:
             if cat in (fr.OTHER, fr.ACTIVATIONS) and made_by_constructor(frames):
-                out[b.address] = BlockClass(fr.PARAMETERS, FROM_FRAMES, i)  # the model's construction
-                continue
+                if forward_seen is None:
+                    forward_seen = _first_forward(trace)
+                if i < 0 or i < forward_seen or forward_seen < 0:  # built before the first forward
+                    out[b.address] = BlockClass(fr.PARAMETERS, FROM_FRAMES, i)  # the model's construction
+                    continue
             if cat == fr.OTHER and b.address in workspaces:
                 out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
                 continue
@@ -368,8 +371,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     params: dict[int, list] = {}
     if state_sizes:
         k = state_per_param(snap, out, live) or _state_per_param_by_count(
-            state_sizes, by_size, _grads_predate(out, predating, trace, trace_has_frames, last_bwd)
-            and _fresh_gradients_freed(trace, by_size, trace_has_frames)) or 1
+            snap, out, predating, trace, trace_has_frames, last_bwd, state_sizes, by_size) or 1
         for size, group in by_size.items():
             need = math.ceil(state_sizes.get(size, 0) / k) - known_params.get(size, 0)
             if need > 0:
@@ -647,22 +649,28 @@ def _in_backward_at_end(trace: list, last_bwd: int) -> bool:
 _BUILD_NAME = re.compile(r"^__init__$|^reset_parameters$|^from_pretrained$|^_?(init|load)_(all_)?weights?")
 # Constructors whose tensors are not the model's: an optimizer's (a hand-written Adam may make its state
 # up front), DDP's (its gradient buckets), a process group's (communication buffers).
-_NOT_MODEL_BUILD = re.compile(r"optim|/nn/parallel/|/distributed/", re.IGNORECASE)
+_NOT_MODEL_BUILD = re.compile(r"optim", re.IGNORECASE)  # in a file's or a function's name
+_NOT_MODEL_DIR = re.compile(r"/nn/parallel/|/distributed/")
 
 
 @fr.per_frames_list
 def made_by_constructor(frames: list) -> bool:
     """The stack is the model's construction: a constructor or weight initialiser, outside any forward
-    call, backward and optimizer code. What it made and is still live is a parameter or a buffer (the
-    model is built once and kept), wherever the trace began: before the model was made (the block has
-    a trace entry) or after (a torch 2.0 block carries its own history)."""
+    call and backward, and neither it nor what it calls is optimizer or DDP code (what calls it may be:
+    Megatron's `setup_model_and_optimizer` builds the model). What it made and is still live is a
+    parameter or a buffer (the model is built once and kept), whether the trace began before the model
+    was made (the block has a trace entry) or there is none (a torch 2.0 block carries its own history)."""
     build = False
-    for f in frames:
+    for f in frames:  # innermost first
         name, path = frame_name(f), frame_file(f)
-        if fr.FORWARD_NAME.search(name) or _NOT_MODEL_BUILD.search(path) or _NOT_MODEL_BUILD.search(name):
+        if fr.FORWARD_NAME.search(name):
             return False
-        if _BUILD_NAME.search(name):
-            build = True
+        if build:
+            continue
+        if _NOT_MODEL_BUILD.search(path.rsplit("/", 1)[-1]) or _NOT_MODEL_BUILD.search(name) \
+                or _NOT_MODEL_DIR.search(path):
+            return False
+        build = bool(_BUILD_NAME.search(name))
     return build and not fr.is_backward(frames)
 
 
@@ -683,49 +691,53 @@ def _rebound_params(trace: list, live: list, out: dict) -> None:
         size = tensor_size(b)
         if bc.cls == fr.OPTIMIZER_STATE and bc.event >= 0 and grads[size] and not weights[size]:
             sites.setdefault(size, {}).setdefault(id(trace[bc.event].frames), []).append(b)
+    if not sites:
+        return
+    start = min(out[b.address].event for by_site in sites.values() for bs in by_site.values() for b in bs)
+    replaced = _replaced_in_step(trace, start)
     for size, by_site in sites.items():
         if len(by_site) < 2:
             continue
         last = max(by_site.values(), key=lambda bs: min(out[b.address].event for b in bs))
         if len(last) != grads[size]:
             continue
-        start = min(out[b.address].event for bs in by_site.values() for b in bs)
-        if _replaced_in_step(trace, start, {b.size for b in last} | {size}) < len(last):
+        if sum(replaced[n] for n in {b.size for b in last} | {size}) < len(last):
             continue
         for b in last:
             out[b.address] = BlockClass(fr.PARAMETERS, FROM_REBOUND, out[b.address].event)
 
 
-def _replaced_in_step(trace: list, start: int, sizes: set) -> int:
-    """Blocks of these sizes made before `start` (in the trace or before it) that optimizer code frees
-    from there on: what the step's new blocks replaced."""
+def _replaced_in_step(trace: list, start: int) -> Counter:
+    """By size: the blocks made before `start` (in the trace or before it) that optimizer code frees from
+    there on, what the step's new blocks replaced."""
     made_since: set = set()
-    n = 0
+    n: Counter = Counter()
     for ev in trace[start:]:
         if ev.action == "alloc":
             made_since.add(ev.addr)
-        elif ev.action == "free_requested" and ev.size in sizes and ev.addr not in made_since \
-                and ev.frames and fr.is_optimizer(ev.frames):
+        elif ev.action == "free_requested" and ev.addr not in made_since and ev.frames \
+                and fr.is_optimizer(ev.frames):
             made_since.add(ev.addr)  # counted once
-            n += 1
+            n[ev.size] += 1
     return n
 
 
-def _state_per_param_by_count(state_sizes: Counter, by_size: dict, grads_before: bool) -> int | None:
-    """State blocks per parameter where nothing names the optimizer (a hand-written one) and no parameter
-    is known: from the counts, size by size, of the state and of the blocks older than the trace, which
-    are the parameters, and their gradients too where a backward accumulated into gradients older than
-    the trace (`grads_before`). k where at least STATE_COUNT_SHARE of the state's bytes are in sizes with
-    exactly k state blocks per parameter; None where no k is (then each state block is read as implying
-    a parameter of its own)."""
-    total = sum(size * n for size, n in state_sizes.items())
-    if not total:
+def _state_per_param_by_count(snap: Snapshot, out: dict, predating: list, trace: list, trace_has_frames: bool,
+                              last_bwd: int, state_sizes: Counter, by_size: dict) -> int | None:
+    """State blocks per parameter where nothing names the optimizer (a hand-written one), no parameter is
+    known, and the trace's backward added fresh gradients into gradients older than the trace (it made
+    blocks of their sizes and freed them, and kept none): then the blocks older than the trace are the
+    parameters and their gradients, two per parameter, and k is what at least STATE_COUNT_SHARE of the
+    state's bytes agree on, size by size (k state blocks per two older blocks). None otherwise (then
+    each state block is read as implying a parameter of its own, which claims the gradients too)."""
+    if not (_grads_predate(out, predating, trace, trace_has_frames, last_bwd)
+            and _fresh_gradients_freed(trace, by_size, trace_has_frames)):
         return None
-    per = 2 if grads_before else 1  # older blocks per parameter: itself, and its gradient
+    total = sum(size * n for size, n in state_sizes.items())
     for k in (2, 1):
         fit = sum(size * n for size, n in state_sizes.items()
-                  if len(by_size.get(size, ())) % per == 0 and n == k * len(by_size.get(size, ())) // per > 0)
-        if fit >= STATE_COUNT_SHARE * total:
+                  if len(by_size.get(size, ())) % 2 == 0 and n == k * len(by_size.get(size, ())) // 2 > 0)
+        if total and fit >= STATE_COUNT_SHARE * total:
             return k
     return None
 

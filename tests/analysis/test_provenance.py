@@ -538,19 +538,25 @@ CALL = [{"filename": "/x/torch/nn/modules/module.py", "name": "_call_impl", "lin
 
 def test_what_the_models_constructors_made_is_parameters():
     """A trace begun before the model was made: its own modules' `__init__` (not torch's) made the
-    weights, outside any forward call. Still live, they are parameters (from their frames), not the
-    forward's outputs; a block made by an `__init__` inside a forward call, or by an optimizer's
-    constructor, is not."""
+    weights, outside any forward call, before the first one. Still live, they are parameters (from their
+    frames), not the forward's outputs, also where a function named for the optimizer called the
+    constructor (Megatron's `setup_model_and_optimizer`). A block made by an `__init__` inside a forward
+    call, by an optimizer's constructor, or by a constructor after the first forward (a batch object
+    moving its tensors to the GPU in the training loop) is not."""
     base = 1 << 36
-    w, in_fwd, opt, act = base, base + 64 * MiB, base + 128 * MiB, base + 192 * MiB
+    w, setup, in_fwd, opt, act, batch = (base + k * 64 * MiB for k in range(6))
     fwd_init = INIT[:1] + CALL
     opt_init = [{"filename": "/app/my_optimizer.py", "name": "__init__", "line": 5}] + INIT[2:]
-    live = [(w, 32 * MiB, INIT), (in_fwd, 4 * MiB, fwd_init), (opt, 32 * MiB, opt_init), (act, 2 * MiB, FWD)]
+    by_setup = INIT[:2] + [{"filename": "/app/train.py", "name": "setup_model_and_optimizer", "line": 7}]
+    batch_init = [{"filename": "/app/data.py", "name": "__init__", "line": 5}] + INIT[2:]
+    live = [(w, 32 * MiB, INIT), (setup, 8 * MiB, by_setup), (in_fwd, 4 * MiB, fwd_init),
+            (opt, 32 * MiB, opt_init), (act, 2 * MiB, FWD), (batch, MiB, batch_init)]
     trace = [_ev("alloc", a, n, f) for a, n, f in live]
     classes = block_classes(_synthetic(live, trace))
     assert (classes[w].cls, classes[w].source) == (fr.PARAMETERS, pv.FROM_FRAMES)
+    assert classes[setup].cls == fr.PARAMETERS
     assert classes[in_fwd].cls == fr.ACTIVATIONS and classes[opt].cls != fr.PARAMETERS
-    assert classes[act].cls == fr.ACTIVATIONS
+    assert classes[act].cls == fr.ACTIVATIONS and classes[batch].cls == fr.ACTIVATIONS
 
 
 def test_a_torch_2_0_block_made_by_the_engines_constructor_is_a_parameter():
@@ -651,10 +657,11 @@ def test_a_handwritten_optimizers_state_per_parameter_from_the_counts():
     (which made fresh gradients and freed them), are older than the trace, two blocks per size per
     parameter. Where 90% of the state's bytes are in sizes with two state blocks per pair of older
     blocks, one of each pair is the parameter and the other its gradient; at 89% no count is trusted and
-    each state block implies a parameter of its own (the gradients read as parameters)."""
+    each state block implies a parameter of its own (the gradients read as parameters), as where the
+    backward made no block of those sizes (nothing says the gradients are among the older blocks)."""
     base = 1 << 40
     bwd = [{"filename": "/x/torch/autograd/graph.py", "name": "_engine_run_backward", "line": 1}]
-    for odd_mib, want_grads in ((10, True), (11, False)):
+    for odd_mib, want_grads, fresh_size in ((10, True, 9 * MiB), (11, False, 9 * MiB), (10, False, 3 * MiB)):
         fit = [9 * MiB, 9 * MiB, 9 * MiB, 9 * MiB, 9 * MiB]  # 5 parameters: 90 MiB of state
         older = [(base - (k + 1) * 64 * MiB, n, []) for k, n in enumerate(fit + fit)]
         # a size whose state blocks do not pair with the older ones: 2 state blocks, 3 older blocks
@@ -662,14 +669,14 @@ def test_a_handwritten_optimizers_state_per_parameter_from_the_counts():
         older += [(base - 2048 * MiB - k * 64 * MiB, lone, []) for k in range(3)]
         state = [(base + (k + 1) * 64 * MiB, n, STEP) for k, n in enumerate(fit + fit + [lone, lone])]
         fresh = base + 4096 * MiB
-        trace = [_ev("alloc", fresh, 9 * MiB, bwd), _ev("free_requested", fresh, 9 * MiB, bwd)] + \
+        trace = [_ev("alloc", fresh, fresh_size, bwd), _ev("free_requested", fresh, fresh_size, bwd)] + \
             [_ev("alloc", a, n, f) for a, n, f in state]
         snap = _synthetic(older + state, trace)
         classes = block_classes(snap)
         got = Counter(classes[a].cls for a, n, _ in older if n == 9 * MiB)
         if want_grads:  # 90 / (90 + 10): k = 2
             assert got == {fr.PARAMETERS: 5, fr.GRADIENTS: 5}, got
-        else:  # 90 / (90 + 11) < 90%: one parameter per state block
+        else:  # 90 / (90 + 11) < 90%, or no fresh gradient of those sizes: one parameter per state block
             assert got == {fr.PARAMETERS: 10}, got
 
 
