@@ -708,3 +708,15 @@ def test_public_snapshots_of_models_built_in_the_trace_hand_written_optimizers_a
     assert _right_share(comp, t, live) >= 0.95
     for cls in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE):
         assert comp[cls] == pytest.approx(t.get(cls, 0), rel=0.04, abs=MiB), cls  # blocks round tensors up
+
+
+def test_the_segment_map_says_a_rebound_parameter_came_from_the_step():
+    """The snapshot page's segment map gives each block its source, and the page the words for it: the
+    rebound parameters of the hand-written Adam say so."""
+    snap = _snap(PUB / "cs336_d512_3steps_ctx100.pickle.gz")
+    out = analyze([snap])
+    view = snapshot_view(snap, out, title="t")
+    got = Counter((b["c"], b["v"]) for seg in view["segments"] for b in seg["blocks"] if b["c"])
+    assert got[(fr.PARAMETERS, pv.FROM_REBOUND)] == 39
+    assert view["source_words"][pv.FROM_REBOUND].startswith("inferred from the trace: made by the optimizer step")
+    assert out["details"]["composition_origin"]["parameters"] == {pv.INFERRED: out["composition"]["parameters"]}
