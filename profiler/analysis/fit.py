@@ -11,10 +11,10 @@ modelled, not guessed:
    parameters and optimizer state (by their frames, or allocated in optimizer code); gradients (freed
    in optimizer code: `zero_grad`); what is never freed in the trace (kept across steps); a
    gradient-sized temporary (no Python frames, autograd's thread, and exactly a gradient's size: the
-   second use of a tied weight sums into one; with C++ frames, a weight's gradient made in a matrix
-   product's precision); an autocast weight copy (see CAST_* below); a library workspace (see
-   WORKSPACE_* below); the rest is input-sized and scales (a reduction's staging buffer to
-   REDUCE_STAGING_MAX at most).
+   second use of a tied weight sums into one; a weight's gradient made in a matrix product's precision,
+   by its C++ frame or, in any trace, by its float32 cast kept as .grad); an autocast weight copy (see
+   CAST_* below); a library workspace (see WORKSPACE_* below); the rest is input-sized and scales (a
+   reduction's staging buffer to REDUCE_STAGING_MAX at most).
 2. Predict (`predict`): the program with input-sized sizes x k (k = batch / measured batch, times
    length / measured length), optimizer state x the new optimizer's state multiple over the old one;
    peak reserved from the model without a limit, peak allocated from the same sizes.
@@ -44,10 +44,13 @@ from memq.analysis.provenance import block_classes
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
 from memq.analysis.rules import (
     CAST_COVERAGE,
+    CAST_GRAD_GAP,
+    CAST_GRAD_RATIO,
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
     FORWARD_ONLY_MARGIN,
+    GRAD_TEMP_PER_GRADIENT,
     MIDRUN_MARGIN,
     ONE_STEP_REPEATS,
     REDUCE_SEMAPHORES_MAX,
@@ -64,10 +67,10 @@ from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
 from memq.model import Snapshot, frame_file, frame_line, frame_name
 
 # What an allocation holds (the composition of a predicted peak).
-PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE = range(9)
+PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE, REDUCE_BUFFER = range(10)
 KIND_NAMES = ("parameters", "gradients", "optimizer state", "optimizer step temporaries",
               "kept across steps", "gradient-sized temporaries", "autocast weight copies",
-              "input-sized (activations)", "library workspaces")
+              "input-sized (activations)", "library workspaces", "reduction buffers")
 SCALES_WITH_INPUT = (INPUT,)
 
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
@@ -99,7 +102,6 @@ class Measured:
     partial: str | None = None  # a trace of part of the first step: what it holds (PARTIAL_*), the rest inferred
     optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
-    caps: dict = field(default_factory=dict)  # handle -> the most an input-sized block grows to (see _reduction_caps)
 
     @property
     def margin(self) -> float:
@@ -211,11 +213,13 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
             kinds[h] = GRAD_TEMP
         elif is_workspace(size_of[h]):
             kinds[h] = WORKSPACE
+    _activation_gradients(trace, kinds, size_of, ev_of, grads)
     _scale_input_sized_workspaces(kinds, size_of)
+    _mark_reduce_buffers(trace, kinds, ev_of)
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     _hold_weight_gradients(trace, kinds, size_of, ev_of, _weight_sizes(rep, kinds, size_of, grads))
-    caps = _reduction_caps(prog, kinds)
+    _hold_cast_gradients(prog, kinds, lambda h: ev_of[h] >= 0 and not python_frames(trace[ev_of[h]].frames))
     _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
@@ -244,7 +248,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
                     recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
-                    step_ops=_step_ops(prog, rep.op_event, trace), caps=caps)
+                    step_ops=_step_ops(prog, rep.op_event, trace))
 
 
 
@@ -359,6 +363,10 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     for h in step_handles:  # as `classify` reads a whole step: a frameless temporary of a gradient's size
         if not is_open[h] and kinds[h] == INPUT and size_of[h] in big and not python_frames(trace[ev_of[h]].frames):
             kinds[h] = GRAD_TEMP
+    step_grads: dict[int, int] = {}
+    for g in grads:
+        step_grads[size_of[g]] = step_grads.get(size_of[g], 0) + 1
+    _activation_gradients(trace, kinds, size_of, ev_of, step_grads)
     if not share:  # autocast's copies, now that the gradients (or, of a forward alone, the parameters) are known
         counts: dict[int, int] = {}
         for g in grads:
@@ -366,6 +374,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
         share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, counts, big, notes)
     _hold_weight_gradients(trace, kinds, size_of, ev_of,
                            _weight_sizes(rep, kinds, size_of, {size_of[g] for g in grads}) | param_sizes)
+    _hold_cast_gradients(prog, kinds, lambda h: ev_of[h] >= 0 and not python_frames(trace[ev_of[h]].frames))
     partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
     named = recorded_optimizer(snap)
     opt = optimizer or named or "adamw"
@@ -408,14 +417,13 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     notes.append(inferred_words(partial, opt, state, "assumed" if assumed else "named" if optimizer is None
                                 else "asked"))
     extra = len(out.ops) - len(prog.ops)
-    new_prog = out.program()
-    new_rep = replace(rep, program=new_prog, op_event=list(rep.op_event) + [-1] * extra,
+    new_rep = replace(rep, program=out.program(), op_event=list(rep.op_event) + [-1] * extra,
                       recorded_alloc_addr=list(rep.recorded_alloc_addr) + [None] * extra)
     param_bytes = sum(params)
     return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
                     cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
-                    partial=partial, optimizer_assumed=assumed, caps=_reduction_caps(new_prog, out.kinds))
+                    partial=partial, optimizer_assumed=assumed)
 
 
 def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:
@@ -637,6 +645,96 @@ def _scale_input_sized_workspaces(kinds: list[int], size_of: list[int]) -> None:
             kinds[h] = INPUT
 
 
+# C++ frames (a trace recorded with stacks="all") name what a frameless block of autograd's thread is.
+# An autograd node's frame; the helpers that compute a weight's gradient (a tied weight's second use sums
+# into a temporary of the weight's size) and an input's; the nodes whose output may be a weight's gradient
+# (an op with a weight, or one a weight passes through: a transpose, a dtype cast), read as before when the
+# helpers are not in the frames (inlined: no `_apply_functional` frame either).
+_AUTOGRAD_NODE = re.compile(r"(\w+?)Backward\d*(?:_apply_functional|::apply)")
+# a matrix product's gradient for its second operand (a linear layer's weight), made in the product's
+# precision: the one helper that alone makes a block of a weight's size read as its gradient
+_MAT2_GRAD = r"\bmm_mat2_backward\b"
+_MAT2_GRAD_FRAME = re.compile(_MAT2_GRAD)
+_WEIGHT_GRAD = re.compile(
+    _MAT2_GRAD + r"|backward_weight|embedding_(?:dense_)?backward|AccumulateGrad|InputBuffer::add")
+_INPUT_GRAD = re.compile(r"mm_mat1_backward|backward_input")
+_WEIGHT_NODES = frozenset({"Mm", "Addmm", "Bmm", "Baddbmm", "Convolution", "Embedding", "EmbeddingDense", "Linear",
+                           "Matmul", "T", "Transpose", "Permute", "ToCopy"})
+
+
+def _activation_gradients(trace, kinds: list[int], size_of: list[int], ev_of: list[int], grads: dict) -> None:
+    """A gradient-sized temporary that is an activation's gradient of a coinciding size (a VAE's 2 MiB SiLU
+    gradients match a 2 MiB weight's) scales with the input. Told per block by its C++ frames where they say
+    (stacks="all": the autograd node computes an input's gradient, or a weight's); else by how many there
+    are: more than GRAD_TEMP_PER_GRADIENT x the gradients of that size or of twice it (a weight's gradient
+    in bfloat16, before its cast, is half its float32 one) cannot all be weights'. `grads`: size -> how many
+    gradients of that size the trace's optimizer steps freed."""
+    temps: dict[int, int] = {}
+    for h, kind in enumerate(kinds):
+        if kind == GRAD_TEMP:
+            temps[size_of[h]] = temps.get(size_of[h], 0) + 1
+    for h, kind in enumerate(kinds):
+        if kind != GRAD_TEMP or ev_of[h] < 0:
+            continue
+        frames = trace[ev_of[h]].frames
+        scales = activation_gradient([frame_name(f) for f in frames or ()])
+        if scales is None:
+            s = size_of[h]
+            scales = too_many_for_weights(temps[s], grads.get(s, 0) + grads.get(2 * s, 0))
+        if scales:
+            kinds[h] = INPUT
+
+
+def too_many_for_weights(temps: int, grads: int) -> bool:
+    """Are `temps` frameless temporaries of a gradient's size more than the weights of that size account
+    for (GRAD_TEMP_PER_GRADIENT each: a tied embedding's second use makes 2 a step for its 1 gradient)?"""
+    return temps > GRAD_TEMP_PER_GRADIENT * grads
+
+
+def activation_gradient(names: list[str]) -> bool | None:
+    """Do these C++ frame names show an autograd node computing an input's gradient (True) or a weight's
+    (False)? None when they do not say: no node (Python frames only), or a node of an op with a weight whose
+    helper frames were inlined away (which operand, unknown)."""
+    if any(_WEIGHT_GRAD.search(n) for n in names):
+        return False
+    if any(_INPUT_GRAD.search(n) for n in names):
+        return True
+    node = next((m.group(1) for n in names if (m := _AUTOGRAD_NODE.search(n))), None)
+    return None if node is None or node in _WEIGHT_NODES else True
+
+
+def _mark_reduce_buffers(trace, kinds: list[int], ev_of: list[int]) -> None:
+    """A reduction split over thread blocks (torch's gpu_reduce_kernel: a sum over the batch, such as the
+    engine's of a broadcast parameter's gradient) allocates its staging buffer, then its semaphores, and
+    frees them in the reverse order before anything else is requested: that pattern of four requests, the
+    second of at most REDUCE_SEMAPHORES_MAX bytes, frames or none, marks the buffer (REDUCE_STAGING_MAX says
+    how it grows). Of 1,550 such buffers on the
+    stacks="all" recordings of tests/fixtures/fit_families and fit_one_step (the C++ frame naming the
+    reduction) the pattern finds every one; what else it finds is optimizer code's, left as it is."""
+    handle = {e: h for h, e in enumerate(ev_of) if e >= 0}
+    last: list[int] = []  # the last three requests' entries (a trace can hold millions: no list of all)
+    for i, d in enumerate(trace):
+        if d.action not in ("alloc", "free_requested"):
+            continue
+        if len(last) == 3:
+            a, b, c = (trace[j] for j in last)
+            if (a.action == b.action == "alloc" and c.action == d.action == "free_requested" and c.addr == b.addr
+                    and d.addr == a.addr and b.size <= REDUCE_SEMAPHORES_MAX and a.size >= MIN_BYTES):
+                h = handle.get(last[0])
+                if h is not None and kinds[h] in (INPUT, GRAD_TEMP):
+                    kinds[h] = REDUCE_BUFFER
+            last.pop(0)
+        last.append(i)
+
+
+def reduce_buffer_size(size: int, k: float) -> int:
+    """A reduction's staging buffer at k x the input: it grows with the input up to REDUCE_STAGING_MAX; one
+    at or over it already stays."""
+    if size >= REDUCE_STAGING_MAX:
+        return size
+    return max(1, min(int(size * k), int(REDUCE_STAGING_MAX)))
+
+
 def near_input(size: int, inputs: list[int]) -> bool:
     """Is `size` within WORKSPACE_NEAR bytes of one of `inputs` (sorted sizes of input-sized blocks)?"""
     j = bisect.bisect_left(inputs, size)
@@ -739,12 +837,6 @@ def _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes
     return share
 
 
-# A matrix product's gradient for its second operand (torch's `mm_mat2_backward`: AddmmBackward0 and
-# MmBackward0 of a linear layer, whose second operand is the weight) is a weight's gradient, made in the
-# product's precision: under autocast half a float32 weight's gradient, then cast and summed into .grad.
-_WEIGHT_GRAD_FRAME = re.compile(r"\bmm_mat2_backward\b")
-
-
 def _weight_sizes(rep, kinds, size_of, grads) -> set[int]:
     """The weights' sizes: the gradients', the parameters' made in the trace and of the blocks live before it."""
     out = set(grads) | {size_of[h] for h in range(len(kinds)) if kinds[h] == PARAMETERS}
@@ -752,34 +844,42 @@ def _weight_sizes(rep, kinds, size_of, grads) -> set[int]:
 
 
 def _hold_weight_gradients(trace, kinds, size_of, ev_of, weights: set[int]) -> None:
-    """A trace with C++ frames (stacks="all") names where a weight's gradient is computed: what a matrix
-    product's backward makes for its second operand, of a weight's size or half of it (autocast's
-    precision), is held at its size, not scaled with the input (the checkpointed bf16 GPT's tied 32000 x
-    512 head: 31 MiB at every batch, 125 MiB when scaled 4x, which moved the allocator's packing by 1 GiB).
-    A product of two activations has a second operand of no weight's size: it scales."""
+    """A trace with C++ frames (stacks="all") names where a weight's gradient is computed (a matrix
+    product's gradient for its second operand, `mm_mat2_backward`, made in the product's precision; the
+    other helpers `activation_gradient` reads also run for what is not a weight's own gradient, such as
+    an accumulation's sum): one of a weight's size or half of it (autocast's bfloat16 of a float32
+    weight) is held at its size, not scaled with the input (the checkpointed bf16 GPT's tied 32000 x 512
+    head: 31 MiB at every batch, 125 MiB when scaled 4x, which moved the allocator's packing by 1 GiB). A
+    product of two activations has a second operand of no weight's size: it scales."""
     for h in range(len(kinds)):
         if kinds[h] != INPUT or ev_of[h] < 0 or not (size_of[h] in weights or 2 * size_of[h] in weights):
             continue
-        if any(_WEIGHT_GRAD_FRAME.search(frame_name(f)) for f in trace[ev_of[h]].frames or ()):
+        if any(_MAT2_GRAD_FRAME.search(frame_name(f)) for f in trace[ev_of[h]].frames or ()):
             kinds[h] = GRAD_TEMP
 
 
-def _reduction_caps(prog, kinds) -> dict[int, int]:
-    """A CUDA reduction that sums across blocks (a bias's or a norm's gradient over the batch) allocates a
-    staging buffer and then its semaphores (one int per block of the grid: 12-500 bytes), frees the
-    semaphores and then the buffer, with nothing between: in any trace, with frames or without. The buffer
-    grows with the input until the reduction's grid fills the GPU, then stays: it scales, to
-    REDUCE_STAGING_MAX at most (the logits' sums of seq2seq and lstm_lm are there at every shape; read as
-    scaled, +9-11%)."""
-    caps = {}
+def _hold_cast_gradients(prog, kinds, frameless) -> None:
+    """A weight's gradient made in a matrix product's precision under autocast, found without C++ frames:
+    autograd casts it to the weight's float32 (an allocation of exactly CAST_GRAD_RATIO x its size) and
+    frees it at once, CAST_GRAD_GAP ops later; with .grad set to None the float32 copy becomes the .grad,
+    kept to zero_grad (or to the trace's end), or, when its strides are not the weight's (an einsum's or
+    bmm's weight), .grad is a copy of it made on the next op and the cast is freed on the one after. An
+    activation's gradient cast the same way is consumed by the next op, not kept: it scales.
+    `frameless(h)`: the block has no Python frames (autograd's thread)."""
     ops, hid, size = prog.ops, prog.hid, prog.size
-    for i in range(len(ops) - 3):
-        if ops[i] != OP_ALLOC or ops[i + 1] != OP_ALLOC or ops[i + 2] != OP_FREE or ops[i + 3] != OP_FREE:
-            continue
-        h, sem = hid[i], hid[i + 1]
-        if hid[i + 2] == sem and hid[i + 3] == h and kinds[h] == INPUT and size[i + 1] <= REDUCE_SEMAPHORES_MAX:
-            caps[h] = REDUCE_STAGING_MAX
-    return caps
+    kept = (GRADIENTS, KEPT)  # the last step's .grad, when zero_grad comes first in a step, is never freed
+    alloc = {}
+    for i, (op, h) in enumerate(zip(ops, hid, strict=True)):
+        if op == OP_ALLOC:
+            alloc[h] = i
+        elif op == OP_FREE and h in alloc and kinds[h] == INPUT and i >= CAST_GRAD_GAP:
+            j = i - CAST_GRAD_GAP
+            if ops[j] != OP_ALLOC or size[j] != CAST_GRAD_RATIO * size[alloc[h]] or not frameless(h):
+                continue
+            copied = (i + 2 < len(ops) and ops[i + 1] == OP_ALLOC and size[i + 1] == size[j]
+                      and kinds[hid[i + 1]] in kept and ops[i + 2] == OP_FREE and hid[i + 2] == hid[j])
+            if kinds[hid[j]] in kept or copied:
+                kinds[h] = GRAD_TEMP
 
 
 def holds_cast_copies(share: float, told: bool) -> bool:
@@ -840,7 +940,9 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: fl
             continue
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
-            out.append(max(1, int(s * k)) if h not in m.caps else min(max(1, int(s * k)), max(s, m.caps[h])))
+            out.append(max(1, int(s * k)))
+        elif kind == REDUCE_BUFFER:
+            out.append(reduce_buffer_size(s, k))
         elif kind == OPT_STATE and state_ratio != 1.0:
             out.append(max(1, int(s * state_ratio)))
         elif kind == OPT_TEMP and temp_ratio != 1.0:

@@ -88,8 +88,10 @@ def test_the_tuning_half_where_it_is_good():
     # stacks="all" names every cast (cached_cast), the biases' and small weights' too: 67 a step
     assert agent.kinds.count(fit.CAST_COPY) == 3 * 34 and hand.kinds.count(fit.CAST_COPY) == 6 * 67
     assert errors("vit_bf16") == pytest.approx(errors("vit_bf16", "hand"), abs=1e-3)  # 8x: 1.1% / 1.0%
-    # 8x: +1.1% while the reductions' staging buffers scaled past REDUCE_STAGING_MAX; its largest batch exact
-    assert errors("vit_bf16")["8x batch"] == pytest.approx(-0.002, abs=0.001)
+    # 8x: +1.1% while the reductions' staging buffers scaled past REDUCE_STAGING_MAX, then -0.2% while the
+    # weights' bfloat16 gradients (34 a step, the same size at every batch) scaled; held, -5.2%: the peak
+    # allocated moves by 0.6%, the packing by a segment (no recording at 8x to read the program there)
+    assert errors("vit_bf16")["8x batch"] == pytest.approx(-0.052, abs=0.001)
     assert rows("vit_bf16")["largest"]["agent"] == rows("vit_bf16")["largest"]["real"] == 51
     # the diffusion UNet: its activation-sized cuDNN workspaces scale (WORKSPACE_NEAR)
     assert max(abs(e) for e in errors("unet_diff").values()) < 0.025
@@ -105,12 +107,15 @@ def test_known_misses_on_the_tuning_half():
     assert errors("lora_gpt")["8x batch"] == pytest.approx(0.004, abs=0.001)
     assert errors("lora_gpt", "hand")["8x batch"] == pytest.approx(0.0, abs=0.001)
     assert rows("lora_gpt")["largest"]["agent"] == 25  # real 25 (23 before)
-    # nn.Transformer encoder-decoder: 9-11% high at every scale while the logits' sum over the batch staged
-    # 133 MiB scaled (the real runs stage it at every shape: REDUCE_STAGING_MAX); now exact, largest batch too
-    assert all(abs(e) <= 0.001 for e in errors("seq2seq").values())
+    # nn.Transformer encoder-decoder: exact at every scale (9-11% high before: the staging buffers of its
+    # reductions over the batch, 16-32 MiB at 16 sequences, stop at REDUCE_STAGING_MAX, and the 133 MiB one of
+    # the logits' backward, over it already, stays; the 8 MiB ones were read as gradient-sized and held)
+    assert all(abs(e) < 0.001 for src in ("agent", "hand") for e in errors("seq2seq", src).values())
     assert rows("seq2seq")["largest"]["agent"] == rows("seq2seq")["largest"]["real"] == 96
-    # ResNet with BN: 2-5% low, with its activation-sized workspaces scaled (held, it was 8-10% low)
-    assert all(-0.051 <= e <= -0.021 for e in errors("resnet_bn").values())
+    # ResNet with BN: 2-5% low, with its activation-sized workspaces scaled (held, it was 8-10% low); its BN
+    # and ReLU backward's activation gradients (1-8 MiB, a gradient's size: 15-31 a step for 1-7 gradients
+    # of that size) now scale (-5.0/-4.8/-2.2% before; -4.6/-4.2/-1.8% now, from either recording)
+    assert all(-0.047 <= e <= -0.017 for src in ("agent", "hand") for e in errors("resnet_bn", src).values())
     assert rows("resnet_bn")["largest"]["real_range"] == (109, 127)  # the capture's bisection stopped there
 
 
@@ -124,8 +129,9 @@ def test_resnet_workspaces_held_were_the_miss(monkeypatch):
     monkeypatch.setattr(fit, "WORKSPACE_NEAR", -1)  # no workspace is near an activation: all held
     held = fit.classify(snap)
     assert held.kinds.count(fit.WORKSPACE) > m.kinds.count(fit.WORKSPACE)
-    assert (fit.predict(held, 2).peak_reserved - real) / real == pytest.approx(-0.098, abs=0.002)
-    assert (fit.predict(m, 2).peak_reserved - real) / real == pytest.approx(-0.050, abs=0.002)
+    # -0.098 and -0.050 before its activation gradients of a gradient's size scaled (GRAD_TEMP_PER_GRADIENT)
+    assert (fit.predict(held, 2).peak_reserved - real) / real == pytest.approx(-0.094, abs=0.002)
+    assert (fit.predict(m, 2).peak_reserved - real) / real == pytest.approx(-0.046, abs=0.002)
 
 
 def test_the_held_back_half_as_it_is():

@@ -623,6 +623,13 @@ def test_fit_scales_a_workspace_within_4096_bytes_of_an_activation():
     assert not fit.near_input(act + 4097, [act]) and not fit.near_input(act - 4097, [4 * MiB, act])
 
 
+@rule("GRAD_TEMP_PER_GRADIENT")
+def test_fit_holds_up_to_two_gradient_sized_temporaries_per_gradient():
+    assert not fit.too_many_for_weights(6, 3)  # the tied-embedding GPT: 2 a step for its 1 gradient, 3 steps
+    assert fit.too_many_for_weights(7, 3)
+    assert fit.too_many_for_weights(1, 0)  # no gradient of that size (nor twice it) at all
+
+
 @rule("STATE_INFER_TOLERANCE")
 def test_fit_reads_an_unnamed_optimizer_from_its_state_within_fifteen_percent():
     g = 100 * MiB
@@ -639,14 +646,18 @@ def _staging(sem: int, size: int = 64 * MiB):
 
     prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_FREE], hid=[0, 1, 1, 0], size=[size, sem, 0, 0],
                    stream=[0] * 4, n_handles=2)
+    trace = [SimpleNamespace(action=a, addr=addr, size=sz, frames=[]) for a, addr, sz in
+             (("alloc", 1 << 20, size), ("alloc", 1 << 40, sem), ("free_requested", 1 << 40, sem),
+              ("free_requested", 1 << 20, size))]
     kinds = [fit.INPUT, fit.INPUT]
-    return SimpleNamespace(replay=SimpleNamespace(program=prog), kinds=kinds, caps=fit._reduction_caps(prog, kinds))
+    fit._mark_reduce_buffers(trace, kinds, [0, 1])
+    return SimpleNamespace(replay=SimpleNamespace(program=prog), kinds=kinds)
 
 
 @rule("REDUCE_SEMAPHORES_MAX")
 def test_fit_reads_a_block_and_its_1024_byte_semaphores_as_a_reduction_staging_buffer():
-    assert _staging(1024).caps == {0: fit.REDUCE_STAGING_MAX}
-    assert _staging(1025).caps == {}
+    assert _staging(1024).kinds == [fit.REDUCE_BUFFER, fit.INPUT]
+    assert _staging(1025).kinds == [fit.INPUT, fit.INPUT]
 
 
 @rule("REDUCE_STAGING_MAX")
@@ -658,6 +669,50 @@ def test_fit_scales_a_staging_buffer_to_138412032_bytes_at_most():
     assert fit.scaled_sizes(m, over)[0] == 138_412_032
     held = _staging(48, 139_264_000)  # past it at the measured shape: held at its size
     assert fit.scaled_sizes(held, 8.0)[0] == 139_264_000
+    assert fit.reduce_buffer_size(138_412_032 - 1, 8) == 138_412_032
+    assert fit.reduce_buffer_size(138_412_032 + 1, 8) == 138_412_032 + 1
+
+
+def _cast(partner: int, gap: int = 1, kind: int = fit.GRADIENTS, size: int = MiB):
+    """A half-precision block, then its float32 cast (kept as .grad: `kind`) `gap` ops before its free."""
+    from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
+
+    ops, hid, sizes = [OP_ALLOC, OP_ALLOC], [0, 1], [size, partner]
+    for i in range(gap - 1):  # what else the engine allocated in between
+        ops.append(OP_ALLOC), hid.append(2 + i), sizes.append(4096)
+    ops.append(OP_FREE), hid.append(0), sizes.append(0)
+    prog = Program(ops=ops, hid=hid, size=sizes, stream=[0] * len(ops), n_handles=max(hid) + 1)
+    kinds = [fit.INPUT, kind] + [fit.INPUT] * (gap - 1)
+    fit._hold_cast_gradients(prog, kinds, lambda h: True)
+    return kinds[0]
+
+
+def _cast_copied(copy: int, size: int = MiB) -> int:
+    """The cast (a temporary), the block freed, .grad allocated as a copy of the cast (`copy` bytes, its
+    strides the weight's), the cast freed: an einsum's or bmm's weight gradient."""
+    from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
+
+    prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_ALLOC, OP_FREE], hid=[0, 1, 0, 2, 1],
+                   size=[size, 2 * size, 0, copy, 0], stream=[0] * 5, n_handles=3)
+    kinds = [fit.INPUT, fit.INPUT, fit.GRADIENTS]
+    fit._hold_cast_gradients(prog, kinds, lambda h: True)
+    return kinds[0]
+
+
+@rule("CAST_GRAD_RATIO")
+def test_fit_holds_a_block_whose_float32_cast_is_twice_its_size_and_kept_as_a_gradient():
+    assert _cast(2 * MiB) == fit.GRAD_TEMP
+    assert _cast(2 * MiB - 1) == fit.INPUT and _cast(2 * MiB + 1) == fit.INPUT
+    assert _cast(2 * MiB, kind=fit.INPUT) == fit.INPUT  # an activation's gradient cast: consumed, not kept
+    assert _cast(2 * MiB, kind=fit.KEPT) == fit.GRAD_TEMP  # the last step's .grad, never freed in the trace
+    assert _cast_copied(2 * MiB) == fit.GRAD_TEMP
+    assert _cast_copied(2 * MiB - 1) == fit.INPUT and _cast_copied(2 * MiB + 1) == fit.INPUT
+
+
+@rule("CAST_GRAD_GAP")
+def test_fit_holds_a_block_freed_one_op_after_its_cast():
+    assert _cast(2 * MiB, gap=1) == fit.GRAD_TEMP
+    assert _cast(2 * MiB, gap=2) == fit.INPUT
 
 
 def test_every_rule_has_a_boundary_test():
