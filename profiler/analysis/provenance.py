@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import Counter
 from typing import NamedTuple
 
@@ -45,6 +46,7 @@ from memq.analysis.rules import (
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
     ORDER_GRADIENT_SHARE,
+    STATE_COUNT_SHARE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -62,12 +64,13 @@ FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or 
 FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
 FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
 FROM_ORDER = "order"  # a trace without stacks: its place in the trace's order (made first and kept: a weight)
+FROM_REBOUND = "rebound"  # made by the optimizer step in place of an older parameter of its size
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 # Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, FROM_ORDER, BEFORE_TRACE,
-           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT)
+           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, FROM_REBOUND)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 ORDER = "inferred from the trace's order"  # inferred, from a trace without stacks: its order alone
@@ -89,6 +92,9 @@ SOURCE_WORDS = {
                 "in pairs: its state; a backward makes one per weight: a gradient; a workspace amid a "
                 "multiply's operands)",
     BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
+    FROM_REBOUND: "inferred from the trace: made by the optimizer step in place of a block of its size made "
+                  "before it, one per gradient, and nothing else is that gradient's parameter (the step "
+                  "rebinds its parameters to new tensors)",
     NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
                "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
                "let the agent send the roles of the job's tensors)",
@@ -210,7 +216,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     state_sized = {tensor_size(b) for b in live if frames_of(b) and fr.is_optimizer(frames_of(b))}
     workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None
                                     and tensor_size(b) not in state_sized
-                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)],
+                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER
+                                         and not made_by_constructor(frames_of(b)))],
                                    _inside_segment(snap))
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
@@ -257,6 +264,12 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             undecided.append(b)  # a gradient or a backward intermediate: decided by size below
             continue
         if frames:
+            if cat in (fr.OTHER, fr.ACTIVATIONS) and made_by_constructor(frames):
+                if forward_seen is None:
+                    forward_seen = _first_forward(trace)
+                if i < 0 or i < forward_seen or forward_seen < 0:  # built before the first forward
+                    out[b.address] = BlockClass(fr.PARAMETERS, FROM_FRAMES, i)  # the model's construction
+                    continue
             if cat == fr.OTHER and b.address in workspaces:
                 out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
                 continue
@@ -298,6 +311,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE if trace_has_frames else NO_FRAMES, i)
+    _rebound_params(trace, live, out)
     return out
 
 
@@ -404,7 +418,8 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
             by_size.setdefault(tensor_size(b), []).append(b)
     params: dict[int, list] = {}
     if state_sizes:
-        k = state_per_param(snap, out, live) or 1
+        k = state_per_param(snap, out, live) or _state_per_param_by_count(
+            snap, out, predating, trace, trace_has_frames, last_bwd, state_sizes, by_size) or 1
         for size, group in by_size.items():
             need = math.ceil(state_sizes.get(size, 0) / k) - known_params.get(size, 0)
             if need > 0:
@@ -698,6 +713,119 @@ def _in_backward_at_end(trace: list, last_bwd: int) -> bool:
     """True when the recording stops inside backward (an OOM or a dump from a hook in backward): a
     block made there may still be an intermediate of the remaining backward, not a kept gradient."""
     return last_bwd >= 0 and any(ev.action == "oom" for ev in trace[last_bwd:])
+
+
+# The code that builds or loads a model: a constructor (an nn.Module subclass's `__init__` making
+# nn.Parameter(torch.empty(...)), an inference engine's `__init__` allocating its weights), or a weight
+# initialiser or loader by its conventional name. torch's own modules are caught by frames.categorize.
+_BUILD_NAME = re.compile(r"^__init__$|^reset_parameters$|^from_pretrained$|^_?(init|load)_(all_)?weights?")
+# Constructors whose tensors are not the model's: an optimizer's (a hand-written Adam may make its state
+# up front), DDP's (its gradient buckets), a process group's (communication buffers).
+_NOT_MODEL_BUILD = re.compile(r"optim", re.IGNORECASE)  # in a file's or a function's name
+_NOT_MODEL_DIR = re.compile(r"/nn/parallel/|/distributed/")
+
+
+@fr.per_frames_list
+def made_by_constructor(frames: list) -> bool:
+    """The stack is the model's construction: a constructor or weight initialiser, outside any forward
+    call and backward, and neither it nor what it calls is optimizer or DDP code (what calls it may be:
+    Megatron's `setup_model_and_optimizer` builds the model). What it made and is still live is a
+    parameter or a buffer (the model is built once and kept), whether the trace began before the model
+    was made (the block has a trace entry) or there is none (a torch 2.0 block carries its own history)."""
+    build = False
+    for f in frames:  # innermost first
+        name, path = frame_name(f), frame_file(f)
+        if fr.FORWARD_NAME.search(name):
+            return False
+        if build:
+            continue
+        if _NOT_MODEL_BUILD.search(path.rsplit("/", 1)[-1]) or _NOT_MODEL_BUILD.search(name) \
+                or _NOT_MODEL_DIR.search(path):
+            return False
+        build = bool(_BUILD_NAME.search(name))
+    return build and not fr.is_backward(frames)
+
+
+def _rebound_params(trace: list, live: list, out: dict) -> None:
+    """Parameters a hand-written optimizer rebinds every step (`p.data = p.data - lr * update`): the
+    step makes each one anew beside its state, so its frames say optimizer state. Where a size has
+    gradients but no live block of it is a parameter, the step's blocks of that size come from two or
+    more allocation sites (the state's, the update's), and the site that comes last (the update reads
+    the moments, so it is made after them) made one block per gradient, each while the step freed a
+    block of that size made before it (the old parameter): those are the parameters."""
+    grads = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS)
+    if not grads:
+        return
+    weights = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
+    sites: dict[int, dict[int, list]] = {}  # size -> allocation site -> the step's live blocks
+    for b in live:
+        bc = out.get(b.address, _NONE)
+        size = tensor_size(b)
+        if bc.cls == fr.OPTIMIZER_STATE and bc.event >= 0 and grads[size] and not weights[size]:
+            sites.setdefault(size, {}).setdefault(id(trace[bc.event].frames), []).append(b)
+    if not sites:
+        return
+    start = min(out[b.address].event for by_site in sites.values() for bs in by_site.values() for b in bs)
+    replaced = _replaced_in_step(trace, start)
+    for size, by_site in sites.items():
+        if len(by_site) < 2:
+            continue
+        last = max(by_site.values(), key=lambda bs: min(out[b.address].event for b in bs))
+        if len(last) != grads[size]:
+            continue
+        if sum(replaced[n] for n in {b.size for b in last} | {size}) < len(last):
+            continue
+        for b in last:
+            out[b.address] = BlockClass(fr.PARAMETERS, FROM_REBOUND, out[b.address].event)
+
+
+def _replaced_in_step(trace: list, start: int) -> Counter:
+    """By size: the blocks made before `start` (in the trace or before it) that optimizer code frees from
+    there on, what the step's new blocks replaced."""
+    made_since: set = set()
+    n: Counter = Counter()
+    for ev in trace[start:]:
+        if ev.action == "alloc":
+            made_since.add(ev.addr)
+        elif ev.action == "free_requested" and ev.addr not in made_since and ev.frames \
+                and fr.is_optimizer(ev.frames):
+            made_since.add(ev.addr)  # counted once
+            n[ev.size] += 1
+    return n
+
+
+def _state_per_param_by_count(snap: Snapshot, out: dict, predating: list, trace: list, trace_has_frames: bool,
+                              last_bwd: int, state_sizes: Counter, by_size: dict) -> int | None:
+    """State blocks per parameter where nothing names the optimizer (a hand-written one), no parameter is
+    known, and the trace's backward added fresh gradients into gradients older than the trace (it made
+    blocks of their sizes and freed them, and kept none): then the blocks older than the trace are the
+    parameters and their gradients, two per parameter, and k is what at least STATE_COUNT_SHARE of the
+    state's bytes agree on, size by size (k state blocks per two older blocks). None otherwise (then
+    each state block is read as implying a parameter of its own, which claims the gradients too)."""
+    if not (_grads_predate(out, predating, trace, trace_has_frames, last_bwd)
+            and _fresh_gradients_freed(trace, by_size, trace_has_frames)):
+        return None
+    total = sum(size * n for size, n in state_sizes.items())
+    for k in (2, 1):
+        fit = sum(size * n for size, n in state_sizes.items()
+                  if len(by_size.get(size, ())) % 2 == 0 and n == k * len(by_size.get(size, ())) // 2 > 0)
+        if total and fit >= STATE_COUNT_SHARE * total:
+            return k
+    return None
+
+
+def _fresh_gradients_freed(trace: list, by_size: dict, trace_has_frames: bool) -> bool:
+    """The backward in the trace made blocks of the sizes older than it and freed them: fresh gradients
+    that the autograd engine added into gradients kept from an earlier step, in place."""
+    made_in_bwd: set = set()
+    sizes = set(by_size) | {b.size for g in by_size.values() for b in g}
+    for ev in trace:
+        if ev.action == "alloc" and ev.size in sizes \
+                and event_phase(ev.frames, trace_has_frames) == PHASE_BACKWARD:
+            made_in_bwd.add(ev.addr)
+        elif ev.action == "free_requested" and ev.addr in made_in_bwd:
+            return True
+    return False
 
 
 def composition(snap: Snapshot) -> tuple[dict, dict]:

@@ -162,6 +162,12 @@ ORDER_GRADIENT_SHARE = _rule(
     "Likewise a run of kept blocks, one per earlier kept block's size, is SGD's momentum (made together in "
     "its first step) only where it copies at least half of those blocks' bytes (a run of two gradients "
     "made one after the other copies a few MiB)", "provenance")
+STATE_COUNT_SHARE = _rule(
+    "STATE_COUNT_SHARE", 0.9, "share of the optimizer state's bytes", "judgement",
+    "where nothing names the optimizer (a hand-written one) and the gradients are older than the trace "
+    "(its backward accumulated into them), the state blocks per parameter are the k that nine tenths of the "
+    "state's bytes agree on, size by size (k state blocks per two older blocks: a parameter and its "
+    "gradient); the rest may be a size shared with other tensors", "provenance")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "

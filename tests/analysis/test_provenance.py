@@ -945,3 +945,197 @@ def test_without_stacks_fused_adams_step_tensors_sit_between_the_pairs():
     assert {classes[a].cls for a, _, _ in state} == {fr.OPTIMIZER_STATE}
     assert {classes[a].cls for a, _, _ in weights} == {fr.PARAMETERS}
     assert {classes[a].cls for a, _, _ in grads} == {fr.GRADIENTS}
+
+
+# -- a model built in the trace, a hand-written optimizer, the torch 2.0 layout ---------------------------
+
+INIT = [{"filename": "/app/layers.py", "name": "__init__", "line": 3},
+        {"filename": "/app/model.py", "name": "__init__", "line": 9},
+        {"filename": "/app/train.py", "name": "main", "line": 40}]
+CALL = [{"filename": "/x/torch/nn/modules/module.py", "name": "_call_impl", "line": 1}]
+
+
+def test_what_the_models_constructors_made_is_parameters():
+    """A trace begun before the model was made: its own modules' `__init__` (not torch's) made the
+    weights, outside any forward call, before the first one. Still live, they are parameters (from their
+    frames), not the forward's outputs, also where a function named for the optimizer called the
+    constructor (Megatron's `setup_model_and_optimizer`). A block made by an `__init__` inside a forward
+    call, by an optimizer's constructor, or by a constructor after the first forward (a batch object
+    moving its tensors to the GPU in the training loop) is not."""
+    base = 1 << 36
+    w, setup, in_fwd, opt, act, batch = (base + k * 64 * MiB for k in range(6))
+    fwd_init = INIT[:1] + CALL
+    opt_init = [{"filename": "/app/my_optimizer.py", "name": "__init__", "line": 5}] + INIT[2:]
+    by_setup = INIT[:2] + [{"filename": "/app/train.py", "name": "setup_model_and_optimizer", "line": 7}]
+    batch_init = [{"filename": "/app/data.py", "name": "__init__", "line": 5}] + INIT[2:]
+    live = [(w, 32 * MiB, INIT), (setup, 8 * MiB, by_setup), (in_fwd, 4 * MiB, fwd_init),
+            (opt, 32 * MiB, opt_init), (act, 2 * MiB, FWD), (batch, MiB, batch_init)]
+    trace = [_ev("alloc", a, n, f) for a, n, f in live]
+    classes = block_classes(_synthetic(live, trace))
+    assert (classes[w].cls, classes[w].source) == (fr.PARAMETERS, pv.FROM_FRAMES)
+    assert classes[setup].cls == fr.PARAMETERS
+    assert classes[in_fwd].cls == fr.ACTIVATIONS and classes[opt].cls != fr.PARAMETERS
+    assert classes[act].cls == fr.ACTIVATIONS and classes[batch].cls == fr.ACTIVATIONS
+
+
+def test_a_torch_2_0_block_made_by_the_engines_constructor_is_a_parameter():
+    """torch 2.0 layout: no trace, each block carries its own history's frames. An inference engine's
+    weights, allocated under its `__init__` by weight initialisers, are parameters; a block made by its
+    generation loop stays what its frames say (`other`)."""
+    base = 1 << 36
+    engine = [{"filename": "/app/backend.py", "name": "allocate", "line": 1},
+              {"filename": "/app/engine.py", "name": "init_weight_list", "line": 2},
+              {"filename": "/app/engine.py", "name": "init_all_weights", "line": 3},
+              {"filename": "/app/engine.py", "name": "__init__", "line": 4}]
+    mask = [{"filename": "/app/engine.py", "name": "update_attention_mask", "line": 7},
+            {"filename": "/app/engine.py", "name": "generate", "line": 8}]
+    live = [(base, 32 * MiB, engine), (base + 64 * MiB, 4096, mask)]
+    classes = block_classes(_synthetic(live, []))
+    assert (classes[base].cls, classes[base].source) == (fr.PARAMETERS, pv.FROM_FRAMES)
+    assert classes[base + 64 * MiB].cls == fr.OTHER
+
+
+STEP = [{"filename": "/app/optimizer.py", "name": "step", "line": 0},
+        {"filename": "/x/torch/optim/optimizer.py", "name": "wrapper", "line": 493}]
+
+
+_SITES = {line: [dict(STEP[0], line=line)] + STEP[1:] for line in (51, 56, 64)}  # one list per stack
+
+
+def _step_site(line: int) -> list:
+    return _SITES[line]
+
+
+def _rebinding_step(sizes: list[int], rebind: bool = True):
+    """A hand-written Adam's step after a backward whose gradients stayed live: per parameter it makes
+    new m and v (sites 51, 56) in place of the old, and, with `rebind`, a new parameter (site 64) in
+    place of the old one (`p.data = p.data - ...`). Returns (snapshot, {role: [addresses]})."""
+    base = 1 << 36
+    nxt = [base]
+
+    def new(n):  # each block 64 MiB apart
+        nxt[0] += 64 * MiB
+        return nxt[0]
+
+    bwd = [{"filename": "/x/torch/autograd/graph.py", "name": "_engine_run_backward", "line": 1}]
+    roles: dict = {"param": [], "m": [], "v": [], "grad": []}
+    old = {(role, i): new(n) for i, n in enumerate(sizes) for role in ("param", "m", "v")}
+    trace = [_ev("alloc", a, sizes[i], _step_site(51 if r == "m" else 56 if r == "v" else 64) if r != "param"
+                 else INIT) for (r, i), a in old.items()]
+    for n in sizes:
+        a = new(n)
+        trace.append(_ev("alloc", a, n, bwd))
+        roles["grad"].append(a)
+    for i, n in enumerate(sizes):
+        for role, line in (("m", 51), ("v", 56)) + ((("param", 64),) if rebind else ()):
+            a = new(n)
+            site = _step_site(line)
+            trace += [_ev("alloc", a, n, site), _ev("free_requested", old[(role, i)], n, site),
+                      _ev("free_completed", old[(role, i)], n, site)]
+            roles[role].append(a)
+        if not rebind:
+            roles["param"].append(old[("param", i)])
+    live = [(a, sizes[i], []) for role, addrs in roles.items() for i, a in enumerate(addrs)]
+    frames_of = {ev.addr: ev.frames for ev in trace if ev.action == "alloc"}
+    return _synthetic([(a, n, frames_of[a]) for a, n, _ in live], trace), roles
+
+
+def test_parameters_a_handwritten_optimizer_rebinds_are_parameters():
+    """`p.data = p.data - lr * update` in a hand-written Adam: the step makes three blocks per parameter
+    (m, v, then the new parameter, freeing the old). The last site, one block per gradient, each
+    replacing an older block of its size, where no other block is a parameter of that size: parameters
+    (source `rebound`), made in the optimizer step. Without the rebinding the parameters are the blocks
+    the constructor made, and the step's blocks stay state."""
+    snap, roles = _rebinding_step([4 * MiB, 4 * MiB, 2 * MiB])
+    classes = block_classes(snap)
+    assert {(classes[a].cls, classes[a].source) for a in roles["param"]} == {(fr.PARAMETERS, pv.FROM_REBOUND)}
+    assert {classes[a].cls for a in roles["m"] + roles["v"]} == {fr.OPTIMIZER_STATE}
+    assert {classes[a].cls for a in roles["grad"]} == {fr.GRADIENTS}
+    assert "rebinds" in pv.SOURCE_WORDS[pv.FROM_REBOUND]
+    snap, roles = _rebinding_step([4 * MiB, 4 * MiB, 2 * MiB], rebind=False)
+    classes = block_classes(snap)
+    assert {(classes[a].cls, classes[a].source) for a in roles["param"]} == {(fr.PARAMETERS, pv.FROM_FRAMES)}
+    assert {classes[a].cls for a in roles["m"] + roles["v"]} == {fr.OPTIMIZER_STATE}
+
+
+def test_a_first_step_that_replaces_nothing_rebinds_no_parameter():
+    """The same three sites, but nothing older of those sizes is freed in the step (a first step making
+    three state tensors per parameter, the parameters not in the snapshot): no parameter is read from it."""
+    snap, roles = _rebinding_step([4 * MiB, 2 * MiB])
+    snap.traces[snap.trace_device] = [ev for ev in snap.trace if not (
+        ev.action.startswith("free") and ev.frames and ev.frames[0]["name"] == "step")]
+    snap.memo.clear()
+    classes = block_classes(snap)
+    assert fr.PARAMETERS not in {classes[a].cls for a in roles["param"]}
+
+
+@rule("STATE_COUNT_SHARE")
+def test_a_handwritten_optimizers_state_per_parameter_from_the_counts():
+    """A hand-written AdamW (frames name no torch optimizer) makes new moments in the recorded step; the
+    parameters and their gradients, kept from warm-up and accumulated into by the recorded backward
+    (which made fresh gradients and freed them), are older than the trace, two blocks per size per
+    parameter. Where 90% of the state's bytes are in sizes with two state blocks per pair of older
+    blocks, one of each pair is the parameter and the other its gradient; at 89% no count is trusted and
+    each state block implies a parameter of its own (the gradients read as parameters), as where the
+    backward made no block of those sizes (nothing says the gradients are among the older blocks)."""
+    base = 1 << 40
+    bwd = [{"filename": "/x/torch/autograd/graph.py", "name": "_engine_run_backward", "line": 1}]
+    for odd_mib, want_grads, fresh_size in ((10, True, 9 * MiB), (11, False, 9 * MiB), (10, False, 3 * MiB)):
+        fit = [9 * MiB, 9 * MiB, 9 * MiB, 9 * MiB, 9 * MiB]  # 5 parameters: 90 MiB of state
+        older = [(base - (k + 1) * 64 * MiB, n, []) for k, n in enumerate(fit + fit)]
+        # a size whose state blocks do not pair with the older ones: 2 state blocks, 3 older blocks
+        lone = odd_mib * MiB // 2
+        older += [(base - 2048 * MiB - k * 64 * MiB, lone, []) for k in range(3)]
+        state = [(base + (k + 1) * 64 * MiB, n, STEP) for k, n in enumerate(fit + fit + [lone, lone])]
+        fresh = base + 4096 * MiB
+        trace = [_ev("alloc", fresh, fresh_size, bwd), _ev("free_requested", fresh, fresh_size, bwd)] + \
+            [_ev("alloc", a, n, f) for a, n, f in state]
+        snap = _synthetic(older + state, trace)
+        classes = block_classes(snap)
+        got = Counter(classes[a].cls for a, n, _ in older if n == 9 * MiB)
+        if want_grads:  # 90 / (90 + 10): k = 2
+            assert got == {fr.PARAMETERS: 5, fr.GRADIENTS: 5}, got
+        else:  # 90 / (90 + 11) < 90%, or no fresh gradient of those sizes: one parameter per state block
+            assert got == {fr.PARAMETERS: 10}, got
+
+
+def _class_bytes(snap) -> Counter:
+    classes = block_classes(snap)
+    out = Counter()
+    for seg in snap.segments:
+        for b in seg.blocks:
+            if b.is_live:
+                out[classes[b.address].cls] += b.size
+    return out
+
+
+@pytest.mark.parametrize("name", ["cs336_d512_forward_ctx200", "cs336_d512_forward_ctx200_bf16",
+                                  "cs336_d512_3steps_ctx100", "cs336_d512_3steps_ctx200_bf16",
+                                  "cs336_gpt2small_compiled_fullstep", "flexgen_opt6.7b_oom",
+                                  "flexgen_opt1.3b_int4_after_generate"])
+def test_public_snapshots_of_models_built_in_the_trace_hand_written_optimizers_and_torch_2_0(name):
+    """Published snapshots, each read right by one rule: a model whose constructors ran in the trace
+    (d512 forward), parameters a hand-written Adam rebinds (d512 3 steps), a hand-written AdamW's state
+    per parameter from the counts, with the warm-up's gradients older than the trace (GPT-2 small
+    compiled), and an inference engine's weights in the torch 2.0 layout (FlexGen). At least 95% of the
+    live bytes in the class their source states, each class within 4% of it (the truth counts tensor
+    bytes; the allocator rounds a 19.5 MiB tensor into a 20 MiB block)."""
+    t = TRUTH[name]
+    snap = _snap(Path(__file__).resolve().parent.parent.parent / t["path"])
+    comp = _class_bytes(snap)
+    live = sum(comp.values())
+    assert _right_share(comp, t, live) >= 0.95
+    for cls in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE):
+        assert comp[cls] == pytest.approx(t.get(cls, 0), rel=0.04, abs=MiB), cls  # blocks round tensors up
+
+
+def test_the_segment_map_says_a_rebound_parameter_came_from_the_step():
+    """The snapshot page's segment map gives each block its source, and the page the words for it: the
+    rebound parameters of the hand-written Adam say so."""
+    snap = _snap(PUB / "cs336_d512_3steps_ctx100.pickle.gz")
+    out = analyze([snap])
+    view = snapshot_view(snap, out, title="t")
+    got = Counter((b["c"], b["v"]) for seg in view["segments"] for b in seg["blocks"] if b["c"])
+    assert got[(fr.PARAMETERS, pv.FROM_REBOUND)] == 39
+    assert view["source_words"][pv.FROM_REBOUND].startswith("inferred from the trace: made by the optimizer step")
+    assert out["details"]["composition_origin"]["parameters"] == {pv.INFERRED: out["composition"]["parameters"]}
