@@ -114,6 +114,33 @@ def test_autocast_copies_are_found_on_the_bf16_run_only():
     assert all(v < fit.CAST_COVERAGE for m, v in shares.items() if m != "gpt_bf16"), shares
 
 
+def _run_at_one_line(py_files: list[str]) -> list:
+    """An op's allocations at one line: a 2 MiB block, its 64 KiB statistics, then the op's last output."""
+    from memq.model import TraceEvent
+
+    frames = [{"filename": f, "line": 10 + i, "name": "call" if "torchinductor" in f else "forward"}
+              for i, f in enumerate(py_files)]
+    return [TraceEvent("alloc", 0x1000 * (i + 1), size, 0, None, frames)
+            for i, size in enumerate((2 << 20, 64 << 10, 256))]
+
+
+def test_a_compiled_graph_makes_no_autocast_copies():
+    """The call-site reading of autocast's copies skips what a torch.compile'd graph allocates (its casts
+    are the graph's own conversions): the same run of allocations at one line is a copy in eager code."""
+    site = "/srv/torch/lib/python3.12/site-packages/torch/"
+    eager = ["/job/model.py", site + "nn/modules/module.py"]
+    compiled = ["/tmp/torchinductor_u/kv/ckvk46ak.py", "/job/model.py", site + "_inductor/output_code.py",
+                site + "_functorch/_aot_autograd/runtime_wrappers.py"]
+    old_layout = ["/tmp/g.py", site + "_functorch/aot_autograd.py"]  # torch 2.0: the wrappers in one module
+    for files, copies in ((eager, [0]), (compiled, []), (old_layout, []),
+                          ([*eager, site + "_dynamo/eval_frame.py"], [0])):  # eager code at a graph break
+        trace = _run_at_one_line(files)
+        found = fit._cast_copies(trace, [fit.INPUT] * 3, [e.size for e in trace], [0, 1, 2], {2 << 20})
+        assert found == copies, files
+        assert fit.compiled_graph(trace[0].frames) == (copies == [])
+    assert not fit.compiled_graph([]) and not fit.compiled_graph(None)
+
+
 def test_cast_coverage_boundary(monkeypatch):
     share = measured("gpt_bf16").cast_share
     real = TRUTH["gpt_bf16"]["runs"]["gpt_bf16-b32-t256"]["max_reserved"]

@@ -145,18 +145,52 @@ def test_the_held_back_half_as_it_is():
     assert exact == ["bert_mlm", "moe_lm"]
     assert errors("vit_ckpt")["4x batch"] == pytest.approx(0.002, abs=0.001)  # -3.3% before
     # known misses (their causes not examined: this half is not tuned on): the compiled GPT 10-11% low at
-    # 4x-8x (largest batch 54 for 48) and the cuDNN LSTM 8-10% low (largest 108 for 95): its workspace is
-    # 2.2x at 4x the batch, not 4x (an affine size, cuDNN's; +6-11% while the logits' staging scaled too)
-    assert all(-0.113 <= e <= -0.098 for k, e in errors("gpt_compile").items() if k.startswith("4x") or k == "8x batch")
+    # 4x-8x (largest batch 53 for 48) and the cuDNN LSTM 8-10% low (largest 108 for 95): its workspace is
+    # 2.2x at 4x the batch, not 4x (an affine size, cuDNN's; +6-11% while the logits' staging scaled too).
+    # The compiled GPT's agent recording was -10.9% to -11.2% (largest 54) while cuDNN attention's outputs
+    # were read as autocast's copies (`fit.compiled_graph`); now its hand recording's figures.
+    assert all(-0.106 <= e <= -0.098 for k, e in errors("gpt_compile").items() if k.startswith("4x") or k == "8x batch")
     assert all(-0.100 <= e <= -0.081 for e in errors("lstm_lm").values())
-    assert rows("gpt_compile")["largest"]["agent"] == 54 and rows("lstm_lm")["largest"]["agent"] == 108
+    assert rows("gpt_compile")["largest"]["agent"] == 53 and rows("lstm_lm")["largest"]["agent"] == 108
 
 
 def test_agent_and_hand_recordings_agree():
     """Same predictions from both recordings on the tuning half but LoRA's (the hand recording's
-    stacks="all" names the adapters' small copies: 0.4% apart at 8x); within 1.2% on the held-back half
-    (the compiled GPT: its hand recording sees 1.15% more at 4x)."""
+    stacks="all" names the adapters' small copies: 0.37% apart at 8x) and the bf16 ViT's at 8x (0.08%); the
+    same on the held-back half (the compiled GPT's were 1.15% apart at 4x while its agent recording held 36
+    of cuDNN attention's outputs as autocast's copies: test_a_compiled_graph_makes_no_autocast_copies)."""
+    apart = {(fam, s["shape"]): abs(s["agent"] - s["hand"]) / s["hand"] for fam in TUNING + HELD_BACK
+             for s in rows(fam)["shapes"]}
+    assert len(apart) == 42
+    assert max(apart.values()) == pytest.approx(0.0037, abs=2e-4)
+    assert max(apart, key=apart.get) == ("lora_gpt", "8x batch")
+    assert all(apart[k] < 0.001 for k in apart if k[0] != "lora_gpt")
+    assert all(apart[k] == 0 for k in apart if k[0] in HELD_BACK)
     for fam in TUNING:
-        assert errors(fam) == pytest.approx(errors(fam, "hand"), abs=0.005 if fam == "lora_gpt" else 2e-3), fam
-    worst = max(abs(s["agent"] - s["hand"]) / s["hand"] for fam in HELD_BACK for s in rows(fam)["shapes"])
-    assert 0.011 < worst < 0.012
+        assert errors(fam) == pytest.approx(errors(fam, "hand"), abs=0.004 if fam == "lora_gpt" else 1e-3), fam
+
+
+def test_a_compiled_graph_makes_no_autocast_copies():
+    """torch.compile traces autocast's casts into the graph: the hand recording (stacks="all") of the
+    compiled bf16 GPT holds no allocation under autocast's cast, and its agent recording (Python frames,
+    autocast told by the agent) reads none from its call sites, where 36 of cuDNN attention's outputs (2 MiB:
+    8 x 256 x 512 in bfloat16, half a 512 x 2048 weight by coincidence) were read as copies and held. The
+    agent's program is the first three steps of the hand's, op for op, and every allocation is now read the
+    same in both but the three cuBLAS workspaces (kept across steps / library workspaces: held either way)."""
+    from memq.load import load_snapshot_file
+
+    ms = recordings("gpt_compile")
+    agent, hand = ms["agent"], ms["hand"]
+    hand_snap = load_snapshot_file(str(FIX / "hand" / "gpt_compile.pickle.gz"), max_bytes=1 << 32).snapshot
+    assert not any(fit._autocast_frame(ev.frames) for ev in hand_snap.trace if ev.action == "alloc")
+    allocs = [ev for ev in hand_snap.trace if ev.action == "alloc"]
+    assert sum(fit.compiled_graph(ev.frames) for ev in allocs) > len(allocs) // 2
+    pa, ph = agent.replay.program, hand.replay.program
+    n = len(pa.ops)
+    assert (pa.ops, pa.hid, pa.size) == (ph.ops[:n], ph.hid[:n], ph.size[:n])
+    assert fit.CAST_COPY not in agent.kinds and fit.CAST_COPY not in hand.kinds
+    differ = {(agent.kinds[h], hand.kinds[h]) for op, h in zip(pa.ops, pa.hid, strict=True)
+              if op == fit.OP_ALLOC and agent.kinds[h] != hand.kinds[h]}
+    assert differ == {(fit.KEPT, fit.WORKSPACE)}
+    for k in (2, 4, 8):
+        assert fit.predict(agent, k).peak_reserved == fit.predict(hand, k).peak_reserved
