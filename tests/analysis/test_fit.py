@@ -149,10 +149,28 @@ def test_fits_is_null_inside_the_margin_and_decided_outside():
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fit.fits_under(m, k, mid) else (mid, hi)
     need = hi
-    assert fit.tri_fits(m, k, int(need / (1 - fit.FIT_MARGIN)) + (4 << 20)) is True
-    assert fit.tri_fits(m, k, int(need / (1 - fit.FIT_MARGIN)) - (4 << 20)) is None
-    assert fit.tri_fits(m, k, int(need / (1 + fit.FIT_MARGIN)) + (4 << 20)) is None
-    assert fit.tri_fits(m, k, int(need / (1 + fit.FIT_MARGIN)) - (4 << 20)) is False
+    assert m.margin == fit.FIT_MARGIN  # a GPT: its own ops decide every size
+    assert fit.tri_fits(m, k, int(need / (1 - m.margin)) + (4 << 20)) is True
+    assert fit.tri_fits(m, k, int(need / (1 - m.margin)) - (4 << 20)) is None
+    assert fit.tri_fits(m, k, int(need / (1 + m.margin)) + (4 << 20)) is None
+    assert fit.tri_fits(m, k, int(need / (1 + m.margin)) - (4 << 20)) is False
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_each_models_interval_says_what_decides_its_sizes(model):
+    """The four GPTs (Python frames only, the agent's defaults): no size a library chooses by shape, the narrow
+    interval; the CNN's torch/nn/modules/conv.py frames: cuDNN's convolutions, the wide one, with the reason.
+    Every prediction of the calibration inside its own interval."""
+    m = measured(model)
+    if model == "cnn":
+        assert m.library == fit.LIBRARY_CONV and m.margin == fit.FIT_MARGIN_LIBRARY
+        assert m.margin_reason.startswith("wider: cuDNN convolutions choose their algorithm and workspace by shape")
+    else:
+        assert m.library is None and m.margin == fit.FIT_MARGIN
+    b0, t0 = base(model)["batch"], base(model)["seq"]
+    for k in (2, 4, 8):
+        real = TRUTH[model]["runs"][f"{model}-b{b0 * k}-t{t0}"]["max_reserved"]
+        assert abs(fit.predict(m, k).peak_reserved / real - 1) <= m.margin, k
 
 
 def test_question_bounds():

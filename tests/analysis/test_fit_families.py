@@ -172,7 +172,7 @@ def test_resnet_workspaces_held_were_the_miss(monkeypatch):
 
 
 def test_the_held_back_half_as_it_is():
-    """First judged untouched by the tuning (46 of 46 inside FIT_MARGIN, largest 11.2%, the largest batch
+    """First judged untouched by the tuning (46 of 46 inside the 12% interval then, largest 11.2%, the largest batch
     exact for bert_mlm, moe_lm and vit_ckpt); since the reductions' staging buffers stop at REDUCE_STAGING_MAX,
     44 of 46 inside that 12% (vit_ckpt 8x -12.6%, from another cuDNN algorithm), exact for bert_mlm and moe_lm
     (vit_ckpt 109 for 100), its range holding the truth for all."""
