@@ -1166,6 +1166,10 @@ def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = No
 LIBRARY_CONV = "cuDNN convolutions choose their algorithm and workspace by shape"
 LIBRARY_RNN = "cuDNN's LSTM/GRU chooses its workspace by shape"
 LIBRARY_COMPILE = "torch.compile's kernels are generated (and their buffers sized) per shape"
+# No frame says which library, but its workspace is there (WORKSPACE_ODD: a frameless block of an odd byte
+# count, which no tensor has): only the convolutional families' recordings hold one (a functional conv call
+# shows no conv.py frame).
+LIBRARY_WORKSPACE = "a library's workspace (a frameless block of an odd byte count) is sized by the library per shape"
 # Python files: torch's convolution and RNN modules; torch.compile's runtime (inductor's compiled module,
 # its generated code, triton's launcher). torch/_dynamo/eval_frame.py alone is not compile: checkpointing
 # runs through its "disable" wrapper in eager models.
@@ -1182,12 +1186,15 @@ _LIBRARY_NAMES = ((LIBRARY_CONV, re.compile(r"\b(?:cudnn_|miopen_|mkldnn_)?convo
 
 def library_choice(trace) -> str | None:
     """The first of LIBRARY_CONV, LIBRARY_RNN, LIBRARY_COMPILE the trace's allocations show (their Python
-    frames first, then their C++ ones), else None: no size a library chooses by shape."""
+    frames first, then their C++ ones), else LIBRARY_WORKSPACE where a library's workspace is there, else
+    None: no size a library chooses by shape."""
     files: set[str] = set()
     names: set[str] = set()
+    odd = False
     for ev in trace:
         if ev.action != "alloc":
             continue
+        odd = odd or (is_workspace(ev.size) and not python_frames(ev.frames))
         for f in ev.frames or ():
             path = frame_file(f)
             if path.endswith(".py"):
@@ -1200,7 +1207,7 @@ def library_choice(trace) -> str | None:
     for why, pat in _LIBRARY_NAMES:
         if any(pat.search(n) for n in names):
             return why
-    return None
+    return LIBRARY_WORKSPACE if odd else None
 
 
 def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None) -> tuple[float, str]:

@@ -270,3 +270,27 @@ def test_an_expandable_run_far_past_its_mapping_ends_the_curve_not_the_analysis(
     assert ks == list(fit.CURVE_SCALES[: len(ks)])
     with pytest.raises(fit.NotAssessable, match="cannot replay this trace at 64x"):
         fit.predict(fit.classify(snap), fit.K_MAX)
+
+
+def test_library_choice_reads_frames_and_workspaces():
+    """Synthetic traces: which frames make a trace's interval the library one, and which do not."""
+    from types import SimpleNamespace as E
+
+    def tr(*frames, size=1 << 20):
+        return [E(action="alloc", size=size, frames=list(frames))]
+
+    py = lambda path, name="forward": (path, 1, name)  # noqa: E731 (a frame: file, line, name)
+    assert fit.library_choice(tr(py("/x/site-packages/torch/nn/modules/conv.py"))) == fit.LIBRARY_CONV
+    assert fit.library_choice(tr(py("/x/site-packages/torch/nn/modules/rnn.py"))) == fit.LIBRARY_RNN
+    assert fit.library_choice(tr(py("/x/torch/_inductor/output_code.py", "__call__"))) == fit.LIBRARY_COMPILE
+    # checkpointing runs through dynamo's "disable" wrapper in eager models: not compile
+    assert fit.library_choice(tr(py("/x/torch/_dynamo/eval_frame.py", "_fn"), py("/m/model.py"))) is None
+    # C++ frames alone (stacks="all" with the Python ones dropped)
+    assert fit.library_choice(tr(("??", 0, "at::native::cudnn_convolution(at::Tensor const&)"))) == fit.LIBRARY_CONV
+    assert fit.library_choice(tr(("??", 0, "at::native::_cudnn_rnn(at::Tensor const&)"))) == fit.LIBRARY_RNN
+    # cuDNN's attention sizes its buffers by the shape it is given: not a library's choice
+    assert fit.library_choice(tr(("??", 0, "at::native::_cudnn_attention_forward(at::Tensor const&)"))) is None
+    # a frameless block of an odd byte count is a library's workspace (WORKSPACE_ODD); an even one is not
+    assert fit.library_choice(tr(size=(1 << 20) + 1)) == fit.LIBRARY_WORKSPACE
+    assert fit.library_choice(tr(size=(1 << 20) + 2)) is None
+    assert fit.library_choice(tr(py("/m/model.py"), size=(1 << 20) + 1)) is None  # Python frames: not frameless

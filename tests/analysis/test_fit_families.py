@@ -96,9 +96,15 @@ def test_a_conv_family_gets_the_wide_interval_with_its_reason_from_either_record
     assert doc["low"] == int(doc["peak_bytes"] * (1 - fit.FIT_MARGIN_LIBRARY))
     hand_snap = _calibration().load_snapshot_file(str(FIX / "hand" / "resnet_bn.pickle.gz"),
                                                   max_bytes=1 << 32).snapshot
-    cxx = [SimpleNamespace(action=e.action, frames=[f for f in e.frames or () if not frame_file(f).endswith(".py")])
+    cxx = [SimpleNamespace(action=e.action, size=e.size,
+                           frames=[f for f in e.frames or () if not frame_file(f).endswith(".py")])
            for e in hand_snap.trace]
     assert fit.library_choice(cxx) == fit.LIBRARY_CONV
+    # no frame at all (a functional conv call shows no conv.py): cuDNN's odd-sized workspaces still say it
+    bare = [SimpleNamespace(action=e.action, size=e.size, frames=[]) for e in hand_snap.trace]
+    assert fit.library_choice(bare) == fit.LIBRARY_WORKSPACE
+    gpt = _calibration().load_snapshot_file(str(FIX / "hand" / "lora_gpt.pickle.gz"), max_bytes=1 << 32).snapshot
+    assert fit.library_choice([SimpleNamespace(action=e.action, size=e.size, frames=[]) for e in gpt.trace]) is None
     # the GPTs of the same set: no library sizes, whichever recording
     for fam in ("lora_gpt", "seq2seq", "bert_mlm", "moe_lm"):
         assert all(m.margin == fit.FIT_MARGIN for m in recordings(fam).values()), fam
