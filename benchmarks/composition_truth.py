@@ -6,10 +6,11 @@ tuning half and the held-back half by a fixed rule: the first hex digit of the s
 uncompressed pickle, 0-7 tuning, 8-f held back.
 
     python benchmarks/composition_truth.py [--extra DIR]
-    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back]
+    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back] [--no-history]
         (a `--set fresh` capture is held back whole: score it once, never tune on it)
         (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
-        "+roles -cache" without the inference cache the job declared)
+        "+roles -cache" without the inference cache the job declared; --no-history: every capture with its
+        trace and its blocks' frames removed, as if recording had never been on, no roles)
 
 `--extra DIR` adds the public snapshots that cannot be checked in (no licence), fetched as
 tests/fixtures/public_snapshots/README.md says. Truth: tests/fixtures/public_snapshots/truth.json.
@@ -81,7 +82,7 @@ def _pred_phase(bc, snap, has_frames: bool) -> str:
     return event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"
 
 
-def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
+def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, no_history: bool = False) -> dict:
     """One capture of benchmarks/gpu/composition_capture.py against the truth taken from its tensors:
     the share of live bytes whose class is right, block by block (truth `other`, a step's leftovers,
     is right as other or activations); the share whose allocation phase is right (a block made before
@@ -98,6 +99,11 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True) -> dict:
     snap = load_snapshot_file(job_dir / "snapshot.pickle.gz")
     snap = getattr(snap, "snapshot", snap)
     roles = truth.get("agent_roles") or {}
+    if no_history:  # as if recording had never been on: no trace, no block frames
+        snap.traces[snap.trace_device] = []
+        for seg in snap.segments:
+            for b in seg.blocks:
+                b.frames = []
     if with_roles:
         if not isinstance(roles.get("ranges"), list):
             return {}
@@ -167,14 +173,16 @@ def gpu_half(job_dir: Path) -> str:
     return "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
 
 
-def main_gpu(folder: Path, only_half: str | None = None) -> int:
+def main_gpu(folder: Path, only_half: str | None = None, no_history: bool = False) -> int:
     rows = []
     for job_dir in sorted(p for p in folder.iterdir() if (p / "truth.json").exists()):
         half = gpu_half(job_dir)
         if only_half and half != only_half:
             continue
-        for roles, declared, tag in ((False, True, ""), (True, True, " +roles"), (True, False, " +roles -cache")):
-            r = score_gpu(job_dir, roles, declared)
+        variants = ((False, True, " -history"),) if no_history else \
+            ((False, True, ""), (True, True, " +roles"), (True, False, " +roles -cache"))
+        for roles, declared, tag in variants:
+            r = score_gpu(job_dir, roles, declared, no_history)
             if r:
                 rows.append((half, job_dir.name + tag, r))
     print(f"{'half':10} {'capture':44} {'live':>8} {'class':>7} {'phase':>7} {'peak':>16}  wrong (GiB)")
@@ -184,8 +192,10 @@ def main_gpu(folder: Path, only_half: str | None = None) -> int:
               f"{peak:>16}  {r['wrong_gib']}")
     for half in ("tuning", "held-back"):
         for tag, words in (("", ""), (" +roles", " with the agent roles"),
-                           (" +roles -cache", " with the agent roles, no cache declared")):
-            got = [r for h, n, r in rows if h == half and n.endswith(tag) and (tag or "+roles" not in n)]
+                           (" +roles -cache", " with the agent roles, no cache declared"),
+                           (" -history", " with no history (trace and frames removed)")):
+            got = [r for h, n, r in rows if h == half and n.endswith(tag)
+                   and (tag or ("+roles" not in n and "-history" not in n))]
             if got:
                 peaks = [r["peak_right"] for r in got if r["peak_right"] is not None]
                 mean = sum(r["class_share"] for r in got) / len(got)
@@ -203,9 +213,11 @@ def main() -> int:
                     help="with --gpu: score one half only (tune on the tuning half; the held-back half once)")
     ap.add_argument("--gpu", type=Path, default=None,
                     help="a benchmarks/gpu/composition_capture.py --out folder: score its captures instead")
+    ap.add_argument("--no-history", action="store_true",
+                    help="with --gpu: score every capture with its trace and block frames removed, no roles")
     args = ap.parse_args()
     if args.gpu is not None:
-        return main_gpu(args.gpu, args.half)
+        return main_gpu(args.gpu, args.half, args.no_history)
     truth = json.loads(TRUTH.read_text())
     rows = []
     for name, t in truth["snapshots"].items():

@@ -146,7 +146,7 @@ def _parse(raw: Any, consume: bool, nbytes: int | None) -> Snapshot:
     else:
         fmt = "2.2"
 
-    for kind in _frames_missing_reason(segments):
+    for kind in _frames_missing_reason(segments, any(traces)):
         warnings.append(kind)
 
     return Snapshot(
@@ -620,10 +620,14 @@ def _parse_settings(d: dict) -> AllocatorSettings:
     )
 
 
-def _frames_missing_reason(segments: list[Segment]) -> list[str]:
+def _frames_missing_reason(segments: list[Segment], traced: bool) -> list[str]:
     live = [b for s in segments for b in s.blocks if b.is_live]
     if live and not any(b.frames for b in live):
-        return ["no block carries frames (history was not recorded with stacks): composition is 'unknown'"]
+        if traced:
+            return ["no block carries frames (history was not recorded with stacks): composition is 'unknown'"]
+        # no trace either: the composition reads the model's state from the layout where it shows (untraced.py)
+        return ["no block carries frames and there is no trace (history was not recorded): the composition is "
+                "inferred from sizes and addresses where the layout shows the model, else 'unknown'"]
     return []
 
 

@@ -177,6 +177,11 @@ def run_job(a) -> None:
     opt = ff.make_optimizer(spec, model.parameters())
     try:
         for step in range(a.steps):
+            for _micro in range(a.accum - 1):  # earlier micro-batches of gradient accumulation
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=spec["bf16"]):
+                    loss, _tokens = step_loss(a.family, model, a.batch, a.size, dev)
+                loss.backward()
+                del loss
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=spec["bf16"]):
                 loss, _tokens = step_loss(a.family, model, a.batch, a.size, dev)
             if a.mode == "dump" and step == 0:
@@ -187,7 +192,7 @@ def run_job(a) -> None:
                 torch.cuda.synchronize(dev)
                 res["backward_bytes"] = save(torch.cuda.memory._snapshot(), a.out_pickle + ".backward.pickle.gz")
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=not a.keep_grads)
             del loss
             torch.cuda.synchronize(dev)
             res["step_peak_reserved"].append(torch.cuda.max_memory_reserved(dev))
@@ -334,6 +339,8 @@ def main() -> None:
     j.add_argument("--result", required=True)
     j.add_argument("--out-pickle", default="")
     j.add_argument("--cap-bytes", type=int, default=0)
+    j.add_argument("--accum", type=int, default=1, help="micro-batches a step (gradient accumulation)")
+    j.add_argument("--keep-grads", action="store_true", help="zero_grad(set_to_none=False): .grad kept, zeroed")
     a = ap.parse_args()
     if a.cmd == "all":
         main_all(a)

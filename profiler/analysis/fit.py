@@ -11,10 +11,10 @@ modelled, not guessed:
    parameters and optimizer state (by their frames, or allocated in optimizer code); gradients (freed
    in optimizer code: `zero_grad`); what is never freed in the trace (kept across steps); a
    gradient-sized temporary (no Python frames, autograd's thread, and exactly a gradient's size: the
-   second use of a tied weight sums into one; with C++ frames, a weight's gradient made in a matrix
-   product's precision); an autocast weight copy (see CAST_* below); a library workspace (see
-   WORKSPACE_* below); the rest is input-sized and scales (a reduction's staging buffer to
-   REDUCE_STAGING_MAX at most).
+   second use of a tied weight sums into one; a weight's gradient made in a matrix product's precision,
+   by its C++ frame or, in any trace, by its float32 cast kept as .grad); an autocast weight copy (see
+   CAST_* below); a library workspace (see WORKSPACE_* below); the rest is input-sized and scales (a
+   reduction's staging buffer to REDUCE_STAGING_MAX at most).
 2. Predict (`predict`): the program with input-sized sizes x k (k = batch / measured batch, times
    length / measured length), optimizer state x the new optimizer's state multiple over the old one;
    peak reserved from the model without a limit, peak allocated from the same sizes.
@@ -44,6 +44,8 @@ from memq.analysis.provenance import block_classes
 # The thresholds and figures memq fit decides by live in rules.py, each with its source.
 from memq.analysis.rules import (
     CAST_COVERAGE,
+    CAST_GRAD_GAP,
+    CAST_GRAD_RATIO,
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
@@ -224,6 +226,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     notes: list[str] = []
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     _hold_weight_gradients(trace, kinds, size_of, ev_of, _weight_sizes(rep, kinds, size_of, grads))
+    _hold_cast_gradients(prog, kinds, lambda h: ev_of[h] >= 0 and not python_frames(trace[ev_of[h]].frames))
     _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
@@ -379,6 +382,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
         share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, counts, big, notes)
     _hold_weight_gradients(trace, kinds, size_of, ev_of,
                            _weight_sizes(rep, kinds, size_of, {size_of[g] for g in grads}) | param_sizes)
+    _hold_cast_gradients(prog, kinds, lambda h: ev_of[h] >= 0 and not python_frames(trace[ev_of[h]].frames))
     partial = PARTIAL_BACKWARD if bwd is not None else PARTIAL_FORWARD
     named = recorded_optimizer(snap)
     opt = optimizer or named or "adamw"
@@ -860,6 +864,30 @@ def _hold_weight_gradients(trace, kinds, size_of, ev_of, weights: set[int]) -> N
             continue
         if any(_MAT2_GRAD_FRAME.search(frame_name(f)) for f in trace[ev_of[h]].frames or ()):
             kinds[h] = GRAD_TEMP
+
+
+def _hold_cast_gradients(prog, kinds, frameless) -> None:
+    """A weight's gradient made in a matrix product's precision under autocast, found without C++ frames:
+    autograd casts it to the weight's float32 (an allocation of exactly CAST_GRAD_RATIO x its size) and
+    frees it at once, CAST_GRAD_GAP ops later; with .grad set to None the float32 copy becomes the .grad,
+    kept to zero_grad (or to the trace's end), or, when its strides are not the weight's (an einsum's or
+    bmm's weight), .grad is a copy of it made on the next op and the cast is freed on the one after. An
+    activation's gradient cast the same way is consumed by the next op, not kept: it scales.
+    `frameless(h)`: the block has no Python frames (autograd's thread)."""
+    ops, hid, size = prog.ops, prog.hid, prog.size
+    kept = (GRADIENTS, KEPT)  # the last step's .grad, when zero_grad comes first in a step, is never freed
+    alloc = {}
+    for i, (op, h) in enumerate(zip(ops, hid, strict=True)):
+        if op == OP_ALLOC:
+            alloc[h] = i
+        elif op == OP_FREE and h in alloc and kinds[h] == INPUT and i >= CAST_GRAD_GAP:
+            j = i - CAST_GRAD_GAP
+            if ops[j] != OP_ALLOC or size[j] != CAST_GRAD_RATIO * size[alloc[h]] or not frameless(h):
+                continue
+            copied = (i + 2 < len(ops) and ops[i + 1] == OP_ALLOC and size[i + 1] == size[j]
+                      and kinds[hid[i + 1]] in kept and ops[i + 2] == OP_FREE and hid[i + 2] == hid[j])
+            if kinds[hid[j]] in kept or copied:
+                kinds[h] = GRAD_TEMP
 
 
 def holds_cast_copies(share: float, told: bool) -> bool:

@@ -19,6 +19,9 @@ Evidence, strongest first:
   while nothing else is known to be a parameter and there is no optimizer state (forward only,
   inference). Otherwise they stay unknown: a leak kept from earlier steps, or the activations of a step
   whose start fell out of a short ring buffer, also predate the trace.
+With no trace at all (recording off, or paused after warm-up) and no roles, untraced.py reads the model's
+state from the snapshot's layout and the frames a paused history left, said "inferred from sizes and
+addresses" on every screen.
 A frame name that happens to be on a stack is weak evidence: with stacks="all" every forward
 allocation passes `torch::autograd::VariableType::*` (forward dispatch), and a gradient is allocated
 by the backward node that computed it (`MmBackward0::apply`), not by `AccumulateGrad`, which only
@@ -45,6 +48,9 @@ from memq.analysis.rules import (
     STEP_START_ORPHAN_FREES,
 )
 from memq.analysis.timeline import made_live_in
+from memq.analysis.untraced import AFTER_HISTORY, FROM_LAYOUT, LAYOUT_ORIGIN, WORKSPACE_LAYOUT
+from memq.analysis.untraced import SOURCE_WORDS as _UNTRACED_WORDS
+from memq.analysis.untraced import resolve as _resolve_untraced
 from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_line, frame_name
 
 # Where a class came from, as the screens say it.
@@ -59,9 +65,12 @@ BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
-           NO_TRACE)
+           NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
+# with no trace at all (untraced.py): the model's state by its sizes and addresses
+LAYOUT = LAYOUT_ORIGIN
+ORIGINS = (KNOWN, INFERRED, LAYOUT)
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
 SOURCE_WORDS = {
     FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's, or a cache "
@@ -78,10 +87,14 @@ SOURCE_WORDS = {
                "let the agent send the roles of the job's tensors)",
     NO_TRACE: "unknown: no allocation history was recorded, so nothing tells what made it (record history, "
               "or let the agent send the roles of the job's tensors)",
+    **_UNTRACED_WORDS,
 }
 # The site a screen shows for those blocks (the composition's top allocation site)
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
+_LAYOUT_SITE = {AFTER_HISTORY: "<no allocation history: made after it stopped, by the running step>",
+                FROM_LAYOUT: "<no allocation history: inferred from sizes and addresses>",
+                WORKSPACE_LAYOUT: "<no allocation history: the size of a cuBLAS workspace>"}
 
 # An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
 # across its forward calls (ARCHITECTURE.md "Composition and phase").
@@ -101,19 +114,24 @@ class BlockClass(NamedTuple):
 
 def origin(source: str) -> str:
     """How a screen says where a class came from."""
-    return KNOWN if source == FROM_JOB else INFERRED
+    if source == FROM_JOB:
+        return KNOWN
+    return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT) else INFERRED
 
 
 def origin_words(by_origin: dict | None) -> str:
-    """One class's bytes by origin ({KNOWN: n, INFERRED: m}) in words, for a table cell or a title."""
+    """One class's bytes by origin ({KNOWN: n, INFERRED: m, LAYOUT: l}) in words, for a table cell or a
+    title."""
     if not by_origin:
         return ""
-    known, inferred = by_origin.get(KNOWN, 0), by_origin.get(INFERRED, 0)
-    if known and not inferred:
-        return KNOWN
-    if inferred and not known:
-        return INFERRED
-    return f"{known / (known + inferred):.0%} {KNOWN}, the rest {INFERRED}"
+    got = [(o, by_origin.get(o, 0)) for o in ORIGINS if by_origin.get(o, 0)]
+    if not got:
+        return ""
+    if len(got) == 1:
+        return got[0][0]
+    total = sum(n for _, n in got)
+    head = ", ".join(f"{n / total:.0%} {o}" for o, n in got[:-1])
+    return f"{head}, the rest {got[-1][0]}"
 
 
 def block_classes(snap: Snapshot) -> dict[int, BlockClass]:
@@ -178,7 +196,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     state_sized = {tensor_size(b) for b in live if frames_of(b) and fr.is_optimizer(frames_of(b))}
     workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None
                                     and tensor_size(b) not in state_sized
-                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)])
+                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)],
+                                   _inside_segment(snap))
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
     sites: set = set()
@@ -403,12 +422,19 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     free_params.subtract(Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS))
     rest = [b for b in predating if b.address not in out]
     roles_known = snap.agent is not None and bool(snap.agent.roles)
+    if not trace and not roles_known:
+        # no trace at all: the model's state by its sizes and addresses (untraced.py), said as such
+        framed = Counter(tensor_size(b) for b in live if b.frames and _weight(out.get(b.address, _NONE)))
+        decided = _resolve_untraced(snap.segments, [b for b in rest if b.address not in workspaces], framed)
+        for addr, (cls, source) in decided.items():
+            out[addr] = BlockClass(cls, source, -1)
+        rest = [b for b in rest if b.address not in out]
     # an inference trace: what the job did not name and every forward call of the trace kept, in sizes that
     # come in several blocks (a key and a value per layer), is its cache; a lone block is the prompt's
     kept = Counter(tensor_size(b) for b in rest if b.address not in workspaces) if inference else Counter()
     for b in rest:
         if b.address in workspaces:
-            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, -1)
+            out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE if trace else WORKSPACE_LAYOUT, -1)
         elif roles_known and kept[tensor_size(b)] >= CACHE_MIN_BLOCKS:
             out[b.address] = BlockClass(fr.PARAMETERS, FROM_CACHE, -1)
         elif roles_known:
@@ -562,13 +588,30 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) 
     return out
 
 
-def _workspace_blocks(frameless: list) -> set:
+def _inside_segment(snap: Snapshot) -> set:
+    """Addresses of the live frameless blocks that do not start their segment, or share it with another
+    live frameless block."""
+    out = set()
+    for seg in snap.segments:
+        bare = [b.address for b in seg.blocks if b.is_live and not b.frames]
+        if len(bare) > 1:
+            out.update(bare)
+        elif bare and bare[0] != seg.address:
+            out.add(bare[0])
+    return out
+
+
+def _workspace_blocks(frameless: list, inside: set = frozenset()) -> set:
     """Addresses of the frameless blocks that are cuBLAS workspaces by their size: only where that size
     comes in no more blocks than CUBLAS_WORKSPACE_MAX_BLOCKS (a handle per thread and stream); more are
-    tensors of that shape."""
+    tensors of that shape. A block that does not start its segment, or shares it with another frameless
+    block, is not one: every workspace of the 33 captures of benchmarks/gpu/composition_capture.py (66)
+    and of tests/fixtures/real starts its segment, alone or beside framed blocks only (made once per
+    handle, from a fresh or a whole cached segment), while a weight of that size loaded beside other
+    weights (the inference captures) or a step's activation beside others (the OOM captures) shares one."""
     out = set()
     for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
-        same = [b.address for b in frameless if tensor_size(b) == size]
+        same = [b.address for b in frameless if tensor_size(b) == size and b.address not in inside]
         if 0 < len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
             out.update(same)
     return out
@@ -651,6 +694,8 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
                 site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
             elif frames:
                 site = fr.stack_signature(frames)
+            elif bc and bc.source in _LAYOUT_SITE:
+                site = _LAYOUT_SITE[bc.source]
             elif bc and bc.source == FROM_STATE:
                 site = "<allocated before the trace began, sized as the optimizer state implies>"
             elif bc and bc.source == BEFORE_TRACE:

@@ -147,7 +147,9 @@ STATE_SPLIT_SHARE = _rule(
     "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
-    "the rest is what the step kept (inputs, outputs) or a leak", "provenance")
+    "the rest is what the step kept (inputs, outputs) or a leak. With no trace at all, the same share of the "
+    "bytes walked from the top must have room for two state blocks each below them before the optimizer "
+    "state is read from its pairs", "provenance, untraced")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "
@@ -160,6 +162,19 @@ CACHE_MIN_BLOCKS = _rule(
     "per layer: 12-24 in every inference capture of benchmarks/gpu/composition_capture.py), kept across a "
     "forward call and no more of them at the end than at every call's start; a prompt, the generated "
     "tokens and the beam scores are one block of their site", "provenance")
+UNTRACED_MODEL_MIN_SEGMENTS = _rule(
+    "UNTRACED_MODEL_MIN_SEGMENTS", 8, "count", "judgement",
+    "with no allocation history, the model is read from the first run, from the top of the address space, "
+    "of at least eight large segments back to back (a model loads one segment per weight, one after "
+    "another: that run is the model's 17 segments in all 33 captures of "
+    "benchmarks/gpu/composition_capture.py, a 6-block GPT; a published snapshot's forward activations "
+    "(cs336 ctx512 forward_mixed) make a run of 5 at the top, which must not read as a model)", "untraced")
+UNTRACED_RUNS_ABOVE_MODEL = _rule(
+    "UNTRACED_RUNS_ABOVE_MODEL", 2, "count", "measured",
+    "with no allocation history, the model's run of segments is read only where at most two runs of segments "
+    "lie above it (one, a single weight's segment, in all 33 captures of benchmarks/gpu/composition_capture.py); "
+    "where the driver spaced segments apart (tests/fixtures/real: every 20 MiB segment its own run) the first "
+    "long run is far down, among the optimizer state, and nothing is read", "untraced")
 CUBLAS_WORKSPACE_BYTES = _rule(
     "CUBLAS_WORKSPACE_BYTES", 32 * MiB, "bytes", "measured",
     "torch's default CUBLAS_WORKSPACE_CONFIG on compute capability 9.0 and later (':4096:8', 8 x 4096 KiB): "
@@ -370,6 +385,20 @@ GRAD_TEMP_PER_GRADIENT = _rule(
     "seq2seq model's 1 MiB ones, 2.0 on the tied-embedding GPT of tests/fixtures/fit (gpt_m); activation "
     "gradients 2.7-37 per gradient on the VAE, the ResNet and the seq2seq model (their C++ frames name the "
     "autograd node, and the real 2x-8x runs scale them)", "fit")
+CAST_GRAD_RATIO = _rule(
+    "CAST_GRAD_RATIO", 2, "x the block's bytes", "measured",
+    "a float32 weight's gradient over the same gradient made in bfloat16 or float16 (4 bytes an element "
+    "over 2): under autocast a matrix product's or convolution's weight gradient is made in the product's "
+    "precision and cast to the weight's float32 (autograd's ToCopyBackward0) on its way to .grad; exactly "
+    "2x in all 2,232 such casts of the hand recordings named under CAST_GRAD_GAP", "fit")
+CAST_GRAD_GAP = _rule(
+    "CAST_GRAD_GAP", 1, "ops", "measured",
+    "autograd frees a half-precision weight gradient right after allocating its float32 cast: the cast's "
+    "allocation is the op just before the free in all 2,232 casts that become a .grad in the hand "
+    "recordings of gpt_ckpt_bf16, vit_bf16, unet_diff, lora_gpt and convnext_ln (their C++ frames name "
+    "ToCopyBackward0; tests/fixtures/fit_families, tests/fixtures/fit_one_step), and in the 87 of a published "
+    "einsum model's (tests/fixtures/public_snapshots/cs336_d512_3steps_ctx200_bf16), where AccumulateGrad "
+    "copies the cast into .grad on the op after the free and frees the cast on the one after that", "fit")
 STATE_INFER_TOLERANCE = _rule(
     "STATE_INFER_TOLERANCE", 0.15, "x one step's gradients", "measured",
     "an optimizer the trace does not name is read from its state over one step's gradients (0, 1 or 2 "

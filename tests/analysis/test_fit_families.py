@@ -133,8 +133,10 @@ def test_the_tuning_half_where_it_is_good():
     # stacks="all" names every cast (cached_cast), the biases' and small weights' too: 67 a step
     assert agent.kinds.count(fit.CAST_COPY) == 3 * 34 and hand.kinds.count(fit.CAST_COPY) == 6 * 67
     assert errors("vit_bf16") == pytest.approx(errors("vit_bf16", "hand"), abs=1e-3)  # 8x: 1.1% / 1.0%
-    # 8x: +1.1% while the reductions' staging buffers scaled past REDUCE_STAGING_MAX; its largest batch exact
-    assert errors("vit_bf16")["8x batch"] == pytest.approx(-0.002, abs=0.001)
+    # 8x: +1.1% while the reductions' staging buffers scaled past REDUCE_STAGING_MAX, then -0.2% while the
+    # weights' bfloat16 gradients (34 a step, the same size at every batch) scaled; held, -5.2%: the peak
+    # allocated moves by 0.6%, the packing by a segment (no recording at 8x to read the program there)
+    assert errors("vit_bf16")["8x batch"] == pytest.approx(-0.052, abs=0.001)
     assert rows("vit_bf16")["largest"]["agent"] == rows("vit_bf16")["largest"]["real"] == 51
     # the diffusion UNet: its activation-sized cuDNN workspaces scale (WORKSPACE_NEAR)
     assert max(abs(e) for e in errors("unet_diff").values()) < 0.025

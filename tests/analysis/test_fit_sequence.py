@@ -79,7 +79,10 @@ def test_a_weight_gradient_made_under_autocast_is_held(monkeypatch):
     assert err("gpt_ckpt_bf16", "gpt_ckpt_bf16-hand-b32", 4) == pytest.approx(0.0, abs=1e-3)
     base.cache_clear()
     monkeypatch.setattr(fit, "_MAT2_GRAD_FRAME", fit.re.compile(r"^$"))
-    try:
+    try:  # the frames unread, the float32 cast that follows each one still finds them (_hold_cast_gradients)
+        assert err("gpt_ckpt_bf16", "gpt_ckpt_bf16-hand-b32", 4) == pytest.approx(0.0, abs=1e-3)
+        base.cache_clear()
+        monkeypatch.setattr(fit, "_hold_cast_gradients", lambda *a: None)
         assert err("gpt_ckpt_bf16", "gpt_ckpt_bf16-hand-b32", 4) == pytest.approx(-0.199, abs=1e-3)
     finally:
         base.cache_clear()

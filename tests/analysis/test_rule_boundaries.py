@@ -688,6 +688,48 @@ def test_fit_scales_a_staging_buffer_to_138412032_bytes_at_most():
     assert fit.reduce_buffer_size(138_412_032 + 1, 8) == 138_412_032 + 1
 
 
+def _cast(partner: int, gap: int = 1, kind: int = fit.GRADIENTS, size: int = MiB):
+    """A half-precision block, then its float32 cast (kept as .grad: `kind`) `gap` ops before its free."""
+    from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
+
+    ops, hid, sizes = [OP_ALLOC, OP_ALLOC], [0, 1], [size, partner]
+    for i in range(gap - 1):  # what else the engine allocated in between
+        ops.append(OP_ALLOC), hid.append(2 + i), sizes.append(4096)
+    ops.append(OP_FREE), hid.append(0), sizes.append(0)
+    prog = Program(ops=ops, hid=hid, size=sizes, stream=[0] * len(ops), n_handles=max(hid) + 1)
+    kinds = [fit.INPUT, kind] + [fit.INPUT] * (gap - 1)
+    fit._hold_cast_gradients(prog, kinds, lambda h: True)
+    return kinds[0]
+
+
+def _cast_copied(copy: int, size: int = MiB) -> int:
+    """The cast (a temporary), the block freed, .grad allocated as a copy of the cast (`copy` bytes, its
+    strides the weight's), the cast freed: an einsum's or bmm's weight gradient."""
+    from memq.analysis.allocator_model import OP_ALLOC, OP_FREE, Program
+
+    prog = Program(ops=[OP_ALLOC, OP_ALLOC, OP_FREE, OP_ALLOC, OP_FREE], hid=[0, 1, 0, 2, 1],
+                   size=[size, 2 * size, 0, copy, 0], stream=[0] * 5, n_handles=3)
+    kinds = [fit.INPUT, fit.INPUT, fit.GRADIENTS]
+    fit._hold_cast_gradients(prog, kinds, lambda h: True)
+    return kinds[0]
+
+
+@rule("CAST_GRAD_RATIO")
+def test_fit_holds_a_block_whose_float32_cast_is_twice_its_size_and_kept_as_a_gradient():
+    assert _cast(2 * MiB) == fit.GRAD_TEMP
+    assert _cast(2 * MiB - 1) == fit.INPUT and _cast(2 * MiB + 1) == fit.INPUT
+    assert _cast(2 * MiB, kind=fit.INPUT) == fit.INPUT  # an activation's gradient cast: consumed, not kept
+    assert _cast(2 * MiB, kind=fit.KEPT) == fit.GRAD_TEMP  # the last step's .grad, never freed in the trace
+    assert _cast_copied(2 * MiB) == fit.GRAD_TEMP
+    assert _cast_copied(2 * MiB - 1) == fit.INPUT and _cast_copied(2 * MiB + 1) == fit.INPUT
+
+
+@rule("CAST_GRAD_GAP")
+def test_fit_holds_a_block_freed_one_op_after_its_cast():
+    assert _cast(2 * MiB, gap=1) == fit.GRAD_TEMP
+    assert _cast(2 * MiB, gap=2) == fit.INPUT
+
+
 def test_every_rule_has_a_boundary_test():
     missing = sorted(set(rules.RULES) - _covered())
     assert missing == [], f"rules with no boundary test: {missing}"

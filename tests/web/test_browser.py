@@ -512,7 +512,9 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
     roles_file = tmp_path / "agent_roles.pickle"
     roles_file.write_bytes(pickle.dumps(raw, protocol=4))  # our own data, read back by memq's safe decoder
 
-    pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file}
+    untraced = Path(__file__).resolve().parent.parent / "fixtures/composition_h200/untraced"
+    pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file,
+             "untraced": untraced / "oom_fwd_eager_bf16_off" / "snapshot.pickle.gz"}
     with sync_playwright() as p:
         b = Browser(p, None)
         try:
@@ -544,6 +546,12 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                     assert fit_live == sorted(comp)  # the fit test's live bar, by the same classes
                     block = max(page.locator("#segmap-svg rect.block.cat-activations").all(),
                                 key=lambda r: float(r.get_attribute("width")))
+                elif name == "untraced":  # no trace at all: the model's state by its sizes and addresses
+                    assert "unknown" not in comp and comp["optimizer_state"] > 0.8 * 2**30
+                    assert note == ("parameters, optimizer state, activations, workspace: inferred from sizes "
+                                    "and addresses"), note
+                    block = max(page.locator("#segmap-svg rect.block.cat-optimizer_state").all(),
+                                key=lambda r: float(r.get_attribute("width")))
                 else:
                     assert comp["parameters"] > 12 * 2**30 and "unknown" not in comp
                     assert "parameters: known from the job" in note
@@ -553,7 +561,8 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                 block.scroll_into_view_if_needed()
                 block.click()
                 panel = page.text_content("#frames")
-                want = "known from the job" if name == "roles" else "inferred from the trace"
+                want = {"roles": "known from the job", "untraced": "inferred from sizes and addresses"}.get(
+                    name, "inferred from the trace")
                 assert want in panel, panel
                 page.locator("#composition").scroll_into_view_if_needed()
                 assert_not_blank(shot(page, tmp_path / f"one_class_{name}.png", full_page=True))

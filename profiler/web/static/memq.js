@@ -465,7 +465,7 @@
       if (!t.getAttribute || t.getAttribute("data-bi") === null) { readout.textContent = ""; return; }
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
       readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown")) +
-        (b.v ? " (" + (b.v === "job" ? "known from the job" : "inferred from the trace") + ")" : "") +
+        (b.v ? " (" + originOf(b.v) + ")" : "") +
         " at 0x" + (s.address + b.o).toString(16) + " in a " + fmtBytes(s.size) + " " + s.pool + " segment";
     });
     svg.addEventListener("click", function (ev) {
@@ -557,13 +557,23 @@
     return total;
   }
 
+  /* Where one block's class came from, by its source (provenance.origin). */
+  function originOf(v) {
+    if (v === "job") return "known from the job";
+    if (v === "layout" || v === "after_history" || v === "workspace_layout") return "inferred from sizes and addresses";
+    return "inferred from the trace";
+  }
+
   /* One class's bytes by origin in words (provenance.origin_words). */
   function originWords(o) {
     if (!o) return "";
-    var k = o["known from the job"] || 0, i = o["inferred from the trace"] || 0;
-    if (k && !i) return "known from the job";
-    if (i && !k) return "inferred from the trace";
-    return Math.round(100 * k / (k + i)) + "% known from the job, the rest inferred from the trace";
+    var names = ["known from the job", "inferred from the trace", "inferred from sizes and addresses"];
+    var got = names.filter(function (n) { return o[n]; });
+    if (!got.length) return "";
+    if (got.length === 1) return got[0];
+    var total = got.reduce(function (t, n) { return t + o[n]; }, 0);
+    return got.slice(0, -1).map(function (n) { return Math.round(100 * o[n] / total) + "% " + n; }).join(", ") +
+      ", the rest " + got[got.length - 1];
   }
 
   function composition(box, comp, origin) {
