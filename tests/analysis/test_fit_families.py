@@ -112,14 +112,15 @@ def test_a_conv_family_gets_the_wide_interval_with_its_reason_from_either_record
 
 def test_the_library_classes_by_half():
     """The calibration: the narrow class within 0.4% on both halves (FIT_MARGIN is its 3% floor); the library
-    class within 4.6% on the tuning half, 12.6% on the held-back one (what FIT_MARGIN_LIBRARY was widened to)."""
+    class within 5.2% on the tuning half (vit_bf16 8x, since its half-precision weight gradients are held;
+    resnet_bn 2x 4.6%), 12.6% on the held-back one (what FIT_MARGIN_LIBRARY was widened to)."""
     def worst(fams, library):
         return max(abs(e) for fam in fams if bool(LIBRARY[fam]) == library for src in ("agent", "hand")
                    for e in errors(fam, src).values())
 
     assert worst(TUNING, False) == pytest.approx(0.004, abs=0.001) and worst(TUNING, False) < fit.FIT_MARGIN
     assert worst(HELD_BACK, False) == pytest.approx(0.003, abs=0.001)
-    assert worst(TUNING, True) == pytest.approx(0.046, abs=0.001)
+    assert worst(TUNING, True) == pytest.approx(0.052, abs=0.001)
     assert worst(HELD_BACK, True) == pytest.approx(0.126, abs=0.001)
     assert worst(HELD_BACK, True) < fit.FIT_MARGIN_LIBRARY
 
