@@ -50,6 +50,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
     FIT_MARGIN_LIBRARY,
+    FIT_MARGIN_OPTIMIZER,
     FORWARD_ONLY_MARGIN,
     GRAD_TEMP_PER_GRADIENT,
     MIDRUN_MARGIN,
@@ -104,18 +105,19 @@ class Measured:
     optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
     library: str | None = None  # a size a library chooses by shape, seen in the trace (LIBRARY_*), or None
+    switched: str | None = None  # of an answer for another optimizer than the recorded one: that optimizer
 
     @property
     def margin(self) -> float:
         """The interval either side of a prediction from this trace: FIT_MARGIN, or FIT_MARGIN_LIBRARY where
         the trace shows a size a library chooses by shape; never narrower than that, MIDRUN_MARGIN of a trace
         that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone."""
-        return trace_margin(self.library, self.covers_start, self.partial)[0]
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched)[0]
 
     @property
     def margin_reason(self) -> str:
         """Why the interval is as wide as it is (the words `memq fit` prints beside it)."""
-        return trace_margin(self.library, self.covers_start, self.partial)[1]
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched)[1]
 
 
 @dataclass(frozen=True)
@@ -1238,16 +1240,22 @@ def library_choice(trace) -> str | None:
     return LIBRARY_WORKSPACE if odd else None
 
 
-def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None) -> tuple[float, str]:
+def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None,
+                 switched: str | None = None) -> tuple[float, str]:
     """(the margin, why): FIT_MARGIN of a program the model's own ops decide, FIT_MARGIN_LIBRARY where a
     library chooses sizes by shape (`library` says which); never narrower than that, MIDRUN_MARGIN of a trace
-    that starts mid-run and FORWARD_ONLY_MARGIN of the first step's forward alone."""
+    that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone, FIT_MARGIN_OPTIMIZER of an
+    answer for another optimizer (`switched`) than the recorded one."""
     if library:
         margin, why = FIT_MARGIN_LIBRARY, f"wider: {library}, which one measured shape cannot tell"
     else:
         margin, why = FIT_MARGIN, "the trace shows no size a library chooses by shape: the model's own ops decide it"
     if not covers_start and MIDRUN_MARGIN > margin:
         margin, why = MIDRUN_MARGIN, f"the trace starts mid-run ({why}: +/-{margin:.0%} from the run's start)"
+    if switched and FIT_MARGIN_OPTIMIZER > margin:
+        margin, why = FIT_MARGIN_OPTIMIZER, (f"another optimizer ({switched}) than the recorded one: its state is "
+                                             f"re-sized from the parameters, which the model packs up to 11% off "
+                                             f"({why})")
     if partial == PARTIAL_FORWARD and FORWARD_ONLY_MARGIN > margin:
         margin, why = FORWARD_ONLY_MARGIN, ("the first step's forward alone: its backward, gradients and optimizer "
                                             f"are inferred ({why})")
@@ -1367,6 +1375,8 @@ def check(q: Question) -> None:
 def answer(m: Measured, q: Question) -> dict:
     """The `memq fit --json` object (docs/analysis.md "memq fit")."""
     check(q)
+    if q.optimizer and m.optimizer and q.optimizer != m.optimizer:
+        m = replace(m, switched=q.optimizer)  # the interval of another optimizer's state (FIT_MARGIN_OPTIMIZER)
     k = q.scale()
     pred = predict(m, k, q.optimizer)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred

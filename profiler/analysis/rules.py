@@ -319,6 +319,13 @@ FIT_MARGIN_LIBRARY = _rule(
     "vit_ckpt 8x -12.6% (cuDNN took a 143 MB workspace for its patch embedding the base never made; gpt_compile "
     "11.2%, lstm_lm 9.9%), rounded up; the spent new set (vae_conv 11.5%, convnext_ln 8.3%) is inside it. So "
     "no fresh set has judged it", "fit")
+FIT_MARGIN_OPTIMIZER = _rule(
+    "FIT_MARGIN_OPTIMIZER", 0.12, "share of the predicted peak", "measured",
+    "the interval, at the least, of a prediction for another optimizer than the recorded one (`--optimizer`; "
+    "its state re-sized from the parameters): one GPT of 110M parameters measured with each of five optimizers "
+    "(tests/fixtures/playbook/optim_*) predicts the others' peak reserved within 11.0% (adamw_8bit -> adamw "
+    "-11.0%, sgd_momentum -> adamw -10.7%: the model packs the new state tighter than the real run; `python "
+    "benchmarks/fit_calibration.py --optimizers`), rounded up", "fit")
 MIDRUN_MARGIN = _rule(
     "MIDRUN_MARGIN", 0.17, "share of the predicted peak", "measured",
     "the interval of a trace that starts mid-run (a wrapped ring buffer): the five models' from-start traces "

@@ -294,3 +294,16 @@ def test_library_choice_reads_frames_and_workspaces():
     assert fit.library_choice(tr(size=(1 << 20) + 1)) == fit.LIBRARY_WORKSPACE
     assert fit.library_choice(tr(size=(1 << 20) + 2)) is None
     assert fit.library_choice(tr(py("/m/model.py"), size=(1 << 20) + 1)) is None  # Python frames: not frameless
+
+
+def test_another_optimizer_widens_the_interval_and_says_so():
+    """Another optimizer's state re-sized from the parameters errs by up to 11% (FIT_MARGIN_OPTIMIZER); the
+    recorded one, asked by name, keeps the trace's own interval."""
+    m = measured("gpt_m")
+    assert m.optimizer == "adamw"
+    doc = fit.answer(m, fit.Question(optimizer="sgd"))
+    assert doc["margin"] == fit.FIT_MARGIN_OPTIMIZER and doc["margin_reason"].startswith("another optimizer (sgd)")
+    assert doc["high"] == int(doc["peak_bytes"] * (1 + fit.FIT_MARGIN_OPTIMIZER))
+    assert f"interval +/-{fit.FIT_MARGIN_OPTIMIZER:.0%}: another optimizer (sgd)" in doc["basis"]
+    assert fit.answer(m, fit.Question(optimizer="adamw"))["margin"] == fit.FIT_MARGIN
+    assert m.margin == fit.FIT_MARGIN  # the measurement itself is untouched

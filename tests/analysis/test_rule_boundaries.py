@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -593,6 +594,18 @@ def test_fit_interval_where_a_library_chooses_sizes_by_shape_is_thirteen_percent
     assert low > int(GiB * (1 - 0.131)) and high < int(GiB * (1 + 0.131))
     assert "cuDNN convolutions" in m.margin_reason
     assert rules.FIT_MARGIN_LIBRARY > rules.FIT_MARGIN
+
+
+@rule("FIT_MARGIN_OPTIMIZER")
+def test_fit_interval_for_another_optimizer_is_at_least_twelve_percent_either_side():
+    m = _measured(True)
+    m.switched = "adamw"
+    low, high = fit.interval(m, GiB)
+    assert low <= int(GiB * (1 - 0.119)) and high >= int(GiB * (1 + 0.119))
+    assert low > int(GiB * (1 - 0.121)) and high < int(GiB * (1 + 0.121))
+    assert "another optimizer (adamw)" in m.margin_reason
+    m.library = fit.LIBRARY_CONV  # never narrower than the trace's own
+    assert fit.interval(m, GiB) == fit.interval(replace(m, switched=None), GiB)
 
 
 @rule("MIDRUN_MARGIN")
