@@ -6,7 +6,8 @@ tuning half and the held-back half by a fixed rule: the first hex digit of the s
 uncompressed pickle, 0-7 tuning, 8-f held back.
 
     python benchmarks/composition_truth.py [--extra DIR]
-    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back] [--no-history]
+    python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back] [--only NAME]
+        [--no-history | --strip-frames]
         (a `--set fresh` capture is held back whole: score it once, never tune on it)
         (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
         "+roles -cache" without the inference cache the job declared; --no-history: every capture with its
@@ -27,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 
 from memq.analysis import frames as fr
-from memq.analysis.provenance import block_classes, event_phase
+from memq.analysis.provenance import block_classes, entry_phase
 from memq.load import load_snapshot_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,6 @@ def score(path: Path, truth: dict) -> dict:
     live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
     total = sum(b.size for b in live)
     classes = block_classes(snap)
-    has_frames = any(ev.frames for ev in snap.trace)
     pred, phase = Counter(), Counter()
     for b in live:
         bc = classes.get(b.address)
@@ -58,7 +58,7 @@ def score(path: Path, truth: dict) -> dict:
         if bc is None or bc.event < 0:
             phase["before_trace"] += b.size
         else:
-            phase[event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"] += b.size
+            phase[entry_phase(snap, bc.event) or "unknown"] += b.size
     want = {k: truth.get(k, 0) for k in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE)}
     want["rest"] = max(0, total - sum(want.values()))
     right = sum(min(pred[k], v) for k, v in want.items())
@@ -76,13 +76,25 @@ GPU_PHASE = {"zero_grad": "forward", "forward": "forward", "backward": "backward
              "before_trace": "before_trace"}
 
 
-def _pred_phase(bc, snap, has_frames: bool) -> str:
+def _pred_phase(bc, snap) -> str:
     if bc is None or bc.event < 0:
         return "before_trace"
-    return event_phase(snap.trace[bc.event].frames, has_frames) or "unknown"
+    return entry_phase(snap, bc.event) or "unknown"
 
 
-def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, no_history: bool = False) -> dict:
+def strip_frames(snap) -> None:
+    """The snapshot as `_record_memory_history(context=None)` would have recorded it: the same entries,
+    no stack on any of them or on any block."""
+    empty: list = []
+    snap.traces[:] = [[ev._replace(frames=empty) for ev in t] for t in snap.traces]
+    for seg in snap.segments:
+        for b in seg.blocks:
+            b.frames = empty
+    snap.memo.clear()
+
+
+def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, no_history: bool = False,
+              strip: bool = False) -> dict:
     """One capture of benchmarks/gpu/composition_capture.py against the truth taken from its tensors:
     the share of live bytes whose class is right, block by block (truth `other`, a step's leftovers,
     is right as other or activations); the share whose allocation phase is right (a block made before
@@ -98,6 +110,8 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, no_history
     truth = json.loads((job_dir / "truth.json").read_text())
     snap = load_snapshot_file(job_dir / "snapshot.pickle.gz")
     snap = getattr(snap, "snapshot", snap)
+    if strip:
+        strip_frames(snap)
     roles = truth.get("agent_roles") or {}
     if no_history:  # as if recording had never been on: no trace, no block frames
         snap.traces[snap.trace_device] = []
@@ -114,7 +128,6 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, no_history
             return {}  # nothing was declared: the same as with the roles
         snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
     classes = block_classes(snap)
-    has_frames = any(ev.frames for ev in snap.trace)
     total = right = right_phase = 0
     wrong: Counter = Counter()
     for addr, size, _label, cls, alloc_phase in truth["blocks"]:
@@ -125,7 +138,7 @@ def score_gpu(job_dir: Path, with_roles: bool, declared: bool = True, no_history
             right += size
         else:
             wrong[f"{cls}->{got}"] += size
-        want, ph = GPU_PHASE.get(alloc_phase, alloc_phase), _pred_phase(bc, snap, has_frames)
+        want, ph = GPU_PHASE.get(alloc_phase, alloc_phase), _pred_phase(bc, snap)
         # `setup`: made in the trace before the dump step's boundaries (the 2026-12-04 captures mark the
         # dump step only), so any phase the analysis gives a block made inside the trace is allowed
         if ph == want or (want == "setup" and ph != "before_trace"):
@@ -173,16 +186,17 @@ def gpu_half(job_dir: Path) -> str:
     return "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
 
 
-def main_gpu(folder: Path, only_half: str | None = None, no_history: bool = False) -> int:
+def main_gpu(folder: Path, only_half: str | None = None, no_history: bool = False, only: str = "",
+             strip: bool = False) -> int:
     rows = []
     for job_dir in sorted(p for p in folder.iterdir() if (p / "truth.json").exists()):
         half = gpu_half(job_dir)
-        if only_half and half != only_half:
+        if only_half and half != only_half or only and only not in job_dir.name:
             continue
         variants = ((False, True, " -history"),) if no_history else \
             ((False, True, ""), (True, True, " +roles"), (True, False, " +roles -cache"))
         for roles, declared, tag in variants:
-            r = score_gpu(job_dir, roles, declared, no_history)
+            r = score_gpu(job_dir, roles, declared, no_history, strip)
             if r:
                 rows.append((half, job_dir.name + tag, r))
     print(f"{'half':10} {'capture':44} {'live':>8} {'class':>7} {'phase':>7} {'peak':>16}  wrong (GiB)")
@@ -215,9 +229,12 @@ def main() -> int:
                     help="a benchmarks/gpu/composition_capture.py --out folder: score its captures instead")
     ap.add_argument("--no-history", action="store_true",
                     help="with --gpu: score every capture with its trace and block frames removed, no roles")
+    ap.add_argument("--only", default="", help="with --gpu: the captures whose name holds this")
+    ap.add_argument("--strip-frames", action="store_true",
+                    help="with --gpu: every stack removed first, as a recording without stacks would have them")
     args = ap.parse_args()
     if args.gpu is not None:
-        return main_gpu(args.gpu, args.half, args.no_history)
+        return main_gpu(args.gpu, args.half, args.no_history, args.only, args.strip_frames)
     truth = json.loads(TRUTH.read_text())
     rows = []
     for name, t in truth["snapshots"].items():

@@ -624,7 +624,9 @@ def _frames_missing_reason(segments: list[Segment], traced: bool) -> list[str]:
     live = [b for s in segments for b in s.blocks if b.is_live]
     if live and not any(b.frames for b in live):
         if traced:
-            return ["no block carries frames (history was not recorded with stacks): composition is 'unknown'"]
+            # provenance reads the classes from the trace's order where it holds the whole job
+            return ["no block carries frames (history was not recorded with stacks): the composition is read "
+                    "from the trace's order where it holds the whole job, else 'unknown'"]
         # no trace either: the composition reads the model's state from the layout where it shows (untraced.py)
         return ["no block carries frames and there is no trace (history was not recorded): the composition is "
                 "inferred from sizes and addresses where the layout shows the model, else 'unknown'"]

@@ -136,6 +136,22 @@ JOBS: dict[str, dict] = {
     # no cache: an evaluation loop of forward calls under no_grad that keeps every batch's last-token
     # scores in a growing list (nothing kept across its calls is a cache)
     "infer_eval_bf16_py_start": J(dump="generate", record="start", stacks="python", infer=True, cache="none"),
+    # traces without stacks from the job's start (2026-12-04, third set), held out from the two above that
+    # the trace's order was read on: bf16 autocast, fused AdamW, SGD with momentum, torch.compile, dumps
+    # after forward, after backward, inside backward and at an OOM; a static cache, beam search, no cache
+    "full_eager_bf16_none_start": J(dump="after_step", record="start", stacks="none", amp=True),
+    "full_eager_bf16_none_fused": J(dump="after_step", record="start", stacks="none", amp=True,
+                                    optimizer="adamw_fused"),
+    "full_eager_fp32_none_sgd": J(dump="after_step", record="start", stacks="none", optimizer="sgd"),
+    "full_compile_bf16_none_start": J(dump="after_step", record="start", stacks="none", amp=True, compile=True),
+    "fwd_eager_fp32_none_start": J(dump="after_forward", record="start", stacks="none"),
+    "bwdend_eager_fp32_none_start": J(dump="after_backward", record="start", stacks="none"),
+    "inbwd_eager_bf16_none_start": J(dump="in_backward", record="start", stacks="none", amp=True),
+    "oom_fwd_eager_fp32_none_start": J(dump="oom_forward", record="start", stacks="none", batch=16),
+    "oom_bwd_eager_bf16_none_start": J(dump="oom_backward", record="start", stacks="none", amp=True, batch=16),
+    "infer_bf16_none_start": J(dump="generate", record="start", stacks="none", infer=True),
+    "infer_beam_bf16_none_start": J(dump="generate", record="start", stacks="none", infer=True, cache="beam"),
+    "infer_eval_bf16_none_start": J(dump="generate", record="start", stacks="none", infer=True, cache="none"),
 }
 # The fresh set (`--set fresh`): what the set above never varies, for judging only (never tuned on):
 # other models (`model`: a CNN with BatchNorm, an encoder-decoder, a LoRA fine-tune whose base weights

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from collections import Counter
 from typing import NamedTuple
 
@@ -44,6 +45,8 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
+    ORDER_GRADIENT_SHARE,
+    STATE_COUNT_SHARE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -60,17 +63,20 @@ FROM_TRACE = "trace"  # when in the recorded step it was made, and that it outli
 FROM_SIZE = "size"  # frameless: its size matches a parameter's (a gradient) or a workspace's
 FROM_STATE = "state"  # older than the trace, sized as the optimizer state implies a parameter
 FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
+FROM_ORDER = "order"  # a trace without stacks: its place in the trace's order (made first and kept: a weight)
+FROM_REBOUND = "rebound"  # made by the optimizer step in place of an older parameter of its size
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 # Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
-SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, BEFORE_TRACE, NO_FRAMES,
-           NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT)
+SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, FROM_ORDER, BEFORE_TRACE,
+           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, FROM_REBOUND)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
+ORDER = "inferred from the trace's order"  # inferred, from a trace without stacks: its order alone
 # with no trace at all (untraced.py): the model's state by its sizes and addresses
 LAYOUT = LAYOUT_ORIGIN
-ORIGINS = (KNOWN, INFERRED, LAYOUT)
+ORIGINS = (KNOWN, INFERRED, ORDER, LAYOUT)
 # How a screen says what decided one block's class (the segment map's block, the composition's site).
 SOURCE_WORDS = {
     FROM_JOB: "known from the job: the agent saw the tensor (the optimizer's or the model's, or a cache "
@@ -81,7 +87,14 @@ SOURCE_WORDS = {
     FROM_STATE: "inferred from the trace: allocated before the trace began, sized as the optimizer state implies",
     FROM_CACHE: "inferred from the trace: an inference cache (a KV cache), kept from one forward call to the "
                 "next",
+    FROM_ORDER: "inferred from the trace's order: recorded without stacks, so where it was made and what it "
+                "outlived (made first and kept: a weight; the optimizer's first step makes a parameter's size "
+                "in pairs: its state; a backward makes one per weight: a gradient; a workspace amid a "
+                "multiply's operands)",
     BEFORE_TRACE: "inferred from the trace: allocated before the trace began",
+    FROM_REBOUND: "inferred from the trace: made by the optimizer step in place of a block of its size made "
+                  "before it, one per gradient, and nothing else is that gradient's parameter (the step "
+                  "rebinds its parameters to new tensors)",
     NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
                "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
                "let the agent send the roles of the job's tensors)",
@@ -90,6 +103,9 @@ SOURCE_WORDS = {
     **_UNTRACED_WORDS,
 }
 # The site a screen shows for those blocks (the composition's top allocation site)
+ORDER_SITE = {fr.PARAMETERS: "made first and kept", fr.OPTIMIZER_STATE: "the optimizer step's pairs of a "
+              "parameter's size", fr.GRADIENTS: "one per weight, made after them", fr.WORKSPACE_CAT:
+              "made amid a multiply's operands", fr.ACTIVATIONS: "kept by the step"}
 _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>",
                  NO_TRACE: "<no allocation history recorded>"}
 _LAYOUT_SITE = {AFTER_HISTORY: "<no allocation history: made after it stopped, by the running step>",
@@ -116,12 +132,14 @@ def origin(source: str) -> str:
     """How a screen says where a class came from."""
     if source == FROM_JOB:
         return KNOWN
+    if source == FROM_ORDER:
+        return ORDER
     return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT) else INFERRED
 
 
 def origin_words(by_origin: dict | None) -> str:
-    """One class's bytes by origin ({KNOWN: n, INFERRED: m, LAYOUT: l}) in words, for a table cell or a
-    title."""
+    """One class's bytes by origin ({KNOWN: n, INFERRED: m, ORDER: o, LAYOUT: l}) in words, for a table cell
+    or a title: one origin said alone, more in shares."""
     if not by_origin:
         return ""
     got = [(o, by_origin.get(o, 0)) for o in ORIGINS if by_origin.get(o, 0)]
@@ -168,6 +186,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     trace_has_frames = any(ev.frames for ev in trace[-4000:]) or any(ev.frames for ev in trace[:4000])
     # The entry that made each block still live at the end: the last alloc at its address.
     made = made_live_in(snap)
+    order = _order(snap)  # a trace without stacks that holds the whole job: its order says
+    unnamed = None  # with the agent's roles: sizes of the weights by the order the job did not name
     # Where backward ended: the last engine entry, and whether forward or the optimizer ran after it.
     last_bwd = -1
     after_bwd = False
@@ -196,7 +216,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     state_sized = {tensor_size(b) for b in live if frames_of(b) and fr.is_optimizer(frames_of(b))}
     workspaces = _workspace_blocks([b for b in live if role_of(b.address, b.size) is None
                                     and tensor_size(b) not in state_sized
-                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER)],
+                                    and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER
+                                         and not made_by_constructor(frames_of(b)))],
                                    _inside_segment(snap))
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
@@ -211,6 +232,21 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         known = role_of(b.address, b.size)
         if known is not None:
             out[b.address] = BlockClass(known, FROM_JOB, i)
+            continue
+        if order is not None and i in order.made:
+            cls, source = order.made[i]
+            if roles_known and source == FROM_ORDER and cls in (fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE):
+                # the job named its weights, gradients and state: not one of them; kept with the weights in
+                # sizes that come in several blocks, a cache it did not declare (as older than a trace)
+                if unnamed is None:
+                    unnamed = Counter(trace[j].size for j, (c, src) in order.made.items()
+                                      if src == FROM_ORDER and c == fr.PARAMETERS
+                                      and role_of(trace[j].addr, trace[j].size) is None)
+                if cls == fr.PARAMETERS and unnamed[trace[i].size] >= CACHE_MIN_BLOCKS:
+                    cls, source = fr.PARAMETERS, FROM_CACHE
+                else:
+                    cls = fr.ACTIVATIONS
+            out[b.address] = BlockClass(cls, source, i)
             continue
         frames = b.frames or (trace[i].frames if i >= 0 else [])
         if i < 0 and not b.frames:
@@ -228,6 +264,12 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             undecided.append(b)  # a gradient or a backward intermediate: decided by size below
             continue
         if frames:
+            if cat in (fr.OTHER, fr.ACTIVATIONS) and made_by_constructor(frames):
+                if forward_seen is None:
+                    forward_seen = _first_forward(trace)
+                if i < 0 or i < forward_seen or forward_seen < 0:  # built before the first forward
+                    out[b.address] = BlockClass(fr.PARAMETERS, FROM_FRAMES, i)  # the model's construction
+                    continue
             if cat == fr.OTHER and b.address in workspaces:
                 out[b.address] = BlockClass(fr.WORKSPACE_CAT, FROM_SIZE, i)  # a thread's first multiply
                 continue
@@ -269,6 +311,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE if trace_has_frames else NO_FRAMES, i)
+    _rebound_params(trace, live, out)
     return out
 
 
@@ -375,7 +418,8 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
             by_size.setdefault(tensor_size(b), []).append(b)
     params: dict[int, list] = {}
     if state_sizes:
-        k = state_per_param(snap, out, live) or 1
+        k = state_per_param(snap, out, live) or _state_per_param_by_count(
+            snap, out, predating, trace, trace_has_frames, last_bwd, state_sizes, by_size) or 1
         for size, group in by_size.items():
             need = math.ceil(state_sizes.get(size, 0) / k) - known_params.get(size, 0)
             if need > 0:
@@ -671,6 +715,119 @@ def _in_backward_at_end(trace: list, last_bwd: int) -> bool:
     return last_bwd >= 0 and any(ev.action == "oom" for ev in trace[last_bwd:])
 
 
+# The code that builds or loads a model: a constructor (an nn.Module subclass's `__init__` making
+# nn.Parameter(torch.empty(...)), an inference engine's `__init__` allocating its weights), or a weight
+# initialiser or loader by its conventional name. torch's own modules are caught by frames.categorize.
+_BUILD_NAME = re.compile(r"^__init__$|^reset_parameters$|^from_pretrained$|^_?(init|load)_(all_)?weights?")
+# Constructors whose tensors are not the model's: an optimizer's (a hand-written Adam may make its state
+# up front), DDP's (its gradient buckets), a process group's (communication buffers).
+_NOT_MODEL_BUILD = re.compile(r"optim", re.IGNORECASE)  # in a file's or a function's name
+_NOT_MODEL_DIR = re.compile(r"/nn/parallel/|/distributed/")
+
+
+@fr.per_frames_list
+def made_by_constructor(frames: list) -> bool:
+    """The stack is the model's construction: a constructor or weight initialiser, outside any forward
+    call and backward, and neither it nor what it calls is optimizer or DDP code (what calls it may be:
+    Megatron's `setup_model_and_optimizer` builds the model). What it made and is still live is a
+    parameter or a buffer (the model is built once and kept), whether the trace began before the model
+    was made (the block has a trace entry) or there is none (a torch 2.0 block carries its own history)."""
+    build = False
+    for f in frames:  # innermost first
+        name, path = frame_name(f), frame_file(f)
+        if fr.FORWARD_NAME.search(name):
+            return False
+        if build:
+            continue
+        if _NOT_MODEL_BUILD.search(path.rsplit("/", 1)[-1]) or _NOT_MODEL_BUILD.search(name) \
+                or _NOT_MODEL_DIR.search(path):
+            return False
+        build = bool(_BUILD_NAME.search(name))
+    return build and not fr.is_backward(frames)
+
+
+def _rebound_params(trace: list, live: list, out: dict) -> None:
+    """Parameters a hand-written optimizer rebinds every step (`p.data = p.data - lr * update`): the
+    step makes each one anew beside its state, so its frames say optimizer state. Where a size has
+    gradients but no live block of it is a parameter, the step's blocks of that size come from two or
+    more allocation sites (the state's, the update's), and the site that comes last (the update reads
+    the moments, so it is made after them) made one block per gradient, each while the step freed a
+    block of that size made before it (the old parameter): those are the parameters."""
+    grads = Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS)
+    if not grads:
+        return
+    weights = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
+    sites: dict[int, dict[int, list]] = {}  # size -> allocation site -> the step's live blocks
+    for b in live:
+        bc = out.get(b.address, _NONE)
+        size = tensor_size(b)
+        if bc.cls == fr.OPTIMIZER_STATE and bc.event >= 0 and grads[size] and not weights[size]:
+            sites.setdefault(size, {}).setdefault(id(trace[bc.event].frames), []).append(b)
+    if not sites:
+        return
+    start = min(out[b.address].event for by_site in sites.values() for bs in by_site.values() for b in bs)
+    replaced = _replaced_in_step(trace, start)
+    for size, by_site in sites.items():
+        if len(by_site) < 2:
+            continue
+        last = max(by_site.values(), key=lambda bs: min(out[b.address].event for b in bs))
+        if len(last) != grads[size]:
+            continue
+        if sum(replaced[n] for n in {b.size for b in last} | {size}) < len(last):
+            continue
+        for b in last:
+            out[b.address] = BlockClass(fr.PARAMETERS, FROM_REBOUND, out[b.address].event)
+
+
+def _replaced_in_step(trace: list, start: int) -> Counter:
+    """By size: the blocks made before `start` (in the trace or before it) that optimizer code frees from
+    there on, what the step's new blocks replaced."""
+    made_since: set = set()
+    n: Counter = Counter()
+    for ev in trace[start:]:
+        if ev.action == "alloc":
+            made_since.add(ev.addr)
+        elif ev.action == "free_requested" and ev.addr not in made_since and ev.frames \
+                and fr.is_optimizer(ev.frames):
+            made_since.add(ev.addr)  # counted once
+            n[ev.size] += 1
+    return n
+
+
+def _state_per_param_by_count(snap: Snapshot, out: dict, predating: list, trace: list, trace_has_frames: bool,
+                              last_bwd: int, state_sizes: Counter, by_size: dict) -> int | None:
+    """State blocks per parameter where nothing names the optimizer (a hand-written one), no parameter is
+    known, and the trace's backward added fresh gradients into gradients older than the trace (it made
+    blocks of their sizes and freed them, and kept none): then the blocks older than the trace are the
+    parameters and their gradients, two per parameter, and k is what at least STATE_COUNT_SHARE of the
+    state's bytes agree on, size by size (k state blocks per two older blocks). None otherwise (then
+    each state block is read as implying a parameter of its own, which claims the gradients too)."""
+    if not (_grads_predate(out, predating, trace, trace_has_frames, last_bwd)
+            and _fresh_gradients_freed(trace, by_size, trace_has_frames)):
+        return None
+    total = sum(size * n for size, n in state_sizes.items())
+    for k in (2, 1):
+        fit = sum(size * n for size, n in state_sizes.items()
+                  if len(by_size.get(size, ())) % 2 == 0 and n == k * len(by_size.get(size, ())) // 2 > 0)
+        if total and fit >= STATE_COUNT_SHARE * total:
+            return k
+    return None
+
+
+def _fresh_gradients_freed(trace: list, by_size: dict, trace_has_frames: bool) -> bool:
+    """The backward in the trace made blocks of the sizes older than it and freed them: fresh gradients
+    that the autograd engine added into gradients kept from an earlier step, in place."""
+    made_in_bwd: set = set()
+    sizes = set(by_size) | {b.size for g in by_size.values() for b in g}
+    for ev in trace:
+        if ev.action == "alloc" and ev.size in sizes \
+                and event_phase(ev.frames, trace_has_frames) == PHASE_BACKWARD:
+            made_in_bwd.add(ev.addr)
+        elif ev.action == "free_requested" and ev.addr in made_in_bwd:
+            return True
+    return False
+
+
 def composition(snap: Snapshot) -> tuple[dict, dict]:
     """Live bytes by class, and the top allocation sites of each (every screen's composition). Each
     site says where its class came from (`origin`: known from the job, or inferred from the trace)."""
@@ -692,6 +849,8 @@ def composition(snap: Snapshot) -> tuple[dict, dict]:
                 site = _UNKNOWN_SITE[bc.source]
             elif bc and bc.source == FROM_CACHE:  # with the weights in class, but said to be a cache
                 site = "<inference cache> " + (fr.stack_signature(frames) if frames else "")
+            elif bc and bc.source == FROM_ORDER:
+                site = f"<no frames: {ORDER_SITE.get(bc.cls, bc.cls)}, by the trace's order>"
             elif frames:
                 site = fr.stack_signature(frames)
             elif bc and bc.source in _LAYOUT_SITE:
@@ -726,3 +885,328 @@ def origins(snap: Snapshot) -> dict:
                 d = out.setdefault(cls, {})
                 d[o] = d.get(o, 0) + b.size
     return out
+
+
+# ------------------------------------------------------------------ a trace recorded without stacks
+class _Order(NamedTuple):
+    """What a trace recorded without stacks says by its order alone (`_order`)."""
+    made: dict  # trace index of an alloc still live at the end -> (class, source)
+    backward: list  # (first, last) entry of each backward pass the gradients show
+    optimizer: list  # (first, last) entry of each optimizer step
+    released: frozenset  # trace indices of the gradients zero_grad released (earlier steps')
+
+
+def _order(snap: Snapshot) -> _Order | None:
+    """Classes and phases of a trace recorded without stacks, from its order alone, where it holds the whole
+    job (every live block was made inside it: nothing predates it). Memoised; None where it does not apply
+    (a framed trace, or one that lost its beginning)."""
+    if "order" in snap.memo:
+        return snap.memo["order"]
+    snap.memo["order"] = got = _read_order(snap)
+    return got
+
+
+def _read_order(snap: Snapshot) -> _Order | None:
+    """A trace without stacks that holds the whole job: every segment and every block live at the end were
+    made in it. Its allocations that stay live to the end come in runs (consecutive allocations with no
+    short-lived one between them):
+    - a cuBLAS workspace is made amid a multiply's operands, at a thread's first multiply: a block of a
+      workspace's size whose neighbouring allocations are both freed in the trace, made before the first
+      backward is over (at most CUBLAS_WORKSPACE_MAX_BLOCKS);
+    - the optimizer's state is made in one run, per parameter its tensors of the parameter's size one
+      after the other (AdamW: two): the first run of which nine tenths of the bytes (STATE_SPLIT_SHARE)
+      come in adjacent pairs of one size that earlier kept blocks have, in more than one size; or
+      (SGD's momentum: one) a run one block per earlier block's size, that copies at least
+      ORDER_GRADIENT_SHARE of their bytes;
+    - the weights are made first: the earliest blocks of the sizes that state implies, with the rest of
+      their runs (buffers); with no state, the trace's largest run;
+    - gradients are made later at a weight's size, one per parameter, by a backward (after its step's
+      forward ended; `_steps` tells the steps): where the state shows an optimizer, or where they copy at
+      least ORDER_GRADIENT_SHARE of the weights' bytes;
+    - an inference cache (no optimizer, no gradients) is a later run of pairs of one size (a key and a
+      value per layer, made together as the cache grows or is made);
+    - the rest (inputs, kept outputs) are the step's: activations."""
+    trace = snap.trace
+    if not trace:
+        return None
+    # the whole job: every segment was made in the trace (the timeline's covers_whole_run) and every live
+    # block too; a trace that lost its beginning may have lost the weights' making. (Entries are read by
+    # position: this reads every entry of traces of a million.)
+    created = set()
+    for ev in trace:
+        if ev[5]:
+            return None
+        if ev[0] == "segment_alloc" or ev[0] == "segment_map":
+            created.add(ev[1])
+    if any(seg.address not in created for seg in snap.segments):
+        return None
+    made = made_live_in(snap)
+    live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
+    if not live or any(b.address not in made for b in live):
+        return None
+    kept = set(made.values())
+    size_at = {i: trace[i].size for i in kept}
+    ws_sized = [i for i in kept if size_at[i] in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES)
+                and all(j not in kept for j in _neighbours(trace, i))]
+    workspaces = set(ws_sized)  # candidates: which are workspaces is decided once the steps are known
+    # runs of kept allocations: consecutive ones with no short-lived allocation between them
+    runs: list[list[int]] = []
+    cur: list[int] = []
+    i = -1
+    for ev in trace:
+        i += 1
+        if ev[0] != "alloc":
+            continue
+        if i in kept:
+            if i not in workspaces:
+                cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    out: dict[int, tuple[str, str]] = {}
+    # the optimizer's state: the first run of pairs of sizes earlier live blocks have (Adam), or of one
+    # block per earlier block's size that copies at least half of them (SGD's momentum)
+    state_run = None
+    per_param: list = []  # a size per parameter the state was made for
+    earlier: Counter = Counter()
+    for run in runs:
+        if len(run) >= 2:
+            sizes = [size_at[i] for i in run]
+            pairs = []  # adjacent blocks of one size (fused Adam puts a small step tensor before each pair)
+            k = 0
+            while k < len(sizes) - 1:
+                if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0:
+                    pairs.append(sizes[k])
+                    k += 2
+                else:
+                    k += 1
+            # a model's parameters come in more than one size (weights, biases, norms); a cache's key and
+            # value of one layer are one size
+            if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes):
+                state_run, per_param = run, pairs
+                break
+            left = earlier.copy()
+            ones = []
+            for n in sizes:
+                if left[n] > 0:
+                    left[n] -= 1
+                    ones.append(n)
+            if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(sizes) \
+                    and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()):
+                state_run, per_param = run, ones
+                break
+        earlier.update(size_at[i] for i in run)
+    weights: set[int] = set()
+    weight_runs: list[list[int]] = []
+    if state_run is not None:
+        need = Counter(per_param)
+        for run in runs:
+            if run[0] >= state_run[0]:
+                break
+            took = False
+            for i in run:
+                if need[size_at[i]] > 0:
+                    need[size_at[i]] -= 1
+                    took = True
+            if took:
+                weight_runs.append(run)
+        for i in state_run:
+            out[i] = (fr.OPTIMIZER_STATE, FROM_ORDER)
+    elif runs:
+        weight_runs = [max(runs, key=lambda r: sum(size_at[i] for i in r))]
+    for run in weight_runs:
+        weights.update(run)
+    for i in weights:
+        out[i] = (fr.PARAMETERS, FROM_ORDER)
+    last_weight = max(weights, default=-1)
+    # a gradient per parameter the optimizer keeps state for (buffers have none), else per weight
+    n_params = len(per_param) if state_run is not None else len(weights)
+    steps, levels = _steps(trace, weights, size_at, n_params)
+    # the last step's gradients, still live: the earliest blocks of a weight's size, one per parameter,
+    # made after its forward ended (the most bytes live since the last zero_grad, up to the last such block:
+    # forward's saved activations all live and the loss's gradient made; saved activations of a weight's
+    # shape are made before it)
+    bound = steps[-1][3] if steps else max(last_weight, 0)
+    free = Counter(size_at[i] for i in weights)
+    last = max((i for i in kept if i > bound and i not in out and free[size_at[i]] > 0), default=-1)
+    fwd_end = max(range(bound, last + 1), key=levels.__getitem__, default=len(trace))
+    grads = []
+    if state_run is not None:
+        # made between the weights and the optimizer's first step, and kept since: the first backward's
+        # gradients, never released (zero_grad(set_to_none=False), or accumulated into every step)
+        early = [i for i in kept if last_weight < i < state_run[0] and i not in out and free[size_at[i]] > 0]
+        if sum(size_at[i] for i in early) >= ORDER_GRADIENT_SHARE * sum(size_at[i] for i in weights):
+            fwd_end = last_weight
+    # the earliest: a next micro-batch's forward (gradient accumulation) makes blocks of a weight's shape
+    for i in sorted(i for i in kept if i > fwd_end and i not in out and i not in workspaces):
+        if free[size_at[i]] > 0 and len(grads) < n_params:
+            free[size_at[i]] -= 1
+            grads.append(i)
+    weight_bytes = sum(size_at[i] for i in weights)
+    if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
+        for i in grads:
+            out[i] = (fr.GRADIENTS, FROM_ORDER)
+        steps.append((min(grads), max(grads), len(trace), len(trace), ()))
+    else:
+        grads = []
+    if state_run is None and not grads and not steps:
+        for run in runs:
+            if run[0] > last_weight and len(run) % 2 == 0 and \
+                    all(size_at[run[k]] == size_at[run[k + 1]] for k in range(0, len(run), 2)):
+                for i in run:
+                    out[i] = (fr.PARAMETERS, FROM_CACHE)
+    # a thread's workspace is made at its first multiply, before the first backward is over (the
+    # autograd engine's in it); a block of that size made amid short-lived ones later is a tensor
+    first = ws_sized if not steps else [i for i in ws_sized if i <= steps[0][1]]
+    if len(first) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
+        out.update((i, (fr.WORKSPACE_CAT, FROM_ORDER)) for i in first)
+    for i in kept:
+        if i not in out:
+            out[i] = (fr.ACTIVATIONS, FROM_ORDER)
+    backward, optimizer = [], []
+    # a backward begins where its step's forward ended (the most bytes live before its first gradient) and
+    # ends with its last gradient; the optimizer step follows, up to zero_grad releasing those gradients
+    # (or the trace's end)
+    bound = max(last_weight, 0)
+    for g0, g1, end, after, _got in steps:
+        top_at = max(range(bound, g0 + 1), key=levels.__getitem__, default=g0)
+        backward.append((top_at, g1))
+        if end == len(trace) and state_run is not None:
+            # the last step's optimizer: its temporaries come and go; from the last time live bytes are
+            # back where backward left them on, they only grow: a next micro-batch's forward
+            end = next((j + 1 for j in range(len(trace) - 1, g1, -1) if levels[j] <= levels[g1]), g1 + 1)
+            optimizer.append((g1 + 1, end - 1))
+        elif end < len(trace):
+            optimizer.append((g1 + 1, end - 1))
+        bound = after
+    if state_run is not None:
+        optimizer.append((state_run[0], state_run[-1]))
+    return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
+
+
+def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple], list]:
+    """The training steps of a trace without stacks whose gradients zero_grad released, as (first
+    gradient, last gradient, zero_grad's first free of them, the allocation after its last, the gradients'
+    trace indices), in order, and the bytes live after
+    every entry. zero_grad frees a step's gradients together (a run of frees with no allocation between
+    them), one per parameter (`n_params`, the earliest made: the optimizer's last temporaries may be freed
+    with them), at least ORDER_GRADIENT_SHARE of the weights' bytes, made one by one amid as many other
+    entries (a foreach temporary list of the optimizer is made in a row)."""
+    if not weights:
+        return [], []
+    last_weight = max(weights)
+    sizes = Counter(size_at[i] for i in weights)
+    weight_bytes = sum(size_at[i] for i in weights)
+    out = []
+    born: dict = {}  # address -> alloc index, of the blocks at a weight's size made after the weights
+    freed: list[int] = []  # those the current run of frees released
+    run_start = -1
+    freed_bytes = 0
+    levels = []
+    level = 0
+
+    def close(after: int) -> None:
+        left = sizes.copy()
+        matched = []
+        for j in sorted(freed):
+            if left[trace[j][2]] > 0 and len(matched) < n_params:
+                left[trace[j][2]] -= 1
+                matched.append(j)
+        # made one by one amid the backward's other entries, not as one list in a row (the optimizer's
+        # foreach temporaries, one per weight too, are made together and freed together)
+        if matched and sum(trace[j][2] for j in matched) >= ORDER_GRADIENT_SHARE * weight_bytes \
+                and max(matched) - min(matched) + 1 > 2 * len(matched):
+            out.append((min(matched), max(matched), run_start, after, matched))
+
+    i = -1
+    for ev in trace:
+        i += 1
+        a = ev[0]
+        if a == "alloc":
+            level += ev[2]
+            if freed:
+                if freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
+                    close(i)
+                freed = []
+                freed_bytes = 0
+            if i > last_weight and ev[2] in sizes:
+                born[ev[1]] = i
+        elif a == "free_completed":
+            level -= ev[2]
+        elif a == "free_requested":
+            j = born.pop(ev[1], None)
+            if j is not None:
+                if not freed:
+                    run_start = i
+                freed.append(j)
+                freed_bytes += ev[2]
+        levels.append(level)
+    if freed and freed_bytes >= ORDER_GRADIENT_SHARE * weight_bytes:
+        close(len(trace))
+    return out, levels
+
+
+def _neighbours(trace: list, i: int) -> list:
+    """The allocations just before and just after entry i."""
+    out = []
+    for step in (-1, 1):
+        j = i + step
+        while 0 <= j < len(trace) and trace[j][0] != "alloc":
+            j += step
+        if 0 <= j < len(trace):
+            out.append(j)
+    return out
+
+
+def freed_class(snap: Snapshot):
+    """For the category timeline of a trace read by its order (`_read_order`): a function, trace index of
+    an allocation freed inside the trace -> its class (a gradient zero_grad released; made in an optimizer
+    step: the optimizer's, as its frames would say; else the step's activations); None for any other trace
+    (its frames say, or nothing does)."""
+    order = _order(snap)
+    if order is None:
+        return None
+    merged: list[list[int]] = []  # the optimizer stretches, disjoint (the state's run is inside its step)
+    for lo, hi in sorted(order.optimizer):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        elif lo <= hi:
+            merged.append([lo, hi])
+    starts = [lo for lo, _ in merged]
+    released = order.released
+
+    def cls(i: int) -> str:
+        if i in released:
+            return fr.GRADIENTS
+        k = bisect.bisect_right(starts, i) - 1
+        return fr.OPTIMIZER_STATE if k >= 0 and i <= merged[k][1] else fr.ACTIVATIONS
+
+    return cls
+
+
+def entry_phase(snap: Snapshot, i: int) -> str | None:
+    """The phase of trace entry i: from its frames (frames.event_phase); in a trace recorded without stacks
+    that holds the whole job, from the trace's order (`_read_order`): a gradient was made in backward, the
+    optimizer's state in its step, the rest where the stretches of backward and optimizer steps put it,
+    else forward (or setup); None where nothing tells."""
+    trace = snap.trace
+    has_frames = snap.memo.get("trace_has_frames")
+    if has_frames is None:
+        has_frames = snap.memo["trace_has_frames"] = any(ev.frames for ev in trace)
+    if has_frames:
+        return event_phase(trace[i].frames, True)
+    order = _order(snap)
+    if order is None:
+        return None
+    got = order.made.get(i)
+    if got is not None and got[0] == fr.GRADIENTS:
+        return PHASE_BACKWARD
+    if got is not None and got[0] == fr.OPTIMIZER_STATE:
+        return PHASE_OPTIMIZER
+    if any(a <= i <= b for a, b in order.backward):
+        return PHASE_BACKWARD
+    if any(a <= i <= b for a, b in order.optimizer):
+        return PHASE_OPTIMIZER
+    return PHASE_FORWARD

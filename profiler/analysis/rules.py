@@ -147,9 +147,27 @@ STATE_SPLIT_SHARE = _rule(
     "STATE_SPLIT_SHARE", 0.9, "share of the bytes older than the trace in sizes of 1 MiB or more", "judgement",
     "blocks older than the trace are split into parameters and k state tensors each only where nine tenths "
     "of those bytes come in multiples of k + 1 blocks of one size (a parameter and its state are one size); "
-    "the rest is what the step kept (inputs, outputs) or a leak. With no trace at all, the same share of the "
-    "bytes walked from the top must have room for two state blocks each below them before the optimizer "
-    "state is read from its pairs", "provenance, untraced")
+    "the rest is what the step kept (inputs, outputs) or a leak; in a trace without stacks, a run of blocks "
+    "made one after another and kept is the optimizer's state where nine tenths of its bytes come in "
+    "adjacent pairs of a size earlier kept blocks have (AdamW's two moments per parameter, made together "
+    "in its first step; fused Adam's small step tensors between them). With no trace at all, the same share "
+    "of the bytes walked from the top must have room for two state blocks each below them before the "
+    "optimizer state is read from its pairs", "provenance, untraced")
+ORDER_GRADIENT_SHARE = _rule(
+    "ORDER_GRADIENT_SHARE", 0.5, "share of the weights' bytes", "judgement",
+    "in a trace without stacks and no optimizer state, kept blocks made after the weights at a weight's size "
+    "(one per weight) are gradients only where they copy at least half of the weights' bytes (a backward "
+    "makes one per parameter: all of them after a full backward, 100% in the H200 captures of "
+    "benchmarks/gpu/composition_capture.py); fewer are as likely outputs that happen to share a size. "
+    "Likewise a run of kept blocks, one per earlier kept block's size, is SGD's momentum (made together in "
+    "its first step) only where it copies at least half of those blocks' bytes (a run of two gradients "
+    "made one after the other copies a few MiB)", "provenance")
+STATE_COUNT_SHARE = _rule(
+    "STATE_COUNT_SHARE", 0.9, "share of the optimizer state's bytes", "judgement",
+    "where nothing names the optimizer (a hand-written one) and the gradients are older than the trace "
+    "(its backward accumulated into them), the state blocks per parameter are the k that nine tenths of the "
+    "state's bytes agree on, size by size (k state blocks per two older blocks: a parameter and its "
+    "gradient); the rest may be a size shared with other tensors", "provenance")
 INFERENCE_MIN_CALLS = _rule(
     "INFERENCE_MIN_CALLS", 2, "count", "definition",
     "ARCHITECTURE.md \"Composition and phase\" (for inference, KV caches are with the weights): a cache is "

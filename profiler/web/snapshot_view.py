@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import Any
 
 from memq.analysis import frames as fr
-from memq.analysis.provenance import SOURCE_WORDS, block_classes, cache_sites
+from memq.analysis.provenance import SOURCE_WORDS, block_classes, cache_sites, freed_class
 from memq.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
 
 MAX_FRAMES = 48  # innermost frames kept per stack: the deep tail is interpreter plumbing
@@ -153,6 +153,8 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
     kept = {bc.event: ci[bc.cls] for bc in block_classes(snap).values() if bc.event >= 0}
     # an inference cache's earlier blocks (freed as it grew or was reordered) were the cache too
     cache_ids = cache_sites(snap)
+    # recorded without stacks: what the trace's order says of the blocks freed in it, else unknown
+    by_order = freed_class(snap)
     for i, ev in enumerate(trace):
         if not i % DETAIL_CHECKPOINT:
             ckpt.extend(level)
@@ -167,7 +169,7 @@ def category_timeline(snap: Snapshot, stacks: _Stacks, start_live: int | None,
                 if trace_frames is not None and ev.addr is not None:
                     trace_frames[(ev.addr, ev.size)] = f
             else:
-                c = unknown
+                c = unknown if by_order is None else ci[by_order(i)]
             c = kept.get(i, c)
             level[c] += ev.size
             total += ev.size

@@ -513,8 +513,10 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
     roles_file.write_bytes(pickle.dumps(raw, protocol=4))  # our own data, read back by memq's safe decoder
 
     untraced = Path(__file__).resolve().parent.parent / "fixtures/composition_h200/untraced"
+    # and a training step recorded without stacks from the job's start: every class from the trace's order
+    order = ROOT / "tests/fixtures/composition_h200/full_eager_fp32_none_start/snapshot.pickle.gz"
     pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file,
-             "untraced": untraced / "oom_fwd_eager_bf16_off" / "snapshot.pickle.gz"}
+             "untraced": untraced / "oom_fwd_eager_bf16_off" / "snapshot.pickle.gz", "order": order}
     with sync_playwright() as p:
         b = Browser(p, None)
         try:
@@ -550,6 +552,9 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                     assert "unknown" not in comp and comp["optimizer_state"] > 0.8 * 2**30
                     assert note == ("parameters, optimizer state, activations, workspace: inferred from sizes "
                                     "and addresses"), note
+                elif name == "order":
+                    assert "unknown" not in comp and comp["gradients"] > 0.4 * 2**30
+                    assert " · " not in note and note.endswith(": inferred from the trace's order"), note
                     block = max(page.locator("#segmap-svg rect.block.cat-optimizer_state").all(),
                                 key=lambda r: float(r.get_attribute("width")))
                 else:
@@ -561,7 +566,8 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                 block.scroll_into_view_if_needed()
                 block.click()
                 panel = page.text_content("#frames")
-                want = {"roles": "known from the job", "untraced": "inferred from sizes and addresses"}.get(
+                want = {"roles": "known from the job", "untraced": "inferred from sizes and addresses",
+                        "order": "inferred from the trace's order"}.get(
                     name, "inferred from the trace")
                 assert want in panel, panel
                 page.locator("#composition").scroll_into_view_if_needed()

@@ -560,6 +560,7 @@
   /* Where one block's class came from, by its source (provenance.origin). */
   function originOf(v) {
     if (v === "job") return "known from the job";
+    if (v === "order") return "inferred from the trace's order";
     if (v === "layout" || v === "after_history" || v === "workspace_layout") return "inferred from sizes and addresses";
     return "inferred from the trace";
   }
@@ -567,7 +568,8 @@
   /* One class's bytes by origin in words (provenance.origin_words). */
   function originWords(o) {
     if (!o) return "";
-    var names = ["known from the job", "inferred from the trace", "inferred from sizes and addresses"];
+    var names = ["known from the job", "inferred from the trace", "inferred from the trace's order",
+      "inferred from sizes and addresses"];
     var got = names.filter(function (n) { return o[n]; });
     if (!got.length) return "";
     if (got.length === 1) return got[0];
