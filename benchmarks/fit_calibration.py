@@ -133,7 +133,11 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for model, pred, real, nxt, cap in caps:
         print(f"| {model} | {cap / GiB:.3f} GiB | {pred} | {real} | {nxt} |")
-    print(f"\nlargest peak error {worst * 100:.1f}% over {len(shapes)} predictions (margin {fit.FIT_MARGIN:.0%}); "
+    margins = {model: measured(model).margin for model in truth}
+    inside = sum(abs(pred - real) / real <= margins[model] + 1e-12 for model, _l, pred, real, _f in shapes)
+    print("\nintervals: " + ", ".join(f"{model} +/-{mg:.0%}" for model, mg in margins.items())
+          + f"; {inside}/{len(shapes)} predictions inside their interval")
+    print(f"largest peak error {worst * 100:.1f}% over {len(shapes)} predictions; "
           f"{sum(p == r for _, p, r, n, _ in caps if n == 'oom')}/{sum(n == 'oom' for *_, n, _ in caps)} largest "
           f"batches exact; {took:.1f} s for all of it")
 

@@ -129,7 +129,8 @@ def rows(cases) -> list[dict]:
                 out.append({"set": set_, "name": name, "half": half, "cut": part, "shape": label, "k": k,
                             "real": real, "predicted": p, "err": (p - real) / real,
                             "whole": w, "whole_err": (w - real) / real if w else None,
-                            "vs_whole": (p - w) / w if w else None})
+                            "vs_whole": (p - w) / w if w else None, "margin": m.margin,
+                            "whole_margin": whole.margin if whole else None})
     return out
 
 
@@ -176,6 +177,12 @@ def main() -> None:
             print(f"{half}, cut after the first {part}: {inside}/{len(at24)} predictions at 2x and 4x within 3% "
                   f"(the whole trace: {w_in}/{len(at24)}); largest error at 2x-8x {worst * 100:.1f}%; largest "
                   f"difference from the whole trace's prediction {max(vs, default=0) * 100:.1f}%")
+            own = sum(abs(r["err"]) <= r["margin"] + 1e-12 for r in rs)
+            whole = [r for r in rs if r["whole_err"] is not None]
+            w_own = sum(abs(r["whole_err"]) <= r["whole_margin"] + 1e-12 for r in whole)
+            widths = ", ".join(sorted({f"+/-{r['margin']:.0%}" for r in rs}))
+            print(f"  inside their own interval ({widths}): {own}/{len(rs)} at 2x-8x (the whole trace, inside its "
+                  f"own: {w_own}/{len(whole)})")
     if args.set == "dumps" and args.half in ("new", "all"):
         largest_rows()
     print(f"{took:.1f} s for all of it")

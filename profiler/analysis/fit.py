@@ -20,11 +20,11 @@ modelled, not guessed:
    peak reserved from the model without a limit, peak allocated from the same sizes.
 3. Under a limit (`fits_under`): the model with the limit, which frees its cache and retries before
    it fails as the real allocator does; the largest batch is the largest k the model serves.
-4. Interval: FIT_MARGIN either side of the point, and the same margin on the limit for `fits` and
-   the largest batch (`fits` is null when the answer changes within it). The peak allocated is
-   predicted within about 1% on the calibration sets; what the margin covers is mostly the allocator
-   model's packing at the new shape (which cached block a request lands in), which errs by up to 16.5%
-   on the ten families of tests/fixtures/fit_families.
+4. Interval: the trace's margin either side of the point, and the same margin on the limit for `fits`
+   and the largest batch (`fits` is null when the answer changes within it): FIT_MARGIN where the
+   model's own ops decide every size (within 0.4% on every such family), FIT_MARGIN_LIBRARY where the
+   trace shows a size a library chooses at run time by shape (`library_choice`: cuDNN's convolutions and
+   LSTM, torch.compile's kernels; up to 12.6% off on the families of tests/fixtures/fit_families).
 
 Sequence length is scaled linearly, per site: fused attention (scaled_dot_product_attention) keeps
 no t x t matrix. A model that materialises attention scores grows faster than this predicts.
@@ -49,6 +49,8 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
+    FIT_MARGIN_LIBRARY,
+    FIT_MARGIN_OPTIMIZER,
     FORWARD_ONLY_MARGIN,
     GRAD_TEMP_PER_GRADIENT,
     MIDRUN_MARGIN,
@@ -102,13 +104,20 @@ class Measured:
     partial: str | None = None  # a trace of part of the first step: what it holds (PARTIAL_*), the rest inferred
     optimizer_assumed: bool = False  # of a partial step: the optimizer was neither asked for nor named
     step_ops: tuple = ()  # program op index where each optimizer step begins
+    library: str | None = None  # a size a library chooses by shape, seen in the trace (LIBRARY_*), or None
+    switched: str | None = None  # of an answer for another optimizer than the recorded one: that optimizer
 
     @property
     def margin(self) -> float:
-        """The interval either side of a prediction from this trace (FIT_MARGIN, MIDRUN_MARGIN; of the first
-        step's forward alone, FORWARD_ONLY_MARGIN)."""
-        base = FIT_MARGIN if self.covers_start else MIDRUN_MARGIN
-        return max(base, FORWARD_ONLY_MARGIN) if self.partial == PARTIAL_FORWARD else base
+        """The interval either side of a prediction from this trace: FIT_MARGIN, or FIT_MARGIN_LIBRARY where
+        the trace shows a size a library chooses by shape; never narrower than that, MIDRUN_MARGIN of a trace
+        that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone."""
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched)[0]
+
+    @property
+    def margin_reason(self) -> str:
+        """Why the interval is as wide as it is (the words `memq fit` prints beside it)."""
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched)[1]
 
 
 @dataclass(frozen=True)
@@ -229,7 +238,8 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     covers = not rep.start_segments
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
-                     f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: +/-{FIT_MARGIN:.0%})")
+                     f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: "
+                     f"+/-{trace_margin(library_choice(trace))[0]:.0%})")
     if steps == 0:
         return _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers)
     if steps < 2:
@@ -248,7 +258,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
                     recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
-                    step_ops=_step_ops(prog, rep.op_event, trace))
+                    step_ops=_step_ops(prog, rep.op_event, trace), library=library_choice(trace))
 
 
 
@@ -423,7 +433,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
                     cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
-                    partial=partial, optimizer_assumed=assumed)
+                    partial=partial, optimizer_assumed=assumed, library=library_choice(trace))
 
 
 def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:
@@ -1198,8 +1208,84 @@ def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = No
     return lo
 
 
+# ------------------------------------------------------------------ how wide the interval is
+# What decides a trace's interval: whether its program is decided by the model's own ops (every size a
+# function of the shapes: within 0.4% on every such family), or holds sizes a library chooses at run time
+# by shape, which one shape cannot tell (cuDNN's convolution algorithms and their workspaces, cuDNN's
+# RNN workspace, the kernels torch.compile generates and autotunes for a shape): FIT_MARGIN_LIBRARY.
+# Read from the Python frames (the agent's recordings) first, so that the agent's and a hand recording of
+# one model agree; C++ frames (stacks="all") add what Python frames cannot show (a functional conv call).
+LIBRARY_CONV = "cuDNN convolutions choose their algorithm and workspace by shape"
+LIBRARY_RNN = "cuDNN's LSTM/GRU chooses its workspace by shape"
+LIBRARY_COMPILE = "torch.compile's kernels are generated (and their buffers sized) per shape"
+# No frame says which library, but its workspace is there (WORKSPACE_ODD: a frameless block of an odd byte
+# count, which no tensor has): only the convolutional families' recordings hold one (a functional conv call
+# shows no conv.py frame).
+LIBRARY_WORKSPACE = "a library's workspace (a frameless block of an odd byte count) is sized by the library per shape"
+# Python files: torch's convolution and RNN modules; torch.compile's runtime (inductor's compiled module,
+# its generated code, triton's launcher). torch/_dynamo/eval_frame.py alone is not compile: checkpointing
+# runs through its "disable" wrapper in eager models.
+_LIBRARY_FILES = ((LIBRARY_CONV, re.compile(r"torch/nn/modules/conv\.py$")),
+                  (LIBRARY_RNN, re.compile(r"torch/nn/modules/rnn\.py$")),
+                  (LIBRARY_COMPILE, re.compile(r"torch/_inductor/|torchinductor|inductor_cache|/triton/")))
+# C++ frames: the convolution ops and their backward, the cuDNN/MIOpen RNN, dynamo's compiled frames.
+# cuDNN's attention is not here: its buffers follow the shape (lora_gpt, gpt_ckpt_bf16: within 0.4%).
+_LIBRARY_NAMES = ((LIBRARY_CONV, re.compile(r"\b(?:cudnn_|miopen_|mkldnn_)?convolution|conv(?:_transpose)?[123]d\b"
+                                            r"|ConvolutionBackward")),
+                  (LIBRARY_RNN, re.compile(r"_cudnn_rnn|miopen_rnn|CudnnRnnBackward")),
+                  (LIBRARY_COMPILE, re.compile(r"dynamo_eval_custom_code|inductor|triton")))
+
+
+def library_choice(trace) -> str | None:
+    """The first of LIBRARY_CONV, LIBRARY_RNN, LIBRARY_COMPILE the trace's allocations show (their Python
+    frames first, then their C++ ones), else LIBRARY_WORKSPACE where a library's workspace is there, else
+    None: no size a library chooses by shape."""
+    files: set[str] = set()
+    names: set[str] = set()
+    odd = False
+    for ev in trace:
+        if ev.action != "alloc":
+            continue
+        odd = odd or (is_workspace(ev.size) and not python_frames(ev.frames))
+        for f in ev.frames or ():
+            path = frame_file(f)
+            if path.endswith(".py"):
+                files.add(path)
+            else:
+                names.add(frame_name(f))
+    for why, pat in _LIBRARY_FILES:
+        if any(pat.search(p) for p in files):
+            return why
+    for why, pat in _LIBRARY_NAMES:
+        if any(pat.search(n) for n in names):
+            return why
+    return LIBRARY_WORKSPACE if odd else None
+
+
+def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None,
+                 switched: str | None = None) -> tuple[float, str]:
+    """(the margin, why): FIT_MARGIN of a program the model's own ops decide, FIT_MARGIN_LIBRARY where a
+    library chooses sizes by shape (`library` says which); never narrower than that, MIDRUN_MARGIN of a trace
+    that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone, FIT_MARGIN_OPTIMIZER of an
+    answer for another optimizer (`switched`) than the recorded one."""
+    if library:
+        margin, why = FIT_MARGIN_LIBRARY, f"wider: {library}, which one measured shape cannot tell"
+    else:
+        margin, why = FIT_MARGIN, "the trace shows no size a library chooses by shape: the model's own ops decide it"
+    if not covers_start and MIDRUN_MARGIN > margin:
+        margin, why = MIDRUN_MARGIN, f"the trace starts mid-run ({why}: +/-{margin:.0%} from the run's start)"
+    if switched and FIT_MARGIN_OPTIMIZER > margin:
+        margin, why = FIT_MARGIN_OPTIMIZER, (f"another optimizer ({switched}) than the recorded one: its state is "
+                                             f"re-sized from the parameters, which the model packs up to 11% off "
+                                             f"({why})")
+    if partial == PARTIAL_FORWARD and FORWARD_ONLY_MARGIN > margin:
+        margin, why = FORWARD_ONLY_MARGIN, ("the first step's forward alone: its backward, gradients and optimizer "
+                                            f"are inferred ({why})")
+    return margin, why
+
+
 def interval(m: Measured, peak: int) -> tuple[int, int]:
-    """[low, high] about a predicted peak: the trace's margin (FIT_MARGIN, or MIDRUN_MARGIN) either side."""
+    """[low, high] about a predicted peak: the trace's margin (`Measured.margin`) either side."""
     return int(peak * (1 - m.margin)), int(peak * (1 + m.margin))
 
 
@@ -1311,6 +1397,8 @@ def check(q: Question) -> None:
 def answer(m: Measured, q: Question) -> dict:
     """The `memq fit --json` object (docs/analysis.md "memq fit")."""
     check(q)
+    if q.optimizer and m.optimizer and q.optimizer != m.optimizer:
+        m = replace(m, switched=q.optimizer)  # the interval of another optimizer's state (FIT_MARGIN_OPTIMIZER)
     k = q.scale()
     pred = predict(m, k, q.optimizer)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred
@@ -1335,6 +1423,7 @@ def answer(m: Measured, q: Question) -> dict:
                      "partial_step": m.partial, "optimizer_assumed": m.optimizer_assumed},
         "inferred": inferred_parts(m),
         "notes": list(m.notes),
+        "margin": m.margin, "margin_reason": m.margin_reason,
     }
     if q.limit is None:
         out["fits_reason"] = "no limit known: give --limit SIZE or --gpu NAME"
@@ -1394,12 +1483,11 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
     if m.partial is not None:
         return (f"the recorded first step's {m.partial} (no optimizer step in the trace), the rest of the step "
                 f"inferred ({'; '.join(inferred_parts(m))}), replayed through the allocator model with its "
-                f"input-sized allocations scaled {out['scale']:g}x ({shape}); interval +/-{m.margin:.0%}")
+                f"input-sized allocations scaled {out['scale']:g}x ({shape}); interval +/-{m.margin:.0%}: "
+                f"{m.margin_reason}")
     return (f"the recorded trace ({m.steps} optimizer steps) replayed through the allocator model with its "
             f"input-sized allocations scaled {out['scale']:g}x ({shape}); parameters, gradients, optimizer "
-            f"state and autocast copies held at their measured size; interval +/-{m.margin:.0%}"
-            + ("" if m.covers_start else " (the trace starts mid-run: a trace from the run's start is "
-               f"good to +/-{FIT_MARGIN:.0%})"))
+            f"state and autocast copies held at their measured size; interval +/-{m.margin:.0%}: {m.margin_reason}")
 
 
 # `fit` in a run's analysis (memq history --json): the predicted peak reserved at these multiples of
@@ -1429,7 +1517,8 @@ def own_curve(snap: Snapshot) -> dict | None:
         except NotAssessable:
             break  # the curve ends where the model can no longer follow
     return {"curve": curve, "peak_allocated_bytes": base.peak_allocated, "dominant": dominant(base),
-            "optimizer": m.optimizer, "optimizer_steps": m.steps}
+            "optimizer": m.optimizer, "optimizer_steps": m.steps, "margin": m.margin,
+            "margin_reason": m.margin_reason}
 
 
 def own_curve_reason(snap: Snapshot) -> str:
@@ -1445,6 +1534,14 @@ def own_curve_reason(snap: Snapshot) -> str:
     return "the trace could not be replayed"
 
 
+def _curve_margin(curve_doc: dict) -> tuple[float, str]:
+    """The margin a stored curve was made with; a curve stored before margins were per trace does not say
+    whether a library chose sizes in it: the wider one."""
+    if isinstance(curve_doc.get("margin"), (int, float)) and curve_doc["margin"] > 0:
+        return float(curve_doc["margin"]), str(curve_doc.get("margin_reason") or "")
+    return FIT_MARGIN_LIBRARY, "the curve does not say whether a library chose sizes by shape in its trace"
+
+
 def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
     """A run's `fit`: its own peak with the interval, whether it fits its limit, and the largest
     multiple of its input whose predicted peak stays under the limit (linear between curve points:
@@ -1453,7 +1550,9 @@ def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
         return None
     curve = curve_doc["curve"]
     peak = curve[0][1]
-    out = {"peak_bytes": peak, "low": int(peak * (1 - FIT_MARGIN)), "high": int(peak * (1 + FIT_MARGIN)),
+    margin, why = _curve_margin(curve_doc)
+    out = {"peak_bytes": peak, "low": int(peak * (1 - margin)), "high": int(peak * (1 + margin)),
+           "margin": margin, "margin_reason": why,
            "peak_allocated_bytes": curve_doc.get("peak_allocated_bytes"), "limit_bytes": limit, "fits": None,
            "fits_reason": None, "max_scale": None, "dominant": curve_doc.get("dominant"),
            "optimizer": curve_doc.get("optimizer")}

@@ -319,26 +319,45 @@ REGRESSION_FRAG = _rule(
     "tenth or more", "compare")
 # ------------------------------------------------------------------ memq fit (fit.py)
 FIT_MARGIN = _rule(
-    "FIT_MARGIN", 0.12, "share of the predicted peak", "measured",
+    "FIT_MARGIN", 0.03, "share of the predicted peak", "measured",
     "the interval either side of a predicted peak reserved, and on the limit for `fits` and the largest "
-    "batch: the largest error on the tuning half of the ten model families captured on an H200 "
-    "(tests/fixtures/fit_families: seq2seq at 8x the batch +11.0%; lora_gpt at 8x, +16.5% before autocast's "
-    "copies were told from a float32 layer norm's output, is 0.0-0.4%; `python "
-    "benchmarks/fit_families_calibration.py --half tuning`), rounded up; the five models of tests/fixtures/fit "
-    "stay within 1.0%", "fit")
+    "batch, of a trace whose program its own ops decide (no size a library chooses by shape, see "
+    "FIT_MARGIN_LIBRARY): the largest error of such families on the tuning half is 0.4% (lora_gpt agent 8x; "
+    "seq2seq 0.0%; the GPTs of tests/fixtures/fit within 0.4%; `python benchmarks/fit_families_calibration.py "
+    "--half tuning`, `python benchmarks/fit_calibration.py`), raised to a floor of 3% (judgement: 0.4% from "
+    "seven such models is too few to promise a tighter interval on an unseen one; 3% is what the five "
+    "models' calibration has been held to since first measured, tests/analysis/test_fit.py); the held-back "
+    "ones (bert_mlm 0.0%, moe_lm 0.3%) and gpt_ckpt_bf16 (0.0%) stay inside it", "fit")
+FIT_MARGIN_LIBRARY = _rule(
+    "FIT_MARGIN_LIBRARY", 0.13, "share of the predicted peak", "measured",
+    "the interval of a trace that shows a size a library chooses at run time by shape (cuDNN's convolutions "
+    "and their workspaces, cuDNN's LSTM, torch.compile's generated kernels): the tuning half's such families "
+    "err by up to 5.2% (vit_bf16 8x; resnet_bn 4.6%, unet_diff 2.3%, the in-house cnn 1.0%), which the "
+    "held-back half does not hold: WIDENED ON THE HELD-BACK FIGURES, as issue 40 asks, to its largest error, "
+    "vit_ckpt 8x -12.6% (cuDNN took a 143 MB workspace for its patch embedding the base never made; gpt_compile "
+    "11.2%, lstm_lm 9.9%), rounded up; the spent new set (vae_conv 11.5%, convnext_ln 8.3%) is inside it. So "
+    "no fresh set has judged it", "fit")
+FIT_MARGIN_OPTIMIZER = _rule(
+    "FIT_MARGIN_OPTIMIZER", 0.12, "share of the predicted peak", "measured",
+    "the interval, at the least, of a prediction for another optimizer than the recorded one (`--optimizer`; "
+    "its state re-sized from the parameters): one GPT of 110M parameters measured with each of five optimizers "
+    "(tests/fixtures/playbook/optim_*) predicts the others' peak reserved within 11.0% (adamw_8bit -> adamw "
+    "-11.0%, sgd_momentum -> adamw -10.7%: the model packs the new state tighter than the real run; `python "
+    "benchmarks/fit_calibration.py --optimizers`), rounded up", "fit")
 MIDRUN_MARGIN = _rule(
     "MIDRUN_MARGIN", 0.17, "share of the predicted peak", "measured",
     "the interval of a trace that starts mid-run (a wrapped ring buffer): the five models' from-start traces "
     "cut where a ring buffer would (12 cuts, 2x-8x the batch, 180 predictions) put the real peak between "
     "0.833x and 1.157x the predicted one (`python benchmarks/fit_calibration.py --mid-run`); never narrower "
-    "than FIT_MARGIN", "fit")
+    "than the trace's own margin (FIT_MARGIN or FIT_MARGIN_LIBRARY)", "fit")
 FORWARD_ONLY_MARGIN = _rule(
     "FORWARD_ONLY_MARGIN", 0.40, "share of the predicted peak", "measured",
     "the interval of a prediction from the first step's forward alone (its backward, gradients and optimizer "
     "inferred): the tuning half of the ten families' whole-run traces cut at the end of the first forward "
     "erred by up to 39.9% at 2x-8x (lora_gpt, +39.9%: a frozen base the forward cannot tell from trained "
     "weights; the others within 11.3%; `python benchmarks/fit_one_step.py --half tuning`), rounded up; a cut "
-    "after the backward keeps FIT_MARGIN (11.0% there, as the whole trace)", "fit")
+    "after the backward keeps the whole trace's margin (FIT_MARGIN, or FIT_MARGIN_LIBRARY; the error there is the "
+    "whole trace's)", "fit")
 ONE_STEP_REPEATS = _rule(
     "ONE_STEP_REPEATS", 2, "steps", "measured",
     "a trace of part of the first step is completed and followed by this many steps like it, beside the "

@@ -65,6 +65,8 @@ def render_fit(doc: dict) -> str:
     lines.append(f"{_shape(doc)} ({doc['scale']:g}x the measured input-sized tensors)")
     lines.append(f"  predicted peak reserved  {fmt_bytes(doc['peak_bytes'])} ({fmt_bytes(doc['low'])} - "
                  f"{fmt_bytes(doc['high'])}), peak allocated {fmt_bytes(doc['peak_allocated_bytes'])}")
+    if doc.get("margin") is not None:
+        lines.append(f"  interval +/-{doc['margin']:.0%}: {safe_text(doc.get('margin_reason') or '')}")
     if lim is None:
         lines.append("  fits: undetermined: no limit known (give --limit SIZE or --gpu NAME)")
     else:

@@ -20,7 +20,7 @@ from memq.load import load_snapshot_file
 from tests.analysis.agent_data import spool_run
 
 # The five models' bar (their largest error is 1.0%: benchmarks/RESULTS.md "memq fit"); the interval memq fit
-# states is wider (rules.FIT_MARGIN, from the ten families of tests/fixtures/fit_families).
+# states is per trace (rules.FIT_MARGIN, FIT_MARGIN_LIBRARY, from the ten families of tests/fixtures/fit_families).
 FIVE_BAR = 0.03
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 # GPT bf16, AdamW, a history="on" job with max_entries 8000: each epoch-end trace starts mid-run, the

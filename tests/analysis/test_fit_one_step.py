@@ -87,6 +87,7 @@ def test_the_answer_names_what_was_inferred_and_an_assumed_optimizer():
     assert any("optimizer state inferred from parameters for adamw (assumed" in x for x in doc["inferred"])
     assert doc["low"] == int(doc["peak_bytes"] * (1 - fit.FIT_MARGIN))
     text = render_fit(doc)
+    assert f"  interval +/-{fit.FIT_MARGIN:.0%}: the trace shows no size a library chooses by shape" in text
     assert "inferred: optimizer state inferred from parameters for adamw" in text
     assert "the trace holds the first step's forward and backward only" in text
     doc = answer_for(part("resnet_bn", "forward"), "cut", Question(optimizer="sgd_momentum"), (None, None))
@@ -188,7 +189,8 @@ def test_four_new_families_judged_once():
     weight's gradient made under autocast is held, reductions' staging buffers stop at REDUCE_STAGING_MAX and
     activation gradients are told from weights' gradients (causes found on the larger shapes' real programs,
     tests/analysis/test_fit_sequence.py, test_fit_big_shapes.py): 14 of 14, gpt_ckpt_bf16 exact at every
-    shape, convnext_ln 8x +8.3%, mlp_mixer within 1.5%, vae_conv 4x -11.5% the worst."""
+    shape, convnext_ln 8x +8.3%, mlp_mixer within 1.5%, vae_conv 4x -11.5% the worst. Each inside its own
+    interval since it is per trace: gpt_ckpt_bf16's +/-3% (its own ops), the three convolutional ones' +/-13%."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -197,8 +199,12 @@ def test_four_new_families_judged_once():
     rows = [r for r in bench.rows(list(bench.dump_cases("new"))) if "err" in r]
     back = [r for r in rows if r["cut"] == "backward"]
     assert len(back) == 14 and all(abs(r["vs_whole"]) < 1e-3 for r in back)
-    inside = sum(abs(r["whole_err"]) <= fit.FIT_MARGIN for r in back)
+    inside = sum(abs(r["whole_err"]) <= r["whole_margin"] for r in back)
     assert inside == 14
+    assert {r["name"]: r["whole_margin"] for r in back} == {
+        "convnext_ln": fit.FIT_MARGIN_LIBRARY, "mlp_mixer": fit.FIT_MARGIN_LIBRARY, "vae_conv": fit.FIT_MARGIN_LIBRARY,
+        "gpt_ckpt_bf16": fit.FIT_MARGIN}
+    assert all(r["margin"] == r["whole_margin"] for r in back)  # the dump after the backward: the whole trace's
     worst = max(back, key=lambda r: abs(r["whole_err"]))
     err = {(r["name"], r["shape"]): r["whole_err"] for r in back}
     assert (worst["name"], worst["shape"]) == ("vae_conv", "4x batch")
@@ -227,7 +233,8 @@ def test_the_new_families_largest_batch_judged_once(capsys):
 
     bench.largest_rows()
     out = capsys.readouterr().out
-    assert "| convnext_ln | 1.564 GiB | 95 | 95 (85-116) | 95 (85-120) |" in out
-    assert "| gpt_ckpt_bf16 | 6.248 GiB | 41 | 41 (36-46) | 41 (36-46) |" in out
-    assert "| mlp_mixer | 4.885 GiB | 96 | 96 (83-109) | 96 (83-109) |" in out
+    # the ranges: the cap -/+ each recording's margin (13% for the convolutional ones, 3% for the GPT)
+    assert "| convnext_ln | 1.564 GiB | 95 | 95 (84-117) | 95 (85-120) |" in out
+    assert "| gpt_ckpt_bf16 | 6.248 GiB | 41 | 41 (40-42) | 41 (40-42) |" in out
+    assert "| mlp_mixer | 4.885 GiB | 96 | 96 (83-111) | 96 (83-111) |" in out
     assert "largest batch exact 6/8, inside its range 8/8" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -578,10 +579,33 @@ def _measured(covers_start: bool) -> fit.Measured:
 
 
 @rule("FIT_MARGIN")
-def test_fit_interval_is_twelve_percent_either_side():
+def test_fit_interval_of_a_program_its_own_ops_decide_is_three_percent_either_side():
     low, high = fit.interval(_measured(True), GiB)
+    assert low <= int(GiB * (1 - 0.029)) and high >= int(GiB * (1 + 0.029))
+    assert low > int(GiB * (1 - 0.031)) and high < int(GiB * (1 + 0.031))
+
+
+@rule("FIT_MARGIN_LIBRARY")
+def test_fit_interval_where_a_library_chooses_sizes_by_shape_is_thirteen_percent_either_side():
+    m = _measured(True)
+    m.library = fit.LIBRARY_CONV
+    low, high = fit.interval(m, GiB)
+    assert low <= int(GiB * (1 - 0.129)) and high >= int(GiB * (1 + 0.129))
+    assert low > int(GiB * (1 - 0.131)) and high < int(GiB * (1 + 0.131))
+    assert "cuDNN convolutions" in m.margin_reason
+    assert rules.FIT_MARGIN_LIBRARY > rules.FIT_MARGIN
+
+
+@rule("FIT_MARGIN_OPTIMIZER")
+def test_fit_interval_for_another_optimizer_is_at_least_twelve_percent_either_side():
+    m = _measured(True)
+    m.switched = "adamw"
+    low, high = fit.interval(m, GiB)
     assert low <= int(GiB * (1 - 0.119)) and high >= int(GiB * (1 + 0.119))
     assert low > int(GiB * (1 - 0.121)) and high < int(GiB * (1 + 0.121))
+    assert "another optimizer (adamw)" in m.margin_reason
+    m.library = fit.LIBRARY_CONV  # never narrower than the trace's own
+    assert fit.interval(m, GiB) == fit.interval(replace(m, switched=None), GiB)
 
 
 @rule("MIDRUN_MARGIN")
@@ -589,7 +613,11 @@ def test_fit_interval_of_a_mid_run_trace_is_seventeen_percent_either_side():
     low, high = fit.interval(_measured(False), GiB)
     assert low <= int(GiB * (1 - 0.169)) and high >= int(GiB * (1 + 0.169))
     assert low > int(GiB * (1 - 0.171)) and high < int(GiB * (1 + 0.171))
-    assert rules.MIDRUN_MARGIN >= rules.FIT_MARGIN  # a trace cut mid-run is never better than a whole one
+    # a trace cut mid-run is never better than a whole one, of either kind
+    assert rules.MIDRUN_MARGIN >= max(rules.FIT_MARGIN, rules.FIT_MARGIN_LIBRARY)
+    m = _measured(False)
+    m.library = fit.LIBRARY_RNN
+    assert fit.interval(m, GiB) == (low, high) and "mid-run" in m.margin_reason
 
 
 @rule("FORWARD_ONLY_MARGIN")

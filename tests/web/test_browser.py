@@ -365,19 +365,25 @@ def test_a_recommendations_playbook_link_lands_on_its_entry(browser, tmp_path):
 
 
 def test_run_page_fit_form_predicts_the_batch(browser, forecast_server, tmp_path):
-    """The run page says the run's own headroom and its form asks `memq fit`'s question: batch 15 of a
-    run measured at 2 is predicted at 5.3 GiB, over the 4.81 GiB cap but inside the 12% interval's reach
-    of it, so the answer is undetermined, not a false "no"; 13 is the largest batch (14 ran out for real)."""
+    """The run page says the run's own headroom and its form asks `memq fit`'s question: batch 14 of a
+    run measured at 2 is predicted at 4.9 GiB, over the 4.81 GiB cap but inside the 3% interval's reach of it
+    (a GPT: its own ops decide every size), so the answer is undetermined, not a false "no"; 15 (5.3 GiB) is
+    over by more than the interval and a "no"; 13 is the largest batch (14 ran out for real)."""
     browser.base = forecast_server.url
     page = browser.open("/runs/fit_m")
     own = page.text_content("#fit-own")
     assert own.startswith("Fit: peak 2.76 GiB reserved at its own batch; 6."), own
-    page.fill("#fit-form input[name=batch]", "15")
+    page.fill("#fit-form input[name=batch]", "14")
     page.fill("#fit-form input[name=from_batch]", "2")
     page.click("#fit-form button")
     page.wait_for_selector("#fit-result")
     assert page.text_content("#fit-verdict").strip().startswith("undetermined"), page.text_content("#fit-verdict")
     assert page.text_content("#fit-max").strip().startswith("13")
+    margin = page.text_content("#fit-margin")
+    assert margin.startswith("±3%: the trace shows no size a library chooses by shape"), margin
+    page = browser.open("/fit?run=fit_m&batch=15&from_batch=2")
+    page.wait_for_selector("#fit-result")
+    assert page.text_content("#fit-verdict").strip().startswith("no"), page.text_content("#fit-verdict")
     peak = page.text_content("#fit-peak")
     assert peak.startswith("5.2") or peak.startswith("5.3"), peak  # the real run at batch 16 reserved 5.51 GiB
     assert "the run's cap" in page.text_content("#fit-table")
