@@ -72,3 +72,25 @@ def test_a_rank_asked_for_by_name_is_that_ranks(store):
     with store.session() as s:
         hist = queries.run_history(s, "ddp", rank=1)
     assert hist["diagnosis"]["primary_cause"] == "fragmentation"
+
+
+def test_a_rank_diagnosed_between_the_summarys_two_reads_leaves_the_cause_to_its_own_refresh(store, monkeypatch):
+    """Two ranks' recomputes race (a DDP run's workers on PostgreSQL): rank 1's refresh reads the ranks'
+    diagnoses (rank 1's alone), then rank 0's commits, then the verdict's own read names rank 0. The refresh
+    must neither fail (it raised StopIteration, and the run never got its figures) nor take rank 1's
+    cause; rank 0's own refresh sets the run's cause."""
+    from memq.store.repository import analyses
+
+    with store.session() as s:
+        rid = repo.upsert_run(s, repo.RunMeta(name="race", job="train", cluster="c", started_at=T0,
+                                              memory_limit_bytes=16 * GiB))
+        late = _result("fragmentation", 12 * GiB, 0.7)
+        repo.store_run_diagnosis(s, rid, 1, "t", late, 1, 12 * GiB, 11 * GiB, late["composition"])
+        monkeypatch.setattr(analyses, "verdict_rank", lambda session, run_id: 0)  # rank 0 committed meanwhile
+        repo.refresh_run_summary(s, rid)
+        assert queries.get_run(s, "race")["primary_cause"] is None
+        assert queries.get_run(s, "race")["peak_reserved_bytes"] == 12 * GiB  # the rest is refreshed
+        first = _result("capacity", 10 * GiB, 0.1)
+        repo.store_run_diagnosis(s, rid, 0, "t", first, 1, 10 * GiB, 9 * GiB, first["composition"])
+        repo.refresh_run_summary(s, rid)
+        assert queries.get_run(s, "race")["primary_cause"] == "capacity"

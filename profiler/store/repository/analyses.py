@@ -157,9 +157,11 @@ def refresh_run_summary(session: Session, run_id: int) -> None:
         "oom_count": max(int(ooms or 0), int(stat_peak[2] or 0)),
         "updated_at": func.current_timestamp(),
     }
-    if diags:
-        speaks = verdict_rank(session, run_id)
-        main = next(d for d in diags if d.rank == speaks)
+    speaks = verdict_rank(session, run_id) if diags else None
+    # The rank that speaks may have no diagnosis in `diags` yet: its snapshots name it (an OOM) before its
+    # own recompute stores one, or it committed between the two reads. That recompute refreshes the run.
+    main = next((d for d in diags if d.rank == speaks), None)
+    if main is not None:
         values["primary_cause"] = main.primary_cause
         values["cause_confidence"] = main.confidence
         values["fragmentation_ratio"] = ((main.result or {}).get("metrics") or {}).get("fragmentation_ratio")
