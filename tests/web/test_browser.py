@@ -566,6 +566,7 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                 block.scroll_into_view_if_needed()
                 block.click()
                 panel = page.text_content("#frames")
+                assert "_" not in panel.split("category ")[1].split(":")[0], panel  # a class in words
                 want = {"roles": "known from the job", "untraced": "inferred from sizes and addresses",
                         "order": "inferred from the trace's order"}.get(
                     name, "inferred from the trace")

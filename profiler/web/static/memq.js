@@ -464,7 +464,7 @@
       var t = ev.target;
       if (!t.getAttribute || t.getAttribute("data-bi") === null) { readout.textContent = ""; return; }
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
-      readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown")) +
+      readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown").replace(/_/g, " ")) +
         (b.v ? " (" + originOf(b.v) + ")" : "") +
         " at 0x" + (s.address + b.o).toString(16) + " in a " + fmtBytes(s.size) + " " + s.pool + " segment";
     });
@@ -475,7 +475,7 @@
       t.classList.add("selected");
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
       var lines = ["size " + fmtBytes(b.s) + " (requested " + fmtBytes(b.r) + ")", "state " + b.st + (b.x ? " · stranded free bytes" : ""),
-                   "category " + (b.c || "(free)") + (b.v && view.source_words ? ": " + view.source_words[b.v] : ""),
+                   "category " + (b.c ? b.c.replace(/_/g, " ") : "(free)") + (b.v && view.source_words ? ": " + view.source_words[b.v] : ""),
                    "address 0x" + (s.address + b.o).toString(16),
                    "segment " + fmtBytes(s.size) + " · " + s.pool + " pool · stream " + s.stream + (s.private ? " · private pool" : "")];
       if (need && b.st === "inactive") lines.push(b.s >= need ? "the failed request (" + fmtBytes(need) + ") fits here" : "the failed request (" + fmtBytes(need) + ") does not fit here");
