@@ -236,12 +236,13 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     if not params:  # parameters made before the trace: one step's gradients stand for them
         params = sum(grad_sizes)
     covers = not rep.start_segments
+    library = library_choice(trace)  # one scan of the frames: the interval of a whole or a partial step
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
                      f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: "
-                     f"+/-{trace_margin(library_choice(trace))[0]:.0%})")
+                     f"+/-{trace_margin(library)[0]:.0%})")
     if steps == 0:
-        return _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers)
+        return _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers, library)
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
@@ -258,7 +259,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
                     recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
-                    step_ops=_step_ops(prog, rep.op_event, trace), library=library_choice(trace))
+                    step_ops=_step_ops(prog, rep.op_event, trace), library=library)
 
 
 
@@ -314,7 +315,8 @@ def inferred_words(partial: str, opt: str, state: int, how: str) -> str:
             f"inferred from parameters for {opt}{said}: {state / (1 << 20):.0f} MiB")
 
 
-def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers) -> Measured:
+def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers,
+              library: str | None) -> Measured:
     """A trace that holds the first step's forward (and maybe its backward) but no optimizer step: the
     rest of the step is added from what the trace holds, and ONE_STEP_REPEATS steps repeat it, so that
     the peak of a step that runs beside the optimizer's state is what is predicted:
@@ -433,7 +435,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     return Measured(replay=new_rep, kinds=out.kinds, optimizer=opt, parameter_bytes=param_bytes,
                     cast_share=round(share, 3), steps=0, covers_start=covers, recorded_peak=0, notes=notes,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
-                    partial=partial, optimizer_assumed=assumed, library=library_choice(trace))
+                    partial=partial, optimizer_assumed=assumed, library=library)
 
 
 def _in_parameter_order(grads: list[int], params: list[int], size_of) -> list[int]:

@@ -91,13 +91,8 @@ def test_the_agents_recording_of_the_checkpointed_bf16_gpt_predicts_as_the_hand_
     assert off["4x batch"] == pytest.approx(-0.199, abs=1e-3) and off["4x length"] == pytest.approx(-0.199, abs=1e-3)
 
 
-@pytest.mark.parametrize("fam", ["vit_bf16", "unet_diff", "lora_gpt"])
-def test_what_the_rule_holds_is_what_autograd_casts_to_a_grad(fam, monkeypatch):
-    """In the hand recordings' C++ frames: the allocation just before each held block's free is autograd's
-    ToCopyBackward0 (the float32 cast), and every ToCopyBackward0 allocation kept as a gradient has the block
-    it was cast from held (by this rule or, of a gradient's size, already). None of an activation's gradient
-    cast (ToCopyBackward0 too, not kept) is held by it."""
-    snap = _load(FAM / "hand" / f"{fam}.pickle.gz")
+def classify_watching_the_cast_rule(snap, monkeypatch):
+    """fit.classify(snap), and the handles _hold_cast_gradients held (its own, not the other rules')."""
     ran = fit._hold_cast_gradients
     held: list[int] = []
 
@@ -107,7 +102,17 @@ def test_what_the_rule_holds_is_what_autograd_casts_to_a_grad(fam, monkeypatch):
         held.extend(h for h in range(len(kinds)) if kinds[h] != before[h])
 
     monkeypatch.setattr(fit, "_hold_cast_gradients", spy)
-    m = fit.classify(snap)
+    return fit.classify(snap), held
+
+
+@pytest.mark.parametrize("fam", ["vit_bf16", "unet_diff", "lora_gpt"])
+def test_what_the_rule_holds_is_what_autograd_casts_to_a_grad(fam, monkeypatch):
+    """In the hand recordings' C++ frames: the allocation just before each held block's free is autograd's
+    ToCopyBackward0 (the float32 cast), and every ToCopyBackward0 allocation kept as a gradient has the block
+    it was cast from held (by this rule or, of a gradient's size, already). None of an activation's gradient
+    cast (ToCopyBackward0 too, not kept) is held by it."""
+    snap = _load(FAM / "hand" / f"{fam}.pickle.gz")
+    m, held = classify_watching_the_cast_rule(snap, monkeypatch)
     prog, trace = m.replay.program, snap.trace
     free_at = {h: i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)) if op == OP_FREE}
     size = {h: prog.size[i] for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)) if op == OP_ALLOC}
@@ -160,16 +165,7 @@ def test_an_einsum_weights_gradient_is_held_where_grad_is_a_copy_of_the_cast(mon
     7 linears and the head, every one's cast ToCopyBackward0 and its .grad AccumulateGrad's in the C++ frames
     (the last step's .grad is never freed in the trace: kept)."""
     snap = _load(ROOT / "tests" / "fixtures" / "public_snapshots" / "cs336_d512_3steps_ctx200_bf16.pickle.gz")
-    ran = fit._hold_cast_gradients
-    held: list[int] = []
-
-    def spy(prog, kinds, frameless):
-        before = list(kinds)
-        ran(prog, kinds, frameless)
-        held.extend(h for h in range(len(kinds)) if kinds[h] != before[h])
-
-    monkeypatch.setattr(fit, "_hold_cast_gradients", spy)
-    m = fit.classify(snap)
+    m, held = classify_watching_the_cast_rule(snap, monkeypatch)
     prog, trace = m.replay.program, snap.trace
     free_at = {h: i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)) if op == OP_FREE}
     size = {h: prog.size[i] for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)) if op == OP_ALLOC}

@@ -793,18 +793,11 @@ def test_h200_traces_without_stacks_read_by_their_order(job):
     snap = _snap(H200 / job / "snapshot.pickle.gz")
     assert not any(ev.frames for ev in snap.trace)
     classes = block_classes(snap)
-    phase_of = {"zero_grad": "forward", "end": "optimizer_step"}
-    total = right = right_phase = 0
-    for addr, size, _label, cls, alloc_phase in truth["blocks"]:
-        bc = classes[addr]
-        total += size
-        right += size if bc.cls == cls or (cls == "other" and bc.cls == fr.ACTIVATIONS) else 0
-        got = pv.entry_phase(snap, bc.event)
-        want = phase_of.get(alloc_phase, alloc_phase)
-        right_phase += size if got == want or (want == "setup" and got is not None) else 0
-        assert bc.source in (pv.FROM_ORDER, pv.FROM_CACHE)
-    assert right >= 0.97 * total, right / total
-    assert right_phase >= 0.97 * total, right_phase / total
+    for addr, _size, _label, _cls, _phase in truth["blocks"]:
+        assert classes[addr].source in (pv.FROM_ORDER, pv.FROM_CACHE)
+    score = _scored(job)
+    assert score["class_share"] >= 0.97, score
+    assert score["phase_share"] >= 0.97, score
     comp = analyze([snap])
     assert comp["composition"]["unknown"] == 0
     words = {c: pv.origin_words(o) for c, o in comp["details"]["composition_origin"].items()}
@@ -836,16 +829,21 @@ def test_without_stacks_a_run_one_per_weight_is_sgd_momentum_where_it_copies_hal
         assert (got == {want}) if want else (fr.OPTIMIZER_STATE not in got), (first, got)
 
 
-def _stripped(snap) -> Snapshot:
-    """The snapshot as `_record_memory_history(context=None)` records it (benchmarks/composition_truth.py's
-    `strip_frames`, which scores the captures so)."""
+def _truth_bench():
+    """benchmarks/composition_truth.py: the one scorer against a capture's truth, and the one way to strip a
+    snapshot's stacks."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from composition_truth import strip_frames
+    import composition_truth
 
-    strip_frames(snap)
-    return snap
+    return composition_truth
+
+
+def _scored(job: str, strip: bool = False) -> dict:
+    """The share of a capture's live bytes in the right class and allocation phase, as the benchmark scores it
+    (no roles; `strip`: every stack removed first)."""
+    return _truth_bench().score_gpu(H200 / job, with_roles=False, strip=strip)
 
 
 @pytest.mark.parametrize("job", ["fwd_eager_fp32_py_start", "oom_fwd_eager_fp32_py_start", "full_eager_fp32_py_sgd",
@@ -857,20 +855,9 @@ def test_h200_captures_from_the_start_read_by_their_order_once_their_stacks_are_
     in forward, SGD with momentum, gradient accumulation with gradients kept across steps; generation
     with a static cache, beam search, and an evaluation loop keeping every call's output. At least 97%
     of live bytes in the right class and allocation phase."""
-    truth = json.loads((H200 / job / "truth.json").read_text())
-    snap = _stripped(_snap(H200 / job / "snapshot.pickle.gz"))
-    classes = block_classes(snap)
-    phase_of = {"zero_grad": "forward", "end": "optimizer_step"}
-    total = right = right_phase = 0
-    for addr, size, _label, cls, alloc_phase in truth["blocks"]:
-        bc = classes[addr]
-        total += size
-        right += size if bc.cls == cls or (cls == "other" and bc.cls == fr.ACTIVATIONS) else 0
-        got = pv.entry_phase(snap, bc.event)
-        want = phase_of.get(alloc_phase, alloc_phase)
-        right_phase += size if got == want or (want == "setup" and got is not None) else 0
-    assert right >= 0.97 * total, right / total
-    assert right_phase >= 0.97 * total, right_phase / total
+    score = _scored(job, strip=True)
+    assert score["class_share"] >= 0.97, score
+    assert score["phase_share"] >= 0.97, score
 
 
 def test_without_stacks_the_agents_roles_still_come_first():
