@@ -645,6 +645,50 @@ def test_with_no_trace_the_models_run_is_read_only_near_the_top():
         assert {classes[s.address].cls for s in model} == {want}, above
 
 
+def _spaced(n: int, base: int, size: int, stride: int) -> list:
+    """n large segments from `base` down, one every `stride` bytes, each one frameless live block."""
+    return [Segment(0, base - (i + 1) * stride, size, 0, "large", (0, 0), False,
+                    [Block(base - (i + 1) * stride, size, size, ACTIVE_ALLOCATED, [])], []) for i in range(n)]
+
+
+def test_with_no_trace_a_driver_that_spaces_segments_still_shows_the_weights():
+    """A driver that aligns each mapping to a coarser boundary (20 MiB segments 32 MiB apart, as in
+    tests/fixtures/real and a published GPT-2 snapshot): eight such segments are the model's run, their
+    blocks the weights; a gap as large as the segment breaks the run (unknown); and where those weights
+    have an optimizer's state beside them nothing is read (the state's place is unsaid there)."""
+    top = 1 << 40
+    for stride, want in ((32 * MiB, fr.PARAMETERS), (40 * MiB - 512, fr.PARAMETERS), (40 * MiB, fr.UNKNOWN)):
+        model = _spaced(8, top, 20 * MiB, stride)
+        snap = Snapshot(model, [[]], AllocatorSettings(), "2.3+")
+        classes = block_classes(snap)
+        assert {classes[s.address].cls for s in model} == {want}, stride
+        if want == fr.PARAMETERS:
+            assert {classes[s.address].source for s in model} == {pv.FROM_LAYOUT}
+    model = _spaced(8, top, 20 * MiB, 32 * MiB)
+    state = _run_of_segments(1, top - 2048 * MiB, 320 * MiB)
+    state[0].blocks = [Block(state[0].address + i * 20 * MiB, 20 * MiB, 20 * MiB, ACTIVE_ALLOCATED, [])
+                       for i in range(16)]  # two moments per weight, side by side
+    snap = Snapshot(model + state, [[]], AllocatorSettings(), "2.3+")
+    classes = block_classes(snap)
+    assert {classes[b.address].cls for s in model + state for b in s.blocks} == {fr.UNKNOWN}
+
+
+def test_with_no_trace_the_real_spaced_layout_reads_the_weights_before_training():
+    """tests/fixtures/real's model before its first step, stripped of trace, frames and roles: the weights
+    of its top run (spaced 32 MiB apart) are read from the layout and nothing is read as anything else."""
+    snap = _snap(HERE / "real/seed_adamw/before_training.pickle.gz")
+    snap.traces[snap.trace_device] = []
+    snap.agent = None
+    for seg in snap.segments:
+        for b in seg.blocks:
+            b.frames = []
+    classes = block_classes(snap)
+    live = [b for s in snap.segments for b in s.blocks if b.is_live]
+    read = sum(b.size for b in live if classes.get(b.address) and classes[b.address].cls == fr.PARAMETERS)
+    assert read >= 0.45 * sum(b.size for b in live)
+    assert {classes[b.address].cls for b in live if b.address in classes} <= {fr.PARAMETERS, fr.UNKNOWN}
+
+
 @rule("STATE_SPLIT_SHARE")
 def test_with_no_trace_a_model_whose_blocks_have_no_room_for_state_is_read_by_its_run():
     """No trace, no frames: walking from the top, a parameter needs two more blocks of its size below (Adam's
