@@ -21,6 +21,11 @@ GRAD_NAME = re.compile(r"AccumulateGrad|accumulate_grad|AccumulateGrad::apply|_a
 BACKWARD = re.compile(r"(^|[^a-z])backward|_engine_run_backward|autograd::Engine|autograd/graph\.py|"
                       r"autograd::generated::|Backward\d*::apply|PythonEngine|autograd::CopySlices|"
                       r"autograd::AccumulateGrad")
+# Freeing a graph nobody ran backward through (its output dropped) runs the nodes' own teardown, named
+# like them (`torch::autograd::generated::BmmBackward0::release_variables`, `deleteNode`); during a real
+# backward the engine's frames are on the same stack.
+TEARDOWN = re.compile(r"release_variables|deleteNode|SavedVariable::reset_data")
+ENGINE = re.compile(r"autograd::Engine|_engine_run_backward|PythonEngine")
 PARAM_NAME = re.compile(r"^(_apply|convert|to|cuda|reset_parameters|_load_from_state_dict|load_state_dict|"
                         r"kaiming_uniform_|xavier_uniform_|normal_|uniform_|trunc_normal_|empty_like)$")
 PARAM_FILE = re.compile(r"torch/nn/parameter\.py|torch/nn/init\.py|torch/serialization\.py|safetensors")
@@ -86,8 +91,12 @@ def is_workspace(frames: list) -> bool:
     return any(WORKSPACE.search(frame_name(f)) for f in frames)
 
 
+@per_frames_list
 def is_backward(frames: list) -> bool:
-    return any(BACKWARD.search(frame_name(f)) or BACKWARD.search(frame_file(f)) for f in frames)
+    names = [frame_name(f) for f in frames]
+    if any(TEARDOWN.search(n) for n in names) and not any(ENGINE.search(n) for n in names):
+        return False  # a graph torn down, not run
+    return any(BACKWARD.search(n) for n in names) or any(BACKWARD.search(frame_file(f)) for f in frames)
 
 
 @per_frames_list

@@ -43,6 +43,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_MAX_BLOCKS,
     CUBLAS_WORKSPACE_OLD_BYTES,
+    CUBLAS_WORKSPACES_PER_STREAM,
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
     ORDER_GRADIENT_SHARE,
@@ -218,7 +219,8 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
                                     and tensor_size(b) not in state_sized
                                     and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER
                                          and not made_by_constructor(frames_of(b)))],
-                                   _inside_segment(snap))
+                                   _inside_segment(snap),
+                                   {b.address: seg.stream for seg in snap.segments for b in seg.blocks})
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
     sites: set = set()
@@ -645,19 +647,28 @@ def _inside_segment(snap: Snapshot) -> set:
     return out
 
 
-def _workspace_blocks(frameless: list, inside: set = frozenset()) -> set:
+def _workspace_blocks(frameless: list, inside: set = frozenset(), stream_of: dict | None = None) -> set:
     """Addresses of the frameless blocks that are cuBLAS workspaces by their size: only where that size
     comes in no more blocks than CUBLAS_WORKSPACE_MAX_BLOCKS (a handle per thread and stream); more are
     tensors of that shape. A block that does not start its segment, or shares it with another frameless
     block, is not one: every workspace of the 33 captures of benchmarks/gpu/composition_capture.py (66)
     and of tests/fixtures/real starts its segment, alone or beside framed blocks only (made once per
     handle, from a fresh or a whole cached segment), while a weight of that size loaded beside other
-    weights (the inference captures) or a step's activation beside others (the OOM captures) shares one."""
+    weights (the inference captures) or a step's activation beside others (the OOM captures) shares one.
+    Of those, a stream (`stream_of`: address -> its segment's stream) holds CUBLAS_WORKSPACES_PER_STREAM at
+    most, the highest: a weight of that size made alone after them (the bf16 generation captures) is none."""
+    stream_of = stream_of or {}
     out = set()
     for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
         same = [b.address for b in frameless if tensor_size(b) == size and b.address not in inside]
         if 0 < len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
-            out.update(same)
+            # a stream has one per thread that multiplies on it (the job's and the autograd engine's), made
+            # at each one's first product, above what the job made later of that size
+            per_stream: dict = {}
+            for a in sorted(same, reverse=True):
+                per_stream.setdefault(stream_of.get(a, 0), []).append(a)
+            for on_stream in per_stream.values():
+                out.update(on_stream[:CUBLAS_WORKSPACES_PER_STREAM])
     return out
 
 

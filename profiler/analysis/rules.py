@@ -209,6 +209,13 @@ CUBLAS_WORKSPACE_MAX_BLOCKS = _rule(
     "training thread and one for the autograd engine's, each on a stream or two: 1-2 in every H200 capture "
     "here); the agent's OOM snapshots of tests/fixtures/step_need hold 15-20 frameless 32 MiB activations",
     "provenance")
+CUBLAS_WORKSPACES_PER_STREAM = _rule(
+    "CUBLAS_WORKSPACES_PER_STREAM", 2, "count", "measured",
+    "of the frameless blocks of a cuBLAS workspace's size, a stream holds at most two workspaces, the highest: "
+    "torch keeps a handle per thread and a workspace per handle and stream, and two threads multiply (the job's "
+    "and the autograd engine's); every one of the 17 H200 captures of tests/fixtures/composition_h200 holds "
+    "exactly two on its stream, the two highest such blocks, and the bf16 generation captures a third, lower: "
+    "a weight cast after them", "provenance")
 
 # ------------------------------------------------------------------ cause 4: activation_spike
 SPIKE_FACTOR = _rule(
