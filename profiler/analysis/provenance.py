@@ -219,8 +219,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
                                     and tensor_size(b) not in state_sized
                                     and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER
                                          and not made_by_constructor(frames_of(b)))],
-                                   _inside_segment(snap),
-                                   {b.address: seg.stream for seg in snap.segments for b in seg.blocks})
+                                   _inside_segment(snap), snap.segments)
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
     sites: set = set()
@@ -647,7 +646,7 @@ def _inside_segment(snap: Snapshot) -> set:
     return out
 
 
-def _workspace_blocks(frameless: list, inside: set = frozenset(), stream_of: dict | None = None) -> set:
+def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list = ()) -> set:
     """Addresses of the frameless blocks that are cuBLAS workspaces by their size: only where that size
     comes in no more blocks than CUBLAS_WORKSPACE_MAX_BLOCKS (a handle per thread and stream); more are
     tensors of that shape. A block that does not start its segment, or shares it with another frameless
@@ -655,15 +654,18 @@ def _workspace_blocks(frameless: list, inside: set = frozenset(), stream_of: dic
     and of tests/fixtures/real starts its segment, alone or beside framed blocks only (made once per
     handle, from a fresh or a whole cached segment), while a weight of that size loaded beside other
     weights (the inference captures) or a step's activation beside others (the OOM captures) shares one.
-    Of those, a stream (`stream_of`: address -> its segment's stream) holds CUBLAS_WORKSPACES_PER_STREAM at
-    most, the highest: a weight of that size made alone after them (the bf16 generation captures) is none."""
-    stream_of = stream_of or {}
+    Of those, a stream (their segment's, of `segments`) holds CUBLAS_WORKSPACES_PER_STREAM at most, the
+    highest: a weight of that size made alone after them (the bf16 generation captures) is none."""
     out = set()
     for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
         same = [b.address for b in frameless if tensor_size(b) == size and b.address not in inside]
-        if 0 < len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
+        if 0 < len(same) <= CUBLAS_WORKSPACES_PER_STREAM:
+            out.update(same)
+        elif len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
             # a stream has one per thread that multiplies on it (the job's and the autograd engine's), made
             # at each one's first product, above what the job made later of that size
+            wanted = set(same)
+            stream_of = {b.address: seg.stream for seg in segments for b in seg.blocks if b.address in wanted}
             per_stream: dict = {}
             for a in sorted(same, reverse=True):
                 per_stream.setdefault(stream_of.get(a, 0), []).append(a)

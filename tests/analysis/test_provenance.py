@@ -527,6 +527,17 @@ def test_a_trace_without_stacks_says_why_its_blocks_are_unknown():
 H200 = HERE / "composition_h200"
 
 
+def _class_share(snap, truth: dict) -> float:
+    """The share of the truth's live bytes read in their class (a step's `other` counts as activations)."""
+    classes = block_classes(snap)
+    total = right = 0
+    for addr, size, _label, cls, _phase in truth["blocks"]:
+        got = classes[addr].cls if addr in classes else fr.UNKNOWN
+        total += size
+        right += size if got == cls or (cls == "other" and got == fr.ACTIVATIONS) else 0
+    return right / total
+
+
 @pytest.mark.parametrize("job", sorted(p.name for p in H200.iterdir()
                                         if (p / "truth.json").exists() and p.name.startswith("infer_")))
 def test_h200_inference_captures_read_their_weights_and_caches(job):
@@ -537,13 +548,9 @@ def test_h200_inference_captures_read_their_weights_and_caches(job):
     weights); the evaluation loop's kept outputs are no cache."""
     truth = json.loads((H200 / job / "truth.json").read_text())
     snap = _snap(H200 / job / "snapshot.pickle.gz")
+    share = _class_share(snap, truth)
+    assert share >= 0.95, (job, share)
     classes = block_classes(snap)
-    total = right = 0
-    for addr, size, _label, cls, _phase in truth["blocks"]:
-        got = classes[addr].cls if addr in classes else fr.UNKNOWN
-        total += size
-        right += size if got == cls or (cls == "other" and got == fr.ACTIVATIONS) else 0
-    assert right >= 0.95 * total, (job, right / total)
     cache = {a for a, bc in classes.items() if bc.source == pv.FROM_CACHE}
     kv = {b[0] for b in truth["blocks"] if b[2] == "kv_cache"}
     assert cache <= kv, job  # nothing else is called a cache
@@ -595,16 +602,6 @@ UNTRACED = H200 / "untraced"
 # cuBLAS workspaces, is a weight: a stream holds two workspaces, CUBLAS_WORKSPACES_PER_STREAM)
 UNTRACED_FLOOR = {"oom_fwd_eager_bf16_off": 0.98, "fwd_eager_fp32_py_agent": 0.99, "infer_dyn_bf16_off": 0.99,
                   "infer_bf16_all_loaded": 0.99}
-
-
-def _class_share(snap, truth: dict) -> float:
-    classes = block_classes(snap)
-    total = right = 0
-    for addr, size, _label, cls, _phase in truth["blocks"]:
-        got = classes[addr].cls if addr in classes else fr.UNKNOWN
-        total += size
-        right += size if got == cls or (cls == "other" and got == fr.ACTIVATIONS) else 0
-    return right / total
 
 
 @pytest.mark.parametrize("job", sorted(UNTRACED_FLOOR))
