@@ -43,11 +43,16 @@ def frame_name(frame: Any) -> str:
 
 
 def frame_file(frame: Any) -> str:
+    """The frame's file with "/" between its folders: a job run on Windows records `C:\\work\\torch\\nn\\...`
+    (tests/fixtures/public_snapshots' DeComFL file), and every rule reads paths as torch's own
+    (`torch/nn/modules/`)."""
     if isinstance(frame, dict):
-        return str(frame.get("filename", ""))
-    if isinstance(frame, (list, tuple)) and frame:
-        return str(frame[0])
-    return ""
+        path = str(frame.get("filename", ""))
+    elif isinstance(frame, (list, tuple)) and frame:
+        path = str(frame[0])
+    else:
+        return ""
+    return path.replace("\\", "/") if "\\" in path else path
 
 
 def frame_line(frame: Any) -> int:

@@ -78,7 +78,7 @@ def is_optimizer(frames: list) -> bool:
         if type(f) is dict:
             path = f.get("filename", "")
             name = f.get("name", "")
-            if type(path) is not str or type(name) is not str:  # flat, but not text: as the readers do
+            if type(path) is not str or type(name) is not str or "\\" in path:  # as the readers do
                 path, name = frame_file(f), frame_name(f)
         else:
             path, name = frame_file(f), frame_name(f)

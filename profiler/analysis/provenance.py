@@ -47,6 +47,7 @@ from memq.analysis.rules import (
     INFERENCE_MIN_CALLS,
     OPTIMIZER_SGD_MULTIPLE,
     ORDER_GRADIENT_SHARE,
+    PER_PARAM_STATE_MIN_TENSORS,
     STATE_COUNT_SHARE,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
@@ -66,12 +67,13 @@ FROM_STATE = "state"  # older than the trace, sized as the optimizer state impli
 FROM_CACHE = "cache"  # an inference cache: kept from one forward call of the trace to the next
 FROM_ORDER = "order"  # a trace without stacks: its place in the trace's order (made first and kept: a weight)
 FROM_REBOUND = "rebound"  # made by the optimizer step in place of an older parameter of its size
+FROM_PER_PARAM = "per_param"  # one line made a block of every parameter's size, outside the model's code
 BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 # Why a block is unknown where nothing could be read: a trace recorded without stacks, or no trace at all
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, FROM_ORDER, BEFORE_TRACE,
-           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, FROM_REBOUND)
+           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, FROM_REBOUND, FROM_PER_PARAM)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 ORDER = "inferred from the trace's order"  # inferred, from a trace without stacks: its order alone
@@ -96,6 +98,9 @@ SOURCE_WORDS = {
     FROM_REBOUND: "inferred from the trace: made by the optimizer step in place of a block of its size made "
                   "before it, one per gradient, and nothing else is that gradient's parameter (the step "
                   "rebinds its parameters to new tensors)",
+    FROM_PER_PARAM: "inferred from the trace: one line of code outside the model made a block of every "
+                    "parameter's size, one for one (per-parameter state, as an optimizer or a gradient "
+                    "estimator keeps it, though no torch.optim code made it)",
     NO_FRAMES: "unknown: the trace was recorded without stacks, and its sizes and order alone do not tell "
                "a parameter from a gradient, a moment or an activation (record with stacks=\"python\", or "
                "let the agent send the roles of the job's tensors)",
@@ -312,6 +317,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE if trace_has_frames else NO_FRAMES, i)
+    _per_param_state(trace, live, out, snap)
     _rebound_params(trace, live, out)
     return out
 
@@ -500,6 +506,13 @@ def cache_sites(snap: Snapshot) -> frozenset:
     a timeline draws every block they made, freed or live, as the cache (parameters' class)."""
     block_classes(snap)
     return snap.memo.get("cache_sites", frozenset())
+
+
+def state_sites(snap: Snapshot) -> frozenset:
+    """The allocation sites (ids of frames lists) of per-parameter state no torch.optim frame names
+    (`_per_param_state`): their entries are the optimizer step's."""
+    block_classes(snap)
+    return snap.memo.get("state_sites", frozenset())
 
 
 def _in_module(frames: list, memo: dict) -> bool:
@@ -790,6 +803,43 @@ def _rebound_params(trace: list, live: list, out: dict) -> None:
             continue
         for b in last:
             out[b.address] = BlockClass(fr.PARAMETERS, FROM_REBOUND, out[b.address].event)
+
+
+def _per_param_state(trace: list, live: list, out: dict, snap: Snapshot) -> None:
+    """Per-parameter state that no torch.optim frame names (a zeroth-order gradient estimator's moments,
+    a hand-written optimizer outside a `step`): the live blocks one allocation site made outside the
+    model's code and outside backward, whose sizes are the parameters' sizes one for one (k times over,
+    for k state tensors per parameter made on one line). Read as an inference cache or the step's output
+    otherwise. The parameters must be known, and at least PER_PARAM_STATE_MIN_TENSORS of them: a few
+    blocks that match a small model's few sizes are as likely its outputs. The sites are remembered
+    (`state_sites`): their entries are the optimizer step's (`entry_phase`)."""
+    weights = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
+    n_weights = sum(weights.values())
+    if n_weights < PER_PARAM_STATE_MIN_TENSORS:
+        return
+    by_site: dict[int, list] = {}
+    for b in live:
+        bc = out.get(b.address, _NONE)
+        if bc.event < 0 or bc.source not in (FROM_CACHE, FROM_TRACE, FROM_FRAMES) \
+                or bc.cls not in (fr.PARAMETERS, fr.ACTIVATIONS, fr.OTHER):
+            continue
+        if bc.source == FROM_FRAMES and bc.cls == fr.PARAMETERS:
+            continue  # the model's own code made it
+        if weights[tensor_size(b)]:
+            by_site.setdefault(id(trace[bc.event].frames), []).append(b)
+    sites = set()
+    for site, blocks in by_site.items():
+        k, rem = divmod(len(blocks), n_weights)
+        if k == 0 or rem or Counter(tensor_size(b) for b in blocks) != Counter({s: n * k for s, n in weights.items()}):
+            continue
+        frames = trace[out[blocks[0].address].event].frames
+        if not frames or fr.is_backward(frames) or made_by_constructor(frames):
+            continue
+        for b in blocks:
+            out[b.address] = BlockClass(fr.OPTIMIZER_STATE, FROM_PER_PARAM, out[b.address].event)
+        sites.add(site)
+    if sites:
+        snap.memo["state_sites"] = frozenset(sites)
 
 
 def _replaced_in_step(trace: list, start: int) -> Counter:
@@ -1209,7 +1259,10 @@ def entry_phase(snap: Snapshot, i: int) -> str | None:
     if has_frames is None:
         has_frames = snap.memo["trace_has_frames"] = any(ev.frames for ev in trace)
     if has_frames:
-        return event_phase(trace[i].frames, True)
+        frames = trace[i].frames
+        if frames and id(frames) in state_sites(snap):
+            return PHASE_OPTIMIZER  # the code that makes the optimizer's state is its step
+        return event_phase(frames, True)
     order = _order(snap)
     if order is None:
         return None

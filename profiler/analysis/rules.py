@@ -180,6 +180,13 @@ CACHE_MIN_BLOCKS = _rule(
     "per layer: 12-24 in every inference capture of benchmarks/gpu/composition_capture.py), kept across a "
     "forward call and no more of them at the end than at every call's start; a prompt, the generated "
     "tokens and the beam scores are one block of their site", "provenance")
+PER_PARAM_STATE_MIN_TENSORS = _rule(
+    "PER_PARAM_STATE_MIN_TENSORS", 4, "count", "judgement",
+    "one allocation site outside the model's code whose live blocks are the parameters' sizes one for one is "
+    "per-parameter state (an optimizer's or a gradient estimator's: tests/fixtures/public_snapshots' DeComFL "
+    "file, 196 of them) only where the model has at least four parameter tensors (one linear layer with a "
+    "norm: weight, bias and the norm's two); with fewer, a block or two that share a tiny model's sizes are "
+    "as likely its inputs and outputs", "provenance")
 UNTRACED_MODEL_MIN_SEGMENTS = _rule(
     "UNTRACED_MODEL_MIN_SEGMENTS", 8, "count", "judgement",
     "with no allocation history, the model is read from the first run, from the top of the address space, "

@@ -1215,3 +1215,72 @@ def test_the_segment_map_says_a_rebound_parameter_came_from_the_step():
     assert got[(fr.PARAMETERS, pv.FROM_REBOUND)] == 39
     assert view["source_words"][pv.FROM_REBOUND].startswith("inferred from the trace: made by the optimizer step")
     assert out["details"]["composition_origin"]["parameters"] == {pv.INFERRED: out["composition"]["parameters"]}
+
+
+def test_a_windows_path_reads_as_torchs_own():
+    """A job run on Windows records `C:\\...\\torch\\nn\\modules\\module.py`: the rules read torch's paths
+    with "/" (the DeComFL file's `model.to(device)` was an inference cache before, not the parameters)."""
+    convert = [{"filename": "C:\\Python311\\Lib\\site-packages\\torch\\nn\\modules\\module.py", "name": "convert",
+                "line": 1}]
+    adam = [{"filename": "C:\\Python311\\Lib\\site-packages\\torch\\optim\\adam.py", "name": "_init_group",
+             "line": 1}]
+    assert fr.categorize(convert) == fr.PARAMETERS
+    assert fr.categorize(adam) == fr.OPTIMIZER_STATE
+    assert fr.is_optimizer(adam)
+    assert convert[0]["filename"].startswith("C:\\")  # read, not rewritten
+
+
+def test_a_zeroth_order_estimators_per_parameter_state_is_optimizer_state():
+    """The published DeComFL file: zeroth-order fine-tuning of OPT-125M, forwards only under no_grad, and a
+    gradient estimator that keeps one fp32 tensor per parameter (Adam's second moment) made by its own
+    code, not torch.optim's. Read as an inference cache (49.4% of bytes right) before; now the model and
+    that state each in their class, and the estimator's entries are the optimizer step's."""
+    name = "decomfl_opt125m_zo_adam_forward"
+    t = TRUTH[name]
+    snap = _snap(Path(__file__).resolve().parent.parent.parent / t["path"])
+    comp, _ = pv.composition(snap)
+    live = sum(b.size for seg in snap.segments for b in seg.blocks if b.is_live)
+    assert _right_share(comp, t, live) >= 0.98
+    assert comp[fr.OPTIMIZER_STATE] == pytest.approx(t["optimizer_state"], rel=0.01)
+    classes = block_classes(snap)
+    model = sum(b.requested_size for seg in snap.segments for b in seg.blocks
+                if b.is_live and classes[b.address] == (fr.PARAMETERS, pv.FROM_FRAMES, classes[b.address].event))
+    assert model == t["parameters"]  # the model's own 196 tensors, from `Module.to`'s frames
+    state = [bc for bc in classes.values() if bc.cls == fr.OPTIMIZER_STATE]
+    assert len(state) == 196 and {bc.source for bc in state} == {pv.FROM_PER_PARAM}
+    assert {pv.entry_phase(snap, bc.event) for bc in state} == {fr.PHASE_OPTIMIZER}
+
+
+def _model_and_state(n_params: int, per_param: int = 1, sizes: list | None = None):
+    """A model of `n_params` tensors made by `Module.to` (distinct sizes), then one line of the job's own
+    code that makes `per_param` blocks of each parameter's size (or of `sizes`), then a forward."""
+    convert = [{"filename": "/x/torch/nn/modules/module.py", "name": "convert", "line": 1}]
+    state_site = [{"filename": "/app/zo.py", "name": "update_state", "line": 7}]
+    base = 1 << 36
+    params = [(base + k * 64 * MiB, (k + 1) * MiB, convert) for k in range(n_params)]
+    want = sizes if sizes is not None else [n for _, n, _ in params] * per_param
+    state = [(base + (1 << 32) + k * 64 * MiB, n, state_site) for k, n in enumerate(want)]
+    act = (base + (1 << 33), 3 * MiB + 512, FWD)
+    trace = [_ev("alloc", a, n, f) for a, n, f in params + state + [act]]
+    return _synthetic(params + state + [act], trace), [a for a, _, _ in state]
+
+
+@rule("PER_PARAM_STATE_MIN_TENSORS")
+def test_one_line_that_makes_every_parameters_size_is_per_parameter_state():
+    """PER_PARAM_STATE_MIN_TENSORS (4): a line outside the model that makes a block of each parameter's
+    size, one for one, is per-parameter state where the model has 4 parameter tensors, not where it has 3
+    (a few blocks sharing a tiny model's sizes are as likely its inputs and outputs)."""
+    for n, want in ((3, fr.ACTIVATIONS), (4, fr.OPTIMIZER_STATE)):
+        snap, state = _model_and_state(n)
+        classes = block_classes(snap)
+        assert {classes[a].cls for a in state} == {want}, n
+
+
+def test_per_parameter_state_needs_every_parameters_size_one_for_one():
+    """Two tensors per parameter from one line are state; a line that makes all but one of the sizes, or
+    one size twice too many, is not."""
+    snap, state = _model_and_state(6, per_param=2)
+    assert {block_classes(snap)[a].cls for a in state} == {fr.OPTIMIZER_STATE}
+    for sizes in ([k * MiB for k in range(1, 6)], [k * MiB for k in range(1, 7)] + [MiB]):
+        snap, state = _model_and_state(6, sizes=sizes)
+        assert {block_classes(snap)[a].cls for a in state} == {fr.ACTIVATIONS}, sizes
