@@ -226,8 +226,9 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
                 else:
                     rel = -torch.clamp(rel, max=0)
                 exact = nb // 2
-                big = exact + (torch.log(rel.float().clamp(min=1) / exact) / math.log(self.md / exact)
-                               * (nb - exact)).long().clamp(max=nb - 1)
+                # past max_dist every distance shares the last bucket (T5's own clamp is of the sum)
+                big = (exact + (torch.log(rel.float().clamp(min=1) / exact) / math.log(self.md / exact)
+                                * (nb - exact)).long()).clamp(max=nb - 1)
                 out += torch.where(rel < exact, rel, big)
                 return self.emb(out).permute(2, 0, 1).unsqueeze(0)
 
@@ -433,6 +434,13 @@ def fake_copy(args) -> None:
                             f"{args.dump_out}.{part}.pickle.gz")
 
 
+def dump_job_args(args) -> argparse.Namespace:
+    """What fit_one_step_capture.run_job reads for the step-1 dumps: two steps, no cap, no gradient
+    accumulation, gradients set to None."""
+    return argparse.Namespace(family=args.family, batch=args.batch, size=args.size, mode="dump", steps=2,
+                              result=args.result, out_pickle=args.dump_out, cap_bytes=0, accum=1, keep_grads=False)
+
+
 def run_job(args) -> None:
     os.makedirs(os.path.dirname(args.hand_out), exist_ok=True)
     os.makedirs(os.path.dirname(args.dump_out), exist_ok=True)
@@ -444,8 +452,7 @@ def run_job(args) -> None:
                 fake_copy(args)
             raise
     if args.record == "dump":
-        cap.run_job(argparse.Namespace(family=args.family, batch=args.batch, size=args.size, mode="dump", steps=2,
-                                       result=args.result, out_pickle=args.dump_out, cap_bytes=0))
+        cap.run_job(dump_job_args(args))
     else:
         ff.run_job(args)
 

@@ -33,6 +33,8 @@ def run_job_process(cmd: list[str], result: str, timeout: float) -> dict:
     except (OSError, ValueError):
         res = {"outcome": "no result"}
     res.update(rc=rc, wall_s=round(time.time() - t0, 1))
-    if res.get("outcome") == "no result" or rc not in (0, 1):
+    if rc != 0 and res.get("outcome") == "completed":
+        res["outcome"] = "crashed"  # the result was written by a `finally` after an error: not a measurement
+    if res.get("outcome") in ("no result", "crashed") or rc not in (0, 1):
         res["tail"] = tail
     return res

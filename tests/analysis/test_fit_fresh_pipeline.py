@@ -74,3 +74,47 @@ def test_fake_capture_import_and_judging(tmp_path):
     assert "agent vs hand recording:" in text
     for src in ("agent", "hand", "dump"):
         assert f"\n{src}: " in text
+
+
+def test_the_dump_job_gets_every_argument_the_capture_reads():
+    """The fresh set's step-1 dumps run fit_one_step_capture.run_job, which read `a.accum` and
+    `a.keep_grads` that fit_fresh did not pass: every dump job crashed on the H200 after writing a result
+    that said "completed". Every attribute run_job reads must be in what fit_fresh passes."""
+    import argparse
+    import ast
+
+    fresh, _imp, _cal = _modules()
+    tree = ast.parse((GPU / "fit_one_step_capture.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_job")
+    read = {n.attr for n in ast.walk(fn) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == fn.args.args[0].arg}
+    got = fresh.dump_job_args(argparse.Namespace(family="gqa_lm", batch=8, size=256, result="r.json",
+                                                 dump_out="d"))
+    assert read and read <= set(vars(got)), read - set(vars(got))
+
+
+def test_a_job_that_crashes_after_writing_its_result_is_no_measurement(tmp_path):
+    """A job whose `finally` wrote "completed" before an error ended it (exit 1) is "crashed", with the
+    tail of its output, and the judging skips it (the t5_relpos length ladder read 0.25 GiB as a real peak)."""
+    sys.path.insert(0, str(GPU))
+    from job_process import run_job_process
+
+    result = tmp_path / "r.json"
+    code = ("import json\ntry:\n    raise IndexError('index out of range in self')\nfinally:\n"
+            f"    json.dump({{'outcome': 'completed', 'max_reserved': 1}}, open({str(result)!r}, 'w'))\n")
+    res = run_job_process([sys.executable, "-c", code], str(result), 60)
+    assert res["rc"] == 1 and res["outcome"] == "crashed" and "IndexError" in res["tail"]
+    ok = run_job_process([sys.executable, "-c", f"import json; json.dump({{'outcome': 'completed'}}, "
+                                                f"open({str(result)!r}, 'w'))"], str(result), 60)
+    assert ok["rc"] == 0 and ok["outcome"] == "completed"
+
+
+def test_the_t5_family_runs_past_its_relative_distance():
+    """t5_relpos's bucketed relative bias must index its table at any length (its 2x and 4x length ladder
+    crashed: the clamp was of the log term, not of the bucket)."""
+    import torch
+    fresh, _imp, _cal = _modules()
+    torch.manual_seed(0)
+    model = fresh.build("t5_relpos", 160)  # past max_dist (128)
+    loss, _ = fresh.step_loss("t5_relpos", model, 1, 160, "cpu")
+    assert torch.isfinite(loss)
