@@ -2,6 +2,7 @@
 fit_families_import.py turns fit_families.py's:
 
     python3 benchmarks/gpu/fit_fresh_import.py /path/to/fitfresh [--dest tests/fixtures/fit_fresh]
+    python3 benchmarks/gpu/fit_fresh_import.py --merge /path/to/redo /path/to/fitfresh   (then import as above)
 
 - summary.json, spools/FAMILY/defaults/..., hand/FAMILY.pickle.gz: as fit_families_import.py writes them;
 - dumps/FAMILY-dump.{forward,backward}.pickle.gz: the step-1 dumps, unchanged (gzip; memq reads them as is).
@@ -36,11 +37,45 @@ def import_fresh(src: Path, dest: Path) -> int:
     return total
 
 
+def merge_redo(redo: Path, capture: Path) -> list[str]:
+    """Fold what fit_fresh_redo.sh ran again (REDO/results/TAG.json, its rc per tag in REDO's log, REDO/dumps)
+    into a capture: each TAG's run replaces the capture's, "crashed" where it did not exit 0. Returns the tags."""
+    import re
+
+    rcs = {}
+    for log in redo.glob("*.txt"):
+        for m in re.finditer(r"^\[([^\]]+)\] rc=(\d+)", log.read_text(), re.M):
+            rcs[m.group(1)] = int(m.group(2))
+    summary_path = capture / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    done = []
+    for res in sorted((redo / "results").glob("*.json")):
+        tag = res.stem
+        fam = next((f for f in summary["families"] if tag.startswith(f + "-b")), None)
+        if fam is None:
+            continue
+        run = json.loads(res.read_text())
+        run["rc"] = rcs.get(tag, "unknown")
+        if run["rc"] != 0 and run.get("outcome") == "completed":
+            run["outcome"] = "crashed"
+        summary["families"][fam]["runs"][tag] = run
+        done.append(f"{tag}: {run['outcome']} rc={run['rc']}")
+    for got in (redo / "dumps").glob("*.pickle.gz"):
+        (capture / "dumps").mkdir(exist_ok=True)
+        shutil.copyfile(got, capture / "dumps" / got.name)
+    summary_path.write_text(json.dumps(summary, indent=1))
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("src", type=Path)
     ap.add_argument("--dest", type=Path, default=DEFAULT)
+    ap.add_argument("--merge", type=Path, default=None, help="a fit_fresh_redo.sh output folder to fold into SRC")
     args = ap.parse_args()
+    if args.merge is not None:
+        print("\n".join(merge_redo(args.merge, args.src)))
+        return
     print(f"{args.dest}: {import_fresh(args.src, args.dest) / 2**20:.1f} MiB")
 
 
