@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs again, on the GPU machine, the parts of a fit_fresh.py capture that a capture-script bug lost:
 # the step-1 dumps (their job was not given every argument) and t5_relpos's length ladder (its bias
-# table overflowed past 128). Writes OUT/results/TAG.json (+ TAG.log, the job's output) and
+# table overflowed past 128). Writes OUT/results/TAG.json (+ TAG.log, the job's output; each exit status in
+# OUT/redo_log.txt) and
 # OUT/dumps/FAM-dump.{forward,backward}.pickle.gz, as `fit_fresh.py all` does;
 # `fit_fresh_import.py --merge OUT CAPTURE` folds them into a capture.
 #   bash benchmarks/gpu/fit_fresh_redo.sh OUT
@@ -12,7 +13,7 @@ ff="$(cd "$(dirname "$0")" && pwd)/fit_fresh.py"
 run() {  # tag, job arguments...
   local tag=$1; shift
   timeout 240 python3 "$ff" job "$@" --result "$out/results/$tag.json" > "$out/results/$tag.log" 2>&1
-  echo "[$tag] rc=$?"
+  echo "[$tag] rc=$?" | tee -a "$out/redo_log.txt"
 }
 for spec in "effnet_se 32 128" "swin_bf16 16 224" "vit_ckpt_bf16 32 224" "t5_relpos 8 128" \
             "gqa_lm 8 256" "gnn_rec 4 1024" "whisper_enc 16 800"; do
