@@ -87,8 +87,27 @@ def is_optimizer(frames: list) -> bool:
     return False
 
 
+# A tensor made (at::empty and what it calls): a library op's output, such as cudnn_convolution's or
+# cudnn_batch_norm's, is made this way inside the library's frames; its scratch is asked of the allocator
+# directly (`Workspace`, run_conv_plan, setWorkspaceForHandle: tests/fixtures/captured/cudnn_workspace).
+TENSOR_FACTORY = re.compile(r"^at::detail::empty_(generic|strided_generic)\b")
+COMMS = re.compile(r"nccl", re.IGNORECASE)
+
+
+@per_frames_list
 def is_workspace(frames: list) -> bool:
-    return any(WORKSPACE.search(frame_name(f)) for f in frames)
+    """A library's scratch: a frame of cuDNN, cuBLAS(Lt), cuSPARSE, cuFFT, cuSOLVER or NCCL code, or one named
+    for a workspace, reached before any tensor factory (innermost first: with stacks="all" a convolution's
+    output is made by at::empty inside `at::native::cudnn_convolution`, and is the step's, not scratch).
+    NCCL's buffers count as workspace however they are made."""
+    made_tensor = False
+    for f in frames:
+        name = frame_name(f)
+        if WORKSPACE.search(name):
+            return not made_tensor or bool(COMMS.search(name))
+        if not made_tensor and TENSOR_FACTORY.match(name):
+            made_tensor = True
+    return False
 
 
 @per_frames_list
