@@ -16,7 +16,7 @@ from typing import Any
 
 from memq.analysis.leak import live_blocks
 from memq.analysis.memory import composition, memory_metrics
-from memq.analysis.provenance import entry_phase, origins
+from memq.analysis.provenance import entry_phase, origins, state_sites
 from memq.analysis.timeline import replay
 from memq.model import Snapshot
 
@@ -42,9 +42,12 @@ def per_snapshot(snap: Snapshot, analyzer_version: str) -> dict:
         # the replay first: its pass over the trace leaves what provenance reads of it (made_live_in)
         tl = replay(snap, m["live_requested_bytes"], m["reserved_bytes"])
         comp, sites = composition(snap)
-        if tl.get("peak_phase") is None and (tl.get("peak_index") or -1) >= 0:
-            # recorded without stacks: the trace's order may still place the peak (provenance.entry_phase)
-            tl = {**tl, "peak_phase": entry_phase(snap, tl["peak_index"])}
+        at = tl.get("peak_index")
+        at = at if at is not None else -1
+        if at >= 0 and (tl.get("peak_phase") is None or id(snap.trace[at].frames) in state_sites(snap)):
+            # recorded without stacks, the trace's order may still place the peak; made by code that keeps
+            # per-parameter state, the peak is in the optimizer step (provenance.entry_phase says both)
+            tl = {**tl, "peak_phase": entry_phase(snap, at)}
         agent = agent_facts(snap)
         own, why = _own_fit(snap, tl)
         done = snap.memo[key] = {"metrics": m, "composition": comp, "sites": sites, "origins": origins(snap),

@@ -1250,6 +1250,8 @@ def test_a_zeroth_order_estimators_per_parameter_state_is_optimizer_state():
     state = [bc for bc in classes.values() if bc.cls == fr.OPTIMIZER_STATE]
     assert len(state) == 196 and {bc.source for bc in state} == {pv.FROM_PER_PARAM}
     assert {pv.entry_phase(snap, bc.event) for bc in state} == {fr.PHASE_OPTIMIZER}
+    # one truth per screen: the timeline's peak, made by that code, is in the optimizer step too
+    assert analyze([snap])["details"]["timeline"]["peak_phase"].startswith(fr.PHASE_OPTIMIZER)
 
 
 def _model_and_state(n_params: int, per_param: int = 1, sizes: list | None = None):
