@@ -2,7 +2,7 @@
 fit_families_import.py turns fit_families.py's:
 
     python3 benchmarks/gpu/fit_fresh_import.py /path/to/fitfresh [--dest tests/fixtures/fit_fresh]
-    python3 benchmarks/gpu/fit_fresh_import.py --merge /path/to/redo /path/to/fitfresh   (then import as above)
+    python3 benchmarks/gpu/fit_fresh_import.py /path/to/fitfresh --merge /path/to/redo   (then import as above)
 
 - summary.json, spools/FAMILY/defaults/..., hand/FAMILY.pickle.gz: as fit_families_import.py writes them;
 - dumps/FAMILY-dump.{forward,backward}.pickle.gz: the step-1 dumps, unchanged (gzip; memq reads them as is).

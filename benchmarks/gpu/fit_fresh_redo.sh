@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Runs again, on the GPU machine, the parts of a fit_fresh.py capture that a capture-script bug lost:
 # the step-1 dumps (their job was not given every argument) and t5_relpos's length ladder (its bias
-# table overflowed past 128). Writes OUT/results/TAG.json (+ TAG.log, the job's output; each exit status in
-# OUT/redo_log.txt) and
-# OUT/dumps/FAM-dump.{forward,backward}.pickle.gz, as `fit_fresh.py all` does;
-# `fit_fresh_import.py --merge OUT CAPTURE` folds them into a capture.
+# table overflowed past 128). Writes OUT/results/TAG.json (with TAG.log, the job's output) and
+# OUT/dumps/FAM-dump.{forward,backward}.pickle.gz as `fit_fresh.py all` does, and each job's exit status in
+# OUT/redo_log.txt; `fit_fresh_import.py CAPTURE --merge OUT` folds them into a capture.
 #   bash benchmarks/gpu/fit_fresh_redo.sh OUT
 set -uo pipefail
 out=${1:?usage: fit_fresh_redo.sh OUT}

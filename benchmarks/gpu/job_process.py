@@ -1,7 +1,8 @@
 """One capture job as its own process, the way the GPU capture scripts (forecast.py, fit.py) run them:
 a clean environment (no allocator setting inherited, the repository on PYTHONPATH), a wall-clock limit,
 and the job's own JSON result read back. A job that wrote no result, or ended other than completed or
-by the OutOfMemoryError it exists to raise (exit 1), keeps the tail of its output for the log."""
+by the OutOfMemoryError it exists to raise (exit 1), keeps the tail of its output for the log; one whose
+result says "completed" but that did not exit 0 (an error after a `finally` wrote it) is "crashed"."""
 
 from __future__ import annotations
 
