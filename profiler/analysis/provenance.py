@@ -580,8 +580,11 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) 
     one (a cache grown by concatenation, or reordered between tokens, is replaced while the model reads
     it), or never freed (a static cache). Blocks older than the trace that carry their own stack (a ring
     buffer that lost their making) were kept across every call of it: those of a stack that holds at least
-    CACHE_MIN_BLOCKS of them are a cache too. Adds to `sites` the cache's allocation sites (the ids of
-    their trace entries' frames lists), whose earlier blocks, freed as the cache grew, were the cache too."""
+    CACHE_MIN_BLOCKS of them are a cache too. A ring buffer that began mid-generation frees blocks it never
+    saw made: a free carries its allocation's frames, so each counts against its site (the blocks live
+    before the trace count alike at every call's start and at the end, so the comparison needs no more).
+    Adds to `sites` the cache's allocation sites (the ids of their trace entries' frames lists), whose
+    earlier blocks, freed as the cache grew, were the cache too."""
     starts = [s for s, _ in calls]
     ends = [e for _, e in calls]
     site_of: dict[int, int] = {}  # address -> site (the id of its allocation's frames)
@@ -613,6 +616,13 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) 
             k = bisect.bisect_right(starts, i) - 1
             if k >= 0 and i <= ends[k] and starts[k] > a:
                 crossed.add(site)  # made before this call began, freed inside it
+        elif ev.action == "free_requested" and ev.frames:
+            # a block older than the trace (a ring buffer that began mid-generation) freed: a free carries
+            # its allocation's frames, so it leaves its site too; what was live before the trace counts
+            # alike at every call's start and at the end, so comparing the two needs no more of it
+            site = id(ev.frames)
+            note(site, i)
+            count[site] -= 1
     end = len(trace)
     for site in list(seen_at):
         note(site, end)
@@ -635,7 +645,7 @@ def _cache_blocks(trace: list, made: dict, calls: list, live: list, sites: set) 
             out.update(b.address for b in blocks)
     for site, blocks in live_at_end.items():
         n = len(blocks)
-        if n < CACHE_MIN_BLOCKS or site not in low or low[site] < n:
+        if n < CACHE_MIN_BLOCKS or site not in low or low[site] < count[site]:
             continue
         if fr.categorize(trace[made[blocks[0].address]].frames) in named:
             continue

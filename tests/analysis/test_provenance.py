@@ -1351,3 +1351,26 @@ def test_a_convolutions_output_made_inside_cudnn_is_no_workspace():
     nccl = {"name": "c10d::ProcessGroupNCCL::allgather(std::vector<at::Tensor>&)"}
     assert fr.is_workspace([alloc, plan]) and not fr.is_workspace([alloc, empty, out])
     assert fr.is_workspace([alloc, empty, nccl])
+
+
+def test_a_ring_that_began_mid_generation_still_reads_a_concatenated_cache():
+    """The fresh set's tied-embedding model generating with a cache grown by concatenation, in a 1,500-entry
+    ring that began in the middle of a forward call: the frees of the cache blocks made before the ring
+    were not counted against their site, so it looked as if it held one block at a call's start and six at
+    the end (a growing list, no cache): 70.9% of bytes right when judged. A free carries its allocation's
+    frames, so it counts against its site: every key and value block is the cache."""
+    job = "fresh_tied_infer_dyn_bf16_py_ring"
+    truth = json.loads((FRESH / job / "truth.json").read_text())
+    snap = _snap(FRESH / job / "snapshot.pickle.gz")
+    made: set = set()
+    orphans = 0  # frees of blocks the ring never saw made
+    for ev in snap.trace:
+        if ev.action == "alloc":
+            made.add(ev.addr)
+        elif ev.action == "free_requested" and ev.addr not in made:
+            orphans += 1
+    assert orphans >= 12
+    classes = block_classes(snap)
+    kv = {a for a, _n, label, _cls, _ph in truth["blocks"] if label == "kv_cache"}
+    assert len(kv) == 12 and {a for a, bc in classes.items() if bc.source == pv.FROM_CACHE} == kv
+    assert _class_share(snap, truth) >= 0.99
