@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fit_families_import import import_capture  # noqa: E402
+from job_process import settle  # noqa: E402
 
 DEFAULT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "fit_fresh"
 
@@ -54,10 +55,7 @@ def merge_redo(redo: Path, capture: Path) -> list[str]:
         fam = next((f for f in summary["families"] if tag.startswith(f + "-b")), None)
         if fam is None:
             continue
-        run = json.loads(res.read_text())
-        run["rc"] = rcs.get(tag, "unknown")
-        if run["rc"] != 0 and run.get("outcome") == "completed":
-            run["outcome"] = "crashed"
+        run = settle(json.loads(res.read_text()), rcs.get(tag, "unknown"))
         summary["families"][fam]["runs"][tag] = run
         done.append(f"{tag}: {run['outcome']} rc={run['rc']}")
     for got in (redo / "dumps").glob("*.pickle.gz"):

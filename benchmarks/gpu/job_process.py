@@ -21,6 +21,15 @@ def job_env() -> dict[str, str]:
     return env
 
 
+def settle(res: dict, rc) -> dict:
+    """A job's result with its exit status: "crashed" where it says "completed" but the job did not exit 0
+    (a `finally` wrote it after an error), which no judging counts as a measurement."""
+    res["rc"] = rc
+    if rc != 0 and res.get("outcome") == "completed":
+        res["outcome"] = "crashed"
+    return res
+
+
 def run_job_process(cmd: list[str], result: str, timeout: float) -> dict:
     t0 = time.time()
     try:
@@ -33,9 +42,8 @@ def run_job_process(cmd: list[str], result: str, timeout: float) -> dict:
             res = json.load(fh)
     except (OSError, ValueError):
         res = {"outcome": "no result"}
-    res.update(rc=rc, wall_s=round(time.time() - t0, 1))
-    if rc != 0 and res.get("outcome") == "completed":
-        res["outcome"] = "crashed"  # the result was written by a `finally` after an error: not a measurement
+    settle(res, rc)
+    res["wall_s"] = round(time.time() - t0, 1)
     if res.get("outcome") in ("no result", "crashed") or rc not in (0, 1):
         res["tail"] = tail
     return res

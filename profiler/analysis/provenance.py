@@ -821,8 +821,11 @@ def _per_param_state(trace: list, live: list, out: dict, snap: Snapshot) -> None
     model's code and outside backward, whose sizes are the parameters' sizes one for one (k times over,
     for k state tensors per parameter made on one line). Read as an inference cache or the step's output
     otherwise. The parameters must be known, and at least PER_PARAM_STATE_MIN_TENSORS of them: a few
-    blocks that match a small model's few sizes are as likely its outputs. The sites are remembered
+    blocks that match a small model's few sizes are as likely its outputs. Not where the agent sent roles:
+    the job named its optimizer state, and what it did not name is the step's. The sites are remembered
     (`state_sites`): their entries are the optimizer step's (`entry_phase`)."""
+    if snap.agent is not None and snap.agent.roles:
+        return
     weights = Counter(tensor_size(b) for b in live if _weight(out.get(b.address, _NONE)))
     n_weights = sum(weights.values())
     if n_weights < PER_PARAM_STATE_MIN_TENSORS:

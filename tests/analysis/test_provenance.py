@@ -527,6 +527,16 @@ def test_a_trace_without_stacks_says_why_its_blocks_are_unknown():
 H200 = HERE / "composition_h200"
 
 
+def _with_roles(snap, ranges) -> Snapshot:
+    """`snap` as the agent sends it with the roles `ranges` [(address, size, role code)]."""
+    from dataclasses import replace
+
+    from memq.model import AgentInfo
+
+    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
+    return snap
+
+
 def _class_share(snap, truth: dict) -> float:
     """The share of the truth's live bytes read in their class (a step's `other` counts as activations)."""
     classes = block_classes(snap)
@@ -636,10 +646,6 @@ def test_untraced_oom_capture_parameters_state_and_activations_in_their_bytes():
     1.31 GiB of activations, each within 5% of the truth (an 8 MiB and a 2 MiB activation among the
     parameters, a 32 MiB one alone in its segment read as a cuBLAS workspace), nothing unknown; with the
     agent's roles every block they name is known from the job instead (the roles come first)."""
-    from dataclasses import replace
-
-    from memq.model import AgentInfo
-
     job = UNTRACED / "oom_fwd_eager_bf16_off"
     truth = json.loads((job / "truth.json").read_text())
     snap = _snap(job / "snapshot.pickle.gz")
@@ -647,9 +653,7 @@ def test_untraced_oom_capture_parameters_state_and_activations_in_their_bytes():
     for cls in (fr.PARAMETERS, fr.OPTIMIZER_STATE, fr.ACTIVATIONS):
         assert comp[cls] == pytest.approx(truth["class_bytes"][cls], rel=0.05), cls
     assert comp[fr.UNKNOWN] == 0
-    snap = _snap(job / "snapshot.pickle.gz")
-    ranges = truth["agent_roles"]["ranges"]
-    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
+    snap = _with_roles(_snap(job / "snapshot.pickle.gz"), truth["agent_roles"]["ranges"])
     sources = {bc.source for bc in block_classes(snap).values()}
     assert pv.FROM_LAYOUT not in sources and pv.FROM_JOB in sources
 
@@ -953,16 +957,13 @@ def test_without_stacks_the_agents_roles_still_come_first():
     """The generation recorded without stacks, with the roles the agent sent: the weights are known from
     the job; without the cache the job declared, the trace's order still reads the cache (pairs of one
     size kept with the weights), and no block the job did not name is called a weight, gradient or state."""
-    from dataclasses import replace
-
-    from memq.model import AGENT_ROLES, AgentInfo
+    from memq.model import AGENT_ROLES
 
     job = H200 / "infer_dyn_bf16_none_start"
     truth = json.loads((job / "truth.json").read_text())
     kv = {b[0] for b in truth["blocks"] if b[2] == "kv_cache"}
     ranges = [tuple(r) for r in truth["agent_roles"]["ranges"] if r[2] != AGENT_ROLES.index("cache")]
-    snap = _snap(job / "snapshot.pickle.gz")
-    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(ranges)))
+    snap = _with_roles(_snap(job / "snapshot.pickle.gz"), ranges)
     classes = block_classes(snap)
     weights = {b[0] for b in truth["blocks"] if b[2] == "parameter"}
     assert {classes[a].source for a in weights} == {pv.FROM_JOB}
@@ -1306,16 +1307,6 @@ def test_h200_captures_without_stacks_are_read_by_the_trace_order(job):
 FRESH = HERE / "composition_fresh"
 
 
-def _with_roles(snap, truth: dict):
-    from dataclasses import replace
-
-    from memq.model import AgentInfo
-
-    ranges = truth["agent_roles"]["ranges"]
-    snap.agent = replace(snap.agent or AgentInfo(), roles=tuple(sorted(tuple(r) for r in ranges)))
-    return snap
-
-
 @pytest.mark.parametrize("job", sorted(p.name for p in FRESH.iterdir() if (p / "truth.json").exists()))
 def test_fresh_captures_with_the_agents_roles_read_every_byte(job):
     """The fresh judging set (tests/fixtures/composition_fresh: a CNN with SGD, RMSprop and BN, small and wide
@@ -1326,7 +1317,7 @@ def test_fresh_captures_with_the_agents_roles_read_every_byte(job):
     truth = json.loads((FRESH / job / "truth.json").read_text())
     if not isinstance((truth.get("agent_roles") or {}).get("ranges"), list):
         pytest.fail(f"{job}: the capture holds no roles")
-    snap = _with_roles(_snap(FRESH / job / "snapshot.pickle.gz"), truth)
+    snap = _with_roles(_snap(FRESH / job / "snapshot.pickle.gz"), truth["agent_roles"]["ranges"])
     assert _class_share(snap, truth) >= 0.975, job
 
 
@@ -1374,3 +1365,17 @@ def test_a_ring_that_began_mid_generation_still_reads_a_concatenated_cache():
     kv = {a for a, _n, label, _cls, _ph in truth["blocks"] if label == "kv_cache"}
     assert len(kv) == 12 and {a for a, bc in classes.items() if bc.source == pv.FROM_CACHE} == kv
     assert _class_share(snap, truth) >= 0.99
+
+
+def test_beside_the_agents_roles_no_per_parameter_state_is_inferred():
+    """Where the agent sent roles, the job named its optimizer state: a line that makes every parameter's
+    size but that the job did not name (an EMA of the weights, a copy) is the step's, not state the frames
+    or sizes would infer."""
+    from memq.model import AGENT_ROLES
+
+    snap, state = _model_and_state(4)
+    params = [(b.address, b.requested_size, AGENT_ROLES.index("parameter")) for seg in snap.segments
+              for b in seg.blocks if b.is_live and b.frames and b.frames[0]["name"] == "convert"]
+    assert len(params) == 4
+    classes = block_classes(_with_roles(snap, params))
+    assert {classes[a].cls for a in state} == {fr.ACTIVATIONS}
