@@ -171,6 +171,8 @@ _INLINE_TUPLE_OPS = 20_000
 _STACK_PER_LEVEL = 256
 _STACK_BASE = 32 * 1024**2
 _STACK_MAX = 4 * 1024**3
+# How often a decode waiting on the unpickling thread checks that the thread is still there.
+_ANSWER_POLL_S = 0.5
 
 
 def _stack_needed(data: bytes) -> int:
@@ -200,11 +202,19 @@ class _Unpickling:
         """fn() on the thread, under the cap for `cap_bytes` of pickle. In the caller's decode turn."""
         if self._thread is None or not self._thread.is_alive():
             self._start()
+        thread, jobs = self._thread, self._jobs
         box: dict[str, Any] = {}
         done = threading.Event()
         with _capped(cap_bytes):  # set and restored by the caller, around the whole of fn()
-            self._jobs.put((fn, box, done))
-            done.wait()
+            jobs.put((fn, box, done))
+            # The caller holds the decode turn while it waits, so a thread that ended without an
+            # answer would otherwise stop every later decode of the process for good.
+            while not done.wait(_ANSWER_POLL_S) and thread.is_alive():
+                pass
+        if not done.is_set():
+            self._thread = None
+            raise DecodeUnavailable("the decoding thread ended without an answer",
+                                    hint="retry; the snapshot itself was not read")
         if "error" in box:
             self.retire()
             raise box["error"]
@@ -217,7 +227,8 @@ class _Unpickling:
             self._thread = None
 
     def _start(self) -> None:
-        jobs = self._jobs
+        # A queue per thread: a stop left for a thread that had already ended must not stop its successor.
+        self._jobs = jobs = queue.SimpleQueue()
 
         def serve() -> None:
             while (job := jobs.get()) is not None:

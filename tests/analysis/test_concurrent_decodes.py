@@ -96,6 +96,36 @@ def test_a_decode_that_cannot_get_its_thread_is_transient_not_the_snapshots_faul
     assert "then " in p.stdout and not p.stdout.rstrip().endswith("then 0")
 
 
+def test_an_unpickling_thread_that_ends_without_answering_stops_no_later_decode():
+    """The unpickling thread ends while a decode waits on it (here: an item it cannot read, which ends
+    it outside its try), and a stop is then left for it though it is gone. The waiting decode says
+    DecodeUnavailable instead of holding the decode turn for good, and the next decode gets a new
+    thread that the stale stop does not end. Run in its own process: before, it hung there."""
+    code = (
+        "import threading\n"
+        "from memq import codec\n"
+        "from memq.errors import DecodeUnavailable\n"
+        "u = codec._UNPICKLING\n"
+        "u._start()\n"
+        "go = threading.Event()\n"
+        "u._jobs.put((go.wait, {}, threading.Event()))\n"  # keeps the thread busy until go
+        "u._jobs.put('not a job')\n"  # then ends it outside its try, before it reaches the decode
+        "threading.Timer(0.3, go.set).start()\n"
+        "gone = u._thread\n"
+        "try:\n"
+        "    u.run(lambda: 'value', 1 << 20)\n"
+        "    print('answered')\n"
+        "except DecodeUnavailable as exc:\n"
+        "    print('unavailable', exc.message)\n"
+        "u._thread = gone\n"
+        "u.retire()\n"  # a stop left for a thread that has already ended
+        "print('then', u.run(lambda: 'value', 1 << 20))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["unavailable the decoding thread ended without an answer", "then value"], p.stdout
+
+
 def test_transient_decode_failures_are_retried_and_never_cached_as_a_page():
     from memq.errors import DecodeUnavailable
     from memq.web.app import _status, _Views
@@ -150,9 +180,18 @@ def test_memq_serve_reads_valid_snapshots_opened_at_once(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # faulthandler: a server that stops answering is made to print every thread's stack (SIGABRT)
+    log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "memq", "serve", "--port", str(port), "--log-level", "warning"],
-                            env=env, start_new_session=True)
+                            env={**env, "PYTHONFAULTHANDLER": "1"}, start_new_session=True, stderr=log)
     base = f"http://127.0.0.1:{port}"
+
+    def stacks() -> str:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(30)
+        return (tmp_path / "serve.log").read_text(errors="replace")[-20000:]
+
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -170,9 +209,14 @@ def test_memq_serve_reads_valid_snapshots_opened_at_once(tmp_path):
         for _ in range(2):  # at once, then again from the server's cache
             results = _in_threads([functools.partial(page, sid) for sid in range(1, len(files) + 1)])
             failed = [repr(v) for ok, v in results if not ok]
-            assert not failed, failed
+            assert not failed, f"{failed}\nthe server's threads:\n{stacks()}"
             errors = [v["view"].get("blob_error") for _, v in results]
             assert errors == [None] * len(files), errors
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"memq serve did not stop on SIGTERM; its threads:\n{stacks()}")
+        finally:
+            log.close()
