@@ -957,10 +957,27 @@ def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
             continue  # autocast runs these in float32: nothing there is cast to half
         if compiled_graph(py):  # a compiled graph casts in its own kernels: autocast makes no copy
             continue
-        large = [h for h in run[:-1] if size_of[h] >= MIN_BYTES // 2]  # half a weight of MIN_BYTES
+        upto = run if _region_ends_after(trace, ev_of[run[-1]]) else run[:-1]
+        large = [h for h in upto if size_of[h] >= MIN_BYTES // 2]  # half a weight of MIN_BYTES
         if large and size_of[large[0]] in halves and kinds[large[0]] == INPUT:
             out.append(large[0])
     return out
+
+
+def _region_ends_after(trace, e: int) -> bool:
+    """Does autocast's region end right after allocation event `e`, before any other allocation? Then the
+    op whose inputs were just cast never ran, and the run's last allocation is a cast, not the op's output: a
+    checkpoint's recomputation stops once it has remade what backward needs (torch.utils.checkpoint's early
+    stop), which can be a weight's copy for the next linear (the checkpointed bf16 ViT of
+    tests/fixtures/fit_fresh: each block's last 2 MiB copy of a 512 x 2048 weight)."""
+    for i in range(e + 1, len(trace)):  # the next allocation or free (segment events may come between)
+        ev = trace[i]
+        if ev.action == "alloc":
+            return False
+        if ev.action.startswith("free"):
+            py = python_frames(ev.frames)
+            return bool(py) and frame_name(py[0]) == "__exit__" and frame_file(py[0]).endswith("autocast_mode.py")
+    return False
 
 
 def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: float | None = None) -> list[int]:
