@@ -680,8 +680,13 @@ def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list
     Of those, a stream (their segment's, of `segments`) holds CUBLAS_WORKSPACES_PER_STREAM at most, the
     highest: a weight of that size made alone after them (the bf16 generation captures) is none."""
     out = set()
+    seg_size = {b.address: seg.total_size for seg in segments for b in seg.blocks if b.is_live}
     for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
         same = [b.address for b in frameless if tensor_size(b) == size and b.address not in inside]
+        if len(same) > CUBLAS_WORKSPACE_MAX_BLOCKS:
+            # more than there are handles: tensors of that size among them. A workspace's segment was made
+            # for it (exactly its size); a weight cast into a segment a larger tensor left sits in a larger one
+            same = [a for a in same if seg_size.get(a) == size]
         if 0 < len(same) <= CUBLAS_WORKSPACES_PER_STREAM:
             out.update(same)
         elif len(same) <= CUBLAS_WORKSPACE_MAX_BLOCKS:
@@ -1069,8 +1074,9 @@ def _read_order(snap: Snapshot) -> _Order | None:
                 if left[n] > 0:
                     left[n] -= 1
                     ones.append(n)
+            copies = _kept_copies(earlier, ones)
             if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(sizes) \
-                    and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()):
+                    and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()) / copies:
                 state_run, per_param = run, ones
                 break
         earlier.update(size_at[i] for i in run)
@@ -1160,6 +1166,17 @@ def _read_order(snap: Snapshot) -> _Order | None:
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
     return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
+
+
+def _kept_copies(earlier: Counter, ones: list) -> int:
+    """How many kept blocks each parameter has among the earlier ones, for a run that may be SGD's momentum
+    (one block per parameter): 2 where nearly all (STATE_SPLIT_SHARE) of the run's bytes are of sizes the
+    earlier blocks hold exactly twice per block of the run (the parameter, and its gradient kept since the
+    first backward by zero_grad(set_to_none=False)), else 1. The run then copies the model when it copies
+    half of that share of the earlier bytes, as it does where gradients are released."""
+    run = Counter(ones)
+    twice = sum(n * c for n, c in run.items() if earlier[n] == 2 * c)
+    return 2 if ones and twice >= STATE_SPLIT_SHARE * sum(ones) else 1
 
 
 def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple], list]:

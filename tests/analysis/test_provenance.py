@@ -178,13 +178,17 @@ def _synthetic(live: list[tuple[int, int, list]], trace: list) -> Snapshot:
     return Snapshot([seg], [trace], AllocatorSettings(), "2.3+")
 
 
-def _own_segments(live: list[tuple[int, int, list]], trace: list, streams: dict | None = None) -> Snapshot:
-    """Each of `live` [(address, size, frames)] the first block of its own segment, a free block after it;
-    the segment on stream `streams[address]` (0 if not given)."""
-    streams = streams or {}
-    segs = [Segment(0, a, n + 2 * MiB, streams.get(a, 0), "large", (0, 0), False,
-                    [Block(a, n, n, ACTIVE_ALLOCATED, f), Block(a + n, 2 * MiB, 0, INACTIVE, [])], [])
-            for a, n, f in live]
+def _own_segments(live: list[tuple[int, int, list]], trace: list, streams: dict | None = None,
+                  room: dict | None = None) -> Snapshot:
+    """Each of `live` [(address, size, frames)] the first block of its own segment, a free block after it
+    (`room[address]` bytes, 2 MiB if not given; none at 0: a segment exactly its size); the segment on stream
+    `streams[address]` (0 if not given)."""
+    streams, room = streams or {}, room or {}
+    segs = []
+    for a, n, f in live:
+        free = room.get(a, 2 * MiB)
+        blocks = [Block(a, n, n, ACTIVE_ALLOCATED, f)] + ([Block(a + n, free, 0, INACTIVE, [])] if free else [])
+        segs.append(Segment(0, a, n + free, streams.get(a, 0), "large", (0, 0), False, blocks, []))
     return Snapshot(segs, [trace], AllocatorSettings(), "2.3+")
 
 
@@ -257,6 +261,40 @@ def test_a_stream_holds_two_cublas_workspaces_the_highest():
     blocks = [(base + k * 40 * MiB, 32 * MiB, []) for k in range(4)]
     snap = _own_segments(blocks + [(act, 2 * MiB, FWD)], trace, {base: 7, base + 40 * MiB: 7})
     assert {block_classes(snap)[a].cls for a, _, _ in blocks} == {fr.WORKSPACE_CAT}
+
+
+@rule("CUBLAS_WORKSPACE_MAX_BLOCKS")
+def test_among_more_workspace_sized_blocks_than_handles_a_workspace_has_a_segment_its_own_size():
+    """Five frameless 32 MiB blocks older than the trace, each starting its segment: more than a job has
+    handles, so some are tensors of that size. A workspace's segment was made for it (exactly 32 MiB); a
+    weight cast into the segment a larger tensor left (48 MiB) is none: the two in segments their own size
+    are the workspaces (as in a bf16 generation job whose weights were cast after loading). With three
+    such segments among them, the stream's two highest; with five, none (tensors made alone)."""
+    base = 1 << 32
+    act = base + 1024 * MiB
+    trace = [_ev("free_requested", base - (k + 1) * 64 * MiB, 64 * MiB) for k in range(9)] + \
+            [_ev("alloc", act, 2 * MiB)]
+    blocks = [(base + k * 64 * MiB, 32 * MiB, []) for k in range(5)]
+    for exact, want in ((2, {0, 1}), (3, {1, 2}), (5, set())):
+        room = {a: 0 if k < exact else 16 * MiB for k, (a, _, _) in enumerate(blocks)}
+        classes = block_classes(_own_segments(blocks + [(act, 2 * MiB, FWD)], trace, room=room))
+        got = {k for k, (a, _, _) in enumerate(blocks) if classes[a].cls == fr.WORKSPACE_CAT}
+        assert got == want, exact
+
+
+def test_a_bf16_generation_jobs_workspaces_among_its_32_mib_weights():
+    """bf16 generation recorded after its weights were loaded (tests/fixtures/composition_fresh, H200): two
+    cuBLAS workspaces older than the trace among six 32 MiB weights, the weights in segments cut for their
+    fp32 originals. The workspaces are named and the weights stay weights: at least 99% of live bytes in
+    their class (89.3% before)."""
+    job = HERE / "composition_fresh" / "fresh_wide_infer_static_bf16_all_loaded"
+    truth = json.loads((job / "truth.json").read_text())
+    classes = block_classes(_snap(job / "snapshot.pickle.gz"))
+    ws = {b[0] for b in truth["blocks"] if b[3] == "workspace"}
+    assert len(ws) == 2 and {classes[a].cls for a in ws} == {fr.WORKSPACE_CAT}
+    big = {b[0] for b in truth["blocks"] if b[1] == 32 * MiB and b[3] == "parameters"}
+    assert len(big) == 6 and {classes[a].cls for a in big} == {fr.PARAMETERS}
+    assert _truth_bench().score_gpu(job, with_roles=False)["class_share"] >= 0.99
 
 
 def test_older_blocks_sized_as_the_optimizer_state_implies_are_parameters():
@@ -920,6 +958,40 @@ def test_without_stacks_a_run_one_per_weight_is_sgd_momentum_where_it_copies_hal
         classes = block_classes(_job(weights + mom, trace))
         got = {classes[a].cls for a, _, _ in mom}
         assert (got == {want}) if want else (fr.OPTIMIZER_STATE not in got), (first, got)
+
+
+@rule("ORDER_GRADIENT_SHARE")
+def test_without_stacks_sgd_momentum_beside_gradients_kept_since_the_first_backward():
+    """zero_grad(set_to_none=False) keeps each parameter's gradient from the first backward on, so before
+    SGD's first step the kept blocks hold two per parameter (the weight and its gradient). A run of one
+    buffer per parameter's size is the momentum where it copies at least half of one of those copies (two
+    buffers, 52 of 102 MiB); at 50 it is not, as where gradients are released. With a buffer for every
+    parameter, the kept gradients read as gradients too."""
+    base = 1 << 34
+    weights = [(base, 49 * MiB, []), (base + 64 * MiB, 51 * MiB, []), (base + 128 * MiB, MiB, []),
+               (base + 132 * MiB, MiB, [])]
+    grads = [(base + 192 * MiB + k * 64 * MiB, n, []) for k, (_a, n, _f) in enumerate(weights)]
+    for sizes, want in (((51, 1), fr.OPTIMIZER_STATE), ((49, 1), None), ((49, 51, 1, 1), fr.OPTIMIZER_STATE)):
+        s0 = base + 512 * MiB
+        mom = [(s0 + k * 64 * MiB, n * MiB, []) for k, n in enumerate(sizes)]
+        trace = _made(weights) + _tmp(4) + FORWARD + _made(grads, gap=2) + _tmp(2) + _made(mom) + _tmp(2)
+        classes = block_classes(_job(weights + grads + mom, trace))
+        got = {classes[a].cls for a, _, _ in mom}
+        assert (got == {want}) if want else (fr.OPTIMIZER_STATE not in got), (sizes, got)
+        if len(sizes) == len(weights):
+            assert {classes[a].cls for a, _, _ in grads} == {fr.GRADIENTS}
+            assert {classes[a].cls for a, _, _ in weights} == {fr.PARAMETERS}
+
+
+def test_a_convnet_recorded_without_stacks_with_gradients_kept_reads_its_momentum():
+    """A ConvNet trained by SGD with momentum, zero_grad(set_to_none=False), recorded without stacks from the
+    job's start and dumped in a later backward (tests/fixtures/composition_fresh, H200): its momentum
+    buffers, made in one run at the first step beside the weights and the kept gradients, are the
+    optimizer state, the gradients are gradients (68.9% of live bytes in their class before, 100% now)."""
+    score = _truth_bench().score_gpu(HERE / "composition_fresh" / "fresh_cnn_sgd_keepgrad_bwd_none_start",
+                                     with_roles=False)
+    assert score["class_share"] >= 0.99, score
+    assert score["peak_phase"] == score["peak_truth"] == "backward", score
 
 
 def _truth_bench():
