@@ -161,7 +161,9 @@ ORDER_GRADIENT_SHARE = _rule(
     "benchmarks/gpu/composition_capture.py); fewer are as likely outputs that happen to share a size. "
     "Likewise a run of kept blocks, one per earlier kept block's size, is SGD's momentum (made together in "
     "its first step) only where it copies at least half of those blocks' bytes (a run of two gradients "
-    "made one after the other copies a few MiB)", "provenance")
+    "made one after the other copies a few MiB), of one copy per parameter where gradients kept since the "
+    "first backward double them (a ConvNet of the fresh H200 set: its momentum copies 48.8% of weights and "
+    "gradients, 97.5% of one copy)", "provenance")
 STATE_COUNT_SHARE = _rule(
     "STATE_COUNT_SHARE", 0.9, "share of the optimizer state's bytes", "judgement",
     "where nothing names the optimizer (a hand-written one) and the gradients are older than the trace "
@@ -214,8 +216,10 @@ CUBLAS_WORKSPACE_MAX_BLOCKS = _rule(
     "CUBLAS_WORKSPACE_MAX_BLOCKS", 4, "count", "measured",
     "frameless blocks of a cuBLAS workspace's size are workspaces only up to four of them (a handle for the "
     "training thread and one for the autograd engine's, each on a stream or two: 1-2 in every H200 capture "
-    "here); the agent's OOM snapshots of tests/fixtures/step_need hold 15-20 frameless 32 MiB activations",
-    "provenance")
+    "here); the agent's OOM snapshots of tests/fixtures/step_need hold 15-20 frameless 32 MiB activations. "
+    "Among more than four, those in a segment exactly their size are the candidates (a workspace's segment "
+    "is made for it; a bf16 generation job of the fresh H200 set holds six 32 MiB weights cast into the 48 "
+    "and 64 MiB segments of their fp32 originals beside its two workspaces)", "provenance")
 CUBLAS_WORKSPACES_PER_STREAM = _rule(
     "CUBLAS_WORKSPACES_PER_STREAM", 2, "count", "measured",
     "of the frameless blocks of a cuBLAS workspace's size, a stream holds at most two workspaces, the highest: "
