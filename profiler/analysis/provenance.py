@@ -49,6 +49,7 @@ from memq.analysis.rules import (
     ORDER_GRADIENT_SHARE,
     PER_PARAM_STATE_MIN_TENSORS,
     STATE_COUNT_SHARE,
+    STATE_LEAD_MAX,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -1055,18 +1056,16 @@ def _read_order(snap: Snapshot) -> _Order | None:
     for run in runs:
         if len(run) >= 2:
             sizes = [size_at[i] for i in run]
-            pairs = []  # adjacent blocks of one size (fused Adam puts a small step tensor before each pair)
-            k = 0
-            while k < len(sizes) - 1:
-                if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0:
-                    pairs.append(sizes[k])
-                    k += 2
-                else:
-                    k += 1
+            # the backward's last gradients may lead the run where zero_grad keeps them (set_to_none=False):
+            # kept, with no short-lived allocation between them and the state, each a weight's size; the
+            # state begins where its pairs line up best
+            lead, pairs = max(((j, _adjacent_pairs(sizes, j, earlier)) for j in range(min(len(sizes), STATE_LEAD_MAX + 1))
+                               if all(earlier[n] > 0 for n in sizes[:j])),
+                              key=lambda jp: (2 * sum(jp[1]) / max(1, sum(sizes[jp[0]:])), -jp[0]))
             # a model's parameters come in more than one size (weights, biases, norms); a cache's key and
             # value of one layer are one size
-            if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes):
-                state_run, per_param = run, pairs
+            if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes[lead:]):
+                state_run, per_param = run[lead:], pairs
                 break
             left = earlier.copy()
             ones = []
@@ -1166,6 +1165,20 @@ def _read_order(snap: Snapshot) -> _Order | None:
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
     return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
+
+
+def _adjacent_pairs(sizes: list, start: int, earlier: Counter) -> list:
+    """From `start` on, the sizes of adjacent blocks of one size that earlier kept blocks have (a parameter's
+    two moments, made one after the other; fused Adam puts a small step tensor before each pair)."""
+    pairs = []
+    k = start
+    while k < len(sizes) - 1:
+        if sizes[k] == sizes[k + 1] and earlier[sizes[k]] > 0:
+            pairs.append(sizes[k])
+            k += 2
+        else:
+            k += 1
+    return pairs
 
 
 def _kept_copies(earlier: Counter, ones: list) -> int:

@@ -153,6 +153,13 @@ STATE_SPLIT_SHARE = _rule(
     "in its first step; fused Adam's small step tensors between them). With no trace at all, the same share "
     "of the bytes walked from the top must have room for two state blocks each below them before the "
     "optimizer state is read from its pairs", "provenance, untraced")
+STATE_LEAD_MAX = _rule(
+    "STATE_LEAD_MAX", 8, "count", "judgement",
+    "in a trace without stacks, the run of kept blocks that holds the optimizer's state may begin with at most "
+    "eight of the backward's last gradients (kept by zero_grad(set_to_none=False), made with no short-lived "
+    "allocation between them and the state): two in the small GPT with Adam of the fresh H200 set (its "
+    "embedding's and the first block's), whose state then read as activations; a model's last gradients "
+    "come in a layer's few weights", "provenance")
 ORDER_GRADIENT_SHARE = _rule(
     "ORDER_GRADIENT_SHARE", 0.5, "share of the weights' bytes", "judgement",
     "in a trace without stacks and no optimizer state, kept blocks made after the weights at a weight's size "

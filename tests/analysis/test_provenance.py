@@ -960,6 +960,38 @@ def test_without_stacks_a_run_one_per_weight_is_sgd_momentum_where_it_copies_hal
         assert (got == {want}) if want else (fr.OPTIMIZER_STATE not in got), (first, got)
 
 
+@rule("STATE_LEAD_MAX")
+def test_without_stacks_the_state_run_may_begin_with_the_backwards_last_gradients():
+    """Where zero_grad keeps the gradients (set_to_none=False), the backward's last ones are kept and made with
+    no short-lived allocation before AdamW's first step makes its state, so they lead the state's run of
+    kept blocks: up to eight of them (each a weight's size) are left out of it and the state reads from its
+    pairs; with nine, the run's pairs hold under nine tenths of its bytes and it is not read as state."""
+    base = 1 << 34
+    big = [(base + k * 64 * MiB, (40 + k) * MiB, []) for k in range(9)]  # nine weights, each its own size
+    # and a 1 GiB embedding, so that the run does not copy half of the weights (no SGD momentum either)
+    small = [(base + 1024 * MiB, MiB, []), (base + 1028 * MiB, 2 * MiB, []), (base + 1032 * MiB, 1024 * MiB, [])]
+    for lead, want in ((8, fr.OPTIMIZER_STATE), (9, None)):
+        g0 = base + 4096 * MiB
+        grads = [(g0 + k * 64 * MiB, n, []) for k, (_a, n, _f) in enumerate(big[:lead])]
+        s0 = g0 + 1024 * MiB
+        state = [(s0 + k * 4 * MiB, n * MiB, []) for k, n in enumerate((1, 1, 2, 2))]
+        trace = _made(big + small) + _tmp(4) + FORWARD + _tmp(2) + _made(grads + state) + _tmp(2)
+        classes = block_classes(_job(big + small + grads + state, trace))
+        got = {classes[a].cls for a, _, _ in state}
+        assert (got == {want}) if want else (fr.OPTIMIZER_STATE not in got), (lead, got)
+        if want:
+            assert fr.OPTIMIZER_STATE not in {classes[a].cls for a, _, _ in grads}
+
+
+def test_a_small_gpt_recorded_without_stacks_with_gradients_kept_reads_its_adam_state():
+    """The small GPT trained by Adam with zero_grad(set_to_none=False) (tests/fixtures/composition_fresh, H200),
+    read with every stack removed: its backward's last two gradients lead the run that makes Adam's state,
+    and the state, the weights and the gradients still read (63.6% of live bytes in their class before)."""
+    score = _truth_bench().score_gpu(HERE / "composition_fresh" / "fresh_small_adam_keepgrad_fwd_py_start",
+                                     with_roles=False, strip=True)
+    assert score["class_share"] >= 0.99, score
+
+
 @rule("ORDER_GRADIENT_SHARE")
 def test_without_stacks_sgd_momentum_beside_gradients_kept_since_the_first_backward():
     """zero_grad(set_to_none=False) keeps each parameter's gradient from the first backward on, so before
