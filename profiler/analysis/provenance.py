@@ -1059,8 +1059,8 @@ def _read_order(snap: Snapshot) -> _Order | None:
             # the backward's last gradients may lead the run where zero_grad keeps them (set_to_none=False):
             # kept, with no short-lived allocation between them and the state, each a weight's size; the
             # state begins where its pairs line up best
-            lead, pairs = max(((j, _adjacent_pairs(sizes, j, earlier)) for j in range(min(len(sizes), STATE_LEAD_MAX + 1))
-                               if all(earlier[n] > 0 for n in sizes[:j])),
+            leads = [j for j in range(min(len(sizes), STATE_LEAD_MAX + 1)) if all(earlier[n] > 0 for n in sizes[:j])]
+            lead, pairs = max(((j, _adjacent_pairs(sizes, j, earlier)) for j in leads),
                               key=lambda jp: (2 * sum(jp[1]) / max(1, sum(sizes[jp[0]:])), -jp[0]))
             # a model's parameters come in more than one size (weights, biases, norms); a cache's key and
             # value of one layer are one size
