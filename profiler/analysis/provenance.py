@@ -54,7 +54,13 @@ from memq.analysis.rules import (
     STEP_START_ORPHAN_FREES,
 )
 from memq.analysis.timeline import made_live_in
-from memq.analysis.untraced import AFTER_HISTORY, FROM_LAYOUT, LAYOUT_ORIGIN, WORKSPACE_LAYOUT
+from memq.analysis.untraced import (
+    AFTER_HISTORY,
+    FROM_LAYOUT,
+    LAYOUT_BEFORE_TRACE,
+    LAYOUT_ORIGIN,
+    WORKSPACE_LAYOUT,
+)
 from memq.analysis.untraced import SOURCE_WORDS as _UNTRACED_WORDS
 from memq.analysis.untraced import resolve as _resolve_untraced
 from memq.model import AGENT_ROLES, Snapshot, frame_file, frame_line, frame_name
@@ -74,7 +80,8 @@ BEFORE_TRACE = "before_trace"  # live, allocated before the recording began
 NO_FRAMES = "no_frames"
 NO_TRACE = "no_trace"
 SOURCES = (FROM_JOB, FROM_FRAMES, FROM_TRACE, FROM_SIZE, FROM_STATE, FROM_CACHE, FROM_ORDER, BEFORE_TRACE,
-           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, FROM_REBOUND, FROM_PER_PARAM)
+           NO_FRAMES, NO_TRACE, AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, LAYOUT_BEFORE_TRACE, FROM_REBOUND,
+           FROM_PER_PARAM)
 KNOWN = "known from the job"
 INFERRED = "inferred from the trace"
 ORDER = "inferred from the trace's order"  # inferred, from a trace without stacks: its order alone
@@ -117,7 +124,8 @@ _UNKNOWN_SITE = {NO_FRAMES: "<no frames: the trace was recorded without stacks>"
                  NO_TRACE: "<no allocation history recorded>"}
 _LAYOUT_SITE = {AFTER_HISTORY: "<no allocation history: made after it stopped, by the running step>",
                 FROM_LAYOUT: "<no allocation history: inferred from sizes and addresses>",
-                WORKSPACE_LAYOUT: "<no allocation history: the size of a cuBLAS workspace>"}
+                WORKSPACE_LAYOUT: "<no allocation history: the size of a cuBLAS workspace>",
+                LAYOUT_BEFORE_TRACE: "<made before a trace without stacks: inferred from sizes and addresses>"}
 
 # An inference cache (a KV cache the job declared) is in the parameters' class: what inference keeps
 # across its forward calls (ARCHITECTURE.md "Composition and phase").
@@ -141,7 +149,7 @@ def origin(source: str) -> str:
         return KNOWN
     if source == FROM_ORDER:
         return ORDER
-    return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT) else INFERRED
+    return LAYOUT if source in (AFTER_HISTORY, FROM_LAYOUT, WORKSPACE_LAYOUT, LAYOUT_BEFORE_TRACE) else INFERRED
 
 
 def origin_words(by_origin: dict | None) -> str:
@@ -300,6 +308,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     for size, n in grads_known.items():  # one gradient per parameter
         param_sizes[size] = max(0, param_sizes[size] - n)
     in_bwd_at_end = _in_backward_at_end(trace, last_bwd)
+    top = -1 if trace_has_frames else _most_live_at(trace)
     for b in undecided:
         i = made.get(b.address, -1)
         if b.address in workspaces:
@@ -307,7 +316,10 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         elif roles_known and not b.frames:
             # the job said which gradients exist: a frameless block it did not name is not one
             out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
-        elif param_sizes.get(tensor_size(b), 0) > 0:
+        elif param_sizes.get(tensor_size(b), 0) > 0 and (trace_has_frames or i > top):
+            # (in a trace without stacks, one of a parameter's size made before its most live bytes is as
+            # likely the forward's output of that shape as a gradient: unknown, below; a backward's come after
+            # the forward's saved activations peak)
             param_sizes[tensor_size(b)] -= 1
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_SIZE if not b.frames else FROM_TRACE, i)
         elif i >= 0 and trace_has_frames and not any(param_sizes.values()) and not _params_known(out) \
@@ -324,6 +336,20 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
 
 
 _NONE = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
+
+
+def _most_live_at(trace: list) -> int:
+    """The trace entry at which the most bytes made in the trace were live (its first such entry)."""
+    level = top = 0
+    at = -1
+    for i, ev in enumerate(trace):
+        if ev[0] == "alloc":
+            level += ev[2]
+            if level > top:
+                top, at = level, i
+        elif ev[0] == "free_completed":
+            level -= ev[2]
+    return at
 
 
 def tensor_size(b) -> int:
@@ -474,10 +500,12 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     free_params.subtract(Counter(tensor_size(b) for b in live if out.get(b.address, _NONE).cls == fr.GRADIENTS))
     rest = [b for b in predating if b.address not in out]
     roles_known = snap.agent is not None and bool(snap.agent.roles)
-    if not trace and not roles_known:
-        # no trace at all: the model's state by its sizes and addresses (untraced.py), said as such
+    if not roles_known and (not trace or not trace_has_frames):
+        # no trace at all, or one without stacks that began after these were made (it says nothing of them):
+        # the model's state by its sizes and addresses (untraced.py), said as such
         framed = Counter(tensor_size(b) for b in live if b.frames and _weight(out.get(b.address, _NONE)))
-        decided = _resolve_untraced(snap.segments, [b for b in rest if b.address not in workspaces], framed)
+        decided = _resolve_untraced(snap.segments, [b for b in rest if b.address not in workspaces], framed,
+                                    before_trace=bool(trace))
         for addr, (cls, source) in decided.items():
             out[addr] = BlockClass(cls, source, -1)
         rest = [b for b in rest if b.address not in out]

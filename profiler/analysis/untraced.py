@@ -1,5 +1,6 @@
 """Classes of the live blocks of a snapshot that holds no allocation trace (`torch.cuda.memory._snapshot()`
-without `_record_memory_history`, or with the history paused after warm-up), with no roles from the agent.
+without `_record_memory_history`, or with the history paused after warm-up), with no roles from the agent;
+and of the blocks older than a trace recorded without stacks, which says nothing of them.
 
 What is left to read without a trace: the blocks' sizes, their addresses and segments, and the frames of
 the blocks made while a history once ran. Two readings, each said as such on every screen (provenance's
@@ -43,6 +44,7 @@ from memq.analysis.rules import (
 # Where such a class came from (provenance.SOURCES), as the screens say it
 AFTER_HISTORY = "after_history"  # no frames where the model's blocks have them: made after the history stopped
 FROM_LAYOUT = "layout"  # no history at all: the model's state by its sizes and addresses
+LAYOUT_BEFORE_TRACE = "layout_before_trace"  # older than a trace recorded without stacks: the same reading
 WORKSPACE_LAYOUT = "workspace_layout"  # no history at all: a cuBLAS workspace by its size and segment
 LAYOUT_ORIGIN = "inferred from sizes and addresses"
 SOURCE_WORDS = {
@@ -54,6 +56,10 @@ SOURCE_WORDS = {
                  "tensors of its size below it, and what is live beyond the model's state is the running step's",
     WORKSPACE_LAYOUT: f"{LAYOUT_ORIGIN}: no allocation history; its size is a cuBLAS workspace's (one per "
                       "handle and stream) and it starts its segment",
+    LAYOUT_BEFORE_TRACE: f"{LAYOUT_ORIGIN}: made before the trace began, and the trace records no stacks; the "
+                         "model is the first run of segments loaded back to back at the top of the address "
+                         "space, a parameter has room for Adam's two state tensors of its size below it, and "
+                         "what is live beyond the model's state is the step's",
 }
 _ADAM_STATE = 2  # state tensors per parameter of its size (provenance._STATE_PER_PARAM: Adam, AdamW, ...)
 
@@ -62,9 +68,11 @@ def _size(b) -> int:
     return b.requested_size if 0 < b.requested_size <= b.size else b.size
 
 
-def resolve(segments: list, rest: list, framed_params: Counter) -> dict[int, tuple[str, str]]:
+def resolve(segments: list, rest: list, framed_params: Counter,
+            before_trace: bool = False) -> dict[int, tuple[str, str]]:
     """address -> (class, source) for the frameless, role-less, non-workspace blocks `rest` of a snapshot
-    with no trace; blocks it cannot decide are left out. `framed_params`: the sizes (requested) of the
+    with no trace (`before_trace`: or the blocks older than a trace recorded without stacks, which says
+    nothing of them); blocks it cannot decide are left out. `framed_params`: the sizes (requested) of the
     live blocks whose frames say they are parameters."""
     if not rest:
         return {}
@@ -72,7 +80,7 @@ def resolve(segments: list, rest: list, framed_params: Counter) -> dict[int, tup
         return _after_history(rest, framed_params, AFTER_HISTORY)
     if any(b.frames for s in segments for b in s.blocks if b.is_live):
         return {}  # history ran, but after the model was made: the frameless blocks may be the model
-    return _by_layout(segments, rest)
+    return _by_layout(segments, rest, LAYOUT_BEFORE_TRACE if before_trace else FROM_LAYOUT)
 
 
 def _after_history(rest: list, params: Counter, source: str) -> dict[int, tuple[str, str]]:
@@ -158,7 +166,7 @@ def _model_region(segments: list, rest_addr: set, paired: dict, aligned: bool = 
     return core, low
 
 
-def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
+def _by_layout(segments: list, rest: list, source: str) -> dict[int, tuple[str, str]]:
     k = _ADAM_STATE
     rest_addr = {b.address for b in rest}
     paired = _pairs(segments, rest_addr)
@@ -189,13 +197,13 @@ def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
     if sum(b.size for b in first if b.address in chosen) < STATE_SPLIT_SHARE * sum(b.size for b in first):
         # most of the model's first run has no state beside it: no optimizer state (inference, or before the
         # first optimizer step): the model's region are the weights, the rest unknown
-        return {b.address: (fr.PARAMETERS, FROM_LAYOUT) for b in rest if b.address >= low}
+        return {b.address: (fr.PARAMETERS, source) for b in rest if b.address >= low}
     if aligned:
         # segments spaced apart leave the state's place among the weights unsaid: in the aligned layouts of
         # tests/fixtures/real, loaded weights sit below the first state segments (a third of the bytes
         # misread when tried), so only the weights of a model with no state are read there
         return {}
-    out: dict[int, tuple[str, str]] = {a: (fr.PARAMETERS, FROM_LAYOUT) for a in chosen}
+    out: dict[int, tuple[str, str]] = {a: (fr.PARAMETERS, source) for a in chosen}
     # the state: k blocks per parameter of its size; first those side by side in a segment that holds
     # only blocks of the parameters' sizes (a step's activations sit beside blocks of other sizes), then
     # the highest
@@ -212,7 +220,7 @@ def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
         s = _size(b)
         if need[s] > 0:
             need[s] -= 1
-            out[b.address] = (fr.OPTIMIZER_STATE, FROM_LAYOUT)
+            out[b.address] = (fr.OPTIMIZER_STATE, source)
         else:
             left.append(b)
     # small blocks (norms, biases) share the small pool's segments with everything small: each size's
@@ -227,10 +235,10 @@ def _by_layout(segments: list, rest: list) -> dict[int, tuple[str, str]]:
         p = len(group) // (1 + k + grads)
         for i, b in enumerate(group):
             if i < p:
-                out[b.address] = (fr.PARAMETERS, FROM_LAYOUT)
+                out[b.address] = (fr.PARAMETERS, source)
             elif i < (1 + k) * p:
-                out[b.address] = (fr.OPTIMIZER_STATE, FROM_LAYOUT)
+                out[b.address] = (fr.OPTIMIZER_STATE, source)
             else:
                 left.append(b)
-    out.update(_after_history(left, params, FROM_LAYOUT))
+    out.update(_after_history(left, params, source))
     return out

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from typing import Any
 
 from memq.analysis import frames as fr
-from memq.analysis.provenance import SOURCE_WORDS, block_classes, cache_sites, freed_class
+from memq.analysis.provenance import SOURCE_WORDS, SOURCES, block_classes, cache_sites, freed_class, origin
 from memq.model import INACTIVE, Snapshot, frame_file, frame_line, frame_name
 
 MAX_FRAMES = 48  # innermost frames kept per stack: the deep tail is interpreter plumbing
@@ -256,8 +256,9 @@ def snapshot_view(snap: Snapshot | None, analysis: dict[str, Any] | None, *, tit
         "title": title, "meta": meta or {}, "blob_error": blob_error,
         "metrics": analysis.get("metrics"), "composition": analysis.get("composition"),
         # where each class came from (known from the job, inferred from the trace), and the words for
-        # what decided one block's class (the segment map's "v")
+        # what decided one block's class (the segment map's "v") and its origin (provenance.origin's)
         "composition_origin": details.get("composition_origin"), "source_words": SOURCE_WORDS,
+        "source_origins": {s: origin(s) for s in SOURCES},
         "diagnosis": analysis.get("diagnosis"), "oom": analysis.get("oom"), "fit": fit_test(analysis),
         "limits": details.get("limits"), "allocator_settings": details.get("allocator_settings"),
         "whatif": analysis.get("whatif") or details.get("whatif"),

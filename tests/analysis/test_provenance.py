@@ -1026,6 +1026,50 @@ def test_a_convnet_recorded_without_stacks_with_gradients_kept_reads_its_momentu
     assert score["peak_phase"] == score["peak_truth"] == "backward", score
 
 
+def test_blocks_older_than_a_trace_without_stacks_are_read_by_their_layout():
+    """An encoder-decoder with AdamW recorded without stacks for its dump's step only, dumped in its forward
+    (tests/fixtures/composition_fresh, H200): the trace says nothing of the blocks older than it, so they
+    are read by their layout as with no trace at all, and say so; the weight-sized blocks the forward made
+    are not called gradients (they were made before the trace's most live bytes)."""
+    job = HERE / "composition_fresh" / "fresh_encdec_bf16_fwd_none_dumpstep"
+    truth = json.loads((job / "truth.json").read_text())
+    snap = _snap(job / "snapshot.pickle.gz")
+    assert not any(ev.frames for ev in snap.trace)
+    classes = block_classes(snap)
+    params = [(a, n) for a, n, _l, c, _p in truth["blocks"] if c == "parameters"]
+    read = sum(n for a, n in params if classes[a].cls == fr.PARAMETERS)
+    assert read >= 0.9 * sum(n for _a, n in params)
+    assert {classes[a].source for a, _n in params} == {pv.LAYOUT_BEFORE_TRACE}
+    made = [a for a, _n, _l, _c, _p in truth["blocks"] if classes[a].event >= 0]
+    assert made and fr.GRADIENTS not in {classes[a].cls for a in made}
+    _, sites = pv.composition(snap)
+    assert any(s["site"].startswith("<made before a trace without stacks") for s in sites[fr.PARAMETERS])
+    assert pv.origin(pv.LAYOUT_BEFORE_TRACE) == pv.LAYOUT
+    assert _truth_bench().score_gpu(job, with_roles=False)["class_share"] >= 0.2  # 7.4% when none was read
+
+
+@pytest.mark.parametrize("job, grads", [("fresh_wide_adafactor_bwd_all_dumpstep", True),
+                                        ("fresh_lora_adamw_fwd_all_dumpstep", False)])
+def test_without_stacks_a_parameter_sized_block_is_a_gradient_only_after_the_most_live_bytes(job, grads):
+    """Two captures recorded for their dump's step only, their stacks removed: dumped in backward (a wide
+    GPT with Adafactor), the weight-sized blocks made after the step's most live bytes are its gradients
+    (96% of live bytes in class); dumped in forward (a LoRA fine-tune), the forward's blocks of a weight's
+    shape are made before that and none is called a gradient."""
+    path = HERE / "composition_fresh" / job
+    truth = json.loads((path / "truth.json").read_text())
+    snap = _snap(path / "snapshot.pickle.gz")
+    _truth_bench().strip_frames(snap)
+    classes = block_classes(snap)
+    named = {classes[a].cls for a, _n, _l, _c, _p in truth["blocks"]}
+    assert (fr.GRADIENTS in named) == grads
+    score = _scored_fresh(job, strip=True)
+    assert score["class_share"] >= (0.95 if grads else 0.19), score
+
+
+def _scored_fresh(job: str, strip: bool = False) -> dict:
+    return _truth_bench().score_gpu(HERE / "composition_fresh" / job, with_roles=False, strip=strip)
+
+
 def _truth_bench():
     """benchmarks/composition_truth.py: the one scorer against a capture's truth, and the one way to strip a
     snapshot's stacks."""

@@ -515,8 +515,11 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
     untraced = Path(__file__).resolve().parent.parent / "fixtures/composition_h200/untraced"
     # and a training step recorded without stacks from the job's start: every class from the trace's order
     order = ROOT / "tests/fixtures/composition_h200/full_eager_fp32_none_start/snapshot.pickle.gz"
+    # and a step recorded without stacks for the dump's step only: what is older than it, by its layout
+    before = ROOT / "tests/fixtures/composition_fresh/fresh_encdec_bf16_fwd_none_dumpstep/snapshot.pickle.gz"
     pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file,
-             "untraced": untraced / "oom_fwd_eager_bf16_off" / "snapshot.pickle.gz", "order": order}
+             "untraced": untraced / "oom_fwd_eager_bf16_off" / "snapshot.pickle.gz", "order": order,
+             "before_trace": before}
     with sync_playwright() as p:
         b = Browser(p, None)
         try:
@@ -552,6 +555,11 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                     assert "unknown" not in comp and comp["optimizer_state"] > 0.8 * 2**30
                     assert note == ("parameters, optimizer state, activations, workspace: inferred from sizes "
                                     "and addresses"), note
+                elif name == "before_trace":
+                    assert comp["parameters"] > 0.1 * 2**30
+                    assert "inferred from sizes and addresses" in note and note.startswith("parameters"), note
+                    block = max(page.locator("#segmap-svg rect.block.cat-parameters").all(),
+                                key=lambda r: float(r.get_attribute("width")))
                 elif name == "order":
                     assert "unknown" not in comp and comp["gradients"] > 0.4 * 2**30
                     assert " · " not in note and note.endswith(": inferred from the trace's order"), note
@@ -568,9 +576,11 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
                 panel = page.text_content("#frames")
                 assert "_" not in panel.split("category ")[1].split(":")[0], panel  # a class in words
                 want = {"roles": "known from the job", "untraced": "inferred from sizes and addresses",
-                        "order": "inferred from the trace's order"}.get(
-                    name, "inferred from the trace")
+                        "order": "inferred from the trace's order",
+                        "before_trace": "inferred from sizes and addresses"}.get(name, "inferred from the trace")
                 assert want in panel, panel
+                block.hover()  # the readout under the map says the same origin
+                assert f"({want})" in page.text_content("#seg-readout"), name
                 page.locator("#composition").scroll_into_view_if_needed()
                 assert_not_blank(shot(page, tmp_path / f"one_class_{name}.png", full_page=True))
             b.clean()

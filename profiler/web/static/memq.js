@@ -465,7 +465,7 @@
       if (!t.getAttribute || t.getAttribute("data-bi") === null) { readout.textContent = ""; return; }
       var s = segs[+t.getAttribute("data-si")], b = s.blocks[+t.getAttribute("data-bi")];
       readout.textContent = fmtBytes(b.s) + " " + (b.st === "inactive" ? (b.x ? "stranded free" : "free") : (b.c || "unknown").replace(/_/g, " ")) +
-        (b.v ? " (" + originOf(b.v) + ")" : "") +
+        (b.v ? " (" + originOf(view, b.v) + ")" : "") +
         " at 0x" + (s.address + b.o).toString(16) + " in a " + fmtBytes(s.size) + " " + s.pool + " segment";
     });
     svg.addEventListener("click", function (ev) {
@@ -557,12 +557,9 @@
     return total;
   }
 
-  /* Where one block's class came from, by its source (provenance.origin). */
-  function originOf(v) {
-    if (v === "job") return "known from the job";
-    if (v === "order") return "inferred from the trace's order";
-    if (v === "layout" || v === "after_history" || v === "workspace_layout") return "inferred from sizes and addresses";
-    return "inferred from the trace";
+  /* Where one block's class came from, by its source (the server's provenance.origin of each source). */
+  function originOf(view, v) {
+    return (view.source_origins || {})[v] || "inferred from the trace";
   }
 
   /* One class's bytes by origin in words (provenance.origin_words). */
