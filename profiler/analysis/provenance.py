@@ -1153,6 +1153,15 @@ def _read_order(snap: Snapshot) -> _Order | None:
         if free[size_at[i]] > 0 and len(grads) < n_params:
             free[size_at[i]] -= 1
             grads.append(i)
+    weight_sizes = Counter(size_at[i] for i in weights)
+    if grads and len(grads) < n_params and _backward_done(trace, kept, bound, fwd_end, weight_sizes):
+        # the step's live bytes peaked after its first gradients (a spike of the backward's own): the rest of
+        # them were made before that, latest first
+        before = sorted((i for i in kept if bound < i < fwd_end and i not in out and i not in workspaces), reverse=True)
+        for i in before:
+            if free[size_at[i]] > 0 and len(grads) < n_params:
+                free[size_at[i]] -= 1
+                grads.append(i)
     weight_bytes = sum(size_at[i] for i in weights)
     if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
         for i in grads:
@@ -1193,6 +1202,15 @@ def _read_order(snap: Snapshot) -> _Order | None:
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
     return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
+
+
+def _backward_done(trace: list, kept: set, bound: int, fwd_end: int, weight_sizes: Counter) -> bool:
+    """Whether the last step's backward is over: a finished backward has released every activation its forward
+    saved, so of the blocks the step made before its most live bytes, the only ones still live that are not of
+    a weight's size are the inputs it began with (made before its first short-lived allocation)."""
+    first_tmp = next((i for i in range(bound + 1, len(trace)) if trace[i][0] == "alloc" and i not in kept),
+                     len(trace))
+    return not any(first_tmp < i < fwd_end and not weight_sizes[trace[i][2]] for i in kept)
 
 
 def _adjacent_pairs(sizes: list, start: int, earlier: Counter) -> list:
