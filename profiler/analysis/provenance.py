@@ -1132,22 +1132,26 @@ def _read_order(snap: Snapshot) -> _Order | None:
     last_weight = max(weights, default=-1)
     # a gradient per parameter the optimizer keeps state for (buffers have none), else per weight
     n_params = len(per_param) if state_run is not None else len(weights)
-    steps, levels = _steps(trace, weights, size_at, n_params)
+    # their sizes: of the parameters the state was made for where there is state (a frozen base has none)
+    trainable = Counter(per_param) if state_run is not None else Counter(size_at[i] for i in weights)
+    steps, levels = _steps(trace, weights, size_at, n_params, trainable)
     # the last step's gradients, still live: the earliest blocks of a weight's size, one per parameter,
     # made after its forward ended (the most bytes live since the last zero_grad, up to the last such block:
     # forward's saved activations all live and the loss's gradient made; saved activations of a weight's
     # shape are made before it)
     bound = steps[-1][3] if steps else max(last_weight, 0)
-    free = Counter(size_at[i] for i in weights)
+    free = trainable.copy()
     last = max((i for i in kept if i > bound and i not in out and free[size_at[i]] > 0), default=-1)
     fwd_end = max(range(bound, last + 1), key=levels.__getitem__, default=len(trace))
     grads = []
+    step_end = len(trace)  # where the step those gradients were made in ends: the trace's end, the last step
     if state_run is not None:
         # made between the weights and the optimizer's first step, and kept since: the first backward's
-        # gradients, never released (zero_grad(set_to_none=False), or accumulated into every step)
+        # gradients, never released (zero_grad(set_to_none=False), or accumulated into every step); their
+        # step ends with the state its optimizer step made, and later steps' backwards accumulate in place
         early = [i for i in kept if last_weight < i < state_run[0] and i not in out and free[size_at[i]] > 0]
-        if sum(size_at[i] for i in early) >= ORDER_GRADIENT_SHARE * sum(size_at[i] for i in weights):
-            fwd_end = last_weight
+        if sum(size_at[i] for i in early) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in trainable.items()):
+            fwd_end, step_end = last_weight, state_run[-1] + 1
     # the earliest: a next micro-batch's forward (gradient accumulation) makes blocks of a weight's shape
     for i in sorted(i for i in kept if i > fwd_end and i not in out and i not in workspaces):
         if free[size_at[i]] > 0 and len(grads) < n_params:
@@ -1166,7 +1170,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
     if grads and (state_run is not None or sum(size_at[i] for i in grads) >= ORDER_GRADIENT_SHARE * weight_bytes):
         for i in grads:
             out[i] = (fr.GRADIENTS, FROM_ORDER)
-        steps.append((min(grads), max(grads), len(trace), len(trace), ()))
+        steps.append((min(grads), max(grads), step_end, step_end, ()))
     else:
         grads = []
     if state_run is None and not grads and not steps:
@@ -1201,7 +1205,24 @@ def _read_order(snap: Snapshot) -> _Order | None:
         bound = after
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
+        top = max(range(len(levels)), key=levels.__getitem__, default=-1)
+        if top > state_run[-1] and not any(a <= top <= b for a, b in backward + optimizer):
+            # a later step whose backward made no gradient (it accumulated into kept ones): the trace's most
+            # live bytes are still where a backward begins, its step's forward having saved everything, unless
+            # they are the optimizer's temporaries (a weight's size each, made in a row)
+            (optimizer if _in_a_row_of(trace, top, trainable) else backward).append((top, top))
     return _Order(out, backward, optimizer, frozenset(j for _g0, _g1, _e, _a, got in steps for j in got))
+
+
+def _in_a_row_of(trace: list, i: int, sizes: Counter) -> bool:
+    """Whether allocation i is one of two or more made in a row (no free between them) at the given sizes."""
+    row = 1 if trace[i][2] in sizes else 0
+    for step in (-1, 1):
+        j = i + step
+        while 0 <= j < len(trace) and trace[j][0] == "alloc" and trace[j][2] in sizes:
+            row += 1
+            j += step
+    return row >= 2 and trace[i][2] in sizes
 
 
 def _backward_done(trace: list, kept: set, bound: int, fwd_end: int, weight_sizes: Counter) -> bool:
@@ -1238,7 +1259,7 @@ def _kept_copies(earlier: Counter, ones: list) -> int:
     return 2 if ones and twice >= STATE_SPLIT_SHARE * sum(ones) else 1
 
 
-def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[list[tuple], list]:
+def _steps(trace: list, weights: set, size_at: dict, n_params: int, trainable: Counter) -> tuple[list[tuple], list]:
     """The training steps of a trace without stacks whose gradients zero_grad released, as (first
     gradient, last gradient, zero_grad's first free of them, the allocation after its last, the gradients'
     trace indices), in order, and the bytes live after
@@ -1249,8 +1270,8 @@ def _steps(trace: list, weights: set, size_at: dict, n_params: int) -> tuple[lis
     if not weights:
         return [], []
     last_weight = max(weights)
-    sizes = Counter(size_at[i] for i in weights)
-    weight_bytes = sum(size_at[i] for i in weights)
+    sizes = trainable
+    weight_bytes = sum(n * c for n, c in trainable.items())
     out = []
     born: dict = {}  # address -> alloc index, of the blocks at a weight's size made after the weights
     freed: list[int] = []  # those the current run of frees released

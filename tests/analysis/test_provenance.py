@@ -1078,6 +1078,55 @@ def test_without_stacks_the_last_steps_gradients_made_before_its_most_live_bytes
     assert score["class_share"] >= (0.99 if strip else 0.98), score
 
 
+def test_without_stacks_a_lora_jobs_gradients_are_of_the_sizes_its_optimizer_keeps_state_for():
+    """A LoRA fine-tune of the fresh H200 set, out of memory in a later step, its stacks removed: only the
+    adapters have AdamW state, so only their sizes are a gradient's (the frozen base's 64 MiB weight shape
+    is also its forward's activations' shape: 0.13 GiB of them read as gradients before), and the steps are
+    told by zero_grad releasing the adapters' gradients (the forward's activations read as made in backward
+    before: phase 36.5%)."""
+    score = _scored_fresh("fresh_lora_bf16_oom_bwd_py_start", strip=True)
+    assert score["class_share"] >= 0.99, score
+    assert score["phase_share"] >= 0.9, score
+
+
+def test_without_stacks_gradients_kept_since_the_first_backward_end_their_step_at_its_state():
+    """Gradients kept since the first backward (zero_grad(set_to_none=False)) are the first step's: that step's
+    optimizer stretch ends where its state was made, not at the trace's end (the later steps' forwards and
+    backwards are no optimizer step), so more of the ConvNet's live bytes have their phase right."""
+    snap = _snap(HERE / "composition_fresh" / "fresh_cnn_sgd_keepgrad_bwd_none_start" / "snapshot.pickle.gz")
+    order = pv._order(snap)
+    state_end = max(i for i, (cls, _src) in order.made.items() if cls == fr.OPTIMIZER_STATE)
+    assert order.optimizer and max(b for _a, b in order.optimizer) <= state_end
+    assert _scored_fresh("fresh_cnn_sgd_keepgrad_bwd_none_start")["phase_share"] >= 0.99
+
+
+def test_without_stacks_a_later_steps_most_live_bytes_begin_its_backward_unless_the_optimizers():
+    """A trace without stacks whose gradients are kept since the first backward: later steps make no gradient,
+    so their backward is not told by one. The trace's most live bytes, after the first step, are where a
+    backward begins (its forward has saved everything), unless they are the optimizer's temporaries: blocks
+    of a parameter's size made in a row."""
+    base = 1 << 34
+    weights = [(base, 40 * MiB, []), (base + 64 * MiB, 50 * MiB, [])]
+    grads = [(base + 128 * MiB, 40 * MiB, []), (base + 192 * MiB, 50 * MiB, [])]
+    s0 = base + 256 * MiB
+    state = [(s0 + k * 64 * MiB, n * MiB, []) for k, n in enumerate((40, 40, 50, 50))]
+    first = _made(weights) + _tmp(4) + FORWARD + _made(grads, gap=2) + _tmp(1) + _made(state) + _tmp(2)
+    later_fwd = _tmp(1, tag=1 << 41, size=512 * MiB)  # a later step's saved activations, the most live bytes
+    foreach = []  # the optimizer's temporaries, one per parameter, in a row, above those
+    for k, n in enumerate((40, 50)):
+        foreach.append(_ev("alloc", (1 << 36) + k * 64 * MiB, n * MiB, []))
+    foreach += [_ev(a, (1 << 36) + k * 64 * MiB, n * MiB, []) for k, n in enumerate((40, 50))
+                for a in ("free_requested", "free_completed")]
+    live = weights + grads + state
+    for tail, want in ((later_fwd + _tmp(1), "backward"),
+                       (_tmp(1, tag=1 << 42, size=64 * MiB) + foreach + _tmp(1), "optimizer_step")):
+        snap = _job(live, first + tail)
+        top = max(range(len(snap.trace)), key=lambda i: sum(
+            ev[2] if ev[0] == "alloc" else -ev[2] if ev[0] == "free_completed" else 0 for ev in snap.trace[:i + 1]))
+        assert top >= len(first), want
+        assert pv.entry_phase(snap, top) == want
+
+
 def _scored_fresh(job: str, strip: bool = False) -> dict:
     return _truth_bench().score_gpu(HERE / "composition_fresh" / job, with_roles=False, strip=strip)
 
