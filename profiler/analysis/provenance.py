@@ -462,14 +462,12 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                     out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
     elif not known_params and covers_step_start(trace, trace_has_frames):
         k = _state_split(snap, trace, by_size)
+        age = _age_order(snap)
         for size, group in by_size.items():
             if k and len(group) % (k + 1) == 0:
                 # each parameter and its k state tensors: the oldest of every k + 1 are the parameters (the
-                # model is made before the optimizer's first step), and the oldest blocks sit at the
-                # highest addresses (the driver hands out address space from the top: the highest were
-                # the parameters for 374 of 405 parameter-sized blocks whose frames say which, in
-                # tests/fixtures/real, captured and public_snapshots; captured/leak_epochs is the exception)
-                group = sorted(group, key=lambda b: -b.address)
+                # model is made before the optimizer's first step), oldest first as `_age_order` has them
+                group = sorted(group, key=age)
                 n = len(group) // (k + 1)
                 params[size] = group[:n]
                 for b in group[n:]:
@@ -761,6 +759,31 @@ def _state_split(snap: Snapshot, trace: list, by_size: dict) -> int:
         if key in named:
             return k if fits(k) else 0
     return next((k for k in (2, 1) if fits(k)), 0)
+
+
+def _age_order(snap: Snapshot):
+    """A sort key of live blocks, oldest first, from their addresses alone: runs of segments mapped back to
+    back, the highest run first, each run upward. The driver maps a stretch of address space upward, one
+    segment after another (a model loads into one), and a later stretch below the earlier ones; a segment
+    is cut from its start. Of the parameter-sized blocks whose frames say which is a parameter and which
+    its optimizer state (tests/fixtures/real, captured, public_snapshots: 27.1 GiB), this puts the parameter
+    first for 95% of the bytes; the highest address first, 71% (an expandable segment, grown upward, 0%)."""
+    key = snap.memo.get("age_order")
+    if key is None:
+        run_top: dict[int, int] = {}
+        top = below = None
+        for seg in sorted(snap.segments, key=lambda s: -s.address):
+            if below is None or seg.address + seg.total_size != below:
+                top = seg.address
+            run_top[seg.address] = top
+            below = seg.address
+        seg_of = {b.address: seg.address for seg in snap.segments for b in seg.blocks}
+
+        def key(b) -> tuple[int, int]:
+            return -run_top.get(seg_of.get(b.address, b.address), b.address), b.address
+
+        snap.memo["age_order"] = key
+    return key
 
 
 def _grads_predate(out: dict, predating: list, trace: list, trace_has_frames: bool, last_bwd: int) -> bool:
