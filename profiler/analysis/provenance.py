@@ -451,6 +451,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
         if b.address not in workspaces:
             by_size.setdefault(tensor_size(b), []).append(b)
     params: dict[int, list] = {}
+    split_grads: set = set()  # sizes whose kept gradients the split below named
     if state_sizes:
         k = state_per_param(snap, out, live) or _state_per_param_by_count(
             snap, out, predating, trace, trace_has_frames, last_bwd, state_sizes, by_size) or 1
@@ -461,16 +462,24 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 for b in params[size]:
                     out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
     elif not known_params and covers_step_start(trace, trace_has_frames):
-        k = _state_split(snap, trace, by_size)
+        # a backward in the trace that made no gradient accumulated into ones kept since an earlier step
+        kept = int(not _made_in_bwd(undecided, made, by_size, trace, trace_has_frames)
+                   and _grads_predate(out, predating, trace, trace_has_frames, last_bwd))
+        k = _state_split(snap, trace, by_size, kept)
+        kept = kept if k else 0
         age = _age_order(snap)
         for size, group in by_size.items():
-            if k and len(group) % (k + 1) == 0:
-                # each parameter and its k state tensors: the oldest of every k + 1 are the parameters (the
-                # model is made before the optimizer's first step), oldest first as `_age_order` has them
+            if k and len(group) % (k + 1 + kept) == 0:
+                # each parameter, its gradient where kept, and its k state tensors: oldest first as
+                # `_age_order` has them, the parameter (the model is made first), the gradient (the first
+                # backward), the state (the first optimizer step)
                 group = sorted(group, key=age)
-                n = len(group) // (k + 1)
+                n = len(group) // (k + 1 + kept)
                 params[size] = group[:n]
-                for b in group[n:]:
+                for b in group[n:n + n * kept]:
+                    out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
+                    split_grads.add(size)
+                for b in group[n + n * kept:]:
                     out[b.address] = BlockClass(fr.OPTIMIZER_STATE, FROM_STATE, -1)
             elif k and size >= (1 << 20):
                 continue  # a size that is no parameter with its state: nothing says what it is
@@ -478,11 +487,11 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 params[size] = group
             for b in params[size]:
                 out[b.address] = BlockClass(fr.PARAMETERS, BEFORE_TRACE, -1)
-    made_in_bwd = any(b.address in made and tensor_size(b) in by_size
-                      and event_phase(trace[made[b.address]].frames, trace_has_frames) == PHASE_BACKWARD
-                      for b in undecided)
-    if not made_in_bwd and _grads_predate(out, predating, trace, trace_has_frames, last_bwd):
+    if not _made_in_bwd(undecided, made, by_size, trace, trace_has_frames) \
+            and _grads_predate(out, predating, trace, trace_has_frames, last_bwd):
         for size, group in by_size.items():
+            if size in split_grads:
+                continue
             mine = params.get(size, [])
             if not state_sizes:  # each parameter and its gradient are two blocks of this size
                 for b in mine[len(mine) - len(mine) // 2:]:
@@ -729,11 +738,18 @@ def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list
     return out
 
 
-def _state_split(snap: Snapshot, trace: list, by_size: dict) -> int:
+def _made_in_bwd(undecided: list, made: dict, by_size: dict, trace: list, trace_has_frames: bool) -> bool:
+    """Whether the trace's backward made a block of a size older blocks have (a gradient made there)."""
+    return any(b.address in made and tensor_size(b) in by_size
+               and event_phase(trace[made[b.address]].frames, trace_has_frames) == PHASE_BACKWARD
+               for b in undecided)
+
+
+def _state_split(snap: Snapshot, trace: list, by_size: dict, kept_grads: int = 0) -> int:
     """State tensors per parameter among blocks older than the trace, when an optimizer is evidenced (the
     agent named it, or its code ran in the trace: a step, or zero_grad releasing the last gradients) and
     every size of at least 1 MiB comes in a multiple of k + 1 blocks (a parameter and its k state
-    tensors); 0 when nothing says there is state among them."""
+    tensors; k + 2 with `kept_grads`: its gradient too); 0 when nothing says there is state among them."""
     named = (snap.agent.optimizer or "").lower() if snap.agent is not None else ""
     seen_optimizer = bool(named)
     for ev in trace:
@@ -745,7 +761,7 @@ def _state_split(snap: Snapshot, trace: list, by_size: dict) -> int:
                     named = named or path.rsplit("/", 1)[-1]
             if named:
                 break
-    if not seen_optimizer:
+    if not seen_optimizer and not kept_grads:  # (gradients kept across steps: a training job all the same)
         return 0
     groups = [(size, len(g)) for size, g in by_size.items() if size >= (1 << 20) and len(g) > 1]
     total = sum(size * n for size, n in groups)
@@ -753,7 +769,10 @@ def _state_split(snap: Snapshot, trace: list, by_size: dict) -> int:
         return 0
 
     def fits(k: int) -> bool:  # nearly all those bytes come in multiples of k + 1 blocks
-        return sum(size * n for size, n in groups if n % (k + 1) == 0) >= STATE_SPLIT_SHARE * total
+        return sum(size * n for size, n in groups if n % (k + 1 + kept_grads) == 0) >= STATE_SPLIT_SHARE * total
+
+    if not seen_optimizer and sum(size * n for size, n in groups if n % 2 == 0) >= STATE_SPLIT_SHARE * total:
+        return 0  # no optimizer seen, and a parameter with its kept gradient explains every size
 
     for key, k in _STATE_PER_PARAM:
         if key in named:

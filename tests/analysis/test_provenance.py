@@ -1162,6 +1162,21 @@ def test_history_begun_at_the_dumps_step_splits_a_parameter_from_its_one_state_t
     assert _scored_fresh(job)["class_share"] >= 0.95
 
 
+def test_a_dump_steps_parameters_kept_gradients_and_momentum_older_than_its_trace():
+    """A tied-embedding GPT trained by SGD with momentum and zero_grad(set_to_none=False), its history begun at
+    the dump's step (tests/fixtures/composition_fresh, H200): every parameter, its kept gradient and its
+    momentum are older than the trace, and no optimizer code allocates in it. Three blocks per parameter's
+    size: the parameters (oldest, the top run) read right; which of the other two is the gradient and which
+    the momentum, both made into the segments the first step's activations left, is read by age, about half
+    right (5.8% of live bytes in class before, all three swapped)."""
+    job = HERE / "composition_fresh" / "fresh_tied_sgd_keepgrad_step_all_dumpstep"
+    truth = json.loads((job / "truth.json").read_text())
+    classes = block_classes(_snap(job / "snapshot.pickle.gz"))
+    params = [(a, n) for a, n, _l, c, _p in truth["blocks"] if c == "parameters"]
+    assert sum(n for a, n in params if classes[a].cls == fr.PARAMETERS) >= 0.95 * sum(n for _a, n in params)
+    assert _scored_fresh(job.name)["class_share"] >= 0.6
+
+
 def _scored_fresh(job: str, strip: bool = False) -> dict:
     return _truth_bench().score_gpu(HERE / "composition_fresh" / job, with_roles=False, strip=strip)
 
@@ -1389,6 +1404,33 @@ def test_a_first_step_that_replaces_nothing_rebinds_no_parameter():
     snap.memo.clear()
     classes = block_classes(snap)
     assert fr.PARAMETERS not in {classes[a].cls for a in roles["param"]}
+
+
+@rule("STATE_SPLIT_SHARE")
+def test_kept_gradients_and_one_state_tensor_each_older_than_the_trace_with_no_optimizer_seen():
+    """A trace from a step's start whose backward made no gradient (it accumulated into ones kept since an
+    earlier step) and in which no optimizer code allocated (SGD's foreach step works in place): the blocks older
+    than it may be each parameter, its kept gradient and one state tensor. Where nine tenths of their bytes
+    come in even numbers of blocks of one size, a parameter and its gradient explain them, and no state is read
+    (a forward and backward that keep their gradients, no optimizer): six 10 MiB blocks and three of 2 MiB,
+    60 / 66 MiB. With three of 2.5 MiB (60 / 67.5: 88.9%), threes explain them: each three, oldest first, a
+    parameter, its gradient and its state."""
+    base = 1 << 40
+    bwd = [{"filename": "/x/torch/autograd/graph.py", "name": "_engine_run_backward", "line": 1}]
+    act = base + 4096 * MiB
+    trace = [_ev("alloc", act, 2 * MiB), _ev("alloc", act + 8 * MiB, 3 * MiB, bwd),
+             _ev("free_requested", act + 8 * MiB, 3 * MiB, bwd)]
+    for small, want_state in ((2 * MiB, False), (5 * MiB // 2, True)):
+        six = [(base - (k + 1) * 64 * MiB, 10 * MiB, []) for k in range(6)]  # the highest first: the oldest
+        three = [(base - 1024 * MiB - (k + 1) * 64 * MiB, small, []) for k in range(3)]
+        snap = _own_segments(six + three + [(act, 2 * MiB, FWD)], trace)
+        classes = block_classes(snap)
+        got = [classes[a].cls for a, _, _ in six]
+        if want_state:
+            assert got == [fr.PARAMETERS] * 2 + [fr.GRADIENTS] * 2 + [fr.OPTIMIZER_STATE] * 2, got
+            assert [classes[a].cls for a, _, _ in three] == [fr.PARAMETERS, fr.GRADIENTS, fr.OPTIMIZER_STATE]
+        else:
+            assert fr.OPTIMIZER_STATE not in got and set(got) == {fr.PARAMETERS, fr.GRADIENTS}, got
 
 
 @rule("STATE_COUNT_SHARE")
