@@ -308,7 +308,13 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
     for size, n in grads_known.items():  # one gradient per parameter
         param_sizes[size] = max(0, param_sizes[size] - n)
     in_bwd_at_end = _in_backward_at_end(trace, last_bwd)
-    top = -1 if trace_has_frames else _most_live_at(trace)
+    peak: list[int] = []  # the trace's most live entry, found when first needed
+
+    def after_peak(i: int) -> bool:
+        if not peak:
+            peak.append(_most_live_at(trace))
+        return i > peak[0]
+
     for b in undecided:
         i = made.get(b.address, -1)
         if b.address in workspaces:
@@ -316,7 +322,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
         elif roles_known and not b.frames:
             # the job said which gradients exist: a frameless block it did not name is not one
             out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
-        elif param_sizes.get(tensor_size(b), 0) > 0 and (trace_has_frames or i > top):
+        elif param_sizes.get(tensor_size(b), 0) > 0 and (trace_has_frames or after_peak(i)):
             # (in a trace without stacks, one of a parameter's size made before its most live bytes is as
             # likely the forward's output of that shape as a gradient: unknown, below; a backward's come after
             # the forward's saved activations peak)
@@ -439,8 +445,10 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     """Blocks older than the trace with no frames and no role. Parameters where the optimizer state's
     sizes imply them (each size's state blocks / state per parameter, less the parameters already
     known) or, with no optimizer state and nothing known to be a parameter, where the trace covers the
-    step from its start; gradients kept from an earlier backward beside them (a backward that ran in
-    the trace made none: it accumulated into them); cuBLAS workspaces by their size; the rest unknown."""
+    step from its start (split from their state, and their kept gradients, oldest first: `_age_order`);
+    gradients kept from an earlier backward beside them (a backward that ran in the trace made none: it
+    accumulated into them); cuBLAS workspaces by their size; where the trace has no stacks, the model's
+    state by its layout (untraced.py); the rest unknown."""
     if not predating:
         return
     live = [b for seg in snap.segments for b in seg.blocks if b.is_live]
@@ -747,9 +755,10 @@ def _made_in_bwd(undecided: list, made: dict, by_size: dict, trace: list, trace_
 
 def _state_split(snap: Snapshot, trace: list, by_size: dict, kept_grads: int = 0) -> int:
     """State tensors per parameter among blocks older than the trace, when an optimizer is evidenced (the
-    agent named it, or its code ran in the trace: a step, or zero_grad releasing the last gradients) and
-    every size of at least 1 MiB comes in a multiple of k + 1 blocks (a parameter and its k state
-    tensors; k + 2 with `kept_grads`: its gradient too); 0 when nothing says there is state among them."""
+    agent named it, or its code ran in the trace: a step, or zero_grad releasing the last gradients; or
+    `kept_grads`, gradients kept across steps, unless a parameter and its gradient, pairs, explain the
+    bytes) and every size of at least 1 MiB comes in a multiple of k + 1 blocks (a parameter and its k
+    state tensors; k + 2 with `kept_grads`: its gradient too); 0 when nothing says there is state."""
     named = (snap.agent.optimizer or "").lower() if snap.agent is not None else ""
     seen_optimizer = bool(named)
     for ev in trace:
