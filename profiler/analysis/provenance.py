@@ -315,6 +315,21 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             peak.append(_most_live_at(trace))
         return i > peak[0]
 
+    def training() -> bool:
+        # a gradient or optimizer state read among the blocks, or the trace opening with zero_grad's release of
+        # gradients (frees, before any allocation, of blocks of the parameters' sizes it did not make)
+        if any(bc.cls in (fr.GRADIENTS, fr.OPTIMIZER_STATE) for bc in out.values()):
+            return True
+        sizes = {tensor_size(b) for b in live if _weight(out.get(b.address, _NONE))}
+        made_here: set = set()
+        released = 0
+        for ev in trace[:64]:
+            if ev[0] == "alloc":
+                made_here.add(ev[1])
+            elif ev[0] == "free_requested" and ev[1] not in made_here and ev[2] in sizes:
+                released += 1
+        return released >= 2
+
     for b in undecided:
         i = made.get(b.address, -1)
         if b.address in workspaces:
@@ -334,6 +349,10 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_TRACE, i)
         elif i >= 0 and trace_has_frames:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
+        elif i >= 0 and not after_peak(i) and training():
+            # a training step's forward made it (before its most live bytes) and it outlived the forward: what
+            # the forward saved for the backward, or the step's input
+            out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
         else:
             out[b.address] = BlockClass(fr.UNKNOWN, FROM_TRACE if trace_has_frames else NO_FRAMES, i)
     _per_param_state(trace, live, out, snap)
