@@ -363,8 +363,11 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
 _NONE = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
 
 
-def _most_live_at(trace: list) -> int:
-    """The trace entry at which the most bytes made in the trace were live (its first such entry)."""
+def _most_live_at(trace: list, levels: list | None = None) -> int:
+    """The trace entry at which the most bytes made in the trace were live (its first such entry); `levels`:
+    those bytes after each entry, where they are counted already."""
+    if levels is not None:
+        return max(range(len(levels)), key=levels.__getitem__, default=-1)
     level = top = 0
     at = -1
     for i, ev in enumerate(trace):
@@ -1275,7 +1278,7 @@ def _read_order(snap: Snapshot) -> _Order | None:
         bound = after
     if state_run is not None:
         optimizer.append((state_run[0], state_run[-1]))
-        top = max(range(len(levels)), key=levels.__getitem__, default=-1)
+        top = _most_live_at(trace, levels)
         if top > state_run[-1] and not any(a <= top <= b for a, b in backward + optimizer):
             # a later step whose backward made no gradient (it accumulated into kept ones): the trace's most
             # live bytes are still where a backward begins, its step's forward having saved everything, unless
