@@ -60,6 +60,7 @@ from memq.analysis.untraced import (
     LAYOUT_BEFORE_TRACE,
     LAYOUT_ORIGIN,
     WORKSPACE_LAYOUT,
+    age_order,
 )
 from memq.analysis.untraced import SOURCE_WORDS as _UNTRACED_WORDS
 from memq.analysis.untraced import resolve as _resolve_untraced
@@ -315,21 +316,11 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             peak.append(_most_live_at(trace))
         return i > peak[0]
 
-    def training() -> bool:
-        # a gradient or optimizer state read among the blocks, or the trace opening with zero_grad's release of
-        # gradients (frees, before any allocation, of blocks of the parameters' sizes it did not make)
-        if any(bc.cls in (fr.GRADIENTS, fr.OPTIMIZER_STATE) for bc in out.values()):
-            return True
-        sizes = {tensor_size(b) for b in live if _weight(out.get(b.address, _NONE))}
-        made_here: set = set()
-        released = 0
-        for ev in trace[:64]:
-            if ev[0] == "alloc":
-                made_here.add(ev[1])
-            elif ev[0] == "free_requested" and ev[1] not in made_here and ev[2] in sizes:
-                released += 1
-        return released >= 2
-
+    # (a training step, read once before the blocks below: a gradient or optimizer state among the classes,
+    # or zero_grad's release of gradients; only a trace without stacks asks)
+    training = not trace_has_frames and (
+        any(bc.cls in (fr.GRADIENTS, fr.OPTIMIZER_STATE) for bc in out.values())
+        or _releases_gradients(trace, {tensor_size(b) for b in live if _weight(out.get(b.address, _NONE))}))
     for b in undecided:
         i = made.get(b.address, -1)
         if b.address in workspaces:
@@ -349,7 +340,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
             out[b.address] = BlockClass(fr.GRADIENTS, FROM_TRACE, i)
         elif i >= 0 and trace_has_frames:
             out[b.address] = BlockClass(fr.ACTIVATIONS if in_bwd_at_end or b.frames else fr.UNKNOWN, FROM_TRACE, i)
-        elif i >= 0 and not after_peak(i) and training():
+        elif i >= 0 and training and not after_peak(i):
             # a training step's forward made it (before its most live bytes) and it outlived the forward: what
             # the forward saved for the backward, or the step's input
             out[b.address] = BlockClass(fr.ACTIVATIONS, FROM_TRACE, i)
@@ -361,6 +352,21 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
 
 
 _NONE = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
+
+
+def _releases_gradients(trace: list, sizes: set) -> bool:
+    """Whether the trace's first run of frees of blocks it did not make (no allocation between them) holds two
+    or more of the parameters' sizes: zero_grad releasing the last step's gradients, as a step begins."""
+    made: set = set()
+    released = -1  # -1 until the first such free
+    for ev in trace:
+        if ev[0] == "alloc":
+            if released >= 0:
+                break
+            made.add(ev[1])
+        elif ev[0] == "free_requested" and ev[1] not in made:
+            released = max(released, 0) + (ev[2] in sizes)
+    return released >= 2
 
 
 def _most_live_at(trace: list, levels: list | None = None) -> int:
@@ -506,9 +512,10 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 group = sorted(group, key=age)
                 n = len(group) // (k + 1 + kept)
                 params[size] = group[:n]
+                if kept:
+                    split_grads.add(size)
                 for b in group[n:n + n * kept]:
                     out[b.address] = BlockClass(fr.GRADIENTS, BEFORE_TRACE, -1)
-                    split_grads.add(size)
                 for b in group[n + n * kept:]:
                     out[b.address] = BlockClass(fr.OPTIMIZER_STATE, FROM_STATE, -1)
             elif k and size >= (1 << 20):
@@ -812,27 +819,10 @@ def _state_split(snap: Snapshot, trace: list, by_size: dict, kept_grads: int = 0
 
 
 def _age_order(snap: Snapshot):
-    """A sort key of live blocks, oldest first, from their addresses alone: runs of segments mapped back to
-    back, the highest run first, each run upward. The driver maps a stretch of address space upward, one
-    segment after another (a model loads into one), and a later stretch below the earlier ones; a segment
-    is cut from its start. Of the parameter-sized blocks whose frames say which is a parameter and which
-    its optimizer state (tests/fixtures/real, captured, public_snapshots: 27.1 GiB), this puts the parameter
-    first for 95% of the bytes; the highest address first, 71% (an expandable segment, grown upward, 0%)."""
+    """untraced.age_order of the snapshot's segments (oldest first), memoised on it."""
     key = snap.memo.get("age_order")
     if key is None:
-        run_top: dict[int, int] = {}
-        top = below = None
-        for seg in sorted(snap.segments, key=lambda s: -s.address):
-            if below is None or seg.address + seg.total_size != below:
-                top = seg.address
-            run_top[seg.address] = top
-            below = seg.address
-        seg_of = {b.address: seg.address for seg in snap.segments for b in seg.blocks}
-
-        def key(b) -> tuple[int, int]:
-            return -run_top.get(seg_of.get(b.address, b.address), b.address), b.address
-
-        snap.memo["age_order"] = key
+        key = snap.memo["age_order"] = age_order(snap.segments)
     return key
 
 
@@ -1289,13 +1279,10 @@ def _read_order(snap: Snapshot) -> _Order | None:
 
 def _in_a_row_of(trace: list, i: int, sizes: Counter) -> bool:
     """Whether allocation i is one of two or more made in a row (no free between them) at the given sizes."""
-    row = 1 if trace[i][2] in sizes else 0
-    for step in (-1, 1):
-        j = i + step
-        while 0 <= j < len(trace) and trace[j][0] == "alloc" and trace[j][2] in sizes:
-            row += 1
-            j += step
-    return row >= 2 and trace[i][2] in sizes
+    if trace[i][2] not in sizes:
+        return False
+    return any(0 <= i + step < len(trace) and trace[i + step][0] == "alloc" and trace[i + step][2] in sizes
+               for step in (-1, 1))
 
 
 def _backward_done(trace: list, kept: set, bound: int, fwd_end: int, weight_sizes: Counter) -> bool:

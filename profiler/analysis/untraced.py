@@ -114,13 +114,14 @@ def _pairs(segments: list, rest_addr: set) -> dict[int, list[int]]:
     return out
 
 
-def _runs(segments: list, aligned: bool = False) -> list[list]:
+def _runs(segments: list, aligned: bool = False, every: bool = False) -> list[list]:
     """The large segments from the top of the address space down, in runs of segments back to back (each
     ends where the one above it starts: made one after another); `aligned`: or less than its own size below
     it (a driver that aligns each mapping to a coarser boundary spaces them so: every 20 MiB segment 32 MiB
-    from the next in tests/fixtures/real and in a published GPT-2 snapshot)."""
+    from the next in tests/fixtures/real and in a published GPT-2 snapshot); `every`: of all the segments,
+    small ones and private pools too."""
     # (a CUDA graph's private pool holds what its capture made, never the model loaded before it)
-    large = sorted((s for s in segments if s.segment_type != "small" and not s.is_private_pool),
+    large = sorted((s for s in segments if every or (s.segment_type != "small" and not s.is_private_pool)),
                    key=lambda s: -s.address)
     runs: list[list] = []
     for seg in large:
@@ -130,6 +131,22 @@ def _runs(segments: list, aligned: bool = False) -> list[list]:
         else:
             runs.append([seg])
     return runs
+
+
+def age_order(segments: list):
+    """A sort key of live blocks, oldest first, from their addresses alone: the runs of segments mapped back to
+    back (`_runs`), the highest run first, each run upward. The driver maps a stretch of address space upward,
+    one segment after another (a model loads into one), and a later stretch below the earlier ones; a segment
+    is cut from its start, and an expandable segment grows upward. Of the parameter-sized blocks whose frames
+    say which is a parameter and which its optimizer state (tests/fixtures/real, captured, public_snapshots:
+    27.1 GiB), this puts the parameter first for 95% of the bytes; the highest address first, 71%."""
+    run_top = {seg.address: run[0].address for run in _runs(segments, every=True) for seg in run}
+    seg_of = {b.address: seg.address for seg in segments for b in seg.blocks}
+
+    def key(b) -> tuple[int, int]:
+        return -run_top.get(seg_of.get(b.address, b.address), b.address), b.address
+
+    return key
 
 
 def _model_region(segments: list, rest_addr: set, paired: dict, aligned: bool = False) -> tuple[int, int] | None:

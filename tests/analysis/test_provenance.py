@@ -294,7 +294,7 @@ def test_a_bf16_generation_jobs_workspaces_among_its_32_mib_weights():
     assert len(ws) == 2 and {classes[a].cls for a in ws} == {fr.WORKSPACE_CAT}
     big = {b[0] for b in truth["blocks"] if b[1] == 32 * MiB and b[3] == "parameters"}
     assert len(big) == 6 and {classes[a].cls for a in big} == {fr.PARAMETERS}
-    assert _truth_bench().score_gpu(job, with_roles=False)["class_share"] >= 0.99
+    assert _scored(job.name, where=FRESH)["class_share"] >= 0.99
 
 
 def test_older_blocks_sized_as_the_optimizer_state_implies_are_parameters():
@@ -564,6 +564,7 @@ def test_a_trace_without_stacks_says_why_its_blocks_are_unknown():
 
 
 H200 = HERE / "composition_h200"
+FRESH = HERE / "composition_fresh"
 
 
 def _with_roles(snap, ranges) -> Snapshot:
@@ -988,8 +989,7 @@ def test_a_small_gpt_recorded_without_stacks_with_gradients_kept_reads_its_adam_
     """The small GPT trained by Adam with zero_grad(set_to_none=False) (tests/fixtures/composition_fresh, H200),
     read with every stack removed: its backward's last two gradients lead the run that makes Adam's state,
     and the state, the weights and the gradients still read (63.6% of live bytes in their class before)."""
-    score = _truth_bench().score_gpu(HERE / "composition_fresh" / "fresh_small_adam_keepgrad_fwd_py_start",
-                                     with_roles=False, strip=True)
+    score = _scored("fresh_small_adam_keepgrad_fwd_py_start", strip=True, where=FRESH)
     assert score["class_share"] >= 0.99, score
 
 
@@ -1021,8 +1021,7 @@ def test_a_convnet_recorded_without_stacks_with_gradients_kept_reads_its_momentu
     job's start and dumped in a later backward (tests/fixtures/composition_fresh, H200): its momentum
     buffers, made in one run at the first step beside the weights and the kept gradients, are the
     optimizer state, the gradients are gradients (68.9% of live bytes in their class before, 100% now)."""
-    score = _truth_bench().score_gpu(HERE / "composition_fresh" / "fresh_cnn_sgd_keepgrad_bwd_none_start",
-                                     with_roles=False)
+    score = _scored("fresh_cnn_sgd_keepgrad_bwd_none_start", where=FRESH)
     assert score["class_share"] >= 0.99, score
     assert score["peak_phase"] == score["peak_truth"] == "backward", score
 
@@ -1050,7 +1049,7 @@ def test_blocks_older_than_a_trace_without_stacks_are_read_by_their_layout():
     # what the trace made before its most live bytes is the training step's forward: activations
     acts = [(a, n) for a, n, _l, c, _p in truth["blocks"] if c == "activations" and classes[a].event >= 0]
     assert sum(n for a, n in acts if classes[a].cls == fr.ACTIVATIONS) >= 0.95 * sum(n for _a, n in acts) > 0
-    assert _truth_bench().score_gpu(job, with_roles=False)["class_share"] >= 0.6  # 7.4% when none was read
+    assert _scored(job.name, where=FRESH)["class_share"] >= 0.6  # 7.4% when none was read
 
 
 @pytest.mark.parametrize("job, grads", [("fresh_wide_adafactor_bwd_all_dumpstep", True),
@@ -1068,7 +1067,7 @@ def test_without_stacks_a_parameter_sized_block_is_a_gradient_only_after_the_mos
     classes = block_classes(snap)
     named = {classes[a].cls for a, _n, _l, _c, _p in truth["blocks"]}
     assert (fr.GRADIENTS in named) == grads
-    score = _scored_fresh(job, strip=True)
+    score = _scored(job, strip=True, where=FRESH)
     assert score["class_share"] >= (0.95 if grads else 0.99), score
 
 
@@ -1080,7 +1079,7 @@ def test_without_stacks_the_last_steps_gradients_made_before_its_most_live_bytes
     most live bytes; its backward is over (of what the step made before, only its inputs are live), so they
     are gradients too (91.4% before, 100% now). A GPT dumped inside its backward still holds the activations
     its forward saved: nothing made before the most live bytes is taken for a gradient there."""
-    score = _truth_bench().score_gpu(HERE / where / job, with_roles=False, strip=strip)
+    score = _scored(job, strip=strip, where=HERE / where)
     assert score["class_share"] >= (0.99 if strip else 0.98), score
 
 
@@ -1090,7 +1089,7 @@ def test_without_stacks_a_lora_jobs_gradients_are_of_the_sizes_its_optimizer_kee
     is also its forward's activations' shape: 0.13 GiB of them read as gradients before), and the steps are
     told by zero_grad releasing the adapters' gradients (the forward's activations read as made in backward
     before: phase 36.5%)."""
-    score = _scored_fresh("fresh_lora_bf16_oom_bwd_py_start", strip=True)
+    score = _scored("fresh_lora_bf16_oom_bwd_py_start", strip=True, where=FRESH)
     assert score["class_share"] >= 0.99, score
     assert score["phase_share"] >= 0.9, score
 
@@ -1103,7 +1102,7 @@ def test_without_stacks_gradients_kept_since_the_first_backward_end_their_step_a
     order = pv._order(snap)
     state_end = max(i for i, (cls, _src) in order.made.items() if cls == fr.OPTIMIZER_STATE)
     assert order.optimizer and max(b for _a, b in order.optimizer) <= state_end
-    assert _scored_fresh("fresh_cnn_sgd_keepgrad_bwd_none_start")["phase_share"] >= 0.99
+    assert _scored("fresh_cnn_sgd_keepgrad_bwd_none_start", where=FRESH)["phase_share"] >= 0.99
 
 
 def test_without_stacks_a_later_steps_most_live_bytes_begin_its_backward_unless_the_optimizers():
@@ -1164,7 +1163,7 @@ def test_history_begun_at_the_dumps_step_splits_a_parameter_from_its_one_state_t
     the segments above them, and the ConvNet its momentum in a segment just above its weights'. Oldest first
     by `_age_order`, the parameters are told from their state (92.8% and 45.1% of live bytes in class when the
     highest address was taken for the oldest)."""
-    assert _scored_fresh(job)["class_share"] >= 0.95
+    assert _scored(job, where=FRESH)["class_share"] >= 0.95
 
 
 def test_a_dump_steps_parameters_kept_gradients_and_momentum_older_than_its_trace():
@@ -1179,7 +1178,7 @@ def test_a_dump_steps_parameters_kept_gradients_and_momentum_older_than_its_trac
     classes = block_classes(_snap(job / "snapshot.pickle.gz"))
     params = [(a, n) for a, n, _l, c, _p in truth["blocks"] if c == "parameters"]
     assert sum(n for a, n in params if classes[a].cls == fr.PARAMETERS) >= 0.95 * sum(n for _a, n in params)
-    assert _scored_fresh(job.name)["class_share"] >= 0.6
+    assert _scored(job.name, where=FRESH)["class_share"] >= 0.6
 
 
 def test_without_stacks_an_inference_traces_blocks_are_not_a_training_steps_activations():
@@ -1196,8 +1195,19 @@ def test_without_stacks_an_inference_traces_blocks_are_not_a_training_steps_acti
     assert made and fr.ACTIVATIONS not in {classes[a].cls for a in made}
 
 
-def _scored_fresh(job: str, strip: bool = False) -> dict:
-    return _truth_bench().score_gpu(HERE / "composition_fresh" / job, with_roles=False, strip=strip)
+def test_zero_grad_releasing_gradients_is_the_traces_first_run_of_frees_it_did_not_make():
+    """A trace without stacks shows a training step where its first run of frees of blocks it did not make (no
+    allocation between them) holds two or more of the parameters' sizes: zero_grad releasing the last step's
+    gradients as a step begins. One such free is not enough, and two in a later run (a ring that began in a
+    backward freeing what its forward saved) are not that."""
+    sizes = {4 * MiB, 8 * MiB}
+    old = [_ev("free_requested", (1 << 30) + k * 16 * MiB, n, []) for k, n in enumerate((4 * MiB, 8 * MiB))]
+    made = [_ev("alloc", 1 << 36, 2 * MiB, []), _ev("free_requested", 1 << 36, 2 * MiB, [])]
+    other = _ev("free_requested", (1 << 31), 3 * MiB, [])
+    assert pv._releases_gradients(made + old + made, sizes)
+    assert pv._releases_gradients([old[0], other, old[1]], sizes)  # other frees between them: one run still
+    assert not pv._releases_gradients(made + old[:1] + made, sizes)
+    assert not pv._releases_gradients([other] + made + old, sizes)  # the first run held none of those sizes
 
 
 def _truth_bench():
@@ -1211,10 +1221,10 @@ def _truth_bench():
     return composition_truth
 
 
-def _scored(job: str, strip: bool = False) -> dict:
+def _scored(job: str, strip: bool = False, where: Path = H200) -> dict:
     """The share of a capture's live bytes in the right class and allocation phase, as the benchmark scores it
-    (no roles; `strip`: every stack removed first)."""
-    return _truth_bench().score_gpu(H200 / job, with_roles=False, strip=strip)
+    (no roles; `strip`: every stack removed first); `where`: its capture set."""
+    return _truth_bench().score_gpu(where / job, with_roles=False, strip=strip)
 
 
 @pytest.mark.parametrize("job", ["fwd_eager_fp32_py_start", "oom_fwd_eager_fp32_py_start", "full_eager_fp32_py_sgd",
