@@ -301,6 +301,10 @@ class Settings:
         ("`memq serve`: seconds a connection has to send a whole request head; a client that trickles "
          "its headers (or sends nothing) is disconnected, so slow connections cannot hold every file "
          "descriptor."), minimum=1, maximum=300)
+    serve_threads: int = setting(8, "MEMQ_SERVE_THREADS",
+        ("`memq serve`: threads per server process for the pages' blocking work (queries, decoding and "
+         "analysing a stored snapshot), all started with the server; more requests than this wait their "
+         "turn."), minimum=1, maximum=64)
     serve_max_connections: int = setting(512, "MEMQ_SERVE_MAX_CONNECTIONS",
         ("`memq serve`: open connections per server process before new requests are answered 503; keep it "
          "under the process' file limit (LimitNOFILE=4096 in deploy/systemd/memq-serve.service)."),

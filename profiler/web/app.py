@@ -4,8 +4,9 @@ Every page is a view of one API document: `/runs` of `/api/runs`, `/runs/R` of `
 (= `memq history --run R --json`), `/snapshots/N` of `/api/snapshots/N`, `/compare` of
 `/api/compare` (= `memq compare A B --json`), `/versions` of `/api/versions` (= `memq versions`),
 `/reports` of `/api/reports`; `/playbook` is the packaged OOM playbook that recommendations link to
-(`/playbook#<entry id>`). Handlers are plain functions: Starlette runs them in its thread pool,
-so a slow query never blocks the event loop. There is no write endpoint.
+(`/playbook#<entry id>`). Handlers are plain functions run on the server's own threads, all started
+before the first request (memq.web.threads says why), so a slow query never blocks the event loop.
+There is no write endpoint.
 
 Errors: unknown run/snapshot/report -> 404, a bad query parameter -> 400 with the reason, the
 database down -> 503; a stored blob that cannot be decoded is reported on the snapshot page (its
@@ -30,10 +31,10 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.routing import Route
 
 from memq.analysis.fit import OPTIMIZER_NAMES, Question
+from memq.codec import decode_turn
 from memq.config import Settings, load_settings
 from memq.errors import (
     BadInput,
@@ -70,6 +71,7 @@ from memq.web import params as P
 from memq.web.protocol import RedactToken
 from memq.web.render import render_page
 from memq.web.snapshot_view import snapshot_view
+from memq.web.threads import BlockingPool, StaticAssets
 
 STATIC = Path(__file__).parent / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -248,6 +250,8 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
     store = store or open_store(settings)
     token = settings.serve_token if token is None else token
     views = _Views()
+    pool = BlockingPool(settings.serve_threads)
+    assets = StaticAssets(STATIC)
 
     def query(request: Request) -> dict[str, str]:
         q = dict(request.query_params)
@@ -301,6 +305,12 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         return {"snapshot": row, "analysis": analysis, "view": view}
 
     def _snapshot_view(row: dict, analysis: dict | None) -> dict:
+        # The whole build in this thread's decode turn: another page's decode caps the process's address
+        # space, and this build's analysis must not allocate inside that cap.
+        with decode_turn():
+            return _built_view(row, analysis)
+
+    def _built_view(row: dict, analysis: dict | None) -> dict:
         snap, err = None, None
         try:
             raw = store.blobs.get(row["sha256"])
@@ -375,8 +385,13 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
             return report_row(s, int(raw))
 
     # ------------------------------------------------------------------------------ endpoints
+    def blocking(fn):
+        async def endpoint(request: Request) -> Response:
+            return await pool.run(fn, request)
+        return endpoint
+
     def api(fn):
-        return lambda request: Json(fn(request))
+        return blocking(lambda request: Json(fn(request)))
 
     def raw_snapshot(request: Request) -> Response:
         P.check_known(query(request), ())
@@ -460,40 +475,51 @@ def create_app(settings: Settings | None = None, *, token: str | None = None, st
         body = Markup(to_html(read_playbook(playbook_path)))  # markdown-it's own output, raw HTML escaped
         return HTMLResponse(render_page("playbook.html", data=None, body=body, title="OOM playbook"))
 
-    def home(request: Request) -> Response:
+    async def home(request: Request) -> Response:
         return RedirectResponse("/runs", status_code=307)
 
-    def health(request: Request) -> Response:
+    async def health(request: Request) -> Response:
         return Json({"ok": True})
+
+    async def static_file(request: Request) -> Response:
+        found = assets.response(request.path_params["name"], request.headers.get("if-none-match"),
+                                head=request.method == "HEAD")
+        if found is None:
+            raise HTTPException(404)
+        return found
 
     routes = [
         Route("/", home),
         Route("/healthz", health),
-        Route("/runs", runs_page),
-        Route("/runs/{name:path}", run_page),
-        Route("/snapshots/{sid}", snapshot_page),
-        Route("/compare", compare_page),
-        Route("/versions", versions_page),
-        Route("/fit", fit_page),
-        Route("/reports", reports_page),
-        Route("/reports/{rid}", report_html),
-        Route("/playbook", playbook_page),
+        Route("/runs", blocking(runs_page)),
+        Route("/runs/{name:path}", blocking(run_page)),
+        Route("/snapshots/{sid}", blocking(snapshot_page)),
+        Route("/compare", blocking(compare_page)),
+        Route("/versions", blocking(versions_page)),
+        Route("/fit", blocking(fit_page)),
+        Route("/reports", blocking(reports_page)),
+        Route("/reports/{rid}", blocking(report_html)),
+        Route("/playbook", blocking(playbook_page)),
         Route("/api/runs", api(runs_doc)),
         Route("/api/lanes/{name:path}", api(lanes_doc)),
         Route("/api/runs/{name:path}", api(run_doc)),
-        Route("/api/snapshots/{sid}/raw", raw_snapshot),
+        Route("/api/snapshots/{sid}/raw", blocking(raw_snapshot)),
         Route("/api/snapshots/{sid}", api(snapshot_doc)),
         Route("/api/compare", api(compare_doc)),
         Route("/api/versions", api(versions_doc)),
         Route("/api/fit", api(fit_doc)),
         Route("/api/reports", api(reports_doc)),
         Route("/api/reports/{rid}", api(report_doc)),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Route("/static/{name}", static_file),
     ]
     @contextlib.asynccontextmanager
     async def lifespan(_app):
-        yield
-        store.close()
+        pool.start()
+        try:
+            yield
+        finally:
+            pool.close()
+            store.close()
 
     app = Starlette(routes=routes, exception_handlers={MemqError: memq_error, HTTPException: http_error},
                     lifespan=lifespan)

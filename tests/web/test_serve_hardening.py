@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -165,3 +166,49 @@ def test_idle_connections_at_the_limit_cannot_lock_out_a_real_client(capped_serv
     finally:
         for c in idle:
             c.close()
+
+
+def test_pages_asked_for_at_once_while_a_decode_caps_the_process_are_all_served(history):
+    """CI's failure: eight snapshot pages opened at once, one decoding under the process-wide address-space
+    cap while the server had to start a thread for another request: "can't start new thread", a 500, and
+    later requests hung. The server's threads are all made at its start and static files need none, so
+    six pages asked for at once with 4 MiB of address space left (less than one thread's stack) are
+    all served."""
+    import json
+
+    res = subprocess.run([sys.executable, "-m", "tests.web.cap_probe", str(4 * 1024**2)], cwd=ROOT,
+                         env={**os.environ, **history.env}, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == [200] * 6, res.stderr[-3000:]
+
+
+def test_the_server_starts_all_its_threads_at_once():
+    from memq.web.threads import BlockingPool
+
+    pool = BlockingPool(5)
+    assert not pool.idents
+    pool.start()
+    try:
+        assert len(pool.idents) == 5
+        import asyncio
+
+        # Ten tasks later, still the same five threads: none started, none let go.
+        async def idents():
+            return {await pool.run(threading.get_ident) for _ in range(10)}
+
+        assert asyncio.run(idents()) <= pool.idents
+    finally:
+        pool.close()
+
+
+def test_static_files_come_from_memory_with_an_etag(open_server):
+    code, headers, body = open_server.get("/static/memq.js")
+    assert code == 200 and len(body) > 1000
+    assert headers["content-type"].startswith("text/javascript") and headers["etag"]
+    assert open_server.get("/static/memq.js", {"If-None-Match": headers["etag"]})[0] == 304
+    assert open_server.get("/static/memq.js", {"If-None-Match": '"other"'})[0] == 200
+    code, h2, body2 = open_server.get("/static/memq.css", method="HEAD")
+    assert code == 200 and body2 == b"" and int(h2["content-length"]) > 100
+    assert h2["content-type"].startswith("text/css")
+    for missing in ("/static/nope.js", "/static/..", "/static/%2e%2e%2fapp.py", "/static/"):
+        assert open_server.get(missing)[0] == 404, missing
