@@ -229,11 +229,76 @@ FRESH_JOBS: dict[str, dict] = {
     "fresh_lora_adamw_step_py_agent": _fresh(model="lora", dump="after_step", record="agent", stacks="python"),
     "fresh_lora_adamw_step_off": _fresh(model="lora", dump="after_step", record="off", stacks="python"),
 }
-SETS = {"tuning": JOBS, "fresh": FRESH_JOBS}
-ALL_JOBS = {**JOBS, **FRESH_JOBS}
+# The late set (`--set late`, names `late_*`): written 2026-12-05 after the fresh set had been read block
+# by block (so the fresh set is no longer a clean judge), for judging only: models neither set has (a ViT
+# on images, an LSTM language model whose cuDNN weights share one flat buffer, a deep MLP, a deeper and
+# narrower GPT), optimizers neither has (NAdam, RAdam, Adamax, SGD without momentum: no state at all,
+# AdamW without foreach), and the same recordings and dump points. Its truth.json says `set: late`.
+def _late(**kw) -> dict:
+    return dict(set="late", **kw)
+
+
+LATE_JOBS: dict[str, dict] = {
+    # a ViT (16x16 patches of 224x224 images, 6 pre-norm encoder layers of 384)
+    "late_vit_adamw_step_py_start": _late(model="vit", dump="after_step", record="start", stacks="python", batch=64),
+    "late_vit_nadam_bf16_fwd_all_dumpstep": _late(model="vit", optimizer="nadam", dump="after_forward",
+                                                  record="dump_step", stacks="all", amp=True, batch=64),
+    "late_vit_sgdplain_bwd_none_start": _late(model="vit", optimizer="sgd_plain", dump="after_backward",
+                                              record="start", stacks="none", batch=64),
+    "late_vit_adamw_bf16_oom_bwd_py_start": _late(model="vit", dump="oom_backward", record="start",
+                                                  stacks="python", amp=True, batch=128),
+    "late_vit_radam_step_compile_py_start": _late(model="vit", optimizer="radam", dump="after_step",
+                                                  record="start", stacks="python", compile=True, batch=64),
+    "late_vit_adamw_step_off": _late(model="vit", dump="after_step", record="off", stacks="python", batch=64),
+    # an LSTM language model (2 layers of 1024; cuDNN keeps its weights in one flat buffer)
+    "late_lstm_adamw_step_py_start": _late(model="lstm", dump="after_step", record="start", stacks="python"),
+    "late_lstm_adamax_fwd_py_dumpstep": _late(model="lstm", optimizer="adamax", dump="after_forward",
+                                              record="dump_step", stacks="python"),
+    "late_lstm_sgd_keepgrad_step_none_start": _late(model="lstm", optimizer="sgd", dump="after_step",
+                                                    record="start", stacks="none", set_to_none=False),
+    "late_lstm_adamw_oom_fwd_all_start": _late(model="lstm", dump="oom_forward", record="start", stacks="all",
+                                               batch=32),
+    "late_lstm_radam_accum2_step_py_ring": _late(model="lstm", optimizer="radam", dump="after_step",
+                                                 record="ring", stacks="python", accum=2, max_entries=400),
+    # a deep MLP (8 layers of 4096 with LayerNorm) on vectors
+    "late_mlp_adamw_step_all_start": _late(model="mlp", dump="after_step", record="start", stacks="all",
+                                           batch=512),
+    "late_mlp_adamw_nofe_step_py_dumpstep": _late(model="mlp", optimizer="adamw_nofe", dump="after_step",
+                                                  record="dump_step", stacks="python", batch=512),
+    "late_mlp_nadam_bf16_bwd_py_agent": _late(model="mlp", optimizer="nadam", dump="after_backward",
+                                              record="agent", stacks="python", amp=True, batch=512),
+    "late_mlp_sgdplain_fwd_none_dumpstep": _late(model="mlp", optimizer="sgd_plain", dump="after_forward",
+                                                 record="dump_step", stacks="none", batch=512),
+    "late_mlp_adamax_oom_bwd_py_start": _late(model="mlp", optimizer="adamax", dump="oom_backward",
+                                              record="start", stacks="python", batch=8192),
+    # a deeper, narrower GPT (12 blocks of 768, 32k vocabulary, 256 tokens)
+    "late_deep_nadam_step_py_start": _late(shape="deep", optimizer="nadam", dump="after_step", record="start",
+                                           stacks="python"),
+    "late_deep_adamw_inbwd_all_start": _late(shape="deep", dump="in_backward", record="start", stacks="all"),
+    "late_deep_radam_bf16_step_none_dumpstep": _late(shape="deep", optimizer="radam", dump="after_step",
+                                                     record="dump_step", stacks="none", amp=True),
+    "late_deep_adamw_nofe_keepgrad_bwd_py_start": _late(shape="deep", optimizer="adamw_nofe",
+                                                        dump="after_backward", record="start", stacks="python",
+                                                        set_to_none=False),
+    "late_deep_bf16_oom_fwd_py_ring": _late(shape="deep", dump="oom_forward", record="ring", stacks="python",
+                                            amp=True, batch=32, max_entries=800),
+    "late_deep_adamw_compile_bf16_fwd_py_start": _late(shape="deep", dump="after_forward", record="start",
+                                                       stacks="python", amp=True, compile=True),
+    "late_deep_infer_static_bf16_py_start": _late(shape="deep", dump="generate", record="start", stacks="python",
+                                                  infer=True, cache="static"),
+    "late_deep_infer_dyn_fp16_all_loaded": _late(shape="deep", dump="generate", record="dump_step",
+                                                 stacks="all", infer=True, cache="dynamic", dtype="fp16"),
+    "late_deep_infer_beam_bf16_none_start": _late(shape="deep", dump="generate", record="start", stacks="none",
+                                                  infer=True, cache="beam"),
+    "late_deep_infer_eval_fp32_py_loaded": _late(shape="deep", dump="generate", record="dump_step",
+                                                 stacks="python", infer=True, cache="none", dtype="fp32"),
+}
+SETS = {"tuning": JOBS, "fresh": FRESH_JOBS, "late": LATE_JOBS}
+ALL_JOBS = {**JOBS, **FRESH_JOBS, **LATE_JOBS}
 # vocabulary, width, blocks, heads, tokens per sequence of the fresh set's GPT shapes and encoder-decoder
 SHAPE_DIMS = {"small": (8192, 512, 4, 8, 256), "wide": (16_384, 2048, 3, 16, 512),
-              "encdec": (8192, 512, 3, 8, 256)}
+              "encdec": (8192, 512, 3, 8, 256), "deep": (32_000, 768, 12, 12, 256),
+              "vit": (1000, 384, 6, 6, 196), "lstm": (16_384, 1024, 2, 1, 256), "mlp": (1024, 4096, 8, 1, 1)}
 DEFAULTS = dict(amp=False, compile=False, optimizer="adamw", dump_step=2, warm=2, batch=BATCH, accum=1,
                 max_entries=200_000, infer=False, cache="static", dtype="bf16", model="gpt", shape="base",
                 set_to_none=None, set="tuning")
@@ -325,6 +390,16 @@ def make_optimizer(torch, name: str, params: list):
         return torch.optim.RMSprop(params, lr=1e-4, momentum=0.9)
     if name == "adagrad":  # its `sum` is made with the optimizer, before any step
         return torch.optim.Adagrad(params, lr=1e-2)
+    if name == "nadam":  # exp_avg, exp_avg_sq, and a mu_product scalar per parameter
+        return torch.optim.NAdam(params, lr=1e-4)
+    if name == "radam":
+        return torch.optim.RAdam(params, lr=1e-4)
+    if name == "adamax":  # exp_avg and exp_inf
+        return torch.optim.Adamax(params, lr=1e-4)
+    if name == "sgd_plain":  # no momentum: no state at all
+        return torch.optim.SGD(params, lr=1e-3)
+    if name == "adamw_nofe":  # one parameter at a time: no multi-tensor temporaries
+        return torch.optim.AdamW(params, lr=1e-4, foreach=False)
     return torch.optim.AdamW(params, lr=1e-4, fused=name == "adamw_fused")
 
 
@@ -402,6 +477,72 @@ def fresh_model(kind: str, torch, nn, F, dims: tuple, dev, batch: int, dry: bool
             return out, F.cross_entropy(out.float().view(-1, vocab), y.view(-1))
 
         return EncDec().to(dev), batch_of, loss_of
+    if kind == "vit":
+        img, patch, classes = (32, 8, vocab) if dry else (224, 16, vocab)
+
+        class ViT(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.patch = nn.Conv2d(3, d, patch, patch)
+                self.cls = nn.Parameter(torch.zeros(1, 1, d))
+                self.pos = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, d) * 0.02)
+                layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, activation="gelu",
+                                                   batch_first=True, norm_first=True)
+                self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+                self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+            def forward(self, x):
+                h = self.patch(x).flatten(2).transpose(1, 2)
+                h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1) + self.pos
+                return self.head(self.norm(self.enc(h))[:, 0])
+
+        def batch_of(step: int):
+            g = torch.Generator(device="cpu").manual_seed(step)
+            return (torch.randn(batch, 3, img, img, generator=g).to(dev),
+                    torch.randint(0, classes, (batch,), generator=g).to(dev))
+
+        def loss_of(fwd, x, y):
+            out = fwd(x)
+            return out, F.cross_entropy(out.float(), y)
+
+        return ViT().to(dev), batch_of, loss_of
+    if kind == "lstm":
+        class LSTMLM(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(vocab, d)
+                self.rnn = nn.LSTM(d, d, layers, batch_first=True)
+                self.head = nn.Linear(d, vocab)
+
+            def forward(self, idx):
+                return self.head(self.rnn(self.emb(idx))[0])
+
+        def batch_of(step: int):
+            g = torch.Generator(device="cpu").manual_seed(step)
+            x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(dev)
+            return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+        def loss_of(fwd, x, y):
+            out = fwd(x)
+            return out, F.cross_entropy(out.float().view(-1, vocab), y.view(-1))
+
+        return LSTMLM().to(dev), batch_of, loss_of
+    if kind == "mlp":
+        mods = [nn.Linear(vocab, d)]
+        for _ in range(layers):
+            mods += [nn.LayerNorm(d), nn.GELU(), nn.Linear(d, d)]
+        model = nn.Sequential(*mods, nn.LayerNorm(d), nn.Linear(d, vocab))
+
+        def batch_of(step: int):
+            g = torch.Generator(device="cpu").manual_seed(step)
+            return (torch.randn(batch, vocab, generator=g).to(dev),
+                    torch.randint(0, vocab, (batch,), generator=g).to(dev))
+
+        def loss_of(fwd, x, y):
+            out = fwd(x)
+            return out, F.cross_entropy(out.float(), y)
+
+        return model.to(dev), batch_of, loss_of
     raise ValueError(f"unknown model {kind}")
 
 
@@ -427,7 +568,7 @@ def run_job(name: str, out: str) -> None:
         save_result()
         return
     cu = _DryCuda() if dry else _Cuda(torch)
-    shape = "encdec" if spec["model"] == "encdec" else spec["shape"]
+    shape = spec["model"] if spec["model"] in ("encdec", "vit", "lstm", "mlp") else spec["shape"]
     VOCAB, D, LAYERS, HEADS, SEQ = DRY_DIMS if dry else SHAPE_DIMS.get(shape, FULL_DIMS)  # noqa: N806
     dev = torch.device("cpu") if dry else torch.device("cuda", 0)
     result.update(torch=torch.__version__, device=cu.get_device_name(0),
@@ -969,12 +1110,15 @@ def selftest() -> None:
     s = summarise(blocks)
     assert s["live_bytes"] == 512 + 512 + 1024 + 2048 and s["class_bytes"]["activations"] == 3072
     assert not set(JOBS) & set(FRESH_JOBS) and all(n.startswith("fresh_") for n in FRESH_JOBS)
+    assert not set(JOBS) & set(LATE_JOBS) and all(n.startswith("late_") for n in LATE_JOBS)
     assert set(CLASS_OF) == set(LABEL_ORDER)
     for name in ALL_JOBS:
         sp = spec_of(name)
-        assert sp["set"] == ("fresh" if name in FRESH_JOBS else "tuning"), name
-        assert sp["model"] in ("gpt", "tied", "lora", "cnn", "encdec") and sp["shape"] in ("base", *SHAPE_DIMS)
-        assert sp["optimizer"] in ("adamw", "adamw_fused", "sgd", "adam", "adafactor", "rmsprop", "adagrad")
+        assert sp["set"] == next(k for k, v in SETS.items() if name in v), name
+        assert sp["model"] in ("gpt", "tied", "lora", "cnn", "encdec", "vit", "lstm", "mlp")
+        assert sp["shape"] in ("base", *SHAPE_DIMS), name
+        assert sp["optimizer"] in ("adamw", "adamw_fused", "sgd", "adam", "adafactor", "rmsprop", "adagrad",
+                                   "nadam", "radam", "adamax", "sgd_plain", "adamw_nofe"), name
         assert sp["set_to_none"] in (None, True, False), name
         # the GPT's cache, beams and gradient hook are the only inference and in-backward code
         assert not (sp["infer"] or sp["dump"] == "in_backward") or sp["model"] in ("gpt", "tied"), name
@@ -983,7 +1127,7 @@ def selftest() -> None:
         assert sp["record"] in ("start", "dump_step", "ring", "agent", "off"), name
         assert sp["stacks"] in ("python", "all", "none"), name
         assert sp["cache"] in ("static", "static_class", "dynamic", "beam", "none"), name
-    print(f"selftest ok ({len(JOBS)} tuning jobs, {len(FRESH_JOBS)} fresh jobs)")
+    print(f"selftest ok ({len(JOBS)} tuning jobs, {len(FRESH_JOBS)} fresh jobs, {len(LATE_JOBS)} late jobs)")
 
 
 def main() -> None:
@@ -991,7 +1135,7 @@ def main() -> None:
     ap.add_argument("--out", help="folder for everything this writes")
     ap.add_argument("--only", default="", help="comma-separated job names (default: all of --set)")
     ap.add_argument("--set", default="tuning", choices=tuple(SETS),
-                    help="tuning: the 33 jobs of one GPT; fresh: the judging set of other models and optimizers")
+                    help="tuning: the jobs of one GPT; fresh and late: judging sets of other models and optimizers")
     ap.add_argument("--budget", type=float, default=190.0, help="seconds all jobs may take together")
     ap.add_argument("--parallel", type=int, default=6, help="jobs at once on the one GPU")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds one job may take")
