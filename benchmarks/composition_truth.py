@@ -8,7 +8,7 @@ uncompressed pickle, 0-7 tuning, 8-f held back.
     python benchmarks/composition_truth.py [--extra DIR]
     python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back] [--only NAME]
         [--no-history | --strip-frames]
-        (a `--set fresh` capture is held back whole: score it once, never tune on it)
+        (a `--set fresh` or `--set late` capture is held back whole: score it once, never tune on it)
         (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
         "+roles -cache" without the inference cache the job declared; --no-history: every capture with its
         trace and its blocks' frames removed, as if recording had never been on, no roles)
@@ -178,10 +178,11 @@ def _trace_peak_phase(snap, truth: dict) -> str | None:
 
 
 def gpu_half(job_dir: Path) -> str:
-    """The half a capture belongs to: the fresh set's (composition_capture.py --set fresh) is held back
-    whole, as it was made to judge what was tuned elsewhere; the others split by their pickle's sha256."""
+    """The half a capture belongs to: the fresh and late sets' (composition_capture.py --set fresh|late) are
+    held back whole, as they were made to judge what was tuned elsewhere; the others split by their pickle's
+    sha256."""
     spec = json.loads((job_dir / "truth.json").read_text()).get("spec") or {}
-    if spec.get("set") == "fresh":
+    if spec.get("set") in ("fresh", "late"):
         return "held-back"
     return "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
 
