@@ -425,6 +425,34 @@ def lora_wrap(model, nn, rank: int) -> None:
             setattr(blk, name, LoRALinear(getattr(blk, name)))
 
 
+def _image_data(torch, F, dev, batch: int, img: int, classes: int):  # noqa: N803
+    """(batch_of(step) -> (images, labels), loss_of(fwd, x, y) -> (output, loss)) of an image classifier."""
+    def batch_of(step: int):
+        g = torch.Generator(device="cpu").manual_seed(step)
+        return (torch.randn(batch, 3, img, img, generator=g).to(dev),
+                torch.randint(0, classes, (batch,), generator=g).to(dev))
+
+    def loss_of(fwd, x, y):
+        out = fwd(x)
+        return out, F.cross_entropy(out.float(), y)
+
+    return batch_of, loss_of
+
+
+def _token_data(torch, F, dev, batch: int, seq: int, vocab: int):  # noqa: N803
+    """(batch_of(step) -> (tokens, next tokens), loss_of(fwd, x, y) -> (logits, loss)) of a language model."""
+    def batch_of(step: int):
+        g = torch.Generator(device="cpu").manual_seed(step)
+        x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(dev)
+        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    def loss_of(fwd, x, y):
+        logits = fwd(x)
+        return logits, F.cross_entropy(logits.float().view(-1, vocab), y.view(-1))
+
+    return batch_of, loss_of
+
+
 def fresh_model(kind: str, torch, nn, F, dims: tuple, dev, batch: int, dry: bool):  # noqa: N803
     """(model on dev, batch_of(step) -> (x, y), loss_of(fwd, x, y) -> (output, loss)) of the fresh set's
     models that are not the GPT: `cnn` (conv, BatchNorm, ReLU; images) and `encdec` (nn.Transformer)."""
@@ -440,16 +468,7 @@ def fresh_model(kind: str, torch, nn, F, dims: tuple, dev, batch: int, dry: bool
             mods += [conv_bn(i, o, 2), conv_bn(o, o, 1)]
         model = nn.Sequential(*mods, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(chans[-1], classes))
 
-        def batch_of(step: int):
-            g = torch.Generator(device="cpu").manual_seed(step)
-            return (torch.randn(batch, 3, img, img, generator=g).to(dev),
-                    torch.randint(0, classes, (batch,), generator=g).to(dev))
-
-        def loss_of(fwd, x, y):
-            out = fwd(x)
-            return out, F.cross_entropy(out.float(), y)
-
-        return model.to(dev), batch_of, loss_of
+        return (model.to(dev), *_image_data(torch, F, dev, batch, img, classes))
     if kind == "encdec":
         class EncDec(nn.Module):
             def __init__(self):
@@ -496,16 +515,7 @@ def fresh_model(kind: str, torch, nn, F, dims: tuple, dev, batch: int, dry: bool
                 h = torch.cat([self.cls.expand(h.shape[0], -1, -1), h], 1) + self.pos
                 return self.head(self.norm(self.enc(h))[:, 0])
 
-        def batch_of(step: int):
-            g = torch.Generator(device="cpu").manual_seed(step)
-            return (torch.randn(batch, 3, img, img, generator=g).to(dev),
-                    torch.randint(0, classes, (batch,), generator=g).to(dev))
-
-        def loss_of(fwd, x, y):
-            out = fwd(x)
-            return out, F.cross_entropy(out.float(), y)
-
-        return ViT().to(dev), batch_of, loss_of
+        return (ViT().to(dev), *_image_data(torch, F, dev, batch, img, classes))
     if kind == "lstm":
         class LSTMLM(nn.Module):
             def __init__(self):
@@ -517,16 +527,7 @@ def fresh_model(kind: str, torch, nn, F, dims: tuple, dev, batch: int, dry: bool
             def forward(self, idx):
                 return self.head(self.rnn(self.emb(idx))[0])
 
-        def batch_of(step: int):
-            g = torch.Generator(device="cpu").manual_seed(step)
-            x = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(dev)
-            return x[:, :-1].contiguous(), x[:, 1:].contiguous()
-
-        def loss_of(fwd, x, y):
-            out = fwd(x)
-            return out, F.cross_entropy(out.float().view(-1, vocab), y.view(-1))
-
-        return LSTMLM().to(dev), batch_of, loss_of
+        return (LSTMLM().to(dev), *_token_data(torch, F, dev, batch, seq, vocab))
     if kind == "mlp":
         mods = [nn.Linear(vocab, d)]
         for _ in range(layers):
@@ -649,14 +650,7 @@ def run_job(name: str, out: str) -> None:
 
     batch = spec["batch"]
 
-    def batch_of(step: int):
-        g = torch.Generator(device="cpu").manual_seed(step)
-        x = torch.randint(0, VOCAB, (batch, SEQ + 1), generator=g).to(dev)
-        return x[:, :-1].contiguous(), x[:, 1:].contiguous()
-
-    def loss_of(fwd, x, y):
-        logits = fwd(x)
-        return logits, F.cross_entropy(logits.float().view(-1, VOCAB), y.view(-1))
+    batch_of, loss_of = _token_data(torch, F, dev, batch, SEQ, VOCAB)
 
     if spec["model"] in ("gpt", "tied", "lora"):
         model = GPT()
