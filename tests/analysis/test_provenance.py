@@ -1636,6 +1636,33 @@ def test_fresh_captures_with_the_agents_roles_read_every_byte(job):
     assert _class_share(snap, truth) >= 0.975, job
 
 
+LATE = HERE / "composition_late"
+LATE_JOBS = sorted(p.name for p in LATE.iterdir() if (p / "truth.json").exists())
+
+
+@pytest.mark.parametrize("job", LATE_JOBS)
+def test_late_captures_with_the_agents_roles_read_every_byte(job):
+    """The late judging set (tests/fixtures/composition_late: a ViT, an LSTM language model whose cuDNN
+    weights share one flat buffer, a deep MLP, a deeper GPT; NAdam, RAdam, Adamax, SGD without momentum, AdamW
+    without foreach; judged once, as captured), with the roles the agent sent: at least 99% of live bytes in
+    their class (99.6-100% when judged)."""
+    truth = json.loads((LATE / job / "truth.json").read_text())
+    if not isinstance((truth.get("agent_roles") or {}).get("ranges"), list):
+        pytest.fail(f"{job}: the capture holds no roles")
+    snap = _with_roles(_snap(LATE / job / "snapshot.pickle.gz"), truth["agent_roles"]["ranges"])
+    assert _class_share(snap, truth) >= 0.99, job
+
+
+@pytest.mark.parametrize("job", [j for j in LATE_JOBS if "_start" in j and "_none_" not in j])
+def test_late_captures_recorded_from_the_start_with_stacks_need_no_roles(job):
+    """The late set's jobs recorded from their start with Python or all stacks (as `_record_memory_history()`
+    at a job's start, or the agent's warm-up): at least 99% of live bytes in their class from the trace alone,
+    no roles (99.6-100% when judged)."""
+    truth = json.loads((LATE / job / "truth.json").read_text())
+    assert truth["spec"]["record"] == "start" and truth["spec"]["stacks"] in ("python", "all")
+    assert _class_share(_snap(LATE / job / "snapshot.pickle.gz"), truth) >= 0.99, job
+
+
 def test_a_convolutions_output_made_inside_cudnn_is_no_workspace():
     """With stacks="all" a convolution's output (and batch norm's) is made by at::empty inside
     `at::native::cudnn_convolution`: the step's activations, not cuDNN's scratch (0.34 GiB of a CNN's forward
