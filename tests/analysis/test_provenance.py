@@ -1663,6 +1663,41 @@ def test_late_captures_recorded_from_the_start_with_stacks_need_no_roles(job):
     assert _class_share(_snap(LATE / job / "snapshot.pickle.gz"), truth) >= 0.99, job
 
 
+def test_an_lstms_flat_weights_older_than_the_trace_are_its_parameters():
+    """The late set's LSTM language model trained by Adamax, recorded from the dump's step (Python stacks):
+    cuDNN keeps the LSTM's eight weights as views of one 64 MiB buffer, one block, while Adamax keeps two
+    tensors of each weight's own size. Judged: 80.9% of bytes right; the flat block was `unknown` and four
+    16 MiB state tensors read as parameters (sizes that come in pairs, no parameter of their own). The state
+    of the sizes without a parameter block adds up to the lone block exactly: that block is the parameters."""
+    job = "late_lstm_adamax_fwd_py_dumpstep"
+    truth = json.loads((LATE / job / "truth.json").read_text())
+    snap = _snap(LATE / job / "snapshot.pickle.gz")
+    classes = block_classes(snap)
+    flat = [(a, n) for a, n, label, _cls, _ph in truth["blocks"] if label == "parameter" and n == 65600 * 1024]
+    assert len(flat) == 1 and classes[flat[0][0]].cls == fr.PARAMETERS
+    state16 = [a for a, n, label, _cls, _ph in truth["blocks"] if label == "optimizer_state" and n == 16 << 20]
+    assert len(state16) == 8 and {classes[a].cls for a in state16} == {fr.OPTIMIZER_STATE}
+    assert _class_share(snap, truth) >= 0.99
+
+
+def test_no_flat_weights_where_no_lone_block_adds_up_exactly():
+    """The flat reading needs one lone block exactly as large as the parameters the unpaired state implies:
+    a byte more or less, or two such blocks, and it says nothing."""
+    from memq.analysis.provenance import _flat_weights
+
+    class B:
+        def __init__(self, a):
+            self.address = a
+
+    mib = 1 << 20
+    groups = {16 * mib: [B(i) for i in range(8)], 64 * mib: [B(10 + i) for i in range(6)]}
+    assert _flat_weights({**groups, 64 * mib + mib: [B(99)]}, 2) is None  # 4 x 16 MiB implied, not 65 MiB
+    assert _flat_weights({**groups, 64 * mib + 1: [B(99)]}, 2) is None  # a byte over
+    k, flat, state_only = _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(99)]}, 2)
+    assert k == 2 and [b.address for b in flat] == [99] and state_only == {16 * mib}
+    assert _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(98), B(99)]}, 2) is None  # two blocks
+
+
 def test_a_convolutions_output_made_inside_cudnn_is_no_workspace():
     """With stacks="all" a convolution's output (and batch norm's) is made by at::empty inside
     `at::native::cudnn_convolution`: the step's activations, not cuDNN's scratch (0.34 GiB of a CNN's forward
