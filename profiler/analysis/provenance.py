@@ -837,9 +837,9 @@ def _flat_weights(by_size: dict, k: int) -> tuple[int, list, set] | None:
     block of their own, and one lone block is exactly as large as the parameters their state implies.
     (k, the flat blocks, those sizes: all their blocks state), or None where no block adds up exactly."""
     regular = {s for s, g in by_size.items() if len(g) % (k + 1) == 0}
-    state_only = {s for s, g in by_size.items() if s not in regular and len(g) % k == 0}
+    state_only = {s for s, g in by_size.items() if s not in regular and len(g) > 1 and len(g) % k == 0}
     implied = sum(len(by_size[s]) // k * s for s in state_only)
-    flat = [g[0] for s, g in by_size.items() if len(g) == 1 and s == implied and s not in regular]
+    flat = [g[0] for s, g in by_size.items() if len(g) == 1 and s == implied and s not in regular | state_only]
     return (k, flat, state_only) if implied and len(flat) == 1 else None
 
 

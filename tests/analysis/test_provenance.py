@@ -1696,6 +1696,8 @@ def test_no_flat_weights_where_no_lone_block_adds_up_exactly():
     k, flat, state_only = _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(99)]}, 2)
     assert k == 2 and [b.address for b in flat] == [99] and state_only == {16 * mib}
     assert _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(98), B(99)]}, 2) is None  # two blocks
+    # a lone block is never its own state: with k = 1 every odd group would otherwise imply itself
+    assert _flat_weights({64 * mib: [B(99)]}, 1) is None
 
 
 def test_a_convolutions_output_made_inside_cudnn_is_no_workspace():
