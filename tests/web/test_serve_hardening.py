@@ -169,9 +169,9 @@ def test_idle_connections_at_the_limit_cannot_lock_out_a_real_client(capped_serv
 
 
 def test_pages_asked_for_at_once_while_a_decode_caps_the_process_are_all_served(history):
-    """CI's failure: eight snapshot pages opened at once, one decoding under the process-wide address-space
-    cap while the server had to start a thread for another request: "can't start new thread", a 500, and
-    later requests hung. The server's threads are all made at its start and static files need none, so
+    """Eight snapshot pages opened at once, one decoding under the process-wide address-space cap while the
+    server had to start a thread for another request: "can't start new thread", a 500, and later requests
+    hung. The server's threads are all made at its start and static files need none, so
     six pages asked for at once with 4 MiB of address space left (less than one thread's stack) are
     all served."""
     import json
