@@ -178,11 +178,11 @@ def _trace_peak_phase(snap, truth: dict) -> str | None:
 
 
 def gpu_half(job_dir: Path) -> str:
-    """The half a capture belongs to: the fresh and late sets' (composition_capture.py --set fresh|late) are
-    held back whole, as they were made to judge what was tuned elsewhere; the others split by their pickle's
-    sha256."""
+    """The half a capture belongs to: every judging set's (composition_capture.py --set other than tuning:
+    fresh, late) is held back whole, as it was made to judge what was tuned elsewhere; the tuning set's
+    captures split by their pickle's sha256."""
     spec = json.loads((job_dir / "truth.json").read_text()).get("spec") or {}
-    if spec.get("set") in ("fresh", "late"):
+    if spec.get("set", "tuning") != "tuning":
         return "held-back"
     return "tuning" if int(raw_sha(job_dir / "snapshot.pickle.gz")[0], 16) < 8 else "held-back"
 

@@ -34,7 +34,7 @@ import bisect
 import math
 import re
 from collections import Counter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from memq.analysis import frames as fr
 from memq.analysis.frames import PHASE_BACKWARD, PHASE_FORWARD, PHASE_OPTIMIZER, event_phase
@@ -503,20 +503,20 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                    and _grads_predate(out, predating, trace, trace_has_frames, last_bwd))
         k = _state_split(snap, trace, by_size, kept)
         kept = kept if k else 0
-        flat, state_only = [], set()
-        if k and not kept:
-            k, flat, state_only = next((found for kk in dict.fromkeys((k, 2, 1))
-                                        if (found := _flat_weights(by_size, kk))), (k, [], set()))
-        for b in flat:
-            out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
+        flat, state_only = None, set()
+        for kk in dict.fromkeys((k, 2, 1) if k and not kept else ()):
+            if found := _flat_weights(by_size, kk):
+                k, (flat, state_only) = kk, found
+                out[flat.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
+                break
         age = _age_order(snap)
         for size, group in by_size.items():
             if size in state_only:
                 for b in group:
                     out[b.address] = BlockClass(fr.OPTIMIZER_STATE, FROM_STATE, -1)
                 continue
-            if any(b.address == f.address for b in group for f in flat):
-                continue
+            if flat is not None and size == tensor_size(flat):
+                continue  # (the flat block is alone of its size)
             if k and len(group) % (k + 1 + kept) == 0:
                 # each parameter, its gradient where kept, and its k state tensors: oldest first as
                 # `_age_order` has them, the parameter (the model is made first), the gradient (the first
@@ -830,17 +830,17 @@ def _state_split(snap: Snapshot, trace: list, by_size: dict, kept_grads: int = 0
     return next((k for k in (2, 1) if fits(k)), 0)
 
 
-def _flat_weights(by_size: dict, k: int) -> tuple[int, list, set] | None:
+def _flat_weights(by_size: dict, k: int) -> tuple[Any, set] | None:
     """Parameters that are views of one buffer (cuDNN keeps an LSTM's or GRU's weights so: one block for
     all of them), among blocks older than the trace, where the optimizer keeps k state tensors of each
     parameter's own size: the sizes whose blocks come in multiples of k but not of k + 1 have no parameter
     block of their own, and one lone block is exactly as large as the parameters their state implies.
-    (k, the flat blocks, those sizes: all their blocks state), or None where no block adds up exactly."""
+    (that block, those sizes: all their blocks state), or None where no block adds up exactly."""
     regular = {s for s, g in by_size.items() if len(g) % (k + 1) == 0}
     state_only = {s for s, g in by_size.items() if s not in regular and len(g) > 1 and len(g) % k == 0}
     implied = sum(len(by_size[s]) // k * s for s in state_only)
-    flat = [g[0] for s, g in by_size.items() if len(g) == 1 and s == implied and s not in regular | state_only]
-    return (k, flat, state_only) if implied and len(flat) == 1 else None
+    lone = by_size.get(implied, [])
+    return (lone[0], state_only) if implied and len(lone) == 1 and implied not in regular | state_only else None
 
 
 def _age_order(snap: Snapshot):

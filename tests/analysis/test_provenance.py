@@ -1693,8 +1693,8 @@ def test_no_flat_weights_where_no_lone_block_adds_up_exactly():
     groups = {16 * mib: [B(i) for i in range(8)], 64 * mib: [B(10 + i) for i in range(6)]}
     assert _flat_weights({**groups, 64 * mib + mib: [B(99)]}, 2) is None  # 4 x 16 MiB implied, not 65 MiB
     assert _flat_weights({**groups, 64 * mib + 1: [B(99)]}, 2) is None  # a byte over
-    k, flat, state_only = _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(99)]}, 2)
-    assert k == 2 and [b.address for b in flat] == [99] and state_only == {16 * mib}
+    flat, state_only = _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(99)]}, 2)
+    assert flat.address == 99 and state_only == {16 * mib}
     assert _flat_weights({16 * mib: groups[16 * mib], 64 * mib: [B(98), B(99)]}, 2) is None  # two blocks
     # a lone block is never its own state: with k = 1 every odd group would otherwise imply itself
     assert _flat_weights({64 * mib: [B(99)]}, 1) is None
