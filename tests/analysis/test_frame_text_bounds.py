@@ -99,5 +99,9 @@ def test_analysis_time_does_not_grow_with_the_length_of_names():
         long_ = decode_snapshot_bytes(_hostile(path, 40_000)).snapshot
         read_short, read_long = _text_read(short), _text_read(long_)
         assert read_long <= read_short * 1.05, (read_short, read_long)
-        ratio = _analysis_s(long_) / _analysis_s(short)
+        # interleaved, best of 5 each: a burst of the other test worker's load lands on both sides alike
+        long_s, short_s = float("inf"), float("inf")
+        for _ in range(5):
+            long_s, short_s = min(long_s, _analysis_s(long_, 1)), min(short_s, _analysis_s(short, 1))
+        ratio = long_s / short_s
         assert ratio < 2.0, ratio
