@@ -47,19 +47,17 @@ def _text_read(snap) -> int:
     return sum(len(str(f.get("name", ""))) + len(str(f.get("filename", ""))) for f in seen.values())
 
 
-def _analysis_s(snap, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        from memq.analysis import frames as fr
+def _analysis_s(snap) -> float:
+    """One analysis of `snap`, in seconds, with the memos a fresh process starts without."""
+    from memq.analysis import frames as fr
 
-        for fn in (fr.categorize, fr.is_optimizer, fr._site_of):  # a fresh process's memos
-            fn.memo.clear()
-        fr._frame_label.cache_clear()
-        fr._user_label.cache_clear()
-        t = time.perf_counter()
-        analyze([snap])
-        best = min(best, time.perf_counter() - t)
-    return best
+    for fn in (fr.categorize, fr.is_optimizer, fr._site_of):
+        fn.memo.clear()
+    fr._frame_label.cache_clear()
+    fr._user_label.cache_clear()
+    t = time.perf_counter()
+    analyze([snap])
+    return time.perf_counter() - t
 
 
 def test_the_cut_keeps_short_text_and_marks_what_it_cuts():
@@ -102,6 +100,6 @@ def test_analysis_time_does_not_grow_with_the_length_of_names():
         # interleaved, best of 5 each: a burst of the other test worker's load lands on both sides alike
         long_s, short_s = float("inf"), float("inf")
         for _ in range(5):
-            long_s, short_s = min(long_s, _analysis_s(long_, 1)), min(short_s, _analysis_s(short, 1))
+            long_s, short_s = min(long_s, _analysis_s(long_)), min(short_s, _analysis_s(short))
         ratio = long_s / short_s
         assert ratio < 2.0, ratio
