@@ -52,7 +52,8 @@ def rows(truth: dict):
             wanted += [(f"{k}x length", f"{model}-b{b0}-t{t0 * k}", k) for k in (2, 4)]
         for label, key, k in wanted:
             if key in runs:
-                shapes.append((model, label, fit.predict(m, k).peak_reserved, runs[key]["max_reserved"], formula))
+                p = fit.predict(m, k, seq_k=k if "length" in label else 1.0).peak_reserved
+                shapes.append((model, label, p, runs[key]["max_reserved"], formula))
         cap = d["cap"]
         caps.append((model, fit.largest_unit(m, b0, cap["cap_bytes"]), cap["max_batch"], cap["next_outcome"],
                      cap["cap_bytes"]))

@@ -93,7 +93,7 @@ def family_rows(d: Path, fam: str, doc: dict) -> dict:
         row = {"shape": label, "real": real}
         for src, m in meas.items():
             try:
-                p = fit.predict(m, k, _opt(m, opt)).peak_reserved
+                p = fit.predict(m, k, _opt(m, opt), k if "length" in label else 1.0).peak_reserved
             except fit.NotAssessable:
                 continue
             row[src] = p

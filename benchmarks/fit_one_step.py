@@ -116,7 +116,8 @@ def rows(cases) -> list[dict]:
             whole = fit.classify(whole_snap)
         except fit.NotAssessable:
             whole = None
-        whole_pred = {k: fit.predict(whole, k).peak_reserved for _l, k, _r in shapes} if whole else {}
+        whole_pred = {(lb, k): fit.predict(whole, k, seq_k=k if "length" in lb else 1.0).peak_reserved
+                      for lb, k, _r in shapes} if whole else {}
         for part, got in parts.items():
             try:
                 m = fit.classify(cut(*got) if isinstance(got, tuple) else got, optimizer=opt)
@@ -124,8 +125,8 @@ def rows(cases) -> list[dict]:
                 out.append({"set": set_, "name": name, "half": half, "cut": part, "error": str(exc)})
                 continue
             for label, k, real in shapes:
-                p = fit.predict(m, k, opt).peak_reserved
-                w = whole_pred.get(k)
+                p = fit.predict(m, k, opt, k if "length" in label else 1.0).peak_reserved
+                w = whole_pred.get((label, k))
                 out.append({"set": set_, "name": name, "half": half, "cut": part, "shape": label, "k": k,
                             "real": real, "predicted": p, "err": (p - real) / real,
                             "whole": w, "whole_err": (w - real) / real if w else None,

@@ -198,6 +198,9 @@ class AgentInfo:
     #: The first forward's tensor arguments' shapes (the input of the measured run) and its module.
     input_shapes: tuple = ()
     input_module: str | None = None
+    #: The first forward's saved attention scores, (..., t, t) with t its input's length (agent/scores.py):
+    #: (file, line, bytes) of the line that made each; empty when none was seen or nothing was sent.
+    square_sites: tuple = ()
 
 
 @dataclass(slots=True)

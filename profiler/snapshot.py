@@ -709,6 +709,7 @@ def parse_agent_info(v: Any) -> AgentInfo | None:
 
 
 MAX_ROLE_RANGES = 200_000  # the agent sends at most this many (agent/roles.py MAX_RANGES)
+MAX_SQUARE_SITES = 64  # the agent sends at most this many (agent/scores.py SQUARE_SITES_MAX)
 
 
 def _roles(v: Any) -> tuple:
@@ -726,15 +727,20 @@ def _roles(v: Any) -> tuple:
 
 
 def _first_input(v: Any) -> dict:
-    """The agent's `first_input` ({"autocast", "shapes", "module"}), tolerant: a field of the wrong
-    type is dropped."""
+    """The agent's `first_input` ({"autocast", "shapes", "module", "square"}), tolerant: a field of the wrong
+    type is dropped, and a `square` entry that is not [file, line, bytes]."""
     if not isinstance(v, dict):
         return {}
     shapes = v.get("shapes")
     ok = isinstance(shapes, list) and all(isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)
                                           for sh in shapes)
+    square = v.get("square")
+    entries = (square if isinstance(square, list) else [])[:MAX_SQUARE_SITES]
+    sites = tuple((e[0][:MAX_FRAME_TEXT], e[1], e[2]) for e in entries
+                  if isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and type(e[1]) is int
+                  and type(e[2]) is int and e[1] >= 0 and e[2] > 0)
     return {"autocast": _opt_str(v.get("autocast"), 20), "input_module": _opt_str(v.get("module"), 80),
-            "input_shapes": tuple(tuple(sh) for sh in shapes[:4]) if ok else ()}
+            "input_shapes": tuple(tuple(sh) for sh in shapes[:4]) if ok else (), "square_sites": sites}
 
 
 def check_invariants(snap: Snapshot) -> list[str]:

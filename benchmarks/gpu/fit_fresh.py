@@ -58,16 +58,27 @@ FRESH = {
     "gnn_rec": dict(batch=4, size=1024, seq=False, bf16=False, ckpt=False, compile=False, opt="adam"),
     "vit_ckpt_bf16": dict(batch=32, size=224, seq=False, bf16=True, ckpt=True, compile=False, opt="adamw"),
 }
+# The late set: written after the fresh set was judged and read (its t5_relpos missed at 4x the length),
+# to judge what that reading changed on models it never saw: an encoder whose learned relative bias sends
+# attention down its math path (the softmax kept, (batch, heads, t, t)), and a decoder whose fixed ALiBi
+# bias leaves attention on a fused kernel (no t x t softmax kept: nothing may be read as one).
+LATE = {
+    "relbias_enc_bf16": dict(batch=8, size=256, seq=True, bf16=True, ckpt=False, compile=False, opt="adamw"),
+    "alibi_lm": dict(batch=8, size=256, seq=True, bf16=False, ckpt=False, compile=False, opt="adamw"),
+}
+SETS = {"fresh": FRESH, "late": LATE}
 SEEN = set(ff.FAMILIES) | {"cnn", "gpt_s", "gpt_m", "gpt_ckpt", "gpt_bf16"}
-assert not SEEN & set(FRESH), SEEN & set(FRESH)
+assert not SEEN & (set(FRESH) | set(LATE)), SEEN & (set(FRESH) | set(LATE))
 ff.FAMILIES.update(FRESH)
+ff.FAMILIES.update(LATE)
+ALL = {**FRESH, **LATE}
 T5_VOCAB, LM_VOCAB, ASR_VOCAB, GNN_NODES, GNN_EDGES_PER_NODE = 32_128, 32_000, 5_000, 1_000_000, 8
 _prev_build, _prev_step_loss = cap.build, cap.step_loss
 _compiled: dict[int, object] = {}
 
 
 def build(name: str, size: int):  # noqa: C901 (one model per branch)
-    if name not in FRESH:
+    if name not in ALL:
         return _prev_build(name, size)
     import torch
     import torch.nn as nn
@@ -210,28 +221,28 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
                                                is_causal=causal and mask is None)
             return self.o(y.transpose(1, 2).reshape(b, t, d))
 
+    class RelBias(nn.Module):
+        def __init__(self, heads, bidirectional, buckets=32, max_dist=128):
+            super().__init__()
+            self.emb, self.bi, self.nb, self.md = nn.Embedding(buckets, heads), bidirectional, buckets, max_dist
+
+        def forward(self, tq, tk, dev):
+            rel = torch.arange(tk, device=dev)[None, :] - torch.arange(tq, device=dev)[:, None]
+            nb, out = self.nb, torch.zeros_like(rel)
+            if self.bi:
+                nb //= 2
+                out += (rel > 0).long() * nb
+                rel = rel.abs()
+            else:
+                rel = -torch.clamp(rel, max=0)
+            exact = nb // 2
+            # past max_dist every distance shares the last bucket (T5's own clamp is of the sum)
+            big = (exact + (torch.log(rel.float().clamp(min=1) / exact) / math.log(self.md / exact)
+                            * (nb - exact)).long()).clamp(max=nb - 1)
+            out += torch.where(rel < exact, rel, big)
+            return self.emb(out).permute(2, 0, 1).unsqueeze(0)
+
     if name == "t5_relpos":
-        class RelBias(nn.Module):
-            def __init__(self, heads, bidirectional, buckets=32, max_dist=128):
-                super().__init__()
-                self.emb, self.bi, self.nb, self.md = nn.Embedding(buckets, heads), bidirectional, buckets, max_dist
-
-            def forward(self, tq, tk, dev):
-                rel = torch.arange(tk, device=dev)[None, :] - torch.arange(tq, device=dev)[:, None]
-                nb, out = self.nb, torch.zeros_like(rel)
-                if self.bi:
-                    nb //= 2
-                    out += (rel > 0).long() * nb
-                    rel = rel.abs()
-                else:
-                    rel = -torch.clamp(rel, max=0)
-                exact = nb // 2
-                # past max_dist every distance shares the last bucket (T5's own clamp is of the sum)
-                big = (exact + (torch.log(rel.float().clamp(min=1) / exact) / math.log(self.md / exact)
-                                * (nb - exact)).long()).clamp(max=nb - 1)
-                out += torch.where(rel < exact, rel, big)
-                return self.emb(out).permute(2, 0, 1).unsqueeze(0)
-
         class T5Layer(nn.Module):
             def __init__(self, d, heads, cross):
                 super().__init__()
@@ -270,6 +281,71 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
                 return self.head(self.nd(y))
 
         return T5()
+
+    if name == "relbias_enc_bf16":
+        class EncLayer(nn.Module):
+            def __init__(self, d, heads):
+                super().__init__()
+                self.n1, self.att, self.n2 = nn.LayerNorm(d), MHA(d, heads), nn.LayerNorm(d)
+                self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+            def forward(self, x, bias):
+                x = x + self.att(self.n1(x), mask=bias)
+                return x + self.ff(self.n2(x))
+
+        class RelEncoder(nn.Module):
+            """A masked-LM encoder (d 768 x 6, 12 heads) with one learned bucketed relative bias."""
+
+            def __init__(self, d=768, heads=12, layers=6):
+                super().__init__()
+                self.emb = nn.Embedding(LM_VOCAB, d)
+                self.bias = RelBias(heads, True)
+                self.layers = nn.ModuleList(EncLayer(d, heads) for _ in range(layers))
+                self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, LM_VOCAB)
+
+            def forward(self, ids):
+                t = ids.shape[1]
+                h, bias = self.emb(ids), self.bias(t, t, ids.device)
+                for layer in self.layers:
+                    h = layer(h, bias)
+                return self.head(self.norm(h))
+
+        return RelEncoder()
+
+    if name == "alibi_lm":
+        class AlibiBlock(nn.Module):
+            def __init__(self, d, heads):
+                super().__init__()
+                self.n1, self.att, self.n2 = nn.LayerNorm(d), MHA(d, heads, bias=False), nn.LayerNorm(d)
+                self.ff = nn.Sequential(nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False))
+
+            def forward(self, x, mask):
+                x = x + self.att(self.n1(x), mask=mask)
+                return x + self.ff(self.n2(x))
+
+        class AlibiLM(nn.Module):
+            """A decoder LM (d 512 x 6, 8 heads) with ALiBi: a fixed linear distance penalty per head and the
+            causal mask, one float mask that needs no gradient."""
+
+            def __init__(self, d=512, heads=8, layers=6):
+                super().__init__()
+                self.tok = nn.Embedding(LM_VOCAB, d)
+                self.blocks = nn.ModuleList(AlibiBlock(d, heads) for _ in range(layers))
+                self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, LM_VOCAB, bias=False)
+                self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads), persistent=False)
+
+            def forward(self, x):
+                t = x.shape[1]
+                pos = torch.arange(t, device=x.device)
+                dist = (pos[None, :] - pos[:, None]).float()
+                mask = self.slopes[:, None, None] * dist.clamp(max=0)
+                mask = mask.masked_fill(dist > 0, float("-inf")).unsqueeze(0)
+                h = self.tok(x)
+                for blk in self.blocks:
+                    h = blk(h, mask)
+                return self.head(self.norm(h))
+
+        return AlibiLM()
 
     if name == "whisper_enc":
         class Layer(nn.Module):
@@ -367,7 +443,7 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
 
 
 def step_loss(name: str, model, b: int, size: int, dev):
-    if name not in FRESH:
+    if name not in ALL:
         return _prev_step_loss(name, model, b, size, dev)
     import torch
     import torch.nn.functional as F
@@ -382,6 +458,10 @@ def step_loss(name: str, model, b: int, size: int, dev):
         tgt = torch.randint(0, T5_VOCAB, (b, size), device=dev)
         logits = model(src, tgt)
         return F.cross_entropy(logits.float().reshape(-1, T5_VOCAB), torch.roll(tgt, -1, 1).reshape(-1)), b * size
+    if name in ("relbias_enc_bf16", "alibi_lm"):
+        x = torch.randint(0, LM_VOCAB, (b, size), device=dev)
+        logits = model(x)
+        return F.cross_entropy(logits.float().reshape(-1, LM_VOCAB), torch.roll(x, -1, 1).reshape(-1)), b * size
     if name == "whisper_enc":
         mel = torch.randn(b, 80, size, device=dev)
         logits = model(mel)
@@ -462,11 +542,11 @@ class Runner(ff.Runner):
     """fit_families' runner (its slots, budget, ladder and capped bisection), its jobs run by this
     script (which knows the fresh families), with the step-1 dumps beside the recordings."""
 
-    def __init__(self, out: str, budget: float, parallel: int, names: list[str]):
+    def __init__(self, out: str, budget: float, parallel: int, names: list[str], set_name: str = "fresh"):
         super().__init__(out, budget, parallel)
-        self.summary["split"] = {"tuning": [], "held_back": sorted(names),
-                                 "rule": "a fresh set, captured after the model was tuned: every family held back"}
-        self.summary["set"] = "fresh"
+        rule = f"a {set_name} set, captured after the model was tuned: every family held back"
+        self.summary["split"] = {"tuning": [], "held_back": sorted(names), "rule": rule}
+        self.summary["set"] = set_name
 
     def job(self, fam: str, batch: int, size: int, record: str = "", cap: int = 0, priority: float = 5):
         spec = ff.FAMILIES[fam]
@@ -512,8 +592,9 @@ def smoke() -> None:
 
     os.environ["FITFRESH_SMOKE"] = "1"
     tiny = {"effnet_se": (2, 64), "swin_bf16": (1, 224), "t5_relpos": (2, 16), "whisper_enc": (2, 32),
-            "gqa_lm": (2, 16), "gnn_rec": (2, 32), "vit_ckpt_bf16": (1, 64)}
-    for name, spec in FRESH.items():
+            "gqa_lm": (2, 16), "gnn_rec": (2, 32), "vit_ckpt_bf16": (1, 64), "relbias_enc_bf16": (2, 16),
+            "alibi_lm": (2, 16)}
+    for name, spec in ALL.items():
         t0 = time.time()
         b, s = tiny[name]
         torch.manual_seed(0)
@@ -536,8 +617,11 @@ def main() -> None:
     a.add_argument("--only", default="")
     a.add_argument("--budget", type=float, default=480)
     a.add_argument("--parallel", type=int, default=8)
+    a.add_argument("--set", choices=sorted(SETS), default="fresh")
+    a.add_argument("--recordings-only", action="store_true",
+                   help="only the base shape's recordings and dumps per family (after a change to the agent)")
     j = sub.add_parser("job")
-    j.add_argument("family", choices=sorted(FRESH))
+    j.add_argument("family", choices=sorted(ALL))
     j.add_argument("--batch", type=int, required=True)
     j.add_argument("--size", type=int, required=True)
     j.add_argument("--result", required=True)
@@ -554,8 +638,9 @@ def main() -> None:
     if args.cmd == "job":
         run_job(args)
         return
-    names = [s for s in (args.only.split(",") if args.only else FRESH) if s]
-    unknown = sorted(set(names) - set(FRESH))
+    families = SETS[args.set]
+    names = [s for s in (args.only.split(",") if args.only else families) if s]
+    unknown = sorted(set(names) - set(families))
     if unknown:
         ap.error(f"unknown families: {', '.join(unknown)}")
     os.makedirs(args.out, exist_ok=True)
@@ -563,7 +648,8 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(args.out, "inductor_cache"))
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "4")
     os.environ.setdefault("TORCH_SYMBOLIZE_MODE", "dladdr")
-    r = Runner(args.out, args.budget, args.parallel, names)
+    r = Runner(args.out, args.budget, args.parallel, names, args.set)
+    r.recordings_only = args.recordings_only
     r.save()
     with ThreadPoolExecutor(max_workers=len(names)) as ex:
         list(ex.map(r.family, names))

@@ -11,6 +11,7 @@ from typing import Any
 
 from memq.agent.guard import Guard
 from memq.agent.roles import collect
+from memq.agent.scores import watch_first_forward
 from memq.agent.source import first_input_facts
 
 
@@ -89,8 +90,9 @@ class JobObjects:
     # -- the first forward ----------------------------------------------------------------------------
     def install_input_hook(self) -> None:
         """Once, after `import torch`: a global module forward pre-hook that reads, at the first forward,
-        the autocast state and the input's shapes, then removes itself (one call: nothing per step).
-        What `memq fit` needs to tell autocast's weight copies from input-sized blocks, and the batch
+        the autocast state and the input's shapes, then removes itself (one call: nothing per step);
+        while that forward runs, the attention scores it saves are noted (agent/scores.py). What
+        `memq fit` needs to tell autocast's weight copies from input-sized blocks, and the batch
         the run measured."""
         if self._input_seen or self._input_hook is not None or "torch" not in sys.modules:
             return
@@ -111,5 +113,7 @@ class JobObjects:
         if self._input_seen:
             return None
         self._input_seen = True
-        self.first_input = self._guard.call(lambda: first_input_facts(module, args))
+        self.first_input = facts = self._guard.call(lambda: first_input_facts(module, args))
+        if facts is not None:  # its attention scores, noted while this forward runs (agent/scores.py)
+            self._guard.call(lambda: watch_first_forward(module, facts, self.role_devices))
         return None

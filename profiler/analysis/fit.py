@@ -69,11 +69,14 @@ from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
 from memq.model import Snapshot, frame_file, frame_line, frame_name
 
 # What an allocation holds (the composition of a predicted peak).
-PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE, REDUCE_BUFFER = range(10)
+PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE, REDUCE_BUFFER, SCORES = (
+    range(11))
 KIND_NAMES = ("parameters", "gradients", "optimizer state", "optimizer step temporaries",
               "kept across steps", "gradient-sized temporaries", "autocast weight copies",
-              "input-sized (activations)", "library workspaces", "reduction buffers")
+              "input-sized (activations)", "library workspaces", "reduction buffers",
+              "attention scores (length squared)")
 SCALES_WITH_INPUT = (INPUT,)
+ACTIVATIONS = (INPUT, SCORES)  # what a forward makes from its input: x k, and the scores x the length again
 
 OPTIMIZER_NAMES = tuple(STATE_MULTIPLE)
 
@@ -229,6 +232,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
     share = _mark_cast_copies(snap, rep, trace, kinds, size_of, ev_of, grads, big, notes)
     _hold_weight_gradients(trace, kinds, size_of, ev_of, _weight_sizes(rep, kinds, size_of, grads))
     _hold_cast_gradients(prog, kinds, lambda h: ev_of[h] >= 0 and not python_frames(trace[ev_of[h]].frames))
+    _mark_scores(snap, trace, kinds, ev_of, range(prog.n_handles))
     _live_classes(snap, rep, kinds, ev_of, is_open)  # names only: after every rule that decides what scales
     steps = optimizer_steps(trace)
     grad_sizes = _step_gradients(prog, rep.op_event, trace, kinds, size_of)
@@ -367,6 +371,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
             kinds[h] = GRADIENTS if not param_sizes or size_of[h] in param_sizes else WORKSPACE
         else:  # the classes of the live blocks (provenance) read a whole step's end, not a cut inside one
             kinds[h] = INPUT
+    _mark_scores(snap, trace, kinds, ev_of, step_handles)
     grads = [h for h in step_handles if is_open[h] and kinds[h] == GRADIENTS]
     if bwd is not None and not grads:
         raise NotAssessable("the trace's backward kept no gradients (cut before its first one): a prediction needs "
@@ -396,7 +401,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     if partial == PARTIAL_FORWARD and not params:
         raise NotAssessable("the trace holds a forward pass but no parameters to size its gradients from")
     out = _StepWriter(prog, kinds)
-    live_inputs = [h for h in step_handles if is_open[h] and kinds[h] in (INPUT, CAST_COPY)]
+    live_inputs = [h for h in step_handles if is_open[h] and kinds[h] in (*ACTIVATIONS, CAST_COPY)]
     saved = set(live_inputs)
     fwd1 = [(op, h) for op, h in zip(prog.ops[start:], prog.hid[start:], strict=True)
             if op in (OP_ALLOC, OP_FREE) and (h in saved or h in made)]
@@ -411,7 +416,7 @@ def _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes
     out.free_all([h for h in kept if made[h] >= first_fwd])
     prev_batch = batch
     for _ in range(ONE_STEP_REPEATS):
-        mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (INPUT, CAST_COPY, GRADIENTS),
+        mapping = out.repeat(start, lambda h: not is_open[h] or kinds[h] in (*ACTIVATIONS, CAST_COPY, GRADIENTS),
                              at=first_fwd, then=lambda b=prev_batch: out.free_all(b))
         if partial == PARTIAL_FORWARD:
             fwd2 = [(op, mapping[h]) for op, h in fwd1 if h in mapping]
@@ -776,6 +781,61 @@ def _live_classes(snap: Snapshot, rep, kinds: list, ev_of: list, is_open: list) 
             kinds[h] = _CLASS_KIND[bc.cls]
 
 
+# Attention scores: a (..., t, t) tensor grows with the square of the length t, where a block of (batch, t,
+# width) grows with t. Attention's math path (a float mask such as a relative position bias, or no fused
+# kernel) keeps its softmax for backward, one per layer; memq scaled it with t once and predicted
+# tests/fixtures/fit_fresh's t5_relpos 7.3% low at 4x the length. Told by the line that made it and its
+# bytes: the agent notes the first forward's saved (..., t, t) tensors (agent/scores.py); a trace with C++
+# frames names softmax inside `_scaled_dot_product_attention_math`. Every allocation of that line and size is
+# a score (the q @ k product beside the softmax is one too); a head width equal to t makes the line's
+# (batch, heads, t, width) blocks the same size, and those are then read as scores as well.
+_SDPA_MATH = "_scaled_dot_product_attention_math"
+_SOFTMAX_OPS = frozenset(("at::_ops::_softmax", "at::_ops::softmax_int", "at::_ops::_safe_softmax"))
+
+
+def _innermost_python(frames) -> tuple[str, int] | None:
+    for f in frames or ():
+        path = frame_file(f)
+        if path.endswith(".py"):
+            return path, frame_line(f)
+    return None
+
+
+def _softmax_in_math_attention(frames) -> bool:
+    """The allocation is softmax's output (the innermost op frame) inside attention's math path."""
+    op = next((n for n in map(frame_name, frames) if n.startswith("at::_ops::")), "")
+    return op.split("::call", 1)[0].split("::redispatch", 1)[0] in _SOFTMAX_OPS and any(
+        _SDPA_MATH in frame_name(f) for f in frames)
+
+
+def score_sites(snap: Snapshot) -> set[tuple[str, int, int]]:
+    """(file, line, bytes) of the attention scores' allocations: the agent's, and the trace's C++ frames'."""
+    sites = {(f, line, n) for f, line, n in snap.agent.square_sites} if snap.agent is not None else set()
+    seen: dict[int, bool] = {}
+    for ev in snap.trace:
+        if ev.action != "alloc" or not ev.frames:
+            continue
+        hit = seen.get(id(ev.frames))
+        if hit is None:
+            hit = seen[id(ev.frames)] = _softmax_in_math_attention(ev.frames)
+        if hit and (site := _innermost_python(ev.frames)) is not None:
+            sites.add((*site, ev.size))
+    return sites
+
+
+def _mark_scores(snap: Snapshot, trace, kinds: list[int], ev_of: list[int], handles) -> None:
+    sites = score_sites(snap)
+    if not sites:
+        return
+    for h in handles:
+        if kinds[h] != INPUT or ev_of[h] < 0:
+            continue
+        ev = trace[ev_of[h]]
+        site = _innermost_python(ev.frames)
+        if site is not None and (*site, ev.size) in sites:
+            kinds[h] = SCORES
+
+
 _CLASS_KIND = {fr.PARAMETERS: PARAMETERS, fr.GRADIENTS: GRADIENTS, fr.OPTIMIZER_STATE: OPT_STATE,
                fr.WORKSPACE_CAT: WORKSPACE}
 
@@ -980,7 +1040,10 @@ def _region_ends_after(trace, e: int) -> bool:
     return False
 
 
-def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: float | None = None) -> list[int]:
+def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: float | None = None,
+                 seq_k: float = 1.0) -> list[int]:
+    """The program's request sizes at k x the measured input, of which seq_k is the length's part (attention
+    scores grow with it once more)."""
     prog = m.replay.program
     kinds = m.kinds
     temp_ratio = state_ratio if temp_ratio is None else temp_ratio
@@ -992,6 +1055,8 @@ def scaled_sizes(m: Measured, k: float, state_ratio: float = 1.0, temp_ratio: fl
         kind = kinds[h]
         if kind in SCALES_WITH_INPUT:
             out.append(max(1, int(s * k)))
+        elif kind == SCORES:
+            out.append(max(1, int(s * k * seq_k)))
         elif kind == REDUCE_BUFFER:
             out.append(reduce_buffer_size(s, k))
         elif kind == OPT_STATE and state_ratio != 1.0:
@@ -1159,9 +1224,10 @@ def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: b
                             f"({type(exc).__name__}): measure a run nearer that shape") from exc
 
 
-def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
+def predict(m: Measured, k: float, optimizer: str | None = None, seq_k: float = 1.0) -> Prediction:
+    """The peak at k x the measured input (seq_k of it the length's part: see `scaled_sizes`)."""
     plan = state_plan(m, optimizer)
-    sizes = scaled_sizes(m, k, plan.ratio, plan.temp_ratio)
+    sizes = scaled_sizes(m, k, plan.ratio, plan.temp_ratio, seq_k)
     prog = _program(m, sizes, plan)
     sim = _run(m, None, prog, k, stop_at_oom=False)
     kinds = [*m.kinds, *[OPT_STATE] * (prog.n_handles - len(m.kinds))]
@@ -1195,20 +1261,21 @@ def predict(m: Measured, k: float, optimizer: str | None = None) -> Prediction:
     return Prediction(peak_reserved=reserved, peak_allocated=peak, composition=comp)
 
 
-def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool:
+def fits_under(m: Measured, k: float, limit: int, optimizer: str | None = None, seq_k: float = 1.0) -> bool:
     """Does the model serve every request at scale k under `limit` (cache freed and retried first)?"""
     plan = state_plan(m, optimizer)
-    prog = _program(m, scaled_sizes(m, k, plan.ratio, plan.temp_ratio), plan)
+    prog = _program(m, scaled_sizes(m, k, plan.ratio, plan.temp_ratio, seq_k), plan)
     return _run(m, limit, prog, k).oom_op is None
 
 
 def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = None,
-                 k_other: float = 1.0) -> int:
+                 k_other: float = 1.0, seq_k: float = 1.0, is_length: bool = False) -> int:
     """The largest integer u (batch or length) whose scale u / unit0 (x k_other) fits `limit`;
-    0 when even u = 1 does not. Bisection: a larger input never needs less (the model is monotone
-    in the input-sized bytes at the calibration set's shapes)."""
+    0 when even u = 1 does not. `seq_k`: the length's part of k_other when u is the batch; `is_length`:
+    u is the length (attention scores grow with it twice). Bisection: a larger input never needs less
+    (the model is monotone in the input-sized bytes at the calibration set's shapes)."""
     def ok(u: int) -> bool:
-        return fits_under(m, u / unit0 * k_other, limit, optimizer)
+        return fits_under(m, u / unit0 * k_other, limit, optimizer, u / unit0 if is_length else seq_k)
 
     top = max(1, int(K_MAX * unit0))
     if not ok(1):
@@ -1308,18 +1375,18 @@ def interval(m: Measured, peak: int) -> tuple[int, int]:
     return int(peak * (1 - m.margin)), int(peak * (1 + m.margin))
 
 
-def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None) -> bool | None:
+def tri_fits(m: Measured, k: float, limit: int, optimizer: str | None = None, seq_k: float = 1.0) -> bool | None:
     """True when the model fits under the limit less the margin, False when it fails even with the
     margin added, else None (the interval straddles the limit)."""
-    if fits_under(m, k, int(limit * (1 - m.margin)), optimizer):
+    if fits_under(m, k, int(limit * (1 - m.margin)), optimizer, seq_k):
         return True
-    if not fits_under(m, k, int(limit * (1 + m.margin)), optimizer):
+    if not fits_under(m, k, int(limit * (1 + m.margin)), optimizer, seq_k):
         return False
     return None
 
 
 def decide_fits(m: Measured, k: float, limit: int, low: int, high: int,
-                optimizer: str | None = None) -> tuple[bool | None, str]:
+                optimizer: str | None = None, seq_k: float = 1.0) -> tuple[bool | None, str]:
     """`fits` and why. The interval [low, high] is the peak reserved without a cap: wholly under the
     limit, it fits; straddling it, null (the interval cannot tell); wholly over it, the model runs
     under the limit (a cap makes the allocator free its cache and retry, so a run may fit a cap below
@@ -1333,7 +1400,7 @@ def decide_fits(m: Measured, k: float, limit: int, low: int, high: int,
         return None, (f"the predicted peak reserved, {span}, straddles the {limit / gib:.2f} GiB limit: within the "
                       f"+/-{m.margin:.0%} interval it may or may not fit (a run at this shape, or a smaller one, "
                       "settles it)")
-    t = tri_fits(m, k, limit, optimizer)
+    t = tri_fits(m, k, limit, optimizer, seq_k)
     if t is True:
         return True, (f"uncapped it would reserve {span}, over the limit; under the cap the allocator frees its "
                       f"cache and retries, and the model serves every request under the limit less {m.margin:.0%}")
@@ -1361,6 +1428,10 @@ class Question:
     optimizer: str | None = None
     limit: int | None = None
     limit_source: str | None = None
+
+    def seq_scale(self) -> float:
+        """The length's part of `scale`: attention scores grow with it once more."""
+        return self.seq / self.from_seq if self.seq is not None else 1.0
 
     def scale(self) -> float:
         k = 1.0
@@ -1418,8 +1489,8 @@ def answer(m: Measured, q: Question) -> dict:
     check(q)
     if q.optimizer and m.optimizer and q.optimizer != m.optimizer:
         m = replace(m, switched=q.optimizer)  # the interval of another optimizer's state (FIT_MARGIN_OPTIMIZER)
-    k = q.scale()
-    pred = predict(m, k, q.optimizer)
+    k, seq_k = q.scale(), q.seq_scale()
+    pred = predict(m, k, q.optimizer, seq_k)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred
     low, high = interval(m, pred.peak_reserved)
     out = {
@@ -1447,12 +1518,12 @@ def answer(m: Measured, q: Question) -> dict:
     if q.limit is None:
         out["fits_reason"] = "no limit known: give --limit SIZE or --gpu NAME"
     else:
-        out["fits"], out["fits_reason"] = decide_fits(m, k, q.limit, low, high, q.optimizer)
+        out["fits"], out["fits_reason"] = decide_fits(m, k, q.limit, low, high, q.optimizer, seq_k)
         out["headroom_bytes"] = q.limit - pred.peak_reserved
         out["headroom_low"], out["headroom_high"] = q.limit - high, q.limit - low
         unit, unit0, other = _search_unit(q)
         if unit is not None:
-            best = {tag: largest_unit(m, unit0, int(q.limit * f), q.optimizer, other)
+            best = {tag: largest_unit(m, unit0, int(q.limit * f), q.optimizer, other, seq_k, unit == "seq")
                     for tag, f in (("", 1.0), ("_low", 1 - m.margin), ("_high", 1 + m.margin))}
             for tag, v in best.items():
                 out[f"max_{unit}{tag}"] = v
@@ -1494,7 +1565,8 @@ def _basis(m: Measured, q: Question, out: dict) -> str:
     if q.batch is not None:
         what.append(f"batch {q.from_batch} -> {q.batch}")
     if q.seq is not None:
-        what.append(f"length {q.from_seq} -> {q.seq} (linear per site)")
+        squared = ", attention scores with its square" if SCORES in m.kinds else ""
+        what.append(f"length {q.from_seq} -> {q.seq} (linear per site{squared})")
     if q.optimizer and q.optimizer != m.optimizer:
         what.append(f"optimizer {m.optimizer} -> {q.optimizer} (state {STATE_MULTIPLE[q.optimizer]:.2f}x the "
                     "parameter bytes, from the playbook)")

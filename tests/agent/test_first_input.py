@@ -44,3 +44,70 @@ def test_first_input_is_read_back_from_the_snapshot():
     bad = parse_agent_info({"run": "r", "first_input": {"autocast": 3, "shapes": [["x"]]}})
     assert bad.autocast is None and bad.input_shapes == ()
     assert parse_agent_info({"run": "r"}).autocast is None
+
+
+class _Attention(torch.nn.Module):
+    """Attention with a learned additive bias: torch's math path keeps the softmax, (batch, heads, t, t)."""
+
+    def __init__(self, d=32, heads=4, t=16):
+        super().__init__()
+        self.emb, self.qkv = torch.nn.Embedding(100, d), torch.nn.Linear(d, 3 * d)
+        self.bias = torch.nn.Parameter(torch.zeros(1, heads, t, t))
+        self.h = heads
+
+    def forward(self, ids):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, self.h, -1).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias).sum()  # SCORES_LINE
+
+
+def _line_of(marker: str) -> int:
+    return next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if marker in text
+                and "next(" not in text)
+
+
+def test_the_first_forward_notes_its_attention_scores_by_line_and_bytes(tmp_path):
+    """Tokens of length 16: the softmax the math path keeps is (2, 4, 16, 16) float32, 8 KiB, made on the
+    line that calls attention; nothing else saved is (..., 16, 16), and the hook is gone afterwards."""
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        model = _Attention()
+        model(torch.zeros(2, 16, dtype=torch.long)).backward()
+        square = a._first_input["square"]
+        assert [__file__, _line_of("# SCORES_LINE"), 2 * 4 * 16 * 16 * 4] in square
+        assert all(n in (2 * 4 * 16 * 16 * 4, 4 * 16 * 16 * 4) for _f, _l, n in square)  # scores; the bias
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None  # popped at the forward's end
+        model(torch.zeros(2, 16, dtype=torch.long)).backward()
+        assert a._first_input["square"] == square  # the first forward's, once
+    finally:
+        a.stop(2)
+    info = parse_agent_info({"run": "r", "first_input": dict(a._first_input)})
+    assert (__file__, _line_of("# SCORES_LINE"), 8192) in info.square_sites
+
+
+def test_no_length_no_scores_and_nothing_left_pushed(tmp_path):
+    """An image (4-D input) has no length to scale: nothing is noted; a forward that raises still pops the
+    hook; a device type the agent does not watch is not noted."""
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        torch.nn.Conv2d(3, 4, 3)(torch.zeros(2, 3, 16, 16))
+        assert "square" not in a._first_input
+    finally:
+        a.stop(2)
+    b = make_agent(spool_dir=tmp_path / "t", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        model = _Attention()
+        try:
+            model(torch.zeros(2, 15, dtype=torch.long))  # the bias is 16 x 16: the forward raises
+        except RuntimeError:
+            pass
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+        assert b._first_input["square"] == []
+    finally:
+        b.stop(2)
+    c = make_agent(spool_dir=tmp_path / "u", redis_url="redis://127.0.0.1:1/0")  # ("cuda",): CPU tensors ignored
+    try:
+        _Attention()(torch.zeros(2, 16, dtype=torch.long)).backward()
+        assert c._first_input["square"] == []
+    finally:
+        c.stop(2)

@@ -1,0 +1,87 @@
+"""Attention scores, seen once, in the first forward.
+
+A tensor whose last two dimensions are both the input's length, (..., t, t), grows with the square of the
+length: attention's math path keeps its softmax for backward (an additive float mask, a relative position
+bias, anything the fused kernels do not take). A trace of Python frames cannot show it: the allocation is
+made on the model's line that calls attention, beside blocks of (batch, t, width) that grow linearly. So
+while the first forward runs, autograd's saved-tensor hook notes each saved (..., t, t) tensor by the
+line that made it and its bytes; `memq fit` scales the allocations of that line and size with the length
+squared. The hook passes every tensor through unchanged, and is gone when that forward returns.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+#: At most this many (file, line, bytes) kept: one per attention call site and score size, a handful in any
+#: model; a cap so that no model's forward grows the agent's memory.
+SQUARE_SITES_MAX = 64
+
+
+class ScoreSites:
+    """The saved-tensor pack hook of the first forward (identity; notes (..., t, t) tensors)."""
+
+    def __init__(self, length: int, devices: tuple):
+        self.length = length
+        self.devices = devices
+        self.found: set[tuple[str, int, int]] = set()
+
+    def pack(self, t: Any) -> Any:
+        try:
+            shape = t.shape
+            if (len(shape) >= 3 and shape[-1] == self.length and shape[-2] == self.length
+                    and len(self.found) < SQUARE_SITES_MAX and t.device.type in self.devices):
+                caller = sys._getframe(1)  # the line that ran the op: where the trace places its allocation
+                self.found.add((caller.f_code.co_filename, caller.f_lineno, int(t.untyped_storage().nbytes())))
+        except Exception:  # noqa: BLE001 - never in the way of the user's forward
+            pass
+        return t
+
+    @staticmethod
+    def unpack(t: Any) -> Any:
+        return t
+
+    def sites(self) -> list[list]:
+        return [[f, line, n] for f, line, n in sorted(self.found)]
+
+
+def input_length(facts: dict | None) -> int | None:
+    """The length of the first forward's input: the second dimension of a 2-D first argument of integers
+    (token ids), as `memq fit` reads it; None for any other input (features, an image, a spectrogram)."""
+    shapes, dtypes = (facts or {}).get("shapes") or [], (facts or {}).get("dtypes") or []
+    if shapes and dtypes and len(shapes[0]) == 2 and shapes[0][1] >= 2 and dtypes[0].startswith(("int", "uint")):
+        return int(shapes[0][1])
+    return None
+
+
+def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
+    """Note the first forward's attention scores into facts["square"] when that forward returns. False
+    (nothing installed) where there is no length, under torch.compile's tracing (the hook would be traced,
+    not run), or where the module cannot call a hook on every exit (torch < 2.1)."""
+    length = input_length(facts)
+    torch = sys.modules.get("torch")
+    if length is None or torch is None:
+        return False
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if compiling is not None and compiling():
+        return False
+    rec = ScoreSites(length, devices)
+    ctx = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack)
+    state = {"handle": None}
+
+    def done(_module, _args, _out):
+        handle, state["handle"] = state["handle"], None
+        if handle is None:
+            return None
+        handle.remove()
+        ctx.__exit__(None, None, None)
+        facts["square"] = rec.sites()
+        return None
+
+    try:
+        state["handle"] = module.register_forward_hook(done, always_call=True)
+    except TypeError:  # no always_call: an exception in the forward would leave the hook pushed
+        return False
+    ctx.__enter__()
+    return True
