@@ -139,8 +139,11 @@ def _fresh_rows() -> dict:
 def test_the_real_fresh_capture_as_judged():
     """The seven fresh families captured on the H200 (2026-12-05) and judged once, untuned (benchmarks/
     RESULTS.md, "Seven fresh families, judged once"): from each recording 26 of 27 predictions inside their
-    interval, the miss t5_relpos at 4x the length (its additive attention bias grows with the square of the
-    length: -7.3% outside +/-3%); gqa_lm's compiled program the largest miss inside (-10.2%); the largest
+    interval, the miss t5_relpos at 4x the length (its additive attention bias sends attention down its math
+    path, whose softmax grows with the square of the length: -7.3% outside +/-3%). Since attention scores
+    are read (fit.SCORES), the recordings that name them predict 27 of 27 inside: the hand recording and the
+    dump by their C++ frames (4x the length -0.0%); the agent's recording of this capture predates the agent
+    noting them and still misses. gqa_lm's compiled program the largest miss inside (-10.2%); the largest
     batch inside its range for every family; and the step-1 dump predicts what the six-step hand recording
     predicts at every shape."""
     rows = _fresh_rows()
@@ -148,11 +151,12 @@ def test_the_real_fresh_capture_as_judged():
                             "whisper_enc"]
     shapes = [(fam, s) for fam, r in rows.items() for s in r["shapes"]]
     assert len(shapes) == 27
-    for src in ("agent", "hand", "dump"):
+    for src, missed in (("agent", [("t5_relpos", "4x length")]), ("hand", []), ("dump", [])):
         outside = [(fam, s["shape"]) for fam, s in shapes if abs(s[f"{src}_err"]) > s[f"{src}_margin"] + 1e-12]
-        assert outside == [("t5_relpos", "4x length")], src
+        assert outside == missed, src
     t5 = {s["shape"]: s for s in rows["t5_relpos"]["shapes"]}
     assert t5["4x length"]["agent_err"] == pytest.approx(-0.073, abs=0.001)
+    assert t5["4x length"]["hand_err"] == pytest.approx(0.0, abs=0.002)
     assert t5["4x length"]["agent_margin"] == pytest.approx(0.03)
     gqa = {s["shape"]: s for s in rows["gqa_lm"]["shapes"]}
     assert gqa["8x batch"]["agent_err"] == pytest.approx(-0.102, abs=0.001)
