@@ -111,3 +111,24 @@ def test_no_length_no_scores_and_nothing_left_pushed(tmp_path):
         assert c._first_input["square"] == []
     finally:
         c.stop(2)
+
+
+def test_a_compiled_first_forward_runs_as_it_would_without_the_agent(tmp_path):
+    """torch.compile with fullgraph=True (AOTAutograd, no inductor needed): the agent's hooks are there
+    when the compiled module first runs, and the job's forward and backward give what they give without the
+    agent; the hook is popped after it."""
+    torch.manual_seed(0)
+    model = _Attention()
+    ids = torch.randint(0, 100, (2, 16))
+    want = model(ids)
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        got = compiled(ids)
+        got.backward()
+        assert torch.allclose(got, want)
+        assert model.bias.grad is not None
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+        assert isinstance(a._first_input["square"], list)
+    finally:
+        a.stop(2)
