@@ -8,6 +8,7 @@ the held-back half. No services, no torch.
 
     python benchmarks/fit_families_calibration.py [--dir tests/fixtures/fit_families] [--half tuning] [--json]
     python benchmarks/fit_families_calibration.py --set fresh [--dir tests/fixtures/fit_fresh] [--json]
+    python benchmarks/fit_families_calibration.py --set late [--dir tests/fixtures/fit_late] [--json]
 
 --half tuning reads the tuning half only (what a change to the model is judged on); the held-back half
 is judged once, after.
@@ -35,6 +36,7 @@ from tests.analysis.agent_data import spool_run  # noqa: E402
 GiB = 1 << 30
 DEFAULT_DIR = ROOT / "tests" / "fixtures" / "fit_families"
 FRESH_DIR = ROOT / "tests" / "fixtures" / "fit_fresh"
+LATE_DIR = ROOT / "tests" / "fixtures" / "fit_late"  # benchmarks/gpu/fit_fresh.py --set late
 SOURCES = ("agent", "hand", "dump")
 
 
@@ -123,10 +125,10 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--half", choices=("tuning", "held_back", "all"), default="all")
-    ap.add_argument("--set", choices=("families", "fresh"), default="families")
+    ap.add_argument("--set", choices=("families", "fresh", "late"), default="families")
     args = ap.parse_args()
     if args.dir is None:
-        args.dir = FRESH_DIR if args.set == "fresh" else DEFAULT_DIR
+        args.dir = {"fresh": FRESH_DIR, "late": LATE_DIR}.get(args.set, DEFAULT_DIR)
     summary = json.loads((args.dir / "summary.json").read_text())
     split = summary["split"]
     if args.half != "all":
@@ -138,7 +140,7 @@ def main() -> None:
     if args.json:
         json.dump(rows, sys.stdout, indent=1, default=list)
         return
-    if args.set == "fresh":
+    if args.set in ("fresh", "late"):
         judge_fresh(rows, took)
         return
     print("| family | half | shape | real peak reserved | agent | error | hand | error |")
