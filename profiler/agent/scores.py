@@ -20,20 +20,22 @@ SQUARE_SITES_MAX = 64
 
 
 class ScoreSites:
-    """The saved-tensor pack hook of the first forward (identity; notes (..., t, t) tensors)."""
+    """The saved-tensor pack hook of the first forward (identity): notes every saved tensor whose last two
+    dimensions are equal, (..., n, n), by n; those of n = the input's length are kept when it returns (the
+    length is known only then for a model called with keywords, as Hugging Face models are)."""
 
-    def __init__(self, length: int, devices: tuple):
-        self.length = length
+    def __init__(self, devices: tuple):
         self.devices = devices
-        self.found: set[tuple[str, int, int]] = set()
+        self.found: set[tuple[int, str, int, int]] = set()  # (n, file, line, bytes)
 
     def pack(self, t: Any) -> Any:
         try:
             shape = t.shape
-            if (len(shape) >= 3 and shape[-1] == self.length and shape[-2] == self.length
-                    and len(self.found) < SQUARE_SITES_MAX and t.device.type in self.devices):
+            if (len(shape) >= 3 and shape[-1] == shape[-2] > 1 and len(self.found) < SQUARE_SITES_MAX
+                    and t.device.type in self.devices):
                 caller = sys._getframe(1)  # the line that ran the op: where the trace places its allocation
-                self.found.add((caller.f_code.co_filename, caller.f_lineno, int(t.untyped_storage().nbytes())))
+                self.found.add((int(shape[-1]), caller.f_code.co_filename, caller.f_lineno,
+                                int(t.untyped_storage().nbytes())))
         except Exception:  # noqa: BLE001 - never in the way of the user's forward
             pass
         return t
@@ -42,8 +44,8 @@ class ScoreSites:
     def unpack(t: Any) -> Any:
         return t
 
-    def sites(self) -> list[list]:
-        return [[f, line, n] for f, line, n in sorted(self.found)]
+    def sites(self, length: int | None) -> list[list]:
+        return [[f, line, b] for n, f, line, b in sorted(self.found) if n == length]
 
 
 def input_length(facts: dict | None) -> int | None:
@@ -55,32 +57,47 @@ def input_length(facts: dict | None) -> int | None:
     return None
 
 
+def keyword_inputs(facts: dict, kwargs: dict) -> None:
+    """A forward called with keywords only (`model(input_ids=..., attention_mask=...)`): its tensor keywords,
+    input_ids first, stand for the positional arguments the pre-hook did not get."""
+    torch = sys.modules["torch"]
+    if facts.get("shapes") or not kwargs:
+        return
+    named = sorted((k for k, v in kwargs.items() if isinstance(v, torch.Tensor)), key=lambda k: k != "input_ids")[:4]
+    facts["shapes"] = [[int(d) for d in kwargs[k].shape][:8] for k in named]
+    facts["dtypes"] = [str(kwargs[k].dtype).removeprefix("torch.") for k in named]
+
+
 def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
-    """Note the first forward's attention scores into facts["square"] when that forward returns. False
-    (nothing installed) where there is no length, under torch.compile's tracing (the hook would be traced,
-    not run), or where the module cannot call a hook on every exit (torch < 2.1)."""
-    length = input_length(facts)
+    """Note the first forward's attention scores into facts["square"] when that forward returns (and its
+    keyword inputs into facts["shapes"] when it had no positional ones). False (nothing installed) under
+    torch.compile's tracing (the hook would be traced, not run), or where the module cannot call a hook on
+    every exit (torch < 2.1)."""
     torch = sys.modules.get("torch")
-    if length is None or torch is None:
+    if torch is None:
         return False
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     if compiling is not None and compiling():
         return False
-    rec = ScoreSites(length, devices)
+    rec = ScoreSites(devices)
     ctx = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack)
     state = {"handle": None}
 
-    def done(_module, _args, _out):
+    def done(_module, _args, kwargs, _out):
         handle, state["handle"] = state["handle"], None
         if handle is None:
             return None
-        handle.remove()
-        ctx.__exit__(None, None, None)
-        facts["square"] = rec.sites()
+        try:  # a hook of the user's forward: nothing of ours may raise into it
+            ctx.__exit__(None, None, None)
+            handle.remove()
+            keyword_inputs(facts, kwargs)
+            facts["square"] = rec.sites(input_length(facts))
+        except Exception:  # noqa: BLE001
+            pass
         return None
 
     try:
-        state["handle"] = module.register_forward_hook(done, always_call=True)
+        state["handle"] = module.register_forward_hook(done, with_kwargs=True, always_call=True)
     except TypeError:  # no always_call: an exception in the forward would leave the hook pushed
         return False
     ctx.__enter__()

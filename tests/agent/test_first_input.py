@@ -5,9 +5,11 @@ off (the GPU captures of benchmarks/gpu/fit_families.py record it on)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.modules.module as mm
 
+from memq.agent.scores import SQUARE_SITES_MAX
 from memq.snapshot import parse_agent_info
 
 from .conftest import make_agent
@@ -22,7 +24,7 @@ def test_first_forward_is_read_once_and_the_hook_removed(tmp_path):
         model(torch.zeros(16, 8))
         assert len(mm._global_forward_pre_hooks) == before  # gone after the first forward
         assert a._first_input == {"module": "Sequential", "autocast": "off", "shapes": [[16, 8]],
-                                  "dtypes": ["float32"]}
+                                  "dtypes": ["float32"], "square": []}
         model(torch.zeros(32, 8))
         assert a._first_input["shapes"] == [[16, 8]]  # the first one, not the latest
     finally:
@@ -91,7 +93,7 @@ def test_no_length_no_scores_and_nothing_left_pushed(tmp_path):
     a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
     try:
         torch.nn.Conv2d(3, 4, 3)(torch.zeros(2, 3, 16, 16))
-        assert "square" not in a._first_input
+        assert a._first_input["square"] == []
     finally:
         a.stop(2)
     b = make_agent(spool_dir=tmp_path / "t", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
@@ -132,3 +134,73 @@ def test_a_compiled_first_forward_runs_as_it_would_without_the_agent(tmp_path):
         assert isinstance(a._first_input["square"], list)
     finally:
         a.stop(2)
+
+
+class _Keywords(_Attention):
+    """Called as Hugging Face models are: `model(input_ids=..., attention_mask=...)`, no positional input."""
+
+    def forward(self, input_ids=None, attention_mask=None):
+        return super().forward(input_ids)
+
+
+def test_a_forward_called_with_keywords_gives_its_input_and_scores(tmp_path):
+    """No positional input for the pre-hook to read: the keywords are read when the forward returns,
+    input_ids first, and the scores of its length kept."""
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        _Keywords()(attention_mask=torch.ones(2, 16), input_ids=torch.zeros(2, 16, dtype=torch.long)).backward()
+        facts = a._first_input
+        assert facts["shapes"] == [[2, 16], [2, 16]] and facts["dtypes"] == ["int64", "float32"]
+        assert [__file__, _line_of("# SCORES_LINE"), 2 * 4 * 16 * 16 * 4] in facts["square"]
+    finally:
+        a.stop(2)
+
+
+class _OtherSquare(torch.nn.Module):
+    """Tokens of length 16, and a saved (2, 3, 8, 8) product: square, but not in the length."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2, 3, 8, 8))
+
+    def forward(self, ids):
+        return (self.w @ self.w).sum() + ids.sum()  # OTHER_LINE
+
+
+def test_a_square_tensor_of_another_size_than_the_length_is_not_a_score(tmp_path):
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        _OtherSquare()(torch.zeros(2, 16, dtype=torch.long)).backward()
+        assert a._first_input["square"] == []
+    finally:
+        a.stop(2)
+    b = make_agent(spool_dir=tmp_path / "t", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        _OtherSquare()(torch.zeros(2, 8, dtype=torch.long)).backward()  # now the length is 8: it is one
+        assert b._first_input["square"] == [[__file__, _line_of("# OTHER_LINE"), 2 * 3 * 8 * 8 * 4]]
+    finally:
+        b.stop(2)
+
+
+class _ManySizes(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.ws = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(1, i + 1, 16, 16)) for i in range(n))
+
+    def forward(self, ids):
+        return sum((w @ w).sum() for w in self.ws) + ids.sum()
+
+
+@pytest.mark.parametrize("n", [SQUARE_SITES_MAX, SQUARE_SITES_MAX + 1])
+def test_at_most_sixty_four_sites_are_kept(tmp_path, n):
+    """SQUARE_SITES_MAX: one per attention line and score size is a handful in any model; 64 of them kept
+    (and sent), the 65th not, so that no forward grows the agent's memory."""
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        _ManySizes(n)(torch.zeros(2, 16, dtype=torch.long)).backward()
+        assert len(a._first_input["square"]) == min(n, SQUARE_SITES_MAX)
+    finally:
+        a.stop(2)
+    sites = [["f.py", 1, 512 * (i + 1)] for i in range(n)]
+    got = parse_agent_info({"run": "r", "first_input": {"shapes": [[2, 16]], "square": sites}}).square_sites
+    assert len(got) == min(n, SQUARE_SITES_MAX)
