@@ -71,8 +71,8 @@ def keyword_inputs(facts: dict, kwargs: dict) -> None:
 def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
     """Note the first forward's attention scores into facts["square"] when that forward returns (and its
     keyword inputs into facts["shapes"] when it had no positional ones). False (nothing installed) under
-    torch.compile's tracing (the hook would be traced, not run), or where the module cannot call a hook on
-    every exit (torch < 2.1)."""
+    torch.compile's tracing (the hook would be traced, not run), where saved-tensor hooks are disabled (a
+    functorch transform), or where the module cannot call a hook on every exit (torch < 2.1)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return False
@@ -81,6 +81,7 @@ def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
         return False
     rec = ScoreSites(devices)
     ctx = torch.autograd.graph.saved_tensors_hooks(rec.pack, rec.unpack)
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     state = {"handle": None}
 
     def done(_module, _args, kwargs, _out):
@@ -88,8 +89,11 @@ def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
         if handle is None:
             return None
         try:  # a hook of the user's forward: nothing of ours may raise into it
-            ctx.__exit__(None, None, None)
             handle.remove()
+            # pop ours only: a forward that left hooks of its own pushed keeps them (ours, an identity,
+            # then stays beneath them)
+            if top is None or top(False) == (rec.pack, rec.unpack):
+                ctx.__exit__(None, None, None)
             keyword_inputs(facts, kwargs)
             facts["square"] = rec.sites(input_length(facts))
         except Exception:  # noqa: BLE001
@@ -97,8 +101,12 @@ def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
         return None
 
     try:
+        ctx.__enter__()
+    except RuntimeError:  # "saved tensors default hooks are disabled"
+        return False
+    try:
         state["handle"] = module.register_forward_hook(done, with_kwargs=True, always_call=True)
     except TypeError:  # no always_call: an exception in the forward would leave the hook pushed
+        ctx.__exit__(None, None, None)
         return False
-    ctx.__enter__()
     return True

@@ -204,3 +204,16 @@ def test_at_most_sixty_four_sites_are_kept(tmp_path, n):
     sites = [["f.py", 1, 512 * (i + 1)] for i in range(n)]
     got = parse_agent_info({"run": "r", "first_input": {"shapes": [[2, 16]], "square": sites}}).square_sites
     assert len(got) == min(n, SQUARE_SITES_MAX)
+
+
+def test_where_saved_tensor_hooks_are_disabled_the_forward_runs_and_nothing_is_pushed(tmp_path):
+    """A functorch transform (or any library) may disable saved-tensor hooks: pushing one raises there. The
+    agent then notes no scores, and the job's forward runs as it would."""
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        with torch.autograd.graph.disable_saved_tensors_hooks("not here"):
+            _Attention()(torch.zeros(2, 16, dtype=torch.long)).backward()
+        assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+        assert "square" not in a._first_input and a._first_input["shapes"] == [[2, 16]]
+    finally:
+        a.stop(2)
