@@ -790,7 +790,8 @@ def _live_classes(snap: Snapshot, rep, kinds: list, ev_of: list, is_open: list) 
 # a score (the q @ k product beside the softmax is one too); a head width equal to t makes the line's
 # (batch, heads, t, width) blocks the same size, and those are then read as scores as well.
 _SDPA_MATH = "_scaled_dot_product_attention_math"
-_SOFTMAX_OPS = frozenset(("at::_ops::_softmax", "at::_ops::softmax_int", "at::_ops::_safe_softmax"))
+_SOFTMAX_OPS = frozenset(("_softmax", "softmax_int", "_safe_softmax"))
+_OP_NAME = re.compile(r"at::_ops::(\w+)::")
 
 
 def _innermost_python(frames) -> tuple[str, int] | None:
@@ -803,9 +804,8 @@ def _innermost_python(frames) -> tuple[str, int] | None:
 
 def _softmax_in_math_attention(frames) -> bool:
     """The allocation is softmax's output (the innermost op frame) inside attention's math path."""
-    op = next((n for n in map(frame_name, frames) if n.startswith("at::_ops::")), "")
-    return op.split("::call", 1)[0].split("::redispatch", 1)[0] in _SOFTMAX_OPS and any(
-        _SDPA_MATH in frame_name(f) for f in frames)
+    op = next((m.group(1) for m in map(_OP_NAME.match, map(frame_name, frames)) if m), None)
+    return op in _SOFTMAX_OPS and any(_SDPA_MATH in frame_name(f) for f in frames)
 
 
 def score_sites(snap: Snapshot) -> set[tuple[str, int, int]]:
