@@ -282,17 +282,19 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
 
         return T5()
 
+    class MaskedBlock(nn.Module):
+        """A pre-LayerNorm transformer block whose attention takes an additive float mask (the late set's)."""
+
+        def __init__(self, d, heads, bias):
+            super().__init__()
+            self.n1, self.att, self.n2 = nn.LayerNorm(d), MHA(d, heads, bias=bias), nn.LayerNorm(d)
+            self.ff = nn.Sequential(nn.Linear(d, 4 * d, bias=bias), nn.GELU(), nn.Linear(4 * d, d, bias=bias))
+
+        def forward(self, x, mask):
+            x = x + self.att(self.n1(x), mask=mask)
+            return x + self.ff(self.n2(x))
+
     if name == "relbias_enc_bf16":
-        class EncLayer(nn.Module):
-            def __init__(self, d, heads):
-                super().__init__()
-                self.n1, self.att, self.n2 = nn.LayerNorm(d), MHA(d, heads), nn.LayerNorm(d)
-                self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-            def forward(self, x, bias):
-                x = x + self.att(self.n1(x), mask=bias)
-                return x + self.ff(self.n2(x))
-
         class RelEncoder(nn.Module):
             """A masked-LM encoder (d 768 x 6, 12 heads) with one learned bucketed relative bias."""
 
@@ -300,7 +302,7 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
                 super().__init__()
                 self.emb = nn.Embedding(LM_VOCAB, d)
                 self.bias = RelBias(heads, True)
-                self.layers = nn.ModuleList(EncLayer(d, heads) for _ in range(layers))
+                self.layers = nn.ModuleList(MaskedBlock(d, heads, True) for _ in range(layers))
                 self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, LM_VOCAB)
 
             def forward(self, ids):
@@ -313,16 +315,6 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
         return RelEncoder()
 
     if name == "alibi_lm":
-        class AlibiBlock(nn.Module):
-            def __init__(self, d, heads):
-                super().__init__()
-                self.n1, self.att, self.n2 = nn.LayerNorm(d), MHA(d, heads, bias=False), nn.LayerNorm(d)
-                self.ff = nn.Sequential(nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False))
-
-            def forward(self, x, mask):
-                x = x + self.att(self.n1(x), mask=mask)
-                return x + self.ff(self.n2(x))
-
         class AlibiLM(nn.Module):
             """A decoder LM (d 512 x 6, 8 heads) with ALiBi: a fixed linear distance penalty per head and the
             causal mask, one float mask that needs no gradient."""
@@ -330,7 +322,7 @@ def build(name: str, size: int):  # noqa: C901 (one model per branch)
             def __init__(self, d=512, heads=8, layers=6):
                 super().__init__()
                 self.tok = nn.Embedding(LM_VOCAB, d)
-                self.blocks = nn.ModuleList(AlibiBlock(d, heads) for _ in range(layers))
+                self.blocks = nn.ModuleList(MaskedBlock(d, heads, False) for _ in range(layers))
                 self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, LM_VOCAB, bias=False)
                 self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, heads + 1) / heads), persistent=False)
 
