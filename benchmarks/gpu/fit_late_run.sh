@@ -18,12 +18,13 @@ for spec in "effnet_se 32 128" "swin_bf16 16 224" "vit_ckpt_bf16 32 224" "t5_rel
   timeout 240 python3 "$ff" job "$1" --batch "$2" --size "$3" --record defaults \
     --spool "/tmp/freshagent/spools/$1/defaults" --result "/tmp/freshagent/results/$1.json" \
     > "/tmp/freshagent/results/$1.log" 2>&1 &
-  while [ "$(jobs -rp | wc -l)" -ge 4 ]; do wait -n; done
+  while [ "$(jobs -rp | wc -l)" -ge 5 ]; do wait -n; done  # the late capture is one of them
 done
-wait
-echo "late rc: see log"; tail -5 /tmp/fitlate_log.txt
+while [ "$(jobs -rp | wc -l)" -gt 1 ]; do wait -n; done
+tar czf "$out/freshagent.tgz" -C /tmp/freshagent spools results  # back even if the late capture runs out of time
+wait $late
+tail -5 /tmp/fitlate_log.txt
 tar czf /tmp/fitlate.tgz -C /tmp/fitlate summary.json results spools hand dumps
 split -b 15m -d /tmp/fitlate.tgz "$out/fitlate.tgz.part"
-tar czf "$out/freshagent.tgz" -C /tmp/freshagent spools results
 gzip -c /tmp/fitlate_log.txt > "$out/fitlate_log.txt.gz"
 ls -la "$out"
