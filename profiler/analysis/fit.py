@@ -1528,8 +1528,10 @@ def answer(m: Measured, q: Question) -> dict:
             for tag, v in best.items():
                 out[f"max_{unit}{tag}"] = v
         scale_units = 1000
+        lengthwise = unit == "seq"  # a question of length alone: its input units are lengths (scores squared)
         for tag, f in (("", 1.0), ("_low", 1 - m.margin), ("_high", 1 + m.margin)):
-            out[f"max_scale{tag}"] = round(largest_unit(m, scale_units, int(q.limit * f), q.optimizer) / scale_units, 3)
+            most = largest_unit(m, scale_units, int(q.limit * f), q.optimizer, is_length=lengthwise)
+            out[f"max_scale{tag}"] = round(most / scale_units, 3)
     out["basis"] = _basis(m, q, out)
     return out
 

@@ -98,6 +98,7 @@ def test_memq_fit_asked_for_a_length_scales_scores_twice_and_says_so():
     assert "attention scores with its square" in out["basis"]
     # the largest length: 4x the length reserves 4.549 GiB for real, so under 5 GiB it fits; 8x would not
     assert 512 <= out["max_seq"] < 1024
+    assert abs(out["max_scale"] * 128 - out["max_seq"]) <= 1  # one truth: the headroom in lengths says the same
     batch = fit.answer(m, fit.Question(batch=32, from_batch=8, limit=5 << 30))
     assert batch["peak_bytes"] == fit.predict(m, 4).peak_reserved  # a batch question: scores once
     assert "square" not in batch["basis"]
