@@ -11,7 +11,7 @@ from typing import Any
 
 from memq.agent.guard import Guard
 from memq.agent.roles import collect
-from memq.agent.scores import watch_first_forward
+from memq.agent.scores import LEARNING_FORWARD_WAIT_CALLS, learning, watch_first_forward
 from memq.agent.source import first_input_facts
 
 
@@ -26,6 +26,7 @@ class JobObjects:
         self._hook_opt_ref: Any = None  # a weak reference to it, when start() was given none
         self._input_hook: Any = None  # the first forward's pre-hook
         self._input_seen = False
+        self._input_calls = 0  # module forwards the pre-hook saw while waiting for one that learns
         self.first_input: dict | None = None  # autocast state and input shapes at the first forward
 
     # -- the optimizer the step hook saw --------------------------------------------------------------
@@ -107,13 +108,23 @@ class JobObjects:
             self._input_hook = None
 
     def _on_first_forward(self, module, args) -> None:
+        """The first forward's facts; but a forward under no_grad or inference mode first (a validation
+        sanity check before training) saves nothing for backward, so the hook waits, at most
+        LEARNING_FORWARD_WAIT_CALLS module calls, for the first forward that does: its facts replace the
+        first's (its input is the training step's), and its attention scores are noted."""
+        if self._input_seen:
+            return None
+        learns = self._guard.call(learning) is not False
+        self._input_calls += 1
+        if self.first_input is None or learns:
+            self.first_input = self._guard.call(lambda: first_input_facts(module, args))
+        if not learns and self._input_calls < LEARNING_FORWARD_WAIT_CALLS:
+            return None
+        self._input_seen = True
         handle, self._input_hook = self._input_hook, None
         if handle is not None:
             self._guard.call(handle.remove)
-        if self._input_seen:
-            return None
-        self._input_seen = True
-        self.first_input = facts = self._guard.call(lambda: first_input_facts(module, args))
-        if facts is not None:  # its attention scores, noted while this forward runs (agent/scores.py)
+        facts = self.first_input
+        if learns and facts is not None:  # its attention scores, noted while this forward runs (agent/scores.py)
             self._guard.call(lambda: watch_first_forward(module, facts, self.role_devices))
         return None

@@ -17,6 +17,10 @@ from typing import Any
 #: At most this many (file, line, bytes) kept: one per attention call site and score size, a handful in any
 #: model; a cap so that no model's forward grows the agent's memory.
 SQUARE_SITES_MAX = 64
+#: Module forwards the agent's pre-hook waits through, under no_grad or inference mode, for the first forward
+#: that saves for backward: a validation sanity check before training (Lightning runs two batches) is a few
+#: thousand module calls; an inference-only job stops paying its check (about a microsecond) after this many.
+LEARNING_FORWARD_WAIT_CALLS = 100_000
 
 
 class ScoreSites:
@@ -46,6 +50,12 @@ class ScoreSites:
 
     def sites(self, length: int | None) -> list[list]:
         return [[f, line, b] for n, f, line, b in sorted(self.found) if n == length]
+
+
+def learning() -> bool:
+    """Does a forward now save tensors for backward (grad on, not inference mode)?"""
+    torch = sys.modules["torch"]
+    return bool(torch.is_grad_enabled()) and not torch.is_inference_mode_enabled()
 
 
 def input_length(facts: dict | None) -> int | None:

@@ -217,3 +217,46 @@ def test_where_saved_tensor_hooks_are_disabled_the_forward_runs_and_nothing_is_p
         assert "square" not in a._first_input and a._first_input["shapes"] == [[2, 16]]
     finally:
         a.stop(2)
+
+
+def test_a_first_forward_that_does_not_learn_leaves_the_facts_to_the_first_that_does(tmp_path):
+    """A validation sanity check before training (no_grad, then inference mode; its own batch and length)
+    saves nothing for backward: the hook waits for the first forward that does, whose input and scores
+    are the ones kept; then the hook is gone."""
+    before = len(mm._global_forward_pre_hooks)
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        model = _Attention()
+        with torch.no_grad():
+            model(torch.zeros(4, 16, dtype=torch.long))
+        assert a._first_input["shapes"] == [[4, 16]] and "square" not in a._first_input
+        with torch.inference_mode():
+            model(torch.zeros(4, 16, dtype=torch.long))
+        assert len(mm._global_forward_pre_hooks) == before + 1  # still waiting
+        model(torch.zeros(2, 16, dtype=torch.long)).backward()
+        assert a._first_input["shapes"] == [[2, 16]]
+        assert [__file__, _line_of("# SCORES_LINE"), 2 * 4 * 16 * 16 * 4] in a._first_input["square"]
+        assert len(mm._global_forward_pre_hooks) == before
+    finally:
+        a.stop(2)
+
+
+def test_an_inference_job_stops_paying_for_the_wait(tmp_path):
+    """LEARNING_FORWARD_WAIT_CALLS module calls under no_grad: one short of it the hook still waits; at it the
+    hook is gone, the first forward's facts kept and no scores noted."""
+    from memq.agent.scores import LEARNING_FORWARD_WAIT_CALLS
+
+    before = len(mm._global_forward_pre_hooks)
+    a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
+    try:
+        layer = torch.nn.Identity()
+        x = torch.zeros(3, 5)
+        with torch.no_grad():
+            for _ in range(LEARNING_FORWARD_WAIT_CALLS - 1):
+                layer(x)
+            assert len(mm._global_forward_pre_hooks) == before + 1
+            layer(x)
+        assert len(mm._global_forward_pre_hooks) == before
+        assert a._first_input["shapes"] == [[3, 5]] and "square" not in a._first_input
+    finally:
+        a.stop(2)
