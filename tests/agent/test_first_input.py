@@ -70,7 +70,8 @@ def _line_of(marker: str) -> int:
 
 def test_the_first_forward_notes_its_attention_scores_by_line_and_bytes(tmp_path):
     """Tokens of length 16: the softmax the math path keeps is (2, 4, 16, 16) float32, 8 KiB, made on the
-    line that calls attention; nothing else saved is (..., 16, 16), and the hook is gone afterwards."""
+    line that calls attention; the only other saved (..., 16, 16) tensor is the (1, 4, 16, 16) bias itself;
+    the hook is gone afterwards, and a second forward notes nothing more."""
     a = make_agent(spool_dir=tmp_path / "s", redis_url="redis://127.0.0.1:1/0", role_devices=("cpu",))
     try:
         model = _Attention()
