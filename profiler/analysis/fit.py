@@ -808,12 +808,13 @@ def _softmax_in_math_attention(frames) -> bool:
     return op in _SOFTMAX_OPS and any(_SDPA_MATH in frame_name(f) for f in frames)
 
 
-def score_sites(snap: Snapshot) -> set[tuple[str, int, int]]:
-    """(file, line, bytes) of the attention scores' allocations: the agent's, and the trace's C++ frames'."""
+def score_sites(snap: Snapshot, allocs=None) -> set[tuple[str, int, int]]:
+    """(file, line, bytes) of the attention scores' allocations: the agent's, and those the C++ frames of
+    `allocs` (alloc entries; by default every one of the trace) name."""
     sites = {(f, line, n) for f, line, n in snap.agent.square_sites} if snap.agent is not None else set()
     seen: dict[int, bool] = {}
-    for ev in snap.trace:
-        if ev.action != "alloc" or not ev.frames:
+    for ev in (e for e in snap.trace if e.action == "alloc") if allocs is None else allocs:
+        if not ev.frames:
             continue
         hit = seen.get(id(ev.frames))
         if hit is None:
@@ -824,12 +825,13 @@ def score_sites(snap: Snapshot) -> set[tuple[str, int, int]]:
 
 
 def _mark_scores(snap: Snapshot, trace, kinds: list[int], ev_of: list[int], handles) -> None:
-    sites = score_sites(snap)
+    """Scores are among what scales with the input: only those allocations are read (one pass over them,
+    not the trace)."""
+    inputs = [h for h in handles if kinds[h] == INPUT and ev_of[h] >= 0]
+    sites = score_sites(snap, [trace[ev_of[h]] for h in inputs])
     if not sites:
         return
-    for h in handles:
-        if kinds[h] != INPUT or ev_of[h] < 0:
-            continue
+    for h in inputs:
         ev = trace[ev_of[h]]
         site = _innermost_python(ev.frames)
         if site is not None and (*site, ev.size) in sites:
