@@ -1,7 +1,8 @@
 """Attention scores grow with the square of the length (fit.SCORES): the real t5_relpos recordings of
 tests/fixtures/fit_fresh (an encoder-decoder whose learned relative bias sends attention down torch's math
 path, so each layer keeps its (batch, heads, t, t) softmax) against its real runs at 2x and 4x the length
-(benchmarks/RESULTS.md, "Seven fresh families, judged once")."""
+(benchmarks/RESULTS.md, "Seven fresh families, judged once"), and the late set's two families
+(tests/fixtures/fit_late), captured after this reading was written."""
 
 from __future__ import annotations
 
