@@ -32,6 +32,22 @@ Frames = list  # list of frame dicts; empty when no stack was recorded
 # caches (a KV cache) the job declared (agent.roles.declare). New roles go at the end: an index once
 # sent keeps its meaning.
 AGENT_ROLES = ("parameter", "gradient", "optimizer_state", "buffer", "cache")
+#: The attention scores' sites the agent notes at the first forward that learns (agent/scores.py), and the
+#: parser keeps: at most this many, one per attention line and score size, a handful in any model; a cap so
+#: that no model's forward grows the agent's memory.
+SQUARE_SITES_MAX = 64
+
+
+def input_length(shapes, dtypes=()) -> int | None:
+    """The length of the first forward's input: the second dimension of a 2-D first argument of integers
+    (token ids); None for any other input (features, an image, a spectrogram). Without dtypes (an agent
+    that sent none) a 2-D first argument is taken as token ids. The agent (which scores it notes) and
+    `memq fit` (the measured length) read it here."""
+    if not shapes or len(shapes[0]) != 2 or shapes[0][1] < 2:
+        return None
+    if dtypes and not str(dtypes[0]).startswith(("int", "uint")):
+        return None
+    return int(shapes[0][1])
 
 
 def frame_name(frame: Any) -> str:
@@ -197,6 +213,7 @@ class AgentInfo:
     autocast: str | None = None
     #: The first forward's tensor arguments' shapes (the input of the measured run) and its module.
     input_shapes: tuple = ()
+    input_dtypes: tuple = ()  # their dtypes ("int64", "float32"), in the same order
     input_module: str | None = None
     #: The first forward's saved attention scores, (..., t, t) with t its input's length (agent/scores.py):
     #: (file, line, bytes) of the line that made each; empty when none was seen or nothing was sent.

@@ -21,6 +21,7 @@ from memq.model import (
     AGENT_ROLES,
     INACTIVE,
     SMALL_SIZE,
+    SQUARE_SITES_MAX,
     AgentInfo,
     AllocatorSettings,
     Block,
@@ -709,7 +710,6 @@ def parse_agent_info(v: Any) -> AgentInfo | None:
 
 
 MAX_ROLE_RANGES = 200_000  # the agent sends at most this many (agent/roles.py MAX_RANGES)
-MAX_SQUARE_SITES = 64  # the agent sends at most this many (agent/scores.py SQUARE_SITES_MAX)
 
 
 def _roles(v: Any) -> tuple:
@@ -735,12 +735,16 @@ def _first_input(v: Any) -> dict:
     ok = isinstance(shapes, list) and all(isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)
                                           for sh in shapes)
     square = v.get("square")
-    entries = (square if isinstance(square, list) else [])[:MAX_SQUARE_SITES]
+    entries = (square if isinstance(square, list) else [])[:SQUARE_SITES_MAX]
     sites = tuple((e[0][:MAX_FRAME_TEXT], e[1], e[2]) for e in entries
                   if isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and type(e[1]) is int
                   and type(e[2]) is int and e[1] >= 0 and e[2] > 0)
+    dtypes = v.get("dtypes")
+    dtypes = tuple(d[:20] for d in dtypes[:4]) if isinstance(dtypes, list) and all(
+        isinstance(d, str) for d in dtypes) else ()
     return {"autocast": _opt_str(v.get("autocast"), 20), "input_module": _opt_str(v.get("module"), 80),
-            "input_shapes": tuple(tuple(sh) for sh in shapes[:4]) if ok else (), "square_sites": sites}
+            "input_shapes": tuple(tuple(sh) for sh in shapes[:4]) if ok else (), "input_dtypes": dtypes,
+            "square_sites": sites}
 
 
 def check_invariants(snap: Snapshot) -> list[str]:

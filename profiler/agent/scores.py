@@ -14,9 +14,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-#: At most this many (file, line, bytes) kept: one per attention call site and score size, a handful in any
-#: model; a cap so that no model's forward grows the agent's memory.
-SQUARE_SITES_MAX = 64
+from memq.model import SQUARE_SITES_MAX, input_length
+
 #: Module forwards the agent's pre-hook waits through, under no_grad or inference mode, for the first forward
 #: that saves for backward: a validation sanity check before training (Lightning runs two batches) is a few
 #: thousand module calls; an inference-only job stops paying its check (about a microsecond) after this many.
@@ -58,15 +57,6 @@ def learning() -> bool:
     return bool(torch.is_grad_enabled()) and not torch.is_inference_mode_enabled()
 
 
-def input_length(facts: dict | None) -> int | None:
-    """The length of the first forward's input: the second dimension of a 2-D first argument of integers
-    (token ids), as `memq fit` reads it; None for any other input (features, an image, a spectrogram)."""
-    shapes, dtypes = (facts or {}).get("shapes") or [], (facts or {}).get("dtypes") or []
-    if shapes and dtypes and len(shapes[0]) == 2 and shapes[0][1] >= 2 and dtypes[0].startswith(("int", "uint")):
-        return int(shapes[0][1])
-    return None
-
-
 def keyword_inputs(facts: dict, kwargs: dict) -> None:
     """A forward called with keywords only (`model(input_ids=..., attention_mask=...)`): its tensor keywords,
     input_ids first, stand for the positional arguments the pre-hook did not get."""
@@ -105,7 +95,7 @@ def watch_first_forward(module: Any, facts: dict, devices: tuple) -> bool:
             if top is None or top(False) == (rec.pack, rec.unpack):
                 ctx.__exit__(None, None, None)
             keyword_inputs(facts, kwargs)
-            facts["square"] = rec.sites(input_length(facts))
+            facts["square"] = rec.sites(input_length(facts.get("shapes"), facts.get("dtypes") or ()))
         except Exception:  # noqa: BLE001
             pass
         return None

@@ -66,7 +66,7 @@ from memq.analysis.rules import (
 )
 from memq.analysis.rules import FIT_K_MAX as K_MAX
 from memq.analysis.rules import FIT_MIN_BYTES as MIN_BYTES
-from memq.model import Snapshot, frame_file, frame_line, frame_name
+from memq.model import Snapshot, frame_file, frame_line, frame_name, input_length
 
 # What an allocation holds (the composition of a predicted peak).
 PARAMETERS, GRADIENTS, OPT_STATE, OPT_TEMP, KEPT, GRAD_TEMP, CAST_COPY, INPUT, WORKSPACE, REDUCE_BUFFER, SCORES = (
@@ -1446,8 +1446,8 @@ class Question:
 
 def measured_shape(q: Question, snap: Snapshot) -> tuple[Question, str | None]:
     """`--from-batch` (and `--from-seq`) when the question leaves them out and the agent read the first
-    forward's input: its first dimension is the batch, and the second, of a 2-D input (token ids), the
-    length. (question, the note saying so) or (question, None)."""
+    forward's input: its first dimension is the batch, and its length as `model.input_length` reads it
+    (the second dimension of 2-D token ids). (question, the note saying so) or (question, None)."""
     shapes = snap.agent.input_shapes if snap.agent is not None else ()
     if not shapes or not shapes[0]:
         return q, None
@@ -1456,9 +1456,10 @@ def measured_shape(q: Question, snap: Snapshot) -> tuple[Question, str | None]:
     if q.batch is not None and q.from_batch is None:
         q = replace(q, from_batch=int(first[0]))
         said.append(f"batch {first[0]}")
-    if q.seq is not None and q.from_seq is None and len(first) == 2:
-        q = replace(q, from_seq=int(first[1]))
-        said.append(f"length {first[1]}")
+    length = input_length(shapes, snap.agent.input_dtypes)
+    if q.seq is not None and q.from_seq is None and length is not None:
+        q = replace(q, from_seq=length)
+        said.append(f"length {length}")
     if not said:
         return q, None
     module = snap.agent.input_module or "the model"

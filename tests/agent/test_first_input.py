@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.modules.module as mm
 
-from memq.agent.scores import SQUARE_SITES_MAX
+from memq.model import SQUARE_SITES_MAX
 from memq.snapshot import parse_agent_info
 
 from .conftest import make_agent

@@ -138,3 +138,23 @@ def test_the_late_set_as_judged_a_learned_bias_is_squared_and_a_fused_kernel_is_
     runs, spec = doc["runs"], doc["spec"]
     real = runs[f"alibi_lm-b{spec['batch']}-s{4 * spec['size']}"]["max_reserved"]
     assert (fit.predict(agent, 4, seq_k=4).peak_reserved - real) / real == pytest.approx(-0.002, abs=0.002)
+
+
+def test_one_length_rule_for_the_agent_and_memq_fit():
+    """model.input_length is the one home of "which dimension is the length": the agent's scores are of
+    that length, and `memq fit --seq` measures from it. A 2-D first input of integers (token ids) has one; a
+    2-D input of features does not (its second dimension is a width); an agent that sent no dtypes is read as
+    before (2-D: token ids)."""
+    from memq.model import input_length
+    from memq.snapshot import parse_agent_info
+
+    assert input_length([[8, 128]], ["int64"]) == 128
+    assert input_length([[8, 128]], ["float32"]) is None
+    assert input_length([[8, 128]]) == 128
+    assert input_length([[8, 3, 224, 224]], ["float32"]) is None and input_length([]) is None
+    snap = _hand()
+    for dtypes, want in ((["int64"], 128), (["float32"], None), (None, 128)):
+        info = {"run": "r", "first_input": {"shapes": [[8, 128]], **({"dtypes": dtypes} if dtypes else {})}}
+        told = replace(snap, agent=parse_agent_info(info))
+        q, _note = fit.measured_shape(fit.Question(seq=512), told)
+        assert q.from_seq == want, dtypes
