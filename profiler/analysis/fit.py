@@ -1226,10 +1226,15 @@ def _run(m: Measured, limit: int | None, prog: Program, k: float, stop_at_oom: b
                             f"({type(exc).__name__}): measure a run nearer that shape") from exc
 
 
-def predict(m: Measured, k: float, optimizer: str | None = None, seq_k: float = 1.0) -> Prediction:
-    """The peak at k x the measured input (seq_k of it the length's part: see `scaled_sizes`)."""
+def predict(m: Measured, k: float, optimizer: str | None = None, seq_k: float = 1.0,
+            sizes: list[int] | None = None) -> Prediction:
+    """The peak at k x the measured input (seq_k of it the length's part: see `scaled_sizes`). `sizes`, one
+    per program op, replaces `scaled_sizes`'s where the sizes at that shape are known otherwise (a run at
+    that shape: what its libraries chose, which no rule here can tell from the measured shape)."""
     plan = state_plan(m, optimizer)
-    sizes = scaled_sizes(m, k, plan.ratio, plan.temp_ratio, seq_k)
+    told = sizes
+    if sizes is None:
+        sizes = scaled_sizes(m, k, plan.ratio, plan.temp_ratio, seq_k)
     prog = _program(m, sizes, plan)
     sim = _run(m, None, prog, k, stop_at_oom=False)
     kinds = [*m.kinds, *[OPT_STATE] * (prog.n_handles - len(m.kinds))]
@@ -1256,7 +1261,7 @@ def predict(m: Measured, k: float, optimizer: str | None = None, seq_k: float = 
             level -= s
     comp = {KIND_NAMES[i]: n for i, n in enumerate(at_peak) if n > 0}
     reserved = sim.peak_reserved
-    if k == 1.0 and not plan.changes:
+    if k == 1.0 and not plan.changes and told is None:
         # the measured shape: what the run reserved is measured (the model, which does not know where
         # the driver placed each segment, can pack the same requests tighter)
         reserved = m.recorded_peak or reserved
