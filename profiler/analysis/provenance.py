@@ -1183,16 +1183,16 @@ def _read_order(snap: Snapshot) -> _Order | None:
             if len(set(pairs)) > 1 and 2 * sum(pairs) >= STATE_SPLIT_SHARE * sum(sizes[lead:]):
                 state_run, per_param = run[lead:], pairs
                 break
-            left = earlier.copy()
-            ones = []
-            for n in sizes:
-                if left[n] > 0:
-                    left[n] -= 1
-                    ones.append(n)
-            copies = _kept_copies(earlier, ones)
-            if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(sizes) \
-                    and sum(sizes) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in earlier.items()) / copies:
-                state_run, per_param = run, ones
+            # SGD's momentum, one block per parameter; here too the backward's last kept gradients may lead it:
+            # the first lead from which nearly all of it lines up with the blocks before it, else the best
+            cands = [_one_per_param(sizes, j, earlier) for j in leads]
+            lead, ones, before = next((c for c in cands if _copies_share(c[2], c[1]) >= STATE_SPLIT_SHARE),
+                                      max(cands, key=lambda t: (_copies_share(t[2], t[1]), -t[0])))
+            copies = _kept_copies(before, ones)
+            rest = sizes[lead:]
+            if len(set(ones)) > 1 and sum(ones) >= STATE_SPLIT_SHARE * sum(rest) \
+                    and sum(rest) >= ORDER_GRADIENT_SHARE * sum(n * c for n, c in before.items()) / copies:
+                state_run, per_param = run[lead:], ones
                 break
         earlier.update(size_at[i] for i in run)
     weights: set[int] = set()
@@ -1331,6 +1331,40 @@ def _adjacent_pairs(sizes: list, start: int, earlier: Counter) -> list:
         else:
             k += 1
     return pairs
+
+
+def _one_per_param(sizes: list, lead: int, earlier: Counter) -> tuple[int, list, Counter]:
+    """(lead, the parameter sizes the run from `lead` on holds a block for, the kept blocks before it): each
+    block of an earlier kept block's size stands for one parameter, and the rest for the buffer they add up
+    to (`_flat_partner`); the `lead` blocks before it are earlier kept blocks too."""
+    before = earlier + Counter(sizes[:lead])
+    left = before.copy()
+    ones = []
+    for n in sizes[lead:]:
+        if left[n] > 0:
+            left[n] -= 1
+            ones.append(n)
+    flat = _flat_partner(sum(sizes[lead:]) - sum(ones), left)
+    if flat:
+        ones.append(flat)
+    return lead, ones, before
+
+
+def _copies_share(before: Counter, ones: list) -> float:
+    """How well a run of one block per parameter lines up with the kept blocks before it: the largest share of
+    its bytes of sizes the earlier blocks hold exactly once, or exactly twice (a kept gradient beside each
+    parameter), per block of the run."""
+    run = Counter(ones)
+    total = sum(ones) or 1
+    return max(sum(n * c for n, c in run.items() if before[n] == m * c) / total for m in (1, 2))
+
+
+def _flat_partner(rest: int, left: Counter) -> int | None:
+    """A run that may be SGD's momentum, one block per parameter, holds blocks of sizes no earlier kept block
+    has: parameters that are views of one buffer (cuDNN keeps an LSTM's or GRU's weights so, and their
+    gradient too), each given a state tensor of its own size. Where those blocks add up, `rest` bytes, to
+    exactly one earlier kept block's size not yet matched (`left`), that block is their buffer: its size."""
+    return rest if rest and left[rest] > 0 else None
 
 
 def _kept_copies(earlier: Counter, ones: list) -> int:

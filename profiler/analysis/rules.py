@@ -158,8 +158,9 @@ STATE_LEAD_MAX = _rule(
     "in a trace without stacks, the run of kept blocks that holds the optimizer's state may begin with at most "
     "eight of the backward's last gradients (kept by zero_grad(set_to_none=False), made with no short-lived "
     "allocation between them and the state): two in the small GPT with Adam of the fresh H200 set (its "
-    "embedding's and the first block's), whose state then read as activations; a model's last gradients "
-    "come in a layer's few weights", "provenance")
+    "embedding's and the first block's), whose state then read as activations; one in the late set's LSTM "
+    "with SGD's momentum (its embedding's, made last), whose model then read as activations; a model's last "
+    "gradients come in a layer's few weights", "provenance")
 ORDER_GRADIENT_SHARE = _rule(
     "ORDER_GRADIENT_SHARE", 0.5, "share of the weights' bytes", "judgement",
     "in a trace without stacks and no optimizer state, kept blocks made after the weights at a weight's size "

@@ -1680,6 +1680,42 @@ def test_an_lstms_flat_weights_older_than_the_trace_are_its_parameters():
     assert _class_share(snap, truth) >= 0.99
 
 
+def test_an_lstms_flat_weights_and_sgd_momentum_made_in_a_trace_without_stacks():
+    """The late set's LSTM trained by SGD with momentum and zero_grad(set_to_none=False), recorded from its
+    start without stacks. cuDNN keeps the eight LSTM weights as views of one 64 MiB buffer, and their kept
+    gradient as one more; SGD makes one momentum tensor of each weight's own size (four of 16 MiB, four of
+    16 KiB), which no earlier block has. Judged: 10.0% of bytes right (no momentum run found: the model read
+    as activations, the momentum as parameters). The momentum's blocks without a partner add up exactly to
+    the flat buffer, and the run begins after the embedding's gradient, made last in the backward: 100%,
+    every phase right."""
+    job = "late_lstm_sgd_keepgrad_step_none_start"
+    truth = json.loads((LATE / job / "truth.json").read_text())
+    assert truth["spec"]["stacks"] == "none" and truth["spec"]["record"] == "start"
+    snap = _snap(LATE / job / "snapshot.pickle.gz")
+    classes = block_classes(snap)
+    flat = 65600 * 1024
+    by_label = Counter((label, n, classes[a].cls) for a, n, label, _cls, _ph in truth["blocks"])
+    assert by_label[("parameter", flat, fr.PARAMETERS)] == 1 and by_label[("gradient", flat, fr.GRADIENTS)] == 1
+    assert by_label[("optimizer_state", 16 << 20, fr.OPTIMIZER_STATE)] == 4
+    assert by_label[("gradient", 64 << 20, fr.GRADIENTS)] == 2  # the embedding's, made last, leads the run
+    assert _class_share(snap, truth) == 1.0
+
+
+def test_a_flat_partner_is_one_earlier_block_of_exactly_the_rest():
+    """The momentum's blocks with no earlier block of their size stand for a flat buffer only where they add
+    up to an earlier kept block's size exactly, one not already matched."""
+    from memq.analysis.provenance import _flat_partner, _one_per_param
+
+    mib = 1 << 20
+    assert _flat_partner(64 * mib, Counter({64 * mib: 1})) == 64 * mib
+    assert _flat_partner(64 * mib + 512, Counter({64 * mib: 1})) is None  # not exactly
+    assert _flat_partner(64 * mib, Counter({64 * mib: 0})) is None  # already matched
+    assert _flat_partner(0, Counter({0: 1})) is None
+    earlier = Counter({64 * mib: 2, 32 * mib: 2})  # a weight and its kept gradient, each of two sizes
+    lead, ones, before = _one_per_param([32 * mib, 16 * mib, 16 * mib, 32 * mib], 1, earlier)
+    assert (lead, sorted(ones), before[32 * mib]) == (1, [32 * mib, 32 * mib], 3)
+
+
 def test_no_flat_weights_where_no_lone_block_adds_up_exactly():
     """The flat reading needs one lone block exactly as large as the parameters the unpaired state implies:
     a byte more or less, or two such blocks, and it says nothing."""
