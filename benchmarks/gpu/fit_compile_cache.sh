@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The two compiled families' ladder, each shape recorded by hand twice in its own inductor cache: first with
+# the cache cold (torch.compile autotunes: its benchmark allocations are in the first step), then again in the
+# same, now warm cache (no autotuning), as a job's first run at a shape and its restart. Six at a time.
+# Writes OUT/compile_cache.tgz (hand/FAM-bB-sS-{cold,warm}.pickle.gz, results/*.json) and OUT/compile_cache.txt.
+#   bash benchmarks/gpu/fit_compile_cache.sh OUT
+set -uo pipefail
+out=${1:?usage: fit_compile_cache.sh OUT}
+export PYTHONUNBUFFERED=1
+here="$(cd "$(dirname "$0")" && pwd)"
+work=/tmp/compile_cache
+mkdir -p "$work/hand" "$work/results"
+pair() {  # script family batch size: cold, then warm, in one cache
+  local tag="$2-b$3-s$4"
+  for state in cold warm; do
+    TORCHINDUCTOR_CACHE_DIR="$work/cache-$tag" timeout 280 python3 "$here/$1" job "$2" --batch "$3" --size "$4" \
+      --record hand --hand-out "$work/hand/$tag-$state.pickle.gz" --result "$work/results/$tag-$state.json" \
+      > "$work/results/$tag-$state.log" 2>&1
+  done
+}
+for spec in "fit_fresh.py gqa_lm 8 256" "fit_families.py gpt_compile 8 256"; do
+  set -- $spec
+  for bs in "$3 $4" "$(($3 * 2)) $4" "$(($3 * 4)) $4" "$(($3 * 8)) $4" "$3 $(($4 * 2))" "$3 $(($4 * 4))"; do
+    pair "$1" "$2" $bs &
+    while [ "$(jobs -rp | wc -l)" -ge 6 ]; do wait -n; done
+  done
+done
+wait
+for f in "$work"/results/*.json; do
+  python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1][:-5], r['outcome'], r['max_reserved'], r['max_allocated'])" "$f"
+done | sort | tee "$out/compile_cache.txt"
+tar czf "$out/compile_cache.tgz" -C "$work" hand results
+ls -la "$out"
