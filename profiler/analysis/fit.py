@@ -49,6 +49,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
+    FIT_MARGIN_COMPILE,
     FIT_MARGIN_LIBRARY,
     FIT_MARGIN_OPTIMIZER,
     FORWARD_ONLY_MARGIN,
@@ -109,6 +110,7 @@ class Measured:
     step_ops: tuple = ()  # program op index where each optimizer step begins
     library: str | None = None  # a size a library chooses by shape, seen in the trace (LIBRARY_*), or None
     switched: str | None = None  # of an answer for another optimizer than the recorded one: that optimizer
+    autotuning: int = 0  # torch.compile's autotuning requests left out of the program (`without_autotuning`)
 
     @property
     def margin(self) -> float:
@@ -190,6 +192,8 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
         # a trace the replay cannot follow (entries out of order, a segment it never saw made): the same
         # inputs `memq whatif` reports as not assessable
         raise NotAssessable(f"the trace cannot be compiled for the allocator model ({type(exc).__name__})") from exc
+    recorded_peak = max(rep.recorded_reserved_after(), default=0)
+    rep, tuned = without_autotuning(rep, snap.trace)
     prog, trace = rep.program, snap.trace
     kinds = [INPUT] * prog.n_handles
     size_of = [0] * prog.n_handles
@@ -241,12 +245,17 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
         params = sum(grad_sizes)
     covers = not rep.start_segments
     library = library_choice(trace)  # one scan of the frames: the interval of a whole or a partial step
+    if tuned:
+        notes.append(f"torch.compile's autotuning ({tuned} requests: its cache-flush buffers and the arguments it "
+                     "clones to time candidate kernels) left out: the prediction is of a run whose compiled kernels "
+                     "are cached (a restart, or any run after the first at that shape)")
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
                      f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: "
                      f"+/-{trace_margin(library)[0]:.0%})")
     if steps == 0:
-        return _one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers, library)
+        return replace(_one_step(snap, rep, kinds, size_of, ev_of, is_open, optimizer, share, notes, covers, library),
+                       autotuning=tuned)
     if steps < 2:
         raise NotAssessable(f"the trace holds {steps} optimizer step(s): a prediction needs a whole training "
                             "step (two optimizer steps apart); the agent's defaults record the warm-up steps")
@@ -260,7 +269,7 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
                          f"from its state, {state / max(1, sum(grad_sizes)):.2f}x one step's gradients")
     return Measured(replay=rep, kinds=kinds, optimizer=optimizer, parameter_bytes=params,
                     cast_share=round(share, 3), steps=steps, covers_start=covers,
-                    recorded_peak=max(rep.recorded_reserved_after(), default=0), notes=notes,
+                    recorded_peak=recorded_peak, notes=notes, autotuning=tuned,
                     gradient_bytes=sum(grad_sizes), gradient_sizes=tuple(grad_sizes), state_bytes=state,
                     pre_state=tuple(pre_state), optimizer_inferred=inferred,
                     step_ops=_step_ops(prog, rep.op_event, trace), library=library)
@@ -996,6 +1005,40 @@ def compiled_graph(frames) -> bool:
     return any(_COMPILED_GRAPH.search(frame_file(f)) for f in frames or ())
 
 
+# torch.compile's autotuning, at a kernel's first call: it clones the kernel's arguments and times each
+# candidate config after zeroing a buffer the size of the device's L2 cache (inductor's runtime/
+# benchmarking.py and triton_heuristics.py, torch 2.5-2.13). A run whose kernels are cached (inductor's
+# on-disk cache: a restart, or any run after the first at a shape) does none of it, and on
+# tests/fixtures/fit_compile_cache its program is the first run's without those requests (and 98 scalars
+# of the compilation): the first run's step-1 autotuning leaves segments that a restart never makes, and its peak
+# reserved at one shape was from 17% lower (4x the batch) to 1.9% higher than the restart's.
+_AUTOTUNING_FILES = re.compile(r"[/\\]torch[/\\]_inductor[/\\]runtime[/\\](?:benchmarking|triton_heuristics)\.py$")
+
+
+def autotuning_request(frames) -> bool:
+    """Was this allocation made by torch.compile's autotuning (a cache-flush buffer, a cloned argument)?"""
+    return any(_AUTOTUNING_FILES.search(frame_file(f)) for f in python_frames(frames))
+
+
+def without_autotuning(rep, trace) -> tuple[object, int]:
+    """The replay with torch.compile's autotuning requests (`autotuning_request`) and their frees left out,
+    and how many there were: the program of a run whose compiled kernels are cached. The recorded segment
+    events no longer line up with the program and are dropped (the recorded peak is read before)."""
+    prog, n = rep.program, len(trace)
+    tuned = {h for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+             if op == OP_ALLOC and 0 <= rep.op_event[i] < n and autotuning_request(trace[rep.op_event[i]].frames)}
+    if not tuned:
+        return rep, 0
+    keep = [i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
+            if not (op in (OP_ALLOC, OP_FREE) and h in tuned)]
+    program = Program(ops=[prog.ops[i] for i in keep], hid=[prog.hid[i] for i in keep],
+                      size=[prog.size[i] for i in keep], stream=[prog.stream[i] for i in keep],
+                      n_handles=prog.n_handles)
+    return replace(rep, program=program, op_event=[rep.op_event[i] for i in keep],
+                   recorded_alloc_addr=[rep.recorded_alloc_addr[i] for i in keep], recorded_events=[],
+                   recorded_oom_ops=[]), len(tuned)
+
+
 def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:
     """Handles that look like autocast weight copies: per run of consecutive allocations at one
     call site, the first large one (not the run's last: that is the op's output) of half a
@@ -1261,9 +1304,10 @@ def predict(m: Measured, k: float, optimizer: str | None = None, seq_k: float = 
             level -= s
     comp = {KIND_NAMES[i]: n for i, n in enumerate(at_peak) if n > 0}
     reserved = sim.peak_reserved
-    if k == 1.0 and not plan.changes and told is None:
+    if k == 1.0 and not plan.changes and told is None and not m.autotuning:
         # the measured shape: what the run reserved is measured (the model, which does not know where
-        # the driver placed each segment, can pack the same requests tighter)
+        # the driver placed each segment, can pack the same requests tighter); not where the autotuning
+        # was left out: a run with its kernels cached is another program than the recorded one
         reserved = m.recorded_peak or reserved
     return Prediction(peak_reserved=reserved, peak_allocated=peak, composition=comp)
 
@@ -1361,7 +1405,12 @@ def trace_margin(library: str | None, covers_start: bool = True, partial: str | 
     library chooses sizes by shape (`library` says which); never narrower than that, MIDRUN_MARGIN of a trace
     that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone, FIT_MARGIN_OPTIMIZER of an
     answer for another optimizer (`switched`) than the recorded one."""
-    if library:
+    if library == LIBRARY_COMPILE:
+        margin, why = FIT_MARGIN_COMPILE, (
+            "torch.compile: the peak of a run whose compiled kernels are cached (a restart, or any run after the "
+            "first at that shape); a first run at a new shape autotunes its kernels, and reserved from 17% less "
+            "to 2% more in measured runs")
+    elif library:
         margin, why = FIT_MARGIN_LIBRARY, f"wider: {library}, which one measured shape cannot tell"
     else:
         margin, why = FIT_MARGIN, "the trace shows no size a library chooses by shape: the model's own ops decide it"

@@ -368,6 +368,18 @@ FIT_MARGIN_LIBRARY = _rule(
     "there (cuDNN's LSTM workspace is 72 MiB plus a part per sequence; told them, the prediction is exact), "
     "which one recording does not hold; a compiled model's real peak at one shape moved 19% between two runs. "
     "So one recording cannot narrow it", "fit")
+FIT_MARGIN_COMPILE = _rule(
+    "FIT_MARGIN_COMPILE", 0.05, "share of the predicted peak", "measured",
+    "the interval of a torch.compile'd model's prediction, which is of a run whose compiled kernels are cached "
+    "(a restart, or any run after the first at that shape: the autotuning's requests are left out of the "
+    "recorded program). Each shape of the two compiled families was run by hand with inductor's cache cold, "
+    "then warm (tests/fixtures/fit_compile_cache, one H100; `python benchmarks/fit_compile_cache.py`): from "
+    "either base recording the warm runs' peak reserved is predicted within 3.8% on the tuning family "
+    "(gpt_compile, 2x-8x the batch, 2x-4x the length), rounded up to 5%; the held-back one, gqa_lm, within 4.1% "
+    "(its numbers were seen before this rule, without any change fitted to them). A first run at a new shape "
+    "autotunes, and reserved from 17% less (4x the batch: 4.78 GiB against the restart's 5.72 GiB) to 1.9% "
+    "more than the restart; the earlier family captures ran their shapes in one shared cache, in no known "
+    "state, and do not judge it", "fit")
 FIT_MARGIN_OPTIMIZER = _rule(
     "FIT_MARGIN_OPTIMIZER", 0.12, "share of the predicted peak", "measured",
     "the interval, at the least, of a prediction for another optimizer than the recorded one (`--optimizer`; "

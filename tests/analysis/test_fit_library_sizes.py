@@ -46,7 +46,7 @@ def test_the_fixture_holds_every_rung_and_stays_small():
             assert r["outcome"] == "completed" and (LADDER / "hand" / f"{tag}.pickle.gz").is_file(), tag
 
 
-@pytest.mark.parametrize("tag", ["lstm_lm-b128-s128", "vit_ckpt-b128-s224", "gqa_lm-b64-s256"])
+@pytest.mark.parametrize("tag", ["lstm_lm-b128-s128", "vit_ckpt-b128-s224", "vit_ckpt_bf16-b256-s224"])
 def test_the_model_replays_a_rung_s_own_program_as_the_gpu_ran_it(tag):
     rung = fls.Recording(LADDER / "hand" / f"{tag}.pickle.gz")
     own = fit.predict(rung.m, 1.0, sizes=fit.scaled_sizes(rung.m, 1.0))
@@ -80,11 +80,18 @@ def test_a_vit_s_patch_convolution_workspace_is_its_8x_miss():
     assert abs(pred.peak_allocated - real["max_allocated"]) / real["max_allocated"] < 0.01
 
 
-def test_a_compiled_model_s_larger_shapes_run_other_generated_code():
-    """gqa_lm at 8x: inductor generated other code for the larger shape (hundreds of requests on each side
-    that the other program does not make), so even the shared requests' real sizes leave it outside 5%."""
-    base = fls.Recording(LADDER / "hand" / "gqa_lm-b8-s256.pickle.gz")
-    row = fls.rung_row(LADDER, base, "gqa_lm-b64-s256", 8.0, 1.0)
-    q = row["requests"]
-    assert q["base"] - q["aligned"] > 100 and q["rung"] - q["aligned"] > 100
-    assert abs(row["told_error"]) > 0.05 and abs(row["own_trace_error"]) < 1e-9
+def test_the_ladder_s_compiled_rungs_ran_in_a_shared_cache_some_autotuning():
+    """The ladder's compiled rungs ran in one inductor cache beside each other: some autotuned their kernels
+    (a first run), some found them cached. gpt_compile at 4x autotuned all of it, and reserved the cold
+    figure of tests/fixtures/fit_compile_cache (4.695 GiB), which a prediction of a restart is 24% over; its
+    own program without the autotuning replays at the restart's peak there (5.627 GiB). So these rungs do not
+    judge the compiled families; tests/analysis/test_fit_compile_cache.py does."""
+    rung = fls.Recording(LADDER / "hand" / "gpt_compile-b32-s256.pickle.gz")
+    assert rung.m.autotuning == 248
+    real = _result("gpt_compile-b32-s256")["max_reserved"]
+    cache = ROOT / "tests" / "fixtures" / "fit_compile_cache" / "results"
+    cold = json.loads((cache / "gpt_compile-b32-s256-cold.json").read_text())["max_reserved"]
+    warm = json.loads((cache / "gpt_compile-b32-s256-warm.json").read_text())["max_reserved"]
+    assert real == cold and warm > 1.19 * cold
+    own = fit.predict(rung.m, 1.0, sizes=fit.scaled_sizes(rung.m, 1.0)).peak_reserved
+    assert abs(own - warm) / warm < 0.001

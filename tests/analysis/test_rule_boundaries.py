@@ -596,6 +596,19 @@ def test_fit_interval_where_a_library_chooses_sizes_by_shape_is_thirteen_percent
     assert rules.FIT_MARGIN_LIBRARY > rules.FIT_MARGIN
 
 
+@rule("FIT_MARGIN_COMPILE")
+def test_fit_interval_of_a_compiled_model_is_five_percent_either_side():
+    m = _measured(True)
+    m.library = fit.LIBRARY_COMPILE
+    low, high = fit.interval(m, GiB)
+    assert low <= int(GiB * (1 - 0.049)) and high >= int(GiB * (1 + 0.049))
+    assert low > int(GiB * (1 - 0.051)) and high < int(GiB * (1 + 0.051))
+    assert "restart" in m.margin_reason and "first run" in m.margin_reason
+    assert rules.FIT_MARGIN < rules.FIT_MARGIN_COMPILE < rules.FIT_MARGIN_LIBRARY
+    m.library = fit.LIBRARY_CONV  # a compiled model with convolutions keeps the convolutions' interval
+    assert fit.interval(m, GiB)[0] < low
+
+
 @rule("FIT_MARGIN_OPTIMIZER")
 def test_fit_interval_for_another_optimizer_is_at_least_twelve_percent_either_side():
     m = _measured(True)

@@ -1,0 +1,100 @@
+"""`memq fit` on torch.compile'd models against runs whose inductor cache state is known
+(tests/fixtures/fit_compile_cache: each shape of gpt_compile and gqa_lm recorded by hand on one H100, first
+with the cache cold, then warm; benchmarks/fit_compile_cache.py; benchmarks/RESULTS.md, "A compiled model's
+two peaks"). A first run autotunes its kernels in its first step; a restart finds them cached. The prediction
+leaves the autotuning out: it is of a restart, within FIT_MARGIN_COMPILE."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import fit_compile_cache as fcc  # noqa: E402
+
+from memq.analysis import fit  # noqa: E402
+
+CACHE = ROOT / "tests" / "fixtures" / "fit_compile_cache"
+
+
+def _real(fam: str, tag: str, state: str) -> int:
+    return json.loads((CACHE / "results" / f"{fam}-{tag}-{state}.json").read_text())["max_reserved"]
+
+
+def test_the_fixture_holds_both_states_of_every_shape_and_stays_small():
+    assert sum(p.stat().st_size for p in CACHE.rglob("*") if p.is_file()) < 2 << 20
+    for fam in fcc.FAMILIES:
+        for tag, _k, _s in fcc.rungs(fam):
+            for state in fcc.STATES:
+                assert (CACHE / "hand" / f"{fam}-{tag}-{state}.pickle.gz").is_file()
+                result = json.loads((CACHE / "results" / f"{fam}-{tag}-{state}.json").read_text())
+                assert result["outcome"] == "completed"
+
+
+@pytest.mark.parametrize("fam", list(fcc.FAMILIES))
+def test_a_restart_s_peak_is_predicted_within_five_percent_from_either_recording(fam):
+    """gpt_compile (tuning) within 3.8%, gqa_lm (held back) within 4.1%, from the cold and the warm recording
+    alike, at 2x-8x the batch and 2x-4x the length; at the base shape the restart's own peak."""
+    for r in fcc.family_rows(CACHE, fam):
+        for src in fcc.STATES:
+            p = r[f"from_{src}"]
+            assert p["margin"] == fit.FIT_MARGIN_COMPILE == 0.05
+            assert abs(p["err_warm"]) <= 0.042, (r["shape"], src, p)
+            if r["k"] == 1.0:
+                assert p["peak"] == r["real"]["warm"]
+        assert r["from_cold"]["peak"] == r["from_warm"]["peak"], r["shape"]
+
+
+def test_the_first_run_and_the_restart_reserve_different_peaks_at_one_shape():
+    """The same shape twice: 17% apart at 4x the batch (the first run lower), at most 1.9% the other way."""
+    for fam in fcc.FAMILIES:
+        ratios = {tag: _real(fam, tag, "warm") / _real(fam, tag, "cold") for tag, _k, _s in fcc.rungs(fam)}
+        assert ratios["b32-s256"] > 1.19 and min(ratios.values()) > 0.98, (fam, ratios)
+
+
+def test_the_autotuning_is_what_the_cold_recording_holds_more():
+    """The cold recording's program, its autotuning left out, holds the warm one's requests and 98 more of 2
+    or 4 bytes (the compilation's scalars); kept in (as before), it misses the restart at 4x and 8x by more
+    than 10%."""
+    from collections import Counter
+
+    cold, warm = fcc.measured(CACHE, "gqa_lm", "cold"), fcc.measured(CACHE, "gqa_lm", "warm")
+    assert cold.autotuning > 400 and warm.autotuning == 0
+
+    def sizes(m):
+        prog = m.replay.program
+        return Counter(s for op, s in zip(prog.ops, prog.size, strict=True) if op == fit.OP_ALLOC)
+
+    more = sizes(cold) - sizes(warm)
+    assert not sizes(warm) - sizes(cold) and set(more) <= {2, 4} and sum(more.values()) == 98
+    assert any("autotuning" in n and "restart" in n for n in cold.notes)
+    assert "restart" in cold.margin_reason
+
+
+def test_kept_in_the_autotuning_misses_the_restart(monkeypatch):
+    monkeypatch.setattr(fit, "without_autotuning", lambda rep, trace: (rep, 0))
+    cold = fcc.measured(CACHE, "gqa_lm", "cold")
+    assert cold.autotuning == 0
+    for tag, k in (("b32-s256", 4.0), ("b64-s256", 8.0)):
+        err = (fit.predict(cold, k).peak_reserved - _real("gqa_lm", tag, "warm")) / _real("gqa_lm", tag, "warm")
+        assert err < -0.10, (tag, err)
+
+
+def test_which_requests_are_the_autotuning_s():
+    def frames(*paths):
+        return [{"filename": p, "name": "f", "line": 1} for p in paths]
+
+    site = "/usr/lib/python3/torch"
+    assert fit.autotuning_request(frames(f"{site}/_ops.py", f"{site}/_inductor/runtime/benchmarking.py"))
+    heuristics = f"{site}/_inductor/runtime/triton_heuristics.py"
+    assert fit.autotuning_request(frames(f"{site}/_inductor/utils.py", heuristics))
+    assert fit.autotuning_request(frames("C:\\py\\Lib\\site-packages\\torch\\_inductor\\runtime\\benchmarking.py"))
+    assert not fit.autotuning_request(frames("/tmp/torchinductor_root/ab/cabcdefghijklmnopqrstuvwxyz0123456789abcd.py",
+                                             f"{site}/_inductor/output_code.py"))
+    assert not fit.autotuning_request(frames("/app/benchmarking.py"))  # a user's own file of that name
+    assert not fit.autotuning_request([])
