@@ -24,10 +24,11 @@ modelled, not guessed:
    and the largest batch (`fits` is null when the answer changes within it): FIT_MARGIN where the
    model's own ops decide every size (within 0.4% on every such family), FIT_MARGIN_LIBRARY where the
    trace shows a size a library chooses at run time by shape (`library_choice`: cuDNN's convolutions and
-   LSTM, torch.compile's kernels; up to 12.6% off on the families of tests/fixtures/fit_families).
+   LSTM; up to 12.6% off on the families of tests/fixtures/fit_families), FIT_MARGIN_COMPILE for
+   torch.compile, whose autotuning is left out: the peak of a restart (tests/fixtures/fit_compile_cache).
 
 Sequence length is scaled linearly, per site: fused attention (scaled_dot_product_attention) keeps
-no t x t matrix. A model that materialises attention scores grows faster than this predicts.
+no t x t matrix; attention scores (SCORES) grow with its square where a model keeps them.
 """
 
 from __future__ import annotations
@@ -1349,7 +1350,8 @@ def largest_unit(m: Measured, unit0: int, limit: int, optimizer: str | None = No
 # What decides a trace's interval: whether its program is decided by the model's own ops (every size a
 # function of the shapes: within 0.4% on every such family), or holds sizes a library chooses at run time
 # by shape, which one shape cannot tell (cuDNN's convolution algorithms and their workspaces, cuDNN's
-# RNN workspace, the kernels torch.compile generates and autotunes for a shape): FIT_MARGIN_LIBRARY.
+# RNN workspace): FIT_MARGIN_LIBRARY; or is torch.compile's, whose prediction is a restart's (its autotuning
+# left out, `without_autotuning`): FIT_MARGIN_COMPILE.
 # Read from the Python frames (the agent's recordings) first, so that the agent's and a hand recording of
 # one model agree; C++ frames (stacks="all") add what Python frames cannot show (a functional conv call).
 LIBRARY_CONV = "cuDNN convolutions choose their algorithm and workspace by shape"
@@ -1401,8 +1403,9 @@ def library_choice(trace) -> str | None:
 
 def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None,
                  switched: str | None = None) -> tuple[float, str]:
-    """(the margin, why): FIT_MARGIN of a program the model's own ops decide, FIT_MARGIN_LIBRARY where a
-    library chooses sizes by shape (`library` says which); never narrower than that, MIDRUN_MARGIN of a trace
+    """(the margin, why): FIT_MARGIN of a program the model's own ops decide, FIT_MARGIN_COMPILE of a
+    torch.compile'd one, FIT_MARGIN_LIBRARY where a library chooses sizes by shape (`library` says which);
+    never narrower than that, MIDRUN_MARGIN of a trace
     that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone, FIT_MARGIN_OPTIMIZER of an
     answer for another optimizer (`switched`) than the recorded one."""
     if library == LIBRARY_COMPILE:

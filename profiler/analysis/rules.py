@@ -357,7 +357,7 @@ FIT_MARGIN = _rule(
 FIT_MARGIN_LIBRARY = _rule(
     "FIT_MARGIN_LIBRARY", 0.13, "share of the predicted peak", "measured",
     "the interval of a trace that shows a size a library chooses at run time by shape (cuDNN's convolutions "
-    "and their workspaces, cuDNN's LSTM, torch.compile's generated kernels): the tuning half's such families "
+    "and their workspaces, cuDNN's LSTM; torch.compile has FIT_MARGIN_COMPILE): the tuning half's such families "
     "err by up to 5.2% (vit_bf16 8x; resnet_bn 4.6%, unet_diff 2.3%, the in-house cnn 1.0%), which the "
     "held-back half does not hold: WIDENED ON THE HELD-BACK FIGURES, as issue 40 asks, to its largest error, "
     "vit_ckpt 8x -12.6% (cuDNN took a 143 MB workspace for its patch embedding the base never made; gpt_compile "
@@ -366,8 +366,7 @@ FIT_MARGIN_LIBRARY = _rule(
     "(relbias_enc_bf16 +11.1%), all inside. Read rung by rung (`python benchmarks/fit_library_sizes.py`): the "
     "allocator model is exact on each larger shape's own program, and the miss is the sizes the library chose "
     "there (cuDNN's LSTM workspace is 72 MiB plus a part per sequence; told them, the prediction is exact), "
-    "which one recording does not hold; a compiled model's real peak at one shape moved 19% between two runs. "
-    "So one recording cannot narrow it", "fit")
+    "which one recording does not hold. So one recording cannot narrow it", "fit")
 FIT_MARGIN_COMPILE = _rule(
     "FIT_MARGIN_COMPILE", 0.05, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction, which is of a run whose compiled kernels are cached "
