@@ -1570,7 +1570,10 @@ def answer(m: Measured, q: Question) -> dict:
                      "optimizer_steps": m.steps, "optimizer_inferred": m.optimizer_inferred,
                      "trace_from_start": m.covers_start,
                      "autocast_copy_share": m.cast_share,
-                     "partial_step": m.partial, "optimizer_assumed": m.optimizer_assumed},
+                     "partial_step": m.partial, "optimizer_assumed": m.optimizer_assumed,
+                     # the recorded run's own peak, where the program replayed is not the recorded one (its
+                     # torch.compile autotuning left out: `peak_bytes` is then a restart's at that shape)
+                     "recorded_peak_bytes": m.recorded_peak or None, "autotuning_left_out": m.autotuning},
         "inferred": inferred_parts(m),
         "notes": list(m.notes),
         "margin": m.margin, "margin_reason": m.margin_reason,

@@ -107,6 +107,10 @@ def measured_line(doc: dict) -> str:
     if meas.get("partial_step"):
         return (f"modelled peak reserved {fmt_bytes(meas.get('peak_bytes'))} at the measured shape: the trace "
                 f"holds the first step's {meas['partial_step']} only")
+    if meas.get("autotuning_left_out") and meas.get("recorded_peak_bytes"):
+        return (f"measured peak reserved {fmt_bytes(meas['recorded_peak_bytes'])} over "
+                f"{meas.get('optimizer_steps')} optimizer steps, a first run that autotuned; a restart's at that "
+                f"shape (the autotuning left out) {fmt_bytes(meas.get('peak_bytes'))}")
     return (f"measured peak reserved {fmt_bytes(meas.get('peak_bytes'))} over {meas.get('optimizer_steps')} "
             "optimizer steps")
 

@@ -98,3 +98,24 @@ def test_which_requests_are_the_autotuning_s():
                                              f"{site}/_inductor/output_code.py"))
     assert not fit.autotuning_request(frames("/app/benchmarking.py"))  # a user's own file of that name
     assert not fit.autotuning_request([])
+
+
+def test_memq_fit_says_what_was_recorded_and_what_a_restart_reserves():
+    """From the cold recording: the measured line gives the recorded first run's peak and a restart's at that
+    shape; the JSON carries both and the autotuning's count; the interval's words name the restart."""
+    from click.testing import CliRunner
+
+    from memq.cli import cli
+
+    path = CACHE / "hand" / "gqa_lm-b8-s256-cold.pickle.gz"
+    res = CliRunner().invoke(cli, ["fit", str(path), "--from-batch", "8", "--batch", "32", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    meas = doc["measured"]
+    assert meas["recorded_peak_bytes"] == _real("gqa_lm", "b8-s256", "cold")
+    assert meas["peak_bytes"] == _real("gqa_lm", "b8-s256", "warm") and meas["autotuning_left_out"] > 400
+    assert doc["margin"] == 0.05 and "restart" in doc["margin_reason"]
+    assert abs(doc["peak_bytes"] - _real("gqa_lm", "b32-s256", "warm")) <= 0.05 * _real("gqa_lm", "b32-s256", "warm")
+    text = CliRunner().invoke(cli, ["fit", str(path), "--from-batch", "8", "--batch", "32"]).output
+    assert "a first run that autotuned; a restart's at that shape (the autotuning left out)" in text
+    assert "torch.compile's autotuning (464 requests" in text
