@@ -1006,14 +1006,16 @@ def compiled_graph(frames) -> bool:
     return any(_COMPILED_GRAPH.search(frame_file(f)) for f in frames or ())
 
 
-# torch.compile's autotuning, at a kernel's first call: it clones the kernel's arguments and times each
-# candidate config after zeroing a buffer the size of the device's L2 cache (inductor's runtime/
-# benchmarking.py and triton_heuristics.py, torch 2.5-2.13). A run whose kernels are cached (inductor's
-# on-disk cache: a restart, or any run after the first at a shape) does none of it, and on
-# tests/fixtures/fit_compile_cache its program is the first run's without those requests (and 98 scalars
-# of the compilation): the first run's step-1 autotuning leaves segments that a restart never makes, and its peak
-# reserved at one shape was from 17% lower (4x the batch) to 1.9% higher than the restart's.
-_AUTOTUNING_FILES = re.compile(r"[/\\]torch[/\\]_inductor[/\\]runtime[/\\](?:benchmarking|triton_heuristics)\.py$")
+# torch.compile's autotuning, at a kernel's first call: under inductor's benchmarker (runtime/benchmarking.py,
+# torch 2.5-2.13) it clones the kernel's arguments (triton_heuristics.py's maybe_clone_args, inside the
+# timed call) and times each candidate config after zeroing a buffer the size of the device's L2 cache. A
+# kernel's launch outside the benchmarker is the run's own, whatever triton_heuristics.py frames it has.
+# A run whose kernels are cached (inductor's on-disk cache: a restart, or any run after the first at a
+# shape) does none of it, and on tests/fixtures/fit_compile_cache its program is the first run's without
+# those requests (and 98 scalars of the compilation). The first run's step-1 autotuning leaves segments
+# that a restart never makes: its peak reserved at one shape was from 17% lower (4x the batch) to 1.9%
+# higher than the restart's.
+_AUTOTUNING_FILES = re.compile(r"[/\\]torch[/\\]_inductor[/\\]runtime[/\\]benchmarking\.py$")
 
 
 def autotuning_request(frames) -> bool:

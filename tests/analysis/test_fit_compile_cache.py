@@ -92,7 +92,9 @@ def test_which_requests_are_the_autotuning_s():
     site = "/usr/lib/python3/torch"
     assert fit.autotuning_request(frames(f"{site}/_ops.py", f"{site}/_inductor/runtime/benchmarking.py"))
     heuristics = f"{site}/_inductor/runtime/triton_heuristics.py"
-    assert fit.autotuning_request(frames(f"{site}/_inductor/utils.py", heuristics))
+    bench = f"{site}/_inductor/runtime/benchmarking.py"
+    assert fit.autotuning_request(frames(f"{site}/_inductor/utils.py", heuristics, heuristics, bench))
+    assert not fit.autotuning_request(frames(heuristics, "/tmp/inductor/cab.py"))  # a launch: the run's own
     assert fit.autotuning_request(frames("C:\\py\\Lib\\site-packages\\torch\\_inductor\\runtime\\benchmarking.py"))
     assert not fit.autotuning_request(frames("/tmp/torchinductor_root/ab/cabcdefghijklmnopqrstuvwxyz0123456789abcd.py",
                                              f"{site}/_inductor/output_code.py"))
