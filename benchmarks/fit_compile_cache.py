@@ -10,6 +10,10 @@ recordings, the prediction at each larger shape against its warm run (what the p
 FIT_MARGIN_COMPILE) and its cold one (a first run at that shape, shown beside it). No services, no torch.
 
     python benchmarks/fit_compile_cache.py [--dir tests/fixtures/fit_compile_cache] [--json]
+    python benchmarks/fit_compile_cache.py --set judge [--dir tests/fixtures/fit_compile_judge] [--json]
+
+--set judge: three families memq fit has only seen eager (bert_mlm, t5_relpos, alibi_lm), compiled whole by
+`bash benchmarks/gpu/fit_compile_cache.sh OUT judge`, every one held back: FIT_MARGIN_COMPILE judged once.
 """
 
 from __future__ import annotations
@@ -26,20 +30,28 @@ from memq.analysis import fit  # noqa: E402
 from memq.load import load_snapshot_file  # noqa: E402
 
 DEFAULT_DIR = ROOT / "tests" / "fixtures" / "fit_compile_cache"
+JUDGE_DIR = ROOT / "tests" / "fixtures" / "fit_compile_judge"
 # family: (base batch, base length, the half it is in)
 FAMILIES = {"gpt_compile": (8, 256, "tuning"), "gqa_lm": (8, 256, "held back")}
+# written before their capture: families compiled whole that no compiled capture held before
+JUDGE = {"bert_mlm": (16, 128, "held back"), "t5_relpos": (8, 128, "held back"), "alibi_lm": (8, 256, "held back")}
+SETS = {"cache": (DEFAULT_DIR, FAMILIES), "judge": (JUDGE_DIR, JUDGE)}
 STATES = ("cold", "warm")
+
+
+def _spec(fam: str) -> tuple[int, int, str]:
+    return FAMILIES.get(fam) or JUDGE[fam]
 
 
 def rungs(fam: str) -> list[tuple[str, float, float]]:
     """(shape tag, k, the length's part of k): the base shape, 2x-8x the batch, 2x-4x the length."""
-    b0, s0, _half = FAMILIES[fam]
+    b0, s0, _half = _spec(fam)
     out = [(f"b{b0 * k}-s{s0}", float(k), 1.0) for k in (1, 2, 4, 8)]
     return out + [(f"b{b0}-s{s0 * k}", float(k), float(k)) for k in (2, 4)]
 
 
 def measured(d: Path, fam: str, state: str) -> fit.Measured:
-    b0, s0, _half = FAMILIES[fam]
+    b0, s0, _half = _spec(fam)
     path = d / "hand" / f"{fam}-b{b0}-s{s0}-{state}.pickle.gz"
     return fit.classify(load_snapshot_file(str(path), max_bytes=1 << 32).snapshot)
 
@@ -48,8 +60,12 @@ def family_rows(d: Path, fam: str) -> list[dict]:
     base = {state: measured(d, fam, state) for state in STATES}
     rows = []
     for tag, k, seq_k in rungs(fam):
+        if not all((d / "results" / f"{fam}-{tag}-{state}.json").is_file() for state in STATES):
+            continue  # a run that did not finish: judged on what did
         real = {state: json.loads((d / "results" / f"{fam}-{tag}-{state}.json").read_text()) for state in STATES}
-        row = {"family": fam, "half": FAMILIES[fam][2], "shape": tag, "k": k, "seq_k": seq_k,
+        if any(r.get("outcome") != "completed" for r in real.values()):
+            continue
+        row = {"family": fam, "half": _spec(fam)[2], "shape": tag, "k": k, "seq_k": seq_k,
                "real": {state: real[state]["max_reserved"] for state in STATES}}
         for src, m in base.items():
             p = fit.predict(m, k, None, seq_k)
@@ -62,11 +78,12 @@ def family_rows(d: Path, fam: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", default=str(DEFAULT_DIR))
+    ap.add_argument("--set", choices=sorted(SETS), default="cache")
+    ap.add_argument("--dir", default="")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    d = Path(a.dir)
-    rows = [r for fam in FAMILIES for r in family_rows(d, fam)]
+    d = Path(a.dir) if a.dir else SETS[a.set][0]
+    rows = [r for fam in SETS[a.set][1] for r in family_rows(d, fam)]
     if a.json:
         print(json.dumps(rows, indent=1))
         return
@@ -85,6 +102,8 @@ def main() -> None:
               f"{r['real']['warm'] / gib:.3f} GiB | {cells[0]} | {cells[1]} |")
     for half in ("tuning", "held back"):
         errs = [abs(r[f"from_{src}"]["err_warm"]) for r in rows if r["half"] == half for src in STATES]
+        if not errs:
+            continue
         inside = sum(abs(r[f"from_{src}"]["err_warm"]) <= r[f"from_{src}"]["margin"]
                      for r in rows if r["half"] == half for src in STATES)
         print(f"{half}: {inside}/{len(errs)} predictions of the warm runs inside their interval; largest error "

@@ -3,9 +3,12 @@
 # the cache cold (torch.compile autotunes: its benchmark allocations are in the first step), then again in the
 # same, now warm cache (no autotuning), as a job's first run at a shape and its restart. Six at a time.
 # Writes OUT/compile_cache.tgz (hand/FAM-bB-sS-{cold,warm}.pickle.gz, results/*.json) and OUT/compile_cache.txt.
-#   bash benchmarks/gpu/fit_compile_cache.sh OUT
+#   bash benchmarks/gpu/fit_compile_cache.sh OUT [judge]
+# `judge`: three eager families compiled whole (FITFAM_COMPILE=1: bert_mlm, t5_relpos, alibi_lm), a set that
+# judges FIT_MARGIN_COMPILE once (written before its capture); OUT/compile_judge.tgz and compile_judge.txt.
 set -uo pipefail
-out=${1:?usage: fit_compile_cache.sh OUT}
+out=${1:?usage: fit_compile_cache.sh OUT [judge]}
+set_name=${2:-}
 export PYTHONUNBUFFERED=1
 here="$(cd "$(dirname "$0")" && pwd)"
 work=/tmp/compile_cache
@@ -18,7 +21,16 @@ pair() {  # script family batch size: cold, then warm, in one cache
       > "$work/results/$tag-$state.log" 2>&1
   done
 }
-for spec in "fit_fresh.py gqa_lm 8 256" "fit_families.py gpt_compile 8 256"; do
+specs=("fit_fresh.py gqa_lm 8 256" "fit_families.py gpt_compile 8 256")
+name=compile_cache
+if [ "$set_name" = judge ]; then
+  export FITFAM_COMPILE=1
+  specs=("fit_families.py bert_mlm 16 128" "fit_fresh.py t5_relpos 8 128" "fit_fresh.py alibi_lm 8 256")
+  name=compile_judge
+  work=/tmp/compile_judge
+  mkdir -p "$work/hand" "$work/results"
+fi
+for spec in "${specs[@]}"; do
   set -- $spec
   for bs in "$3 $4" "$(($3 * 2)) $4" "$(($3 * 4)) $4" "$(($3 * 8)) $4" "$3 $(($4 * 2))" "$3 $(($4 * 4))"; do
     pair "$1" "$2" $bs &
@@ -28,6 +40,6 @@ done
 wait
 for f in "$work"/results/*.json; do
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(sys.argv[1].rsplit('/',1)[1][:-5], r['outcome'], r['max_reserved'], r['max_allocated'])" "$f"
-done | sort | tee "$out/compile_cache.txt"
-tar czf "$out/compile_cache.tgz" -C "$work" hand results
+done | sort | tee "$out/$name.txt"
+tar czf "$out/$name.tgz" -C "$work" hand results
 ls -la "$out"

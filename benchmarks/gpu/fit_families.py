@@ -455,6 +455,11 @@ def run_job(args) -> None:
                 return self.m.head(self.m(x))
 
         fwd = torch.compile(Wrap(model))
+    elif os.environ.get("FITFAM_COMPILE"):
+        # any family compiled as a user would: the module's forward (its other submodules, a head called
+        # apart, stay eager); benchmarks/gpu/fit_compile_cache.sh's judging set
+        fwd = torch.compile(model)
+        res["compiled"] = True
     step = 0
     try:
         for step in range(STEPS):
