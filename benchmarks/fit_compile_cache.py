@@ -69,7 +69,8 @@ def family_rows(d: Path, fam: str) -> list[dict]:
                "real": {state: real[state]["max_reserved"] for state in STATES}}
         for src, m in base.items():
             p = fit.predict(m, k, None, seq_k)
-            row[f"from_{src}"] = {"peak": p.peak_reserved, "margin": m.margin, "autotuning": m.autotuning,
+            row[f"from_{src}"] = {"peak": p.peak_reserved, "margin": fit.asked(m, length=seq_k != 1.0).margin,
+                                  "autotuning": m.autotuning,
                                   **{f"err_{state}": (p.peak_reserved - row["real"][state]) / row["real"][state]
                                      for state in STATES}}
         rows.append(row)

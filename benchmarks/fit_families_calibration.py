@@ -100,7 +100,7 @@ def family_rows(d: Path, fam: str, doc: dict) -> dict:
                 continue
             row[src] = p
             row[f"{src}_err"] = (p - real) / real
-            row[f"{src}_margin"] = m.margin
+            row[f"{src}_margin"] = fit.asked(m, length="length" in label).margin
         shapes.append(row)
     cap = doc.get("cap")
     largest = None

@@ -130,8 +130,9 @@ def rows(cases) -> list[dict]:
                 out.append({"set": set_, "name": name, "half": half, "cut": part, "shape": label, "k": k,
                             "real": real, "predicted": p, "err": (p - real) / real,
                             "whole": w, "whole_err": (w - real) / real if w else None,
-                            "vs_whole": (p - w) / w if w else None, "margin": m.margin,
-                            "whole_margin": whole.margin if whole else None})
+                            "vs_whole": (p - w) / w if w else None,
+                            "margin": fit.asked(m, length="length" in label).margin,
+                            "whole_margin": fit.asked(whole, length="length" in label).margin if whole else None})
     return out
 
 

@@ -51,6 +51,7 @@ from memq.analysis.rules import (
     CUBLAS_WORKSPACE_OLD_BYTES,
     FIT_MARGIN,
     FIT_MARGIN_COMPILE,
+    FIT_MARGIN_COMPILE_LENGTH,
     FIT_MARGIN_LIBRARY,
     FIT_MARGIN_OPTIMIZER,
     FORWARD_ONLY_MARGIN,
@@ -112,18 +113,19 @@ class Measured:
     library: str | None = None  # a size a library chooses by shape, seen in the trace (LIBRARY_*), or None
     switched: str | None = None  # of an answer for another optimizer than the recorded one: that optimizer
     autotuning: int = 0  # torch.compile's autotuning requests left out of the program (`without_autotuning`)
+    length_asked: bool = False  # of an answer at another sequence length (`asked`): its interval may be wider
 
     @property
     def margin(self) -> float:
         """The interval either side of a prediction from this trace: FIT_MARGIN, or FIT_MARGIN_LIBRARY where
         the trace shows a size a library chooses by shape; never narrower than that, MIDRUN_MARGIN of a trace
         that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone."""
-        return trace_margin(self.library, self.covers_start, self.partial, self.switched)[0]
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched, self.length_asked)[0]
 
     @property
     def margin_reason(self) -> str:
         """Why the interval is as wide as it is (the words `memq fit` prints beside it)."""
-        return trace_margin(self.library, self.covers_start, self.partial, self.switched)[1]
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched, self.length_asked)[1]
 
 
 @dataclass(frozen=True)
@@ -1403,18 +1405,33 @@ def library_choice(trace) -> str | None:
     return LIBRARY_WORKSPACE if odd else None
 
 
+def asked(m: Measured, optimizer: str | None = None, length: bool = False) -> Measured:
+    """The measured run as a question asks it: for another optimizer than the recorded one (its interval,
+    FIT_MARGIN_OPTIMIZER), at another sequence length (a compiled model's, FIT_MARGIN_COMPILE_LENGTH)."""
+    if optimizer and m.optimizer and optimizer != m.optimizer:
+        m = replace(m, switched=optimizer)
+    if length and m.library == LIBRARY_COMPILE:
+        m = replace(m, length_asked=True)
+    return m
+
+
 def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None,
-                 switched: str | None = None) -> tuple[float, str]:
+                 switched: str | None = None, length: bool = False) -> tuple[float, str]:
     """(the margin, why): FIT_MARGIN of a program the model's own ops decide, FIT_MARGIN_COMPILE of a
     torch.compile'd one, FIT_MARGIN_LIBRARY where a library chooses sizes by shape (`library` says which);
     never narrower than that, MIDRUN_MARGIN of a trace
     that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone, FIT_MARGIN_OPTIMIZER of an
-    answer for another optimizer (`switched`) than the recorded one."""
+    answer for another optimizer (`switched`) than the recorded one; of a compiled model at another length
+    (`length`), FIT_MARGIN_COMPILE_LENGTH."""
     if library == LIBRARY_COMPILE:
         margin, why = FIT_MARGIN_COMPILE, (
             "torch.compile: the peak of a run whose compiled kernels are cached (a restart, or any run after the "
             "first at that shape); a first run at a new shape autotunes its kernels, and reserved from 17% less "
             "to 2% more in measured runs")
+        if length:
+            margin, why = FIT_MARGIN_COMPILE_LENGTH, (
+                why + "; at another length wider: inside compiled code attention's (t x t) scores are not told "
+                "apart, so they are scaled with the length once, not with its square")
     elif library:
         margin, why = FIT_MARGIN_LIBRARY, f"wider: {library}, which one measured shape cannot tell"
     else:
@@ -1549,8 +1566,7 @@ def check(q: Question) -> None:
 def answer(m: Measured, q: Question) -> dict:
     """The `memq fit --json` object (docs/analysis.md "memq fit")."""
     check(q)
-    if q.optimizer and m.optimizer and q.optimizer != m.optimizer:
-        m = replace(m, switched=q.optimizer)  # the interval of another optimizer's state (FIT_MARGIN_OPTIMIZER)
+    m = asked(m, q.optimizer, q.seq is not None)  # the interval the question has
     k, seq_k = q.scale(), q.seq_scale()
     pred = predict(m, k, q.optimizer, seq_k)
     base = predict(m, 1.0) if (k != 1.0 or q.optimizer) else pred

@@ -609,6 +609,16 @@ def test_fit_interval_of_a_compiled_model_is_five_percent_either_side():
     assert fit.interval(m, GiB)[0] < low
 
 
+@rule("FIT_MARGIN_COMPILE_LENGTH")
+def test_fit_interval_of_a_compiled_model_at_another_length_is_nine_percent_either_side():
+    m = replace(_measured(True), library=fit.LIBRARY_COMPILE, length_asked=True)
+    low, high = fit.interval(m, GiB)
+    assert low <= int(GiB * (1 - 0.089)) and high >= int(GiB * (1 + 0.089))
+    assert low > int(GiB * (1 - 0.091)) and high < int(GiB * (1 + 0.091))
+    assert "(t x t) scores" in m.margin_reason
+    assert rules.FIT_MARGIN_COMPILE < rules.FIT_MARGIN_COMPILE_LENGTH < rules.FIT_MARGIN_LIBRARY
+
+
 @rule("FIT_MARGIN_OPTIMIZER")
 def test_fit_interval_for_another_optimizer_is_at_least_twelve_percent_either_side():
     m = _measured(True)
