@@ -156,3 +156,13 @@ def test_a_length_question_on_a_compiled_model_has_the_wider_interval():
     assert fit.answer(m, fit.Question(batch=32, from_batch=8))["margin"] == fit.FIT_MARGIN_COMPILE
     eager = fit.asked(replace(m, library=None), length=True)
     assert eager.margin == fit.FIT_MARGIN  # an eager model's length question keeps its own interval
+
+
+def test_the_agent_s_recording_finds_the_autotuning_by_its_python_frames():
+    """The agent records Python frames only (its defaults): the same 464 autotuning requests as the hand
+    recording (stacks="all") of one gqa_lm run in tests/fixtures/fit_fresh, and the same interval."""
+    import fit_families_calibration as cal
+
+    meas = cal.recordings(cal.FRESH_DIR, "gqa_lm", "adamw")
+    assert {src: m.autotuning for src, m in meas.items()} == {"agent": 464, "hand": 464, "dump": 464}
+    assert {m.margin for m in meas.values()} == {fit.FIT_MARGIN_COMPILE}
