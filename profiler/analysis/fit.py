@@ -1030,8 +1030,16 @@ def without_autotuning(rep, trace) -> tuple[object, int]:
     and how many there were: the program of a run whose compiled kernels are cached. The recorded segment
     events no longer line up with the program and are dropped (the recorded peak is read before)."""
     prog, n = rep.program, len(trace)
+    seen: dict[int, bool] = {}  # by frames list: a stack is one list however many requests share it
+
+    def tuning(frames) -> bool:
+        key = id(frames)
+        if key not in seen:
+            seen[key] = autotuning_request(frames)
+        return seen[key]
+
     tuned = {h for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
-             if op == OP_ALLOC and 0 <= rep.op_event[i] < n and autotuning_request(trace[rep.op_event[i]].frames)}
+             if op == OP_ALLOC and 0 <= rep.op_event[i] < n and tuning(trace[rep.op_event[i]].frames)}
     if not tuned:
         return rep, 0
     keep = [i for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True))
