@@ -14,6 +14,7 @@ FIT_MARGIN_COMPILE) and its cold one (a first run at that shape, shown beside it
 
 --set judge: three families memq fit has only seen eager (bert_mlm, t5_relpos, alibi_lm), compiled whole by
 `bash benchmarks/gpu/fit_compile_cache.sh OUT judge`, every one held back: FIT_MARGIN_COMPILE judged once.
+--set judge2: moe_lm, seq2seq and lora_gpt compiled whole (`... OUT judge2`), a second such set.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ JUDGE_DIR = ROOT / "tests" / "fixtures" / "fit_compile_judge"
 FAMILIES = {"gpt_compile": (8, 256, "tuning"), "gqa_lm": (8, 256, "held back")}
 # written before their capture: families compiled whole that no compiled capture held before
 JUDGE = {"bert_mlm": (16, 128, "held back"), "t5_relpos": (8, 128, "held back"), "alibi_lm": (8, 256, "held back")}
-SETS = {"cache": (DEFAULT_DIR, FAMILIES), "judge": (JUDGE_DIR, JUDGE)}
+# a second such set, written after the first was judged and before its own capture
+JUDGE2_DIR = ROOT / "tests" / "fixtures" / "fit_compile_judge2"
+JUDGE2 = {"moe_lm": (8, 256, "held back"), "seq2seq": (16, 128, "held back"), "lora_gpt": (4, 256, "held back")}
+SETS = {"cache": (DEFAULT_DIR, FAMILIES), "judge": (JUDGE_DIR, JUDGE), "judge2": (JUDGE2_DIR, JUDGE2)}
 STATES = ("cold", "warm")
 
 
 def _spec(fam: str) -> tuple[int, int, str]:
-    return FAMILIES.get(fam) or JUDGE[fam]
+    return FAMILIES.get(fam) or JUDGE.get(fam) or JUDGE2[fam]
 
 
 def rungs(fam: str) -> list[tuple[str, float, float]]:

@@ -3,11 +3,12 @@
 # the cache cold (torch.compile autotunes: its benchmark allocations are in the first step), then again in the
 # same, now warm cache (no autotuning), as a job's first run at a shape and its restart. Six at a time.
 # Writes OUT/compile_cache.tgz (hand/FAM-bB-sS-{cold,warm}.pickle.gz, results/*.json) and OUT/compile_cache.txt.
-#   bash benchmarks/gpu/fit_compile_cache.sh OUT [judge]
+#   bash benchmarks/gpu/fit_compile_cache.sh OUT [judge|judge2]
 # `judge`: three eager families compiled whole (FITFAM_COMPILE=1: bert_mlm, t5_relpos, alibi_lm), a set that
 # judges FIT_MARGIN_COMPILE once (written before its capture); OUT/compile_judge.tgz and compile_judge.txt.
+# `judge2`: moe_lm, seq2seq and lora_gpt compiled whole, a second such set; OUT/compile_judge2.tgz.
 set -uo pipefail
-out=${1:?usage: fit_compile_cache.sh OUT [judge]}
+out=${1:?usage: fit_compile_cache.sh OUT [judge|judge2]}
 set_name=${2:-}
 export PYTHONUNBUFFERED=1
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,6 +29,13 @@ if [ "$set_name" = judge ]; then
   specs=("fit_families.py bert_mlm 16 128" "fit_fresh.py t5_relpos 8 128" "fit_fresh.py alibi_lm 8 256")
   name=compile_judge
   work=/tmp/compile_judge
+  mkdir -p "$work/hand" "$work/results"
+elif [ "$set_name" = judge2 ]; then
+  # a second judging set, written after the first was judged and before its own capture
+  export FITFAM_COMPILE=1
+  specs=("fit_families.py moe_lm 8 256" "fit_families.py seq2seq 16 128" "fit_families.py lora_gpt 4 256")
+  name=compile_judge2
+  work=/tmp/compile_judge2
   mkdir -p "$work/hand" "$work/results"
 fi
 for spec in "${specs[@]}"; do
