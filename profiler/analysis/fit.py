@@ -49,8 +49,10 @@ from memq.analysis.rules import (
     CAST_GRAD_RATIO,
     CUBLAS_WORKSPACE_BYTES,
     CUBLAS_WORKSPACE_OLD_BYTES,
+    FIT_FROZEN_GRADIENT_SHARE,
     FIT_MARGIN,
     FIT_MARGIN_COMPILE,
+    FIT_MARGIN_COMPILE_FROZEN,
     FIT_MARGIN_COMPILE_LENGTH,
     FIT_MARGIN_LIBRARY,
     FIT_MARGIN_OPTIMIZER,
@@ -120,12 +122,20 @@ class Measured:
         """The interval either side of a prediction from this trace: FIT_MARGIN, or FIT_MARGIN_LIBRARY where
         the trace shows a size a library chooses by shape; never narrower than that, MIDRUN_MARGIN of a trace
         that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone."""
-        return trace_margin(self.library, self.covers_start, self.partial, self.switched, self.length_asked)[0]
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched, self.length_asked,
+                            self.frozen_base)[0]
 
     @property
     def margin_reason(self) -> str:
         """Why the interval is as wide as it is (the words `memq fit` prints beside it)."""
-        return trace_margin(self.library, self.covers_start, self.partial, self.switched, self.length_asked)[1]
+        return trace_margin(self.library, self.covers_start, self.partial, self.switched, self.length_asked,
+                            self.frozen_base)[1]
+
+    @property
+    def frozen_base(self) -> bool:
+        """Does the trace train a frozen base (one step's gradients under FIT_FROZEN_GRADIENT_SHARE of the
+        parameters' bytes: a LoRA fine-tune)?"""
+        return 0 < self.gradient_bytes < FIT_FROZEN_GRADIENT_SHARE * self.parameter_bytes
 
 
 @dataclass(frozen=True)
@@ -1424,13 +1434,14 @@ def asked(m: Measured, optimizer: str | None = None, length: bool = False) -> Me
 
 
 def trace_margin(library: str | None, covers_start: bool = True, partial: str | None = None,
-                 switched: str | None = None, length: bool = False) -> tuple[float, str]:
+                 switched: str | None = None, length: bool = False, frozen: bool = False) -> tuple[float, str]:
     """(the margin, why): FIT_MARGIN of a program the model's own ops decide, FIT_MARGIN_COMPILE of a
     torch.compile'd one, FIT_MARGIN_LIBRARY where a library chooses sizes by shape (`library` says which);
     never narrower than that, MIDRUN_MARGIN of a trace
     that starts mid-run, FORWARD_ONLY_MARGIN of the first step's forward alone, FIT_MARGIN_OPTIMIZER of an
     answer for another optimizer (`switched`) than the recorded one; of a compiled model at another length
-    (`length`), FIT_MARGIN_COMPILE_LENGTH."""
+    (`length`), FIT_MARGIN_COMPILE_LENGTH; of a compiled model that trains a frozen base (`frozen`),
+    FIT_MARGIN_COMPILE_FROZEN."""
     if library == LIBRARY_COMPILE:
         margin, why = FIT_MARGIN_COMPILE, (
             "torch.compile: the peak of a run whose compiled kernels are cached (a restart, or any run after the "
@@ -1440,6 +1451,10 @@ def trace_margin(library: str | None, covers_start: bool = True, partial: str | 
             margin, why = FIT_MARGIN_COMPILE_LENGTH, (
                 why + "; at another length wider: inside compiled code attention's (t x t) scores are not told "
                 "apart, so they are scaled with the length once, not with its square")
+        if frozen:
+            margin, why = FIT_MARGIN_COMPILE_FROZEN, (
+                why + "; wider for a frozen base: inside compiled code autocast's copies of its weights are not "
+                "told from activations and are scaled with them (the prediction is over, not under)")
     elif library:
         margin, why = FIT_MARGIN_LIBRARY, f"wider: {library}, which one measured shape cannot tell"
     else:

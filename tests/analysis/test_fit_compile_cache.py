@@ -40,12 +40,13 @@ def test_the_fixture_holds_both_states_of_every_shape_and_stays_small():
 @pytest.mark.parametrize("fam", list(fcc.FAMILIES))
 def test_a_restart_s_peak_is_predicted_within_five_percent_from_either_recording(fam):
     """gpt_compile (tuning) within 3.8%, gqa_lm (held back) within 4.1%, from the cold and the warm recording
-    alike, at 2x-8x the batch and 2x-4x the length; at the base shape the restart's own peak."""
+    alike, at 2x-8x the batch and 2x-4x the length (inside 5%, the interval's first value; 8% since the second
+    judging set); at the base shape the restart's own peak."""
     for r in fcc.family_rows(CACHE, fam):
         for src in fcc.STATES:
             p = r[f"from_{src}"]
             want = fit.FIT_MARGIN_COMPILE if r["seq_k"] == 1.0 else fit.FIT_MARGIN_COMPILE_LENGTH
-            assert p["margin"] == want and fit.FIT_MARGIN_COMPILE == 0.05
+            assert p["margin"] == want and fit.FIT_MARGIN_COMPILE == 0.08
             assert abs(p["err_warm"]) <= 0.042, (r["shape"], src, p)
             if r["k"] == 1.0:
                 assert p["peak"] == r["real"]["warm"]
@@ -118,7 +119,7 @@ def test_memq_fit_says_what_was_recorded_and_what_a_restart_reserves():
     meas = doc["measured"]
     assert meas["recorded_peak_bytes"] == _real("gqa_lm", "b8-s256", "cold")
     assert meas["peak_bytes"] == _real("gqa_lm", "b8-s256", "warm") and meas["autotuning_left_out"] > 400
-    assert doc["margin"] == 0.05 and "restart" in doc["margin_reason"]
+    assert doc["margin"] == 0.08 and "restart" in doc["margin_reason"]
     assert abs(doc["peak_bytes"] - _real("gqa_lm", "b32-s256", "warm")) <= 0.05 * _real("gqa_lm", "b32-s256", "warm")
     text = CliRunner().invoke(cli, ["fit", str(path), "--from-batch", "8", "--batch", "32"]).output
     assert "a first run that autotuned; a restart's at that shape (the autotuning left out)" in text
@@ -142,7 +143,7 @@ def test_the_judging_set_as_judged():
             p = r[f"from_{src}"]
             assert abs(p["err_warm"]) <= p["margin"], (r["family"], r["shape"], src)
             if r["seq_k"] == 1.0:
-                assert abs(p["err_warm"]) <= 0.006 and p["margin"] == 0.05, (r["family"], r["shape"])
+                assert abs(p["err_warm"]) <= 0.006 and p["margin"] == fit.FIT_MARGIN_COMPILE, (r["family"], r["shape"])
             elif r["family"] != "t5_relpos":
                 assert abs(p["err_warm"]) <= 0.006, (r["family"], r["shape"])
     t5 = {r["shape"]: r["from_warm"]["err_warm"] for r in rows if r["family"] == "t5_relpos"}
@@ -166,3 +167,37 @@ def test_the_agent_s_recording_finds_the_autotuning_by_its_python_frames():
     meas = cal.recordings(cal.FRESH_DIR, "gqa_lm", "adamw")
     assert {src: m.autotuning for src, m in meas.items()} == {"agent": 464, "hand": 464, "dump": 464}
     assert {m.margin for m in meas.values()} == {fit.FIT_MARGIN_COMPILE}
+
+
+JUDGE2 = ROOT / "tests" / "fixtures" / "fit_compile_judge2"
+
+
+def test_the_second_judging_set_as_judged():
+    """moe_lm, seq2seq and lora_gpt compiled whole (one H100), written after the first set was judged and
+    before their capture, judged once with the intervals of then (+/-5%, +/-9% at another length): 27 of 36
+    inside. seq2seq within 0.3%; moe_lm within 0.3% from its warm recording, but +7.6% at the measured shape
+    from its cold one (a first run that allocated 10% more than its restart); lora_gpt +6.8% to +29.5% from
+    either recording: a frozen base's autocast copies inside generated code, scaled with the activations. Since:
+    FIT_MARGIN_COMPILE 8%, and FIT_MARGIN_COMPILE_FROZEN 30% for a frozen base; all 36 inside."""
+    assert sum(p.stat().st_size for p in JUDGE2.rglob("*") if p.is_file()) < 6 << 20
+    rows = [r for fam in fcc.JUDGE2 for r in fcc.family_rows(JUDGE2, fam)]
+    assert len(rows) == 18
+
+    def old_margin(r):
+        return 0.05 if r["seq_k"] == 1.0 else 0.09
+
+    outside = sorted((r["family"], r["shape"], src) for r in rows for src in fcc.STATES
+                     if abs(r[f"from_{src}"]["err_warm"]) > old_margin(r))
+    assert len(outside) == 9 and {f for f, _s, _src in outside} == {"moe_lm", "lora_gpt"}
+    assert ("moe_lm", "b8-s256", "cold") in outside
+    for r in rows:
+        for src in fcc.STATES:
+            p = r[f"from_{src}"]
+            assert abs(p["err_warm"]) <= p["margin"], (r["family"], r["shape"], src)
+            if r["family"] == "seq2seq":
+                assert abs(p["err_warm"]) <= 0.003
+            if r["family"] == "lora_gpt":
+                assert p["margin"] == fit.FIT_MARGIN_COMPILE_FROZEN and p["err_warm"] >= 0.0
+    lora = fcc.measured(JUDGE2, "lora_gpt", "warm")
+    assert lora.frozen_base and "frozen base" in lora.margin_reason
+    assert not fcc.measured(JUDGE2, "seq2seq", "warm").frozen_base
