@@ -24,18 +24,17 @@ pair() {  # script family batch size: cold, then warm, in one cache
 }
 specs=("fit_fresh.py gqa_lm 8 256" "fit_families.py gpt_compile 8 256")
 name=compile_cache
-if [ "$set_name" = judge ]; then
-  export FITFAM_COMPILE=1
-  specs=("fit_families.py bert_mlm 16 128" "fit_fresh.py t5_relpos 8 128" "fit_fresh.py alibi_lm 8 256")
-  name=compile_judge
-  work=/tmp/compile_judge
-  mkdir -p "$work/hand" "$work/results"
-elif [ "$set_name" = judge2 ]; then
+case "$set_name" in
+  judge) specs=("fit_families.py bert_mlm 16 128" "fit_fresh.py t5_relpos 8 128" "fit_fresh.py alibi_lm 8 256") ;;
   # a second judging set, written after the first was judged and before its own capture
+  judge2) specs=("fit_families.py moe_lm 8 256" "fit_families.py seq2seq 16 128" "fit_families.py lora_gpt 4 256") ;;
+  "") ;;
+  *) echo "unknown set: $set_name (judge or judge2)" >&2; exit 2 ;;
+esac
+if [ -n "$set_name" ]; then  # the judging sets: eager families compiled whole
   export FITFAM_COMPILE=1
-  specs=("fit_families.py moe_lm 8 256" "fit_families.py seq2seq 16 128" "fit_families.py lora_gpt 4 256")
-  name=compile_judge2
-  work=/tmp/compile_judge2
+  name=compile_$set_name
+  work=/tmp/$name
   mkdir -p "$work/hand" "$work/results"
 fi
 for spec in "${specs[@]}"; do
