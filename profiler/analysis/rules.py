@@ -397,7 +397,8 @@ FIT_MARGIN_COMPILE_FROZEN = _rule(
     "they are scaled with the input, and a frozen base's copies are a large share of the peak. Judged once "
     "(tests/fixtures/fit_compile_judge2, `python benchmarks/fit_compile_cache.py --set judge2`): lora_gpt "
     "compiled whole +6.8%, +9.4% and +29.5% at 2x, 4x and 8x the batch from either recording (eager, within "
-    "0.4%): WIDENED ON THAT JUDGED FIGURE, rounded up. Over, never under: in the real run the copies keep their size", "fit")
+    "0.4%): WIDENED ON THAT JUDGED FIGURE, rounded up. Over, never under: in the real run the copies keep "
+    "their size", "fit")
 FIT_MARGIN_COMPILE_LENGTH = _rule(
     "FIT_MARGIN_COMPILE_LENGTH", 0.09, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction at another sequence length: inside generated code "
