@@ -116,7 +116,8 @@ def rung_row(d: Path, base: Recording, tag: str, k: float, seq_k: float) -> dict
     told = list(scaled)
     chose: dict[str, list] = defaultdict(lambda: [0, 0, 0])  # op -> [requests, scaled bytes, real bytes]
     rung_sizes = rung.m.replay.program.size
-    for a, b in aligned_allocs(base, rung):
+    pairs = aligned_allocs(base, rung)  # a matching of two programs of thousands of requests: once
+    for a, b in pairs:
         if scaled[a] != rung_sizes[b]:
             told[a] = rung_sizes[b]
             c = chose[_op_name(base.frames(a))]
@@ -131,7 +132,7 @@ def rung_row(d: Path, base: Recording, tag: str, k: float, seq_k: float) -> dict
     return {"rung": tag, "k": k, "seq_k": seq_k, "real_reserved": r, "real_allocated": a,
             "fit_error": (pred.peak_reserved - r) / r, "fit_allocated_error": (pred.peak_allocated - a) / a,
             "own_trace_error": (own.peak_reserved - r) / r, "told_error": (with_told.peak_reserved - r) / r,
-            "requests": {"base": base_allocs, "rung": rung_allocs, "aligned": len(aligned_allocs(base, rung))},
+            "requests": {"base": base_allocs, "rung": rung_allocs, "aligned": len(pairs)},
             "chosen": {op: {"requests": n, "scaled": s, "real": t} for op, (n, s, t) in
                        sorted(chose.items(), key=lambda kv: -abs(kv[1][2] - kv[1][1]))},
             "device": real.get("device")}

@@ -1350,13 +1350,17 @@ def _one_per_param(sizes: list, lead: int, earlier: Counter) -> tuple[int, list,
     return lead, ones, before
 
 
-def _copies_share(before: Counter, ones: list) -> float:
-    """How well a run of one block per parameter lines up with the kept blocks before it: the largest share of
-    its bytes of sizes the earlier blocks hold exactly once, or exactly twice (a kept gradient beside each
-    parameter), per block of the run."""
+def _held_share(before: Counter, ones: list, copies: int) -> float:
+    """The share of a run's bytes (one block per parameter) of sizes the kept blocks before it hold exactly
+    `copies` times per block of the run."""
     run = Counter(ones)
-    total = sum(ones) or 1
-    return max(sum(n * c for n, c in run.items() if before[n] == m * c) / total for m in (1, 2))
+    return sum(n * c for n, c in run.items() if before[n] == copies * c) / (sum(ones) or 1)
+
+
+def _copies_share(before: Counter, ones: list) -> float:
+    """How well a run of one block per parameter lines up with the kept blocks before it: held once, or twice
+    (a kept gradient beside each parameter), whichever lines up more of its bytes."""
+    return max(_held_share(before, ones, m) for m in (1, 2))
 
 
 def _flat_partner(rest: int, left: Counter) -> int | None:
@@ -1373,9 +1377,7 @@ def _kept_copies(earlier: Counter, ones: list) -> int:
     earlier blocks hold exactly twice per block of the run (the parameter, and its gradient kept since the
     first backward by zero_grad(set_to_none=False)), else 1. The run then copies the model when it copies
     half of that share of the earlier bytes, as it does where gradients are released."""
-    run = Counter(ones)
-    twice = sum(n * c for n, c in run.items() if earlier[n] == 2 * c)
-    return 2 if ones and twice >= STATE_SPLIT_SHARE * sum(ones) else 1
+    return 2 if ones and _held_share(earlier, ones, 2) >= STATE_SPLIT_SHARE else 1
 
 
 def _steps(trace: list, weights: set, size_at: dict, n_params: int, trainable: Counter) -> tuple[list[tuple], list]:
