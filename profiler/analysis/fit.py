@@ -1715,7 +1715,9 @@ def own_curve(snap: Snapshot) -> dict | None:
             break  # the curve ends where the model can no longer follow
     return {"curve": curve, "peak_allocated_bytes": base.peak_allocated, "dominant": dominant(base),
             "optimizer": m.optimizer, "optimizer_steps": m.steps, "margin": m.margin,
-            "margin_reason": m.margin_reason}
+            "margin_reason": m.margin_reason,
+            # the curve is a restart's where the autotuning was left out: what the run itself reserved
+            "recorded_peak_bytes": m.recorded_peak if m.autotuning and m.recorded_peak else None}
 
 
 def own_curve_reason(snap: Snapshot) -> str:
@@ -1750,7 +1752,8 @@ def headroom(curve_doc: dict | None, limit: int | None) -> dict | None:
     margin, why = _curve_margin(curve_doc)
     out = {"peak_bytes": peak, "low": int(peak * (1 - margin)), "high": int(peak * (1 + margin)),
            "margin": margin, "margin_reason": why,
-           "peak_allocated_bytes": curve_doc.get("peak_allocated_bytes"), "limit_bytes": limit, "fits": None,
+           "peak_allocated_bytes": curve_doc.get("peak_allocated_bytes"),
+           "recorded_peak_bytes": curve_doc.get("recorded_peak_bytes"), "limit_bytes": limit, "fits": None,
            "fits_reason": None, "max_scale": None, "dominant": curve_doc.get("dominant"),
            "optimizer": curve_doc.get("optimizer")}
     gib = 1 << 30

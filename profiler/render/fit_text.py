@@ -120,6 +120,9 @@ def own_fit_line(fit: dict | None) -> str | None:
     if not fit:
         return None
     head = f"fit: peak {fmt_bytes(fit['peak_bytes'])} reserved at its own batch"
+    if fit.get("recorded_peak_bytes"):  # a compiled run that autotuned: the figure above is a restart's
+        head = (f"fit: peak {fmt_bytes(fit['recorded_peak_bytes'])} reserved at its own batch, a first run that "
+                f"autotuned; a restart's {fmt_bytes(fit['peak_bytes'])}")
     if fit.get("limit_bytes") is None:
         return head + " (no limit known: `memq fit --run R --limit SIZE` for the largest batch)"
     if fit.get("max_scale") is None:

@@ -201,3 +201,22 @@ def test_the_second_judging_set_as_judged():
     lora = fcc.measured(JUDGE2, "lora_gpt", "warm")
     assert lora.frozen_base and "frozen base" in lora.margin_reason
     assert not fcc.measured(JUDGE2, "seq2seq", "warm").frozen_base
+
+
+def test_a_run_s_own_fit_says_what_it_reserved_and_a_restart_s_peak():
+    """The history's `fit` of a compiled run recorded cold: its curve is a restart's (scaled from), and the
+    line says what the run itself reserved beside it; a warm recording says one figure."""
+    from memq.analysis.fit import headroom, own_curve
+    from memq.load import load_snapshot_file
+    from memq.render.fit_text import own_fit_line
+
+    def fit_of(state):
+        snap = load_snapshot_file(str(CACHE / "hand" / f"gqa_lm-b8-s256-{state}.pickle.gz"), max_bytes=1 << 32)
+        return headroom(own_curve(snap.snapshot), 80 << 30)
+
+    cold, warm = fit_of("cold"), fit_of("warm")
+    assert cold["recorded_peak_bytes"] == _real("gqa_lm", "b8-s256", "cold")
+    assert cold["peak_bytes"] == warm["peak_bytes"] == _real("gqa_lm", "b8-s256", "warm")
+    assert warm["recorded_peak_bytes"] is None
+    assert "a first run that autotuned; a restart's" in own_fit_line(cold)
+    assert "autotuned" not in own_fit_line(warm)
