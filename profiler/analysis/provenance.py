@@ -354,19 +354,48 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
 _NONE = BlockClass(fr.UNKNOWN, BEFORE_TRACE, -1)
 
 
-def _releases_gradients(trace: list, sizes: set) -> bool:
-    """Whether the trace's first run of frees of blocks it did not make (no allocation between them) holds two
-    or more of the parameters' sizes: zero_grad releasing the last step's gradients, as a step begins."""
+def _first_release(trace: list) -> tuple[Counter, int]:
+    """The trace's first run of frees of blocks it did not make (no allocation between them): the sizes freed,
+    and the index of the run's last free (-1 where there is none)."""
     made: set = set()
-    released = -1  # -1 until the first such free
-    for ev in trace:
+    freed: Counter = Counter()
+    last = -1
+    for i, ev in enumerate(trace):
         if ev[0] == "alloc":
-            if released >= 0:
+            if freed:
                 break
             made.add(ev[1])
         elif ev[0] == "free_requested" and ev[1] not in made:
-            released = max(released, 0) + (ev[2] in sizes)
-    return released >= 2
+            freed[ev[2]] += 1
+            last = i
+    return freed, last
+
+
+def _releases_gradients(trace: list, sizes: set) -> bool:
+    """Whether the trace's first run of frees of blocks it did not make holds two or more of the parameters'
+    sizes: zero_grad releasing the last step's gradients, as a step begins."""
+    freed, _ = _first_release(trace)
+    return sum(n for size, n in freed.items() if size in sizes) >= 2
+
+
+def _released_beside(trace: list, by_size: dict) -> tuple[int, int, Counter]:
+    """zero_grad's release read from the older blocks alone (a trace without stacks that begins as a step
+    does, with nothing known of the parameters): the trace's first run of frees of blocks it did not make,
+    two or more, nearly all of whose bytes (STATE_SPLIT_SHARE) are in sizes of which the older blocks hold
+    k + 1 times as many (each parameter freed its gradient and kept itself and its k state tensors; 0: no
+    state, as plain SGD). (the index of the run's last free, k, the sizes released); (-1, 0, {}) where there
+    is no such run."""
+    freed, last = _first_release(trace)
+    total = sum(size * n for size, n in freed.items())
+    if sum(freed.values()) < 2 or not total:
+        return -1, 0, Counter()
+    by_k: Counter = Counter()
+    for size, n in freed.items():
+        held = len(by_size.get(size, ()))
+        if held and held % n == 0:
+            by_k[held // n - 1] += size * n
+    k, lined = by_k.most_common(1)[0] if by_k else (0, 0)
+    return (last, k, freed) if lined >= STATE_SPLIT_SHARE * total else (-1, 0, Counter())
 
 
 def _most_live_at(trace: list, levels: list | None = None) -> int:
@@ -445,22 +474,24 @@ def state_per_param(snap: Snapshot, out: dict, live: list) -> int | None:
     return None
 
 
-def covers_step_start(trace: list, trace_has_frames: bool) -> bool:
+def covers_step_start(trace: list, trace_has_frames: bool, released: int = -1) -> bool:
     """The trace holds the step from its start: it frees at most STEP_START_ORPHAN_FREES blocks it did
     not allocate (the previous step's outputs, as their names are rebound), and it does not begin
-    inside backward or the optimizer step. A ring buffer that wrapped mid-step fails both."""
+    inside backward or the optimizer step. A ring buffer that wrapped mid-step fails both. `released`:
+    the last entry of zero_grad's release of gradients (`_released_beside`), whose frees are the step's
+    start itself."""
     if not trace:
         return False
     allocated: set[int] = set()
     orphans = 0
     first_phase = None
-    for ev in trace:
+    for i, ev in enumerate(trace):
         if ev.action == "alloc":
             allocated.add(ev.addr)
             if first_phase is None and ev.frames:
                 first_phase = event_phase(ev.frames, trace_has_frames)
         elif ev.action == "free_requested" and ev.addr not in allocated:
-            if ev.frames and fr.is_optimizer(ev.frames):
+            if ev.frames and fr.is_optimizer(ev.frames) or i <= released:
                 continue  # zero_grad releasing the last step's gradients: the step's start itself
             orphans += 1
             if orphans > STEP_START_ORPHAN_FREES:
@@ -497,15 +528,20 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 params[size] = group[:need]
                 for b in params[size]:
                     out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
-    elif not known_params and covers_step_start(trace, trace_has_frames):
-        # a backward in the trace that made no gradient accumulated into ones kept since an earlier step
-        kept = int(not _made_in_bwd(undecided, made, by_size, trace, trace_has_frames)
-                   and _grads_predate(out, predating, trace, trace_has_frames, last_bwd))
-        k = _state_split(snap, trace, by_size, kept)
-        kept = kept if k else 0
+    elif not known_params and covers_step_start(
+            trace, trace_has_frames,
+            (released := _released_beside(trace, by_size) if not trace_has_frames else (-1, 0, Counter()))[0]):
+        if released[0] >= 0:  # gradients released at the step's start were not kept; their count says k
+            k, kept = released[1], 0
+        else:  # a backward in the trace that made no gradient accumulated into ones kept since an earlier step
+            kept = int(not _made_in_bwd(undecided, made, by_size, trace, trace_has_frames)
+                       and _grads_predate(out, predating, trace, trace_has_frames, last_bwd))
+            k = _state_split(snap, trace, by_size, kept)
+            kept = kept if k else 0
         flat, state_only = None, set()
-        for kk in dict.fromkeys((k, 2, 1) if k and not kept else ()):
-            if found := _flat_weights(by_size, kk):
+        # (one flat gradient released for weights that are views of one buffer says no k of their own)
+        for kk in dict.fromkeys((k, 2, 1) if (k or released[0] >= 0) and not kept else ()):
+            if kk and (found := _flat_weights(by_size, kk)):
                 k, (flat, state_only) = kk, found
                 out[flat.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
                 break
@@ -517,7 +553,9 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 continue
             if flat is not None and size == tensor_size(flat):
                 continue  # (the flat block is alone of its size)
-            if k and len(group) % (k + 1 + kept) == 0:
+            if released[0] >= 0 and flat is None and size not in released[2]:
+                params[size] = group  # no gradient was released at this size: frozen weights, no state
+            elif k and len(group) % (k + 1 + kept) == 0:
                 # each parameter, its gradient where kept, and its k state tensors: oldest first as
                 # `_age_order` has them, the parameter (the model is made first), the gradient (the first
                 # backward), the state (the first optimizer step)
