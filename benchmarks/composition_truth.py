@@ -8,7 +8,7 @@ uncompressed pickle, 0-7 tuning, 8-f held back.
     python benchmarks/composition_truth.py [--extra DIR]
     python benchmarks/composition_truth.py --gpu DIR [--half tuning|held-back] [--only NAME]
         [--no-history | --strip-frames]
-        (a `--set fresh` or `--set late` capture is held back whole: score it once, never tune on it)
+        (a `--set fresh`, `--set late` or `--set eve` capture is held back whole: score it once, never tune on it)
         (the captures of benchmarks/gpu/composition_capture.py; +roles: with the roles the agent sent, and
         "+roles -cache" without the inference cache the job declared; --no-history: every capture with its
         trace and its blocks' frames removed, as if recording had never been on, no roles)

@@ -293,8 +293,57 @@ LATE_JOBS: dict[str, dict] = {
     "late_deep_infer_eval_fp32_py_loaded": _late(shape="deep", dump="generate", record="dump_step",
                                                  stacks="python", infer=True, cache="none", dtype="fp32"),
 }
-SETS = {"tuning": JOBS, "fresh": FRESH_JOBS, "late": LATE_JOBS}
-ALL_JOBS = {**JOBS, **FRESH_JOBS, **LATE_JOBS}
+# The evening set (`--set eve`, names `eve_*`): written 2026-12-05 19:10 UTC, after the late set had been
+# read block by block, for judging only: the models and optimizers of the sets above in pairings none of
+# them has, weighted to the readings that have no stacks or no trace (recorded without stacks for the dump's
+# step, in a ring, or not at all). Its truth.json says `set: eve`.
+def _eve(**kw) -> dict:
+    return dict(set="eve", **kw)
+
+
+EVE_JOBS: dict[str, dict] = {
+    "eve_vit_rmsprop_bwd_none_dumpstep": _eve(model="vit", optimizer="rmsprop", dump="after_backward",
+                                              record="dump_step", stacks="none", batch=64),
+    "eve_vit_adamw_compile_fwd_none_start": _eve(model="vit", dump="after_forward", record="start", stacks="none",
+                                                 compile=True, batch=64),
+    "eve_vit_adamw_nofe_bwd_py_off": _eve(model="vit", optimizer="adamw_nofe", dump="after_backward", record="off",
+                                          stacks="python", batch=64),
+    "eve_cnn_adamw_bf16_fwd_none_dumpstep": _eve(model="cnn", dump="after_forward", record="dump_step",
+                                                 stacks="none", amp=True, batch=64),
+    "eve_tied_nadam_inbwd_py_start": _eve(model="tied", optimizer="nadam", dump="in_backward", record="start",
+                                          stacks="python"),
+    "eve_encdec_nadam_step_none_start": _eve(model="encdec", optimizer="nadam", dump="after_step", record="start",
+                                             stacks="none"),
+    "eve_encdec_sgd_fwd_all_ring": _eve(model="encdec", optimizer="sgd", dump="after_forward", record="ring",
+                                        stacks="all", max_entries=500),
+    "eve_tied_adagrad_step_none_dumpstep": _eve(model="tied", optimizer="adagrad", dump="after_step",
+                                                record="dump_step", stacks="none"),
+    "eve_tied_infer_beam_bf16_py_ring": _eve(model="tied", dump="generate", record="ring", stacks="python",
+                                             infer=True, cache="beam", max_entries=1500),
+    "eve_mlp_radam_fwd_all_dumpstep": _eve(model="mlp", optimizer="radam", dump="after_forward",
+                                           record="dump_step", stacks="all", batch=512),
+    "eve_mlp_adagrad_step_py_agent": _eve(model="mlp", optimizer="adagrad", dump="after_step", record="agent",
+                                          stacks="python", batch=512),
+    "eve_lstm_nadam_bwd_none_dumpstep": _eve(model="lstm", optimizer="nadam", dump="after_backward",
+                                             record="dump_step", stacks="none"),
+    "eve_lstm_sgdplain_bwd_py_start": _eve(model="lstm", optimizer="sgd_plain", dump="after_backward",
+                                           record="start", stacks="python"),
+    "eve_small_sgd_keepgrad_step_py_off": _eve(shape="small", optimizer="sgd", dump="after_step", record="off",
+                                               stacks="python", set_to_none=False),
+    "eve_small_rmsprop_bf16_oom_bwd_none_start": _eve(shape="small", optimizer="rmsprop", dump="oom_backward",
+                                                      record="start", stacks="none", amp=True, batch=32),
+    "eve_wide_adamw_oom_fwd_none_dumpstep": _eve(shape="wide", dump="oom_forward", record="dump_step",
+                                                 stacks="none", batch=16),
+    "eve_wide_adafactor_bf16_step_none_dumpstep": _eve(shape="wide", optimizer="adafactor", dump="after_step",
+                                                       record="dump_step", stacks="none", amp=True),
+    "eve_deep_adamax_bf16_bwd_py_ring": _eve(shape="deep", optimizer="adamax", dump="after_backward",
+                                             record="ring", stacks="python", amp=True, max_entries=800),
+    "eve_deep_infer_static_fp16_none_start": _eve(shape="deep", dump="generate", record="start", stacks="none",
+                                                  infer=True, cache="static", dtype="fp16"),
+    "eve_lora_adamw_step_none_dumpstep": _eve(model="lora", dump="after_step", record="dump_step", stacks="none"),
+}
+SETS = {"tuning": JOBS, "fresh": FRESH_JOBS, "late": LATE_JOBS, "eve": EVE_JOBS}
+ALL_JOBS = {**JOBS, **FRESH_JOBS, **LATE_JOBS, **EVE_JOBS}
 # vocabulary, width, blocks, heads, tokens per sequence of the fresh set's GPT shapes and encoder-decoder
 SHAPE_DIMS = {"small": (8192, 512, 4, 8, 256), "wide": (16_384, 2048, 3, 16, 512),
               "encdec": (8192, 512, 3, 8, 256), "deep": (32_000, 768, 12, 12, 256),
@@ -1121,7 +1170,8 @@ def selftest() -> None:
         assert sp["record"] in ("start", "dump_step", "ring", "agent", "off"), name
         assert sp["stacks"] in ("python", "all", "none"), name
         assert sp["cache"] in ("static", "static_class", "dynamic", "beam", "none"), name
-    print(f"selftest ok ({len(JOBS)} tuning jobs, {len(FRESH_JOBS)} fresh jobs, {len(LATE_JOBS)} late jobs)")
+    print(f"selftest ok ({len(JOBS)} tuning jobs, {len(FRESH_JOBS)} fresh jobs, {len(LATE_JOBS)} late jobs, "
+          f"{len(EVE_JOBS)} eve jobs)")
 
 
 def main() -> None:
