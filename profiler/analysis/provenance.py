@@ -50,6 +50,7 @@ from memq.analysis.rules import (
     PER_PARAM_STATE_MIN_TENSORS,
     STATE_COUNT_SHARE,
     STATE_LEAD_MAX,
+    STATE_REQUEST_MIN_BYTES,
     STATE_SPLIT_SHARE,
     STEP_START_ORPHAN_FREES,
 )
@@ -1518,6 +1519,48 @@ def freed_class(snap: Snapshot):
     return cls
 
 
+def _released_step(snap: Snapshot) -> tuple[int, int] | None:
+    """A trace without stacks that begins as a step does, with zero_grad releasing the gradients of the
+    blocks older than it (`_released_beside`): (where its backward begins, where it ends), or None where
+    the trace does not begin so. The backward runs from the first gradient the step made (a block read as
+    a gradient, made in the trace) of STATE_REQUEST_MIN_BYTES or more (or of the largest size released,
+    where all were smaller), or from the trace's most live entry where that comes first (a step's backward
+    begins on top of everything its forward saved), to the last gradient made; (-1, -1) where no such
+    gradient was made (a forward, or a backward that failed before its first)."""
+    if "released_step" in snap.memo:
+        return snap.memo["released_step"]
+    got = None
+    trace = snap.trace
+    made = made_live_in(snap)
+    by_size: dict[int, list] = {}
+    for seg in snap.segments:
+        for b in seg.blocks:
+            if b.is_live and made.get(b.address, -1) < 0 and not b.frames:
+                by_size.setdefault(tensor_size(b), []).append(b)
+    last, _k, freed = _released_beside(trace, by_size) if trace else (-1, 0, Counter())
+    if last >= 0:
+        grads = [bc.event for bc in block_classes(snap).values() if bc.cls == fr.GRADIENTS and bc.event >= 0]
+        # (one of 1 MiB or more, or of the largest size released where all were smaller, as a LoRA's adapters:
+        # a small one is as likely a forward's small output of that size)
+        least = min(STATE_REQUEST_MIN_BYTES, max(freed))
+        big = [e for e in grads if trace[e].size >= least]
+        got = (min(_most_live_at(trace), min(big)), max(grads)) if big else (-1, -1)
+    snap.memo["released_step"] = got
+    return got
+
+
+def _released_step_phase(snap: Snapshot, i: int) -> str | None:
+    """Entry i's phase in a trace `_released_step` reads: forward before its backward, the optimizer step after
+    it; None where the trace does not begin with zero_grad's release."""
+    step = _released_step(snap)
+    if step is None:
+        return None
+    first, last = step
+    if first < 0 or i < first:
+        return PHASE_FORWARD
+    return PHASE_BACKWARD if i <= last else PHASE_OPTIMIZER
+
+
 def entry_phase(snap: Snapshot, i: int) -> str | None:
     """The phase of trace entry i: from its frames (frames.event_phase); in a trace recorded without stacks
     that holds the whole job, from the trace's order (`_read_order`): a gradient was made in backward, the
@@ -1534,7 +1577,7 @@ def entry_phase(snap: Snapshot, i: int) -> str | None:
         return event_phase(frames, True)
     order = _order(snap)
     if order is None:
-        return None
+        return _released_step_phase(snap, i)
     got = order.made.get(i)
     if got is not None and got[0] == fr.GRADIENTS:
         return PHASE_BACKWARD
