@@ -235,7 +235,7 @@ def _classify(snap: Snapshot) -> dict[int, BlockClass]:
                                     and tensor_size(b) not in state_sized
                                     and (not frames_of(b) or fr.categorize(frames_of(b)) == fr.OTHER
                                          and not made_by_constructor(frames_of(b)))],
-                                   _inside_segment(snap), snap.segments)
+                                   _inside_segment(snap), snap.segments, made)
     forward_seen = None  # whether the trace shows a forward pass (computed when first needed)
     calls = inference_calls(trace)
     sites: set = set()
@@ -793,7 +793,7 @@ def _inside_segment(snap: Snapshot) -> set:
     return out
 
 
-def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list = ()) -> set:
+def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list = (), made: dict | None = None) -> set:
     """Addresses of the frameless blocks that are cuBLAS workspaces by their size: only where that size
     comes in no more blocks than CUBLAS_WORKSPACE_MAX_BLOCKS (a handle per thread and stream); more are
     tensors of that shape. A block that does not start its segment, or shares it with another frameless
@@ -801,8 +801,11 @@ def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list
     and of tests/fixtures/real starts its segment, alone or beside framed blocks only (made once per
     handle, from a fresh or a whole cached segment), while a weight of that size loaded beside other
     weights (the inference captures) or a step's activation beside others (the OOM captures) shares one.
-    Of those, a stream (their segment's, of `segments`) holds CUBLAS_WORKSPACES_PER_STREAM at most, the
-    highest: a weight of that size made alone after them (the bf16 generation captures) is none."""
+    Of those, a stream (their segment's, of `segments`) holds CUBLAS_WORKSPACES_PER_STREAM at most: those
+    older than the trace first (`made`: where each live block was made in it; a workspace is made at its
+    thread's first multiply, so a trace begun at a later step made none: a ConvNet's 32 MiB activations
+    of the evening H100 set), then the highest (a weight of that size made alone after them, the bf16
+    generation captures, is none)."""
     out = set()
     seg_size = {b.address: seg.total_size for seg in segments for b in seg.blocks if b.is_live}
     for size in (CUBLAS_WORKSPACE_BYTES, CUBLAS_WORKSPACE_OLD_BYTES):
@@ -819,7 +822,8 @@ def _workspace_blocks(frameless: list, inside: set = frozenset(), segments: list
             wanted = set(same)
             stream_of = {b.address: seg.stream for seg in segments for b in seg.blocks if b.address in wanted}
             per_stream: dict = {}
-            for a in sorted(same, reverse=True):
+            made = made or {}
+            for a in sorted(same, key=lambda a: (made.get(a, -1) >= 0, -a)):
                 per_stream.setdefault(stream_of.get(a, 0), []).append(a)
             for on_stream in per_stream.values():
                 out.update(on_stream[:CUBLAS_WORKSPACES_PER_STREAM])

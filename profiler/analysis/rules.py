@@ -230,11 +230,13 @@ CUBLAS_WORKSPACE_MAX_BLOCKS = _rule(
     "and 64 MiB segments of their fp32 originals beside its two workspaces)", "provenance")
 CUBLAS_WORKSPACES_PER_STREAM = _rule(
     "CUBLAS_WORKSPACES_PER_STREAM", 2, "count", "measured",
-    "of the frameless blocks of a cuBLAS workspace's size, a stream holds at most two workspaces, the highest: "
-    "torch keeps a handle per thread and a workspace per handle and stream, and two threads multiply (the job's "
-    "and the autograd engine's); every one of the 17 H200 captures of tests/fixtures/composition_h200 holds "
-    "exactly two on its stream, the two highest such blocks, and the bf16 generation captures a third, lower: "
-    "a weight cast after them", "provenance")
+    "of the frameless blocks of a cuBLAS workspace's size, a stream holds at most two workspaces, those older "
+    "than the trace first, then the highest: torch keeps a handle per thread and a workspace per handle and "
+    "stream, and two threads multiply (the job's and the autograd engine's); every one of the 17 H200 captures "
+    "of tests/fixtures/composition_h200 holds exactly two on its stream, the two highest such blocks, and the "
+    "bf16 generation captures a third, lower: a weight cast after them; a ConvNet recorded for its dump's step "
+    "(the fresh H200 and evening H100 sets) made two 32 MiB activations above its two older workspaces",
+    "provenance")
 
 # ------------------------------------------------------------------ cause 4: activation_spike
 SPIKE_FACTOR = _rule(

@@ -263,6 +263,29 @@ def test_a_stream_holds_two_cublas_workspaces_the_highest():
     assert {block_classes(snap)[a].cls for a, _, _ in blocks} == {fr.WORKSPACE_CAT}
 
 
+@pytest.mark.parametrize("where, job", [("composition_eve", "eve_cnn_adamw_bf16_fwd_none_dumpstep"),
+                                        ("composition_fresh", "fresh_cnn_sgd_fwd_all_dumpstep")])
+def test_of_workspace_sized_blocks_those_older_than_the_trace_are_the_workspaces(where, job):
+    """A ConvNet recorded for its dump's step only, dumped after its forward (H100 and H200 captures, the second
+    with its stacks removed): four frameless 32 MiB blocks, each starting its own segment on one stream, the
+    two cuBLAS workspaces (made at the first step's first multiply, older than the trace) and two of the
+    forward's saved activations (made in the trace, at higher addresses). The older two are the workspaces;
+    the highest two were taken before (the agent's roles, which name no workspace, then gave 59.8% and
+    72.2% of live bytes in class; now 100%)."""
+    path = HERE / where / job
+    truth = json.loads((path / "truth.json").read_text())
+    snap = _snap(path / "snapshot.pickle.gz")
+    _truth_bench().strip_frames(snap)
+    classes = block_classes(snap)
+    ws = [a for a, _n, label, _c, _p in truth["blocks"] if label == "workspace"]
+    saved = [a for a, n, label, _c, _p in truth["blocks"] if label == "saved" and n == 32 * MiB]
+    assert len(ws) == 2 and saved
+    assert {classes[a].cls for a in ws} == {fr.WORKSPACE_CAT}
+    assert fr.WORKSPACE_CAT not in {classes[a].cls for a in saved}
+    with_roles = _truth_bench().score_gpu(path, with_roles=True, strip=True)
+    assert with_roles["class_share"] >= 0.99, with_roles
+
+
 @rule("CUBLAS_WORKSPACE_MAX_BLOCKS")
 def test_among_more_workspace_sized_blocks_than_handles_a_workspace_has_a_segment_its_own_size():
     """Five frameless 32 MiB blocks older than the trace, each starting its segment: more than a job has
