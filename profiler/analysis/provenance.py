@@ -382,10 +382,10 @@ def _releases_gradients(trace: list, sizes: set) -> bool:
 def _released_beside(trace: list, by_size: dict) -> tuple[int, int, Counter]:
     """zero_grad's release read from the older blocks alone (a trace without stacks that begins as a step
     does, with nothing known of the parameters): the trace's first run of frees of blocks it did not make,
-    two or more, nearly all of whose bytes (STATE_SPLIT_SHARE) are in sizes of which the older blocks hold
-    k + 1 times as many (each parameter freed its gradient and kept itself and its k state tensors; 0: no
-    state, as plain SGD). (the index of the run's last free, k, the sizes released); (-1, 0, {}) where there
-    is no such run."""
+    two or more, nearly all of whose bytes (STATE_SPLIT_SHARE) are in sizes of which the older blocks hold a
+    multiple, k + 1 times as many for most of the bytes (each parameter freed its gradient and kept itself
+    and its k state tensors; 0: no state, as plain SGD). (the index of the run's last free, k, the sizes
+    released); (-1, 0, {}) where there is no such run."""
     freed, last = _first_release(trace)
     total = sum(size * n for size, n in freed.items())
     if sum(freed.values()) < 2 or not total:
@@ -395,8 +395,10 @@ def _released_beside(trace: list, by_size: dict) -> tuple[int, int, Counter]:
         held = len(by_size.get(size, ()))
         if held and held % n == 0:
             by_k[held // n - 1] += size * n
-    k, lined = by_k.most_common(1)[0] if by_k else (0, 0)
-    return (last, k, freed) if lined >= STATE_SPLIT_SHARE * total else (-1, 0, Counter())
+    # (k is the count most of the bytes say; a size that says 0 beside it may be weights that are views of
+    # one buffer, whose state is in the weights' own sizes: an LSTM's under cuDNN)
+    k = by_k.most_common(1)[0][0] if by_k else 0
+    return (last, k, freed) if sum(by_k.values()) >= STATE_SPLIT_SHARE * total else (-1, 0, Counter())
 
 
 def _most_live_at(trace: list, levels: list | None = None) -> int:

@@ -1120,6 +1120,20 @@ def test_a_stackless_trace_that_does_not_begin_with_a_release_names_no_phase():
     assert pv.entry_phase(snap, len(snap.trace) - 1) is None
 
 
+@pytest.mark.parametrize("where, job, strip", [("composition_eve", "eve_lstm_nadam_bwd_none_dumpstep", False),
+                                               ("composition_late", "late_lstm_adamax_fwd_py_dumpstep", True)])
+def test_an_lstms_flat_gradient_released_beside_its_embeddings_is_read_with_its_state(where, job, strip):
+    """LSTM language models recorded for their dump's step only, without stacks (H100 and H200 captures, the
+    second with its stacks removed): zero_grad releases the embedding's and the head's gradients, three older
+    blocks of each size (k = 2), and one flat gradient for the LSTM's weights, whose older block is alone of
+    its size (its state is in the weights' own sizes). The release is still zero_grad's, the flat block is
+    the weights (53.8% and 61.9% of live bytes in class when the flat size kept the release from being read
+    as one, the state taken for parameters); now all of them, and the phases too."""
+    score = _scored(job, strip=strip, where=HERE / where)
+    assert score["class_share"] >= 0.99, score
+    assert score["phase_share"] >= 0.99, score
+
+
 def test_a_release_of_one_gradient_per_older_block_says_there_is_no_state():
     """Plain SGD (no momentum) on a deep MLP of equal layers, recorded without stacks for its dump's step
     (tests/fixtures/composition_late, H200): zero_grad released one gradient per weight, and the older blocks
