@@ -207,6 +207,9 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
         raise NotAssessable(f"the trace cannot be compiled for the allocator model ({type(exc).__name__})") from exc
     recorded_peak = max(rep.recorded_reserved_after(), default=0)
     rep, tuned = without_autotuning(rep, snap.trace)
+    held = 0
+    if tuned:
+        rep, held = released_first_step_holds(rep, snap.trace)
     prog, trace = rep.program, snap.trace
     kinds = [INPUT] * prog.n_handles
     size_of = [0] * prog.n_handles
@@ -262,6 +265,9 @@ def classify(snap: Snapshot, optimizer: str | None = None) -> Measured:
         notes.append(f"torch.compile's autotuning ({tuned} requests: its cache-flush buffers and the arguments it "
                      "clones to time candidate kernels) left out: the prediction is of a run whose compiled kernels "
                      "are cached (a restart, or any run after the first at that shape)")
+    if held:
+        notes.append(f"{held} block(s) of the first step that this first run's compile kept to the end (every later "
+                     "step frees its own) are freed as a later step frees them, as a restart does")
     if not covers:
         notes.append("the trace starts mid-run: blocks live before it are held at their recorded size, and the "
                      f"interval is +/-{MIDRUN_MARGIN:.0%} (a trace from the run's start: "
@@ -1060,6 +1066,78 @@ def without_autotuning(rep, trace) -> tuple[object, int]:
     return replace(rep, program=program, op_event=[rep.op_event[i] for i in keep],
                    recorded_alloc_addr=[rep.recorded_alloc_addr[i] for i in keep], recorded_events=[],
                    recorded_oom_ops=[]), len(tuned)
+
+
+def released_first_step_holds(rep, trace) -> tuple[object, int]:
+    """Of a first run that compiled its graphs (its autotuning was left out: `without_autotuning`), the replay
+    with the first step's blocks that the run never freed, where every later step frees its own block made
+    at that stack and size, freed as long after they were made as the first later such block was (before the
+    first optimizer step at the latest); and how many there were. A cold
+    compile keeps the first step's outputs at its graph breaks (moe_lm of tests/fixtures/fit_compile_judge2:
+    the head's 125 MiB logits and four more, 134 MiB, live to the end of the first run and never made in a
+    restart's), so without this the prediction is a first run's, not a restart's."""
+    prog, n = rep.program, len(trace)
+    first_opt = next((i for i, (op, e) in enumerate(zip(prog.ops, rep.op_event, strict=True))
+                      if op == OP_ALLOC and 0 <= e < n and trace[e].frames and fr.is_optimizer(trace[e].frames)),
+                     None)
+    if first_opt is None:
+        return rep, 0
+    made: dict[int, int] = {}  # handle -> op index of its allocation
+    freed: set[int] = set()
+    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
+        if op == OP_ALLOC:
+            made[h] = i
+        elif op == OP_FREE:
+            freed.add(h)
+
+    def site(h: int) -> tuple:
+        e = rep.op_event[made[h]]
+        return (id(trace[e].frames), prog.size[made[h]]) if 0 <= e < n else (None, None)
+
+    free_at: dict[int, int] = {}
+    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
+        if op == OP_FREE:
+            free_at[h] = i
+    # a later step's block of each stack and size: how many ops after it was made it was freed
+    later_life: dict[tuple, int] = {}
+    later_kept: set[tuple] = set()
+    for h, i in made.items():
+        if i > first_opt:
+            key = site(h)
+            if h in free_at:
+                later_life.setdefault(key, free_at[h] - i)
+            else:
+                later_kept.add(key)
+    held = []  # (op index to free it before, handle)
+    for h, i in made.items():
+        if i < first_opt and h not in free_at and prog.size[i] > 0:
+            key = site(h)
+            if key[0] is not None and key in later_life and key not in later_kept:
+                held.append((min(i + later_life[key], first_opt), h))
+    if not held:
+        return rep, 0
+    by_at: dict[int, list[int]] = {}
+    for at, h in held:
+        by_at.setdefault(at, []).append(h)
+    ops, hid, size, stream, op_event, addr = [], [], [], [], [], []
+    for i in range(len(prog.ops) + 1):
+        for h in by_at.get(i, ()):  # freed just before op i, where a later step frees its own
+            ops.append(OP_FREE)
+            hid.append(h)
+            size.append(0)
+            stream.append(prog.stream[made[h]])
+            op_event.append(-1)
+            addr.append(None)
+        if i < len(prog.ops):
+            ops.append(prog.ops[i])
+            hid.append(prog.hid[i])
+            size.append(prog.size[i])
+            stream.append(prog.stream[i])
+            op_event.append(rep.op_event[i])
+            addr.append(rep.recorded_alloc_addr[i])
+    program = Program(ops=ops, hid=hid, size=size, stream=stream, n_handles=prog.n_handles)
+    return replace(rep, program=program, op_event=op_event, recorded_alloc_addr=addr, recorded_events=[],
+                   recorded_oom_ops=[]), len(held)
 
 
 def _cast_copies(trace, kinds, size_of, ev_of, halves: set[int]) -> list[int]:

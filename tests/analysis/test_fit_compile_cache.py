@@ -188,8 +188,9 @@ def test_the_second_judging_set_as_judged():
 
     outside = sorted((r["family"], r["shape"], src) for r in rows for src in fcc.STATES
                      if abs(r[f"from_{src}"]["err_warm"]) > old_margin(r))
-    assert len(outside) == 9 and {f for f, _s, _src in outside} == {"moe_lm", "lora_gpt"}
-    assert ("moe_lm", "b8-s256", "cold") in outside
+    # 9 as judged, moe_lm's cold recording at its own shape (+7.6%) among them: since read as a restart's
+    # (-0.1%), the first step's blocks its compile kept freed (test_a_first_compiles_kept_blocks_are_freed_...)
+    assert len(outside) == 8 and {f for f, _s, _src in outside} == {"lora_gpt"}
     for r in rows:
         for src in fcc.STATES:
             p = r[f"from_{src}"]
@@ -201,6 +202,27 @@ def test_the_second_judging_set_as_judged():
     lora = fcc.measured(JUDGE2, "lora_gpt", "warm")
     assert lora.frozen_base and "frozen base" in lora.margin_reason
     assert not fcc.measured(JUDGE2, "seq2seq", "warm").frozen_base
+
+
+def test_a_first_compiles_kept_blocks_are_freed_as_a_restart_frees_them():
+    """moe_lm's first run (its cache cold, the second judging set) kept two blocks of its first step to the
+    end, the head's 125 MiB logits among them (made after a graph break), where every later step frees its
+    own and its restart never keeps them: the cold recording predicted +7.6% over the restart at its own shape.
+    Freed as a later step frees them, the prediction is the restart's within 0.2%, and says so. A recording
+    that did not autotune (a restart's) is left as it is."""
+    cold, warm = fcc.measured(JUDGE2, "moe_lm", "cold"), fcc.measured(JUDGE2, "moe_lm", "warm")
+    assert any("compile kept to the end" in n for n in cold.notes)
+    assert not any("compile kept to the end" in n for n in warm.notes)
+    real_warm = json.loads((JUDGE2 / "results" / "moe_lm-b8-s256-warm.json").read_text())["max_reserved"]
+    got = fit.predict(cold, 1.0).peak_reserved
+    assert abs(got / real_warm - 1) <= 0.002, (got, real_warm)
+    snap = fcc.load_snapshot_file(str(JUDGE2 / "hand" / "moe_lm-b8-s256-cold.pickle.gz"), max_bytes=1 << 32).snapshot
+    rep, _tuned = fit.without_autotuning(fit.wi.compile_trace(snap), snap.trace)
+    _rep, held = fit.released_first_step_holds(rep, snap.trace)
+    assert held == 2
+    snap = fcc.load_snapshot_file(str(JUDGE2 / "hand" / "seq2seq-b16-s128-cold.pickle.gz"), max_bytes=1 << 32).snapshot
+    rep, _tuned = fit.without_autotuning(fit.wi.compile_trace(snap), snap.trace)
+    assert fit.released_first_step_holds(rep, snap.trace)[1] == 0
 
 
 def test_a_run_s_own_fit_says_what_it_reserved_and_a_restart_s_peak():
