@@ -15,6 +15,7 @@ FIT_MARGIN_COMPILE) and its cold one (a first run at that shape, shown beside it
 --set judge: three families memq fit has only seen eager (bert_mlm, t5_relpos, alibi_lm), compiled whole by
 `bash benchmarks/gpu/fit_compile_cache.sh OUT judge`, every one held back: FIT_MARGIN_COMPILE judged once.
 --set judge2: moe_lm, seq2seq and lora_gpt compiled whole (`... OUT judge2`), a second such set.
+--set judge3: relbias_enc_bf16, whisper_enc and gpt_ckpt_bf16 compiled whole (`... OUT judge3`), a third.
 """
 
 from __future__ import annotations
@@ -39,12 +40,18 @@ JUDGE = {"bert_mlm": (16, 128, "held back"), "t5_relpos": (8, 128, "held back"),
 # a second such set, written after the first was judged and before its own capture
 JUDGE2_DIR = ROOT / "tests" / "fixtures" / "fit_compile_judge2"
 JUDGE2 = {"moe_lm": (8, 256, "held back"), "seq2seq": (16, 128, "held back"), "lora_gpt": (4, 256, "held back")}
-SETS = {"cache": (DEFAULT_DIR, FAMILIES), "judge": (JUDGE_DIR, JUDGE), "judge2": (JUDGE2_DIR, JUDGE2)}
+# a third, written after the second was judged and read (a first compile's kept blocks freed, FIT_MARGIN_COMPILE
+# back to 5%), before its own capture
+JUDGE3_DIR = ROOT / "tests" / "fixtures" / "fit_compile_judge3"
+JUDGE3 = {"relbias_enc_bf16": (8, 256, "held back"), "whisper_enc": (16, 800, "held back"),
+          "gpt_ckpt_bf16": (8, 256, "held back")}
+SETS = {"cache": (DEFAULT_DIR, FAMILIES), "judge": (JUDGE_DIR, JUDGE), "judge2": (JUDGE2_DIR, JUDGE2),
+        "judge3": (JUDGE3_DIR, JUDGE3)}
 STATES = ("cold", "warm")
 
 
 def _spec(fam: str) -> tuple[int, int, str]:
-    return FAMILIES.get(fam) or JUDGE.get(fam) or JUDGE2[fam]
+    return FAMILIES.get(fam) or JUDGE.get(fam) or JUDGE2.get(fam) or JUDGE3[fam]
 
 
 def rungs(fam: str) -> list[tuple[str, float, float]]:

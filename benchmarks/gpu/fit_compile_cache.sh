@@ -7,8 +7,10 @@
 # `judge`: three eager families compiled whole (FITFAM_COMPILE=1: bert_mlm, t5_relpos, alibi_lm), a set that
 # judges FIT_MARGIN_COMPILE once (written before its capture); OUT/compile_judge.tgz and compile_judge.txt.
 # `judge2`: moe_lm, seq2seq and lora_gpt compiled whole, a second such set; OUT/compile_judge2.tgz.
+# `judge3`: relbias_enc_bf16, whisper_enc and gpt_ckpt_bf16 compiled whole, a third, written after the first
+# compile's kept blocks were freed and FIT_MARGIN_COMPILE went back to 5%, before its own capture.
 set -uo pipefail
-out=${1:?usage: fit_compile_cache.sh OUT [judge|judge2]}
+out=${1:?usage: fit_compile_cache.sh OUT [judge|judge2|judge3]}
 set_name=${2:-}
 export PYTHONUNBUFFERED=1
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,8 +30,11 @@ case "$set_name" in
   judge) specs=("fit_families.py bert_mlm 16 128" "fit_fresh.py t5_relpos 8 128" "fit_fresh.py alibi_lm 8 256") ;;
   # a second judging set, written after the first was judged and before its own capture
   judge2) specs=("fit_families.py moe_lm 8 256" "fit_families.py seq2seq 16 128" "fit_families.py lora_gpt 4 256") ;;
+  # a third, written after the second was judged and read, before its own capture
+  judge3) specs=("fit_fresh.py relbias_enc_bf16 8 256" "fit_fresh.py whisper_enc 16 800"
+                 "fit_fresh.py gpt_ckpt_bf16 8 256") ;;
   "") ;;
-  *) echo "unknown set: $set_name (judge or judge2)" >&2; exit 2 ;;
+  *) echo "unknown set: $set_name (judge, judge2 or judge3)" >&2; exit 2 ;;
 esac
 if [ -n "$set_name" ]; then  # the judging sets: eager families compiled whole
   export FITFAM_COMPILE=1

@@ -370,7 +370,7 @@ FIT_MARGIN_LIBRARY = _rule(
     "there (cuDNN's LSTM workspace is 72 MiB plus a part per sequence; told them, the prediction is exact), "
     "which one recording does not hold. So one recording cannot narrow it", "fit")
 FIT_MARGIN_COMPILE = _rule(
-    "FIT_MARGIN_COMPILE", 0.08, "share of the predicted peak", "measured",
+    "FIT_MARGIN_COMPILE", 0.05, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction, which is of a run whose compiled kernels are cached "
     "(a restart, or any run after the first at that shape: the autotuning's requests are left out of the "
     "recorded program). Each shape of the two compiled families was run by hand with inductor's cache cold, "
@@ -383,8 +383,12 @@ FIT_MARGIN_COMPILE = _rule(
     "state, and do not judge it. Judged on three families compiled whole (tests/fixtures/fit_compile_judge): "
     "within 0.6% at every batch. Judged on three more (tests/fixtures/fit_compile_judge2, one H100): seq2seq "
     "within 0.3%, moe_lm from its warm recording within 0.3% but from its cold one +7.6% at the measured shape "
-    "(its first run differs from the restart beyond the autotuning: 10% more allocated): WIDENED ON THAT "
-    "JUDGED FIGURE to 8%; lora_gpt has FIT_MARGIN_COMPILE_FROZEN", "fit")
+    "(its first run differs from the restart beyond the autotuning: 10% more allocated): widened on that "
+    "judged figure to 8%; lora_gpt has FIT_MARGIN_COMPILE_FROZEN. That first run had kept two blocks of its "
+    "first step to its end (the head's 125 MiB logits, after a graph break), which every later step frees: "
+    "freed as a later step frees them (fit.released_first_step_holds) it is -0.1%, and every compiled batch "
+    "prediction of the three sets is within 4.6% (moe_lm at 2x the batch from its cold recording), so back to "
+    "5%, written before a third judging set (tests/fixtures/fit_compile_judge3) was captured", "fit")
 FIT_FROZEN_GRADIENT_SHARE = _rule(
     "FIT_FROZEN_GRADIENT_SHARE", 0.5, "share of the parameters' bytes", "judgement",
     "a trace whose one step's gradients come to less than half its parameters' bytes trains a frozen base (a "

@@ -515,8 +515,17 @@ def test_every_screen_of_an_oom_page_shows_one_class_per_block_and_where_it_came
     untraced = Path(__file__).resolve().parent.parent / "fixtures/composition_h200/untraced"
     # and a training step recorded without stacks from the job's start: every class from the trace's order
     order = ROOT / "tests/fixtures/composition_h200/full_eager_fp32_none_start/snapshot.pickle.gz"
-    # and a step recorded without stacks for the dump's step only: what is older than it, by its layout
-    before = ROOT / "tests/fixtures/composition_fresh/fresh_encdec_bf16_fwd_none_dumpstep/snapshot.pickle.gz"
+    # and a ring that wrapped mid-step, its stacks removed: what is older than it, by its layout
+    raw = codec.loads_restricted(gzip.decompress(
+        (ROOT / "tests/fixtures/composition_late/late_deep_bf16_oom_fwd_py_ring/snapshot.pickle.gz").read_bytes()))
+    for trace in raw.get("device_traces") or []:
+        for ev in trace:
+            ev["frames"] = []
+    for seg in raw["segments"]:
+        for blk in seg["blocks"]:
+            blk["frames"] = []
+    before = tmp_path / "ring_without_stacks.pickle"
+    before.write_bytes(pickle.dumps(raw, protocol=4))  # our own data, read back by memq's safe decoder
     pages = {"oom": REAL / "frag_dynamic_1.15" / "oom.pickle.gz", "roles": roles_file,
              "untraced": untraced / "oom_fwd_eager_bf16_off" / "snapshot.pickle.gz", "order": order,
              "before_trace": before}
