@@ -370,7 +370,7 @@ FIT_MARGIN_LIBRARY = _rule(
     "there (cuDNN's LSTM workspace is 72 MiB plus a part per sequence; told them, the prediction is exact), "
     "which one recording does not hold. So one recording cannot narrow it", "fit")
 FIT_MARGIN_COMPILE = _rule(
-    "FIT_MARGIN_COMPILE", 0.05, "share of the predicted peak", "measured",
+    "FIT_MARGIN_COMPILE", 0.08, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction, which is of a run whose compiled kernels are cached "
     "(a restart, or any run after the first at that shape: the autotuning's requests are left out of the "
     "recorded program). Each shape of the two compiled families was run by hand with inductor's cache cold, "
@@ -388,7 +388,10 @@ FIT_MARGIN_COMPILE = _rule(
     "first step to its end (the head's 125 MiB logits, after a graph break), which every later step frees: "
     "freed as a later step frees them (fit.released_first_step_holds) it is -0.1%, and every compiled batch "
     "prediction of the three sets is within 4.6% (moe_lm at 2x the batch from its cold recording), so back to "
-    "5%, written before a third judging set (tests/fixtures/fit_compile_judge3) was captured", "fit")
+    "5%, written before a third judging set (tests/fixtures/fit_compile_judge3, one H100) was captured. Judged "
+    "there: gpt_ckpt_bf16 within 0.2%, whisper_enc within 3.0%, relbias_enc_bf16 -7.6%, +6.4% and -7.6% at 2x, "
+    "4x and 8x the batch (its own runs at one shape reserved up to 17% apart, cache cold against warm, with "
+    "the same bytes allocated): WIDENED ON THAT JUDGED FIGURE to 8% again", "fit")
 FIT_FROZEN_GRADIENT_SHARE = _rule(
     "FIT_FROZEN_GRADIENT_SHARE", 0.5, "share of the parameters' bytes", "judgement",
     "a trace whose one step's gradients come to less than half its parameters' bytes trains a frozen base (a "
@@ -406,14 +409,17 @@ FIT_MARGIN_COMPILE_FROZEN = _rule(
     "0.4%): WIDENED ON THAT JUDGED FIGURE, rounded up. Over, never under: in the real run the copies keep "
     "their size", "fit")
 FIT_MARGIN_COMPILE_LENGTH = _rule(
-    "FIT_MARGIN_COMPILE_LENGTH", 0.09, "share of the predicted peak", "measured",
+    "FIT_MARGIN_COMPILE_LENGTH", 0.16, "share of the predicted peak", "measured",
     "the interval of a torch.compile'd model's prediction at another sequence length: inside generated code "
     "nothing names attention's (t x t) scores (no softmax frame of the math path, and the agent's first-forward "
     "hook stands aside while dynamo traces), so they are scaled with the length once, not twice. The judging set "
     "of three families compiled whole (tests/fixtures/fit_compile_judge, one H200; `python "
     "benchmarks/fit_compile_cache.py --set judge`), judged once: every batch prediction within 0.6% and every "
     "length one of bert_mlm and alibi_lm within 0.6%, but t5_relpos, whose learned bias sends attention down its "
-    "math path, -2.6% at 2x and -8.6% at 4x the length: WIDENED ON THAT JUDGED FIGURE, rounded up", "fit")
+    "math path, -2.6% at 2x and -8.6% at 4x the length: widened on that judged figure, rounded up, to 9%. "
+    "Judged on a third set (tests/fixtures/fit_compile_judge3): relbias_enc_bf16, an encoder whose learned "
+    "relative bias sends attention down its math path too, -15.1% at 4x the length: WIDENED ON THAT JUDGED "
+    "FIGURE, rounded up, to 16%", "fit")
 FIT_MARGIN_OPTIMIZER = _rule(
     "FIT_MARGIN_OPTIMIZER", 0.12, "share of the predicted peak", "measured",
     "the interval, at the least, of a prediction for another optimizer than the recorded one (`--optimizer`; "

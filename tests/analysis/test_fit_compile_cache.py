@@ -46,7 +46,7 @@ def test_a_restart_s_peak_is_predicted_within_five_percent_from_either_recording
         for src in fcc.STATES:
             p = r[f"from_{src}"]
             want = fit.FIT_MARGIN_COMPILE if r["seq_k"] == 1.0 else fit.FIT_MARGIN_COMPILE_LENGTH
-            assert p["margin"] == want and fit.FIT_MARGIN_COMPILE == 0.05
+            assert p["margin"] == want and fit.FIT_MARGIN_COMPILE == 0.08
             assert abs(p["err_warm"]) <= 0.042, (r["shape"], src, p)
             if r["k"] == 1.0:
                 assert p["peak"] == r["real"]["warm"]
@@ -119,7 +119,7 @@ def test_memq_fit_says_what_was_recorded_and_what_a_restart_reserves():
     meas = doc["measured"]
     assert meas["recorded_peak_bytes"] == _real("gqa_lm", "b8-s256", "cold")
     assert meas["peak_bytes"] == _real("gqa_lm", "b8-s256", "warm") and meas["autotuning_left_out"] > 400
-    assert doc["margin"] == 0.05 and "restart" in doc["margin_reason"]
+    assert doc["margin"] == 0.08 and "restart" in doc["margin_reason"]
     assert abs(doc["peak_bytes"] - _real("gqa_lm", "b32-s256", "warm")) <= 0.05 * _real("gqa_lm", "b32-s256", "warm")
     text = CliRunner().invoke(cli, ["fit", str(path), "--from-batch", "8", "--batch", "32"]).output
     assert "a first run that autotuned; a restart's at that shape (the autotuning left out)" in text
@@ -202,6 +202,38 @@ def test_the_second_judging_set_as_judged():
     lora = fcc.measured(JUDGE2, "lora_gpt", "warm")
     assert lora.frozen_base and "frozen base" in lora.margin_reason
     assert not fcc.measured(JUDGE2, "seq2seq", "warm").frozen_base
+
+
+JUDGE3 = ROOT / "tests" / "fixtures" / "fit_compile_judge3"
+
+
+def test_the_third_judging_set_as_judged():
+    """relbias_enc_bf16, whisper_enc and gpt_ckpt_bf16 compiled whole (one H100), written after the second set
+    was judged and read, and after FIT_MARGIN_COMPILE went back to 5%, before their capture; judged once: 28 of
+    36 inside. gpt_ckpt_bf16 within 0.2%, whisper_enc within 3.0%; relbias_enc_bf16 -7.6%, +6.4%, -7.6% at 2x,
+    4x and 8x the batch (its runs at one shape reserved up to 17% apart, the cache cold against warm, with the
+    same bytes allocated) and -15.1% at 4x the length (a learned bias: attention's math path, its scores
+    scaled once). Since: FIT_MARGIN_COMPILE 8% again and FIT_MARGIN_COMPILE_LENGTH 16%; all 36 inside."""
+    assert sum(p.stat().st_size for p in JUDGE3.rglob("*") if p.is_file()) < 4 << 20
+    rows = [r for fam in fcc.JUDGE3 for r in fcc.family_rows(JUDGE3, fam)]
+    assert len(rows) == 18
+
+    def judged_margin(r):
+        return 0.05 if r["seq_k"] == 1.0 else 0.09
+
+    outside = sorted((r["family"], r["shape"], src) for r in rows for src in fcc.STATES
+                     if abs(r[f"from_{src}"]["err_warm"]) > judged_margin(r))
+    assert len(outside) == 8 and {f for f, _s, _src in outside} == {"relbias_enc_bf16"}
+    for r in rows:
+        for src in fcc.STATES:
+            p = r[f"from_{src}"]
+            assert abs(p["err_warm"]) <= p["margin"], (r["family"], r["shape"], src)
+            if r["family"] == "gpt_ckpt_bf16":
+                assert abs(p["err_warm"]) <= 0.003
+            if r["family"] == "whisper_enc":
+                assert abs(p["err_warm"]) <= 0.031
+    rel = {r["shape"]: r["from_warm"]["err_warm"] for r in rows if r["family"] == "relbias_enc_bf16"}
+    assert rel["b8-s1024"] == pytest.approx(-0.151, abs=0.002)
 
 
 def test_a_first_compiles_kept_blocks_are_freed_as_a_restart_frees_them():

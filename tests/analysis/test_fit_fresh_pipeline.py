@@ -145,7 +145,7 @@ def test_the_real_fresh_capture_as_judged():
     their C++ frames, the agent's (recorded again on 2026-12-05 15:01 with the agent that notes them) by the
     sites its first forward noted; 4x the length -0.0%. gqa_lm's compiled program was the largest miss inside
     (hand -10.2% at 8x, +/-13%). Since torch.compile's autotuning is left out of the recorded program, a
-    compiled model's prediction is a restart's (its kernels cached), inside +/-5% (FIT_MARGIN_COMPILE): gqa_lm
+    compiled model's prediction is a restart's (its kernels cached), inside +/-8% (FIT_MARGIN_COMPILE): gqa_lm
     +0.6% to +3.3% but at 4x the batch, +23.4%, over a run that autotuned (this capture ran its shapes in one
     shared cache; that run reserved what a first run reserves, tests/fixtures/fit_compile_cache's cold 4x);
     the largest batch inside its range for every family; and the step-1 dump predicts what the six-step hand
@@ -164,7 +164,7 @@ def test_the_real_fresh_capture_as_judged():
     assert t5["4x length"]["agent_margin"] == pytest.approx(0.03)
     gqa = {s["shape"]: s for s in rows["gqa_lm"]["shapes"]}
     assert gqa["8x batch"]["hand_err"] == pytest.approx(0.032, abs=0.001)
-    assert gqa["4x batch"]["hand_err"] == pytest.approx(0.234, abs=0.002) and gqa["4x batch"]["hand_margin"] == 0.05
+    assert gqa["4x batch"]["hand_err"] == pytest.approx(0.234, abs=0.002) and gqa["4x batch"]["hand_margin"] == 0.08
     cold = json.loads((ROOT / "tests" / "fixtures" / "fit_compile_cache" / "results" /
                        "gqa_lm-b32-s256-cold.json").read_text())["max_reserved"]
     assert gqa["4x batch"]["real"] == pytest.approx(cold, rel=0.003)  # the H200's run, the H100's cold one

@@ -597,12 +597,12 @@ def test_fit_interval_where_a_library_chooses_sizes_by_shape_is_thirteen_percent
 
 
 @rule("FIT_MARGIN_COMPILE")
-def test_fit_interval_of_a_compiled_model_is_five_percent_either_side():
+def test_fit_interval_of_a_compiled_model_is_eight_percent_either_side():
     m = _measured(True)
     m.library = fit.LIBRARY_COMPILE
     low, high = fit.interval(m, GiB)
-    assert low <= int(GiB * (1 - 0.049)) and high >= int(GiB * (1 + 0.049))
-    assert low > int(GiB * (1 - 0.051)) and high < int(GiB * (1 + 0.051))
+    assert low <= int(GiB * (1 - 0.079)) and high >= int(GiB * (1 + 0.079))
+    assert low > int(GiB * (1 - 0.081)) and high < int(GiB * (1 + 0.081))
     assert "restart" in m.margin_reason and "first run" in m.margin_reason
     assert rules.FIT_MARGIN < rules.FIT_MARGIN_COMPILE < rules.FIT_MARGIN_LIBRARY
     m.library = fit.LIBRARY_CONV  # a compiled model with convolutions keeps the convolutions' interval
@@ -623,18 +623,18 @@ def test_fit_interval_of_a_compiled_model_with_a_frozen_base_is_thirty_percent_e
 def test_a_frozen_base_is_gradients_under_half_the_parameters():
     m = replace(_measured(True), library=fit.LIBRARY_COMPILE, parameter_bytes=1000)
     assert replace(m, gradient_bytes=499).frozen_base and replace(m, gradient_bytes=499).margin == 0.30
-    assert not replace(m, gradient_bytes=501).frozen_base and replace(m, gradient_bytes=501).margin == 0.05
+    assert not replace(m, gradient_bytes=501).frozen_base and replace(m, gradient_bytes=501).margin == 0.08
     assert not replace(m, gradient_bytes=0).frozen_base  # gradients unknown: nothing says frozen
 
 
 @rule("FIT_MARGIN_COMPILE_LENGTH")
-def test_fit_interval_of_a_compiled_model_at_another_length_is_nine_percent_either_side():
+def test_fit_interval_of_a_compiled_model_at_another_length_is_sixteen_percent_either_side():
     m = replace(_measured(True), library=fit.LIBRARY_COMPILE, length_asked=True)
     low, high = fit.interval(m, GiB)
-    assert low <= int(GiB * (1 - 0.089)) and high >= int(GiB * (1 + 0.089))
-    assert low > int(GiB * (1 - 0.091)) and high < int(GiB * (1 + 0.091))
+    assert low <= int(GiB * (1 - 0.159)) and high >= int(GiB * (1 + 0.159))
+    assert low > int(GiB * (1 - 0.161)) and high < int(GiB * (1 + 0.161))
     assert "(t x t) scores" in m.margin_reason
-    assert rules.FIT_MARGIN_COMPILE < rules.FIT_MARGIN_COMPILE_LENGTH < rules.FIT_MARGIN_LIBRARY
+    assert rules.FIT_MARGIN_COMPILE < rules.FIT_MARGIN_COMPILE_LENGTH < rules.FIT_MARGIN_COMPILE_FROZEN
 
 
 @rule("FIT_MARGIN_OPTIMIZER")
