@@ -1072,10 +1072,10 @@ def released_first_step_holds(rep, trace) -> tuple[object, int]:
     """Of a first run that compiled its graphs (its autotuning was left out: `without_autotuning`), the replay
     with the first step's blocks that the run never freed, where every later step frees its own block made
     at that stack and size, freed as long after they were made as the first later such block was (before the
-    first optimizer step at the latest); and how many there were. A cold
-    compile keeps the first step's outputs at its graph breaks (moe_lm of tests/fixtures/fit_compile_judge2:
-    the head's 125 MiB logits and four more, 134 MiB, live to the end of the first run and never made in a
-    restart's), so without this the prediction is a first run's, not a restart's."""
+    first optimizer step at the latest); and how many there were. A cold compile may keep first-step outputs
+    at a graph break to the run's end (moe_lm of tests/fixtures/fit_compile_judge2: the head's 125 MiB logits
+    and one more block, which no restart keeps), so without this the prediction is a first run's, not a
+    restart's."""
     prog, n = rep.program, len(trace)
     first_opt = next((i for i, (op, e) in enumerate(zip(prog.ops, rep.op_event, strict=True))
                       if op == OP_ALLOC and 0 <= e < n and trace[e].frames and fr.is_optimizer(trace[e].frames)),
@@ -1083,21 +1083,17 @@ def released_first_step_holds(rep, trace) -> tuple[object, int]:
     if first_opt is None:
         return rep, 0
     made: dict[int, int] = {}  # handle -> op index of its allocation
-    freed: set[int] = set()
+    free_at: dict[int, int] = {}  # handle -> op index of its free
     for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
         if op == OP_ALLOC:
             made[h] = i
         elif op == OP_FREE:
-            freed.add(h)
+            free_at[h] = i
 
     def site(h: int) -> tuple:
         e = rep.op_event[made[h]]
         return (id(trace[e].frames), prog.size[made[h]]) if 0 <= e < n else (None, None)
 
-    free_at: dict[int, int] = {}
-    for i, (op, h) in enumerate(zip(prog.ops, prog.hid, strict=True)):
-        if op == OP_FREE:
-            free_at[h] = i
     # a later step's block of each stack and size: how many ops after it was made it was freed
     later_life: dict[tuple, int] = {}
     later_kept: set[tuple] = set()
