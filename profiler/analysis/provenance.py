@@ -401,6 +401,23 @@ def _released_beside(trace: list, by_size: dict) -> tuple[int, int, Counter]:
     return (last, k, freed) if sum(by_k.values()) >= STATE_SPLIT_SHARE * total else (-1, 0, Counter())
 
 
+def trace_release(snap: Snapshot) -> tuple[int, int, Counter]:
+    """`_released_beside` of the snapshot's trace against every live frameless block older than it (the
+    agent's named ones too: the phases read it where the roles decide the classes), memoised: the one
+    reading of zero_grad's release that the split of the older blocks and the trace's phases share."""
+    got = snap.memo.get("trace_release")
+    if got is None:
+        made = made_live_in(snap)
+        by_size: dict[int, list] = {}
+        for seg in snap.segments:
+            for b in seg.blocks:
+                if b.is_live and made.get(b.address, -1) < 0 and not b.frames:
+                    by_size.setdefault(tensor_size(b), []).append(b)
+        got = snap.memo["trace_release"] = (_released_beside(snap.trace, by_size) if snap.trace
+                                            else (-1, 0, Counter()))
+    return got
+
+
 def _most_live_at(trace: list, levels: list | None = None) -> int:
     """The trace entry at which the most bytes made in the trace were live (its first such entry); `levels`:
     those bytes after each entry, where they are counted already."""
@@ -520,6 +537,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
     for b in predating:
         if b.address not in workspaces:
             by_size.setdefault(tensor_size(b), []).append(b)
+    released = trace_release(snap) if not trace_has_frames else (-1, 0, Counter())
     params: dict[int, list] = {}
     split_grads: set = set()  # sizes whose kept gradients the split below named
     if state_sizes:
@@ -531,9 +549,7 @@ def _resolve_predating(snap: Snapshot, predating: list, out: dict, trace: list, 
                 params[size] = group[:need]
                 for b in params[size]:
                     out[b.address] = BlockClass(fr.PARAMETERS, FROM_STATE, -1)
-    elif not known_params and covers_step_start(
-            trace, trace_has_frames,
-            (released := _released_beside(trace, by_size) if not trace_has_frames else (-1, 0, Counter()))[0]):
+    elif not known_params and covers_step_start(trace, trace_has_frames, released[0]):
         if released[0] >= 0:  # gradients released at the step's start were not kept; their count says k
             k, kept = released[1], 0
         else:  # a backward in the trace that made no gradient accumulated into ones kept since an earlier step
@@ -1527,23 +1543,17 @@ def freed_class(snap: Snapshot):
 
 def _released_step(snap: Snapshot) -> tuple[int, int] | None:
     """A trace without stacks that begins as a step does, with zero_grad releasing the gradients of the
-    blocks older than it (`_released_beside`): (where its backward begins, where it ends), or None where
-    the trace does not begin so. The backward runs from the first gradient the step made (a block read as
-    a gradient, made in the trace) of STATE_REQUEST_MIN_BYTES or more (or of the largest size released,
-    where all were smaller), or from the trace's most live entry where that comes first (a step's backward
-    begins on top of everything its forward saved), to the last gradient made; (-1, -1) where no such
-    gradient was made (a forward, or a backward that failed before its first)."""
+    blocks older than it (`trace_release`): (where its backward begins, where it ends), or None where the
+    trace does not begin so. The backward runs from the first gradient the step made (a block read as a
+    gradient, made in the trace) of STATE_REQUEST_MIN_BYTES or more (or of the largest size released, where
+    all were smaller), or from the trace's most live entry where that comes first (a step's backward begins
+    on top of everything its forward saved), to the last gradient made; (-1, -1) where no such gradient was
+    made (a forward, or a backward that failed before its first)."""
     if "released_step" in snap.memo:
         return snap.memo["released_step"]
     got = None
     trace = snap.trace
-    made = made_live_in(snap)
-    by_size: dict[int, list] = {}
-    for seg in snap.segments:
-        for b in seg.blocks:
-            if b.is_live and made.get(b.address, -1) < 0 and not b.frames:
-                by_size.setdefault(tensor_size(b), []).append(b)
-    last, _k, freed = _released_beside(trace, by_size) if trace else (-1, 0, Counter())
+    last, _k, freed = trace_release(snap)
     if last >= 0:
         grads = [bc.event for bc in block_classes(snap).values() if bc.cls == fr.GRADIENTS and bc.event >= 0]
         # (one of 1 MiB or more, or of the largest size released where all were smaller, as a LoRA's adapters:

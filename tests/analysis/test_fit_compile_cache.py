@@ -172,6 +172,18 @@ def test_the_agent_s_recording_finds_the_autotuning_by_its_python_frames():
 JUDGE2 = ROOT / "tests" / "fixtures" / "fit_compile_judge2"
 
 
+def _judged(folder: Path, families: dict, max_bytes: int) -> tuple[list, list]:
+    """A compiled judging set's rows (the fixture under `max_bytes`, six shapes per family), and the
+    (family, shape, recording) whose restart prediction lay outside the intervals both sets were judged
+    with: +/-5% at another batch, +/-9% at another length."""
+    assert sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) < max_bytes
+    rows = [r for fam in families for r in fcc.family_rows(folder, fam)]
+    assert len(rows) == 6 * len(families)
+    outside = sorted((r["family"], r["shape"], src) for r in rows for src in fcc.STATES
+                     if abs(r[f"from_{src}"]["err_warm"]) > (0.05 if r["seq_k"] == 1.0 else 0.09))
+    return rows, outside
+
+
 def test_the_second_judging_set_as_judged():
     """moe_lm, seq2seq and lora_gpt compiled whole (one H100), written after the first set was judged and
     before their capture, judged once with the intervals of then (+/-5%, +/-9% at another length): 27 of 36
@@ -179,15 +191,7 @@ def test_the_second_judging_set_as_judged():
     from its cold one (a first run that allocated 10% more than its restart); lora_gpt +6.8% to +29.5% from
     either recording: a frozen base's autocast copies inside generated code, scaled with the activations. Since:
     FIT_MARGIN_COMPILE 8%, and FIT_MARGIN_COMPILE_FROZEN 30% for a frozen base; all 36 inside."""
-    assert sum(p.stat().st_size for p in JUDGE2.rglob("*") if p.is_file()) < 6 << 20
-    rows = [r for fam in fcc.JUDGE2 for r in fcc.family_rows(JUDGE2, fam)]
-    assert len(rows) == 18
-
-    def old_margin(r):
-        return 0.05 if r["seq_k"] == 1.0 else 0.09
-
-    outside = sorted((r["family"], r["shape"], src) for r in rows for src in fcc.STATES
-                     if abs(r[f"from_{src}"]["err_warm"]) > old_margin(r))
+    rows, outside = _judged(JUDGE2, fcc.JUDGE2, 6 << 20)
     # 9 as judged, moe_lm's cold recording at its own shape (+7.6%) among them: since read as a restart's
     # (-0.1%), the first step's blocks its compile kept freed (test_a_first_compiles_kept_blocks_are_freed_...)
     assert len(outside) == 8 and {f for f, _s, _src in outside} == {"lora_gpt"}
@@ -214,15 +218,7 @@ def test_the_third_judging_set_as_judged():
     4x and 8x the batch (its runs at one shape reserved up to 17% apart, the cache cold against warm, with the
     same bytes allocated) and -15.1% at 4x the length (a learned bias: attention's math path, its scores
     scaled once). Since: FIT_MARGIN_COMPILE 8% again and FIT_MARGIN_COMPILE_LENGTH 16%; all 36 inside."""
-    assert sum(p.stat().st_size for p in JUDGE3.rglob("*") if p.is_file()) < 4 << 20
-    rows = [r for fam in fcc.JUDGE3 for r in fcc.family_rows(JUDGE3, fam)]
-    assert len(rows) == 18
-
-    def judged_margin(r):
-        return 0.05 if r["seq_k"] == 1.0 else 0.09
-
-    outside = sorted((r["family"], r["shape"], src) for r in rows for src in fcc.STATES
-                     if abs(r[f"from_{src}"]["err_warm"]) > judged_margin(r))
+    rows, outside = _judged(JUDGE3, fcc.JUDGE3, 4 << 20)
     assert len(outside) == 8 and {f for f, _s, _src in outside} == {"relbias_enc_bf16"}
     for r in rows:
         for src in fcc.STATES:
