@@ -1110,6 +1110,17 @@ def test_a_stackless_trace_begun_by_zero_grads_release_reads_its_phases(where, j
     assert score["phase_share"] >= 0.99, score
 
 
+def test_with_the_agents_roles_a_stackless_trace_still_reads_its_phases_from_the_release():
+    """The RAdam MLP above with the roles the agent sent (its stacks setting "none"): the roles name every
+    block older than the trace, so none is left for the split, but the release is read against all of them
+    and the phases stand (the peak in backward, every byte's phase right)."""
+    score = _truth_bench().score_gpu(HERE / "composition_late" / "late_deep_radam_bf16_step_none_dumpstep",
+                                     with_roles=True)
+    assert score["class_share"] >= 0.99, score
+    assert score["peak_phase"] == score["peak_truth"] == "backward", score
+    assert score["phase_share"] >= 0.99, score
+
+
 def test_a_stackless_trace_that_does_not_begin_with_a_release_names_no_phase():
     """A ring buffer that wrapped mid-step, its stacks removed (tests/fixtures/composition_fresh, H200): its
     first frees are a backward's, not zero_grad's, so nothing places its entries in a phase."""
